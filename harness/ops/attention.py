@@ -1,0 +1,101 @@
+"""attention(q, k, v, causal=False, sm_scale=None) -> o: prefill attention with GQA."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping
+
+import torch
+
+from .common import Op, Shape, fill
+
+CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
+  q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; Hq % Hkv == 0 and query head h reads
+  kv head h // (Hq // Hkv) (grouped-query attention). sm_scale defaults to
+  1/sqrt(D). causal: query i sees keys j <= i. o: new [B, Hq, S, D], dtype of q."""
+
+
+@dataclass(frozen=True)
+class AttentionShape(Shape):
+    B: int
+    Hq: int
+    Hkv: int
+    S: int
+    D: int
+    causal: bool = False
+
+
+def attention_reference(q, k, v, causal: bool, sm_scale, precision):
+    """Plain softmax attention in `precision` (q: [B,Hq,S,D], k/v: [B,Hkv,S,D])."""
+    q = q.detach().to(precision)
+    k = k.detach().to(precision)
+    v = v.detach().to(precision)
+    B, Hq, S, D = q.shape
+    Hkv = k.shape[1]
+    group = Hq // Hkv
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        Sk = k.shape[2]
+        keep = torch.ones(S, Sk, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+class Attention(Op):
+    name = "attention"
+    contract = CONTRACT
+    arg_names = ("q", "k", "v")
+    optional_args = ("causal", "sm_scale")
+    shape_cls = AttentionShape
+    anchor_name = "torch SDPA"
+
+    def shape_suites(self):
+        S = AttentionShape
+        return {
+            "tiny": [S(1, 1, 1, 1, 16), S(1, 2, 1, 17, 16, True), S(2, 4, 2, 33, 32), S(1, 2, 2, 64, 64, True),
+                     S(1, 3, 1, 47, 32, True), S(1, 1, 1, 129, 16)],
+            "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128)],
+            "serving": [S(4, 32, 32, 4096, 128, False), S(4, 32, 32, 4096, 128, True),
+                        S(4, 32, 8, 4096, 128, True)],
+        }
+
+    def bucket(self, shape: AttentionShape) -> str:
+        s = "s1k" if shape.S <= 1024 else "s4k" if shape.S <= 4096 else "slong"
+        return f"{'causal' if shape.causal else 'full'}-{s}-d{shape.D}"
+
+    def shape_of(self, args: Mapping[str, Any]) -> AttentionShape:
+        q, k = args["q"], args["k"]
+        B, Hq, S, D = (int(x) for x in q.shape)
+        return AttentionShape(B, Hq, int(k.shape[1]), S, D, bool(args.get("causal", False)))
+
+    def _make_args(self, shape: AttentionShape, dtype, gen, dist, device) -> Dict[str, Any]:
+        B, Hq, Hkv, S, D = shape.B, shape.Hq, shape.Hkv, shape.S, shape.D
+        if Hq % Hkv:
+            raise ValueError(f"attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
+        scale = 6.0 if dist == "large" else 1.0
+        # 'equal_rows': every key (and value) of a head is the same vector: all scores tie
+        q = fill((B, Hq, S, D), dist, gen, device, scale, row_dim=-1)
+        k = fill((B, Hkv, S, D), dist, gen, device, scale, row_dim=-2)
+        v = fill((B, Hkv, S, D), dist, gen, device, scale, row_dim=-2)
+        return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "causal": shape.causal, "sm_scale": None}
+
+    def reference(self, args, precision=torch.float32):
+        return attention_reference(args["q"], args["k"], args["v"], bool(args.get("causal", False)),
+                                   args.get("sm_scale"), precision)
+
+    def flops(self, shape: AttentionShape) -> float:
+        f = 4.0 * shape.B * shape.Hq * shape.S * shape.S * shape.D
+        return f / 2 if shape.causal else f
+
+    def bytes(self, shape: AttentionShape, dtype) -> float:
+        e = torch.empty((), dtype=dtype).element_size()
+        return float(e * shape.B * shape.S * shape.D * (2 * shape.Hq + 2 * shape.Hkv))
+
+    def bound(self, shape) -> str:
+        return "compute"
+
+
+OP = Attention()

@@ -1,0 +1,345 @@
+"""What every op module shares: shapes, tolerances, the comparison with a reference.
+
+An op module (matmul.py, attention.py, ...) defines one `Op` instance. Everything
+else in kernel-agent (sanitizer, benchmark, agent, serving set) reads the op
+through that object, so the contract lives in exactly one place.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+DTYPES: Dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Base class of the per-op shape records. Subclasses are frozen dataclasses of ints/bools."""
+
+    def key(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool):
+                if v:
+                    parts.append(f.name)
+            else:
+                parts.append(f"{f.name}={v}")
+        return ",".join(parts)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return self.key()
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per-dtype acceptance policy for a candidate's output against the float64 reference.
+
+    An element is out of tolerance when |out - ref| > atol * rms(ref) + rtol * |ref|:
+    the absolute part scales with the output's magnitude so that cancellation near zero
+    does not fail a correct kernel, and the relative part catches bad tiles. At most
+    `max_bad_fraction` of the elements may be out of tolerance (norm-wise alone hides a
+    bad tile; element-wise alone breaks on cancellation). `budget_floor` is the smallest
+    norm-wise relative error the error budget ever demands (see sanitizer.numeric).
+    """
+
+    rtol: float
+    atol: float
+    max_bad_fraction: float
+    budget_floor: float
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    rel_error: float  # ||out - ref|| / ||ref||, norm-wise
+    bad_fraction: float
+    first_bad_index: Optional[Tuple[int, ...]] = None
+    observed: Optional[float] = None
+    expected: Optional[float] = None
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"rel_error={self.rel_error:.3g} bad_fraction={self.bad_fraction:.3g}"
+        where = ""
+        if self.first_bad_index is not None:
+            where = f" first bad index {list(self.first_bad_index)}: observed {self.observed!r}, expected {self.expected!r}"
+        return f"{self.reason}{where} (rel_error={self.rel_error:.3g}, bad_fraction={self.bad_fraction:.3g})"
+
+
+def _first_index(mask: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    nz = torch.nonzero(mask.reshape(mask.shape), as_tuple=False)
+    if nz.numel() == 0:
+        return None
+    return tuple(int(i) for i in nz[0].tolist())
+
+
+def compare_tensor(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output") -> Comparison:
+    """Compare one output tensor against a float64 reference with `tol`."""
+    if not isinstance(out, torch.Tensor):
+        return Comparison(False, math.inf, 1.0, reason=f"{name} is {type(out).__name__}, not a tensor")
+    if tuple(out.shape) != tuple(ref.shape):
+        return Comparison(False, math.inf, 1.0, reason=f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(o.device, torch.float64)
+    finite = torch.isfinite(o)
+    if not bool(finite.all()):
+        idx = _first_index(~finite)
+        return Comparison(False, math.inf, float((~finite).double().mean()), idx,
+                          float(o[idx]), float(r[idx]), reason=f"{name} has non-finite values")
+    diff = (o - r).abs()
+    ref_norm = float(r.norm())
+    rel = float((o - r).norm()) / ref_norm if ref_norm > 0 else float(diff.max()) if diff.numel() else 0.0
+    rms = float(r.pow(2).mean().sqrt()) if r.numel() else 0.0
+    bound = tol.atol * rms + tol.rtol * r.abs()
+    bad = diff > bound
+    frac = float(bad.double().mean()) if bad.numel() else 0.0
+    if frac > tol.max_bad_fraction:
+        idx = _first_index(bad)
+        return Comparison(False, rel, frac, idx, float(o[idx]), float(r[idx]),
+                          reason=f"{name}: {frac:.3%} of elements outside tolerance "
+                                 f"(rtol={tol.rtol:g}, atol={tol.atol:g}*rms)")
+    return Comparison(True, rel, frac)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str
+    description: str
+
+
+STANDARD_DISTRIBUTIONS = (
+    Distribution("normal", "standard normal values"),
+    Distribution("large", "large magnitudes (as large as the dtype allows without overflowing the output)"),
+    Distribution("outliers", "normal values with 1% of elements 30x larger"),
+    Distribution("equal_rows", "every row holds one repeated value (ties, uniform softmax)"),
+)
+
+
+def generator(seed: int, device: torch.device | str) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def fill(shape: Sequence[int], dist: str, gen: torch.Generator, device, scale: float = 1.0,
+         row_dim=-1) -> torch.Tensor:
+    """Float32 values from a named distribution. `row_dim` (an int or a tuple) names the
+    dims along which 'equal_rows' repeats a value."""
+    shape = tuple(int(s) for s in shape)
+    if dist in ("normal", "large"):
+        x = torch.randn(shape, generator=gen, device=device) * scale
+    elif dist == "outliers":
+        x = torch.randn(shape, generator=gen, device=device) * scale
+        pick = torch.rand(shape, generator=gen, device=device) < 0.01
+        x = torch.where(pick, x * 30.0, x)
+    elif dist == "equal_rows":
+        reduced = list(shape)
+        for d in (row_dim if isinstance(row_dim, tuple) else (row_dim,)):
+            reduced[d] = 1
+        x = (torch.randn(reduced, generator=gen, device=device) * scale).expand(shape).contiguous()
+    else:
+        raise ValueError(f"unknown distribution {dist!r}")
+    return x
+
+
+def strided_like(x: torch.Tensor, gen: torch.Generator, pad_value: float = float("nan")) -> torch.Tensor:
+    """The same values as `x` in a non-contiguous view: each dim is padded inside a larger
+    storage filled with `pad_value`, and the last two dims are transposed in memory.
+    A kernel that ignores strides, or reads outside the view, sees garbage."""
+    shape = list(x.shape)
+    if x.dim() >= 2:
+        perm = list(range(x.dim()))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        big_shape = [s + 1 for s in (shape[p] for p in perm)]
+        storage = torch.full(big_shape, pad_value, dtype=x.dtype, device=x.device)
+        view = storage[tuple(slice(0, shape[p]) for p in perm)]
+        view.copy_(x.permute(perm))
+        inv = [perm.index(i) for i in range(x.dim())]
+        out = view.permute(inv)
+    else:
+        storage = torch.full([shape[0] * 2 + 1], pad_value, dtype=x.dtype, device=x.device)
+        out = storage[1::2][: shape[0]]
+        out.copy_(x)
+    assert torch.equal(out.to(torch.float64).nan_to_num(), x.to(torch.float64).nan_to_num())
+    return out
+
+
+@dataclass
+class Case:
+    """One concrete invocation: the inputs and how they were made (for reproduction)."""
+
+    op: str
+    shape: Shape
+    dtype: torch.dtype
+    seed: int
+    dist: str
+    layout: str  # "contiguous" | "strided"
+    args: Dict[str, Any]  # positional inputs in contract order, then keyword inputs
+
+    def describe(self) -> str:
+        return (f"op={self.op} shape={self.shape.key()} dtype={DTYPE_NAMES.get(self.dtype, self.dtype)} "
+                f"seed={self.seed} dist={self.dist} layout={self.layout}")
+
+    def call(self, fn: Callable):
+        return fn(**self.args)
+
+
+class Op:
+    """Base class for an op definition. Subclasses fill in the class attributes and methods."""
+
+    name: str = ""
+    contract: str = ""  # the signature block of DESIGN section 2, shown to models and in errors
+    arg_names: Tuple[str, ...] = ()  # positional parameters, in order
+    optional_args: Tuple[str, ...] = ()  # keyword parameters with defaults
+    output_names: Tuple[str, ...] = ("o",)
+    dtypes: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+    distributions: Tuple[Distribution, ...] = STANDARD_DISTRIBUTIONS
+    shape_cls: type = Shape
+    anchor_name: str = ""
+
+    # -- shapes -------------------------------------------------------------------------
+    def shapes(self, suite: str) -> List[Shape]:
+        suites = self.shape_suites()
+        if suite not in suites:
+            raise ValueError(f"unknown shape suite {suite!r} for {self.name}; expected one of {', '.join(suites)}")
+        return list(suites[suite])
+
+    def shape_suites(self) -> Mapping[str, Sequence[Shape]]:
+        raise NotImplementedError
+
+    def parse_shape(self, text: str) -> Shape:
+        """Parse 'a,b,c' (positional, in field order) or 'k=v,...' into a shape."""
+        fields = [f for f in dataclasses.fields(self.shape_cls)]
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        values: Dict[str, Any] = {}
+        for i, p in enumerate(parts):
+            if "=" in p:
+                k, v = p.split("=", 1)
+            elif i < len(fields) and fields[i].type in ("int", int):
+                k, v = fields[i].name, p
+            else:
+                k, v = p, "1"
+            names = {f.name: f for f in fields}
+            if k not in names:
+                raise ValueError(f"{self.name}: unknown shape field {k!r} in {text!r}; fields are "
+                                 f"{', '.join(names)}")
+            f = names[k]
+            values[k] = v.lower() in ("1", "true", "yes") if f.type in ("bool", bool) else int(v)
+        try:
+            return self.shape_cls(**values)
+        except TypeError as e:
+            raise ValueError(f"{self.name}: incomplete shape {text!r} ({e})") from None
+
+    def bucket(self, shape: Shape) -> str:
+        """The shape bucket used for promotion and dispatch."""
+        raise NotImplementedError
+
+    def shape_of(self, args: Mapping[str, Any]) -> Shape:
+        """Recover the shape record from concrete inputs (used by the serving dispatcher)."""
+        raise NotImplementedError
+
+    # -- inputs -------------------------------------------------------------------------
+    def make_case(self, shape: Shape, dtype: torch.dtype, seed: int = 0, dist: str = "normal",
+                  layout: str = "contiguous", device="cpu") -> Case:
+        if dist not in {d.name for d in self.distributions}:
+            raise ValueError(f"{self.name}: unknown distribution {dist!r}")
+        if dtype not in self.dtypes:
+            raise ValueError(f"{self.name}: unsupported dtype {dtype}")
+        gen = generator(seed, device)
+        args = self._make_args(shape, dtype, gen, dist, device)
+        if layout == "strided":
+            args = {k: (strided_like(v, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
+                        and k not in self.keep_contiguous() else v) for k, v in args.items()}
+        elif layout != "contiguous":
+            raise ValueError(f"unknown layout {layout!r}")
+        return Case(self.name, shape, dtype, seed, dist, layout, args)
+
+    def keep_contiguous(self) -> Tuple[str, ...]:
+        return ()
+
+    def _make_args(self, shape, dtype, gen, dist, device) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def readable(self, args: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+        """Bool masks (same shape as the input) of the elements a kernel may read.
+        Inputs not named here may be read anywhere inside their extent."""
+        return {}
+
+    # -- references ---------------------------------------------------------------------
+    def reference(self, args: Mapping[str, Any], precision: torch.dtype = torch.float32):
+        """The PyTorch reference computed in `precision` (float32 or float64) on the inputs'
+        device. Returns the output(s) in `precision`; the comparison casts."""
+        raise NotImplementedError
+
+    def compare(self, out, args: Mapping[str, Any], ref64=None) -> Comparison:
+        if ref64 is None:
+            ref64 = self.reference(args, torch.float64)
+        dtype = self.output_dtype(args)
+        if isinstance(out, torch.Tensor) and out.dtype != dtype:
+            return Comparison(False, math.inf, 1.0, reason=f"output dtype {out.dtype}, expected {dtype}")
+        return compare_tensor(out, ref64, self.tolerance(dtype))
+
+    def output_dtype(self, args: Mapping[str, Any]) -> torch.dtype:
+        return args[self.arg_names[0]].dtype
+
+    def output_error(self, out, ref64) -> float:
+        """Norm-wise relative error of `out` against the float64 reference (error budget)."""
+        o = out.detach().to(torch.float64)
+        r = ref64.detach().to(o.device, torch.float64)
+        n = float(r.norm())
+        return float((o - r).norm()) / n if n > 0 else float((o - r).abs().max())
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        return TOLERANCES[dtype]
+
+    # -- cost model ---------------------------------------------------------------------
+    def flops(self, shape: Shape) -> float:
+        raise NotImplementedError
+
+    def bytes(self, shape: Shape, dtype: torch.dtype) -> float:
+        """Fewest bytes the op must move through device memory (inputs read once, outputs written once)."""
+        raise NotImplementedError
+
+    def bound(self, shape: Shape) -> str:
+        """'compute' or 'memory': which ceiling the roofline fraction is taken against."""
+        return "memory"
+
+
+# Element-wise policy per output dtype. fp32 allows for tf32 dot products on the GPU
+# (Triton's default for a float32 tl.dot), which the interpreter does not emulate.
+TOLERANCES: Dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(rtol=5e-3, atol=5e-3, max_bad_fraction=1e-4, budget_floor=1e-5),
+    torch.float16: Tolerance(rtol=5e-3, atol=5e-3, max_bad_fraction=1e-4, budget_floor=2e-3),
+    torch.bfloat16: Tolerance(rtol=3e-2, atol=3e-2, max_bad_fraction=1e-4, budget_floor=1.5e-2),
+}
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Values representable in `dtype`, kept in float32 (used to feed bf16 data through
+    float32 kernels in the interpreter, whose bf16 arithmetic is broken)."""
+    return x.to(dtype).to(torch.float32)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

@@ -1,0 +1,87 @@
+"""decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, seq_lens, sm_scale=None) -> o."""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+import torch
+
+from .common import Op, fill
+from .decode_attention import decode_shape_suites
+from .paged import (DecodeShape, decode_bucket, decode_flops, garbage_fill, make_paged_layout, owned_from_args,
+                    paged_reference, slot_readable)
+
+CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,
+                      seq_lens, sm_scale=None) -> o
+  As decode_attention, but k_cache, v_cache are int8 [num_blocks, block_size,
+  Hkv, D] and k_scale, v_scale are float32 [num_blocks, block_size, Hkv]; the
+  value used is cache * scale[..., None] in float32. o: dtype of q."""
+
+
+def quantize_rows(x: torch.Tensor):
+    """Per-row symmetric int8 quantization of the last dim (the quantize_kv rule)."""
+    amax = x.abs().amax(dim=-1)
+    scale = amax / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.clamp(torch.round(x / safe[..., None]), -127, 127).to(torch.int8)
+    return q, scale.to(torch.float32)
+
+
+class DecodeAttentionInt8(Op):
+    name = "decode_attention_int8"
+    contract = CONTRACT
+    arg_names = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_table", "seq_lens")
+    optional_args = ("sm_scale",)
+    shape_cls = DecodeShape
+    anchor_name = "torch SDPA over the gathered bf16/fp16 cache"
+
+    def shape_suites(self):
+        return decode_shape_suites()
+
+    def bucket(self, shape):
+        return decode_bucket(shape)
+
+    def shape_of(self, args: Mapping[str, Any]) -> DecodeShape:
+        q, k = args["q"], args["k_cache"]
+        B, Hq, D = (int(x) for x in q.shape)
+        bs = int(k.shape[1])
+        return DecodeShape(B, Hq, int(k.shape[2]), D, bs, int(args["block_table"].shape[1]) * bs)
+
+    def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
+        if shape.Hq % shape.Hkv:
+            raise ValueError(f"decode_attention_int8: Hq={shape.Hq} is not a multiple of Hkv={shape.Hkv}")
+        layout = make_paged_layout(shape, gen, device)
+        nb, owned = layout["num_blocks"], layout["owned"]
+        scale = 6.0 if dist == "large" else 1.0
+        q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1)
+        kf = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
+        vf = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
+        k_q, k_s = quantize_rows(kf)
+        v_q, v_s = quantize_rows(vf)
+        # garbage in unowned slots: arbitrary int8 codes and NaN scales
+        junk = torch.randint(-128, 128, k_q.shape, generator=gen, device=device, dtype=torch.int16).to(torch.int8)
+        k_q = torch.where(owned[..., None, None], k_q, junk)
+        v_q = torch.where(owned[..., None, None], v_q, junk)
+        k_s = garbage_fill(k_s, owned, float("nan"))
+        v_s = garbage_fill(v_s, owned, float("nan"))
+        return {"q": q.to(dtype), "k_cache": k_q, "k_scale": k_s, "v_cache": v_q, "v_scale": v_s,
+                "block_table": layout["block_table"], "seq_lens": layout["seq_lens"], "sm_scale": None}
+
+    def readable(self, args):
+        owned = owned_from_args(args)
+        return {name: slot_readable(owned, args[name]) for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
+
+    def reference(self, args, precision=torch.float32):
+        return paged_reference(args["q"], args["k_cache"], args["v_cache"], args["block_table"], args["seq_lens"],
+                               args.get("sm_scale"), precision, args["k_scale"], args["v_scale"])
+
+    def flops(self, shape):
+        return decode_flops(shape)
+
+    def bytes(self, shape: DecodeShape, dtype) -> float:
+        e = torch.empty((), dtype=dtype).element_size()
+        tokens = shape.B * (shape.ctx if not shape.ragged else (shape.ctx + 1) / 2)
+        # int8 codes plus one float32 scale per token and head, for K and V
+        return float(2 * tokens * shape.Hkv * (shape.D + 4) + 2 * shape.B * shape.Hq * shape.D * e)
+
+
+OP = DecodeAttentionInt8()

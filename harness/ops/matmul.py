@@ -1,0 +1,81 @@
+"""matmul(a, b) -> c: the op definition (reference, inputs, shapes, cost)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping
+
+import torch
+
+from .common import Op, Shape, fill
+
+CONTRACT = """matmul(a, b) -> c
+  a: [M, K], b: [K, N], same dtype: float16 | bfloat16 | float32; any strides.
+  c: new [M, N] tensor, dtype of a; float32 accumulation."""
+
+
+@dataclass(frozen=True)
+class MatmulShape(Shape):
+    M: int
+    N: int
+    K: int
+
+
+class Matmul(Op):
+    name = "matmul"
+    contract = CONTRACT
+    arg_names = ("a", "b")
+    output_names = ("c",)
+    shape_cls = MatmulShape
+    anchor_name = "torch.matmul (cuBLAS)"
+
+    def shape_suites(self):
+        S = MatmulShape
+        return {
+            # interpreter: odd sizes, size-1 dims, block size +-1
+            "tiny": [S(1, 1, 1), S(17, 13, 29), S(64, 64, 64), S(33, 65, 31), S(1, 96, 80), S(127, 31, 129)],
+            # near serving scale, cheap enough for the interpreter (cheats gated on size)
+            "near_serving": [S(4096, 16, 32), S(16, 4096, 64), S(16, 32, 4096), S(512, 512, 512)],
+            "serving": [S(4096, 4096, 4096), S(8192, 8192, 8192),
+                        S(1, 8192, 8192), S(16, 8192, 8192), S(64, 8192, 8192)],
+        }
+
+    def bucket(self, shape: MatmulShape) -> str:
+        m = shape.M
+        mb = "m1" if m <= 1 else "m16" if m <= 16 else "m64" if m <= 64 else "m256" if m <= 256 else "mlarge"
+        big = "klarge" if shape.K >= 2048 else "ksmall"
+        return f"{mb}-{big}"
+
+    def shape_of(self, args: Mapping[str, Any]) -> MatmulShape:
+        a, b = args["a"], args["b"]
+        return MatmulShape(int(a.shape[0]), int(b.shape[1]), int(a.shape[1]))
+
+    def _make_args(self, shape: MatmulShape, dtype, gen, dist, device) -> Dict[str, Any]:
+        M, N, K = shape.M, shape.N, shape.K
+        scale = 1.0
+        if dist == "large":
+            # as large as fits: |c| ~ s^2 sqrt(K) * 5 sigma must stay well under the dtype max
+            fmax = torch.finfo(dtype).max
+            scale = min(1e3, math.sqrt(fmax / (20.0 * math.sqrt(max(K, 1)))))
+        a = fill((M, K), dist, gen, device, scale, row_dim=-1)
+        b = fill((K, N), dist, gen, device, scale, row_dim=0)
+        return {"a": a.to(dtype), "b": b.to(dtype)}
+
+    def reference(self, args, precision=torch.float32):
+        a = args["a"].detach().to(precision)
+        b = args["b"].detach().to(precision)
+        return a @ b
+
+    def flops(self, shape: MatmulShape) -> float:
+        return 2.0 * shape.M * shape.N * shape.K
+
+    def bytes(self, shape: MatmulShape, dtype) -> float:
+        e = torch.empty((), dtype=dtype).element_size()
+        return float(e * (shape.M * shape.K + shape.K * shape.N + shape.M * shape.N))
+
+    def bound(self, shape: MatmulShape) -> str:
+        # arithmetic intensity against the H200's ridge point (~190 FLOP/byte measured)
+        return "compute" if self.flops(shape) / self.bytes(shape, torch.bfloat16) > 190 else "memory"
+
+
+OP = Matmul()

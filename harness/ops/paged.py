@@ -1,0 +1,128 @@
+"""The paged KV cache shared by decode_attention and decode_attention_int8.
+
+Token t of sequence b lives at cache[block_table[b, t // block_size], t % block_size].
+Blocks are handed out in a random order (a fragmented cache), block_table entries
+past the blocks a sequence needs hold invalid ids, and every cache slot that no live
+token owns holds garbage, so a kernel that reads one of them shows it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping
+
+import torch
+
+from .attention import attention_reference
+from .common import Shape
+
+# Ids no cache has: below zero, at the end, far past the end, and huge.
+def _invalid_ids(num_blocks: int):
+    return (-1, num_blocks, num_blocks + 12345, 2**30)
+
+
+@dataclass(frozen=True)
+class DecodeShape(Shape):
+    B: int
+    Hq: int
+    Hkv: int
+    D: int
+    block_size: int
+    ctx: int  # longest context; max_blocks = ctx / block_size (+1 spare column)
+    ragged: bool = False  # seq_lens drawn from [1, ctx] instead of all equal to ctx
+
+
+def decode_bucket(shape: DecodeShape) -> str:
+    c = "c1k" if shape.ctx <= 1024 else "c8k" if shape.ctx <= 8192 else "clong"
+    g = shape.Hq // max(shape.Hkv, 1)
+    return f"{c}-g{g}-d{shape.D}"
+
+
+def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[str, Any]:
+    """seq_lens, block_table and the slot ownership mask of a fragmented cache."""
+    B, bs = shape.B, shape.block_size
+    max_blocks = math.ceil(shape.ctx / bs) + 1  # one spare column: always unused
+    if shape.ragged:
+        seq_lens = torch.randint(1, shape.ctx + 1, (B,), generator=gen, device=device, dtype=torch.int64)
+        seq_lens[0] = shape.ctx  # the longest sequence is always present
+        if B > 1:
+            seq_lens[-1] = 1
+    else:
+        seq_lens = torch.full((B,), shape.ctx, device=device, dtype=torch.int64)
+    needed = (seq_lens + bs - 1) // bs
+    total = int(needed.sum())
+    num_blocks = total + 3  # a few blocks nobody owns
+    perm = torch.randperm(num_blocks, generator=gen, device=device)
+    invalid = torch.tensor(_invalid_ids(num_blocks), device=device, dtype=torch.int64)
+    pick = torch.randint(0, len(invalid), (B, max_blocks), generator=gen, device=device)
+    block_table = invalid[pick]
+    col = torch.arange(max_blocks, device=device)
+    live = col[None, :] < needed[:, None]
+    block_table[live] = perm[:total]
+    # which (block, slot) pairs hold a live token
+    owned = torch.zeros(num_blocks, bs, dtype=torch.bool, device=device)
+    tok = torch.arange(max_blocks * bs, device=device)
+    tok_live = tok[None, :] < seq_lens[:, None]
+    blk = block_table.gather(1, (tok // bs)[None, :].expand(B, -1))
+    owned[blk[tok_live], (tok % bs)[None, :].expand(B, -1)[tok_live]] = True
+    return {
+        "seq_lens": seq_lens.to(torch.int32),
+        "block_table": block_table.to(torch.int32),
+        "num_blocks": num_blocks,
+        "owned": owned,
+    }
+
+
+def garbage_fill(cache: torch.Tensor, owned: torch.Tensor, garbage) -> torch.Tensor:
+    """Overwrite the slots no live token owns (cache: [num_blocks, bs, H, D])."""
+    cache[~owned] = garbage
+    return cache
+
+
+def gather_tokens(cache: torch.Tensor, block_table: torch.Tensor, b: int, length: int) -> torch.Tensor:
+    """[length, ...] slots of sequence b, in token order."""
+    bs = cache.shape[1]
+    t = torch.arange(length, device=cache.device)
+    blocks = block_table[b].to(torch.int64)[t // bs]
+    return cache[blocks, t % bs]
+
+
+def paged_reference(q, k_cache, v_cache, block_table, seq_lens, sm_scale, precision, k_scale=None, v_scale=None):
+    """Attention of one query per sequence over its gathered cache, in `precision`.
+    With scales, the cache is int8 and the value used is cache * scale[..., None]."""
+    B, Hq, D = q.shape
+    out = torch.empty(B, Hq, D, dtype=precision, device=q.device)
+    lens = [int(x) for x in seq_lens.tolist()]
+    for b in range(B):
+        k = gather_tokens(k_cache, block_table, b, lens[b]).to(precision)  # [L, Hkv, D]
+        v = gather_tokens(v_cache, block_table, b, lens[b]).to(precision)
+        if k_scale is not None:
+            k = k * gather_tokens(k_scale, block_table, b, lens[b]).to(precision)[..., None]
+            v = v * gather_tokens(v_scale, block_table, b, lens[b]).to(precision)[..., None]
+        o = attention_reference(q[b][None, :, None, :], k.permute(1, 0, 2)[None], v.permute(1, 0, 2)[None],
+                                False, sm_scale if sm_scale is not None else 1.0 / math.sqrt(D), precision)
+        out[b] = o[0, :, 0, :]
+    return out
+
+
+def slot_readable(owned: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """Readable mask of a [num_blocks, bs, H, (D)] tensor from slot ownership [num_blocks, bs]."""
+    m = owned
+    while m.dim() < cache.dim():
+        m = m[..., None]
+    return m.expand(cache.shape)
+
+
+def owned_from_args(args: Mapping[str, Any]) -> torch.Tensor:
+    """Recompute slot ownership from block_table and seq_lens (the contract's own rule)."""
+    k_cache, block_table, seq_lens = args["k_cache"], args["block_table"], args["seq_lens"]
+    num_blocks, bs = k_cache.shape[0], k_cache.shape[1]
+    owned = torch.zeros(num_blocks, bs, dtype=torch.bool, device=k_cache.device)
+    for b, length in enumerate(int(x) for x in seq_lens.tolist()):
+        t = torch.arange(length, device=k_cache.device)
+        owned[block_table[b].to(torch.int64)[t // bs], t % bs] = True
+    return owned
+
+
+def decode_flops(shape: DecodeShape) -> float:
+    return 4.0 * shape.B * shape.Hq * shape.ctx * shape.D

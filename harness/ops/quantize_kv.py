@@ -1,0 +1,141 @@
+"""quantize_kv(x) -> (x_q, scale): per-token, per-head symmetric int8 quantization."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping
+
+import torch
+
+from .common import Comparison, Distribution, Op, Shape, fill
+
+CONTRACT = """quantize_kv(x) -> (x_q, scale)
+  x: [T, H, D] float16 | bfloat16 | float32. scale: float32 [T, H] =
+  max_d |x[t, h, d]| / 127. x_q: int8 [T, H, D] = x / scale rounded to nearest
+  (either tie rule), clamped to [-127, 127]. A row whose max is 0 gives scale 0
+  and x_q 0 (no NaN). Check: scale matches to float32 rounding; every element
+  satisfies |x_q * scale - x| <= scale / 2 (plus float32 slack)."""
+
+
+@dataclass(frozen=True)
+class QuantizeShape(Shape):
+    T: int
+    H: int
+    D: int
+
+
+class QuantizeKV(Op):
+    name = "quantize_kv"
+    contract = CONTRACT
+    arg_names = ("x",)
+    output_names = ("x_q", "scale")
+    shape_cls = QuantizeShape
+    anchor_name = "torch.compile of the eager quantizer"
+    distributions = (
+        Distribution("normal", "standard normal values"),
+        Distribution("large", "magnitudes near the dtype's maximum"),
+        Distribution("outliers", "normal values with 1% of elements 30x larger"),
+        Distribution("equal_rows", "every row holds one repeated value (every element hits +-127)"),
+        Distribution("zero_rows", "a third of the rows are all zero (scale 0, no NaN)"),
+    )
+
+    def shape_suites(self):
+        S = QuantizeShape
+        return {
+            "tiny": [S(1, 1, 1), S(7, 3, 16), S(33, 2, 64), S(5, 1, 127), S(16, 8, 128), S(3, 5, 129)],
+            "near_serving": [S(16384, 8, 128)],
+            "serving": [S(65536, 8, 128)],
+        }
+
+    def bucket(self, shape: QuantizeShape) -> str:
+        return f"{'tsmall' if shape.T * shape.H <= 4096 else 'tlarge'}-d{shape.D}"
+
+    def shape_of(self, args: Mapping[str, Any]) -> QuantizeShape:
+        T, H, D = (int(s) for s in args["x"].shape)
+        return QuantizeShape(T, H, D)
+
+    def _make_args(self, shape: QuantizeShape, dtype, gen, dist, device) -> Dict[str, Any]:
+        shp = (shape.T, shape.H, shape.D)
+        if dist == "zero_rows":
+            x = fill(shp, "normal", gen, device)
+            zero = torch.rand(shape.T, shape.H, generator=gen, device=device) < 1 / 3
+            x = torch.where(zero[..., None], torch.zeros_like(x), x)
+        elif dist == "large":
+            fmax = min(torch.finfo(dtype).max, 1e30)
+            x = fill(shp, "normal", gen, device, fmax / 8)
+        else:
+            x = fill(shp, dist, gen, device, 1.0, row_dim=-1)
+        return {"x": x.to(dtype)}
+
+    def output_dtype(self, args):
+        return torch.int8
+
+    def reference(self, args, precision=torch.float32):
+        x = args["x"].detach().to(precision)
+        amax = x.abs().amax(dim=-1)
+        scale = (amax.to(torch.float32) / 127.0).to(precision)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        x_q = torch.clamp(torch.round(x / safe[..., None]), -127, 127)
+        return x_q.to(torch.int8), scale.to(torch.float32)
+
+    def compare(self, out, args, ref64=None) -> Comparison:
+        """The contract's own check: exact scales, and every code within half a step."""
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            return Comparison(False, math.inf, 1.0, reason=f"expected a (x_q, scale) tuple, got {type(out).__name__}")
+        x_q, scale = out
+        x = args["x"]
+        T, H, D = x.shape
+        for name, t, dt, shp in (("x_q", x_q, torch.int8, (T, H, D)), ("scale", scale, torch.float32, (T, H))):
+            if not isinstance(t, torch.Tensor):
+                return Comparison(False, math.inf, 1.0, reason=f"{name} is not a tensor")
+            if t.dtype != dt or tuple(t.shape) != shp:
+                return Comparison(False, math.inf, 1.0,
+                                  reason=f"{name} is {t.dtype} {tuple(t.shape)}, expected {dt} {shp}")
+        xf = x.detach().to(torch.float64)
+        ref_scale = (xf.abs().amax(dim=-1).to(torch.float32) / 127.0)  # float32 rounding of the division
+        s = scale.detach()
+        if not bool(torch.isfinite(s).all()):
+            idx = tuple(int(i) for i in torch.nonzero(~torch.isfinite(s))[0].tolist())
+            return Comparison(False, math.inf, 1.0, idx, float(s[idx]), float(ref_scale[idx]),
+                              reason="scale has non-finite values")
+        # one float32 ulp either way (a kernel may multiply by 1/127 instead of dividing)
+        s_err = (s.to(torch.float64) - ref_scale.to(torch.float64)).abs()
+        s_tol = ref_scale.to(torch.float64).abs() * 2.0 ** -22
+        bad_s = s_err > s_tol
+        if bool(bad_s.any()):
+            idx = tuple(int(i) for i in torch.nonzero(bad_s)[0].tolist())
+            return Comparison(False, float(s_err.max()), float(bad_s.double().mean()), idx, float(s[idx]),
+                              float(ref_scale[idx]), reason="scale differs from max|x|/127 beyond float32 rounding")
+        q = x_q.detach().to(torch.int64)
+        out_of_range = (q < -127) | (q > 127)
+        if bool(out_of_range.any()):
+            idx = tuple(int(i) for i in torch.nonzero(out_of_range)[0].tolist())
+            return Comparison(False, math.inf, float(out_of_range.double().mean()), idx, int(q[idx]), None,
+                              reason="x_q outside [-127, 127]")
+        s64 = s.to(torch.float64)[..., None]
+        err = (q.to(torch.float64) * s64 - xf).abs()
+        # half a step, plus float32 slack on the product and the input
+        slack = s64 * 0.5 * (1 + 2.0 ** -20) + xf.abs() * 2.0 ** -22
+        bad = err > slack
+        rel = float(err.norm() / xf.norm()) if float(xf.norm()) > 0 else float(err.max() if err.numel() else 0)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
+            expect = float(xf[idx] / s64[idx[:2]][0]) if float(s64[idx[:2]][0]) > 0 else 0.0
+            return Comparison(False, rel, float(bad.double().mean()), idx, int(q[idx]), round(expect, 3),
+                              reason="|x_q * scale - x| exceeds scale / 2")
+        return Comparison(True, rel, 0.0)
+
+    def output_error(self, out, ref64) -> float:
+        # quantization error is fixed by the contract; the budget applies to the codes
+        return 0.0
+
+    def flops(self, shape):
+        return 4.0 * shape.T * shape.H * shape.D
+
+    def bytes(self, shape: QuantizeShape, dtype) -> float:
+        e = torch.empty((), dtype=dtype).element_size()
+        n = shape.T * shape.H * shape.D
+        return float(n * e + n + shape.T * shape.H * 4)
+
+
+OP = QuantizeKV()

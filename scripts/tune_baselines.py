@@ -1,0 +1,132 @@
+"""Sweep the baselines' launch configurations at serving shapes on a GPU.
+
+Each config is checked against the float32 reference once and timed with
+triton.testing.do_bench (L2 flushed, median). The best config per (op, shape) is
+what kernels/baseline/*._config should return; this script is how those choices
+were made.
+
+    PYTHONPATH=. python3 scripts/tune_baselines.py [--ops matmul,attention] [--out results/tune.json]
+"""
+import argparse
+import importlib
+import json
+import sys
+import time
+
+import torch
+import triton
+
+from kernel_agent.harness.ops import get_op
+
+CONFIGS = {
+    "matmul": {
+        "large": [(128, 256, 64, 8, 1, 8, 3), (128, 256, 64, 8, 1, 8, 4), (256, 128, 64, 8, 1, 8, 3),
+                  (128, 128, 64, 8, 1, 4, 4), (128, 128, 64, 8, 1, 8, 4), (128, 256, 32, 8, 1, 8, 4)],
+        "m16": [(16, 64, 128, 1, 1, 4, 4), (16, 64, 128, 1, 2, 4, 4), (16, 64, 128, 1, 4, 4, 4),
+                (16, 32, 256, 1, 1, 4, 4), (16, 128, 128, 1, 2, 4, 4), (16, 64, 256, 1, 2, 4, 3),
+                (16, 32, 128, 1, 2, 2, 5)],
+        "m64": [(64, 64, 128, 1, 1, 4, 4), (64, 64, 128, 1, 2, 4, 4), (64, 128, 64, 1, 1, 4, 4),
+                (64, 128, 128, 1, 2, 8, 3), (64, 64, 256, 1, 2, 4, 3), (64, 32, 128, 1, 2, 4, 4)],
+    },
+    "attention": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                  (128, 64, 8, 4), (128, 32, 4, 4)],
+    "decode_attention": [(s, bn, w, st) for s in (1, 2, 4, 8) for bn in (32, 64, 128) for (w, st) in ((4, 3), (4, 2))],
+    "decode_attention_int8": [(s, bn, w, st) for s in (1, 2, 4, 8) for bn in (64, 128) for (w, st) in ((4, 3), (4, 2))],
+    "quantize_kv": [(8, 4), (16, 4), (32, 4), (64, 8), (32, 8), (16, 2), (4, 4), (64, 4)],
+}
+
+
+def configs_for(op, shape):
+    c = CONFIGS[op]
+    if op == "matmul":
+        return c["m16"] if shape.M <= 16 else c["m64"] if shape.M <= 64 else c["large"]
+    return c
+
+
+def anchor(op_name, case):
+    a = case.args
+    if op_name == "matmul":
+        return lambda: torch.matmul(a["a"], a["b"])
+    if op_name == "attention":
+        return lambda: torch.nn.functional.scaled_dot_product_attention(
+            a["q"], a["k"], a["v"], is_causal=a["causal"], enable_gqa=a["q"].shape[1] != a["k"].shape[1])
+    if op_name in ("decode_attention", "decode_attention_int8"):
+        from kernel_agent.harness.ops.paged import gather_tokens
+        B = a["q"].shape[0]
+        L = int(a["seq_lens"][0])
+        dt = a["q"].dtype
+
+        def gathered(name, scale=None):
+            xs = []
+            for b in range(B):
+                x = gather_tokens(a[name], a["block_table"], b, L)
+                if scale is not None:
+                    x = x.float() * gather_tokens(a[scale], a["block_table"], b, L)[..., None]
+                xs.append(x.to(dt))
+            return torch.stack(xs).permute(0, 2, 1, 3).contiguous()  # [B, Hkv, L, D]
+        k = gathered("k_cache", "k_scale" if op_name.endswith("int8") else None)
+        v = gathered("v_cache", "v_scale" if op_name.endswith("int8") else None)
+        q = a["q"][:, :, None, :]
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
+    if op_name == "quantize_kv":
+        def eager(x):
+            xf = x.float()
+            amax = xf.abs().amax(-1)
+            scale = amax / 127.0
+            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+            return torch.clamp(torch.round(xf / safe[..., None]), -127, 127).to(torch.int8), scale
+        compiled = torch.compile(eager)
+        return lambda: compiled(a["x"])
+    raise ValueError(op_name)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", default="matmul,attention,decode_attention,decode_attention_int8,quantize_kv")
+    ap.add_argument("--out", default="tune.json")
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for op_name in args.ops.split(","):
+        op = get_op(op_name)
+        mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+        fn = getattr(mod, op_name)
+        original = mod._config
+        for shape in op.shapes("serving"):
+            case = op.make_case(shape, dtype, seed=0, device="cuda")
+            t0 = time.time()
+            ref = op.reference(case.args, torch.float32)
+            t_anchor = triton.testing.do_bench(anchor(op_name, case), warmup=25, rep=100, return_mode="median")
+            best = None
+            for cfg in configs_for(op_name, shape):
+                mod._config = lambda *a, cfg=cfg, **k: cfg
+                try:
+                    out = case.call(fn)
+                    torch.cuda.synchronize()
+                    cmp = op.compare(out, case.args, ref)
+                    ms = triton.testing.do_bench(lambda: case.call(fn), warmup=25, rep=100, return_mode="median")
+                    err = None if cmp.ok else cmp.describe()
+                except Exception as e:  # a config that does not compile (shared memory) is skipped
+                    ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
+                row = {"op": op_name, "shape": shape.key(), "config": list(cfg), "ms": ms, "anchor_ms": t_anchor,
+                       "ok": err is None, "error": err,
+                       "tflops": op.flops(shape) / ms / 1e9 if ms == ms else None,
+                       "tbps": op.bytes(shape, dtype) / ms / 1e9 if ms == ms else None}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if err is None and (best is None or ms < best["ms"]):
+                    best = row
+            mod._config = original
+            if best:
+                print(f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "
+                      f"anchor {t_anchor:.4f} ms ratio {t_anchor / best['ms']:.2f} "
+                      f"tflops {best['tflops']:.0f} tbps {best['tbps']:.2f} ({time.time() - t0:.0f}s)", flush=True)
+            del case, ref
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
