@@ -62,6 +62,19 @@ class Attention(Op):
                         S(4, 32, 8, 4096, 128, True)],
         }
 
+    def shape_strategy(self):
+        """Interpreter-sized shapes: odd sequence lengths, GQA groups, causal and not."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def shapes(draw):
+            hkv = draw(st.sampled_from([1, 2, 3]))
+            group = draw(st.sampled_from([1, 2, 4]))
+            return AttentionShape(draw(st.sampled_from([1, 2])), hkv * group, hkv,
+                                  draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
+                                  draw(st.sampled_from([16, 32, 64])), draw(st.booleans()))
+        return shapes()
+
     def bucket(self, shape: AttentionShape) -> str:
         s = "s1k" if shape.S <= 1024 else "s4k" if shape.S <= 4096 else "slong"
         return f"{'causal' if shape.causal else 'full'}-{s}-d{shape.D}"

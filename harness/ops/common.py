@@ -251,6 +251,10 @@ class Op:
         except TypeError as e:
             raise ValueError(f"{self.name}: incomplete shape {text!r} ({e})") from None
 
+    def shape_strategy(self):
+        """A hypothesis strategy of interpreter-sized shapes (odd sizes, 1, block sizes +-1)."""
+        raise NotImplementedError
+
     def bucket(self, shape: Shape) -> str:
         """The shape bucket used for promotion and dispatch."""
         raise NotImplementedError

@@ -6,7 +6,7 @@ from typing import Any, Dict, Mapping
 import torch
 
 from .common import Op, fill
-from .paged import (DecodeShape, decode_bucket, decode_flops, garbage_fill, make_paged_layout, owned_from_args,
+from .paged import (DecodeShape, decode_bucket, decode_shape_strategy, decode_flops, garbage_fill, make_paged_layout, owned_from_args,
                     paged_reference, slot_readable)
 
 CONTRACT = """decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None) -> o
@@ -39,6 +39,9 @@ class DecodeAttention(Op):
 
     def shape_suites(self):
         return decode_shape_suites()
+
+    def shape_strategy(self):
+        return decode_shape_strategy()
 
     def bucket(self, shape):
         return decode_bucket(shape)

@@ -7,7 +7,7 @@ import torch
 
 from .common import Op, fill
 from .decode_attention import decode_shape_suites
-from .paged import (DecodeShape, decode_bucket, decode_flops, garbage_fill, make_paged_layout, owned_from_args,
+from .paged import (DecodeShape, decode_bucket, decode_shape_strategy, decode_flops, garbage_fill, make_paged_layout, owned_from_args,
                     paged_reference, slot_readable)
 
 CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,
@@ -36,6 +36,9 @@ class DecodeAttentionInt8(Op):
 
     def shape_suites(self):
         return decode_shape_suites()
+
+    def shape_strategy(self):
+        return decode_shape_strategy()
 
     def bucket(self, shape):
         return decode_bucket(shape)

@@ -40,6 +40,12 @@ class Matmul(Op):
                         S(1, 8192, 8192), S(16, 8192, 8192), S(64, 8192, 8192)],
         }
 
+    def shape_strategy(self):
+        """Interpreter-sized shapes for property tests: 1, primes, and block sizes +-1."""
+        from hypothesis import strategies as st
+        dim = st.sampled_from([1, 2, 3, 7, 13, 16, 17, 31, 32, 33, 63, 64, 65, 97, 127, 128, 129])
+        return st.builds(MatmulShape, dim, dim, dim)
+
     def bucket(self, shape: MatmulShape) -> str:
         m = shape.M
         mb = "m1" if m <= 1 else "m16" if m <= 16 else "m64" if m <= 64 else "m256" if m <= 256 else "mlarge"

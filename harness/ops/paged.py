@@ -32,6 +32,20 @@ class DecodeShape(Shape):
     ragged: bool = False  # seq_lens drawn from [1, ctx] instead of all equal to ctx
 
 
+def decode_shape_strategy():
+    """Interpreter-sized paged caches: ragged lengths, page sizes 1..16, GQA groups."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def shapes(draw):
+        hkv = draw(st.sampled_from([1, 2, 3]))
+        group = draw(st.sampled_from([1, 2, 4, 8]))
+        return DecodeShape(draw(st.sampled_from([1, 2, 3, 5])), hkv * group, hkv, draw(st.sampled_from([16, 32, 64])),
+                           draw(st.sampled_from([1, 2, 4, 8, 16])),
+                           draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257])), draw(st.booleans()))
+    return shapes()
+
+
 def decode_bucket(shape: DecodeShape) -> str:
     c = "c1k" if shape.ctx <= 1024 else "c8k" if shape.ctx <= 8192 else "clong"
     g = shape.Hq // max(shape.Hkv, 1)

@@ -43,9 +43,14 @@ class QuantizeKV(Op):
         S = QuantizeShape
         return {
             "tiny": [S(1, 1, 1), S(7, 3, 16), S(33, 2, 64), S(5, 1, 127), S(16, 8, 128), S(3, 5, 129)],
-            "near_serving": [S(16384, 8, 128)],
+            "near_serving": [S(4096, 8, 128)],
             "serving": [S(65536, 8, 128)],
         }
+
+    def shape_strategy(self):
+        from hypothesis import strategies as st
+        return st.builds(QuantizeShape, st.sampled_from([1, 2, 7, 16, 17, 33, 100]), st.sampled_from([1, 2, 3, 8]),
+                         st.sampled_from([1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 256]))
 
     def bucket(self, shape: QuantizeShape) -> str:
         return f"{'tsmall' if shape.T * shape.H <= 4096 else 'tlarge'}-d{shape.D}"

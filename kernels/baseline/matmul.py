@@ -2,7 +2,7 @@
 
 c[M, N] = a[M, K] @ b[K, N], float32 accumulation, any strides. Programs are ordered
 in groups of GROUP_M row-tiles so that consecutive programs share B tiles in L2.
-Skinny problems (decode, M <= 64) use a deterministic split-K: each K slice writes
+Problems with too few output tiles to fill the GPU use a deterministic split-K: each K slice writes
 float32 partials and a second kernel sums them in a fixed order, so the result does
 not depend on which program finishes first.
 """
@@ -70,15 +70,30 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, M, N, stride_ps, stride_pm, stride_pn, s
              acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(M, N, K):
-    """Launch configuration per shape: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, num_warps, num_stages)."""
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _config(M, N, K, device):
+    """Launch configuration per shape, measured on the H200 (scripts/tune_baselines.py):
+    (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, num_warps, num_stages)."""
     if M <= 16:
-        return 16, 64, 128, 1, (4 if K >= 4096 else 1), 4, 4
-    if M <= 64:
-        return 64, 64, 128, 1, (2 if K >= 4096 else 1), 4, 4
-    if M <= 256:
-        return 128, 128, 64, 8, 1, 4, 4
-    return 128, 256, 64, 8, 1, 8, 3
+        bm, bn, bk, gm, warps, stages = 16, 64, 128, 1, 4, 4
+    elif M <= 64:
+        bm, bn, bk, gm, warps, stages = 64, 64, 128, 1, 4, 4
+    elif M <= 256:
+        bm, bn, bk, gm, warps, stages = 128, 128, 64, 8, 4, 4
+    else:
+        bm, bn, bk, gm, warps, stages = 128, 256, 64, 8, 8, 4
+    # Split K only when the output tiles cannot fill half the GPU: the float32 partials
+    # cost a round trip through memory, which measured slower whenever tiles suffice.
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    split_k = 1
+    if 2 * tiles < _num_sms(device) and K >= 4 * bk:
+        split_k = min(triton.cdiv(_num_sms(device), tiles), K // (2 * bk), 16)
+    return bm, bn, bk, gm, split_k, warps, stages
 
 
 def matmul(a, b):
@@ -89,7 +104,7 @@ def matmul(a, b):
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     if M == 0 or N == 0:
         return c
-    BM, BN, BK, GM, split_k, warps, stages = _config(M, N, K)
+    BM, BN, BK, GM, split_k, warps, stages = _config(M, N, K, a.device)
     if K == 0:
         split_k = 1
     k_per_split = triton.cdiv(triton.cdiv(max(K, 1), split_k), BK) * BK

@@ -1,0 +1,868 @@
+"""The run ledger: every step of every run, in one SQLite file (DESIGN section 6).
+
+Why SQLite through the SQLAlchemy typed ORM: an overnight run is a single process
+(plus a `history` reader now and then), the ledger must survive a killed process, and
+people browse it with ordinary tools. So:
+
+- WAL journal mode and `synchronous=NORMAL` on every connection: readers never block
+  the writer, and a commit costs no fsync of the main file.
+- Each recording method is one short transaction that commits at its end, so a killed
+  process loses at most the step in progress. Write transactions start with
+  `BEGIN IMMEDIATE`, so two writers queue on the busy timeout instead of failing on a
+  lock upgrade halfway through.
+- The schema version lives in the `meta` table. A database written by another
+  version, or a file that is not a ledger at all, is refused with `LedgerError`
+  before anything is written to it (not even the journal mode).
+
+Times are stored as naive UTC and come back as timezone-aware UTC datetimes.
+Objects returned by `Ledger` are detached from their session (no lazy loading; read
+the foreign keys and ask the ledger again).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    case,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+
+RUN_STATUSES = ("running", "finished", "interrupted", "failed")
+CANDIDATE_STATUSES = ("proposed", "rejected", "verified", "benchmarked", "promoted")
+CHECK_STATUSES = ("passed", "failed", "skipped")
+CHECK_MODES = ("quick", "full", "gpu")
+CEILING_KINDS = ("compute", "memory")
+
+
+class LedgerError(Exception):
+    """The ledger cannot be opened or used as asked (one-line message)."""
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def hash_source(text: str) -> str:
+    """sha256 hex of a kernel source, normalised so that editors' whitespace habits
+    (trailing spaces, CRLF, trailing blank lines) do not make the same kernel "new"."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _to_utc(value: datetime | date | str) -> datetime:
+    """A bound for a date filter: aware datetimes are converted, naive ones and dates
+    are taken as UTC, strings are ISO 8601."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"not an ISO 8601 date or time: {value!r}") from None
+    if not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def _is_bare_date(value: datetime | date | str) -> bool:
+    if isinstance(value, str):
+        return len(value.strip()) == 10  # YYYY-MM-DD
+    return not isinstance(value, datetime)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _loads(text: Optional[str]) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _check_choice(kind: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"invalid {kind} {value!r}; expected one of {', '.join(allowed)}")
+
+
+class UTCDateTime(TypeDecorator):
+    """Stores naive UTC (SQLite has no time zones) and returns aware UTC datetimes."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: Optional[datetime], dialect) -> Optional[datetime]:
+        if value is None:
+            return None
+        return _to_utc(value).replace(tzinfo=None)
+
+    def process_result_value(self, value: Optional[datetime], dialect) -> Optional[datetime]:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc)
+
+
+# --------------------------------------------------------------------------------------
+# schema
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String, primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Run(Base):
+    __tablename__ = "run"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    finished_at: Mapped[Optional[datetime]] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String, index=True)
+    config_json: Mapped[str] = mapped_column(Text, default="{}")
+    versions_json: Mapped[str] = mapped_column(Text, default="{}")
+    gpu_name: Mapped[Optional[str]] = mapped_column(String)
+    proposer: Mapped[str] = mapped_column(String)
+    ops: Mapped[str] = mapped_column(Text, default="")
+    budget_json: Mapped[str] = mapped_column(Text, default="{}")
+    notes: Mapped[str] = mapped_column(Text, default="")
+
+    @property
+    def config(self) -> dict:
+        return _loads(self.config_json) or {}
+
+    @property
+    def versions(self) -> dict:
+        return _loads(self.versions_json) or {}
+
+    @property
+    def budget(self) -> dict:
+        return _loads(self.budget_json) or {}
+
+    @property
+    def op_list(self) -> list[str]:
+        return [o for o in self.ops.split(",") if o]
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, status={self.status!r}, ops={self.ops!r})"
+
+
+class Candidate(Base):
+    __tablename__ = "candidate"
+    __table_args__ = (UniqueConstraint("op", "source_hash", name="uq_candidate_op_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    op: Mapped[str] = mapped_column(String, index=True)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(Text)
+    path: Mapped[Optional[str]] = mapped_column(Text)
+    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id"))
+    proposer: Mapped[str] = mapped_column(String)
+    label: Mapped[Optional[str]] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    first_run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"))
+    status: Mapped[str] = mapped_column(String, default="proposed", index=True)
+    verdict_json: Mapped[Optional[str]] = mapped_column(Text)
+    fpsan_equivalent: Mapped[Optional[bool]] = mapped_column(Boolean)
+
+    @property
+    def verdict(self) -> Optional[dict]:
+        return _loads(self.verdict_json)
+
+    def __repr__(self) -> str:
+        return f"Candidate({self.id}, op={self.op!r}, status={self.status!r}, label={self.label!r})"
+
+
+class Proposal(Base):
+    __tablename__ = "proposal"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id"), index=True)
+    proposer: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    duplicate: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ModelCall(Base):
+    __tablename__ = "model_call"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id"), index=True)
+    model: Mapped[str] = mapped_column(String)
+    prompt: Mapped[str] = mapped_column(Text)
+    response: Mapped[Optional[str]] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    latency_s: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class CheckResult(Base):
+    __tablename__ = "check_result"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id"), index=True)
+    name: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    mode: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+class BenchResult(Base):
+    __tablename__ = "bench_result"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id"), index=True)
+    label: Mapped[str] = mapped_column(String, default="candidate")
+    op: Mapped[str] = mapped_column(String, index=True)
+    shape_key: Mapped[str] = mapped_column(String)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    gpu_name: Mapped[str] = mapped_column(String)
+    median_ms: Mapped[float] = mapped_column(Float)
+    spread_ms: Mapped[float] = mapped_column(Float)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    graph_ms: Mapped[Optional[float]] = mapped_column(Float)
+    fraction_of_ceiling: Mapped[Optional[float]] = mapped_column(Float)
+    ceiling_kind: Mapped[Optional[str]] = mapped_column(String)
+    implausible: Mapped[bool] = mapped_column(Boolean, default=False)
+    extra_json: Mapped[Optional[str]] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    @property
+    def extra(self) -> Optional[dict]:
+        return _loads(self.extra_json)
+
+
+class Promotion(Base):
+    __tablename__ = "promotion"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    op: Mapped[str] = mapped_column(String, index=True)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    gpu_name: Mapped[str] = mapped_column(String)
+    candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id"))
+    replaced_candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id"))
+    new_ms: Mapped[float] = mapped_column(Float)
+    old_ms: Mapped[float] = mapped_column(Float)
+    gain: Mapped[float] = mapped_column(Float)
+    spread: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    versions_json: Mapped[str] = mapped_column(Text, default="{}")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    demoted_at: Mapped[Optional[datetime]] = mapped_column(UTCDateTime)
+    demote_reason: Mapped[Optional[str]] = mapped_column(Text)
+
+    @property
+    def versions(self) -> dict:
+        return _loads(self.versions_json) or {}
+
+    @property
+    def active(self) -> bool:
+        return self.demoted_at is None
+
+
+# Fields a caller may pass to record_bench / record_promotion (the rest are managed here).
+_BENCH_REQUIRED = ("op", "shape_key", "bucket", "dtype", "gpu_name", "median_ms", "spread_ms", "n_samples")
+_BENCH_OPTIONAL = ("run_id", "candidate_id", "label", "graph_ms", "fraction_of_ceiling", "ceiling_kind",
+                   "implausible", "extra_json", "extra", "created_at")
+_PROMOTION_REQUIRED = ("op", "bucket", "dtype", "gpu_name", "new_ms", "old_ms", "gain", "spread")
+_PROMOTION_OPTIONAL = ("run_id", "candidate_id", "replaced_candidate_id", "reason", "versions_json", "versions",
+                       "created_at")
+
+
+def _check_fields(what: str, fields: Mapping[str, Any], required: Sequence[str], optional: Sequence[str]) -> None:
+    unknown = sorted(set(fields) - set(required) - set(optional))
+    if unknown:
+        raise TypeError(f"{what}: unknown field(s) {', '.join(unknown)}")
+    missing = [k for k in required if k not in fields]
+    if missing:
+        raise TypeError(f"{what}: missing field(s) {', '.join(missing)}")
+
+
+# --------------------------------------------------------------------------------------
+# opening a file safely
+
+
+def _inspect_existing(path: Path, shown: str) -> None:
+    """Refuse a file that is not a ledger of this schema version, before SQLAlchemy
+    (which would set the journal mode and create tables) touches it."""
+    if path.is_dir():
+        raise LedgerError(f"ledger {shown} is a directory, not a SQLite database")
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as e:
+        raise LedgerError(f"ledger {shown} cannot be opened: {e}") from None
+    try:
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as e:
+            raise LedgerError(f"ledger {shown} is not a SQLite database ({e})") from None
+        if not tables:
+            return  # an empty database: ours to initialise
+        if "meta" not in tables:
+            raise LedgerError(f"ledger {shown} is a SQLite database but not a kernel-agent ledger "
+                              f"(no meta table); refusing to modify it")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise LedgerError(f"ledger {shown} has an unreadable meta table ({e})") from None
+    finally:
+        conn.close()
+    if row is None:
+        raise LedgerError(f"ledger {shown} has no schema version; refusing to modify it")
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        raise LedgerError(f"ledger {shown} has an invalid schema version {row[0]!r}") from None
+    if version > SCHEMA_VERSION:
+        raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
+                          f"{SCHEMA_VERSION} (upgrade kernel-agent)")
+    if version < SCHEMA_VERSION:
+        raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
+                          f"{SCHEMA_VERSION} (the ledger is older: run `kernel-agent` with --migrate or "
+                          f"start a new ledger)")
+
+
+def _make_engine(path: Path, begin: str) -> Engine:
+    """An engine whose transactions start with `begin` ('BEGIN' or 'BEGIN IMMEDIATE').
+
+    The sqlite3 driver's own transaction handling is switched off (isolation_level =
+    None) so that SQLAlchemy's begin hook decides how a transaction starts."""
+    engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, connection_record) -> None:
+        dbapi_connection.isolation_level = None
+        cur = dbapi_connection.cursor()
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            cur.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:
+        conn.exec_driver_sql(begin)
+
+    return engine
+
+
+# --------------------------------------------------------------------------------------
+# the ledger
+
+
+class Ledger:
+    """The run ledger in one SQLite file. Safe to open from several processes."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._shown = str(path)
+        _inspect_existing(self.path, self._shown)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LedgerError(f"ledger {self._shown}: cannot create its folder ({e})") from None
+        self._write_engine = _make_engine(self.path, "BEGIN IMMEDIATE")
+        self._read_engine = _make_engine(self.path, "BEGIN")
+        self._write = sessionmaker(self._write_engine, expire_on_commit=False)
+        self._read = sessionmaker(self._read_engine, expire_on_commit=False)
+        try:
+            self._init_schema()
+        except DBAPIError as e:
+            self.close()
+            raise LedgerError(f"ledger {self._shown} cannot be initialised: {e.orig}") from None
+
+    def _init_schema(self) -> None:
+        with self._write_engine.begin() as conn:
+            # BEGIN IMMEDIATE: a second process initialising the same new file waits here,
+            # then finds the tables (checkfirst) and the version row already in place.
+            Base.metadata.create_all(conn, checkfirst=True)
+            row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
+            if row is None:
+                conn.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif int(row) != SCHEMA_VERSION:  # changed between the inspection and now
+                raise LedgerError(f"ledger {self._shown} has schema version {row}; this kernel-agent reads "
+                                  f"version {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        """Release the connections (the file stays consistent either way)."""
+        self._write_engine.dispose()
+        self._read_engine.dispose()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self._shown!r})"
+
+    def schema_version(self) -> int:
+        with self._read() as s:
+            return int(s.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one())
+
+    # -- runs ---------------------------------------------------------------------------
+    def start_run(self, config: dict, versions: dict, proposer: str, ops: list[str], gpu_name: str | None,
+                  budget: dict, notes: str = "") -> Run:
+        """Record a new run (status 'running') and return it."""
+        for _ in range(5):
+            now = utcnow()
+            run = Run(id=f"r{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}", started_at=now, finished_at=None,
+                      status="running", config_json=_dumps(config), versions_json=_dumps(versions),
+                      gpu_name=gpu_name, proposer=proposer, ops=",".join(ops), budget_json=_dumps(budget),
+                      notes=notes)
+            try:
+                with self._write.begin() as s:
+                    s.add(run)
+                return run
+            except IntegrityError:  # the same second and the same 16 random bits: draw again
+                continue
+        raise LedgerError("could not allocate a unique run id")
+
+    def get_run(self, run_id: str) -> Run | None:
+        with self._read() as s:
+            return s.get(Run, run_id)
+
+    def set_run_status(self, run_id: str, status: str, finished: bool | None = None, notes: str | None = None) -> Run:
+        """Set a run's status. `finished` (default: status is not 'running') stamps
+        finished_at now; False clears it (a resumed run)."""
+        _check_choice("run status", status, RUN_STATUSES)
+        if finished is None:
+            finished = status != "running"
+        with self._write.begin() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise LedgerError(f"no run {run_id!r} in ledger {self._shown}")
+            run.status = status
+            run.finished_at = utcnow() if finished else None
+            if notes is not None:
+                run.notes = notes
+        return run
+
+    def runs(self, op: str | None = None, status: str | None = None, since: datetime | date | str | None = None,
+             until: datetime | date | str | None = None, proposer: str | None = None,
+             limit: int | None = 50) -> list[Run]:
+        """Runs, newest first. `op` matches runs whose op list includes it; `since` and
+        `until` bound the start time (a bare date as `until` includes that whole day)."""
+        q = select(Run)
+        if op is not None:
+            q = q.where(func.instr("," + Run.ops + ",", f",{op},") > 0)
+        if status is not None:
+            q = q.where(Run.status == status)
+        if since is not None:
+            q = q.where(Run.started_at >= _to_utc(since))
+        if until is not None:
+            if _is_bare_date(until):  # the whole day
+                q = q.where(Run.started_at < _to_utc(until) + timedelta(days=1))
+            else:
+                q = q.where(Run.started_at <= _to_utc(until))
+        if proposer is not None:
+            q = q.where(Run.proposer == proposer)
+        q = q.order_by(Run.started_at.desc(), Run.id.desc())
+        if limit is not None:
+            q = q.limit(limit)
+        with self._read() as s:
+            return list(s.scalars(q))
+
+    # -- candidates ---------------------------------------------------------------------
+    def add_candidate(self, op: str, source: str, proposer: str, run_id: str | None, parent_id: int | None = None,
+                      path: str | None = None, label: str | None = None) -> tuple[Candidate, bool]:
+        """Record that `run_id` proposed `source` for `op`. Returns the candidate and
+        whether it is new; a known (op, hash) returns the existing candidate untouched,
+        so the same source is evaluated once. A Proposal row is recorded either way."""
+        h = hash_source(source)
+        with self._write.begin() as s:
+            cand = s.scalars(select(Candidate).where(Candidate.op == op, Candidate.source_hash == h)).one_or_none()
+            new = cand is None
+            now = utcnow()
+            if new:
+                cand = Candidate(op=op, source_hash=h, source=source, path=path, parent_id=parent_id,
+                                 proposer=proposer, label=label, created_at=now, first_run_id=run_id,
+                                 status="proposed")
+                s.add(cand)
+                s.flush()
+            s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=not new))
+        return cand, new
+
+    def find_candidate(self, op: str, source: str) -> Candidate | None:
+        """The candidate with this source's hash, if it was ever proposed."""
+        with self._read() as s:
+            return s.scalars(select(Candidate).where(Candidate.op == op,
+                                                     Candidate.source_hash == hash_source(source))).one_or_none()
+
+    def set_candidate_status(self, cid: int, status: str, verdict: dict | None = None,
+                             fpsan_equivalent: bool | None = None) -> Candidate:
+        """Move a candidate along proposed -> rejected | verified -> benchmarked -> promoted.
+        `verdict` and `fpsan_equivalent` are stored when given, kept otherwise."""
+        _check_choice("candidate status", status, CANDIDATE_STATUSES)
+        with self._write.begin() as s:
+            cand = self._get_candidate(s, cid)
+            cand.status = status
+            if verdict is not None:
+                cand.verdict_json = _dumps(verdict)
+            if fpsan_equivalent is not None:
+                cand.fpsan_equivalent = bool(fpsan_equivalent)
+        return cand
+
+    def _get_candidate(self, s: Session, cid: int) -> Candidate:
+        cand = s.get(Candidate, cid)
+        if cand is None:
+            raise LedgerError(f"no candidate {cid} in ledger {self._shown}")
+        return cand
+
+    def candidate(self, cid: int) -> Candidate | None:
+        with self._read() as s:
+            return s.get(Candidate, cid)
+
+    def candidates(self, run_id: str | None = None, op: str | None = None, status: str | None = None) -> list[Candidate]:
+        """Candidates in id order; with `run_id`, those that run proposed (new or not)."""
+        q = select(Candidate)
+        if run_id is not None:
+            q = q.where(Candidate.id.in_(select(Proposal.candidate_id).where(Proposal.run_id == run_id)))
+        if op is not None:
+            q = q.where(Candidate.op == op)
+        if status is not None:
+            q = q.where(Candidate.status == status)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(Candidate.id)))
+
+    def proposals(self, run_id: str | None = None, candidate_id: int | None = None) -> list[Proposal]:
+        q = select(Proposal)
+        if run_id is not None:
+            q = q.where(Proposal.run_id == run_id)
+        if candidate_id is not None:
+            q = q.where(Proposal.candidate_id == candidate_id)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(Proposal.id)))
+
+    # -- checks -------------------------------------------------------------------------
+    def record_checks(self, cid: int, mode: str, checks: Iterable[Mapping[str, Any]]) -> list[CheckResult]:
+        """Store a sanitizer pass's checks for a candidate. Each check has name, status
+        ('passed'|'failed'|'skipped'; a bool `passed` is accepted instead), detail and
+        duration_s."""
+        _check_choice("check mode", mode, CHECK_MODES)
+        rows = []
+        now = utcnow()
+        for c in checks:
+            status = c.get("status")
+            if status is None:
+                if c.get("skipped"):
+                    status = "skipped"
+                elif "passed" in c:
+                    status = "passed" if c["passed"] else "failed"
+            _check_choice(f"status of check {c.get('name')!r}", status, CHECK_STATUSES)
+            rows.append(CheckResult(candidate_id=cid, name=str(c["name"]), status=status,
+                                    detail=str(c.get("detail") or ""), duration_s=float(c.get("duration_s") or 0.0),
+                                    mode=mode, created_at=now))
+        with self._write.begin() as s:
+            self._get_candidate(s, cid)
+            s.add_all(rows)
+        return rows
+
+    def checks(self, cid: int, mode: str | None = None) -> list[CheckResult]:
+        q = select(CheckResult).where(CheckResult.candidate_id == cid)
+        if mode is not None:
+            q = q.where(CheckResult.mode == mode)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(CheckResult.id)))
+
+    # -- model calls --------------------------------------------------------------------
+    def record_model_call(self, run_id: str | None, model: str, prompt: str, response: str | None,
+                          prompt_tokens: int, completion_tokens: int, latency_s: float, error: str | None = None,
+                          candidate_id: int | None = None) -> int:
+        """Store one call to the code model (failed calls too: they cost tokens and time)."""
+        call = ModelCall(run_id=run_id, candidate_id=candidate_id, model=model, prompt=prompt, response=response,
+                         prompt_tokens=int(prompt_tokens or 0), completion_tokens=int(completion_tokens or 0),
+                         latency_s=float(latency_s or 0.0), error=error, created_at=utcnow())
+        with self._write.begin() as s:
+            s.add(call)
+            s.flush()
+            return call.id
+
+    def link_model_call(self, call_id: int, candidate_id: int) -> None:
+        """Attach a call to the candidate its response became (known only after parsing)."""
+        with self._write.begin() as s:
+            call = s.get(ModelCall, call_id)
+            if call is None:
+                raise LedgerError(f"no model call {call_id} in ledger {self._shown}")
+            call.candidate_id = candidate_id
+
+    def model_calls(self, run_id: str | None = None, candidate_id: int | None = None) -> list[ModelCall]:
+        q = select(ModelCall)
+        if run_id is not None:
+            q = q.where(ModelCall.run_id == run_id)
+        if candidate_id is not None:
+            q = q.where(ModelCall.candidate_id == candidate_id)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(ModelCall.id)))
+
+    # -- benchmarks ---------------------------------------------------------------------
+    def record_bench(self, **fields: Any) -> BenchResult:
+        """Store one timing. Required: op, shape_key, bucket, dtype, gpu_name, median_ms,
+        spread_ms, n_samples. Optional: run_id, candidate_id (None for baseline and
+        anchors), label ('candidate' by default), graph_ms, fraction_of_ceiling,
+        ceiling_kind, implausible, extra (a dict) or extra_json."""
+        _check_fields("record_bench", fields, _BENCH_REQUIRED, _BENCH_OPTIONAL)
+        f = dict(fields)
+        if "extra" in f:
+            extra = f.pop("extra")
+            f["extra_json"] = None if extra is None else _dumps(extra)
+        if f.get("ceiling_kind") is not None:
+            _check_choice("ceiling kind", f["ceiling_kind"], CEILING_KINDS)
+        f.setdefault("label", "candidate" if f.get("candidate_id") is not None else "baseline")
+        f.setdefault("implausible", False)
+        f.setdefault("created_at", utcnow())
+        row = BenchResult(**f)
+        with self._write.begin() as s:
+            s.add(row)
+        return row
+
+    def bench_results(self, candidate_id: int | None = None, run_id: str | None = None, op: str | None = None,
+                      label: str | None = None) -> list[BenchResult]:
+        q = select(BenchResult)
+        if candidate_id is not None:
+            q = q.where(BenchResult.candidate_id == candidate_id)
+        if run_id is not None:
+            q = q.where(BenchResult.run_id == run_id)
+        if op is not None:
+            q = q.where(BenchResult.op == op)
+        if label is not None:
+            q = q.where(BenchResult.label == label)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(BenchResult.id)))
+
+    # -- promotions ---------------------------------------------------------------------
+    def record_promotion(self, **fields: Any) -> Promotion:
+        """Store a promotion for (op, bucket, dtype, gpu_name). Required: op, bucket,
+        dtype, gpu_name, new_ms, old_ms, gain, spread. Optional: run_id, candidate_id,
+        replaced_candidate_id (default: the active promotion's candidate, None for the
+        baseline), reason, versions (a dict) or versions_json.
+
+        In the same transaction, the promotion it replaces is demoted and the candidate's
+        status becomes 'promoted'."""
+        _check_fields("record_promotion", fields, _PROMOTION_REQUIRED, _PROMOTION_OPTIONAL)
+        f = dict(fields)
+        if "versions" in f:
+            f["versions_json"] = _dumps(f.pop("versions") or {})
+        f.setdefault("created_at", utcnow())
+        with self._write.begin() as s:
+            old = self._active(s, f["op"], f["bucket"], f["dtype"], f["gpu_name"])
+            if "replaced_candidate_id" not in f:
+                f["replaced_candidate_id"] = old.candidate_id if old is not None else None
+            promo = Promotion(**f)
+            s.add(promo)
+            s.flush()
+            if old is not None:
+                who = f"candidate {promo.candidate_id}" if promo.candidate_id is not None else "the baseline"
+                self._demote(s, old, f"replaced by {who} (promotion {promo.id})", promo.created_at)
+            if promo.candidate_id is not None:
+                self._get_candidate(s, promo.candidate_id).status = "promoted"
+        return promo
+
+    @staticmethod
+    def _active(s: Session, op: str, bucket: str, dtype: str, gpu_name: str) -> Promotion | None:
+        return s.scalars(select(Promotion).where(
+            Promotion.op == op, Promotion.bucket == bucket, Promotion.dtype == dtype,
+            Promotion.gpu_name == gpu_name, Promotion.demoted_at.is_(None),
+        ).order_by(Promotion.created_at.desc(), Promotion.id.desc()).limit(1)).first()
+
+    def _demote(self, s: Session, promo: Promotion, reason: str, when: datetime) -> None:
+        promo.demoted_at = when
+        promo.demote_reason = reason
+        s.flush()
+        if promo.candidate_id is None:
+            return
+        # a candidate serving no bucket any more is back to 'benchmarked'
+        still = s.scalar(select(func.count(Promotion.id)).where(
+            Promotion.candidate_id == promo.candidate_id, Promotion.demoted_at.is_(None)))
+        cand = s.get(Candidate, promo.candidate_id)
+        if cand is not None and not still and cand.status == "promoted":
+            cand.status = "benchmarked"
+
+    def active_promotion(self, op: str, bucket: str, dtype: str, gpu_name: str) -> Promotion | None:
+        """The newest promotion for this key that has not been demoted."""
+        with self._read() as s:
+            return self._active(s, op, bucket, dtype, gpu_name)
+
+    def demote(self, promotion_id: int, reason: str) -> bool:
+        """Mark a promotion demoted. False when it already was (the first reason stays)."""
+        with self._write.begin() as s:
+            promo = s.get(Promotion, promotion_id)
+            if promo is None:
+                raise LedgerError(f"no promotion {promotion_id} in ledger {self._shown}")
+            if promo.demoted_at is not None:
+                return False
+            self._demote(s, promo, reason, utcnow())
+            return True
+
+    def promotions(self, op: str | None = None, active_only: bool = False, run_id: str | None = None) -> list[Promotion]:
+        """Promotions, newest first."""
+        q = select(Promotion)
+        if op is not None:
+            q = q.where(Promotion.op == op)
+        if active_only:
+            q = q.where(Promotion.demoted_at.is_(None))
+        if run_id is not None:
+            q = q.where(Promotion.run_id == run_id)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(Promotion.created_at.desc(), Promotion.id.desc())))
+
+    # -- views for people -----------------------------------------------------------------
+    def leaderboard(self, op: str, dtype: str | None = None) -> list[dict]:
+        """Per (bucket, shape_key, dtype, gpu_name): the fastest benchmarked candidate
+        (status 'benchmarked' or 'promoted'; implausible timings are ignored) against the
+        baseline for the same shape, dtype and GPU. When a kernel was timed several
+        times, its best median counts, for the baseline too (so the speedup is not
+        flattered by one slow baseline run). speedup = baseline_ms / best_ms."""
+        good = ("benchmarked", "promoted")
+        q = (select(BenchResult, Candidate.label, Candidate.status)
+             .join(Candidate, Candidate.id == BenchResult.candidate_id)
+             .where(BenchResult.op == op, BenchResult.implausible.is_(False), Candidate.status.in_(good)))
+        bq = select(BenchResult).where(BenchResult.op == op, BenchResult.candidate_id.is_(None),
+                                       BenchResult.implausible.is_(False))
+        if dtype is not None:
+            q = q.where(BenchResult.dtype == dtype)
+            bq = bq.where(BenchResult.dtype == dtype)
+        best: dict[tuple, tuple[BenchResult, Optional[str], str]] = {}
+        baseline: dict[tuple, BenchResult] = {}
+        anchor: dict[tuple, BenchResult] = {}
+        with self._read() as s:
+            for row, label, status in s.execute(q):
+                key = (row.bucket, row.shape_key, row.dtype, row.gpu_name)
+                if key not in best or row.median_ms < best[key][0].median_ms:
+                    best[key] = (row, label, status)
+            for row in s.scalars(bq):
+                key = (row.bucket, row.shape_key, row.dtype, row.gpu_name)
+                table = baseline if row.label == "baseline" else anchor if row.label.startswith("anchor") else None
+                if table is not None and (key not in table or row.median_ms < table[key].median_ms):
+                    table[key] = row
+        out = []
+        for key in sorted(best):
+            row, label, status = best[key]
+            base = baseline.get(key)
+            anc = anchor.get(key)
+            out.append({
+                "op": op, "bucket": key[0], "shape_key": key[1], "dtype": key[2], "gpu_name": key[3],
+                "candidate_id": row.candidate_id, "label": label, "status": status,
+                "best_ms": row.median_ms, "spread_ms": row.spread_ms,
+                "fraction_of_ceiling": row.fraction_of_ceiling, "ceiling_kind": row.ceiling_kind,
+                "baseline_ms": base.median_ms if base is not None else None,
+                "speedup": (base.median_ms / row.median_ms) if base is not None and row.median_ms > 0 else None,
+                "anchor": anc.label if anc is not None else None,
+                "anchor_ms": anc.median_ms if anc is not None else None,
+            })
+        return out
+
+    def run_summary(self, run_id: str) -> dict:
+        """What a run did, for `show` and reports: candidates by status, failed checks by
+        name, promotions, model usage and wall time."""
+        run = self.get_run(run_id)
+        if run is None:
+            raise LedgerError(f"no run {run_id!r} in ledger {self._shown}")
+        proposed = select(Proposal.candidate_id).where(Proposal.run_id == run_id)
+        with self._read() as s:
+            by_status = {st: n for st, n in s.execute(
+                select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(proposed))
+                .group_by(Candidate.status))}
+            n_prop, n_dup = s.execute(select(
+                func.count(Proposal.id),
+                func.coalesce(func.sum(case((Proposal.duplicate, 1), else_=0)), 0),
+            ).where(Proposal.run_id == run_id)).one()
+            failed = {name: n for name, n in s.execute(
+                select(CheckResult.name, func.count(CheckResult.id))
+                .where(CheckResult.candidate_id.in_(proposed), CheckResult.status == "failed")
+                .group_by(CheckResult.name).order_by(func.count(CheckResult.id).desc(), CheckResult.name))}
+            calls, errors, ptok, ctok, lat = s.execute(select(
+                func.count(ModelCall.id),
+                func.count(ModelCall.error),
+                func.coalesce(func.sum(ModelCall.prompt_tokens), 0),
+                func.coalesce(func.sum(ModelCall.completion_tokens), 0),
+                func.coalesce(func.sum(ModelCall.latency_s), 0.0),
+            ).where(ModelCall.run_id == run_id)).one()
+            n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
+            promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
+        end = run.finished_at or (utcnow() if run.status == "running" else None)
+        return {
+            "run_id": run.id,
+            "status": run.status,
+            "proposer": run.proposer,
+            "ops": run.op_list,
+            "gpu_name": run.gpu_name,
+            "started_at": run.started_at,
+            "finished_at": run.finished_at,
+            "wall_s": (end - run.started_at).total_seconds() if end is not None else None,
+            "proposals": int(n_prop),
+            "duplicates": int(n_dup),
+            "candidates": sum(by_status.values()),
+            "candidates_by_status": {st: by_status.get(st, 0) for st in CANDIDATE_STATUSES},
+            "checks_failed": failed,
+            "bench_results": int(n_bench or 0),
+            "promotions": [{
+                "id": p.id, "op": p.op, "bucket": p.bucket, "dtype": p.dtype, "gpu_name": p.gpu_name,
+                "candidate_id": p.candidate_id, "replaced_candidate_id": p.replaced_candidate_id,
+                "new_ms": p.new_ms, "old_ms": p.old_ms, "gain": p.gain, "spread": p.spread, "reason": p.reason,
+                "active": p.demoted_at is None,
+            } for p in promos],
+            "model": {
+                "calls": int(calls), "errors": int(errors), "prompt_tokens": int(ptok),
+                "completion_tokens": int(ctok), "total_tokens": int(ptok) + int(ctok), "latency_s": float(lat),
+            },
+        }
+
+
+__all__ = [
+    "SCHEMA_VERSION", "LedgerError", "Ledger", "hash_source", "Base", "Meta", "Run", "Candidate", "Proposal",
+    "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
+    "CHECK_STATUSES", "CHECK_MODES",
+]

@@ -1,0 +1,146 @@
+"""The promotion rule (DESIGN section 4).
+
+A candidate replaces the incumbent for one (op, shape bucket, dtype, GPU) only when
+its gain is larger than the measured spread of both timings plus a safety margin.
+Why a margin on top of the spread: medians and spreads come from a finite number of
+interleaved samples on a machine whose clocks and neighbours drift, so a gain that
+merely equals the noise is as likely to be luck as speed, and every promotion costs a
+reviewer's time and a risk. Correctness is decided elsewhere (the sanitizer); this
+rule refuses anything the sanitizer did not pass, and any timing the benchmark
+flagged as implausible (faster than a measured hardware ceiling is a bug, not a win).
+
+This module is pure arithmetic: no GPU, no ledger, so it is trivially testable and
+the same rule can be replayed over recorded timings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+DEFAULT_MARGIN = 0.02
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A benchmark summary: median time, its spread (both in ms) and the sample count."""
+
+    median_ms: float
+    spread_ms: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """promote: whether to promote. gain: fraction of the incumbent's time saved (0.12
+    = 12% less time; negative when slower). spread: the relative noise the gain was
+    held against (a fraction, margin excluded). reason: one sentence with the numbers."""
+
+    promote: bool
+    gain: float
+    spread: float
+    reason: str
+
+
+def _ms(x: float) -> str:
+    """Milliseconds with three significant figures (kernels run from microseconds up)."""
+    return f"{x:.3f}" if abs(x) >= 0.1 else f"{x:.3g}"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def _faster_or_slower(gain: float, what: str) -> str:
+    return f"{_pct(gain)} faster than {what}" if gain >= 0 else f"{_pct(-gain)} slower than {what}"
+
+
+def _invalid(t: Timing, name: str) -> Optional[str]:
+    if not (math.isfinite(t.median_ms) and t.median_ms > 0):
+        return f"the {name}'s median time {t.median_ms!r} ms is not a positive number"
+    if not (math.isfinite(t.spread_ms) and t.spread_ms >= 0):
+        return f"the {name}'s spread {t.spread_ms!r} ms is not a non-negative number"
+    return None
+
+
+def _gate(candidate: Timing, incumbent: Timing, sanitizer_passed: bool, implausible: bool) -> Optional[str]:
+    """The reason to refuse before looking at the gain, or None."""
+    if not sanitizer_passed:
+        return "not promoted: the candidate did not pass the sanitizer"
+    if implausible:
+        return "not promoted: the timing is implausible (above a measured hardware ceiling), which is a bug, not a win"
+    for t, name in ((candidate, "candidate"), (incumbent, "incumbent")):
+        if t.n < MIN_SAMPLES:
+            return f"not promoted: the {name} has {t.n} timing sample(s), fewer than {MIN_SAMPLES}"
+        bad = _invalid(t, name)
+        if bad:
+            return f"not promoted: {bad}"
+    return None
+
+
+def decide(candidate: Timing, incumbent: Timing, sanitizer_passed: bool, implausible: bool = False,
+           margin: float = DEFAULT_MARGIN) -> Decision:
+    """Promote `candidate` over `incumbent` on one shape only if
+    gain > (candidate.spread + incumbent.spread) / incumbent.median + margin."""
+    refused = _gate(candidate, incumbent, sanitizer_passed, implausible)
+    if refused:
+        gain = noise = math.nan
+        if _invalid(candidate, "candidate") is None and _invalid(incumbent, "incumbent") is None:
+            gain = (incumbent.median_ms - candidate.median_ms) / incumbent.median_ms
+            noise = (candidate.spread_ms + incumbent.spread_ms) / incumbent.median_ms
+        return Decision(False, gain, noise, refused)
+    gain = (incumbent.median_ms - candidate.median_ms) / incumbent.median_ms
+    noise = (candidate.spread_ms + incumbent.spread_ms) / incumbent.median_ms
+    promote = gain > noise + margin
+    times = f"({_ms(incumbent.median_ms)} ms -> {_ms(candidate.median_ms)} ms)"
+    threshold = f"the noise {_pct(noise)} + margin {_pct(margin)}"
+    if promote:
+        reason = f"{_faster_or_slower(gain, 'the incumbent')} {times}, above {threshold}"
+    else:
+        reason = f"not promoted: {_faster_or_slower(gain, 'the incumbent')} {times}, not above {threshold}"
+    return Decision(promote, gain, noise, reason)
+
+
+def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_passed: bool,
+                       implausible: bool = False, margin: float = DEFAULT_MARGIN,
+                       labels: Optional[Sequence[str]] = None) -> Decision:
+    """The rule for a bucket timed on several shapes: each pair is (candidate, incumbent).
+
+    Refused when any shape is slower beyond its own noise (a bucket-wide win must not
+    hide a regression on a shape someone serves), otherwise judged on the geometric
+    mean of the time ratios against the mean relative noise plus `margin`. Why the
+    geometric mean: shapes take very different absolute times, and a ratio is what a
+    user of any one shape gets."""
+    if not per_shape:
+        return Decision(False, math.nan, math.nan, "not promoted: no shapes were timed")
+    if labels is not None and len(labels) != len(per_shape):
+        raise ValueError(f"decide_over_shapes: {len(labels)} labels for {len(per_shape)} shapes")
+    names = list(labels) if labels is not None else [f"shape {i + 1}" for i in range(len(per_shape))]
+    if not sanitizer_passed or implausible:
+        return Decision(False, math.nan, math.nan, _gate(*per_shape[0], sanitizer_passed, implausible) or "")
+    log_ratios = []
+    noises = []
+    for name, (cand, inc) in zip(names, per_shape):
+        refused = _gate(cand, inc, True, False)
+        if refused:
+            return Decision(False, math.nan, math.nan, f"{refused} (on {name})")
+        gain = (inc.median_ms - cand.median_ms) / inc.median_ms
+        noise = (cand.spread_ms + inc.spread_ms) / inc.median_ms
+        if gain < -noise:
+            return Decision(False, gain, noise,
+                            f"not promoted: {_pct(-gain)} slower than the incumbent on {name} "
+                            f"({_ms(inc.median_ms)} ms -> {_ms(cand.median_ms)} ms), beyond the noise {_pct(noise)}")
+        log_ratios.append(math.log(cand.median_ms / inc.median_ms))
+        noises.append(noise)
+    gain = 1.0 - math.exp(sum(log_ratios) / len(log_ratios))
+    noise = sum(noises) / len(noises)
+    n = len(per_shape)
+    head = f"{_faster_or_slower(gain, 'the incumbent')} (geometric mean over {n} shape{'s' if n != 1 else ''})"
+    threshold = f"the mean noise {_pct(noise)} + margin {_pct(margin)}"
+    if gain > noise + margin:
+        return Decision(True, gain, noise, f"{head}, above {threshold}, and no shape slower beyond its noise")
+    return Decision(False, gain, noise, f"not promoted: {head}, not above {threshold}")
+
+
+__all__ = ["Timing", "Decision", "decide", "decide_over_shapes", "DEFAULT_MARGIN", "MIN_SAMPLES"]

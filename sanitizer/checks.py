@@ -1,0 +1,631 @@
+"""The CPU checks of DESIGN.md section 3, run on one candidate inside the Triton interpreter.
+
+`sanitize_file(path, op_name, mode)` runs them in order, cheap first, and returns a
+Verdict. It executes the candidate's code: call it only inside an isolated worker
+(sanitizer/runner.py), which adds the process boundary and the time limit.
+
+Every failure says how to reproduce it: op, shape, dtype, seed, distribution and
+layout of the case, the first bad index, observed against expected.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import os
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..harness.ops import get_op
+from ..harness.ops.common import DTYPE_NAMES, Case, Op, round_to
+from . import static_gate
+from .fpsan import FpSanUnsupported
+from .guard import GuardViolation, HostGuard, sentinel_value
+from .interp import Instrumentation, Watched
+from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
+
+
+class CheckFailed(Exception):
+    """Raised inside a check with the one-line explanation of the failure."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much of each check a mode runs."""
+
+    bounds_layouts: Tuple[str, ...]
+    bounds_shapes: int  # first n tiny shapes (all of them when larger)
+    coverage_shapes: int
+    order_shapes: int
+    orders: Tuple[str, ...]
+    sensitivity_positions: int
+    differential_examples: int
+    budget_cases: int
+    near_serving_shapes: int
+    fpsan_cases: int
+    extended_examples: int
+    fail_fast: bool = True
+
+
+QUICK = Settings(("contiguous", "strided"), 3, 1, 1, ("reverse",), 1, 6, 2, 1, 1, 12)
+FULL = Settings(("contiguous", "strided"), 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
+MODES = {"quick": QUICK, "full": FULL}
+
+
+# -- running a candidate on one case --------------------------------------------------
+
+@dataclass
+class RunResult:
+    out: Any = None
+    error: str = ""
+    bounds: List[str] = field(default_factory=list)
+    guard: List[str] = field(default_factory=list)
+    mutated: List[str] = field(default_factory=list)
+    launches: int = 0
+    fpsan_unsupported: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.error or self.bounds or self.guard or self.mutated)
+
+    def problem(self) -> str:
+        if self.bounds:
+            return self.bounds[0]
+        if self.guard:
+            return "host code: " + self.guard[0]
+        if self.mutated:
+            return f"the candidate modified its input(s) {', '.join(self.mutated)}"
+        return self.error
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+
+
+def _describe_exception(e: BaseException, path: str) -> str:
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    where = ""
+    for frame in reversed(traceback.extract_tb(root.__traceback__)):
+        if os.path.abspath(frame.filename) == os.path.abspath(path):
+            where = f" (candidate line {frame.lineno}: {frame.line.strip() if frame.line else ''})"
+            break
+    msg = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    return f"{type(root).__name__}: {msg[:300]}{where}"
+
+
+def run_case(subject: "Subject", fn: Callable, case: Case, *, bounds: bool = True, order: str = "natural",
+             seed: int = 0, fpsan: bool = False, sentinel: int = 0) -> RunResult:
+    """Call fn on the case's inputs under the interpreter hooks and the host-code guard."""
+    op = subject.op
+    tensors = {k: v for k, v in case.args.items() if isinstance(v, torch.Tensor)}
+    readable = op.readable(case.args) if bounds else {}
+    watched = [Watched(k, v, readable.get(k)) for k, v in tensors.items()]
+    before = {k: _storage_bytes(v) for k, v in tensors.items()}
+    inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched)
+    guard = HostGuard(sentinel=sentinel)
+    res = RunResult()
+    try:
+        with inst.active():
+            with guard:
+                res.out = case.call(fn)
+    except FpSanUnsupported as e:
+        res.fpsan_unsupported.append(str(e))
+    except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        inner = e
+        while inner.__cause__ is not None and not isinstance(inner, (FpSanUnsupported,)):
+            inner = inner.__cause__
+        if isinstance(inner, FpSanUnsupported):
+            res.fpsan_unsupported.append(str(inner))
+        elif not inst.violations and not guard.violations:
+            res.error = _describe_exception(e, subject.path)
+    res.bounds = list(inst.violations)
+    res.guard = list(guard.violations)
+    res.launches = len(inst.launches)
+    res.fpsan_unsupported += inst.fpsan_unsupported
+    for k, v in tensors.items():
+        if not torch.equal(before[k], _storage_bytes(v)):
+            res.mutated.append(k)
+    if res.ok and not res.fpsan_unsupported and res.launches == 0:
+        res.error = "no Triton kernel was launched: the result must be computed by the file's own kernels"
+    return res
+
+
+def outputs(out) -> Tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a tensor, for bitwise comparison (NaN == NaN when the bits agree)."""
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().contiguous().view(ints[t.element_size()]) if t.dtype != torch.bool else t.to(torch.int8)
+
+
+def first_difference(a, b) -> Optional[Tuple[int, Tuple[int, ...], Any, Any]]:
+    """(output number, index, value in a, value in b) of the first bitwise difference."""
+    for i, (x, y) in enumerate(zip(outputs(a), outputs(b))):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.shape != y.shape:
+            return i, (), type(x).__name__, type(y).__name__
+        diff = bits(x) != bits(y)
+        if bool(diff.any()):
+            idx = tuple(int(j) for j in diff.nonzero()[0].tolist())
+            return i, idx, _scalar(x[idx]), _scalar(y[idx])
+    return None
+
+
+def _scalar(v: torch.Tensor):
+    v = v.item()
+    return round(v, 6) if isinstance(v, float) else v
+
+
+# -- the subject ------------------------------------------------------------------------
+
+@dataclass
+class Subject:
+    op: Op
+    path: str
+    source: str
+    fn: Optional[Callable] = None
+    baseline: Optional[Callable] = None
+    refs: Dict[int, Any] = field(default_factory=dict)
+    fpsan_equivalent: Optional[bool] = None
+    fpsan_detail: str = ""
+
+    def ref64(self, case: Case):
+        key = id(case)
+        if key not in self.refs:
+            self.refs[key] = (case, self.op.reference(case.args, torch.float64))
+        return self.refs[key][1]
+
+
+def load_module(path: str, op_name: str):
+    """Import a candidate file under a unique module name; return its op function."""
+    name = f"ka_candidate_{op_name}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CheckFailed(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # triton.jit looks its functions up by module
+    spec.loader.exec_module(module)
+    fn = getattr(module, op_name, None)
+    if not callable(fn):
+        raise CheckFailed(f"the file defines no function `{op_name}`")
+    return fn
+
+
+def baseline_fn(op_name: str) -> Callable:
+    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+    return getattr(mod, op_name)
+
+
+# -- case sets --------------------------------------------------------------------------
+
+def tiny_cases(op: Op, n: int, layouts: Sequence[str], dtypes=(torch.float32, torch.float16),
+               seed: int = 11) -> List[Case]:
+    cases = []
+    for i, shape in enumerate(op.shapes("tiny")[:n]):
+        for j, layout in enumerate(layouts):
+            dtype = dtypes[(i + j) % len(dtypes)]
+            cases.append(op.make_case(shape, dtype, seed=seed + i, dist="normal", layout=layout))
+    return cases
+
+
+def _compare_or_fail(subject: Subject, case: Case, out, what: str = ""):
+    cmp = subject.op.compare(out, case.args, subject.ref64(case))
+    if not cmp.ok:
+        raise CheckFailed(f"{what}{cmp.describe()}; reproduce: {case.describe()}")
+    return cmp
+
+
+def _run_or_fail(subject: Subject, case: Case, **kw) -> RunResult:
+    r = run_case(subject, subject.fn, case, **kw)
+    if not r.ok:
+        raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()}")
+    return r
+
+
+# -- the checks -------------------------------------------------------------------------
+
+def check_static(subject: Subject, s: Settings) -> str:
+    g = static_gate.check_source(subject.source, subject.op.name)
+    if not g.passed:
+        raise CheckFailed(g.describe())
+    return g.describe()
+
+
+def check_load(subject: Subject, s: Settings) -> str:
+    try:
+        subject.fn = load_module(subject.path, subject.op.name)
+    except CheckFailed:
+        raise
+    except BaseException as e:  # noqa: BLE001
+        raise CheckFailed(f"importing the file failed: {_describe_exception(e, subject.path)}")
+    op = subject.op
+    sig = inspect.signature(subject.fn)
+    try:
+        sig.bind(*op.arg_names, **{k: None for k in op.optional_args})
+        sig.bind(**{k: None for k in op.arg_names})
+    except TypeError as e:
+        raise CheckFailed(f"signature {subject.op.name}{sig} does not accept the contract's arguments "
+                          f"({', '.join(op.arg_names + op.optional_args)}): {e}")
+    for name in op.optional_args:
+        p = sig.parameters.get(name)
+        if p is None or p.default is inspect.Parameter.empty:
+            raise CheckFailed(f"`{name}` must be an optional keyword argument (contract: {op.contract.splitlines()[0]})")
+    return f"{subject.op.name}{sig}"
+
+
+def check_runs(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    case = op.make_case(op.shapes("tiny")[2 % len(op.shapes("tiny"))], torch.float32, seed=5)
+    r = run_case(subject, subject.fn, case, bounds=False)
+    if r.guard:
+        raise CheckFailed(f"host code: {r.guard[0]}; reproduce: {case.describe()}")
+    if r.error:
+        raise CheckFailed(f"{r.error}; reproduce: {case.describe()}")
+    ref = subject.ref64(case)
+    for i, (o, rf) in enumerate(zip(outputs(r.out), outputs(ref))):
+        if not isinstance(o, torch.Tensor):
+            raise CheckFailed(f"output {i} is {type(o).__name__}, not a tensor")
+        if tuple(o.shape) != tuple(rf.shape):
+            raise CheckFailed(f"output {i} has shape {tuple(o.shape)}, expected {tuple(rf.shape)}")
+    if len(outputs(r.out)) != len(op.output_names):
+        raise CheckFailed(f"returned {len(outputs(r.out))} outputs, the contract has {len(op.output_names)} "
+                          f"({', '.join(op.output_names)})")
+    return f"{r.launches} kernel launch(es) per call"
+
+
+def check_host_code(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    n = 0
+    for case in tiny_cases(op, 2, ("strided",), seed=21):
+        r = run_case(subject, subject.fn, case, bounds=False)
+        n += 1
+        if r.guard:
+            raise CheckFailed(f"{r.guard[0]}; reproduce: {case.describe()}")
+        if r.error:
+            raise CheckFailed(f"{r.error}; reproduce: {case.describe()}")
+    return f"host code only allocated, read shapes and made views ({n} calls watched)"
+
+
+def check_bounds(subject: Subject, s: Settings) -> str:
+    cases = tiny_cases(subject.op, s.bounds_shapes, s.bounds_layouts, seed=31)
+    for case in cases:
+        _run_or_fail(subject, case)
+    return f"every active load and store stayed inside its tensor on {len(cases)} cases " \
+           f"(inputs read-only, unowned cache slots unread)"
+
+
+def check_coverage(subject: Subject, s: Settings) -> str:
+    cases = tiny_cases(subject.op, s.coverage_shapes, ("contiguous",), seed=41)
+    for case in cases:
+        a = _run_or_fail(subject, case, sentinel=0).out
+        b = _run_or_fail(subject, case, sentinel=1).out
+        d = first_difference(a, b)
+        if d:
+            i, idx, va, vb = d
+            name = subject.op.output_names[i] if i < len(subject.op.output_names) else f"output {i}"
+            raise CheckFailed(f"{name}{list(idx)} was never written: it holds the allocation sentinel "
+                              f"({va} in one run, {vb} in the other); reproduce: {case.describe()}")
+        for i, t in enumerate(outputs(a)):
+            if t.is_floating_point() and bool(torch.isnan(t).any()):
+                idx = tuple(int(j) for j in torch.isnan(t).nonzero()[0].tolist())
+                raise CheckFailed(f"{subject.op.output_names[i]}{list(idx)} is NaN (the first sentinel, or a NaN "
+                                  f"the kernel produced); reproduce: {case.describe()}")
+    return f"outputs identical under two allocation sentinels, none left ({len(cases)} cases)"
+
+
+def check_inputs_unchanged(subject: Subject, s: Settings) -> str:
+    cases = tiny_cases(subject.op, 2, ("strided", "contiguous"), seed=51)
+    for case in cases:
+        r = run_case(subject, subject.fn, case)
+        if r.mutated:
+            raise CheckFailed(f"input(s) {', '.join(r.mutated)} changed during the call; reproduce: "
+                              f"{case.describe()}")
+        if not r.ok:
+            raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()}")
+    return f"every input's storage bitwise unchanged ({len(cases)} cases)"
+
+
+def _same_shapes(a: Case, b: Case) -> bool:
+    return all((not isinstance(v, torch.Tensor)) or (isinstance(b.args.get(k), torch.Tensor)
+                                                     and b.args[k].shape == v.shape and b.args[k].dtype == v.dtype)
+               for k, v in a.args.items())
+
+
+def check_no_state(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    shapes = [sh for sh in op.shapes("tiny") if not getattr(sh, "ragged", False)]
+    shape, other = shapes[-1], shapes[0]
+    x = op.make_case(shape, torch.float32, seed=61)
+    y = op.make_case(shape, torch.float32, seed=62)
+    if not _same_shapes(x, y):
+        raise CheckFailed("internal: state cases differ in shape")
+    out1 = _run_or_fail(subject, x).out
+    _compare_or_fail(subject, x, out1, "first call: ")
+    saved = [bits(t).clone() for t in outputs(out1)]
+    z = op.make_case(other, torch.float32, seed=63)  # a different shape in between
+    _compare_or_fail(subject, z, _run_or_fail(subject, z).out, "call on another shape: ")
+    # fresh values in the same (recycled) buffers: a cache keyed on pointers or shapes answers stale
+    for k, v in x.args.items():
+        if isinstance(v, torch.Tensor):
+            v.copy_(y.args[k])
+    subject.refs.pop(id(x), None)
+    out2 = _run_or_fail(subject, x).out
+    _compare_or_fail(subject, x, out2, "fresh inputs in recycled buffers gave a stale answer: ")
+    for t, b in zip(outputs(out1), saved):
+        if not torch.equal(bits(t), b):
+            raise CheckFailed("a later call overwrote the tensor an earlier call returned (outputs must be new "
+                              f"tensors); reproduce: {x.describe()}")
+    return "fresh inputs in recycled buffers gave fresh answers; earlier outputs untouched"
+
+
+def check_order(subject: Subject, s: Settings) -> str:
+    cases = tiny_cases(subject.op, s.order_shapes, ("contiguous",), seed=71)
+    for case in cases:
+        base = _run_or_fail(subject, case).out
+        for order in s.orders:
+            other = _run_or_fail(subject, case, order=order, seed=7).out
+            d = first_difference(base, other)
+            if d:
+                i, idx, va, vb = d
+                raise CheckFailed(f"running the grid's programs in {order} order changed "
+                                  f"{subject.op.output_names[i]}{list(idx)} from {va} to {vb} (programs depend on "
+                                  f"each other: a race on the GPU); reproduce: {case.describe()}")
+    return f"bitwise identical under {', '.join(s.orders)} program order ({len(cases)} cases)"
+
+
+def _perturb_positions(t: torch.Tensor, readable: Optional[torch.Tensor], n: int, gen: torch.Generator):
+    """Indices to perturb: the last element (where off-by-ones live), the first, then random ones."""
+    if readable is not None:
+        flat = readable.reshape(-1).nonzero().reshape(-1)
+    else:
+        flat = torch.arange(t.numel())
+    if flat.numel() == 0:
+        return []
+    picks = [int(flat[-1]), int(flat[0])]
+    while len(picks) < n:
+        picks.append(int(flat[torch.randint(0, flat.numel(), (1,), generator=gen)]))
+    return [tuple(int(i) for i in torch.unravel_index(torch.tensor(p), t.shape)) for p in picks[:n]]
+
+
+def check_sensitivity(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    shape = op.shapes("tiny")[2]
+    gen = torch.Generator().manual_seed(81)
+    base_case = op.make_case(shape, torch.float32, seed=81)
+    readable = op.readable(base_case.args)
+    done = 0
+    for name, v in base_case.args.items():
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point()):
+            continue
+        for pos in _perturb_positions(v, readable.get(name), s.sensitivity_positions, gen):
+            case = op.make_case(shape, torch.float32, seed=81)
+            t = case.args[name]
+            t[pos] = t[pos] + (4.0 * float(t.abs().nan_to_num().max()) + 1.0)
+            out = _run_or_fail(subject, case).out
+            _compare_or_fail(subject, case, out, f"after changing {name}{list(pos)}: ")
+            done += 1
+    return f"output follows the reference after {done} single-element changes (first, last, random)"
+
+
+def _draw_case(op: Op, data, big: bool = False) -> Case:
+    from hypothesis import strategies as st
+    shape = data.draw(op.shape_strategy(), label="shape")
+    dtypes = [d for d in ("float32", "float16", "bfloat16-via-float32")
+              if d.split("-")[0] in {DTYPE_NAMES[x] for x in op.dtypes}]
+    mode = data.draw(st.sampled_from(dtypes), label="dtype")
+    dists = [d.name for d in op.distributions]
+    if big:  # the harsher mix of the extended suite
+        dists = [d for d in dists if d != "normal"] or dists
+    dist = data.draw(st.sampled_from(dists), label="dist")
+    layout = data.draw(st.sampled_from(["contiguous", "strided"]), label="layout")
+    seed = data.draw(st.integers(0, 2**20), label="seed")
+    dtype = torch.float16 if mode == "float16" else torch.float32
+    case = op.make_case(shape, dtype, seed=seed, dist=dist, layout=layout)
+    if mode.startswith("bfloat16"):
+        for k, v in case.args.items():
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                v.copy_(round_to(v, torch.bfloat16))
+        case.dist = f"{dist} (bfloat16 values in float32)"
+    return case
+
+
+def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bool = False) -> int:
+    from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+    from hypothesis import seed as hseed
+
+    count = [0]
+
+    @hseed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), derandomize=False, print_blob=False)
+    @given(st.data())
+    def prop(data):
+        case = _draw_case(subject.op, data, big)
+        r = run_case(subject, subject.fn, case)
+        if not r.ok:
+            raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()}")
+        cmp = subject.op.compare(r.out, case.args, subject.ref64(case))
+        subject.refs.pop(id(case), None)
+        if not cmp.ok:
+            raise CheckFailed(f"{cmp.describe()}; reproduce: {case.describe()}")
+        count[0] += 1
+
+    try:
+        prop()
+    except CheckFailed:
+        raise
+    except Exception as e:  # hypothesis wraps the first failure
+        inner = e
+        while inner is not None and not isinstance(inner, CheckFailed):
+            inner = inner.__cause__ or (inner.__context__ if inner.__context__ is not inner else None)
+        if isinstance(inner, CheckFailed):
+            raise inner
+        raise CheckFailed(f"property test error: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    return count[0]
+
+
+def check_differential(subject: Subject, s: Settings) -> str:
+    n = _hypothesis_differential(subject, s.differential_examples, seed=91)
+    return f"{n} property-based examples match the float64 reference (odd shapes, strided views, " \
+           f"fp16/fp32/bf16 values, adversarial distributions)"
+
+
+def check_error_budget(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    if op.name == "quantize_kv":
+        raise _Skip("not applicable: quantize_kv is checked exactly by its contract (every code within half a step)")
+    worst = 0.0
+    combos = [(torch.float32, "normal"), (torch.float16, "outliers"), (torch.float16, "normal"),
+              (torch.float32, "large")][: s.budget_cases]
+    shapes = op.shapes("tiny")
+    for i, (dtype, dist) in enumerate(combos):
+        case = op.make_case(shapes[(2 + i) % len(shapes)], dtype, seed=101 + i, dist=dist)
+        ref = subject.ref64(case)
+        out_c = _run_or_fail(subject, case).out
+        rb = run_case(subject, subject.baseline, case, bounds=False)
+        if not rb.ok:
+            raise CheckFailed(f"internal: the baseline failed: {rb.problem()}")
+        err_c = op.output_error(outputs(out_c)[0], outputs(ref)[0])
+        err_b = op.output_error(outputs(rb.out)[0], outputs(ref)[0])
+        floor = op.tolerance(dtype).budget_floor
+        allowed = max(2.0 * err_b, floor)
+        if not (err_c <= allowed):
+            raise CheckFailed(f"error {err_c:.3g} against float64 exceeds the budget {allowed:.3g} (2x the "
+                              f"baseline's {err_b:.3g}, floor {floor:g}): reduced precision?; reproduce: "
+                              f"{case.describe()}")
+        worst = max(worst, err_c / allowed)
+    return f"error within the budget on {len(combos)} cases (worst {worst:.0%} of the allowance)"
+
+
+def check_near_serving(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    shapes = op.shapes("near_serving")[: s.near_serving_shapes]
+    for i, shape in enumerate(shapes):
+        dtype = torch.float16 if op.name in ("matmul", "attention") else torch.float32
+        case = op.make_case(shape, dtype, seed=111 + i)
+        out = _run_or_fail(subject, case).out
+        _compare_or_fail(subject, case, out)
+        subject.refs.pop(id(case), None)
+    return f"correct with bounds checked at {len(shapes)} near-serving shape(s): " + \
+        "; ".join(sh.key() for sh in shapes)
+
+
+class _Skip(Exception):
+    pass
+
+
+def check_fpsan(subject: Subject, s: Settings) -> str:
+    op = subject.op
+    shapes = op.shapes("tiny")
+    tested = 0
+    for i in range(s.fpsan_cases):
+        dtype = (torch.float32, torch.float16)[i % 2]
+        case = op.make_case(shapes[(2 + 2 * i) % len(shapes)], dtype, seed=121 + i)
+        rc = run_case(subject, subject.fn, case, bounds=False, fpsan=True)
+        rb = run_case(subject, subject.baseline, case, bounds=False, fpsan=True)
+        unsupported = rc.fpsan_unsupported + rb.fpsan_unsupported
+        if unsupported:
+            subject.fpsan_equivalent = None
+            raise _Skip(f"FpSan could not run: {unsupported[0]}")
+        if not rc.ok:
+            raise CheckFailed(f"under FpSan: {rc.problem()}; reproduce: {case.describe()}")
+        d = first_difference(rc.out, rb.out)
+        if d:
+            i_out, idx, vc, vb = d
+            out_name = op.output_names[i_out]
+            subject.fpsan_equivalent = False
+            subject.fpsan_detail = (f"not structurally equivalent: {out_name}{list(idx)} differs under FpSan "
+                                    f"(candidate bits {_hexbits(rc.out, i_out, idx)}, baseline "
+                                    f"{_hexbits(rb.out, i_out, idx)}); reproduce: {case.describe()}")
+            return subject.fpsan_detail + "; the extended numeric suite decides"
+        tested += 1
+    subject.fpsan_equivalent = True
+    subject.fpsan_detail = f"bitwise identical to the baseline under FpSan on {tested} cases"
+    return subject.fpsan_detail + ": computes the same symbolic function"
+
+
+def _hexbits(out, i, idx) -> str:
+    t = outputs(out)[i]
+    return hex(int(bits(t)[idx]) & ((1 << (8 * t.element_size())) - 1))
+
+
+def check_extended(subject: Subject, s: Settings) -> str:
+    if getattr(subject, "fpsan_equivalent", None) is True:
+        raise _Skip("not needed: FpSan proved the candidate equivalent to the baseline")
+    n = _hypothesis_differential(subject, s.extended_examples, seed=131, big=True)
+    return f"{n} extra examples with harsh values match the reference"
+
+
+CHECKS: List[Tuple[str, Callable[[Subject, Settings], str]]] = [
+    ("static_gate", check_static),
+    ("load", check_load),
+    ("runs", check_runs),
+    ("host_code", check_host_code),
+    ("bounds", check_bounds),
+    ("coverage", check_coverage),
+    ("inputs_unchanged", check_inputs_unchanged),
+    ("no_state", check_no_state),
+    ("order_independence", check_order),
+    ("input_sensitivity", check_sensitivity),
+    ("differential", check_differential),
+    ("error_budget", check_error_budget),
+    ("near_serving", check_near_serving),
+    ("fpsan", check_fpsan),
+    ("extended_numeric", check_extended),
+]
+
+
+def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optional[Callable[[CheckOutcome], None]] = None,
+                  fail_fast: Optional[bool] = None, only: Optional[Sequence[str]] = None) -> Verdict:
+    """Run the CPU checks on one candidate file in this process (use the isolated runner)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the CPU checks need TRITON_INTERPRET=1 set before triton is imported")
+    op = get_op(op_name)
+    settings = MODES[mode]
+    if fail_fast is None:
+        fail_fast = settings.fail_fast
+    with open(path) as f:
+        source = f.read()
+    subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name))
+    verdict = Verdict(path, op_name, mode)
+    t_all = time.time()
+    failed = False
+    for name, check in CHECKS:
+        if only and name not in only and name not in ("static_gate", "load"):
+            continue
+        if failed and (fail_fast or name in ("runs",) or subject.fn is None):
+            outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
+        else:
+            t0 = time.time()
+            try:
+                with torch.no_grad():
+                    detail = check(subject, settings)
+                outcome = CheckOutcome(name, PASSED, detail, time.time() - t0)
+            except _Skip as e:
+                outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
+            except CheckFailed as e:
+                outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+            except Exception as e:  # noqa: BLE001 - an unexpected error fails the check, with its reason
+                outcome = CheckOutcome(name, FAILED, _describe_exception(e, subject.path), time.time() - t0)
+            if outcome.status == FAILED:
+                failed = True
+                if name in ("static_gate", "load"):
+                    fail_fast = True  # nothing else can run meaningfully
+        verdict.checks.append(outcome)
+        if on_check:
+            on_check(outcome)
+    verdict.fpsan_equivalent = subject.fpsan_equivalent
+    verdict.fpsan_detail = subject.fpsan_detail
+    verdict.duration_s = time.time() - t_all
+    return verdict

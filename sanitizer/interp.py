@@ -1,0 +1,609 @@
+"""Hooks into Triton's interpreter (TRITON_INTERPRET=1) for the CPU checks.
+
+The interpreter runs each program of a grid one after another and dereferences raw host
+pointers, so an out-of-bounds load reads (or a store corrupts) whatever memory lies
+there. `Instrumentation` patches the interpreter's builder while a candidate runs:
+
+* bounds: every active lane of every load, store and atomic is checked *before* the
+  access against the exact extent of the tensor it falls in. Inputs the sanitizer passed
+  in are read-only, and only their readable elements may be read (for the paged caches,
+  the slots of live tokens); buffers the candidate allocated may be read and written
+  inside the views it passed to the kernel. An address in no tensor argument of the
+  launch is a violation too.
+* order: program ids are permuted (reversed, or shuffled with a seed), which is the same
+  as running the grid's programs in another order; a kernel whose programs depend on
+  each other's side effects gives different bits.
+* fpsan: floating-point arithmetic is replaced by FpSan's payload algebra (fpsan.py).
+  Values stay IEEE bit patterns in memory and in registers, as in Triton's own FpSan:
+  each operation embeds its operands, computes on payloads and unembeds the result.
+
+Also recorded: which kernels were launched (name and source file) and how many times.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from . import fpsan as F
+
+# Imported lazily: the interpreter module pulls in triton, which the static gate does not need.
+_interp = None
+
+
+def _interpreter():
+    global _interp
+    if _interp is None:
+        import triton.runtime.interpreter as interp
+        _interp = interp
+    return _interp
+
+
+class BoundsViolation(Exception):
+    """An active lane addressed memory outside what its launch may touch."""
+
+
+class GuardPause:
+    """A flag the host-code guard reads: while a launch runs, torch calls are the interpreter's own."""
+
+    depth = 0
+
+
+@dataclass
+class Watched:
+    """An input the sanitizer passed to the candidate: read-only, optionally partly readable."""
+
+    name: str
+    tensor: torch.Tensor
+    readable: Optional[torch.Tensor] = None  # bool mask, same shape as tensor
+
+
+@dataclass
+class Launch:
+    kernel: str
+    source_file: str
+    grid: Tuple[int, int, int] = (1, 1, 1)
+
+
+def _storage_span(t: torch.Tensor) -> Tuple[int, int]:
+    st = t.untyped_storage()
+    return int(st.data_ptr()), int(st.nbytes())
+
+
+def _element_indices(t: torch.Tensor) -> torch.Tensor:
+    """Storage element indices (in units of t's dtype) of every element of the view t."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    base = torch.arange(n, dtype=torch.int64)
+    return torch.as_strided(base, t.shape, t.stride(), t.storage_offset())
+
+
+class _Region:
+    """One storage: which elements (per element size) may be read and written."""
+
+    def __init__(self, base: int, nbytes: int, label: str):
+        self.base = base
+        self.nbytes = nbytes
+        self.label = label
+        self.views: List[Tuple[torch.Tensor, Optional[torch.Tensor], bool, str]] = []
+        self._maps: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+
+    def add_view(self, t: torch.Tensor, readable: Optional[torch.Tensor], writable: bool, name: str):
+        self.views.append((t, readable, writable, name))
+        self._maps.clear()
+
+    def maps(self, esize: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(readable, writable) element maps for accesses of `esize` bytes."""
+        if esize in self._maps:
+            return self._maps[esize]
+        n = self.nbytes // esize
+        if all(v[0].element_size() == esize for v in self.views):
+            read = np.zeros(n, dtype=bool)
+            write = np.zeros(n, dtype=bool)
+            for t, readable, writable, _ in self.views:
+                self._mark(t, readable, read, write if writable else None)
+        else:  # views of other widths: an access is allowed when every byte it covers is
+            rb = np.zeros(self.nbytes, dtype=bool)
+            wb = np.zeros(self.nbytes, dtype=bool)
+            for t, readable, writable, _ in self.views:
+                e = t.element_size()
+                idx = _element_indices(t)
+                if readable is not None:
+                    idx = idx[readable]
+                idx = idx.reshape(-1).numpy()
+                byte_idx = (idx[:, None] * e + np.arange(e)[None, :]).reshape(-1)
+                rb[byte_idx] = True
+                if writable:
+                    wb[byte_idx] = True
+            read = rb[: n * esize].reshape(n, esize).all(axis=1)
+            write = wb[: n * esize].reshape(n, esize).all(axis=1)
+        self._maps[esize] = (read, write)
+        return read, write
+
+    @staticmethod
+    def _mark(t: torch.Tensor, readable, read: np.ndarray, write: Optional[np.ndarray]):
+        if readable is None and t.is_contiguous():
+            lo = t.storage_offset()
+            read[lo:lo + t.numel()] = True
+            if write is not None:
+                write[lo:lo + t.numel()] = True
+            return
+        idx = _element_indices(t)
+        if readable is not None:
+            idx = idx[readable.to(torch.bool)]
+        idx = idx.reshape(-1).numpy()
+        read[idx] = True
+        if write is not None:
+            write[idx] = True
+
+    def describe(self, offset_bytes: int, esize: int) -> str:
+        """Name the element an offset falls on, relative to the first view of this storage."""
+        t, readable, _, name = self.views[0]
+        e = offset_bytes // t.element_size()
+        idx = (_element_indices(t) == e).nonzero()
+        if idx.numel():
+            where = list(int(i) for i in idx[0].tolist())
+            extra = ""
+            if readable is not None and not bool(readable[tuple(where)]):
+                extra = " (an element the kernel must not read: not owned by a live token)"
+            return f"{name}{where}{extra}"
+        lo = t.storage_offset() * t.element_size()
+        hi = lo + (t.numel() and (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size())
+        if offset_bytes < lo:
+            return f"{name}: {lo - offset_bytes} bytes before the tensor, inside its allocation"
+        if offset_bytes >= hi:
+            return f"{name}: {offset_bytes - hi + 1} bytes past the end of the tensor, inside its allocation"
+        return f"{name}: a gap between its strided elements"
+
+
+@dataclass
+class Instrumentation:
+    """What to instrument, and what was seen. Use as a context manager around candidate calls."""
+
+    bounds: bool = True
+    order: str = "natural"  # natural | reverse | shuffle
+    seed: int = 0
+    fpsan: bool = False
+    watched: List[Watched] = field(default_factory=list)
+    launches: List[Launch] = field(default_factory=list)
+    violations: List[str] = field(default_factory=list)
+    fpsan_unsupported: List[str] = field(default_factory=list)
+
+    # per launch
+    _regions: List[_Region] = field(default_factory=list)
+    _starts: Optional[np.ndarray] = None
+    _kernel: str = ""
+    _perm: Optional[np.ndarray] = None
+
+    # -- launch bookkeeping ------------------------------------------------------------
+    def _begin_launch(self, fn, args: Sequence[Any], kwargs: Dict[str, Any]):
+        name = getattr(fn, "__name__", "?")
+        code = getattr(fn, "__code__", None)
+        self._kernel = name
+        self.launches.append(Launch(name, code.co_filename if code else "?"))
+        if not self.bounds:
+            return
+        regions: Dict[int, _Region] = {}
+        watched_ptrs = set()
+        for w in self.watched:
+            base, nbytes = _storage_span(w.tensor)
+            watched_ptrs.add(base)
+            r = regions.setdefault(base, _Region(base, nbytes, w.name))
+            r.add_view(w.tensor, w.readable, False, f"input `{w.name}`")
+        for i, t in enumerate(_tensors_in(list(args) + list(kwargs.values()))):
+            base, nbytes = _storage_span(t)
+            if base in watched_ptrs:
+                continue  # a view of an input: the input's own rules apply
+            r = regions.setdefault(base, _Region(base, nbytes, f"buffer #{i}"))
+            r.add_view(t, None, True, f"kernel argument {i} (a {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} "
+                                      f"buffer)")
+        self._regions = sorted(regions.values(), key=lambda r: r.base)
+        self._starts = np.array([r.base for r in self._regions], dtype=np.uint64)
+
+    def _check(self, ptrs: np.ndarray, mask: Optional[np.ndarray], esize: int, kind: str):
+        if not self.bounds:
+            return
+        p = np.asarray(ptrs, dtype=np.uint64)
+        if mask is not None:
+            m = np.broadcast_to(np.asarray(mask, dtype=bool), p.shape)
+            p = p[m]
+        p = p.reshape(-1)
+        if p.size == 0:
+            return
+        if self._starts is None or self._starts.size == 0:
+            self._fail(kind, f"address {int(p[0]):#x} while the launch has no tensor arguments")
+        idx = np.searchsorted(self._starts, p, side="right").astype(np.int64) - 1
+        bad_lane = None
+        reason = ""
+        outside = idx < 0
+        if outside.any():
+            bad_lane = int(np.argmax(outside))
+            reason = "an address below every tensor argument"
+        else:
+            for ri in np.unique(idx):
+                r = self._regions[int(ri)]
+                sel = idx == ri
+                off = (p[sel] - np.uint64(r.base)).astype(np.int64)
+                beyond = off + esize > r.nbytes
+                if beyond.any():
+                    j = int(np.argmax(beyond))
+                    nearest = r.views[0][3]
+                    self._fail(kind, f"{int(off[j]) + esize - r.nbytes} bytes past the end of the allocation of "
+                                     f"{nearest} (or in memory no argument owns)")
+                misaligned = off % esize != 0
+                if misaligned.any():
+                    j = int(np.argmax(misaligned))
+                    self._fail(kind, f"misaligned {esize}-byte access at byte {int(off[j])} of {r.views[0][3]}")
+                read, write = r.maps(esize)
+                allowed = (write if kind == "store" else read)[off // esize]
+                if kind == "atomic":
+                    allowed = allowed & write[off // esize]
+                if not allowed.all():
+                    j = int(np.argmax(~allowed))
+                    where = r.describe(int(off[j]), esize)
+                    if kind != "load" and not write.any():
+                        where += " (inputs are read-only)"
+                    self._fail(kind, f"element {where}")
+        if bad_lane is not None:
+            self._fail(kind, reason)
+
+    def _fail(self, kind: str, what: str):
+        pid = getattr(_interpreter().interpreter_builder, "grid_idx", None)
+        msg = f"out-of-bounds {kind} in kernel `{self._kernel}` (program {tuple(pid) if pid else '?'}): {what}"
+        self.violations.append(msg)
+        raise BoundsViolation(msg)
+
+    # -- patching ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def active(self):
+        interp = _interpreter()
+        builder = interp.interpreter_builder
+        saved: List[Tuple[Any, str, Any, bool]] = []
+
+        def patch(obj, name, value):
+            had = name in vars(obj) if not isinstance(obj, type) else name in obj.__dict__
+            saved.append((obj, name, getattr(obj, name, None), had))
+            setattr(obj, name, value)
+
+        inst = self
+        orig_call = interp.GridExecutor.__call__
+
+        def grid_call(executor, *args, **kwargs):
+            GuardPause.depth += 1  # from here on, torch calls are the sanitizer's and the interpreter's
+            try:
+                inst._begin_launch(executor.fn, args, kwargs)
+                return orig_call(executor, *args, **kwargs)
+            finally:
+                GuardPause.depth -= 1
+
+        patch(interp.GridExecutor, "__call__", grid_call)
+
+        cls = type(builder)
+        orig_masked_load = cls.create_masked_load
+        orig_masked_store = cls.create_masked_store
+        orig_rmw = cls.create_atomic_rmw
+        orig_cas = cls.create_atomic_cas
+
+        def masked_load(ptrs, mask, other, cache_policy, is_volatile):
+            inst._check(ptrs.data, mask.data, _esize(ptrs), "load")
+            return orig_masked_load(builder, ptrs, mask, other, cache_policy, is_volatile)
+
+        def masked_store(ptrs, value, mask, cache_policy):
+            inst._check(ptrs.data, mask.data, _esize(ptrs), "store")
+            return orig_masked_store(builder, ptrs, value, mask, cache_policy)
+
+        def atomic_rmw(rmwOp, ptr, val, mask, sem, scope):
+            inst._check(ptr.data, None if mask is None else mask.data, _esize(ptr), "atomic")
+            if inst.fpsan and val.dtype.scalar.is_floating():
+                return _fpsan_atomic(builder, rmwOp, ptr, val, mask)
+            return orig_rmw(builder, rmwOp, ptr, val, mask, sem, scope)
+
+        def atomic_cas(ptr, cmp, val, sem, scope):
+            inst._check(ptr.data, None, _esize(ptr), "atomic")
+            return orig_cas(builder, ptr, cmp, val, sem, scope)
+
+        patch(builder, "create_masked_load", masked_load)
+        patch(builder, "create_masked_store", masked_store)
+        patch(builder, "create_atomic_rmw", atomic_rmw)
+        patch(builder, "create_atomic_cas", atomic_cas)
+
+        if self.order != "natural":
+            orig_dim = cls.set_grid_dim
+            orig_idx = cls.set_grid_idx
+
+            def set_grid_dim(nx, ny, nz):
+                orig_dim(builder, nx, ny, nz)
+                n = nx * ny * nz
+                if inst.order == "reverse":
+                    inst._perm = np.arange(n)[::-1].copy()
+                else:
+                    inst._perm = np.random.default_rng(inst.seed + n).permutation(n)
+
+            def set_grid_idx(x, y, z):
+                nx, ny, nz = builder.grid_dim
+                lin = int(inst._perm[(x * ny + y) * nz + z])
+                orig_idx(builder, lin // (ny * nz), (lin // nz) % ny, lin % nz)
+
+            patch(builder, "set_grid_dim", set_grid_dim)
+            patch(builder, "set_grid_idx", set_grid_idx)
+
+        if self.fpsan:
+            for name, impl in _fpsan_builder_ops(builder, self).items():
+                patch(builder, name, impl)
+            for owner, name, impl in _fpsan_reduce_ops(interp):
+                patch(owner, name, impl)
+        try:
+            with np.errstate(all="ignore"):
+                yield self
+        finally:
+            for obj, name, value, had in reversed(saved):
+                if had:
+                    setattr(obj, name, value)
+                else:
+                    try:
+                        delattr(obj, name)
+                    except AttributeError:
+                        pass
+            self._regions = []
+            self._starts = None
+
+
+_lock = threading.Lock()
+
+
+def _esize(ptrs) -> int:
+    ety = ptrs.get_element_ty()
+    return max(1, ety.primitive_bitwidth // 8)
+
+
+def _tensors_in(values: Iterable[Any]) -> List[torch.Tensor]:
+    out: List[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out.extend(_tensors_in(v))
+        elif hasattr(v, "base") and isinstance(getattr(v, "base"), torch.Tensor):  # TensorDescriptor
+            out.append(v.base)
+        elif hasattr(v, "base") and hasattr(getattr(v, "base"), "base"):  # TensorWrapper
+            b = v.base
+            if isinstance(b, torch.Tensor):
+                out.append(b)
+    return out
+
+
+# -- FpSan in the interpreter ------------------------------------------------------------
+
+def _fmt_of(tt) -> Optional[F.Format]:
+    import triton.language as tl
+    s = tt.scalar if hasattr(tt, "scalar") else tt
+    if s == tl.float16:
+        return F.fmt("fp16")
+    if s == tl.bfloat16:
+        return F.fmt("bf16")
+    if s == tl.float32:
+        return F.fmt("fp32")
+    if s == tl.float64:
+        return F.fmt("fp64")
+    return None
+
+
+_NP_FLOAT = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32, "fp64": np.float64}
+
+
+def _bits(data: np.ndarray, f: F.Format) -> np.ndarray:
+    return np.asarray(data).view(F._UINT[f.w])
+
+
+def _payload(h, f: F.Format) -> np.ndarray:
+    return F.embed(_bits(h.data, f), f)
+
+
+def _fpsan_builder_ops(builder, inst: Instrumentation):
+    interp = _interpreter()
+    TH = interp.TensorHandle
+    import triton.language as tl
+    cls = type(builder)
+
+    def wrap(payload, f, tt):
+        return TH(F.unembed(payload, f).view(_NP_FLOAT[f.name]), tt.scalar if hasattr(tt, "scalar") else tt)
+
+    def binary(op, original):
+        def impl(lhs, rhs):
+            f = _fmt_of(lhs.dtype)
+            if f is None:
+                return original(builder, lhs, rhs)
+            return wrap(op(_payload(lhs, f), _payload(rhs, f), f.w), f, lhs.dtype)
+        return impl
+
+    def unary(op, original):
+        def impl(arg):
+            f = _fmt_of(arg.dtype)
+            if f is None:
+                return original(builder, arg)
+            return wrap(op(_payload(arg, f), f), f, arg.dtype)
+        return impl
+
+    def compare(op):
+        def impl(lhs, rhs):
+            f = _fmt_of(lhs.dtype)
+            a = F.signed(_payload(lhs, f), f.w)
+            b = F.signed(_payload(rhs, f), f.w)
+            return TH(op(a, b), tl.int1)
+        return impl
+
+    def unsupported(name):
+        def impl(*args, **kwargs):
+            inst.fpsan_unsupported.append(name)
+            raise F.FpSanUnsupported(f"FpSan has no model for {name}")
+        return impl
+
+    ops: Dict[str, Any] = {
+        "create_fadd": binary(F.add, cls.create_fadd),
+        "create_fsub": binary(F.sub, cls.create_fsub),
+        "create_fmul": binary(F.mul, cls.create_fmul),
+        "create_fdiv": binary(F.div, cls.create_fdiv),
+        "create_precise_divf": binary(F.div, cls.create_precise_divf),
+        "create_minimumf": binary(F.smin, cls.create_minimumf),
+        "create_minnumf": binary(F.smin, cls.create_minnumf),
+        "create_maximumf": binary(F.smax, cls.create_maximumf),
+        "create_maxnumf": binary(F.smax, cls.create_maxnumf),
+        "create_frem": unsupported("frem (floating-point remainder)"),
+        "create_fneg": unary(lambda p, f: F.neg(p, f.w), cls.create_fneg),
+        "create_fabs": unary(lambda p, f: F.sabs(p, f.w), cls.create_fabs),
+        "create_exp": unary(lambda p, f: F.exp(p, f), cls.create_exp),
+        "create_exp2": unary(lambda p, f: F.exp2(p, f.w), cls.create_exp2),
+    }
+    if hasattr(cls, "create_approx_divf"):
+        ops["create_approx_divf"] = binary(F.div, cls.create_approx_divf)
+    for name, tagname in (("create_log", "log"), ("create_log2", "log2"), ("create_sqrt", "sqrt"),
+                          ("create_precise_sqrt", "sqrt"), ("create_rsqrt", "rsqrt"), ("create_erf", "erf"),
+                          ("create_floor", "floor"), ("create_ceil", "ceil"), ("create_sin", "sin"),
+                          ("create_cos", "cos")):
+        if hasattr(cls, name):
+            ops[name] = unary(lambda p, f, t=tagname: F.tag(p, t, f.w), getattr(cls, name))
+    cmp_ops = {"OLT": np.less, "OGT": np.greater, "OLE": np.less_equal, "OGE": np.greater_equal,
+               "OEQ": np.equal, "ONE": np.not_equal}
+    for suffix, op in cmp_ops.items():
+        ops[f"create_fcmp{suffix}"] = compare(op)
+        ops[f"create_fcmpU{suffix[1:]}"] = compare(op)
+
+    def fma(x, y, z):
+        f = _fmt_of(z.dtype)
+        if f is None:
+            return cls.create_fma(builder, x, y, z)
+        return wrap(F.add(F.mul(_payload(x, f), _payload(y, f), f.w), _payload(z, f), f.w), f, z.dtype)
+
+    def clampf(arg, lo, hi, propagate_nans):
+        f = _fmt_of(arg.dtype)
+        p = F.smin(F.smax(_payload(arg, f), _payload(lo, f), f.w), _payload(hi, f), f.w)
+        return wrap(p, f, arg.dtype)
+
+    def cast_float(src, dst_type, *rest):
+        fs, fd = _fmt_of(src.dtype), _fmt_of(dst_type)
+        return wrap(F.sext(_payload(src, fs), fs.w, fd.w), fd, dst_type)
+
+    def int_to_float(signed_src):
+        # homomorphic: integer i becomes the payload i modulo 2^w (sign- or zero-extended)
+        def impl(src, dst_type):
+            fd = _fmt_of(dst_type)
+            data = np.asarray(src.data)
+            wide = data.astype(np.int64).astype(np.uint64) if signed_src else data.astype(np.uint64)
+            return wrap(wide.astype(F._UINT[fd.w]), fd, dst_type)
+        return impl
+
+    def float_to_int(src, dst_type):
+        fs = _fmt_of(src.dtype)
+        np_dst = interp._get_np_dtype(dst_type)
+        p = F.signed(_payload(src, fs), fs.w)
+        return TH(p.astype(np_dst), dst_type.scalar)
+
+    def dot(a, b, d, input_precision, max_num_imprecise_acc):
+        fa, fb, fd = _fmt_of(a.dtype), _fmt_of(b.dtype), _fmt_of(d.dtype)
+        if fa is None or fb is None or fd is None:
+            return cls.create_dot(builder, a, b, d, input_precision, max_num_imprecise_acc)
+        res = F.dot(_payload(a, fa), _payload(b, fb), _payload(d, fd), fa.w, fb.w, fd.w)
+        return wrap(res, fd, d.dtype)
+
+    ops.update({
+        "create_fma": fma,
+        "create_clampf": clampf,
+        "create_fp_to_fp": cast_float,
+        "create_fp_ext": cast_float,
+        "create_fp_trunc": cast_float,
+        "create_si_to_fp": int_to_float(True),
+        "create_ui_to_fp": int_to_float(False),
+        "create_fp_to_si": float_to_int,
+        "create_fp_to_ui": float_to_int,
+        "create_dot": dot,
+    })
+    return ops
+
+
+def _fpsan_atomic(builder, rmwOp, ptr, val, mask):
+    """Float atomics under FpSan, applied lane by lane in order (the interpreter is sequential)."""
+    interp = _interpreter()
+    import triton.language as tl
+    f = _fmt_of(val.dtype)
+    np_t = _NP_FLOAT[f.name]
+    m = np.ones(ptr.data.shape, bool) if mask is None else np.broadcast_to(mask.data, ptr.data.shape)
+    old = interp._interpreter.load(ptr.data, m, np.zeros(ptr.data.shape, np_t), np.dtype(np_t))
+    name = str(rmwOp).split(".")[-1].upper()
+    p_old = F.embed(np.asarray(old).view(F._UINT[f.w]), f)
+    p_val = F.embed(np.broadcast_to(val.data, ptr.data.shape).view(F._UINT[f.w]), f)
+    if "ADD" in name:
+        new = F.add(p_old, p_val, f.w)
+    elif "MAX" in name:
+        new = F.smax(p_old, p_val, f.w)
+    elif "MIN" in name:
+        new = F.smin(p_old, p_val, f.w)
+    elif "XCHG" in name:
+        new = p_val
+    else:
+        raise F.FpSanUnsupported(f"FpSan has no model for float atomic {name}")
+    interp._interpreter.store(ptr.data, F.unembed(new, f).view(np_t), m)
+    return interp.TensorHandle(np.asarray(old), val.dtype.scalar)
+
+
+def _fpsan_reduce_ops(interp):
+    RO, SO = interp.ReduceOps, interp.ScanOps
+    orig_sum, orig_minmax = RO.sum, RO.min_max
+    orig_cumsum, orig_cumprod = SO.cumsum, SO.cumprod
+
+    def fsum(self, input):
+        f = _fmt_of(input.dtype)
+        if f is None:
+            return orig_sum(self, input)
+        p = _payload(input.handle, f).astype(np.uint64)
+        s = np.sum(p, axis=self.axis, keepdims=self.keep_dims, dtype=np.uint64).astype(F._UINT[f.w])
+        return self.to_tensor(F.unembed(s, f).view(_NP_FLOAT[f.name]), input.dtype)
+
+    def fminmax(self, input, val_reduce_op, idx_reduce_op=None):
+        inp = input[0] if isinstance(input, tuple) else input
+        f = _fmt_of(inp.dtype)
+        if f is None:
+            return orig_minmax(self, input, val_reduce_op, idx_reduce_op)
+        s = F.signed(_payload(inp.handle, f), f.w)
+        is_max = (val_reduce_op in (np.nanmax, np.max)) or (idx_reduce_op in (np.nanargmax, np.argmax))
+        val = idx = None
+        if val_reduce_op is not None:
+            v = (np.max if is_max else np.min)(s, axis=self.axis, keepdims=self.keep_dims)
+            val = self.to_tensor(F.unembed(np.asarray(v).view(F._UINT[f.w]), f).view(_NP_FLOAT[f.name]), inp.dtype)
+        if idx_reduce_op is not None:
+            import triton.language as tl
+            i = (np.argmax if is_max else np.argmin)(s, axis=self.axis, keepdims=self.keep_dims)
+            idx = self.to_tensor(i, tl.int32)
+        if val is not None and idx is not None:
+            return val, idx
+        return val if val is not None else idx
+
+    def fcumsum(self, input):
+        f = _fmt_of(input.dtype)
+        if f is None:
+            return orig_cumsum(self, input)
+        p = _payload(input.handle, f)
+        if self.reverse:
+            p = np.flip(p, self.axis)
+        c = np.cumsum(p.astype(np.uint64), axis=self.axis, dtype=np.uint64).astype(F._UINT[f.w])
+        if self.reverse:
+            c = np.flip(c, self.axis)
+        return self.to_tensor(F.unembed(c, f).view(_NP_FLOAT[f.name]), input.dtype)
+
+    def fcumprod(self, input):
+        f = _fmt_of(input.dtype)
+        if f is None:
+            return orig_cumprod(self, input)
+        p = _payload(input.handle, f)
+        if self.reverse:
+            p = np.flip(p, self.axis)
+        with np.errstate(over="ignore"):
+            c = np.cumprod(p.astype(np.uint64), axis=self.axis, dtype=np.uint64).astype(F._UINT[f.w])
+        if self.reverse:
+            c = np.flip(c, self.axis)
+        return self.to_tensor(F.unembed(c, f).view(_NP_FLOAT[f.name]), input.dtype)
+
+    return [(RO, "sum", fsum), (RO, "min_max", fminmax), (SO, "cumsum", fcumsum), (SO, "cumprod", fcumprod)]

@@ -1,0 +1,362 @@
+"""The run ledger: schema, WAL, dedupe by hash, round trips, versions, restarts, filters."""
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from kernel_agent.harness import ledger as ledger_mod
+from kernel_agent.harness.ledger import (
+    SCHEMA_VERSION,
+    BenchResult,
+    Candidate,
+    Ledger,
+    LedgerError,
+    Run,
+    hash_source,
+)
+
+SRC = "import triton\n\ndef quantize_kv(x):\n    return x\n"
+
+
+@pytest.fixture
+def led(tmp_path):
+    lg = Ledger(tmp_path / "runs" / "ledger.db")
+    yield lg
+    lg.close()
+
+
+def _run(lg: Ledger, proposer="search", ops=("quantize_kv",), gpu="NVIDIA H200") -> Run:
+    return lg.start_run({"budget": 3}, {"torch": "2.13", "triton": "3.9"}, proposer, list(ops), gpu,
+                        {"candidates": 10})
+
+
+def _bench(lg: Ledger, median, candidate_id=None, label=None, shape_key="T=4,H=2,D=16", dtype="float16",
+           gpu="NVIDIA H200", run_id=None, **kw) -> BenchResult:
+    fields = dict(op="quantize_kv", shape_key=shape_key, bucket="tsmall-d16", dtype=dtype, gpu_name=gpu,
+                  median_ms=median, spread_ms=median * 0.01, n_samples=10, candidate_id=candidate_id,
+                  run_id=run_id, **kw)
+    if label is not None:
+        fields["label"] = label
+    return lg.record_bench(**fields)
+
+
+def test_schema_created_with_version_and_wal(tmp_path, led):
+    path = tmp_path / "runs" / "ledger.db"
+    assert path.is_file()  # parent folder created
+    con = sqlite3.connect(path)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"meta", "run", "candidate", "proposal", "model_call", "check_result", "bench_result",
+                "promotion"} <= tables
+        assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        con.close()
+    assert led.schema_version() == SCHEMA_VERSION
+    # the session's own connections carry the per-connection pragmas
+    with led._write_engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 30000
+
+
+def test_hash_source_normalises_trailing_whitespace():
+    assert hash_source("a = 1  \nb = 2\n\n\n") == hash_source("a = 1\nb = 2")
+    assert hash_source("a = 1\r\nb = 2\r\n") == hash_source("a = 1\nb = 2\n")
+    assert hash_source("a = 1\n") != hash_source("a = 2\n")
+    assert hash_source("  a = 1\n") != hash_source("a = 1\n")  # leading whitespace matters in Python
+
+
+def test_add_candidate_dedupes_by_hash_and_records_proposals(led):
+    r1 = _run(led)
+    c1, new1 = led.add_candidate("quantize_kv", SRC, "search", r1.id, label="blk64")
+    c2, new2 = led.add_candidate("quantize_kv", SRC + "   \n\n", "model", r1.id)
+    assert new1 and not new2
+    assert c1.id == c2.id and c2.label == "blk64" and c2.proposer == "search"
+    assert c1.source_hash == hash_source(SRC) and c1.first_run_id == r1.id and c1.status == "proposed"
+    # the same source for another op is another candidate
+    c3, new3 = led.add_candidate("matmul", SRC, "search", r1.id)
+    assert new3 and c3.id != c1.id
+    # a second run re-proposing a known source is recorded as a duplicate proposal
+    r2 = _run(led)
+    c4, new4 = led.add_candidate("quantize_kv", SRC, "model", r2.id, parent_id=c3.id)
+    assert not new4 and c4.id == c1.id and c4.parent_id is None
+    props = led.proposals(candidate_id=c1.id)
+    assert [(p.run_id, p.duplicate) for p in props] == [(r1.id, False), (r1.id, True), (r2.id, True)]
+    assert [c.id for c in led.candidates(run_id=r2.id)] == [c1.id]
+    assert {c.id for c in led.candidates(run_id=r1.id)} == {c1.id, c3.id}
+    assert [c.id for c in led.candidates(op="matmul")] == [c3.id]
+    assert led.find_candidate("quantize_kv", SRC + "\n").id == c1.id
+    assert led.find_candidate("quantize_kv", "other") is None
+
+
+def test_candidate_status_and_verdict(led):
+    r = _run(led)
+    c, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
+    led.set_candidate_status(c.id, "rejected", verdict={"passed": False, "checks": [{"name": "bounds"}]},
+                             fpsan_equivalent=False)
+    got = led.candidate(c.id)
+    assert got.status == "rejected" and got.verdict["checks"][0]["name"] == "bounds"
+    assert got.fpsan_equivalent is False
+    led.set_candidate_status(c.id, "verified")  # verdict kept when not given
+    assert led.candidate(c.id).verdict["passed"] is False
+    assert [x.id for x in led.candidates(status="verified")] == [c.id]
+    with pytest.raises(ValueError):
+        led.set_candidate_status(c.id, "great")
+    with pytest.raises(LedgerError):
+        led.set_candidate_status(9999, "verified")
+    assert led.candidate(9999) is None
+
+
+def test_checks_and_model_calls_round_trip(led):
+    r = _run(led, proposer="model")
+    c, _ = led.add_candidate("quantize_kv", SRC, "model", r.id)
+    led.record_checks(c.id, "quick", [
+        {"name": "static", "status": "passed", "detail": "", "duration_s": 0.01},
+        {"name": "bounds", "status": "failed", "detail": "store out of bounds at [3]", "duration_s": 1.5},
+        {"name": "fpsan", "passed": True, "detail": "equal"},
+    ])
+    led.record_checks(c.id, "gpu", [{"name": "memcheck", "status": "skipped", "detail": "no GPU", "duration_s": 0}])
+    checks = led.checks(c.id)
+    assert [(k.name, k.status, k.mode) for k in checks] == [
+        ("static", "passed", "quick"), ("bounds", "failed", "quick"), ("fpsan", "passed", "quick"),
+        ("memcheck", "skipped", "gpu")]
+    assert checks[1].detail == "store out of bounds at [3]" and checks[1].duration_s == 1.5
+    assert [k.name for k in led.checks(c.id, mode="gpu")] == ["memcheck"]
+    with pytest.raises(ValueError):
+        led.record_checks(c.id, "quick", [{"name": "x", "status": "maybe"}])
+
+    call = led.record_model_call(r.id, "gpt-x", "write a kernel", "```python\n...```", 120, 300, 2.5)
+    bad = led.record_model_call(r.id, "gpt-x", "again", None, 100, 0, 30.0, error="timeout")
+    led.link_model_call(call, c.id)
+    calls = led.model_calls(run_id=r.id)
+    assert [m.id for m in calls] == [call, bad]
+    assert calls[0].candidate_id == c.id and calls[1].error == "timeout" and calls[1].response is None
+    assert [m.id for m in led.model_calls(candidate_id=c.id)] == [call]
+
+    summary = led.run_summary(r.id)
+    assert summary["model"] == {"calls": 2, "errors": 1, "prompt_tokens": 220, "completion_tokens": 300,
+                                "total_tokens": 520, "latency_s": 32.5}
+    assert summary["checks_failed"] == {"bounds": 1}
+    assert summary["candidates_by_status"]["proposed"] == 1 and summary["proposals"] == 1
+    assert summary["wall_s"] is not None and summary["wall_s"] >= 0
+
+
+def test_bench_round_trip(led):
+    r = _run(led)
+    c, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
+    b = _bench(led, 0.5, candidate_id=c.id, run_id=r.id, graph_ms=0.45, fraction_of_ceiling=0.6,
+               ceiling_kind="memory", extra={"samples": [0.5, 0.51]})
+    _bench(led, 1.0, run_id=r.id)
+    _bench(led, 0.8, label="anchor:torch.compile", run_id=r.id)
+    got = led.bench_results(candidate_id=c.id)
+    assert len(got) == 1 and got[0].id == b.id and got[0].label == "candidate"
+    assert got[0].graph_ms == 0.45 and got[0].extra == {"samples": [0.5, 0.51]} and got[0].implausible is False
+    assert [x.label for x in led.bench_results(run_id=r.id)] == ["candidate", "baseline", "anchor:torch.compile"]
+    assert led.bench_results(op="matmul") == []
+    with pytest.raises(TypeError):
+        led.record_bench(op="quantize_kv", median_ms=1.0)
+    with pytest.raises(TypeError):
+        _bench(led, 1.0, colour="red")
+
+
+def test_promotions_active_and_demote(led):
+    r = _run(led)
+    c1, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
+    c2, _ = led.add_candidate("quantize_kv", SRC + "# v2\n", "search", r.id)
+    key = dict(op="quantize_kv", bucket="tsmall-d16", dtype="float16", gpu_name="NVIDIA H200")
+    assert led.active_promotion(**key) is None
+    p1 = led.record_promotion(**key, run_id=r.id, candidate_id=c1.id, new_ms=0.9, old_ms=1.0, gain=0.1,
+                              spread=0.02, reason="10% faster", versions={"torch": "2.13"})
+    assert p1.replaced_candidate_id is None and p1.versions == {"torch": "2.13"}
+    assert led.candidate(c1.id).status == "promoted"
+    assert led.active_promotion(**key).id == p1.id
+    # another key is independent
+    assert led.active_promotion(**{**key, "dtype": "bfloat16"}) is None
+
+    p2 = led.record_promotion(**key, run_id=r.id, candidate_id=c2.id, new_ms=0.7, old_ms=0.9, gain=0.22,
+                              spread=0.02, reason="22% faster")
+    assert p2.replaced_candidate_id == c1.id
+    act = led.active_promotion(**key)
+    assert act.id == p2.id
+    old = [p for p in led.promotions(op="quantize_kv") if p.id == p1.id][0]
+    assert old.demoted_at is not None and f"promotion {p2.id}" in old.demote_reason
+    assert led.candidate(c1.id).status == "benchmarked" and led.candidate(c2.id).status == "promoted"
+
+    assert led.demote(p2.id, "CI re-verification failed: bounds") is True
+    assert led.demote(p2.id, "again") is False
+    assert led.active_promotion(**key) is None
+    assert [p.demote_reason for p in led.promotions() if p.id == p2.id] == ["CI re-verification failed: bounds"]
+    assert led.promotions(active_only=True) == []
+    assert [p.id for p in led.promotions()] == [p2.id, p1.id]  # newest first
+    with pytest.raises(LedgerError):
+        led.demote(12345, "nope")
+    summary = led.run_summary(r.id)
+    assert [p["id"] for p in summary["promotions"]] == [p1.id, p2.id]
+    assert not any(p["active"] for p in summary["promotions"])
+
+
+def test_leaderboard_picks_fastest_benchmarked_candidate(led):
+    r = _run(led)
+    fast, _ = led.add_candidate("quantize_kv", SRC + "# fast\n", "search", r.id, label="fast")
+    slow, _ = led.add_candidate("quantize_kv", SRC + "# slow\n", "search", r.id, label="slow")
+    bad, _ = led.add_candidate("quantize_kv", SRC + "# wrong\n", "search", r.id, label="wrong")
+    for c in (fast, slow):
+        led.set_candidate_status(c.id, "benchmarked")
+    led.set_candidate_status(bad.id, "rejected")  # fastest of all, but rejected
+    _bench(led, 1.0)  # baseline, shape A
+    _bench(led, 1.2)  # a slower baseline repetition: the best baseline time counts
+    _bench(led, 0.5, candidate_id=fast.id)
+    _bench(led, 0.8, candidate_id=slow.id)
+    _bench(led, 0.1, candidate_id=bad.id)
+    _bench(led, 0.05, candidate_id=slow.id, implausible=True)  # above a ceiling: ignored
+    # shape B: the slow one wins there, and there is no baseline row
+    _bench(led, 2.0, candidate_id=fast.id, shape_key="T=8,H=2,D=16")
+    _bench(led, 1.5, candidate_id=slow.id, shape_key="T=8,H=2,D=16")
+    # another dtype
+    _bench(led, 2.0, dtype="float32")
+    _bench(led, 1.0, candidate_id=fast.id, dtype="float32")
+
+    board = led.leaderboard("quantize_kv", dtype="float16")
+    by_shape = {row["shape_key"]: row for row in board}
+    assert set(by_shape) == {"T=4,H=2,D=16", "T=8,H=2,D=16"}
+    a = by_shape["T=4,H=2,D=16"]
+    assert a["candidate_id"] == fast.id and a["label"] == "fast" and a["best_ms"] == 0.5
+    assert a["baseline_ms"] == 1.0 and a["speedup"] == pytest.approx(2.0)
+    b = by_shape["T=8,H=2,D=16"]
+    assert b["candidate_id"] == slow.id and b["baseline_ms"] is None and b["speedup"] is None
+    everything = led.leaderboard("quantize_kv")
+    assert {(row["dtype"], row["shape_key"]) for row in everything} == {
+        ("float16", "T=4,H=2,D=16"), ("float16", "T=8,H=2,D=16"), ("float32", "T=4,H=2,D=16")}
+    f32 = [row for row in everything if row["dtype"] == "float32"][0]
+    assert f32["speedup"] == pytest.approx(2.0)
+    assert led.leaderboard("matmul") == []
+
+
+def test_newer_or_older_schema_version_is_refused(tmp_path):
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()
+    for stored, hint in ((SCHEMA_VERSION + 1, "upgrade kernel-agent"), (SCHEMA_VERSION - 1, "--migrate")):
+        con = sqlite3.connect(path)
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(stored),))
+        con.commit()
+        con.close()
+        before = path.read_bytes()
+        with pytest.raises(LedgerError, match=f"schema version {stored}.*{hint}") as info:
+            Ledger(path)
+        assert "\n" not in str(info.value)
+        assert path.read_bytes() == before  # not silently altered
+
+
+def test_non_database_file_is_refused(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 50)
+    before = path.read_bytes()
+    with pytest.raises(LedgerError, match="not a SQLite database"):
+        Ledger(path)
+    assert path.read_bytes() == before
+    with pytest.raises(LedgerError, match="directory"):
+        Ledger(tmp_path)
+
+
+def test_foreign_sqlite_database_is_refused(tmp_path):
+    path = tmp_path / "other.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE users (name TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(LedgerError, match="not a kernel-agent ledger"):
+        Ledger(path)
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # untouched
+    con.close()
+
+
+def test_data_survives_a_restart(tmp_path):
+    path = tmp_path / "ledger.db"
+    first = Ledger(path)
+    r = _run(first)
+    c, _ = first.add_candidate("quantize_kv", SRC, "search", r.id)
+    first.record_checks(c.id, "full", [{"name": "bounds", "status": "passed", "detail": "", "duration_s": 0.2}])
+    _bench(first, 0.5, candidate_id=c.id, run_id=r.id)
+    # no close(): a killed process leaves committed steps behind, in the WAL file
+    second = Ledger(path)
+    try:
+        got = second.get_run(r.id)
+        assert got is not None and got.status == "running" and got.config == {"budget": 3}
+        assert got.versions["triton"] == "3.9" and got.budget == {"candidates": 10} and got.op_list == ["quantize_kv"]
+        assert [x.id for x in second.candidates(run_id=r.id)] == [c.id]
+        assert second.candidate(c.id).source == SRC
+        assert [k.name for k in second.checks(c.id)] == ["bounds"]
+        assert second.bench_results(run_id=r.id)[0].median_ms == 0.5
+        # the resumed process re-proposes the same source: no new candidate
+        again, new = second.add_candidate("quantize_kv", SRC, "search", r.id)
+        assert not new and again.id == c.id
+        second.set_run_status(r.id, "interrupted")
+        assert first.get_run(r.id).status == "interrupted"  # and the first instance sees it
+    finally:
+        first.close()
+        second.close()
+
+
+def test_run_status_and_filters(led):
+    a = _run(led, proposer="search", ops=("quantize_kv", "matmul"))
+    b = _run(led, proposer="model", ops=("attention",))
+    c = _run(led, proposer="model", ops=("matmul",))
+    assert a.status == "running" and a.finished_at is None and a.id.startswith("r")
+    led.set_run_status(a.id, "finished")
+    got = led.get_run(a.id)
+    assert got.status == "finished" and got.finished_at is not None and got.finished_at >= got.started_at
+    led.set_run_status(a.id, "running", finished=False)  # resumed
+    assert led.get_run(a.id).finished_at is None
+    led.set_run_status(a.id, "finished", finished=True)
+    led.set_run_status(b.id, "failed")
+    with pytest.raises(ValueError):
+        led.set_run_status(b.id, "exploded", finished=True)
+    assert led.get_run("r-missing") is None
+
+    assert [r.id for r in led.runs()] == [c.id, b.id, a.id]  # newest first
+    assert [r.id for r in led.runs(op="matmul")] == [c.id, a.id]
+    assert [r.id for r in led.runs(op="quantize")] == []  # whole names only
+    assert [r.id for r in led.runs(status="failed")] == [b.id]
+    assert [r.id for r in led.runs(proposer="model")] == [c.id, b.id]
+    assert [r.id for r in led.runs(proposer="model", op="matmul")] == [c.id]
+    assert len(led.runs(limit=2)) == 2
+
+    now = datetime.now(timezone.utc)
+    assert len(led.runs(since=now - timedelta(hours=1))) == 3
+    assert led.runs(since=now + timedelta(hours=1)) == []
+    assert led.runs(until=now - timedelta(days=2)) == []
+    assert len(led.runs(until=now.date())) == 3  # a bare date includes its whole day
+    assert len(led.runs(since=(now - timedelta(days=1)).date().isoformat())) == 3
+
+
+def test_run_dates_filter_with_backdated_runs(led):
+    """Runs started on different days, to check the date bounds precisely."""
+    ids = []
+    for day in (1, 2, 3):
+        r = _run(led)
+        ids.append(r.id)
+        with led._write.begin() as s:
+            s.get(Run, r.id).started_at = datetime(2026, 11, day, 12, 0, tzinfo=timezone.utc)
+    assert [r.id for r in led.runs(since="2026-11-02")] == [ids[2], ids[1]]
+    assert [r.id for r in led.runs(until="2026-11-02")] == [ids[1], ids[0]]
+    assert [r.id for r in led.runs(since="2026-11-02", until="2026-11-02")] == [ids[1]]
+    assert [r.id for r in led.runs(until=datetime(2026, 11, 2, 11, 0, tzinfo=timezone.utc))] == [ids[0]]
+
+
+def test_serving_hash_matches_ledger_hash():
+    from kernel_agent.harness import serving
+
+    for text in (SRC, SRC + "  \n\n", "x\r\ny\r\n", ""):
+        assert serving.source_hash(text) == ledger_mod.hash_source(text)
+
+
+def test_candidate_type_is_detached_and_readable_after_close(tmp_path):
+    lg = Ledger(tmp_path / "l.db")
+    r = _run(lg)
+    c, _ = lg.add_candidate("quantize_kv", SRC, "search", r.id)
+    lg.close()
+    assert isinstance(c, Candidate) and c.op == "quantize_kv" and c.source == SRC

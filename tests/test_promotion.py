@@ -1,0 +1,95 @@
+"""The promotion rule: gain must beat the measured noise plus a margin."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kernel_agent.harness.promotion import Decision, Timing, decide, decide_over_shapes
+
+
+def test_promotes_a_clearly_faster_candidate():
+    d = decide(Timing(0.186, 0.001, 20), Timing(0.212, 0.00133, 20), sanitizer_passed=True)
+    assert isinstance(d, Decision) and d.promote
+    assert d.gain == pytest.approx((0.212 - 0.186) / 0.212)
+    assert d.spread == pytest.approx((0.001 + 0.00133) / 0.212)
+    assert d.reason == "12.3% faster than the incumbent (0.212 ms -> 0.186 ms), above the noise 1.1% + margin 2.0%"
+
+
+def test_refuses_a_gain_within_noise():
+    # 5% faster, but each timing spreads 3%: noise 6% + margin 2% > 5%
+    d = decide(Timing(0.95, 0.03, 20), Timing(1.0, 0.03, 20), sanitizer_passed=True)
+    assert not d.promote
+    assert d.gain == pytest.approx(0.05) and d.spread == pytest.approx(0.06)
+    assert "not above the noise 6.0% + margin 2.0%" in d.reason
+    # and within the margin alone
+    d = decide(Timing(0.99, 0.0, 20), Timing(1.0, 0.0, 20), sanitizer_passed=True)
+    assert not d.promote and "margin 2.0%" in d.reason
+    # the margin is a parameter
+    assert decide(Timing(0.99, 0.0, 20), Timing(1.0, 0.0, 20), True, margin=0.005).promote
+
+
+def test_refuses_a_slower_candidate():
+    d = decide(Timing(1.2, 0.001, 20), Timing(1.0, 0.001, 20), sanitizer_passed=True)
+    assert not d.promote and d.gain < 0 and "20.0% slower than the incumbent" in d.reason
+
+
+def test_refuses_without_a_sanitizer_pass():
+    d = decide(Timing(0.1, 0.001, 20), Timing(1.0, 0.001, 20), sanitizer_passed=False)
+    assert not d.promote and "sanitizer" in d.reason
+
+
+def test_refuses_implausible_results():
+    d = decide(Timing(0.1, 0.001, 20), Timing(1.0, 0.001, 20), sanitizer_passed=True, implausible=True)
+    assert not d.promote and "implausible" in d.reason
+
+
+@pytest.mark.parametrize("n_cand, n_inc", [(2, 20), (20, 2), (0, 0)])
+def test_refuses_too_few_samples(n_cand, n_inc):
+    d = decide(Timing(0.1, 0.001, n_cand), Timing(1.0, 0.001, n_inc), sanitizer_passed=True)
+    assert not d.promote and "fewer than 3" in d.reason
+
+
+def test_refuses_nonsense_timings():
+    d = decide(Timing(0.0, 0.0, 20), Timing(1.0, 0.001, 20), sanitizer_passed=True)
+    assert not d.promote and "positive" in d.reason
+    d = decide(Timing(0.5, 0.0, 20), Timing(math.nan, 0.001, 20), sanitizer_passed=True)
+    assert not d.promote and math.isnan(d.gain)
+
+
+def test_small_times_keep_significant_digits():
+    d = decide(Timing(0.00412, 0.00001, 50), Timing(0.00535, 0.00001, 50), sanitizer_passed=True)
+    assert d.promote and "(0.00535 ms -> 0.00412 ms)" in d.reason
+
+
+def test_over_shapes_promotes_a_consistent_win():
+    shapes = [(Timing(0.8, 0.005, 10), Timing(1.0, 0.005, 10)), (Timing(1.6, 0.01, 10), Timing(2.0, 0.01, 10))]
+    d = decide_over_shapes(shapes, sanitizer_passed=True)
+    assert d.promote and d.gain == pytest.approx(0.2) and "geometric mean over 2 shapes" in d.reason
+
+
+def test_over_shapes_refuses_when_one_shape_regresses():
+    shapes = [(Timing(0.5, 0.005, 10), Timing(1.0, 0.005, 10)),  # 50% faster
+              (Timing(1.1, 0.005, 10), Timing(1.0, 0.005, 10))]  # 10% slower, noise 1%
+    d = decide_over_shapes(shapes, sanitizer_passed=True, labels=["T=4", "T=8"])
+    assert not d.promote and "slower than the incumbent on T=8" in d.reason
+    # a shape slower only within its own noise does not block the bucket
+    shapes[1] = (Timing(1.005, 0.005, 10), Timing(1.0, 0.005, 10))
+    assert decide_over_shapes(shapes, sanitizer_passed=True).promote
+
+
+def test_over_shapes_gates():
+    shapes = [(Timing(0.5, 0.005, 10), Timing(1.0, 0.005, 10)), (Timing(0.5, 0.005, 2), Timing(1.0, 0.005, 10))]
+    d = decide_over_shapes(shapes, sanitizer_passed=True)
+    assert not d.promote and "fewer than 3" in d.reason and "shape 2" in d.reason
+    assert not decide_over_shapes(shapes[:1], sanitizer_passed=False).promote
+    assert not decide_over_shapes(shapes[:1], sanitizer_passed=True, implausible=True).promote
+    assert not decide_over_shapes([], sanitizer_passed=True).promote
+    with pytest.raises(ValueError):
+        decide_over_shapes(shapes, sanitizer_passed=True, labels=["one"])
+
+
+def test_over_shapes_aggregate_within_noise_is_refused():
+    shapes = [(Timing(0.97, 0.02, 10), Timing(1.0, 0.02, 10)), (Timing(0.98, 0.02, 10), Timing(1.0, 0.02, 10))]
+    d = decide_over_shapes(shapes, sanitizer_passed=True)
+    assert not d.promote and "not above the mean noise 4.0% + margin 2.0%" in d.reason

@@ -1,0 +1,214 @@
+"""The serving kernel set: manifest, install/remove, and the dispatching import API.
+
+Kernels run on the CPU through Triton's interpreter, so TRITON_INTERPRET must be set
+before triton is imported anywhere in this process.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernel_agent.harness import serving  # noqa: E402
+from kernel_agent.harness.ops import get_op  # noqa: E402
+
+OP = "quantize_kv"
+GPU = "NVIDIA H200"
+# the baseline computes 127/amax on masked-out rows too (then discards it); numpy says so
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+BASELINE_SRC = (Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline" / "quantize_kv.py").read_text()
+# A distinguishable but equivalent kernel: the baseline with another rows-per-program choice.
+VARIANT_SRC = BASELINE_SRC.replace("return max(1, min(64, 4096 // block_d)), 4",
+                                   "return 2, 4  # serving variant: two rows per program")
+assert VARIANT_SRC != BASELINE_SRC
+
+
+@pytest.fixture
+def sdir(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "serving"
+    monkeypatch.setenv(serving.ENV_DIR, str(d))
+    return d
+
+
+def _case(shape="4,2,16", dtype=torch.float32, seed=0):
+    op = get_op(OP)
+    return op.make_case(op.parse_shape(shape), dtype, seed=seed)
+
+
+def _install(bucket="tsmall-d16", dtype="float32", gpu=GPU, source=VARIANT_SRC, **kw):
+    return serving.install(OP, bucket, dtype, gpu, source, candidate_id=kw.pop("candidate_id", 7), gain=0.12,
+                           reason="12.0% faster than the incumbent", versions={"torch": "2.13", "triton": "3.9"},
+                           **kw)
+
+
+def test_serving_dir_default_and_override(sdir, monkeypatch):
+    assert serving.serving_dir() == sdir
+    monkeypatch.delenv(serving.ENV_DIR)
+    import kernel_agent.kernels
+
+    assert serving.serving_dir() == Path(kernel_agent.kernels.__file__).resolve().parent / "serving"
+
+
+def test_manifest_round_trip(sdir):
+    assert serving.load_manifest() == {"version": 1, "entries": []}  # missing file: empty set
+    entry = _install()
+    assert entry["file"] == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
+    assert (sdir / entry["file"]).read_text() == VARIANT_SRC
+    manifest = serving.load_manifest()
+    assert manifest["version"] == 1 and manifest["entries"] == [entry]
+    assert json.loads((sdir / "manifest.json").read_text()) == manifest
+    assert set(entry) == {"op", "bucket", "dtype", "gpu", "file", "source_hash", "candidate_id", "promoted_at",
+                          "gain", "reason", "versions"}
+    assert entry["source_hash"] == serving.source_hash(VARIANT_SRC) and entry["candidate_id"] == 7
+    assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
+    # replacing the same key keeps one entry; another key adds one
+    again = _install(candidate_id=8)
+    other = _install(dtype="float16")
+    entries = serving.load_manifest(sdir)["entries"]
+    assert [(e["dtype"], e["candidate_id"]) for e in entries] == [("float16", 7), ("float32", 8)]
+    assert again in entries and other in entries
+    assert not [p for p in sdir.iterdir() if p.name.endswith(".tmp")]  # no temp files left
+
+
+def test_install_validates(sdir):
+    with pytest.raises(ValueError, match="unknown op"):
+        serving.install("conv9d", "b", "float32", GPU, "def conv9d(x): pass\n", 1, 0.1, "", {})
+    with pytest.raises(ValueError, match="unknown dtype"):
+        _install(dtype="int4")
+    with pytest.raises(serving.ServingError, match="no top-level function"):
+        _install(source="def something_else(x):\n    return x\n")
+    assert serving.load_manifest()["entries"] == []
+
+
+def test_bad_manifest_is_an_error(sdir):
+    sdir.mkdir()
+    (sdir / "manifest.json").write_text("{not json")
+    with pytest.raises(serving.ServingError, match="not valid JSON"):
+        serving.load_manifest()
+    (sdir / "manifest.json").write_text('{"version": 2, "entries": []}')
+    with pytest.raises(serving.ServingError, match="version 2"):
+        serving.load_manifest()
+
+
+def test_gpu_slug():
+    assert serving.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert serving.gpu_slug("NVIDIA GeForce RTX 4090 (24GB)") == "nvidia-geforce-rtx-4090-24gb"
+    assert serving.gpu_slug("cpu") == "cpu"
+
+
+def test_get_dispatches_by_bucket_dtype_and_gpu(sdir):
+    entry = _install()
+    fn = serving.get(OP, gpu=GPU)
+    assert fn.__name__ == OP
+    case = _case()  # T=4, H=2, D=16: bucket tsmall-d16
+    x = case.args["x"]
+    assert fn.resolve(x) == entry["file"]
+    assert fn.resolve(x=x) == entry["file"]
+    assert fn.resolve(_case("4,2,32").args["x"]) == "baseline"  # another bucket
+    assert fn.resolve(_case(dtype=torch.float16).args["x"]) == "baseline"  # another dtype
+    assert serving.get(OP, gpu="NVIDIA A100").resolve(x) == "baseline"  # another GPU
+    assert serving.get(OP, gpu="nvidia-h200").resolve(x) == entry["file"]
+    if not torch.cuda.is_available():
+        assert serving.get(OP).resolve(x) == "baseline"  # default GPU name here is 'cpu'
+
+    out = fn(x)
+    ref = serving.baseline(OP)(x)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    assert get_op(OP).compare(out, case.args).ok
+    # the installed kernel really is the variant, and it is loaded once
+    assert fn.kernel_for(x) is fn.kernel_for(x)
+    assert fn.kernel_for(x) is not serving.baseline(OP)
+    assert fn.kernel_for(x).__module__.startswith("kernel_agent_serving_")
+
+
+def test_dispatch_falls_back_to_baseline_and_matches(sdir):
+    fn = serving.get(OP, gpu=GPU)
+    case = _case(seed=3)
+    assert fn.resolve(**case.args) == "baseline"
+    assert fn.kernel_for(**case.args) is serving.baseline(OP)
+    out = case.call(fn)  # a serving-style call by keyword
+    assert get_op(OP).compare(out, case.args).ok
+
+
+def test_remove_falls_back(sdir):
+    entry = _install()
+    _install(dtype="float16")
+    fn = serving.get(OP, gpu=GPU)
+    x = _case().args["x"]
+    assert fn.resolve(x) == entry["file"]
+    fn(x)  # loaded and cached
+    assert serving.remove(OP, "tsmall-d16", "float32", GPU) is True
+    assert serving.remove(OP, "tsmall-d16", "float32", GPU) is False
+    assert not (sdir / entry["file"]).exists()
+    assert [e["dtype"] for e in serving.load_manifest()["entries"]] == ["float16"]
+    # the same dispatcher sees the manifest change
+    assert fn.resolve(x) == "baseline"
+    assert get_op(OP).compare(fn(x), {"x": x}).ok
+
+
+def test_dispatcher_checks_arguments(sdir):
+    fn = serving.get(OP, gpu=GPU)
+    x = _case().args["x"]
+    with pytest.raises(TypeError, match="missing required"):
+        fn()
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fn(x, scale=2)
+    with pytest.raises(TypeError, match="at most 1"):
+        fn(x, x)
+    with pytest.raises(TypeError, match="multiple values"):
+        fn(x, x=x)
+
+
+def test_unknown_op_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown op 'conv9d'") as info:
+        serving.get("conv9d")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError):
+        serving.baseline("conv9d")
+
+
+def test_load_kernel_file_errors(tmp_path):
+    with pytest.raises(serving.ServingError, match="does not exist"):
+        serving.load_kernel_file(tmp_path / "missing.py", OP)
+    f = tmp_path / "k.py"
+    f.write_text("def other(x):\n    return x\n")
+    with pytest.raises(serving.ServingError, match="no function named 'quantize_kv'"):
+        serving.load_kernel_file(f, OP)
+    f.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(serving.ServingError, match="failed to import: RuntimeError: boom"):
+        serving.load_kernel_file(f, OP)
+    f.write_text(VARIANT_SRC)
+    a, b = serving.load_kernel_file(f, OP), serving.load_kernel_file(f, OP)
+    assert a is not b and a.__module__ != b.__module__  # unique module per load
+
+
+def test_tampered_kernel_file_is_refused(sdir):
+    entry = _install()
+    (sdir / entry["file"]).write_text(VARIANT_SRC + "\nEVIL = 1\n")
+    fn = serving.get(OP, gpu=GPU)
+    x = _case().args["x"]
+    with pytest.raises(serving.ServingError, match="does not match its manifest hash"):
+        fn(x)
+
+
+def test_other_ops_bind_keyword_arguments(sdir):
+    """attention's optional causal flag takes part in its bucket (shape_of reads it)."""
+    fn = serving.get("attention", gpu=GPU)
+    op = get_op("attention")
+    case = op.make_case(op.parse_shape("1,2,2,8,16,causal"), torch.float32)
+    q, k, v = case.args["q"], case.args["k"], case.args["v"]
+    bucket_causal = op.bucket(op.shape_of({"q": q, "k": k, "causal": True}))
+    bucket_full = op.bucket(op.shape_of({"q": q, "k": k}))
+    assert bucket_causal != bucket_full
+    src = "def attention(q, k, v, causal=False, sm_scale=None):\n    raise NotImplementedError\n"
+    entry = serving.install("attention", bucket_causal, "float32", GPU, src, 1, 0.1, "test", {})
+    assert fn.resolve(q, k, v, True) == entry["file"]
+    assert fn.resolve(q, k, v, causal=True) == entry["file"]
+    assert fn.resolve(q, k, v) == "baseline"
+    assert fn.resolve(q=q, k=k, v=v, causal=False, sm_scale=0.5) == "baseline"
