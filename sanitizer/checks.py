@@ -587,7 +587,8 @@ CHECKS: List[Tuple[str, Callable[[Subject, Settings], str]]] = [
 
 
 def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optional[Callable[[CheckOutcome], None]] = None,
-                  fail_fast: Optional[bool] = None, only: Optional[Sequence[str]] = None) -> Verdict:
+                  fail_fast: Optional[bool] = None, only: Optional[Sequence[str]] = None,
+                  on_start: Optional[Callable[[str], None]] = None) -> Verdict:
     """Run the CPU checks on one candidate file in this process (use the isolated runner)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the CPU checks need TRITON_INTERPRET=1 set before triton is imported")
@@ -607,6 +608,8 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
         if failed and (fail_fast or name in ("runs",) or subject.fn is None):
             outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
         else:
+            if on_start:
+                on_start(name)
             t0 = time.time()
             try:
                 with torch.no_grad():

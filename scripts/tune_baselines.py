@@ -21,7 +21,9 @@ from kernel_agent.harness.ops import get_op
 CONFIGS = {
     "matmul": {
         "large": [(128, 256, 64, 8, 1, 8, 3), (128, 256, 64, 8, 1, 8, 4), (256, 128, 64, 8, 1, 8, 3),
-                  (128, 128, 64, 8, 1, 4, 4), (128, 128, 64, 8, 1, 8, 4), (128, 256, 32, 8, 1, 8, 4)],
+                  (128, 128, 64, 8, 1, 4, 4), (128, 128, 64, 8, 1, 8, 4), (128, 256, 32, 8, 1, 8, 4),
+                  (128, 256, 64, 4, 1, 8, 4), (128, 256, 64, 16, 1, 8, 4), (256, 128, 64, 8, 1, 8, 4),
+                  (128, 128, 128, 8, 1, 8, 3), (256, 128, 64, 16, 1, 8, 4)],
         "m16": [(16, 64, 128, 1, 1, 4, 4), (16, 64, 128, 1, 2, 4, 4), (16, 64, 128, 1, 4, 4, 4),
                 (16, 32, 256, 1, 1, 4, 4), (16, 128, 128, 1, 2, 4, 4), (16, 64, 256, 1, 2, 4, 3),
                 (16, 32, 128, 1, 2, 2, 5)],
@@ -31,7 +33,7 @@ CONFIGS = {
     "attention": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
                   (128, 64, 8, 4), (128, 32, 4, 4)],
     "decode_attention": [(s, bn, w, st) for s in (1, 2, 4, 8) for bn in (32, 64, 128) for (w, st) in ((4, 3), (4, 2))],
-    "decode_attention_int8": [(s, bn, w, st) for s in (1, 2, 4, 8) for bn in (64, 128) for (w, st) in ((4, 3), (4, 2))],
+    "decode_attention_int8": [(s, bn, w, st) for s in (1, 2, 4) for bn in (128, 256) for (w, st) in ((4, 3), (8, 3))],
     "quantize_kv": [(8, 4), (16, 4), (32, 4), (64, 8), (32, 8), (16, 2), (4, 4), (64, 4)],
 }
 
@@ -85,6 +87,7 @@ def main():
     ap.add_argument("--ops", default="matmul,attention,decode_attention,decode_attention_int8,quantize_kv")
     ap.add_argument("--out", default="tune.json")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--shapes", default="", help="only serving shapes whose key contains this text")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -93,7 +96,7 @@ def main():
         mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
         fn = getattr(mod, op_name)
         original = mod._config
-        for shape in op.shapes("serving"):
+        for shape in [s for s in op.shapes("serving") if args.shapes in s.key()]:
             case = op.make_case(shape, dtype, seed=0, device="cuda")
             t0 = time.time()
             ref = op.reference(case.args, torch.float32)

@@ -1,0 +1,140 @@
+"""The `kernel-agent` command line.
+
+    kernel-agent run       the overnight loop: propose, sanitize, benchmark, promote
+    kernel-agent sanitize  the sanitizer on candidate files (CI gating)
+    kernel-agent bench     GPU timings against the incumbent and the torch anchor
+    kernel-agent history   runs, filters, per-op leaderboards, speedup trend
+    kernel-agent show      one run or one candidate in detail
+    kernel-agent report    a pull-request-ready markdown summary of a run
+    kernel-agent gate      re-verify the serving kernel set (CI)
+    kernel-agent promote / demote   change the serving kernel set by hand
+
+Usage errors print one line and exit 2; failures of what was checked exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from . import ui
+
+OPS_HELP = "matmul, attention, decode_attention, quantize_kv, decode_attention_int8"
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line on stderr, exit code 2."""
+
+
+def default_ledger() -> str:
+    return os.environ.get("KERNEL_AGENT_LEDGER", os.path.join("runs", "ledger.db"))
+
+
+def _check_op(name: str) -> str:
+    from ..harness.ops import OPS
+    if name not in OPS:
+        raise UsageError(f"unknown op {name!r}; expected one of {OPS_HELP}")
+    return name
+
+
+def _check_files(paths: List[str]) -> List[str]:
+    for p in paths:
+        if not os.path.isfile(p):
+            raise UsageError(f"no such file: {p}")
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making "
+                                                                  "them wrong.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("sanitize", help="run the sanitizer on candidate files")
+    s.add_argument("--op", required=True, help=OPS_HELP)
+    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("--json", action="store_true", help="print one JSON document")
+    s.add_argument("--junit", metavar="PATH", help="write JUnit XML")
+    s.add_argument("--quick", action="store_true", help="the agent's inner-loop subset (seconds per file)")
+    s.add_argument("--keep-going", action="store_true", help="run every check even after one fails")
+    s.add_argument("--jobs", type=int, default=1, help="files sanitized in parallel (default 1)")
+    s.add_argument("--timeout", type=float, default=None, help="seconds per file (default 120 quick, 600 full)")
+    s.add_argument("--gpu", choices=["auto", "on", "off"], default="auto",
+                   help="GPU checks: auto runs them when a CUDA GPU is present")
+
+    from .commands import register
+    register(sub)
+    return p
+
+
+def cmd_sanitize(args) -> int:
+    from ..sanitizer.report import merge_gpu, print_verdicts, write_junit
+    from ..sanitizer.runner import run_many
+    _check_op(args.op)
+    _check_files(args.files)
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    mode = "quick" if args.quick else "full"
+    gpu = args.gpu == "on" or (args.gpu == "auto" and _cuda_available())
+    if args.gpu == "on" and not _cuda_available():
+        raise UsageError("--gpu on: no CUDA GPU on this machine")
+    total = len(args.files) * (2 if gpu else 1)
+    with ui.Progress(f"sanitize {args.op} ({mode}{' + gpu' if gpu else ''})", total) as prog:
+        def done(v):
+            if not args.json:
+                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, "
+                             f"{v.duration_s:.0f}s)")
+        verdicts = run_many(args.files, args.op, mode, jobs=args.jobs, timeout_s=args.timeout,
+                            keep_going=args.keep_going, on_done=done)
+        if gpu:
+            gpu_verdicts = run_many(args.files, args.op, "gpu", jobs=args.jobs, timeout_s=args.timeout, on_done=done)
+            verdicts = [merge_gpu(v, g) for v, g in zip(verdicts, gpu_verdicts)]
+    if args.junit:
+        write_junit(verdicts, args.junit)
+    print_verdicts(verdicts, as_json=args.json, op=args.op, mode=mode + ("+gpu" if gpu else ""))
+    return 0 if all(v.passed for v in verdicts) else 1
+
+
+def _cuda_available() -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+COMMANDS = {"sanitize": cmd_sanitize}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    from .commands import COMMANDS as MORE
+    handler = COMMANDS.get(args.command) or MORE.get(args.command)
+    try:
+        return handler(args)
+    except UsageError as e:
+        ui.error(str(e))
+        return 2
+    except KeyboardInterrupt:
+        ui.error("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback wall
+        if os.environ.get("KERNEL_AGENT_DEBUG"):
+            raise
+        from ..harness.ledger import LedgerError
+        if isinstance(e, (LedgerError, ValueError, FileNotFoundError)):
+            ui.error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return 2
+        ui.error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                 f"(set KERNEL_AGENT_DEBUG=1 for the traceback)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

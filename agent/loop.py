@@ -1,0 +1,458 @@
+"""The agent loop (DESIGN.md section 5): propose -> quick sanitize -> full sanitize ->
+GPU checks and benchmark (when a GPU is present) -> promotion rule.
+
+Every step is one ledger transaction, so a run killed at any moment (Ctrl-C or kill -9)
+loses at most the step in flight, and `--resume RUN` continues it: candidates already
+recorded in the run are not proposed, evaluated or counted twice (a deterministic
+proposer regenerates the same sequence and the loop replays the recorded outcomes to it),
+and a candidate interrupted half-way resumes at the first stage it has no result for.
+Candidate files are written to kernels/candidates/<run>/<op>/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..harness import serving
+from ..harness.env import versions
+from ..harness.ledger import Ledger, hash_source
+from ..harness.ops import get_op
+from ..harness.ops.common import Shape
+from ..harness.promotion import Timing, decide_over_shapes
+from ..sanitizer.runner import run_many
+from ..sanitizer.verdict import Verdict
+from .proposal import Attempt, Proposal, ProposeContext, Proposer
+
+ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
+GPU_QUICK_CHECKS = ("gpu_differential", "determinism")
+GPU_PROMOTION_CHECKS = ("memcheck", "initcheck", "racecheck")
+
+
+@dataclass
+class RunConfig:
+    ops: List[str] = field(default_factory=lambda: list(ALL_OPS))
+    dtype: str = "bfloat16"
+    proposer: str = "search"
+    model: Optional[Dict[str, Any]] = None  # ModelConfig fields
+    max_candidates: int = 10
+    per_round: int = 2
+    time_limit_s: float = 1800.0
+    token_budget: Optional[int] = None
+    jobs: int = 2
+    seed: int = 0
+    margin: float = 0.02
+    bench_shapes: str = "serving"
+    compute_sanitizer: bool = True
+    candidates_dir: str = os.path.join("kernels", "candidates")
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        if d.get("model"):
+            d["model"] = {k: v for k, v in d["model"].items() if k != "api_key"}  # never store secrets
+        return d
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "RunConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Target:
+    op: str
+    bucket: str
+    shapes: List[Shape]
+
+
+@dataclass
+class RunEvents:
+    """Callbacks for progress output (the CLI draws them; tests collect them)."""
+
+    note: Callable[[str], None] = lambda s: None
+    candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
+
+
+class Budget:
+    def __init__(self, cfg: RunConfig, used_candidates: int, elapsed_before: float):
+        self.cfg = cfg
+        self.used = used_candidates
+        self.t0 = time.time() - elapsed_before
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def exhausted(self, tokens: int = 0) -> Optional[str]:
+        if self.used >= self.cfg.max_candidates:
+            return f"candidate budget reached ({self.cfg.max_candidates})"
+        if self.elapsed() >= self.cfg.time_limit_s:
+            return f"time limit reached ({self.cfg.time_limit_s:.0f}s)"
+        if self.cfg.token_budget is not None and tokens >= self.cfg.token_budget:
+            return f"token budget reached ({self.cfg.token_budget})"
+        return None
+
+
+def gpu_available() -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    import torch
+    return torch.cuda.is_available()
+
+
+def targets_for(cfg: RunConfig) -> List[Target]:
+    from ..harness.bench import resolve_shapes
+    out = []
+    for name in cfg.ops:
+        op = get_op(name)
+        by_bucket: Dict[str, List[Shape]] = {}
+        for s in resolve_shapes(op, cfg.bench_shapes):
+            by_bucket.setdefault(op.bucket(s), []).append(s)
+        out += [Target(name, b, shapes) for b, shapes in by_bucket.items()]
+    return out
+
+
+class Loop:
+    def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, proposer: Proposer, events: RunEvents,
+                 gpu: bool, gpu_name: str):
+        self.cfg = cfg
+        self.ledger = ledger
+        self.run_id = run_id
+        self.proposer = proposer
+        self.events = events
+        self.gpu = gpu
+        self.gpu_name = gpu_name
+        self.ceilings: Optional[Dict[str, Any]] = None
+        self.attempts: Dict[Tuple[str, str], List[Attempt]] = {}
+        self.incumbent_ms: Dict[Tuple[str, str], float] = {}
+        self.stats = {"proposed": 0, "rejected": 0, "verified": 0, "benchmarked": 0, "promoted": 0,
+                      "duplicates": 0, "unusable_replies": 0}
+        # what this run has already recorded (resume): source hash -> candidate id
+        self.known = {c.source_hash: c.id for c in ledger.candidates(run_id=run_id)}
+
+    # -- incumbents -------------------------------------------------------------------
+    def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
+        """(label, file or None for the baseline, source)."""
+        entry = serving.lookup(t.op, t.bucket, self.cfg.dtype, self.gpu_name)
+        if entry:
+            path = os.path.join(serving.serving_dir(), entry["file"])
+            if os.path.exists(path):
+                with open(path) as f:
+                    return f"serving:{entry['file']}", path, f.read()
+        from .search import baseline_source
+        return "baseline", None, baseline_source(t.op)
+
+    def context(self, t: Target) -> ProposeContext:
+        label, _, source = self.incumbent(t)
+        from ..harness.ops.common import DTYPES
+        return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, source, label,
+                              self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
+                              self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
+
+    # -- one round for one target ----------------------------------------------------------
+    def round(self, t: Target, budget: Budget) -> int:
+        ctx = self.context(t)
+        n = min(self.cfg.per_round, self.cfg.max_candidates - budget.used)
+        if n <= 0:
+            return 0
+        proposals = self.proposer.propose(ctx, n)
+        fresh: List[Tuple[Proposal, int, str]] = []
+        for p in proposals:
+            if p.rejected:
+                self._record_unusable(p)
+                budget.used += 1
+                continue
+            h = hash_source(p.source)
+            if h in self.known:  # resumed run: already recorded, replay its outcome
+                self._replay(ctx, p, self.known[h])
+                continue
+            existing = self.ledger.find_candidate(p.op, p.source)
+            cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
+                                                  path=None, label=p.label)
+            self.known[h] = cand.id
+            budget.used += 1
+            self.stats["proposed"] += 1
+            if p.model_call_id:
+                self.ledger.link_model_call(p.model_call_id, cand.id)
+            if existing is not None and existing.status != "proposed":
+                self.stats["duplicates"] += 1
+                self.events.candidate(p.label, existing.status, "same source as candidate "
+                                                                f"#{existing.id}: verdict reused")
+                self._replay(ctx, p, existing.id)
+                continue
+            path = self._write(p, h)
+            fresh.append((p, cand.id, path))
+        if fresh:
+            self._evaluate(t, ctx, fresh)
+        return len(proposals)
+
+    def _write(self, p: Proposal, h: str) -> str:
+        d = os.path.join(self.cfg.candidates_dir, self.run_id, p.op)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"{p.label}-{h[:8]}.py")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(p.source)
+        os.replace(tmp, path)
+        return path
+
+    def _record_unusable(self, p: Proposal) -> None:
+        body = f"# unusable model reply ({p.label}, model call {p.model_call_id}): {p.rejected}\n"
+        cand, _ = self.ledger.add_candidate(p.op, body, p.proposer, self.run_id, label=p.label)
+        verdict = {"passed": False, "error": p.rejected, "checks": [{"name": "reply", "status": "failed",
+                                                                     "passed": False, "detail": p.rejected}]}
+        self.ledger.record_checks(cand.id, "quick", [{"name": "reply", "status": "failed", "detail": p.rejected,
+                                                       "duration_s": 0.0}])
+        self.ledger.set_candidate_status(cand.id, "rejected", verdict=verdict)
+        if p.model_call_id:
+            self.ledger.link_model_call(p.model_call_id, cand.id)
+        self.known[hash_source(body)] = cand.id
+        self.stats["unusable_replies"] += 1
+        self.events.candidate(p.label, "rejected", p.rejected)
+
+    def _replay(self, ctx: ProposeContext, p: Proposal, cid: int) -> None:
+        c = self.ledger.candidate(cid)
+        if c is None or c.status == "proposed":
+            return
+        passed = c.status in ("verified", "benchmarked", "promoted")
+        ms = self._candidate_ms(cid)
+        self.proposer.feedback(ctx, p, passed, ms)
+
+    def _candidate_ms(self, cid: int) -> Optional[float]:
+        rows = [b for b in self.ledger.bench_results(candidate_id=cid) if b.label == "candidate"]
+        if not rows:
+            return None
+        return sum(b.median_ms for b in rows) / len(rows)
+
+    # -- evaluation --------------------------------------------------------------------
+    def _sanitize(self, op: str, items: List[Tuple[Proposal, int, str]], mode: str,
+                  checks: Optional[Sequence[str]] = None) -> List[Tuple[Proposal, int, str]]:
+        todo, survivors = [], []
+        for it in items:
+            done = self.ledger.checks(it[1], mode=mode)
+            if done:  # resumed: this stage already finished for this candidate
+                if all(c.status != "failed" for c in done):
+                    survivors.append(it)
+                continue
+            todo.append(it)
+        verdicts = run_many([path for _, _, path in todo], op, mode, jobs=1 if mode == "gpu" else self.cfg.jobs,
+                            checks=checks) if todo else []
+        for (p, cid, path), v in zip(todo, verdicts):
+            self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,
+                                                   "duration_s": c.duration_s} for c in v.checks])
+            if v.passed:
+                survivors.append((p, cid, path))
+                if mode == "full":
+                    self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
+                                                     fpsan_equivalent=v.fpsan_equivalent)
+            else:
+                self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
+                self.stats["rejected"] += 1
+                self.events.candidate(p.label, "rejected", f"{mode}: {v.summary()}")
+                self.attempts.setdefault((op, self._bucket_of(p)), []).append(Attempt(p.label, False, v.summary()))
+        return survivors
+
+    def _bucket_of(self, p: Proposal) -> str:
+        return getattr(p, "_bucket", "")
+
+    def _evaluate(self, t: Target, ctx: ProposeContext, items: List[Tuple[Proposal, int, str]]) -> None:
+        for p, _, _ in items:
+            p._bucket = t.bucket  # type: ignore[attr-defined]
+        quick = self._sanitize(t.op, items, "quick")
+        full = self._sanitize(t.op, quick, "full")
+        for p, cid, path in full:
+            if not self.gpu:
+                self.stats["verified"] += 1
+                c = self.ledger.candidate(cid)
+                eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
+                    c.fpsan_equivalent if c else None]
+                self.events.candidate(p.label, "verified", f"passed the full sanitizer ({eq}); not benchmarked: "
+                                                           f"no GPU")
+                self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, True, "verified, not "
+                                                                                             "benchmarked"))
+                self.proposer.feedback(ctx, p, True, None)
+        if self.gpu and full:
+            gpu_ok = self._sanitize(t.op, full, "gpu", checks=GPU_QUICK_CHECKS)
+            for p, cid, path in gpu_ok:
+                self._bench_and_promote(t, ctx, p, cid, path)
+            for p, cid, path in full:
+                if (p, cid, path) not in gpu_ok:
+                    self.proposer.feedback(ctx, p, False, None)
+        for p, cid, path in items:
+            if (p, cid, path) not in full:
+                self.proposer.feedback(ctx, p, False, None)
+
+    def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> None:
+        from ..harness.bench_worker import run_bench_isolated
+        inc_label, inc_file, _ = self.incumbent(t)
+        spec = {"op": t.op, "shapes": [s.key() for s in t.shapes], "dtype": self.cfg.dtype, "seed": 0,
+                "kernels": [{"label": "incumbent", "file": inc_file}, {"label": "candidate", "file": path}]}
+        doc = run_bench_isolated(spec)
+        if doc.get("ceilings"):
+            self.ceilings = doc["ceilings"]
+        per_shape, implausible, fractions = [], False, []
+        for res in doc.get("results", []):
+            ms = {m["label"]: m for m in res["measurements"]}
+            for m in res["measurements"]:
+                label = m["label"]
+                if m.get("error"):
+                    continue
+                self.ledger.record_bench(run_id=self.run_id, candidate_id=cid if label == "candidate" else None,
+                                         label=("baseline" if inc_file is None else inc_label)
+                                         if label == "incumbent" else label,
+                                         op=t.op, shape_key=res["shape"], bucket=res["bucket"], dtype=res["dtype"],
+                                         gpu_name=res["gpu"], median_ms=m["median_ms"], spread_ms=m["spread_ms"],
+                                         n_samples=m["n"], graph_ms=m.get("graph_ms"),
+                                         fraction_of_ceiling=m.get("fraction_of_ceiling"),
+                                         ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")),
+                                         extra_json=json.dumps({k: m.get(k) for k in ("tflops", "tbps", "device_ms",
+                                                                                      "note")}))
+            c, inc = ms.get("candidate"), ms.get("incumbent")
+            if not c or not inc or c.get("error") or inc.get("error"):
+                err = (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
+                doc["error"] = doc.get("error") or f"{res['shape']}: {err}"
+                continue
+            implausible = implausible or bool(c.get("implausible"))
+            fractions.append(c.get("fraction_of_ceiling") or 0.0)
+            per_shape.append((Timing(c["median_ms"], c["spread_ms"], c["n"]),
+                              Timing(inc["median_ms"], inc["spread_ms"], inc["n"])))
+        if doc.get("error") or len(per_shape) != len(t.shapes):
+            reason = doc.get("error") or "benchmark incomplete"
+            self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": reason})
+            self.stats["rejected"] += 1
+            self.events.candidate(p.label, "rejected", f"benchmark: {reason}")
+            self.proposer.feedback(ctx, p, False, None)
+            return
+        self.ledger.set_candidate_status(cid, "benchmarked")
+        self.stats["benchmarked"] += 1
+        cand_ms = sum(a.median_ms for a, _ in per_shape) / len(per_shape)
+        inc_ms = sum(b.median_ms for _, b in per_shape) / len(per_shape)
+        self.incumbent_ms[(t.op, t.bucket)] = inc_ms
+        self.proposer.set_incumbent_time(ctx, inc_ms)
+        self.proposer.feedback(ctx, p, True, cand_ms)
+        decision = decide_over_shapes(per_shape, sanitizer_passed=True, implausible=implausible, margin=self.cfg.margin,
+                                      labels=[s.key() for s in t.shapes])
+        frac = sum(fractions) / len(fractions) if fractions else None
+        self.attempts.setdefault((t.op, t.bucket), []).append(
+            Attempt(p.label, True, decision.reason, cand_ms, frac))
+        if not decision.promote:
+            self.events.candidate(p.label, "benchmarked", decision.reason)
+            return
+        if self.cfg.compute_sanitizer:
+            extra = self._promotion_checks(t, cid, path)
+            if extra is not None:
+                self.events.candidate(p.label, "benchmarked", f"faster, but not promoted: {extra}")
+                return
+        with open(path) as f:
+            source = f.read()
+        v = versions()
+        entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
+                                decision.reason, v)
+        self.ledger.record_promotion(run_id=self.run_id, op=t.op, bucket=t.bucket, dtype=self.cfg.dtype,
+                                     gpu_name=self.gpu_name, candidate_id=cid, new_ms=cand_ms, old_ms=inc_ms,
+                                     gain=decision.gain, spread=decision.spread, reason=decision.reason,
+                                     versions_json=json.dumps(v))
+        self.stats["promoted"] += 1
+        self.incumbent_ms[(t.op, t.bucket)] = cand_ms
+        self.events.candidate(p.label, "promoted", f"{decision.reason} -> {entry['file']}")
+
+    def _promotion_checks(self, t: Target, cid: int, path: str) -> Optional[str]:
+        """compute-sanitizer memcheck / initcheck / racecheck before a kernel enters the serving set."""
+        from ..sanitizer.runner import run_isolated
+        v = run_isolated(path, t.op, "gpu", checks=GPU_PROMOTION_CHECKS)
+        self.ledger.record_checks(cid, "gpu", [{"name": c.name, "status": c.status, "detail": c.detail,
+                                                "duration_s": c.duration_s} for c in v.checks
+                                               if c.name in GPU_PROMOTION_CHECKS])
+        if not v.passed:
+            self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
+            return v.summary()
+        return None
+
+
+def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
+             proposer: Optional[Proposer] = None) -> Dict[str, Any]:
+    """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run."""
+    events = events or RunEvents()
+    ledger = Ledger(ledger_path)
+    gpu = gpu_available()
+    from ..harness.env import gpu_name as _gpu_name
+    gname = (_gpu_name() or "cpu") if gpu else "cpu"
+    if resume:
+        run = ledger.get_run(resume)
+        if run is None:
+            raise ValueError(f"no run {resume!r} in {ledger_path}")
+        if run.status == "finished":
+            raise ValueError(f"run {resume} already finished; nothing to resume")
+        cfg = RunConfig.from_json(run.config)
+        progress = json.loads(run.notes) if run.notes and run.notes.startswith("{") else {}
+        ledger.set_run_status(resume, "running", finished=False)
+        run_id = resume
+        events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already recorded")
+    else:
+        run = ledger.start_run(cfg.to_json(), versions(), cfg.proposer, list(cfg.ops), gname if gpu else None,
+                               {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s,
+                                "token_budget": cfg.token_budget})
+        run_id = run.id
+        progress = {}
+        events.note(f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
+                    f"budget {cfg.max_candidates} candidates / {cfg.time_limit_s:.0f}s"
+                    + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
+    if proposer is None:
+        proposer = make_proposer(cfg, ledger, run_id)
+    loop = Loop(cfg, ledger, run_id, proposer, events, gpu, gname)
+    budget = Budget(cfg, len(ledger.candidates(run_id=run_id)), float(progress.get("elapsed_s", 0.0)))
+    targets = targets_for(cfg)
+    stop_reason = None
+    try:
+        idle_rounds = 0
+        while True:
+            stop_reason = budget.exhausted(getattr(proposer, "tokens_used", 0))
+            if stop_reason:
+                break
+            produced = 0
+            for t in targets:
+                if budget.exhausted(getattr(proposer, "tokens_used", 0)):
+                    break
+                produced += loop.round(t, budget)
+                ledger.set_run_status(run_id, "running", finished=False,
+                                      notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
+                                                        "tokens": getattr(proposer, "tokens_used", 0)}))
+            if produced == 0:
+                idle_rounds += 1
+                if idle_rounds >= 2:
+                    stop_reason = "the proposer has nothing new to propose"
+                    break
+            else:
+                idle_rounds = 0
+    except KeyboardInterrupt:
+        ledger.set_run_status(run_id, "interrupted", finished=False,
+                              notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
+                                                "tokens": getattr(proposer, "tokens_used", 0)}))
+        events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
+        raise
+    ledger.set_run_status(run_id, "finished", finished=True,
+                          notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
+                                            "tokens": getattr(proposer, "tokens_used", 0), "stop": stop_reason}))
+    summary = ledger.run_summary(run_id)
+    summary["stop_reason"] = stop_reason
+    summary["gpu"] = gname if gpu else None
+    summary["benchmarked"] = gpu
+    ledger.close()
+    return summary
+
+
+def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
+    if cfg.proposer == "model":
+        from .model import CallRecord, ModelConfig, ModelProposer
+        if not cfg.model:
+            raise ValueError("the model proposer needs a model endpoint (--model / --base-url or OPENAI_* variables)")
+        mc = dict(cfg.model)
+        mc.setdefault("api_key", os.environ.get("OPENAI_API_KEY"))
+
+        def on_call(rec: CallRecord) -> int:
+            return ledger.record_model_call(run_id, mc["model"], rec.prompt, rec.response, rec.prompt_tokens,
+                                            rec.completion_tokens, rec.latency_s, rec.error)
+        return ModelProposer(ModelConfig(**mc), on_call=on_call, token_budget=cfg.token_budget)
+    from .search import SearchProposer
+    return SearchProposer(seed=cfg.seed)

@@ -1,0 +1,253 @@
+"""The code-model proposer: any OpenAI-compatible endpoint through the `openai` client.
+
+The prompt carries the op's contract, the PyTorch reference, the incumbent's source,
+the rules of the sanitizer, the hardware facts and measured ceilings, and feedback
+from earlier attempts (which check failed and how; timings and roofline fractions).
+It asks for one whole file in one fenced block and copes with anything else: prose
+around the code, several blocks, a truncated reply, a refusal, junk. Calls run
+concurrently, are retried with backoff on rate limits, server errors and timeouts,
+and every call (prompt, reply, tokens, latency) is recorded in the ledger.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..harness.ops import get_op
+from .proposal import Attempt, Proposal, ProposeContext, Proposer
+
+MAX_REPLY_CHARS = 200_000
+RULES = """Rules the sanitizer enforces (a candidate that breaks one is rejected):
+- Define `{op}` with exactly the signature above, computing the result with Triton kernels (@triton.jit) defined
+  in this file. Imports: torch, triton, triton.language as tl, math only.
+- Host code may only allocate outputs and workspaces (torch.empty / empty_like / empty_strided), read shapes,
+  strides and dtypes, compute grids and make views. No torch compute on tensor data (no torch.matmul, .sum(),
+  .contiguous() copies, .item(), ...), no mutation of inputs, no state kept between calls (no module-level
+  caches, globals, classes), no threads, streams, I/O, ctypes, inline assembly, libdevice or @triton.autotune
+  (choose launch configurations explicitly, per shape, in host code).
+- Every output element must be written by a kernel; every load and store must stay inside its tensor
+  (use masks); handle any strides, odd sizes and size-1 dimensions.
+- Results must match the float64 reference within the dtype's tolerance and no worse than twice the
+  baseline's error; program order must not matter (no order-dependent atomics); outputs must be
+  bitwise deterministic.
+- Zero masked probabilities explicitly with tl.where (not only through exp2(-inf)) and scale scores before
+  taking their running maximum: the floating-point sanitizer then proves equivalence to the baseline.
+"""
+
+
+class ReplyError(Exception):
+    """A reply that cannot become a candidate; the message is recorded as the reason."""
+
+
+def extract_source(reply: Optional[str], op_name: str) -> str:
+    """The candidate file in a model reply, or ReplyError with the reason."""
+    if reply is None or not reply.strip():
+        raise ReplyError("empty reply")
+    if len(reply) > MAX_REPLY_CHARS:
+        raise ReplyError(f"reply too large ({len(reply)} characters, limit {MAX_REPLY_CHARS})")
+    blocks = re.findall(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", reply, re.S)
+    candidates = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
+    if not candidates:
+        opened = re.search(r"```[ \t]*(?:python|py)?[^\n]*\n(.*)$", reply, re.S)
+        if opened and "```" not in opened.group(1):
+            body = opened.group(1)
+            try:
+                ast.parse(body)
+            except SyntaxError:
+                raise ReplyError("truncated reply: the code block never closes and the code does not parse")
+            candidates = [body]
+        elif re.search(rf"^def {re.escape(op_name)}\(", reply, re.M) and "import triton" in reply:
+            candidates = [reply]  # bare code without a fence
+        else:
+            raise ReplyError("no code block in the reply")
+    defining = [c for c in candidates if re.search(rf"^def {re.escape(op_name)}\(", c, re.M)]
+    if not defining:
+        raise ReplyError(f"no code block defines `def {op_name}(`")
+    source = max(defining, key=len)  # several blocks: the complete file is the largest that defines the op
+    try:
+        ast.parse(source)
+    except SyntaxError as e:
+        raise ReplyError(f"the code does not parse: line {e.lineno}: {e.msg}")
+    return source.rstrip() + "\n"
+
+
+def _reference_source(op_name: str) -> str:
+    op = get_op(op_name)
+    try:
+        return inspect.getsource(type(op).reference)
+    except (OSError, TypeError):
+        return ""
+
+
+def build_prompt(ctx: ProposeContext) -> List[Dict[str, str]]:
+    op = get_op(ctx.op)
+    system = ("You are an expert GPU kernel engineer who writes Triton kernels for NVIDIA Hopper GPUs. You reply "
+              "with one complete Python file in a single ```python fenced block, and nothing that depends on "
+              "anything outside that file.")
+    parts = [f"Write a faster drop-in replacement for the `{ctx.op}` kernel below.\n",
+             f"## Contract\n```\n{op.contract}\n```\n",
+             f"## PyTorch reference (the definition of correct)\n```python\n{_reference_source(ctx.op)}```\n",
+             RULES.format(op=ctx.op),
+             f"## Target\nShape bucket `{ctx.bucket}`, dtype {ctx.dtype}; shapes: "
+             f"{', '.join(s.key() for s in ctx.shapes)}.\n"]
+    if ctx.gpu:
+        hw = f"GPU: {ctx.gpu}."
+        if ctx.ceilings:
+            hw += (f" Measured ceilings: copy bandwidth {ctx.ceilings.get('copy_tbps')} TB/s (read + write), "
+                   f"bf16 matmul {ctx.ceilings.get('bf16_tflops')} TFLOP/s.")
+        parts.append(f"## Hardware\n{hw} Hopper (sm_90): 132 SMs, 228 KB shared memory per SM, tensor cores "
+                     f"want tile dims that are multiples of 16.\n")
+    else:
+        parts.append("## Hardware\nNo GPU in this run: candidates are verified for correctness only.\n")
+    timing = f" It runs in {ctx.incumbent_ms:.4f} ms on the target shapes." if ctx.incumbent_ms else ""
+    parts.append(f"## Incumbent (`{ctx.incumbent_label}`){timing}\n```python\n{ctx.incumbent_source.rstrip()}\n```\n")
+    if ctx.attempts:
+        lines = []
+        for a in ctx.attempts[-8:]:
+            if a.passed and a.median_ms:
+                frac = f", {a.fraction_of_ceiling:.0%} of the ceiling" if a.fraction_of_ceiling else ""
+                lines.append(f"- {a.label}: passed; {a.median_ms:.4f} ms{frac}")
+            else:
+                lines.append(f"- {a.label}: {'passed' if a.passed else 'REJECTED'}: {a.summary[:400]}")
+        parts.append("## Earlier attempts (learn from the failures)\n" + "\n".join(lines) + "\n")
+    parts.append("Reply with the whole file in one ```python block.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]
+
+
+@dataclass
+class ModelConfig:
+    model: str
+    base_url: Optional[str] = None
+    api_key: Optional[str] = None
+    temperature: float = 0.7
+    max_tokens: int = 8192
+    timeout_s: float = 300.0
+    max_retries: int = 4
+    concurrency: int = 4
+
+    @classmethod
+    def resolve(cls, model: Optional[str], base_url: Optional[str], config_path: Optional[str]) -> Optional["ModelConfig"]:
+        """From flags, then the config file's [model] section, then OPENAI_* variables; None if no endpoint."""
+        file_cfg: Dict[str, Any] = {}
+        if config_path:
+            file_cfg = load_config(config_path).get("model", {})
+        base_url = base_url or file_cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL")
+        api_key = file_cfg.get("api_key") or os.environ.get("OPENAI_API_KEY")
+        model = model or file_cfg.get("name") or os.environ.get("KERNEL_AGENT_MODEL")
+        if not (base_url or api_key or model):
+            return None
+        if not model:
+            raise ValueError("a model endpoint is configured but no model name: pass --model or set "
+                             "KERNEL_AGENT_MODEL")
+        kwargs = {k: file_cfg[k] for k in ("temperature", "max_tokens", "timeout_s", "max_retries", "concurrency")
+                  if k in file_cfg}
+        return cls(model, base_url, api_key, **kwargs)
+
+
+def load_config(path: str) -> Dict[str, Any]:
+    """A TOML config file ([model] name, base_url, api_key...; [run] ops, budgets)."""
+    import tomllib
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such config file: {path}")
+    with open(path, "rb") as f:
+        try:
+            return tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {path}: {e}") from None
+
+
+@dataclass
+class CallRecord:
+    prompt: str
+    response: Optional[str]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    error: Optional[str]
+
+
+class ModelProposer(Proposer):
+    """Asks a code model for rewrites; records every call through `on_call`."""
+
+    name = "model"
+
+    def __init__(self, cfg: ModelConfig, on_call: Optional[Callable[[CallRecord], int]] = None,
+                 token_budget: Optional[int] = None):
+        import openai
+        self.cfg = cfg
+        self.client = openai.OpenAI(base_url=cfg.base_url, api_key=cfg.api_key or "not-needed",
+                                    timeout=cfg.timeout_s, max_retries=0)
+        self.on_call = on_call
+        self.tokens_used = 0
+        self.token_budget = token_budget
+        self.counter = 0
+
+    def _call(self, messages: List[Dict[str, str]]) -> CallRecord:
+        import openai
+        prompt = json.dumps(messages)
+        delay = 1.0
+        last_error = None
+        t0 = time.time()
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
+                                                           temperature=self.cfg.temperature,
+                                                           max_tokens=self.cfg.max_tokens)
+                text = resp.choices[0].message.content if resp.choices else None
+                usage = resp.usage
+                pt = getattr(usage, "prompt_tokens", 0) or 0
+                ct = getattr(usage, "completion_tokens", 0) or 0
+                finish = resp.choices[0].finish_reason if resp.choices else None
+                err = "reply cut off at the token limit (finish_reason=length)" if finish == "length" else None
+                return CallRecord(prompt, text, pt, ct, time.time() - t0, err)
+            except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
+                    openai.InternalServerError) as e:
+                last_error = f"{type(e).__name__}: {str(e)[:200]}"
+            except openai.APIStatusError as e:
+                if e.status_code >= 500 or e.status_code == 429:
+                    last_error = f"HTTP {e.status_code}: {str(e)[:200]}"
+                else:
+                    return CallRecord(prompt, None, 0, 0, time.time() - t0, f"HTTP {e.status_code}: {str(e)[:300]}")
+            except Exception as e:  # noqa: BLE001 - a broken reply (bad JSON, ...) is a failed call, not a crash
+                last_error = f"{type(e).__name__}: {str(e)[:200]}"
+            if attempt < self.cfg.max_retries:
+                time.sleep(delay * (1 + random.random() * 0.25))
+                delay = min(delay * 2, 30.0)
+        return CallRecord(prompt, None, 0, 0, time.time() - t0, f"gave up after {self.cfg.max_retries + 1} attempts: "
+                                                                f"{last_error}")
+
+    def budget_left(self) -> bool:
+        return self.token_budget is None or self.tokens_used < self.token_budget
+
+    def propose(self, ctx: ProposeContext, n: int) -> List[Proposal]:
+        if not self.budget_left():
+            return []
+        messages = build_prompt(ctx)
+        with ThreadPoolExecutor(max_workers=max(1, min(n, self.cfg.concurrency))) as pool:
+            records = list(pool.map(lambda _: self._call(messages), range(n)))
+        out: List[Proposal] = []
+        for rec in records:
+            self.tokens_used += rec.prompt_tokens + rec.completion_tokens
+            call_id = self.on_call(rec) if self.on_call else None
+            self.counter += 1
+            label = f"model-{self.counter}"
+            if rec.response is None:
+                out.append(Proposal(ctx.op, "", label, self.name, model_call_id=call_id,
+                                    rejected=f"model call failed: {rec.error}"))
+                continue
+            try:
+                source = extract_source(rec.response, ctx.op)
+                out.append(Proposal(ctx.op, source, label, self.name, model_call_id=call_id,
+                                    note=f"{self.cfg.model}"))
+            except ReplyError as e:
+                reason = str(e) + (f" ({rec.error})" if rec.error else "")
+                out.append(Proposal(ctx.op, "", label, self.name, model_call_id=call_id, rejected=reason))
+        return out

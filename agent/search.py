@@ -1,0 +1,227 @@
+"""The built-in proposer: a search over launch configurations plus safe source rewrites.
+
+It needs no network, so `kernel-agent run` works out of the box. Every baseline keeps
+its launch configuration in one host function, `_config(...)`, returning a tuple. A
+variant is the baseline with that function renamed `_config_base` and a new `_config`
+that returns a different tuple wherever the base would return the one the target
+shapes use: the kernels are untouched, so a variant is as correct as its baseline
+(and the sanitizer still checks it). The search is a hill climb: start from the
+baseline's tuple, propose untried neighbours (one field changed, within what the
+hardware can hold), and move to the best measured one. Memory-bound ops also get one
+source rewrite: an evict-first cache hint on the streaming loads.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import itertools
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..harness.ops import get_op
+from ..harness.ops.common import Shape
+from .proposal import Proposal, ProposeContext, Proposer
+
+SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (232448 minus headroom)
+
+
+@dataclass(frozen=True)
+class Space:
+    fields: Tuple[str, ...]
+    values: Tuple[Tuple[int, ...], ...]
+    valid: Callable[[Tuple[int, ...], Shape], bool]
+
+
+def _matmul_ok(c, shape) -> bool:
+    bm, bn, bk, gm, split, warps, stages = c
+    return (bm * bk + bk * bn) * 2 * stages <= SMEM_LIMIT and bm * bn <= 256 * 256 and (split == 1 or shape.M <= 256)
+
+
+def _attention_ok(c, shape) -> bool:
+    bm, bn, warps, stages = c
+    return bm % bn == 0 and (bm * shape.D + 2 * bn * shape.D * max(stages - 1, 1)) * 2 <= SMEM_LIMIT
+
+
+def _decode_ok(c, shape) -> bool:
+    splits, bn, warps, stages = c
+    return 2 * bn * shape.D * 2 * max(stages - 1, 1) <= SMEM_LIMIT
+
+
+SPACES: Dict[str, Space] = {
+    "matmul": Space(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"),
+                    ((16, 32, 64, 128, 256), (32, 64, 128, 256), (32, 64, 128, 256), (1, 4, 8, 16), (1, 2, 4),
+                     (2, 4, 8), (2, 3, 4, 5)), _matmul_ok),
+    "attention": Space(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+                       ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)), _attention_ok),
+    "decode_attention": Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
+                              ((1, 2, 4, 8, 16), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)), _decode_ok),
+    "decode_attention_int8": Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
+                                   ((1, 2, 4, 8, 16), (32, 64, 128, 256), (2, 4, 8), (1, 2, 3, 4)), _decode_ok),
+    "quantize_kv": Space(("BLOCK_R", "num_warps"), ((4, 8, 16, 32, 64, 128), (1, 2, 4, 8)), lambda c, s: True),
+}
+STREAMING_OPS = ("decode_attention", "decode_attention_int8", "quantize_kv")
+
+
+def config_args(op_name: str, shape, device) -> tuple:
+    """How each baseline wrapper calls its `_config` for a shape."""
+    if op_name == "matmul":
+        return (shape.M, shape.N, shape.K, device)
+    if op_name == "attention":
+        return (shape.S, shape.D, shape.causal)
+    if op_name in ("decode_attention", "decode_attention_int8"):
+        return (shape.B, shape.Hkv, (math.ceil(shape.ctx / shape.block_size) + 1) * shape.block_size, device)
+    if op_name == "quantize_kv":
+        return (shape.D,)
+    raise ValueError(op_name)
+
+
+def baseline_config(op_name: str, shape) -> tuple:
+    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return tuple(mod._config(*config_args(op_name, shape, device)))
+
+
+def baseline_source(op_name: str) -> str:
+    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+    return inspect.getsource(mod)
+
+
+def with_config(source: str, old: tuple, new: tuple, bucket: str, space: Space) -> str:
+    """The baseline with `_config` overridden for the shapes that used `old`."""
+    if not re.search(r"^def _config\(", source, re.M):
+        raise ValueError("the source has no module-level `_config` function")
+    renamed = re.sub(r"^def _config\(", "def _config_base(", source, flags=re.M)
+    desc = ", ".join(f"{f}={v}" for f, v in zip(space.fields, new))
+    return renamed.rstrip() + f'''
+
+
+# Launch configuration found by kernel-agent's search for bucket {bucket}: {desc}
+_TUNED_FROM = {tuple(old)!r}
+_TUNED_TO = {tuple(new)!r}
+
+
+def _config(*args):
+    cfg = tuple(_config_base(*args))
+    return _TUNED_TO if cfg == _TUNED_FROM else cfg
+'''
+
+
+def with_evict_first(source: str, names: Sequence[str] = ("k", "v", "x")) -> str:
+    """Add eviction_policy="evict_first" to the tl.load calls whose result is assigned to `names`:
+    data read exactly once should not push reusable lines out of L2. A hint only: same results."""
+    tree = ast.parse(source)
+    edits: List[Tuple[int, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in names:
+            call = node.value
+            while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "to":
+                call = call.func.value
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "load" \
+                    and not any(k.arg == "eviction_policy" for k in call.keywords):
+                edits.append((call.end_lineno, call.end_col_offset))
+    if not edits:
+        raise ValueError("no streaming loads to annotate")
+    lines = source.splitlines(keepends=True)
+    for lineno, col in sorted(edits, reverse=True):
+        ln = lines[lineno - 1]
+        lines[lineno - 1] = ln[: col - 1] + ', eviction_policy="evict_first")' + ln[col:]
+    out = "".join(lines)
+    ast.parse(out)
+    return out
+
+
+@dataclass
+class _OpState:
+    bucket: str
+    shapes: List[Shape]
+    base_cfg: tuple
+    best_cfg: tuple
+    best_ms: Optional[float] = None
+    tried: set = field(default_factory=set)
+    evict_tried: bool = False
+    pending: Dict[str, tuple] = field(default_factory=dict)  # label -> cfg
+
+
+class SearchProposer(Proposer):
+    """Hill climbing over each op's launch-configuration space, one bucket at a time."""
+
+    name = "search"
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.state: Dict[Tuple[str, str], _OpState] = {}
+
+    def _state(self, ctx: ProposeContext) -> _OpState:
+        key = (ctx.op, ctx.bucket)
+        if key not in self.state:
+            cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
+            base = sorted(cfgs)[0]
+            self.state[key] = _OpState(ctx.bucket, list(ctx.shapes), base, base, tried={base})
+        return self.state[key]
+
+    def _neighbours(self, op: str, st: _OpState) -> List[tuple]:
+        space = SPACES[op]
+        out = []
+        for i, values in enumerate(space.values):
+            for v in values:
+                if v == st.best_cfg[i]:
+                    continue
+                c = st.best_cfg[:i] + (v,) + st.best_cfg[i + 1:]
+                if c not in st.tried and all(space.valid(c, s) for s in st.shapes):
+                    out.append(c)
+        # two fields at once, when single steps are exhausted
+        if not out:
+            for (i, vi), (j, vj) in itertools.combinations(
+                    [(i, v) for i, vals in enumerate(space.values) for v in vals], 2):
+                if i >= j:
+                    continue
+                c = list(st.best_cfg)
+                c[i], c[j] = vi, vj
+                c = tuple(c)
+                if c not in st.tried and all(space.valid(c, s) for s in st.shapes):
+                    out.append(c)
+        self.rng.shuffle(out)
+        return out
+
+    def propose(self, ctx: ProposeContext, n: int) -> List[Proposal]:
+        st = self._state(ctx)
+        space = SPACES[ctx.op]
+        src = baseline_source(ctx.op)
+        props: List[Proposal] = []
+        if ctx.op in STREAMING_OPS and not st.evict_tried:
+            st.evict_tried = True
+            try:
+                props.append(Proposal(ctx.op, with_evict_first(src), f"evict-first", "search",
+                                      note="evict_first cache hint on the streaming loads"))
+            except ValueError:
+                pass
+        for cfg in self._neighbours(ctx.op, st):
+            if len(props) >= n:
+                break
+            st.tried.add(cfg)
+            label = "cfg-" + "-".join(str(v) for v in cfg)
+            source = with_config(src, st.base_cfg, cfg, ctx.bucket, space)
+            st.pending[label] = cfg
+            props.append(Proposal(ctx.op, source, label, "search",
+                                  note=", ".join(f"{f}={v}" for f, v in zip(space.fields, cfg))))
+        return props[:n]
+
+    def feedback(self, ctx: ProposeContext, proposal: Proposal, passed: bool, median_ms: Optional[float]) -> None:
+        st = self._state(ctx)
+        cfg = st.pending.pop(proposal.label, None)
+        if cfg is None or not passed or median_ms is None:
+            return
+        if st.best_ms is None or median_ms < st.best_ms:
+            st.best_ms, st.best_cfg = median_ms, cfg
+
+    def set_incumbent_time(self, ctx: ProposeContext, median_ms: float) -> None:
+        st = self._state(ctx)
+        if st.best_ms is None:
+            st.best_ms = median_ms

@@ -1,0 +1,118 @@
+"""Terminal output: rich tables and progress on a TTY, plain lines everywhere else.
+
+Long work shows progress; when stdout is not a terminal (CI logs, pipes, files), the
+same information comes out as one plain line per event, with no control characters.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterable, List, Optional, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+_console: Optional[Console] = None
+_err: Optional[Console] = None
+
+
+def console() -> Console:
+    global _console
+    if _console is None:
+        _console = Console(highlight=False, soft_wrap=False)
+    return _console
+
+
+def err_console() -> Console:
+    global _err
+    if _err is None:
+        _err = Console(stderr=True, highlight=False)
+    return _err
+
+
+def is_tty() -> bool:
+    return console().is_terminal and os.environ.get("TERM") != "dumb"
+
+
+def line(text: str, style: Optional[str] = None) -> None:
+    """One line of output; styled on a TTY, plain otherwise."""
+    if is_tty():
+        console().print(text, style=style, markup=False)
+    else:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def error(text: str) -> None:
+    err_console().print(f"kernel-agent: error: {text}", style="bold red", markup=False, soft_wrap=True)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+          justify: Optional[Sequence[str]] = None) -> None:
+    rows = [[("" if v is None else str(v)) for v in r] for r in rows]
+    if is_tty():
+        t = Table(title=title, title_justify="left", show_lines=False)
+        for i, c in enumerate(columns):
+            t.add_column(c, justify=(justify[i] if justify else "left"), overflow="fold")
+        for r in rows:
+            t.add_row(*r)
+        console().print(t)
+        return
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    if title:
+        sys.stdout.write(title + "\n")
+
+    def fmt(vals: List[str]) -> str:
+        out = []
+        for i, v in enumerate(vals):
+            right = justify and justify[i] == "right"
+            out.append(v.rjust(widths[i]) if right else v.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    sys.stdout.write(fmt(list(columns)) + "\n")
+    for r in rows:
+        sys.stdout.write(fmt(r) + "\n")
+    sys.stdout.flush()
+
+
+class Progress:
+    """A task counter: a rich progress bar on a TTY, a plain line per step elsewhere."""
+
+    def __init__(self, description: str, total: Optional[int] = None):
+        self.description = description
+        self.total = total
+        self.done = 0
+        self._rich = None
+        self._task = None
+
+    def __enter__(self):
+        if is_tty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
+            self._rich = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[status]}"), console=console(), transient=False)
+            self._rich.__enter__()
+            self._task = self._rich.add_task(self.description, total=self.total, status="")
+        return self
+
+    def advance(self, message: str = "", n: int = 1) -> None:
+        self.done += n
+        if self._rich is not None:
+            self._rich.update(self._task, advance=n, status=message[:80])
+        elif message:
+            total = f"/{self.total}" if self.total else ""
+            line(f"[{self.done}{total}] {message}")
+
+    def note(self, message: str) -> None:
+        if self._rich is not None:
+            self._rich.console.print(message, markup=False, highlight=False)
+        else:
+            line(message)
+
+    def __exit__(self, *exc):
+        if self._rich is not None:
+            self._rich.__exit__(*exc)
+        return False
+
+
+STATUS_MARK = {"passed": "ok", "failed": "FAIL", "skipped": "skip"}

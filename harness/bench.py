@@ -1,0 +1,343 @@
+"""GPU benchmarking (DESIGN.md section 4).
+
+Protocol, per (op, shape, dtype):
+  * every kernel is first checked against the reference on the device, and the
+    profiler must see at least one of its own Triton kernels run (no silent no-ops);
+  * timing uses device events with an L2 flush before each repetition
+    (triton.testing.do_bench, return_mode="median"), rotating among several input sets
+    (never zeros) so repeated runs do not measure a warm cache;
+  * the candidates, the incumbent and the torch anchor are interleaved round by round
+    (A B C A B C ..., the order rotating every round) in one process, so clock and
+    thermal drift hit all of them alike;
+  * rounds continue until every kernel's spread (half the interquartile range of its
+    round medians) is under 1% of its median, or the round limit;
+  * small kernels (< 200 us) are also timed as CUDA-graph replays, as a serving stack
+    runs them;
+  * the device is synchronized around every measurement, and the wall time of a
+    synchronized batch of calls is compared with the event time: work hidden on another
+    stream or deferred past the events shows up as a gap and marks the result
+    implausible, as does a rate above the measured ceilings.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .env import slug, versions
+from .ops import get_op
+from .ops.common import DTYPE_NAMES, Case, Op, Shape
+
+REL_SPREAD_TARGET = 0.01
+MIN_ROUNDS, MAX_ROUNDS = 3, 10
+GRAPH_BELOW_MS = 0.2
+PLAUSIBLE_MARGIN = 1.05
+
+
+class NoGPU(Exception):
+    """Benchmarks need a CUDA GPU; the interpreter's times are not GPU times."""
+
+
+def require_gpu() -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        raise NoGPU("benchmarks need a CUDA GPU and none is available here (Triton interpreter times are not GPU "
+                    "times); run `kernel-agent bench` on a GPU machine")
+
+
+# -- ceilings ------------------------------------------------------------------------------
+
+@dataclass
+class Ceilings:
+    gpu: str
+    copy_tbps: float  # device-to-device copy, bytes read + written
+    bf16_tflops: float  # torch.matmul bf16 8192^3 on random data
+    measured_at: str
+    versions: Dict[str, Any] = field(default_factory=dict)
+
+    def of(self, bound: str) -> float:
+        return self.bf16_tflops if bound == "compute" else self.copy_tbps
+
+
+def ceilings_path(cache_dir: Optional[str] = None) -> str:
+    d = cache_dir or os.environ.get("KERNEL_AGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
+                                                                        "kernel-agent"))
+    v = versions()
+    return os.path.join(d, f"ceilings-{slug(v['gpu'])}-{slug(v['driver'])}.json")
+
+
+def measure_ceilings() -> Ceilings:
+    import triton.testing
+    require_gpu()
+    n = 1 << 30  # 1 GiB each way
+    src = torch.randn(n // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    copy_tbps = 2 * n / ms / 1e9
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    tflops = 2 * 8192 ** 3 / ms / 1e9
+    del a, b
+    torch.cuda.empty_cache()
+    v = versions()
+    return Ceilings(v["gpu"] or "?", round(copy_tbps, 3), round(tflops, 1), time.strftime("%Y-%m-%dT%H:%M:%S"), v)
+
+
+def load_ceilings(cache_dir: Optional[str] = None, remeasure: bool = False) -> Ceilings:
+    """The ceilings of this GPU, measured once and cached per (GPU, driver)."""
+    path = ceilings_path(cache_dir)
+    if not remeasure and os.path.exists(path):
+        with open(path) as f:
+            return Ceilings(**json.load(f))
+    c = measure_ceilings()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(asdict(c), f, indent=1)
+    return c
+
+
+# -- kernels under test ------------------------------------------------------------------
+
+@dataclass
+class Contender:
+    label: str  # 'baseline', 'incumbent', 'candidate:<name>', 'anchor:<name>'
+    fn: Callable  # called with the case's arguments
+    kernel_names: Sequence[str] = ()  # Triton kernels that must be seen running ('' for anchors)
+    is_anchor: bool = False
+
+
+def anchor_for(op: Op, case: Case) -> Contender:
+    """The torch anchor of each op: cuBLAS, SDPA, SDPA over the gathered cache, torch.compile."""
+    import torch.nn.functional as F
+    a = case.args
+    if op.name == "matmul":
+        return Contender("anchor:torch.matmul", lambda **kw: torch.matmul(kw["a"], kw["b"]), is_anchor=True)
+    if op.name == "attention":
+        gqa = a["q"].shape[1] != a["k"].shape[1]
+        return Contender("anchor:sdpa", lambda **kw: F.scaled_dot_product_attention(
+            kw["q"], kw["k"], kw["v"], is_causal=kw["causal"], scale=kw.get("sm_scale"), enable_gqa=gqa),
+            is_anchor=True)
+    if op.name in ("decode_attention", "decode_attention_int8"):
+        return _sdpa_decode_anchor(op, case)
+    if op.name == "quantize_kv":
+        compiled = torch.compile(_quantize_eager, dynamic=False)
+        return Contender("anchor:torch.compile", lambda **kw: compiled(kw["x"]), is_anchor=True)
+    raise ValueError(op.name)
+
+
+def _quantize_eager(x):
+    xf = x.float()
+    scale = xf.abs().amax(-1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.clamp(torch.round(xf / safe[..., None]), -127, 127).to(torch.int8), scale
+
+
+def _sdpa_decode_anchor(op: Op, case: Case) -> Contender:
+    """SDPA on the cache gathered into contiguous [B, Hkv, L, D] ahead of time (gather not timed). For the
+    int8 op the gathered cache is dequantized to the query's dtype: the anchor is bf16/fp16 SDPA decode."""
+    import torch.nn.functional as F
+    from .ops.paged import gather_tokens
+    a = case.args
+    lens = [int(x) for x in a["seq_lens"].tolist()]
+    if len(set(lens)) != 1:
+        raise ValueError("the SDPA decode anchor needs equal sequence lengths (serving shapes)")
+    L, B, dt = lens[0], a["q"].shape[0], a["q"].dtype
+
+    def gathered(name, scale):
+        xs = []
+        for b in range(B):
+            x = gather_tokens(a[name], a["block_table"], b, L)
+            if scale:
+                x = x.float() * gather_tokens(a[scale], a["block_table"], b, L)[..., None]
+            xs.append(x.to(dt))
+        return torch.stack(xs).permute(0, 2, 1, 3).contiguous()
+
+    int8 = op.name.endswith("int8")
+    k = gathered("k_cache", "k_scale" if int8 else None)
+    v = gathered("v_cache", "v_scale" if int8 else None)
+    gqa = a["q"].shape[1] != k.shape[1]
+    return Contender("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
+        kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :], is_anchor=True)
+
+
+# -- measurement -----------------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    label: str
+    median_ms: float
+    spread_ms: float
+    n: int
+    rounds: List[float]
+    graph_ms: Optional[float] = None
+    device_ms: Optional[float] = None  # wall time per call of a synchronized batch
+    tflops: Optional[float] = None
+    tbps: Optional[float] = None
+    fraction_of_ceiling: Optional[float] = None
+    ceiling_kind: Optional[str] = None
+    implausible: bool = False
+    note: str = ""
+    error: str = ""
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["rounds"] = [round(x, 5) for x in self.rounds]
+        return d
+
+
+@dataclass
+class ShapeResult:
+    op: str
+    shape: str
+    bucket: str
+    dtype: str
+    gpu: str
+    measurements: List[Measurement]
+
+    def by_label(self, label: str) -> Optional[Measurement]:
+        return next((m for m in self.measurements if m.label == label), None)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"op": self.op, "shape": self.shape, "bucket": self.bucket, "dtype": self.dtype, "gpu": self.gpu,
+                "measurements": [m.to_json() for m in self.measurements]}
+
+
+def _iqr_half(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return float("inf")
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return (q[2] - q[0]) / 2
+
+
+def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
+    """Names of the CUDA kernels one call runs (profiler), after a warm-up call."""
+    from torch.profiler import ProfilerActivity, profile
+    fn(**kwargs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(**kwargs)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
+                    n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
+                    log: Optional[Callable[[str], None]] = None) -> ShapeResult:
+    """Time every contender on one shape (see the module docstring for the protocol)."""
+    import triton.testing
+    require_gpu()
+    log = log or (lambda s: None)
+    probe = op.make_case(shape, dtype, seed=seed, device="cuda")
+    nbytes = sum(v.numel() * v.element_size() for v in probe.args.values() if isinstance(v, torch.Tensor))
+    n_sets = n_sets or (2 if nbytes > (1 << 30) else 3)
+    cases = [probe] + [op.make_case(shape, dtype, seed=seed + i, device="cuda") for i in range(1, n_sets)]
+    results: Dict[str, Measurement] = {}
+    try:
+        all_c = list(contenders) + [anchor_for(op, probe)]
+    except ValueError as e:  # e.g. ragged sequence lengths: SDPA over a gathered cache needs one length
+        all_c = list(contenders)
+        results["anchor"] = Measurement("anchor", math.nan, math.nan, 0, [], error=f"no anchor: {e}")
+    ref = op.reference(probe.args, torch.float32) if check else None
+    live: List[Contender] = []
+    for c in all_c:
+        try:
+            out = c.fn(**probe.args)
+            torch.cuda.synchronize()
+            if check and not c.is_anchor:
+                cmp = op.compare(out, probe.args, ref)
+                if not cmp.ok:
+                    raise RuntimeError(f"wrong result on the device: {cmp.describe()}")
+            if c.kernel_names:
+                seen = kernels_seen(c.fn, probe.args)
+                if not any(any(k in s for k in c.kernel_names) for s in seen):
+                    raise RuntimeError(f"none of its Triton kernels ({', '.join(c.kernel_names)}) ran; the "
+                                       f"profiler saw {seen[:4]}")
+            live.append(c)
+        except Exception as e:  # noqa: BLE001 - a contender that fails is reported, the others are timed
+            results[c.label] = Measurement(c.label, math.nan, math.nan, 0, [], error=str(e).splitlines()[0][:300])
+            log(f"  {c.label}: {results[c.label].error}")
+    del ref
+    rounds: Dict[str, List[float]] = {c.label: [] for c in live}
+    counters = {c.label: 0 for c in live}
+
+    def runner(c: Contender):
+        def call():
+            i = counters[c.label] = counters[c.label] + 1
+            c.fn(**cases[i % len(cases)].args)
+        return call
+
+    for r in range(MAX_ROUNDS):
+        order = live[r % len(live):] + live[: r % len(live)] if live else []
+        for c in order:
+            rounds[c.label].append(triton.testing.do_bench(runner(c), warmup=10, rep=40, return_mode="median"))
+        if r + 1 >= MIN_ROUNDS and all(_iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v)
+                                       for v in rounds.values()):
+            break
+    flops = op.flops(shape)
+    nbytes_min = op.bytes(shape, dtype)
+    bound = op.bound(shape)
+    for c in live:
+        xs = rounds[c.label]
+        med = statistics.median(xs)
+        m = Measurement(c.label, med, _iqr_half(xs), len(xs), xs)
+        m.tflops = flops / med / 1e9
+        m.tbps = nbytes_min / med / 1e9
+        m.ceiling_kind = bound
+        m.fraction_of_ceiling = (m.tflops / ceilings.bf16_tflops) if bound == "compute" else (m.tbps /
+                                                                                             ceilings.copy_tbps)
+        # a memory-bound kernel may read at more than the copy rate (a copy also writes); the
+        # plausibility bound is the datasheet-free one: no more than the compute ceiling or twice the copy rate
+        if m.tflops > ceilings.bf16_tflops * PLAUSIBLE_MARGIN or m.tbps > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN:
+            m.implausible = True
+            m.note = "faster than the measured ceilings allow"
+        # hidden work: wall time of a synchronized batch against the event time
+        torch.cuda.synchronize()
+        reps = max(3, min(50, int(20.0 / max(med, 1e-3))))
+        t0 = time.perf_counter()
+        for i in range(reps):
+            c.fn(**cases[i % len(cases)].args)
+        torch.cuda.synchronize()
+        m.device_ms = (time.perf_counter() - t0) * 1e3 / reps
+        if m.device_ms > 2.0 * med + 0.1:
+            m.note = (m.note + "; " if m.note else "") + \
+                f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work outside " \
+                f"the timed stream or host-bound"
+            if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
+                m.implausible = True
+        if med < GRAPH_BELOW_MS:
+            try:
+                m.graph_ms = _graph_time(c.fn, cases[0].args)
+            except Exception as e:  # noqa: BLE001 - graph capture is best effort for anchors
+                m.note = (m.note + "; " if m.note else "") + f"CUDA graph timing failed: {str(e)[:120]}"
+        results[c.label] = m
+    ordered = [results[c.label] for c in all_c if c.label in results] + (
+        [results["anchor"]] if "anchor" in results else [])
+    del cases, probe
+    torch.cuda.empty_cache()
+    return ShapeResult(op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered)
+
+
+def _graph_time(fn: Callable, kwargs: Dict[str, Any]) -> float:
+    import triton.testing
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(**kwargs)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(lambda: fn(**kwargs), rep=50, return_mode="median")
+
+
+def resolve_shapes(op: Op, spec: str) -> List[Shape]:
+    """'serving' | 'tiny' | 'near_serving' | explicit shapes 'a,b,c;d,e,f' (the op's fields in order)."""
+    if spec in ("serving", "tiny", "near_serving"):
+        return op.shapes(spec)
+    return [op.parse_shape(s) for s in spec.split(";") if s.strip()]

@@ -1,0 +1,57 @@
+"""Presenting verdicts: the terminal table, the JSON document, JUnit XML."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+from typing import List
+
+from .verdict import FAILED, SKIPPED, Verdict
+
+
+def merge_gpu(cpu: Verdict, gpu: Verdict) -> Verdict:
+    """One verdict per file: the CPU checks, then the GPU checks (static gate and load once)."""
+    merged = Verdict(cpu.file, cpu.op, f"{cpu.mode}+gpu", list(cpu.checks), cpu.fpsan_equivalent, cpu.fpsan_detail,
+                     cpu.duration_s + gpu.duration_s, cpu.error or gpu.error)
+    seen = {c.name for c in cpu.checks}
+    merged.checks += [c for c in gpu.checks if c.name not in seen]
+    return merged
+
+
+def verdicts_json(verdicts: List[Verdict], op: str, mode: str) -> dict:
+    return {"op": op, "mode": mode, "passed": all(v.passed for v in verdicts),
+            "files": [v.to_json() for v in verdicts]}
+
+
+def print_verdicts(verdicts: List[Verdict], as_json: bool, op: str, mode: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(verdicts_json(verdicts, op, mode), indent=2) + "\n")
+        return
+    from ..agent import ui
+    for v in verdicts:
+        mark = "PASS" if v.passed else "FAIL"
+        ui.line(f"{mark} {os.path.relpath(v.file)} [{v.op}, {v.mode}, {v.duration_s:.1f}s]: {v.summary()}",
+                style="bold green" if v.passed else "bold red")
+        ui.table("", ["check", "result", "time", "detail"],
+                 [[c.name, ui.STATUS_MARK[c.status], f"{c.duration_s:.1f}s", c.detail] for c in v.checks],
+                 justify=["left", "left", "right", "left"])
+    n_pass = sum(v.passed for v in verdicts)
+    ui.line(f"{n_pass}/{len(verdicts)} file(s) passed", style="bold")
+
+
+def write_junit(verdicts: List[Verdict], path: str) -> None:
+    root = ET.Element("testsuites", name="kernel-agent sanitize")
+    for v in verdicts:
+        suite = ET.SubElement(root, "testsuite", name=f"{v.op}: {os.path.relpath(v.file)}",
+                              tests=str(len(v.checks)), failures=str(sum(c.status == FAILED for c in v.checks)),
+                              skipped=str(sum(c.status == SKIPPED for c in v.checks)), time=f"{v.duration_s:.3f}")
+        for c in v.checks:
+            case = ET.SubElement(suite, "testcase", classname=f"{v.op}.{os.path.basename(v.file)}", name=c.name,
+                                 time=f"{c.duration_s:.3f}")
+            if c.status == FAILED:
+                ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail
+            elif c.status == SKIPPED:
+                ET.SubElement(case, "skipped", message=c.detail[:500])
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

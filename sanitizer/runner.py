@@ -1,0 +1,115 @@
+"""Run the sanitizer on candidates in isolated processes, each with a time limit.
+
+Every candidate is untrusted: it runs in its own process group, and a crash (segfault,
+abort, GPU fault), a hang or a runaway allocation becomes a failed verdict that names
+the check that was running, never an outage of the caller.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Optional, Sequence
+
+from .verdict import FAILED, SKIPPED, CheckOutcome, Verdict
+
+DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[float] = None,
+                 keep_going: bool = False, env: Optional[dict] = None,
+                 checks: Optional[Sequence[str]] = None) -> Verdict:
+    """Sanitize one file in a child process; always returns a Verdict."""
+    timeout_s = timeout_s or DEFAULT_TIMEOUT[mode]
+    path = os.path.abspath(path)
+    with tempfile.TemporaryDirectory(prefix="ka-sanitize-") as tmp:
+        out = os.path.join(tmp, "verdict.json")
+        cmd = [sys.executable, "-m", "kernel_agent.sanitizer.worker", "--op", op, "--file", path, "--mode", mode,
+               "--out", out]
+        if keep_going:
+            cmd.append("--keep-going")
+        if checks:
+            cmd += ["--checks", ",".join(checks)]
+        child_env = dict(os.environ if env is None else env)
+        child_env.setdefault("PYTHONHASHSEED", "0")
+        child_env["PYTHONUNBUFFERED"] = "1"
+        if mode != "gpu":
+            child_env["TRITON_INTERPRET"] = "1"
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, cwd=tmp, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            log, _ = proc.communicate()
+        except BaseException:  # Ctrl-C in the parent: take the child (its own session) down too
+            _kill_group(proc)
+            raise
+        elapsed = time.time() - t0
+        doc = None
+        if os.path.exists(out):
+            try:
+                with open(out) as f:
+                    doc = json.load(f)
+            except (OSError, json.JSONDecodeError):
+                doc = None
+    tail = (log or b"").decode(errors="replace").strip().splitlines()[-3:]
+    if doc and doc.get("complete"):
+        v = Verdict.from_json(doc)
+        v.file = path
+        return v
+    v = Verdict(path, op, mode, duration_s=elapsed)
+    running = None
+    if doc:
+        v.checks = [CheckOutcome(c["name"], c["status"], c.get("detail", ""), c.get("duration_s", 0.0))
+                    for c in doc.get("checks", [])]
+        running = doc.get("running")
+    where = f" during check `{running}`" if running else ""
+    if timed_out:
+        reason = f"timed out after {timeout_s:.0f}s{where} (a hang, or far too slow)"
+    elif proc.returncode is not None and proc.returncode < 0:
+        reason = f"crashed with {_signal_name(proc.returncode)}{where}"
+    else:
+        last = tail[-1] if tail else ""
+        reason = f"the sanitizer process exited with code {proc.returncode}{where}: {last[:300]}"
+    v.checks.append(CheckOutcome(running or "isolation", FAILED, reason, elapsed))
+    v.error = reason
+    return v
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_many(paths: Sequence[str], op: str, mode: str = "full", jobs: int = 1, timeout_s: Optional[float] = None,
+             keep_going: bool = False, on_done: Optional[Callable[[Verdict], None]] = None,
+             checks: Optional[Sequence[str]] = None) -> List[Verdict]:
+    """Sanitize several files, `jobs` processes at a time; results in input order."""
+    def one(p: str) -> Verdict:
+        v = run_isolated(p, op, mode, timeout_s, keep_going, checks=checks)
+        if on_done:
+            on_done(v)
+        return v
+
+    if jobs <= 1:
+        return [one(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, paths))

@@ -1,0 +1,91 @@
+"""The Foundation table from a gpu_foundation.sh output folder: per op and serving shape, the
+baseline's time, the torch anchor's, their ratio, the fraction of the measured ceiling, and the
+floors of the Foundation issue checked. Also the GPU sanitizer verdicts of the baselines.
+
+    python3 scripts/foundation_table.py OUTDIR  [> results/FOUNDATION.md]
+"""
+import json
+import os
+import sys
+
+FLOORS = {  # op -> (what, test(baseline, anchor, ceilings, shape) -> (value, ok))
+    "matmul": "baseline >= 0.9x torch.matmul at 4096^3 and 8192^3",
+    "decode_attention": "baseline >= 70% of copy bandwidth at 8k context",
+    "quantize_kv": "baseline >= 3.0 TB/s effective",
+    "decode_attention_int8": "int8 decode >= 1.3x faster than bf16 SDPA decode on the same shapes",
+    "attention": "baseline >= 0.6x SDPA",
+}
+
+
+def floor(op, shape, b, a, c):
+    if op == "matmul":
+        if shape in ("M=4096,N=4096,K=4096", "M=8192,N=8192,K=8192"):
+            r = a["median_ms"] / b["median_ms"]
+            return f"{r:.2f}x anchor", r >= 0.9
+        return "", None
+    if op == "decode_attention":
+        f = b["tbps"] / c["copy_tbps"]
+        return f"{f:.0%} of copy", f >= 0.7
+    if op == "quantize_kv":
+        return f"{b['tbps']:.2f} TB/s", b["tbps"] >= 3.0
+    if op == "decode_attention_int8":
+        r = a["median_ms"] / b["median_ms"]
+        return f"{r:.2f}x SDPA", r >= 1.3
+    if op == "attention":
+        r = a["median_ms"] / b["median_ms"]
+        return f"{r:.2f}x SDPA", r >= 0.6
+    return "", None
+
+
+def main(out):
+    with open(os.path.join(out, "bench.json")) as f:
+        doc = json.load(f)
+    c = doc.get("ceilings", {})
+    print(f"GPU: {c.get('gpu')}; measured ceilings: copy {c.get('copy_tbps')} TB/s (read + write), "
+          f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
+          f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n")
+    print("| op | shape | dtype | baseline ms (spread) | anchor | anchor ms | anchor/baseline | baseline rate | "
+          "of ceiling | floor |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---|")
+    misses = []
+    for r in doc["results"]:
+        ms = {m["label"]: m for m in r["measurements"]}
+        b = ms.get("baseline")
+        a = next((m for k, m in ms.items() if k.startswith("anchor")), None)
+        if not b or b.get("error"):
+            print(f"| {r['op']} | {r['shape']} | {r['dtype']} | error: {(b or {}).get('error')} | | | | | | |")
+            continue
+        rate = f"{b['tflops']:.0f} TFLOP/s" if b["ceiling_kind"] == "compute" else f"{b['tbps']:.2f} TB/s"
+        fl, ok = floor(r["op"], r["shape"], b, a, c) if a and not a.get("error") else ("", None)
+        mark = "" if ok is None else (" (met)" if ok else " (MISSED)")
+        if ok is False:
+            misses.append(f"{r['op']} {r['shape']}: {fl}")
+        graph = f", graph {b['graph_ms']:.4f}" if b.get("graph_ms") else ""
+        print(f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['median_ms']:.4f} (±{b['spread_ms']:.4f}{graph}) | "
+              f"{a['label'].split(':')[1] if a else ''} | {a['median_ms']:.4f} | "
+              f"{a['median_ms'] / b['median_ms']:.2f}x | {rate} | {b['fraction_of_ceiling']:.0%} | {fl}{mark} |")
+    print()
+    for op, what in FLOORS.items():
+        print(f"- floor {op}: {what}")
+    if misses:
+        print("\nMissed floors: " + "; ".join(misses))
+    print("\nGPU sanitizer on the baselines:\n")
+    print("| op | passed | checks (failed / skipped) |")
+    print("|---|---|---|")
+    for op in FLOORS:
+        p = os.path.join(out, f"sanitize_{op}.json")
+        if not os.path.exists(p) or not os.path.getsize(p):
+            print(f"| {op} | no output | |")
+            continue
+        with open(p) as f:
+            s = json.load(f)
+        for v in s["files"]:
+            bad = [f"{c['name']} {c['status']}: {c['detail'][:80]}" for c in v["checks"] if c["status"] != "passed"]
+            gpu = [c["name"] for c in v["checks"] if c["name"] in ("gpu_differential", "memcheck", "initcheck",
+                                                                    "racecheck", "determinism", "native_fpsan")]
+            print(f"| {op} | {v['passed']} | {len(v['checks'])} checks incl. {', '.join(gpu)}; "
+                  f"{'; '.join(bad) or 'none failed or skipped'} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
