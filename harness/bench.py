@@ -35,7 +35,7 @@ from .ops import get_op
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
 
 REL_SPREAD_TARGET = 0.01
-MIN_ROUNDS, MAX_ROUNDS = 3, 10
+MIN_ROUNDS, MAX_ROUNDS = 3, 8
 GRAPH_BELOW_MS = 0.2
 PLAUSIBLE_MARGIN = 1.05
 
@@ -276,7 +276,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     for r in range(MAX_ROUNDS):
         order = live[r % len(live):] + live[: r % len(live)] if live else []
         for c in order:
-            rounds[c.label].append(triton.testing.do_bench(runner(c), warmup=10, rep=40, return_mode="median"))
+            rounds[c.label].append(triton.testing.do_bench(runner(c), warmup=10, rep=30, return_mode="median"))
         if r + 1 >= MIN_ROUNDS and all(_iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v)
                                        for v in rounds.values()):
             break

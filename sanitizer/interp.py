@@ -288,24 +288,35 @@ class Instrumentation:
         orig_rmw = cls.create_atomic_rmw
         orig_cas = cls.create_atomic_cas
 
-        def masked_load(ptrs, mask, other, cache_policy, is_volatile):
+        # The trailing arguments (cache and eviction hints, volatility, memory semantics) differ
+        # between Triton versions; they pass through untouched.
+        def masked_load(ptrs, mask, *rest, **kw):
             inst._check(ptrs.data, mask.data, _esize(ptrs), "load")
-            return orig_masked_load(builder, ptrs, mask, other, cache_policy, is_volatile)
+            return orig_masked_load(builder, ptrs, mask, *rest, **kw)
 
-        def masked_store(ptrs, value, mask, cache_policy):
+        def masked_store(ptrs, value, mask, *rest, **kw):
             inst._check(ptrs.data, mask.data, _esize(ptrs), "store")
-            return orig_masked_store(builder, ptrs, value, mask, cache_policy)
+            return orig_masked_store(builder, ptrs, value, mask, *rest, **kw)
 
-        def atomic_rmw(rmwOp, ptr, val, mask, sem, scope):
+        def atomic_rmw(rmwOp, ptr, val, mask, *rest, **kw):
             inst._check(ptr.data, None if mask is None else mask.data, _esize(ptr), "atomic")
             if inst.fpsan and val.dtype.scalar.is_floating():
                 return _fpsan_atomic(builder, rmwOp, ptr, val, mask)
-            return orig_rmw(builder, rmwOp, ptr, val, mask, sem, scope)
+            return orig_rmw(builder, rmwOp, ptr, val, mask, *rest, **kw)
 
-        def atomic_cas(ptr, cmp, val, sem, scope):
+        def atomic_cas(ptr, *rest, **kw):
             inst._check(ptr.data, None, _esize(ptr), "atomic")
-            return orig_cas(builder, ptr, cmp, val, sem, scope)
+            return orig_cas(builder, ptr, *rest, **kw)
 
+        # Triton 3.6 converts a scalar to an index with int() of a 1-element array, which
+        # numpy >= 2.5 refuses (`range(lo, hi)` over tensor bounds); squeeze first, as 3.9 does.
+        orig_patch_tensor = interp._patch_lang_tensor
+
+        def patch_lang_tensor(tensor, scope):
+            orig_patch_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+        patch(interp, "_patch_lang_tensor", patch_lang_tensor)
         patch(builder, "create_masked_load", masked_load)
         patch(builder, "create_masked_store", masked_store)
         patch(builder, "create_atomic_rmw", atomic_rmw)
@@ -413,6 +424,9 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
         return TH(F.unembed(payload, f).view(_NP_FLOAT[f.name]), tt.scalar if hasattr(tt, "scalar") else tt)
 
     def binary(op, original):
+        if original is None:  # not in this Triton version
+            return None
+
         def impl(lhs, rhs):
             f = _fmt_of(lhs.dtype)
             if f is None:
@@ -421,6 +435,9 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
         return impl
 
     def unary(op, original):
+        if original is None:
+            return None
+
         def impl(arg):
             f = _fmt_of(arg.dtype)
             if f is None:
@@ -442,30 +459,29 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
             raise F.FpSanUnsupported(f"FpSan has no model for {name}")
         return impl
 
+    m = lambda name: getattr(cls, name, None)  # noqa: E731 - methods differ between Triton versions
     ops: Dict[str, Any] = {
-        "create_fadd": binary(F.add, cls.create_fadd),
-        "create_fsub": binary(F.sub, cls.create_fsub),
-        "create_fmul": binary(F.mul, cls.create_fmul),
-        "create_fdiv": binary(F.div, cls.create_fdiv),
-        "create_precise_divf": binary(F.div, cls.create_precise_divf),
-        "create_minimumf": binary(F.smin, cls.create_minimumf),
-        "create_minnumf": binary(F.smin, cls.create_minnumf),
-        "create_maximumf": binary(F.smax, cls.create_maximumf),
-        "create_maxnumf": binary(F.smax, cls.create_maxnumf),
+        "create_fadd": binary(F.add, m("create_fadd")),
+        "create_fsub": binary(F.sub, m("create_fsub")),
+        "create_fmul": binary(F.mul, m("create_fmul")),
+        "create_fdiv": binary(F.div, m("create_fdiv")),
+        "create_precise_divf": binary(F.div, m("create_precise_divf")),
+        "create_approx_divf": binary(F.div, m("create_approx_divf")),
+        "create_minimumf": binary(F.smin, m("create_minimumf")),
+        "create_minnumf": binary(F.smin, m("create_minnumf")),
+        "create_maximumf": binary(F.smax, m("create_maximumf")),
+        "create_maxnumf": binary(F.smax, m("create_maxnumf")),
         "create_frem": unsupported("frem (floating-point remainder)"),
-        "create_fneg": unary(lambda p, f: F.neg(p, f.w), cls.create_fneg),
-        "create_fabs": unary(lambda p, f: F.sabs(p, f.w), cls.create_fabs),
-        "create_exp": unary(lambda p, f: F.exp(p, f), cls.create_exp),
-        "create_exp2": unary(lambda p, f: F.exp2(p, f.w), cls.create_exp2),
+        "create_fneg": unary(lambda p, f: F.neg(p, f.w), m("create_fneg")),
+        "create_fabs": unary(lambda p, f: F.sabs(p, f.w), m("create_fabs")),
+        "create_exp": unary(lambda p, f: F.exp(p, f), m("create_exp")),
+        "create_exp2": unary(lambda p, f: F.exp2(p, f.w), m("create_exp2")),
     }
-    if hasattr(cls, "create_approx_divf"):
-        ops["create_approx_divf"] = binary(F.div, cls.create_approx_divf)
     for name, tagname in (("create_log", "log"), ("create_log2", "log2"), ("create_sqrt", "sqrt"),
                           ("create_precise_sqrt", "sqrt"), ("create_rsqrt", "rsqrt"), ("create_erf", "erf"),
                           ("create_floor", "floor"), ("create_ceil", "ceil"), ("create_sin", "sin"),
                           ("create_cos", "cos")):
-        if hasattr(cls, name):
-            ops[name] = unary(lambda p, f, t=tagname: F.tag(p, t, f.w), getattr(cls, name))
+        ops[name] = unary(lambda p, f, t=tagname: F.tag(p, t, f.w), m(name))
     cmp_ops = {"OLT": np.less, "OGT": np.greater, "OLE": np.less_equal, "OGE": np.greater_equal,
                "OEQ": np.equal, "ONE": np.not_equal}
     for suffix, op in cmp_ops.items():
@@ -521,7 +537,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
         "create_fp_to_ui": float_to_int,
         "create_dot": dot,
     })
-    return ops
+    return {k: v for k, v in ops.items() if v is not None}
 
 
 def _fpsan_atomic(builder, rmwOp, ptr, val, mask):

@@ -122,6 +122,8 @@ def attention(q, k, v, causal=False, sm_scale=None):
         sm_scale = 1.0 / math.sqrt(D)
     o = torch.empty((B, Hq, S, D), device=q.device, dtype=q.dtype)
     BM, BN, warps, stages = _config(S, D, causal)
+    if q.element_size() == 4:  # float32 tiles take twice the shared memory
+        BN, stages = min(BN, 64), min(stages, 2)
     grid = (triton.cdiv(S, BM), B * Hq)
     _attn_fwd_kernel[grid](q, k, v, o, sm_scale * 1.4426950408889634, S, Hq, Hq // Hkv,
                            q.stride(0), q.stride(1), q.stride(2), q.stride(3),

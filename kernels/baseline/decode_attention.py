@@ -123,6 +123,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
     group = Hq // Hkv
     max_ctx = block_table.shape[1] * page
     splits, block_n, warps, stages = _config(B, Hkv, max_ctx, q.device)
+    if q.element_size() == 4:  # float32 tiles take twice the shared memory
+        stages = min(stages, 2)
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     l = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     acc = torch.empty((B, Hq, splits, D), device=q.device, dtype=torch.float32)

@@ -24,14 +24,14 @@ def _codes_to(x, DTYPE: tl.constexpr):
     """Exact int8 -> DTYPE conversion without I2F instructions."""
     if DTYPE == tl.float16:
         bits = x.to(tl.int16) + 0x6480  # 0x6400 is 1024.0; + 128 + code in the mantissa
-        return bits.to(tl.float16, bitcast=True) - 1152.0
+        out = bits.to(tl.float16, bitcast=True) - 1152.0
     else:
         bits = x.to(tl.int32) + 0x4B000080  # 0x4B000000 is 2^23; + 128 + code in the mantissa
-        f = bits.to(tl.float32, bitcast=True) - 8388736.0
+        out = bits.to(tl.float32, bitcast=True) - 8388736.0
         if DTYPE == tl.bfloat16:
             # the value has at most 8 significant bits: the top half of its float32 bits is exact
-            return (f.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        return f
+            out = (out.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return out
 
 
 @triton.jit
@@ -144,6 +144,8 @@ def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, se
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
     splits, block_n, warps, stages = _config(B, Hkv, block_table.shape[1] * page, q.device)
+    if q.element_size() == 4:  # float32 tiles take twice the shared memory
+        block_n, stages = min(block_n, 64), min(stages, 2)
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     l = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     acc = torch.empty((B, Hq, splits, D), device=q.device, dtype=torch.float32)

@@ -33,7 +33,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     k_start = split * K_PER_SPLIT
-    k_end = min(k_start + K_PER_SPLIT, K)
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     offs_k = k_start + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
@@ -68,6 +68,9 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, M, N, stride_ps, stride_pm, stride_pn, s
                        mask=mask, other=0.0)
     tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
              acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+_SMEM_BYTES = 200 * 1024  # of the 227 KB a Hopper program may use, with room for the epilogue
 
 
 def _num_sms(device) -> int:
@@ -105,6 +108,8 @@ def matmul(a, b):
     if M == 0 or N == 0:
         return c
     BM, BN, BK, GM, split_k, warps, stages = _config(M, N, K, a.device)
+    # as many pipeline stages as the shared memory holds for this element size
+    stages = max(1, min(stages, _SMEM_BYTES // ((BM * BK + BK * BN) * a.element_size())))
     if K == 0:
         split_k = 1
     k_per_split = triton.cdiv(triton.cdiv(max(K, 1), split_k), BK) * BK

@@ -4,7 +4,7 @@ no split-KV and no combine kernel.
 Instead of BLOCK_N-token tiles gathered through the block table, each iteration
 loads one block-table entry (a scalar) and the PAGE contiguous slots of that page;
 the number of iterations is cdiv(seq_len, PAGE), so entries past the live pages are
-never loaded. The online softmax and the final division are the baseline's, without
+never loaded (pages under 16 slots run in a masked 16-slot tile, the smallest tl.dot). The online softmax and the final division are the baseline's, without
 the split/combine round trip: FpSan-equivalent to the baseline.
 """
 import math
@@ -19,13 +19,13 @@ EXPECTED_FPSAN_EQUIVALENT = True
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, qk_scale, GROUP,
                    sqb, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sbtb, sbtn, sob, soh, sod,
-                   PAGE: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
+                   PAGE: tl.constexpr, TILE: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_D)
-    offs_s = tl.arange(0, PAGE)
+    offs_s = tl.arange(0, TILE)  # TILE = max(16, PAGE): slots past PAGE are masked
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
     q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + offs_d[None, :] * sqd, mask=h_mask[:, None], other=0.0)
@@ -34,7 +34,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, qk_scale, GROUP
     acc = tl.zeros([BLOCK_H, HEAD_D], dtype=tl.float32)
     for p_idx in range(0, tl.cdiv(seq_len, PAGE)):
         page = tl.load(bt_ptr + b * sbtb + p_idx * sbtn).to(tl.int64)
-        live = p_idx * PAGE + offs_s < seq_len
+        live = (offs_s < PAGE) & (p_idx * PAGE + offs_s < seq_len)
         k = tl.load(k_ptr + page * skb + offs_s[None, :] * sks + kvh * skh + offs_d[:, None] * skd,
                     mask=live[None, :], other=0.0)
         qk = tl.dot(q, k)
@@ -62,13 +62,12 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
     o = torch.empty((B, Hq, D), device=q.device, dtype=q.dtype)
-    # tl.dot needs at least 16 along every dimension: small pages are padded by the mask... not possible
-    # here, so the page is the tile; pages below 16 slots use a 16-wide tile over one page (masked)
+    # tl.dot needs 16 along every dimension: pages smaller than 16 slots use a masked 16-slot tile
     _decode_kernel[(B, Hkv)](
         q, k_cache, v_cache, block_table, seq_lens, o, sm_scale * 1.4426950408889634, group,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         block_table.stride(0), block_table.stride(1), o.stride(0), o.stride(1), o.stride(2),
-        PAGE=page, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_D=D, num_warps=4)
+        PAGE=page, TILE=max(16, page), BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_D=D, num_warps=4)
     return o
