@@ -59,6 +59,7 @@ def register(sub) -> None:
     r.add_argument("--shapes", help="benchmark shapes: serving (default) or the op's explicit shapes")
     r.add_argument("--seed", type=int, help="seed of the search proposer")
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
+    r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
     r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
     r.add_argument("--ledger", default=None, help="SQLite ledger (default runs/ledger.db)")
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
@@ -151,6 +152,8 @@ def cmd_run(args) -> int:
     if cfg.max_candidates < 1 or cfg.per_round < 1 or cfg.jobs < 1:
         raise _usage("--candidates, --per-round and --jobs must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
+    if args.candidates_dir:
+        cfg.candidates_dir = args.candidates_dir
     model = ModelConfig.resolve(args.model, args.base_url, args.config)
     if args.proposer == "model" and model is None:
         raise _usage("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "

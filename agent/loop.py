@@ -27,8 +27,10 @@ from ..sanitizer.verdict import Verdict
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 
 ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
-GPU_QUICK_CHECKS = ("gpu_differential", "determinism")
-GPU_PROMOTION_CHECKS = ("memcheck", "initcheck", "racecheck")
+# Every benchmark already checks the result on the device at each shape it times; the
+# full device suite (odd shapes, both dtypes) and compute-sanitizer run before a promotion.
+GPU_QUICK_CHECKS = ("determinism",)
+GPU_PROMOTION_CHECKS = ("gpu_differential", "memcheck", "initcheck", "racecheck")
 
 
 @dataclass
@@ -150,42 +152,51 @@ class Loop:
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
                               self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
 
-    # -- one round for one target ----------------------------------------------------------
-    def round(self, t: Target, budget: Budget) -> int:
-        ctx = self.context(t)
-        n = min(self.cfg.per_round, self.cfg.max_candidates - budget.used)
-        if n <= 0:
-            return 0
-        proposals = self.proposer.propose(ctx, n)
-        fresh: List[Tuple[Proposal, int, str]] = []
-        for p in proposals:
-            if p.rejected:
-                self._record_unusable(p)
-                budget.used += 1
-                continue
-            h = hash_source(p.source)
-            if h in self.known:  # resumed run: already recorded, replay its outcome
-                self._replay(ctx, p, self.known[h])
-                continue
-            existing = self.ledger.find_candidate(p.op, p.source)
-            cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
-                                                  path=None, label=p.label)
-            self.known[h] = cand.id
+    # -- one round: every target proposes, then the whole batch is evaluated ------------------
+    def round(self, targets: Sequence[Target], budget: Budget) -> int:
+        batch: List[Tuple[Target, ProposeContext, Proposal, int, str]] = []
+        produced = 0
+        for t in targets:
+            if budget.exhausted(getattr(self.proposer, "tokens_used", 0)):
+                break
+            ctx = self.context(t)
+            n = min(self.cfg.per_round, self.cfg.max_candidates - budget.used)
+            if n <= 0:
+                break
+            proposals = self.proposer.propose(ctx, n)
+            produced += len(proposals)
+            for p in proposals:
+                item = self._admit(t, ctx, p, budget)
+                if item:
+                    batch.append(item)
+        if batch:
+            self._evaluate(batch)
+        return produced
+
+    def _admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget):
+        """Record a proposal; return it for evaluation, or None when it needs none."""
+        if p.rejected:
+            self._record_unusable(p)
             budget.used += 1
-            self.stats["proposed"] += 1
-            if p.model_call_id:
-                self.ledger.link_model_call(p.model_call_id, cand.id)
-            if existing is not None and existing.status != "proposed":
-                self.stats["duplicates"] += 1
-                self.events.candidate(p.label, existing.status, "same source as candidate "
-                                                                f"#{existing.id}: verdict reused")
-                self._replay(ctx, p, existing.id)
-                continue
-            path = self._write(p, h)
-            fresh.append((p, cand.id, path))
-        if fresh:
-            self._evaluate(t, ctx, fresh)
-        return len(proposals)
+            return None
+        h = hash_source(p.source)
+        if h in self.known:  # resumed run: already recorded, replay its outcome
+            self._replay(ctx, p, self.known[h])
+            return None
+        existing = self.ledger.find_candidate(p.op, p.source)
+        cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
+                                              path=None, label=p.label)
+        self.known[h] = cand.id
+        budget.used += 1
+        self.stats["proposed"] += 1
+        if p.model_call_id:
+            self.ledger.link_model_call(p.model_call_id, cand.id)
+        if existing is not None and existing.status != "proposed":
+            self.stats["duplicates"] += 1
+            self.events.candidate(p.label, existing.status, f"same source as candidate #{existing.id}: verdict reused")
+            self._replay(ctx, p, existing.id)
+            return None
+        return (t, ctx, p, cand.id, self._write(p, h))
 
     def _write(self, p: Proposal, h: str) -> str:
         d = os.path.join(self.cfg.candidates_dir, self.run_id, p.op)
@@ -226,62 +237,55 @@ class Loop:
         return sum(b.median_ms for b in rows) / len(rows)
 
     # -- evaluation --------------------------------------------------------------------
-    def _sanitize(self, op: str, items: List[Tuple[Proposal, int, str]], mode: str,
-                  checks: Optional[Sequence[str]] = None) -> List[Tuple[Proposal, int, str]]:
+    def _sanitize(self, items: List[tuple], mode: str, checks: Optional[Sequence[str]] = None) -> List[tuple]:
+        """Run one sanitizer stage over a batch (any mix of ops); return the survivors."""
+        from concurrent.futures import ThreadPoolExecutor
+        from ..sanitizer.runner import run_isolated
         todo, survivors = [], []
         for it in items:
-            done = self.ledger.checks(it[1], mode=mode)
-            if done:  # resumed: this stage already finished for this candidate
-                if all(c.status != "failed" for c in done):
+            done = self.ledger.checks(it[3], mode=mode)
+            if done and (checks is None or {c.name for c in done} >= set(checks)):
+                if all(c.status != "failed" for c in done):  # resumed: this stage already finished
                     survivors.append(it)
                 continue
             todo.append(it)
-        verdicts = run_many([path for _, _, path in todo], op, mode, jobs=1 if mode == "gpu" else self.cfg.jobs,
-                            checks=checks) if todo else []
-        for (p, cid, path), v in zip(todo, verdicts):
+        jobs = 1 if mode == "gpu" else self.cfg.jobs
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            verdicts = list(pool.map(lambda it: run_isolated(it[4], it[0].op, mode, checks=checks), todo))
+        for it, v in zip(todo, verdicts):
+            t, ctx, p, cid, path = it
             self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,
                                                    "duration_s": c.duration_s} for c in v.checks])
             if v.passed:
-                survivors.append((p, cid, path))
+                survivors.append(it)
                 if mode == "full":
                     self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
                                                      fpsan_equivalent=v.fpsan_equivalent)
             else:
                 self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
                 self.stats["rejected"] += 1
-                self.events.candidate(p.label, "rejected", f"{mode}: {v.summary()}")
-                self.attempts.setdefault((op, self._bucket_of(p)), []).append(Attempt(p.label, False, v.summary()))
+                self.events.candidate(p.label, "rejected", f"{t.op} {mode}: {v.summary()}")
+                self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, False, v.summary()))
+                self.proposer.feedback(ctx, p, False, None)
         return survivors
 
-    def _bucket_of(self, p: Proposal) -> str:
-        return getattr(p, "_bucket", "")
-
-    def _evaluate(self, t: Target, ctx: ProposeContext, items: List[Tuple[Proposal, int, str]]) -> None:
-        for p, _, _ in items:
-            p._bucket = t.bucket  # type: ignore[attr-defined]
-        quick = self._sanitize(t.op, items, "quick")
-        full = self._sanitize(t.op, quick, "full")
-        for p, cid, path in full:
-            if not self.gpu:
+    def _evaluate(self, items: List[tuple]) -> None:
+        full = self._sanitize(self._sanitize(items, "quick"), "full")
+        if not self.gpu:
+            for t, ctx, p, cid, path in full:
                 self.stats["verified"] += 1
                 c = self.ledger.candidate(cid)
                 eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
                     c.fpsan_equivalent if c else None]
-                self.events.candidate(p.label, "verified", f"passed the full sanitizer ({eq}); not benchmarked: "
-                                                           f"no GPU")
+                self.events.candidate(p.label, "verified", f"{t.op}: passed the full sanitizer ({eq}); not "
+                                                           f"benchmarked: no GPU")
                 self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, True, "verified, not "
                                                                                              "benchmarked"))
                 self.proposer.feedback(ctx, p, True, None)
-        if self.gpu and full:
-            gpu_ok = self._sanitize(t.op, full, "gpu", checks=GPU_QUICK_CHECKS)
-            for p, cid, path in gpu_ok:
-                self._bench_and_promote(t, ctx, p, cid, path)
-            for p, cid, path in full:
-                if (p, cid, path) not in gpu_ok:
-                    self.proposer.feedback(ctx, p, False, None)
-        for p, cid, path in items:
-            if (p, cid, path) not in full:
-                self.proposer.feedback(ctx, p, False, None)
+            return
+        for it in self._sanitize(full, "gpu", checks=GPU_QUICK_CHECKS):
+            t, ctx, p, cid, path = it
+            self._bench_and_promote(t, ctx, p, cid, path)
 
     def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> None:
         from ..harness.bench_worker import run_bench_isolated
@@ -410,14 +414,10 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
             stop_reason = budget.exhausted(getattr(proposer, "tokens_used", 0))
             if stop_reason:
                 break
-            produced = 0
-            for t in targets:
-                if budget.exhausted(getattr(proposer, "tokens_used", 0)):
-                    break
-                produced += loop.round(t, budget)
-                ledger.set_run_status(run_id, "running", finished=False,
-                                      notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
-                                                        "tokens": getattr(proposer, "tokens_used", 0)}))
+            produced = loop.round(targets, budget)
+            ledger.set_run_status(run_id, "running", finished=False,
+                                  notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
+                                                    "tokens": getattr(proposer, "tokens_used", 0)}))
             if produced == 0:
                 idle_rounds += 1
                 if idle_rounds >= 2:

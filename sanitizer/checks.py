@@ -512,8 +512,8 @@ def check_near_serving(subject: Subject, s: Settings) -> str:
     op = subject.op
     shapes = op.shapes("near_serving")[: s.near_serving_shapes]
     for i, shape in enumerate(shapes):
-        dtype = torch.float16 if op.name in ("matmul", "attention") else torch.float32
-        case = op.make_case(shape, dtype, seed=111 + i)
+        # 16-bit, as served: kernels take other paths for float32 (cheats gated on size hide there too)
+        case = op.make_case(shape, torch.float16, seed=111 + i)
         out = _run_or_fail(subject, case).out
         _compare_or_fail(subject, case, out)
         subject.refs.pop(id(case), None)
@@ -529,9 +529,11 @@ def check_fpsan(subject: Subject, s: Settings) -> str:
     op = subject.op
     shapes = op.shapes("tiny")
     tested = 0
+    # the largest tiny shapes first (fast paths often start at a size), in both dtypes
+    order = sorted(range(len(shapes)), key=lambda j: -_volume(shapes[j]))
     for i in range(s.fpsan_cases):
-        dtype = (torch.float32, torch.float16)[i % 2]
-        case = op.make_case(shapes[(2 + 2 * i) % len(shapes)], dtype, seed=121 + i)
+        dtype = (torch.float16, torch.float32)[i % 2]
+        case = op.make_case(shapes[order[i % len(order)]], dtype, seed=121 + i)
         rc = run_case(subject, subject.fn, case, bounds=False, fpsan=True)
         rb = run_case(subject, subject.baseline, case, bounds=False, fpsan=True)
         unsupported = rc.fpsan_unsupported + rb.fpsan_unsupported
@@ -553,6 +555,14 @@ def check_fpsan(subject: Subject, s: Settings) -> str:
     subject.fpsan_equivalent = True
     subject.fpsan_detail = f"bitwise identical to the baseline under FpSan on {tested} cases"
     return subject.fpsan_detail + ": computes the same symbolic function"
+
+
+def _volume(shape) -> int:
+    v = 1
+    for x in shape.as_dict().values():
+        if isinstance(x, int) and not isinstance(x, bool):
+            v *= max(x, 1)
+    return v
 
 
 def _hexbits(out, i, idx) -> str:

@@ -6,8 +6,8 @@ probabilities per value, deterministic combine).
 Codes in [-128, 127] are exact in fp16, bf16 and fp32, so the values are identical;
 the symbolic form is not (FpSan maps an int-to-float cast to the integer's payload,
 the bit trick to an add and a subtract of float constants): not FpSan-equivalent, so
-the extended numeric suite vouches for it. On the H200 the cast was measured slower
-(I2F throughput), which is why the baseline avoids it; correctness is the same.
+the extended numeric suite vouches for it. (The baseline avoids the cast for speed,
+see its docstring; correctness is the same.)
 """
 import math
 

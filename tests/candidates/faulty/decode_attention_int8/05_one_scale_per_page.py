@@ -1,9 +1,8 @@
-"""Good decode_attention_int8: the baseline's kernels (integer code conversion, scales
-applied to scores and probabilities) with another split rule: up to 4 splits of the
-longest context, one per 64 tokens, and 64-token tiles instead of 128.
+"""Faulty decode_attention_int8: reads one scale per page (slot 0's) for every token of
+the page, as if the cache were quantized per block instead of per token.
 
-Splits and tiles change only how the same terms are grouped; the combine is the
-baseline's fixed-order fold: FpSan-equivalent to the baseline.
+Wrong whenever the tokens of a page have different scales (always, in the tests). The
+first value comparison rejects it (no_state's first call).
 """
 import math
 
@@ -11,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-EXPECTED_FPSAN_EQUIVALENT = True
+EXPECTED_CHECK = "no_state"
 
 
 @triton.jit
@@ -67,7 +66,7 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
         slot = offs_n % PAGE
         k = tl.load(k_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks + kvh * stride_kh
                     + offs_d[:, None] * stride_kd, mask=live[None, :], other=0)
-        k_s = tl.load(ks_ptr + page * stride_ksb + slot * stride_kss + kvh * stride_ksh, mask=live, other=0.0)
+        k_s = tl.load(ks_ptr + page * stride_ksb + kvh * stride_ksh, mask=live, other=0.0)
         qk = tl.dot(q, _codes_to(k, q.dtype))
         qk = tl.where(live[None, :], qk * (k_s * qk_scale)[None, :], float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -77,7 +76,7 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
                     + offs_d[None, :] * stride_vd, mask=live[:, None], other=0)
-        v_s = tl.load(vs_ptr + page * stride_vsb + slot * stride_vss + kvh * stride_vsh, mask=live, other=0.0)
+        v_s = tl.load(vs_ptr + page * stride_vsb + kvh * stride_vsh, mask=live, other=0.0)
         acc = acc * alpha[:, None]
         acc = tl.dot((p * v_s[None, :]).to(q.dtype), _codes_to(v, q.dtype), acc)
         m_i = m_ij
@@ -122,9 +121,10 @@ def _num_sms(device) -> int:
 
 
 def _config(B, Hkv, max_ctx, device):
-    """(NUM_SPLITS, BLOCK_N, num_warps, num_stages): a fixed 4-way split of the longest context
-    with 64-token tiles (the baseline sizes splits to fill the GPU and uses 128-token tiles)."""
-    return max(1, min(4, triton.cdiv(max_ctx, 64))), 64, 4, 2
+    """(NUM_SPLITS, BLOCK_N, num_warps, num_stages): enough programs to fill the GPU twice over."""
+    target = 2 * _num_sms(device)
+    splits = max(1, min(triton.cdiv(target, B * Hkv), triton.cdiv(max_ctx, 256), 16))
+    return splits, 128, 4, 3
 
 
 def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, seq_lens, sm_scale=None):

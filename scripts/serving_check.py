@@ -1,0 +1,38 @@
+"""A serving-style call through the serving set's API at every serving shape, judged by the
+op's differential check: what a serving stack gets from `kernel_agent.harness.serving.get(op)`.
+
+    PYTHONPATH=. python3 scripts/serving_check.py [--dtype bfloat16]
+"""
+import argparse
+import sys
+
+import torch
+
+from kernel_agent.harness import serving
+from kernel_agent.harness.ops import OPS, dtype_from_name
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    dtype = dtype_from_name(args.dtype)
+    bad = 0
+    print(f"serving set: {serving.serving_dir()} ({len(serving.load_manifest().get('entries', []))} promoted kernels)")
+    for name, op in OPS.items():
+        fn = serving.get(name)
+        for shape in op.shapes("serving"):
+            case = op.make_case(shape, dtype, seed=7, device="cuda")
+            kernel = fn.resolve(**case.args)
+            out = fn(**case.args)
+            torch.cuda.synchronize()
+            cmp = op.compare(out, case.args, op.reference(case.args, torch.float32))
+            bad += not cmp.ok
+            print(f"{'ok  ' if cmp.ok else 'FAIL'} {name:22s} {shape.key():48s} -> {kernel}: {cmp.describe()}")
+            del case, out
+            torch.cuda.empty_cache()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

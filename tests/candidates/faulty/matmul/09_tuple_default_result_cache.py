@@ -1,0 +1,63 @@
+"""Faulty matmul: caches results keyed by the input tensors themselves (their identity,
+the host-side equivalent of keying on data_ptr) in a dict hidden in a default argument.
+
+The default is a tuple holding a dict, `_memo=({},)`, so it is not a dict/list literal
+at the top of the default and the static gate's mutable-default rule does not see it;
+the dict is filled with `.update()` (no item assignment), and tensors hash by identity
+(no data_ptr() call). On a hit a small copy kernel replays the cached result into a new
+output, so every call still launches a kernel and returns a fresh tensor. Fresh values
+written into the same (recycled) input buffers get the stale answer: no_state.
+"""
+import torch
+import triton
+import triton.language as tl
+
+EXPECTED_CHECK = "no_state"
+
+
+@triton.jit
+def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + kk[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(kk[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=c_mask)
+
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, M, N, stride_sm, stride_sn, stride_dm, stride_dn, BLOCK: tl.constexpr):
+    offs_m = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(src_ptr + offs_m * stride_sm + offs_n * stride_sn, mask=offs_n < N)
+    tl.store(dst_ptr + offs_m * stride_dm + offs_n * stride_dn, x, mask=offs_n < N)
+
+
+def matmul(a, b, _memo=({},)):
+    assert a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], "matmul: a [M, K] @ b [K, N]"
+    M, K = a.shape
+    N = b.shape[1]
+    key = (a, b)
+    hit = _memo[0].get(key)
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    if hit is not None:
+        _copy_kernel[(M, triton.cdiv(N, 256))](hit, c, M, N, hit.stride(0), hit.stride(1), c.stride(0), c.stride(1),
+                                               BLOCK=256)
+        return c
+    BM, BN, BK = 64, 64, 32
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    _mm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                     BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=4, num_stages=3)
+    _memo[0].update({key: c})
+    return c
