@@ -255,13 +255,16 @@ def cmd_bench(args) -> int:
                 doc["results"] += out.get("results", [])
                 if out.get("error"):
                     doc["errors"].append(f"{name} {s.key()}: {out['error']}")
+                if not args.no_ledger:
+                    _record_bench_doc(args, doc, out.get("results", []))
+                if args.out:  # after every shape: a cut-short run keeps what it measured
+                    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+                    with open(args.out + ".tmp", "w") as f:
+                        json.dump(doc, f, indent=1)
+                    os.replace(args.out + ".tmp", args.out)
                 prog.advance(f"{name} {s.key()}")
-    if not args.no_ledger and doc["results"]:
-        _record_bench_doc(args, doc)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    if doc.get("run_id"):
+        _ledger(args).set_run_status(doc["run_id"], "finished", finished=True)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
@@ -269,24 +272,24 @@ def cmd_bench(args) -> int:
     return 1 if doc["errors"] else 0
 
 
-def _record_bench_doc(args, doc) -> None:
+def _record_bench_doc(args, doc, results) -> None:
     from ..harness.env import versions
     led = _ledger(args)
-    run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
-                        versions(), "bench", sorted({r["op"] for r in doc["results"]}),
-                        doc.get("ceilings", {}).get("gpu"), {})
-    for res in doc["results"]:
+    if not doc.get("run_id"):
+        run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
+                            versions(), "bench", _ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
+        doc["run_id"] = run.id
+    for res in results:
         for m in res["measurements"]:
             if m.get("error"):
                 continue
-            led.record_bench(run_id=run.id, candidate_id=None, label=m["label"], op=res["op"], shape_key=res["shape"],
+            led.record_bench(run_id=doc["run_id"], candidate_id=None, label=m["label"], op=res["op"],
+                             shape_key=res["shape"],
                              bucket=res["bucket"], dtype=res["dtype"], gpu_name=res["gpu"], median_ms=m["median_ms"],
                              spread_ms=m["spread_ms"], n_samples=m["n"], graph_ms=m.get("graph_ms"),
                              fraction_of_ceiling=m.get("fraction_of_ceiling"), ceiling_kind=m.get("ceiling_kind"),
                              implausible=bool(m.get("implausible")),
                              extra={k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note")})
-    led.set_run_status(run.id, "finished", finished=True)
-    doc["run_id"] = run.id
 
 
 def print_bench(doc) -> None:

@@ -22,6 +22,7 @@ and should be moved back (deleted from KNOWN_GAPS) when the sanitizer is fixed.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional
@@ -89,16 +90,24 @@ class Candidate(NamedTuple):
         return "quick" if self.kind == "faulty" else "full"
 
 
+_DOC_EXPECTED = re.compile(r"^\s*(EXPECTED_[A-Z_]+)\s*=\s*(.+?)\s*$", re.M)
+
+
 def _read(kind: str, op: str, path: Path) -> Candidate:
+    """The candidate's docstring and EXPECTED_* constants, without importing it: module-level
+    assignments (`EXPECTED_CHECK = "bounds"`), or the same line inside the module docstring."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    doc = ast.get_docstring(tree)
     expected: Dict[str, object] = {}
+    for name, value in _DOC_EXPECTED.findall(doc or ""):
+        expected[name] = ast.literal_eval(value)
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
             if name.startswith("EXPECTED_"):
                 expected[name] = ast.literal_eval(node.value)
     rel = path.relative_to(CANDIDATES).as_posix()
-    return Candidate(kind, op, rel, path, ast.get_docstring(tree), expected)
+    return Candidate(kind, op, rel, path, doc, expected)
 
 
 def discover(kind: str) -> List[Candidate]:

@@ -4,13 +4,13 @@ The Triton kernel runs for the short sequences a CPU sanitizer can afford; at se
 lengths torch computes the result, so the benchmark would time SDPA against itself.
 Only the static gate sees the branch (torch compute in host code).
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

@@ -4,13 +4,13 @@ Inline assembly cannot be run by the interpreter or reasoned about by FpSan, and
 approximate instruction is not what the reference computes. Static gate:
 tl.inline_asm_elementwise is not allowed.
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

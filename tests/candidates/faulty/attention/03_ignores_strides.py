@@ -6,13 +6,13 @@ strided view the computed offsets land on padding and on other elements of the
 storage. The bounds check sees reads of elements outside the view (gaps between its
 strided elements), before any value is compared.
 """
+EXPECTED_CHECK = "bounds"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

@@ -6,13 +6,13 @@ term. No tiny shape before the differential suite is causal (runs, no_state and 
 sensitivity use non-causal shapes), so the property-based differential suite is the
 first to draw a causal case.
 """
+EXPECTED_CHECK = "differential"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "differential"
 
 
 @triton.jit

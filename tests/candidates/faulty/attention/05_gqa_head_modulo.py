@@ -4,13 +4,13 @@ Identical when Hq == Hkv (and when Hkv == 1), wrong for grouped-query attention 
 several kv heads. The input-sensitivity shape (Hq=4, Hkv=2) is the first compared
 case with such a grouping.
 """
+EXPECTED_CHECK = "input_sensitivity"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "input_sensitivity"
 
 
 @triton.jit

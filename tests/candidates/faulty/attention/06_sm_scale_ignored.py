@@ -3,13 +3,13 @@
 Correct whenever sm_scale is None (the default), wrong for every explicit scale. The
 differential suite should draw explicit scales (the contract has the argument).
 """
+EXPECTED_CHECK = "differential"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "differential"
 
 
 @triton.jit

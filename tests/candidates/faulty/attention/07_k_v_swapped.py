@@ -4,13 +4,13 @@
 Wrong on every input with k != v; the first value comparison rejects it (no_state's
 first call, S=129).
 """
+EXPECTED_CHECK = "no_state"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

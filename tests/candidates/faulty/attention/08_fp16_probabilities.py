@@ -5,13 +5,13 @@ For float32 inputs that throws away 13 mantissa bits of every p and v (faster te
 cores). Inside the element-wise tolerance, but far over twice the baseline's error
 against float64: error_budget.
 """
+EXPECTED_CHECK = "error_budget"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "error_budget"
 
 
 @triton.jit

@@ -4,13 +4,13 @@ the last 1024 keys before it (a sliding-window approximation, much cheaper).
 Exact on every interpreter-sized shape; only the near-serving shape S=2048 shows it:
 near_serving.
 """
+EXPECTED_CHECK = "near_serving"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "near_serving"
 
 
 @triton.jit

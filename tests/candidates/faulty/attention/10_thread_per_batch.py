@@ -4,14 +4,14 @@ Threads (and the streams they would use on a GPU) make launch order and timing
 nondeterministic and escape the sanitizer's per-call accounting. Static gate:
 `threading` is not an allowed import.
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 import threading
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

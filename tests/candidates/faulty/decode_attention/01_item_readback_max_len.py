@@ -4,13 +4,13 @@
 A device-to-host read-back (a synchronisation on the GPU, and torch compute on tensor
 data: `.max()`). Static gate: `.max()`/`.item()` in host code.
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

@@ -4,13 +4,13 @@ Work on another stream is not ordered with the caller's stream (the caller may r
 before it is written) and escapes the sanitizer's accounting. Static gate:
 torch.cuda.Stream is not allowed, nor are `with` blocks.
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

@@ -6,13 +6,13 @@ cache slots no live token owns (garbage, NaN in the tests, another sequence's da
 a real cache). Every address is inside the cache allocation: only the readable mask of
 the bounds check catches it.
 """
+EXPECTED_CHECK = "bounds"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

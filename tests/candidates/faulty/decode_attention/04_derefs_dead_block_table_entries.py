@@ -8,13 +8,13 @@ page is loaded: the kernel dereferences block-table entries past the live pages
 (invalid block ids in the tests). The softmax mask is right, so with valid ids the
 output would be correct.
 """
+EXPECTED_CHECK = "bounds"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

@@ -7,13 +7,13 @@ split can run first). At least two splits are always used. Running the grid's
 programs in reverse order makes the last split read workspace nobody wrote yet (the
 allocation sentinel): order_independence.
 """
+EXPECTED_CHECK = "order_independence"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "order_independence"
 
 
 @triton.jit

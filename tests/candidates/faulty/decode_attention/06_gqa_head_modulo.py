@@ -5,13 +5,13 @@ Identical when Hq == Hkv or Hkv == 1. The tiny shapes used before the differenti
 (no_state: Hkv = 1 or Hq = Hkv; input sensitivity: Hq = Hkv = 2) never group several kv
 heads, so the property-based differential suite is the first to see it.
 """
+EXPECTED_CHECK = "differential"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "differential"
 
 
 @triton.jit

@@ -5,13 +5,13 @@ Sequences shorter than one page attend to nothing (0 / 0 = NaN); longer ones los
 their newest tokens. The first tiny shape (one token in a 16-slot page) produces NaN,
 which the coverage check reports (it rejects NaN outputs as a possible sentinel).
 """
+EXPECTED_CHECK = "coverage"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "coverage"
 
 
 @triton.jit

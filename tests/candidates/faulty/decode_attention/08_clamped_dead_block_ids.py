@@ -9,13 +9,13 @@ or last block of the cache: memory owned by other sequences, or by nobody). The
 softmax mask is right, so the output is correct when those slots hold finite values.
 The bounds check's readable mask rejects the read of slots no live token owns.
 """
+EXPECTED_CHECK = "bounds"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

@@ -7,13 +7,13 @@ otherwise. Only contexts of 257+ tokens use several splits; the quick differenti
 suite does not draw one, so the near-serving shape (ctx 8192, 16 splits) is the first
 to show it.
 """
+EXPECTED_CHECK = "near_serving"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "near_serving"
 
 
 @triton.jit

@@ -3,14 +3,14 @@
 Behaviour that depends on the process environment is not what the sanitizer checked.
 Static gate: `os` is not an allowed import.
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 import os
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

@@ -5,13 +5,13 @@ memory traffic, a better benchmark).
 Exact for every interpreter-sized cache; only the near-serving shape (ctx 8192) shows
 it: near_serving.
 """
+EXPECTED_CHECK = "near_serving"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "near_serving"
 
 
 @triton.jit

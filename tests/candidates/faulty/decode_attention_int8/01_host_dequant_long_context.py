@@ -5,13 +5,13 @@ Torch compute on tensor data in host code (a full-cache read and write the bench
 would hide). The branch is never taken at interpreter sizes; only the static gate sees
 it.
 """
+EXPECTED_CHECK = "static_gate"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

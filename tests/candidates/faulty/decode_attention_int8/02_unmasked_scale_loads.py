@@ -6,13 +6,13 @@ The codes are masked and the softmax mask is right, so finite garbage scales wou
 change the result; but the kernel reads scale slots no live token owns (NaN garbage in
 the tests): bounds (readable mask).
 """
+EXPECTED_CHECK = "bounds"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

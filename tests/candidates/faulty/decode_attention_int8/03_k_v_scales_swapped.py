@@ -4,13 +4,13 @@
 Wrong on every input with different K and V scales; the first value comparison rejects
 it (no_state's first call).
 """
+EXPECTED_CHECK = "no_state"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

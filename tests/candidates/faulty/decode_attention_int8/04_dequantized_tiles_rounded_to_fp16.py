@@ -9,13 +9,13 @@ differential and error-budget checks happen not to show it; FpSan marks the kern
 not equivalent, and the extended numeric suite (harsher values) rejects it:
 extended_numeric.
 """
+EXPECTED_CHECK = "extended_numeric"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "extended_numeric"
 
 
 @triton.jit

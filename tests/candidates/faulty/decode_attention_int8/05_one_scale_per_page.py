@@ -4,13 +4,13 @@ the page, as if the cache were quantized per block instead of per token.
 Wrong whenever the tokens of a page have different scales (always, in the tests). The
 first value comparison rejects it (no_state's first call).
 """
+EXPECTED_CHECK = "no_state"
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ sizes the result comes from torch, so the benchmark would time cuBLAS. The dynam
 checks never reach that branch: only the static gate can see it (torch compute in
 host code).
 """
+EXPECTED_CHECK = "static_gate"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

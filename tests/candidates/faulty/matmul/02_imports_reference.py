@@ -3,12 +3,12 @@
 Reusing the op's reference (and importing kernel_agent at all) lets a candidate hand
 back the checker's answer. Static gate: imports outside torch/triton/math/typing.
 """
+EXPECTED_CHECK = "static_gate"
+
 import torch
 from kernel_agent.harness.ops.matmul import OP as _REF
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

@@ -4,11 +4,11 @@ A second call with fresh values in the same shapes returns the first call's answ
 Static gate: module-level variables may only hold constants, and host code may not
 assign items.
 """
+EXPECTED_CHECK = "static_gate"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 _RESULTS = {}
 

@@ -3,11 +3,11 @@
 Autotuning benchmarks inside the call, hides which config ran, and makes results
 depend on timing. Static gate: launch configs must be explicit.
 """
+EXPECTED_CHECK = "static_gate"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4),

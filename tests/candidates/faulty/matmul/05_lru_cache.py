@@ -4,13 +4,13 @@ Tensors hash by identity, so a call with the same tensor objects (refilled with 
 values) returns the cached, stale output. Static gate: `functools` is not an allowed
 import, and the decorator is not @triton.jit.
 """
+EXPECTED_CHECK = "static_gate"
+
 import functools
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ the GPU, and the static gate cannot tell a view from a copy). The run-time host 
 sees that the result has a new storage: host_code (the first check that passes
 strided views).
 """
+EXPECTED_CHECK = "host_code"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "host_code"
 
 
 @triton.jit

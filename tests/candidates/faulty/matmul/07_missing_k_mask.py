@@ -5,11 +5,11 @@ a (into the next row, and past the end of the tensor for the last row) and past 
 last row of b. The garbage would be multiplied in; the bounds check stops the first
 load past the tensor's extent.
 """
+EXPECTED_CHECK = "bounds"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

@@ -4,11 +4,11 @@ The last, partial row tile is never launched, so those rows of c keep whatever t
 allocation held (and with M < BLOCK_M nothing is computed at all). Coverage: the
 output differs between the two allocation sentinels.
 """
+EXPECTED_CHECK = "coverage"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "coverage"
 
 
 @triton.jit

@@ -8,11 +8,11 @@ the dict is filled with `.update()` (no item assignment), and tensors hash by id
 output, so every call still launches a kernel and returns a fresh tensor. Fresh values
 written into the same (recycled) input buffers get the stale answer: no_state.
 """
+EXPECTED_CHECK = "no_state"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ static gate's mutable-default rule does not see. Every call recomputes correctly
 it overwrites the tensor an earlier call returned (a caller holding the previous
 result sees it change): no_state.
 """
+EXPECTED_CHECK = "no_state"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ atomics. Float addition is not associative, so the result depends on the order i
 which the programs run: not bitwise reproducible (a race on the GPU). Running the
 grid's programs in another order changes the bits: order_independence.
 """
+EXPECTED_CHECK = "order_independence"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "order_independence"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ BLOCK_K (and everything when K < BLOCK_K). The first check that compares values
 against the reference rejects it; that is no_state's first call (M=127, N=31, K=129),
 before input sensitivity and the differential suite.
 """
+EXPECTED_CHECK = "no_state"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

@@ -4,11 +4,11 @@ Each tile's dot product is exact-ish, but the running sum is rounded to fp16 aft
 every tile (the contract says float32 accumulation). Within the element-wise
 tolerance on small K, but the error budget against the float64 reference fails.
 """
+EXPECTED_CHECK = "error_budget"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "error_budget"
 
 
 @triton.jit

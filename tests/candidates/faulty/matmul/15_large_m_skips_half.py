@@ -4,11 +4,11 @@ launched ("the other half is handled by a second stream", which does not exist).
 Every tiny shape is computed correctly; only the near-serving shape M=4096 shows the
 unwritten rows (they hold the allocation sentinel): near_serving.
 """
+EXPECTED_CHECK = "near_serving"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "near_serving"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ Below K = 2048 the plain kernel runs and is correct, so every interpreter-sized 
 passes; only a long-K shape (the near-serving shape M=16, N=32, K=4096) takes the
 broken path: near_serving.
 """
+EXPECTED_CHECK = "near_serving"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "near_serving"
 
 
 @triton.jit

@@ -3,13 +3,13 @@
 Process I/O from a candidate is forbidden (and makes the kernel's behaviour depend on
 the machine's tools). Static gate: `subprocess` is not an allowed import.
 """
+EXPECTED_CHECK = "static_gate"
+
 import subprocess
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

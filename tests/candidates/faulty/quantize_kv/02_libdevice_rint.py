@@ -4,12 +4,12 @@ libdevice (extern_elementwise) calls cannot be run by the Triton interpreter, so
 nothing about them can be checked on the CPU. Static gate: tl.extra / libdevice is not
 allowed.
 """
+EXPECTED_CHECK = "static_gate"
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-
-EXPECTED_CHECK = "static_gate"
 
 
 @triton.jit

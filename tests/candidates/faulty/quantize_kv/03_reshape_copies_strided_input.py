@@ -5,11 +5,11 @@ For a contiguous x reshape is a view. For a non-contiguous x (a transposed or pa
 view) reshape silently copies the whole tensor in host code (torch compute the static
 gate cannot tell from a view). The host guard sees the new storage: host_code.
 """
+EXPECTED_CHECK = "host_code"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "host_code"
 
 
 @triton.jit

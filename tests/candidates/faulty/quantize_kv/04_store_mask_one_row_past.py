@@ -6,11 +6,11 @@ passes the view buf[:T*H] to the kernel, so the extra row lands inside the alloc
 (no crash, no corruption of anything else) but outside the tensor the kernel was
 given. The bounds check compares every store with the extent of that view.
 """
+EXPECTED_CHECK = "bounds"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

@@ -5,11 +5,11 @@ The codes and scales are right, but the caller's tensor is destroyed. Inputs are
 read-only for the bounds check, which stops the first store into x (before the
 inputs-unchanged check, which would see the changed bytes).
 """
+EXPECTED_CHECK = "bounds"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "bounds"
 
 
 @triton.jit

@@ -9,11 +9,11 @@ combination (T=1, contiguous, fp16) and sees the store into its read-only input:
 inputs_unchanged. (Deliberately gated: any unconditional store into an input is
 stopped by the bounds check first, see 05_scales_input_in_place.)
 """
+EXPECTED_CHECK = "inputs_unchanged"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "inputs_unchanged"
 
 
 @triton.jit

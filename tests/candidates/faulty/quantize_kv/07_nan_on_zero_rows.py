@@ -6,11 +6,11 @@ the conversion typically gives 0; in the interpreter (numpy) it gives INT_MIN, c
 to -127. The differential suite draws the `zero_rows` distribution and should reject
 the codes.
 """
+EXPECTED_CHECK = "differential"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "differential"
 
 
 @triton.jit

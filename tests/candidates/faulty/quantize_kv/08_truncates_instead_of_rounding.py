@@ -3,11 +3,11 @@
 Codes are off by up to one whole step (the contract allows half a step). The first
 value comparison rejects it: no_state's first call (T=3, H=5, D=129).
 """
+EXPECTED_CHECK = "no_state"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

@@ -4,11 +4,11 @@
 The row minimum becomes -128 (outside the contract's [-127, 127]) and negative codes
 are off by up to a step. The first value comparison rejects it: no_state's first call.
 """
+EXPECTED_CHECK = "no_state"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "no_state"
 
 
 @triton.jit

@@ -4,11 +4,11 @@ over the first 64 elements of each row only ("sampled amax", half the reduction 
 Every interpreter-sized shape is exact; at the near-serving shape (T=4096, H=8,
 D=128) scales are too small and codes clip: near_serving.
 """
+EXPECTED_CHECK = "near_serving"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "near_serving"
 
 
 @triton.jit

@@ -4,11 +4,11 @@ block of rows is never quantized (with fewer rows than BLOCK_R, nothing is).
 Those codes and scales keep the allocation's contents: coverage (they differ between
 the two sentinels).
 """
+EXPECTED_CHECK = "coverage"
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_CHECK = "coverage"
 
 
 @triton.jit

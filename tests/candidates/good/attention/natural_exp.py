@@ -7,13 +7,13 @@ symbolic form does not (the baseline multiplies by the float sm_scale * log2 e, 
 kernel by sm_scale and then, inside exp, by log2 e): not FpSan-equivalent, and the
 extended numeric suite vouches for it.
 """
+EXPECTED_FPSAN_EQUIVALENT = False
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = False
 
 
 @triton.jit

@@ -6,13 +6,13 @@ their probabilities are zeroed with a select), so the kernel is shorter but pays
 masks the baseline skips. Tiling and masking do not change the symbolic function:
 FpSan-equivalent to the baseline.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

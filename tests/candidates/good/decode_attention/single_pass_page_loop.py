@@ -7,13 +7,13 @@ the number of iterations is cdiv(seq_len, PAGE), so entries past the live pages 
 never loaded (pages under 16 slots run in a masked 16-slot tile, the smallest tl.dot). The online softmax and the final division are the baseline's, without
 the split/combine round trip: FpSan-equivalent to the baseline.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

@@ -6,13 +6,13 @@ splits are empty for ragged batches.
 The combine still folds the splits in a fixed order with the same rescaling, and an
 empty split contributes exactly nothing: FpSan-equivalent to the baseline.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

@@ -9,13 +9,13 @@ the bit trick to an add and a subtract of float constants): not FpSan-equivalent
 the extended numeric suite vouches for it. (The baseline avoids the cast for speed,
 see its docstring; correctness is the same.)
 """
+EXPECTED_FPSAN_EQUIVALENT = False
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = False
 
 
 @triton.jit

@@ -9,13 +9,13 @@ changes, and it folds the splits in a fixed order: FpSan-equivalent to the basel
 (A copy of kernels/baseline/decode_attention_int8.py as of this suite's writing, with
 _config changed: if the baseline's arithmetic changes, refresh the copy.)
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

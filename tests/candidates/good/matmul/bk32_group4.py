@@ -5,11 +5,11 @@ BLOCK_K 32 also moves the split-K threshold (K >= 4 * BLOCK_K), so more shapes t
 the deterministic two-pass split-K path. Tiling and summation order do not change the
 symbolic function: FpSan-equivalent to the baseline.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

@@ -5,11 +5,11 @@ Rows and columns past the edge are masked on load (other=0) instead of wrapping 
 valid rows; every tile runs the whole K loop in one program. The dot products sum the
 same terms, so FpSan sees the same symbolic function as the baseline.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

@@ -5,11 +5,11 @@ over the output tiles, tile = pid, pid + NUM_PROGS, ...; loads are masked at the
 Each tile is still one full K loop summed into a float32 accumulator, so FpSan sees
 the baseline's symbolic function.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

@@ -6,11 +6,11 @@ splits small-tile, long-K shapes. Ring addition is associative, so FpSan sees th
 symbolic function as the baseline; the fixed reduction order keeps the result
 bitwise reproducible (no atomics).
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit

@@ -6,11 +6,11 @@ a value that sits within an ulp of a rounding midpoint to the other code; either
 is within half a step plus float32 slack, which is what the contract checks. Not
 FpSan-equivalent (a division by a different payload).
 """
+EXPECTED_FPSAN_EQUIVALENT = False
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = False
 
 
 @triton.jit

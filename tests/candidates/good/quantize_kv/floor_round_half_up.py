@@ -6,11 +6,11 @@ baseline); the contract allows either tie rule. tl.floor is an ordinary Triton o
 (no libdevice). Not FpSan-equivalent: floor is a different operation from the
 baseline's select-and-truncate.
 """
+EXPECTED_FPSAN_EQUIVALENT = False
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = False
 
 
 @triton.jit

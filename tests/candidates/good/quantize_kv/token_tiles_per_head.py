@@ -5,11 +5,11 @@ the baseline flattens (t, h) into rows and takes BLOCK_R rows per program.
 Per row the arithmetic is the baseline's (row max, 127 / amax, +-0.5 and truncation,
 clamp): FpSan-equivalent to the baseline.
 """
+EXPECTED_FPSAN_EQUIVALENT = True
+
 import torch
 import triton
 import triton.language as tl
-
-EXPECTED_FPSAN_EQUIVALENT = True
 
 
 @triton.jit
