@@ -2,7 +2,7 @@
 baseline's time, the torch anchor's, their ratio, the fraction of the measured ceiling, and the
 floors of the Foundation issue checked. Also the GPU sanitizer verdicts of the baselines.
 
-    python3 scripts/foundation_table.py OUTDIR  [> results/FOUNDATION.md]
+    python3 scripts/foundation_table.py OUTDIR|BENCH.json [RUN2.json]  [> results/FOUNDATION.md]
 """
 import json
 import os
@@ -37,9 +37,26 @@ def floor(op, shape, b, a, c):
     return "", None
 
 
-def main(out):
-    with open(os.path.join(out, "bench.json")) as f:
+def agreement(run1, run2):
+    """Per kernel and shape: do the two runs' medians agree within the larger reported spread?"""
+    def index(doc):
+        return {(r["op"], r["shape"], m["label"]): m for r in doc["results"] for m in r["measurements"]
+                if not m.get("error")}
+    a, b = index(run1), index(run2)
+    rows = []
+    for key in a:
+        if key in b:
+            m1, m2 = a[key], b[key]
+            spread = max(m1["spread_ms"], m2["spread_ms"])
+            diff = abs(m1["median_ms"] - m2["median_ms"])
+            rows.append((key, m1["median_ms"], m2["median_ms"], spread, diff <= spread))
+    return rows
+
+
+def main(out, run2_path=None):
+    with open(os.path.join(out, "bench.json") if os.path.isdir(out) else out) as f:
         doc = json.load(f)
+    out = out if os.path.isdir(out) else os.path.dirname(out)
     c = doc.get("ceilings", {})
     print(f"GPU: {c.get('gpu')}; measured ceilings: copy {c.get('copy_tbps')} TB/s (read + write), "
           f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
@@ -69,11 +86,24 @@ def main(out):
         print(f"- floor {op}: {what}")
     if misses:
         print("\nMissed floors: " + "; ".join(misses))
+    if run2_path:
+        with open(run2_path) as f:
+            run2 = json.load(f)
+        rows = agreement(doc, run2)
+        ok = sum(r[4] for r in rows)
+        print(f"\nRun twice ({os.path.basename(run2_path)}): {ok} of {len(rows)} medians agree within the larger "
+              f"reported spread.\n")
+        print("| op | shape | kernel | run 1 ms | run 2 ms | spread ms | agree |")
+        print("|---|---|---|---:|---:|---:|---|")
+        for (op, shape, label), a, b, sp, agree in rows:
+            print(f"| {op} | {shape} | {label} | {a:.4f} | {b:.4f} | {sp:.4f} | {'yes' if agree else f'no ({abs(a - b) / a:.1%})'} |")
     print("\nGPU sanitizer on the baselines:\n")
     print("| op | passed | checks (failed / skipped) |")
     print("|---|---|---|")
     for op in FLOORS:
         p = os.path.join(out, f"sanitize_{op}.json")
+        if not os.path.exists(p):
+            p = os.path.join(out, f"sanitize_gpu_{op}.json")
         if not os.path.exists(p) or not os.path.getsize(p):
             print(f"| {op} | no output | |")
             continue
@@ -88,4 +118,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
