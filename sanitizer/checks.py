@@ -432,6 +432,8 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
     seed = data.draw(st.integers(0, 2**20), label="seed")
     dtype = torch.float16 if mode == "float16" else torch.float32
     case = op.make_case(shape, dtype, seed=seed, dist=dist, layout=layout)
+    if "sm_scale" in op.optional_args and data.draw(st.booleans(), label="custom sm_scale"):
+        case.args["sm_scale"] = data.draw(st.floats(0.05, 1.5), label="sm_scale")  # a kernel may ignore it
     if mode.startswith("bfloat16"):
         for k, v in case.args.items():
             if isinstance(v, torch.Tensor) and v.is_floating_point():

@@ -198,8 +198,9 @@ class Case:
     args: Dict[str, Any]  # positional inputs in contract order, then keyword inputs
 
     def describe(self) -> str:
+        extra = f" sm_scale={self.args['sm_scale']:.6g}" if self.args.get("sm_scale") is not None else ""
         return (f"op={self.op} shape={self.shape.key()} dtype={DTYPE_NAMES.get(self.dtype, self.dtype)} "
-                f"seed={self.seed} dist={self.dist} layout={self.layout}")
+                f"seed={self.seed} dist={self.dist} layout={self.layout}{extra}")
 
     def call(self, fn: Callable):
         return fn(**self.args)

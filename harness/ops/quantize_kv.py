@@ -117,6 +117,12 @@ class QuantizeKV(Op):
             idx = tuple(int(i) for i in torch.nonzero(out_of_range)[0].tolist())
             return Comparison(False, math.inf, float(out_of_range.double().mean()), idx, int(q[idx]), None,
                               reason="x_q outside [-127, 127]")
+        zero_rows = (s == 0)[..., None].expand_as(q)
+        stray = zero_rows & (q != 0)
+        if bool(stray.any()):  # scale 0 admits any code under the half-step rule; the contract says 0
+            idx = tuple(int(i) for i in torch.nonzero(stray)[0].tolist())
+            return Comparison(False, math.inf, float(stray.double().mean()), idx, int(q[idx]), 0,
+                              reason="a zero row (scale 0) must have x_q 0")
         s64 = s.to(torch.float64)[..., None]
         err = (q.to(torch.float64) * s64 - xf).abs()
         # half a step, plus float32 slack on the product and the input

@@ -1,0 +1,140 @@
+"""The op registry: references, inputs, shape suites, cost model, comparisons."""
+import math
+
+import pytest
+import torch
+
+from kernel_agent.harness.ops import OPS, get_op
+from kernel_agent.harness.ops.paged import gather_tokens, owned_from_args
+
+
+def test_registry_has_the_five_ops_with_fixed_signatures():
+    assert list(OPS) == ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"]
+    assert get_op("attention").arg_names == ("q", "k", "v")
+    assert get_op("attention").optional_args == ("causal", "sm_scale")
+    assert get_op("decode_attention_int8").arg_names == ("q", "k_cache", "k_scale", "v_cache", "v_scale",
+                                                         "block_table", "seq_lens")
+    with pytest.raises(ValueError, match="unknown op"):
+        get_op("conv2d")
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_suites_and_cost_model(name):
+    op = OPS[name]
+    for suite in ("tiny", "near_serving", "serving"):
+        assert op.shapes(suite)
+    for s in op.shapes("serving"):
+        assert op.flops(s) > 0 and op.bytes(s, torch.bfloat16) > 0
+        assert op.bucket(s)
+        assert op.parse_shape(s.key()) == s
+    with pytest.raises(ValueError, match="unknown shape suite"):
+        op.shapes("huge")
+
+
+def test_serving_shapes_are_the_specified_ones():
+    mm = [s.key() for s in get_op("matmul").shapes("serving")]
+    assert "M=4096,N=4096,K=4096" in mm and "M=8192,N=8192,K=8192" in mm
+    assert {s.M for s in get_op("matmul").shapes("serving")} >= {1, 16, 64}
+    att = get_op("attention").shapes("serving")
+    assert {(s.B, s.Hq, s.S, s.D) for s in att} == {(4, 32, 4096, 128)}
+    assert any(s.causal for s in att) and any(not s.causal for s in att) and any(s.Hkv < s.Hq for s in att)
+    dec = get_op("decode_attention").shapes("serving")
+    assert all(s.B == 32 and s.ctx == 8192 and s.block_size == 16 for s in dec) and any(s.Hkv < s.Hq for s in dec)
+    assert get_op("quantize_kv").shapes("serving")[0].key() == "T=65536,H=8,D=128"
+
+
+def test_matmul_reference_matches_numpy_in_float64():
+    op = get_op("matmul")
+    c = op.make_case(op.parse_shape("5,7,3"), torch.float32, seed=1)
+    ref = op.reference(c.args, torch.float64)
+    expect = c.args["a"].double().numpy() @ c.args["b"].double().numpy()
+    assert ref.dtype == torch.float64 and torch.allclose(ref, torch.from_numpy(expect))
+
+
+def test_attention_reference_causal_and_gqa():
+    op = get_op("attention")
+    c = op.make_case(op.parse_shape("1,4,2,6,16,causal=1"), torch.float32, seed=2)
+    ref = op.reference(c.args, torch.float64)
+    q, k, v = (c.args[n].double() for n in "qkv")
+    # query head 3 reads kv head 1; row 0 sees only key 0
+    assert torch.allclose(ref[0, 3, 0], v[0, 1, 0])
+    s = (q[0, 3, 2] @ k[0, 1, :3].T) / math.sqrt(16)
+    assert torch.allclose(ref[0, 3, 2], torch.softmax(s, -1) @ v[0, 1, :3])
+
+
+def test_paged_layout_invalid_ids_and_garbage():
+    op = get_op("decode_attention")
+    shape = op.parse_shape("B=3,Hq=4,Hkv=2,D=16,block_size=4,ctx=23,ragged=1")
+    c = op.make_case(shape, torch.float32, seed=3)
+    bt, lens, k = c.args["block_table"], c.args["seq_lens"], c.args["k_cache"]
+    nb = k.shape[0]
+    for b, length in enumerate(lens.tolist()):
+        need = -(-length // 4)
+        assert all(0 <= x < nb for x in bt[b, :need].tolist())
+        assert all(x < 0 or x >= nb for x in bt[b, need:].tolist())  # invalid ids past the live pages
+    owned = owned_from_args(c.args)
+    assert torch.isnan(k[~owned]).all() and not torch.isnan(k[owned]).any()
+    readable = op.readable(c.args)["k_cache"]
+    assert readable.shape == k.shape and bool(readable[owned].all()) and not bool(readable[~owned].any())
+
+
+def test_paged_reference_equals_dense_attention_on_the_gathered_cache():
+    op = get_op("decode_attention")
+    c = op.make_case(op.parse_shape("B=2,Hq=4,Hkv=2,D=16,block_size=8,ctx=40,ragged=1"), torch.float32, seed=4)
+    ref = op.reference(c.args, torch.float64)
+    att = get_op("attention")
+    for b, length in enumerate(c.args["seq_lens"].tolist()):
+        k = gather_tokens(c.args["k_cache"], c.args["block_table"], b, length).permute(1, 0, 2)[None]
+        v = gather_tokens(c.args["v_cache"], c.args["block_table"], b, length).permute(1, 0, 2)[None]
+        q = c.args["q"][b][None, :, None, :]
+        dense = torch.softmax((q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / 4.0, -1) \
+            @ v.double().repeat_interleave(2, 1)
+        assert torch.allclose(ref[b], dense[0, :, 0])
+    del att
+
+
+def test_quantize_reference_meets_its_own_contract_on_every_distribution():
+    op = get_op("quantize_kv")
+    for dist in [d.name for d in op.distributions]:
+        for dtype in (torch.float16, torch.float32):
+            c = op.make_case(op.parse_shape("9,3,33"), dtype, seed=5, dist=dist)
+            assert op.compare(op.reference(c.args), c.args).ok, dist
+    zero = op.make_case(op.parse_shape("30,2,8"), torch.float32, seed=6, dist="zero_rows")
+    assert bool((zero.args["x"].abs().amax(-1) == 0).any())
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_compare_rejects_a_wrong_output(name):
+    op = OPS[name]
+    c = op.make_case(op.shapes("tiny")[2], torch.float32, seed=7)
+    ref = op.reference(c.args, torch.float32)
+    if name == "quantize_kv":
+        x_q, s = ref
+        bad = (x_q.clone(), s)
+        bad[0][0, 0, 0] = max(-127, int(bad[0][0, 0, 0]) - 3) if int(bad[0][0, 0, 0]) > -120 else 0
+        assert not op.compare(bad, c.args).ok
+        assert op.compare(ref, c.args).ok
+        return
+    assert op.compare(ref, c.args).ok
+    bad = ref.clone()
+    bad.view(-1)[-1] += 10 * float(ref.abs().max()) + 1
+    r = op.compare(bad, c.args)
+    assert not r.ok and r.first_bad_index is not None
+    nan = ref.clone()
+    nan.view(-1)[0] = float("nan")
+    assert "non-finite" in op.compare(nan, c.args).reason
+
+
+def test_strided_layout_is_a_non_contiguous_view_with_the_same_values():
+    op = get_op("attention")
+    a = op.make_case(op.shapes("tiny")[2], torch.float32, seed=8)
+    b = op.make_case(op.shapes("tiny")[2], torch.float32, seed=8, layout="strided")
+    assert not b.args["q"].is_contiguous()
+    assert torch.equal(a.args["q"], b.args["q"])
+    assert b.args["q"].untyped_storage().nbytes() > b.args["q"].numel() * 4
+
+
+def test_large_distribution_does_not_overflow_fp16_outputs():
+    op = get_op("matmul")
+    c = op.make_case(op.parse_shape("64,64,4096"), torch.float16, seed=9, dist="large")
+    assert torch.isfinite(op.reference(c.args).to(torch.float16)).all()
