@@ -28,7 +28,7 @@ METADATA = {
     "torch.Tensor.itemsize.__get__", "torch.Tensor.get_device", "torch.Tensor.is_floating_point",
     "torch.is_tensor", "torch.Tensor.requires_grad.__get__", "torch.Tensor.is_leaf.__get__",
     "torch.Tensor.data_ptr",  # Triton's launcher reads it; the static gate keeps it out of candidates
-    "torch.Tensor.__hash__", "torch.Tensor.__eq__",  # identity checks inside Triton's argument handling
+    "torch.Tensor.__hash__",  # identity hashing inside Triton's argument handling
 }
 ALLOCATORS = {"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.Tensor.new_empty",
               "torch.Tensor.new_empty_strided"}

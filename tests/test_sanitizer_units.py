@@ -1,0 +1,225 @@
+"""The sanitizer's parts on their own: static gate, host guard, interpreter hooks, runner, CLI."""
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from kernel_agent.sanitizer import runner
+from kernel_agent.sanitizer.guard import GuardViolation, HostGuard
+from kernel_agent.sanitizer.interp import Instrumentation, Watched
+from kernel_agent.sanitizer.static_gate import check_source
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINE = os.path.join(ROOT, "kernels", "baseline")
+CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
+
+HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n@triton.jit\ndef _k(x):\n    pass\n\n"
+
+
+# -- static gate ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"])
+def test_gate_accepts_the_baselines(op):
+    with open(os.path.join(BASELINE, f"{op}.py")) as f:
+        assert check_source(f.read(), op).passed
+
+
+@pytest.mark.parametrize("body,rule", [
+    ("import os\ndef matmul(a, b):\n    return a\n", "import"),
+    ("import ctypes\ndef matmul(a, b):\n    return a\n", "import"),
+    ("from kernel_agent.harness.ops import get_op\ndef matmul(a, b):\n    return a\n", "import"),
+    ("def matmul(a, b):\n    if a.shape[0] > 4096:\n        return torch.matmul(a, b)\n    return a\n", "torch-compute"),
+    ("def matmul(a, b):\n    return a @ b\n", "torch-compute"),
+    ("def matmul(a, b):\n    n = int(a.sum().item())\n    return a\n", "torch-compute"),
+    ("CACHE = {}\ndef matmul(a, b):\n    return a\n", "state"),
+    ("def matmul(a, b, memo={}):\n    return a\n", "state"),
+    ("def matmul(a, b):\n    global X\n    return a\n", "state"),
+    ("def matmul(a, b):\n    matmul.last = a\n    return a\n", "state"),
+    ("@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\ndef matmul(a, b):\n    return a\n", "autotune"),
+    ("def matmul(a, b):\n    s = torch.cuda.Stream()\n    return a\n", "torch-compute"),
+    ("def matmul(a, b):\n    return getattr(torch, 'mm')(a, b)\n", "forbidden-call"),
+    ("def matmul(a, b):\n    return a.__class__\n", "introspection"),
+    ("def matmul(a, b):\n    try:\n        return a\n    except Exception:\n        return b\n", "structure"),
+    ("def matmul(a, b):\n    return a\nclass C:\n    pass\n", "state"),
+    ("def matmul(a, b:\n", "syntax"),
+])
+def test_gate_rejects_each_cheat_shape(body, rule):
+    r = check_source(HEADER + body, "matmul")
+    assert not r.passed and rule in {f.rule for f in r.findings}, r.describe()
+
+
+def test_gate_rejects_libdevice_and_inline_asm_inside_kernels():
+    src = ("import torch\nimport triton\nimport triton.language as tl\n@triton.jit\ndef _k(x_ptr):\n"
+           "    y = tl.inline_asm_elementwise('mov', '=r', [], dtype=tl.int32, is_pure=True, pack=1)\n"
+           "def matmul(a, b):\n    return a\n")
+    assert "unverifiable" in {f.rule for f in check_source(src, "matmul").findings}
+
+
+def test_gate_requires_the_op_function_and_a_kernel():
+    assert "contract" in {f.rule for f in check_source("import torch\ndef other(a):\n    return a\n", "matmul").findings}
+
+
+# -- host guard ----------------------------------------------------------------------------
+
+def test_guard_allows_allocation_shapes_and_views_and_fills_sentinels():
+    a = torch.randn(4, 6)
+    with HostGuard(sentinel=0) as g:
+        out = torch.empty(3, 3)
+        v = a.view(24).reshape(4, 6).t()
+        _ = a.shape, a.stride(), a.dtype, a.is_contiguous()
+    assert torch.isnan(out).all() and v.shape == (6, 4) and g.allocations == 1
+    with HostGuard(sentinel=1):
+        codes = torch.empty(2, dtype=torch.int8)
+    assert (codes == 99).all()
+
+
+@pytest.mark.parametrize("action", [
+    lambda a: torch.matmul(a, a),
+    lambda a: a.sum(),
+    lambda a: a.t().contiguous(),  # a copy
+    lambda a: a.t().reshape(-1),   # a copy in disguise
+    lambda a: a.item() if a.numel() == 1 else a[0, 0].item(),
+    lambda a: torch.zeros(3),
+    lambda a: a == a,
+])
+def test_guard_stops_compute_copies_and_readbacks(action):
+    a = torch.randn(4, 4)
+    with pytest.raises(GuardViolation):
+        with HostGuard():
+            action(a)
+
+
+# -- interpreter hooks ---------------------------------------------------------------------
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, EXTRA: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n + EXTRA, other=0.0)
+    tl.store(y_ptr + offs, x, mask=offs < n)
+
+
+@triton.jit
+def _neighbour_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    # program i reads what program i - 1 wrote: an order dependence (a race on a GPU)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    prev = tl.load(y_ptr + tl.maximum(offs - BLOCK, 0))
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs) + prev * (pid > 0))
+
+
+def _watched(**tensors):
+    return [Watched(k, v) for k, v in tensors.items()]
+
+
+def test_bounds_catch_a_read_past_the_view_inside_the_allocation_before_it_happens():
+    storage = torch.arange(40, dtype=torch.float32)
+    x = storage[:30]  # the allocation is larger than the tensor
+    y = torch.empty(30)
+    inst = Instrumentation(watched=_watched(x=x))
+    with inst.active():
+        with pytest.raises(Exception):
+            _copy_kernel[(1,)](x, y, 30, EXTRA=1, BLOCK=32)
+    assert inst.violations and "load" in inst.violations[0] and "`x`" in inst.violations[0]
+    assert "past the end of the tensor, inside its allocation" in inst.violations[0]
+    ok = Instrumentation(watched=_watched(x=x))
+    with ok.active():
+        _copy_kernel[(1,)](x, y, 30, EXTRA=0, BLOCK=32)  # masked lanes are not accesses
+    assert not ok.violations and torch.equal(y, x)
+
+
+def test_bounds_make_inputs_read_only():
+    x = torch.randn(16)
+    inst = Instrumentation(watched=_watched(x=x))
+    with inst.active():
+        with pytest.raises(Exception):
+            _copy_kernel[(1,)](x, x, 16, EXTRA=0, BLOCK=16)  # writes into its input
+    assert "store" in inst.violations[0] and "read-only" in inst.violations[0]
+
+
+def test_unreadable_elements_are_violations_even_when_in_bounds():
+    x = torch.randn(16)
+    readable = torch.ones(16, dtype=torch.bool)
+    readable[10] = False  # e.g. a cache slot past seq_len
+    y = torch.empty(16)
+    inst = Instrumentation(watched=[Watched("k_cache", x, readable)])
+    with inst.active():
+        with pytest.raises(Exception):
+            _copy_kernel[(1,)](x, y, 16, EXTRA=0, BLOCK=16)
+    assert "`k_cache`[10]" in inst.violations[0] and "must not read" in inst.violations[0]
+
+
+def test_program_order_permutation_exposes_dependencies():
+    x = torch.ones(64)
+    outs = []
+    for order in ("natural", "reverse"):
+        y = torch.zeros(64)
+        with Instrumentation(bounds=False, order=order).active():
+            _neighbour_kernel[(4,)](x, y, BLOCK=16)
+        outs.append(y)
+    assert not torch.equal(outs[0], outs[1])
+
+
+# -- the isolated runner -------------------------------------------------------------------
+
+def test_a_crash_is_a_verdict_naming_the_running_check(tmp_path, monkeypatch):
+    crasher = tmp_path / "crash_worker.py"
+    crasher.write_text(
+        "import json, os, signal, sys\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "json.dump({'running': 'bounds', 'checks': [{'name': 'static_gate', 'status': 'passed'}]}, open(out, 'w'))\n"
+        "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    real_popen = subprocess.Popen
+
+    def fake_popen(cmd, *a, **kw):
+        return real_popen([sys.executable, str(crasher)] + cmd[3:], *a, **kw)
+    monkeypatch.setattr(runner.subprocess, "Popen", fake_popen)
+    v = runner.run_isolated(os.path.join(BASELINE, "matmul.py"), "matmul", "quick", timeout_s=60)
+    assert not v.passed and "SIGSEGV" in v.error and "`bounds`" in v.error
+    assert [c.name for c in v.checks] == ["static_gate", "bounds"]
+
+
+def test_a_hang_is_a_verdict(tmp_path):
+    hang = tmp_path / "hang.py"
+    hang.write_text(HEADER.replace("    pass\n", "    i = 0\n    while i < 1:\n        i = i + 0\n") +
+                    "def matmul(a, b):\n    c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)\n"
+                    "    _k[(1,)](c)\n    return c\n")
+    v = runner.run_isolated(str(hang), "matmul", "quick", timeout_s=12)
+    assert not v.passed and "timed out" in v.error and "`runs`" in v.error
+
+
+# -- the command line ----------------------------------------------------------------------
+
+def _cli(*args, **kw):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=ROOT, timeout=600, **kw)
+
+
+def test_cli_usage_errors_exit_2_with_one_line():
+    r = _cli("sanitize", "--op", "conv", "x.py")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown op" in r.stderr
+    r = _cli("sanitize", "--op", "matmul", "no/such/file.py")
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_json_and_junit_and_exit_codes(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(HEADER + "def quantize_kv(x):\n    return torch.matmul(x, x)\n")
+    junit = tmp_path / "out.xml"
+    r = _cli("sanitize", "--op", "quantize_kv", os.path.join(BASELINE, "quantize_kv.py"), str(bad), "--quick",
+             "--json", "--junit", str(junit), "--jobs", "2")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["passed"] is False and [f["passed"] for f in doc["files"]] == [True, False]
+    first = doc["files"][1]["checks"][0]
+    assert set(first) >= {"name", "passed", "detail"} and first["name"] == "static_gate" and first["passed"] is False
+    skipped = [c for c in doc["files"][0]["checks"] if c["status"] == "skipped"]
+    assert all(c["passed"] is None for c in skipped)  # never reported as passed
+    suites = ET.parse(junit).getroot().findall("testsuite")
+    assert len(suites) == 2 and suites[1].get("failures") != "0"
+    ok = _cli("sanitize", "--op", "quantize_kv", os.path.join(BASELINE, "quantize_kv.py"), "--quick")
+    assert ok.returncode == 0 and "1/1 file(s) passed" in ok.stdout
