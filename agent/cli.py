@@ -23,8 +23,7 @@ from . import ui
 OPS_HELP = "matmul, attention, decode_attention, quantize_kv, decode_attention_int8"
 
 
-class UsageError(Exception):
-    """Bad input from the user: one line on stderr, exit code 2."""
+from .errors import UsageError  # noqa: E402  (re-exported)
 
 
 def default_ledger() -> str:

@@ -22,7 +22,7 @@ def command(name):
 
 
 def _usage(msg: str):
-    from .cli import UsageError
+    from .errors import UsageError
     return UsageError(msg)
 
 

@@ -180,12 +180,16 @@ class Loop:
             budget.used += 1
             return None
         h = hash_source(p.source)
-        if h in self.known:  # resumed run: already recorded, replay its outcome
+        if h in self.known:  # resumed run: already recorded
+            c = self.ledger.candidate(self.known[h])
+            if c is not None and c.status == "proposed":  # interrupted mid-evaluation: finish it
+                return (t, ctx, p, c.id, self._write(p, h, t))
             self._replay(ctx, p, self.known[h])
             return None
         existing = self.ledger.find_candidate(p.op, p.source)
+        path = self._write(p, h, t)
         cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
-                                              path=None, label=p.label)
+                                              path=path, label=p.label)
         self.known[h] = cand.id
         budget.used += 1
         self.stats["proposed"] += 1
@@ -196,10 +200,28 @@ class Loop:
             self.events.candidate(p.label, existing.status, f"same source as candidate #{existing.id}: verdict reused")
             self._replay(ctx, p, existing.id)
             return None
-        return (t, ctx, p, cand.id, self._write(p, h))
+        return (t, ctx, p, cand.id, path)
 
-    def _write(self, p: Proposal, h: str) -> str:
-        d = os.path.join(self.cfg.candidates_dir, self.run_id, p.op)
+    def resume_pending(self, targets: Sequence[Target]) -> None:
+        """Finish the candidates a killed run recorded but never judged (whatever the proposer does next)."""
+        by_key = {(t.op, t.bucket): t for t in targets}
+        items = []
+        for c in self.ledger.candidates(run_id=self.run_id):
+            if c.status != "proposed" or not c.path:
+                continue
+            bucket = os.path.basename(os.path.dirname(c.path))
+            t = by_key.get((c.op, bucket)) or next((x for x in targets if x.op == c.op), None)
+            if t is None:
+                continue
+            p = Proposal(c.op, c.source, c.label or f"candidate-{c.id}", c.proposer)
+            items.append((t, self.context(t), p, c.id, self._write(p, c.source_hash, t)))
+        if items:
+            self.events.note(f"finishing {len(items)} candidate(s) the interrupted run had not judged")
+            self._evaluate(items)
+
+    def _write(self, p: Proposal, h: str, t: Target) -> str:
+        """kernels/candidates/<run>/<op>/<bucket>/<label>-<hash>.py (the bucket is how a resume finds its target)."""
+        d = os.path.join(self.cfg.candidates_dir, self.run_id, p.op, t.bucket)
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"{p.label}-{h[:8]}.py")
         tmp = path + ".tmp"
@@ -409,6 +431,8 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
     targets = targets_for(cfg)
     stop_reason = None
     try:
+        if resume:
+            loop.resume_pending(targets)
         idle_rounds = 0
         while True:
             stop_reason = budget.exhausted(getattr(proposer, "tokens_used", 0))

@@ -35,7 +35,7 @@ def register(sub, command) -> None:
 
 def history(args, led) -> int:
     if (args.leaderboard or args.trend) and not args.op:
-        from .cli import UsageError
+        from .errors import UsageError
         raise UsageError("--leaderboard and --trend need --op")
     runs = led.runs(op=args.op, status=args.status, since=args.since, until=args.until, proposer=args.proposer,
                     limit=args.limit)
@@ -104,7 +104,7 @@ def cmd_report(args) -> int:
     led = _ledger(args)
     run = led.get_run(args.run)
     if run is None:
-        from .cli import UsageError
+        from .errors import UsageError
         raise UsageError(f"no run {args.run!r} in the ledger")
     out = args.out or os.path.join("runs", run.id, "report")
     path = write_report(led, run, out)
