@@ -1,0 +1,179 @@
+"""What reviewers and CI touch: `gate`, `report`, `history`, `show`, and the CLI's error paths."""
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from kernel_agent.agent.review import write_report
+from kernel_agent.harness import serving
+from kernel_agent.harness.ledger import Ledger
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
+BASELINE = os.path.join(ROOT, "kernels", "baseline")
+GOOD = os.path.join(ROOT, "tests", "candidates", "good", "quantize_kv", "evict_first_hint.py")
+
+
+def _run(args, env=None):
+    return subprocess.run(CLI + args, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                          env=dict(os.environ, **(env or {})))
+
+
+def _serving_set(tmp_path, extra_source=None):
+    d = tmp_path / "serving"
+    d.mkdir()
+    (d / "manifest.json").write_text('{"version": 1, "entries": []}')
+    with open(GOOD) as f:
+        serving.install("quantize_kv", "tlarge-d128", "bfloat16", "NVIDIA H200", f.read(), 1, 0.1, "test", {},
+                        dir=d)
+    if extra_source is not None:
+        serving.install("quantize_kv", "tsmall-d128", "bfloat16", "NVIDIA H200", extra_source, 2, 0.2, "slipped in", {},
+                        dir=d)
+    return d
+
+
+def test_gate_passes_on_a_real_serving_set(tmp_path):
+    d = _serving_set(tmp_path)
+    summary = tmp_path / "summary.md"
+    step = tmp_path / "step.md"
+    r = _run(["gate", "--serving-dir", str(d), "--quick", "--no-baselines", "--junit", str(tmp_path / "j.xml"),
+              "--summary", str(summary)], env={"GITHUB_STEP_SUMMARY": str(step)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gate PASSED" in r.stdout and "passed" in summary.read_text()
+    assert step.read_text() == summary.read_text()
+    assert ET.parse(tmp_path / "j.xml").getroot().find("testsuite").get("failures") == "0"
+
+
+def test_gate_fails_loudly_on_a_faulty_kernel_slipped_in_by_hand(tmp_path):
+    with open(os.path.join(BASELINE, "quantize_kv.py")) as f:
+        src = f.read()
+    faulty = src.replace("q = tl.minimum(tl.maximum(q, -127), 127)", "q = tl.minimum(tl.maximum(q, -128), 127)")
+    faulty = faulty.replace("inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = tl.where(amax > 0, 128.0 / amax, 0.0)")
+    assert faulty != src
+    d = _serving_set(tmp_path, faulty)
+    summary = tmp_path / "summary.md"
+    r = _run(["gate", "--serving-dir", str(d), "--quick", "--no-baselines", "--junit", str(tmp_path / "j.xml"),
+              "--summary", str(summary)])
+    assert r.returncode == 1
+    assert "gate FAILED" in r.stdout and "FAIL" in r.stdout and "tsmall-d128" in r.stdout
+    md = summary.read_text()
+    assert "FAILED" in md and "**FAIL**" in md and "x_q outside [-127, 127]" in md  # the check explains itself
+    suites = ET.parse(tmp_path / "j.xml").getroot().findall("testsuite")
+    assert sum(int(s.get("failures")) for s in suites) >= 1
+
+
+def test_gate_flags_kernels_measured_under_other_versions(tmp_path):
+    d = _serving_set(tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["entries"][0]["versions"] = {"torch": "0.0.1", "triton": "0.0.1"}
+    (d / "manifest.json").write_text(json.dumps(m))
+    r = _run(["gate", "--serving-dir", str(d), "--quick", "--since-versions", "--summary", str(tmp_path / "s.md")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 measured under other versions" in r.stdout
+    assert "torch 0.0.1 ->" in (tmp_path / "s.md").read_text()
+
+
+def test_gate_reports_a_missing_serving_file(tmp_path):
+    d = _serving_set(tmp_path)
+    for f in d.glob("quantize_kv__*.py"):
+        f.unlink()
+    r = _run(["gate", "--serving-dir", str(d), "--quick", "--no-baselines"])
+    assert r.returncode == 1 and "missing" in r.stdout
+
+
+# -- report --------------------------------------------------------------------------------
+
+def _ledger_with_a_promotion(tmp_path):
+    led = Ledger(tmp_path / "l.db")
+    run = led.start_run({"ops": ["quantize_kv"]}, {"torch": "2.11.0", "triton": "3.6.0", "driver": "580",
+                                                     "cuda": "13.0", "python": "3.12"}, "search", ["quantize_kv"],
+                        "NVIDIA H200", {})
+    with open(GOOD) as f:
+        src = f.read()
+    cand, _ = led.add_candidate("quantize_kv", src, "search", run.id, label="evict-first")
+    led.record_checks(cand.id, "full", [{"name": "static_gate", "status": "passed", "detail": "ok", "duration_s": 0.1},
+                                        {"name": "fpsan", "status": "passed", "detail": "bitwise identical",
+                                         "duration_s": 0.2}])
+    led.set_candidate_status(cand.id, "verified", verdict={"passed": True, "fpsan_detail": "bitwise identical"},
+                             fpsan_equivalent=True)
+    for label, cid, ms in (("baseline", None, 0.0570), ("candidate", cand.id, 0.0500),
+                           ("anchor:torch.compile", None, 0.0691)):
+        led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="quantize_kv", shape_key="T=65536,H=8,D=128",
+                         bucket="tlarge-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms, spread_ms=0.0001,
+                         n_samples=5, fraction_of_ceiling=0.84, ceiling_kind="memory")
+    led.set_candidate_status(cand.id, "benchmarked")
+    led.record_promotion(run_id=run.id, op="quantize_kv", bucket="tlarge-d128", dtype="bfloat16",
+                         gpu_name="NVIDIA H200", candidate_id=cand.id, new_ms=0.05, old_ms=0.057, gain=0.12,
+                         spread=0.004, reason="12.3% faster than the incumbent", versions={"torch": "2.11.0"})
+    return led, run, cand
+
+
+def test_report_is_pull_request_ready(tmp_path):
+    led, run, cand = _ledger_with_a_promotion(tmp_path)
+    path = write_report(led, run, str(tmp_path / "report"))
+    md = open(path).read()
+    for needle in (f"# kernel-agent run `{run.id}`", "## Promoted: `quantize_kv`", "| T=65536,H=8,D=128 |",
+                   "1.38x", "**FpSan-equivalent**", "| full | fpsan | passed |", "```diff",
+                   "eviction_policy=\"evict_first\"", "torch 2.11.0", "![speedup per shape](speedup.png)"):
+        assert needle in md, needle
+    for png in ("speedup.png", "best_time.png"):
+        with open(tmp_path / "report" / png, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_history_and_show_commands(tmp_path):
+    led, run, cand = _ledger_with_a_promotion(tmp_path)
+    db = str(tmp_path / "l.db")
+    r = _run(["report", run.id, "--ledger", db, "--out", str(tmp_path / "rep")])
+    assert r.returncode == 0 and (tmp_path / "rep" / "report.md").exists()
+    h = _run(["history", "--ledger", db, "--op", "quantize_kv", "--leaderboard", "--trend", "--json"])
+    doc = json.loads(h.stdout)
+    assert doc["runs"][0]["id"] == run.id and doc["leaderboard"][0]["speedup"] == pytest.approx(0.057 / 0.05, 1e-3)
+    assert doc["trend"][0]["speedup"] == pytest.approx(0.057 / 0.05, 1e-3)
+    plain = _run(["history", "--ledger", db, "--status", "finished"])
+    assert plain.returncode == 0 and "runs (0)" in plain.stdout  # the run is still 'running'
+    s = _run(["show", run.id, "--ledger", db])
+    assert s.returncode == 0 and "evict-first" in s.stdout and "promoted" in s.stdout
+
+
+# -- error paths ---------------------------------------------------------------------------
+
+def test_bench_without_a_gpu_says_so_and_exits_nonzero():
+    r = _run(["bench", "--op", "matmul"], env={"TRITON_INTERPRET": "1"})
+    assert r.returncode == 2 and "need a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["show", "r-nope"], "no run or candidate"),
+    (["show", "999"], "no candidate 999"),
+    (["run", "--resume", "r-nope"], "no run"),
+    (["run", "--ops", "conv2d"], "unknown op"),
+    (["run", "--time-limit", "soon"], "bad duration"),
+    (["history", "--leaderboard"], "need --op"),
+    (["report", "r-nope"], "no run"),
+    (["demote", "--op", "matmul", "--bucket", "nope", "--reason", "x", "--gpu", "cpu"], "nothing serves"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    r = _run(args + ["--ledger", str(tmp_path / "l.db")])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_a_ledger_from_a_newer_version_is_refused_not_touched(tmp_path):
+    db = tmp_path / "l.db"
+    Ledger(db).close()
+    with sqlite3.connect(db) as con:
+        con.execute("update meta set value = '99' where key = 'schema_version'")
+    before = db.read_bytes()
+    r = _run(["history", "--ledger", str(db)])
+    assert r.returncode == 2 and "schema version 99" in r.stderr
+    assert db.read_bytes() == before
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database")
+    r = _run(["history", "--ledger", str(junk)])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
