@@ -466,7 +466,10 @@ def cmd_promote(args) -> int:
     led = _ledger(args)
     with open(args.file) as f:
         source = f.read()
-    cand, _ = led.add_candidate(args.op, source, "manual", None, path=os.path.abspath(args.file),
+    # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
+    run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
+                         "shapes": args.shapes, "reason": args.reason}, versions(), "manual", [args.op], gpu_name(), {})
+    cand, _ = led.add_candidate(args.op, source, "manual", run.id, path=os.path.abspath(args.file),
                                 label=os.path.basename(args.file))
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
     v = merge_gpu(run_isolated(args.file, args.op, "full"), run_isolated(args.file, args.op, "gpu"))
@@ -474,6 +477,7 @@ def cmd_promote(args) -> int:
                                          "duration_s": c.duration_s} for c in v.checks])
     if not v.passed:
         led.set_candidate_status(cand.id, "rejected", verdict=v.to_json())
+        led.set_run_status(run.id, "finished", finished=True)
         ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
         return 1
     led.set_candidate_status(cand.id, "verified", verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent)
@@ -498,7 +502,7 @@ def cmd_promote(args) -> int:
             ms = {m["label"]: m for m in res["measurements"]}
             c, i = ms["candidate"], ms["incumbent"]
             for m in res["measurements"]:
-                led.record_bench(run_id=None, candidate_id=cand.id if m["label"] == "candidate" else None,
+                led.record_bench(run_id=run.id, candidate_id=cand.id if m["label"] == "candidate" else None,
                                  label=m["label"] if m["label"] != "incumbent" else (
                                      "baseline" if inc_file is None else f"serving:{entry['file']}"),
                                  op=args.op, shape_key=res["shape"], bucket=bucket, dtype=args.dtype, gpu_name=res["gpu"],
@@ -520,11 +524,12 @@ def cmd_promote(args) -> int:
         old_ms = sum(b.median_ms for _, b in pairs) / len(pairs)
         ver = versions()
         inst = serving.install(args.op, bucket, args.dtype, gname, source, cand.id, decision.gain, reason, ver)
-        led.record_promotion(run_id=None, op=args.op, bucket=bucket, dtype=args.dtype, gpu_name=gname,
+        led.record_promotion(run_id=run.id, op=args.op, bucket=bucket, dtype=args.dtype, gpu_name=gname,
                              candidate_id=cand.id, new_ms=new_ms, old_ms=old_ms, gain=decision.gain,
                              spread=decision.spread, reason=reason, versions=ver)
         ui.line(f"{bucket}: PROMOTED -> kernels/serving/{inst['file']}: {reason}", style="bold green")
         promoted_any = True
+    led.set_run_status(run.id, "finished", finished=True)
     return 0 if promoted_any else 1
 
 

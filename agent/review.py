@@ -205,17 +205,18 @@ def _plots(led, run, out_dir: str):
     keys = [k for k in best if k in base]
     out = []
     if keys:
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys)), 4))
-        labels = [f"{k[0]}\n{k[1]}" for k in keys]
+        fig, ax = plt.subplots(figsize=(max(6.0, 2.4 * len(keys)), 4.5))
+        labels = [f"{k[0]}\n" + "\n".join(",".join(k[1].split(",")[i:i + 3]) for i in range(0, len(k[1].split(",")), 3))
+                  for k in keys]
         sp = [base[k] / best[k] for k in keys]
         an = [base[k] / anchor[k] if k in anchor else 0 for k in keys]
         x = range(len(keys))
-        ax.bar([i - 0.2 for i in x], sp, width=0.4, label="best candidate / baseline")
-        ax.bar([i + 0.2 for i in x], an, width=0.4, label="torch anchor / baseline", alpha=0.6)
+        ax.bar([i - 0.2 for i in x], sp, width=0.4, label="best candidate / incumbent")
+        ax.bar([i + 0.2 for i in x], an, width=0.4, label="torch anchor / incumbent", alpha=0.6)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("speedup over the baseline (higher is better)")
+        ax.set_ylabel("speedup over the incumbent (higher is better)")
         ax.set_title(f"run {run.id}: speedup per shape")
         ax.legend(fontsize=8)
         fig.tight_layout()
