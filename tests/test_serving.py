@@ -212,3 +212,19 @@ def test_other_ops_bind_keyword_arguments(sdir):
     assert fn.resolve(q, k, v, causal=True) == entry["file"]
     assert fn.resolve(q, k, v) == "baseline"
     assert fn.resolve(q=q, k=k, v=v, causal=False, sm_scale=0.5) == "baseline"
+
+
+def test_dispatch_finds_a_promoted_decode_kernel_from_the_block_table_capacity(tmp_path, monkeypatch):
+    """The block table has spare capacity beyond the bucket's context length: dispatch must still match.
+    (Found on the H200: the promoted int8 decode kernels were not dispatched to at the serving shape.)"""
+    monkeypatch.setenv("KERNEL_AGENT_SERVING_DIR", str(tmp_path))
+    op = get_op("decode_attention_int8")
+    shape = op.parse_shape("B=1,Hq=2,Hkv=1,D=16,block_size=16,ctx=8192")
+    case = op.make_case(shape, torch.float32, seed=0)
+    assert case.args["block_table"].shape[1] * 16 > 8192  # the spare column
+    import kernel_agent.kernels.baseline as kb
+    with open(os.path.join(os.path.dirname(kb.__file__), "decode_attention_int8.py")) as f:
+        src = f.read()
+    serving.install("decode_attention_int8", op.bucket(shape), "float32", "cpu", src, 1, 0.1, "test", {})
+    fn = serving.get("decode_attention_int8", gpu="cpu")
+    assert fn.resolve(**case.args) != "baseline"

@@ -47,6 +47,7 @@ class DecodeAttention(Op):
         return decode_bucket(shape)
 
     def shape_of(self, args: Mapping[str, Any]) -> DecodeShape:
+        """ctx is the block table's capacity (blocks x block size), the longest context it can address."""
         q, k = args["q"], args["k_cache"]
         B, Hq, D = (int(x) for x in q.shape)
         bs = int(k.shape[1])
