@@ -105,7 +105,7 @@ def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
     assert len(verified) == 2, status  # the eviction hint and the launch-config variant
     assert all(c.fpsan_equivalent for c in verified)
     reasons = " ".join(why.values())
-    for expected in ["static_gate", "torch-compute", "state", "no code block", "bounds", "signature",
+    for expected in ["static_gate", "torch-compute", "state", "no code block", "out-of-bounds store", "signature",
                      "does not parse", "too large", "truncated"]:
         assert expected in reasons, f"no rejection mentions {expected!r}: {status}"
     first_fail = {}
@@ -113,7 +113,7 @@ def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
         failed = next((k for k in led.checks(c.id) if k.status == "failed"), None)
         first_fail[c.label] = failed.name if failed else None
     assert sorted(n for n in first_fail.values() if n) == sorted(
-        ["static_gate", "static_gate", "bounds", "load", "reply", "reply", "reply", "reply"])
+        ["static_gate", "static_gate", "runs", "load", "reply", "reply", "reply", "reply"])  # runs: bounds hooks
     calls = led.model_calls(run_id=run.id)
     assert len(calls) == 10 and all(c.prompt for c in calls)
     assert all(c.candidate_id for c in calls)  # every exchange is linked to what it produced
