@@ -133,7 +133,7 @@ def test_unreachable_endpoint_is_one_line_and_no_run(tmp_path):
 
 # -- the built-in search path: kill -9 and resume --------------------------------------------
 
-SEARCH = ["run", "--ops", "quantize_kv", "--proposer", "search", "--candidates", "3", "--per-round", "1",
+SEARCH = ["run", "--ops", "quantize_kv", "--proposer", "search", "--candidates", "2", "--per-round", "1",
           "--jobs", "2", "--seed", "7"]
 
 
@@ -151,7 +151,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     r = _run(SEARCH + ["--ledger", str(ref_db), "--candidates-dir", str(tmp_path / "ref")])
     assert r.returncode == 0, r.stderr[-2000:]
     ref_run, ref_cands, ref_props, ref_checks = _state(ref_db)
-    assert ref_run.status == "finished" and len(ref_cands) == 3
+    assert ref_run.status == "finished" and len(ref_cands) == 2
 
     proc = subprocess.Popen(CLI + SEARCH + ["--ledger", str(kill_db), "--candidates-dir", str(tmp_path / "kill")],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -176,7 +176,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     run, cands, props, checks = _state(kill_db)
     assert run.status == "finished"
     assert cands == ref_cands  # same candidates, same verdicts
-    assert len(props) == len(ref_props) == 3  # nothing proposed twice
+    assert len(props) == len(ref_props) == 2  # nothing proposed twice
     assert checks == ref_checks  # each check recorded once per candidate and mode
 
 
