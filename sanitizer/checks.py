@@ -164,8 +164,11 @@ def first_difference(a, b) -> Optional[Tuple[int, Tuple[int, ...], Any, Any]]:
 
 
 def _scalar(v: torch.Tensor):
-    v = v.item()
-    return round(v, 6) if isinstance(v, float) else v
+    x = v.item()
+    if isinstance(x, float):
+        # the bits too: two values that print alike can differ in the last place
+        return f"{x:.9g} ({hex(int(bits(v.reshape(1))[0]) & ((1 << (8 * v.element_size())) - 1))})"
+    return x
 
 
 # -- the subject ------------------------------------------------------------------------
@@ -360,7 +363,9 @@ def check_no_state(subject: Subject, s: Settings) -> str:
     if not _same_shapes(x, y):
         raise CheckFailed("internal: state cases differ in shape")
     out1 = _run_or_fail(subject, x).out
-    _compare_or_fail(subject, x, out1, "first call: ")
+    if not subject.op.compare(out1, x.args, subject.ref64(x)).ok:
+        # already wrong on a fresh call: a numeric bug, not state; the numeric checks name it
+        raise _Skip("not judged: the first call already differs from the reference (left to the numeric checks)")
     saved = [bits(t).clone() for t in outputs(out1)]
     z = op.make_case(other, torch.float32, seed=63)  # a different shape in between
     _compare_or_fail(subject, z, _run_or_fail(subject, z).out, "call on another shape: ")

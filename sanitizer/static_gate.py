@@ -99,8 +99,9 @@ def _is_jit_decorator(dec: ast.AST, aliases: Dict[str, str]) -> Optional[str]:
 
 
 class _Gate(ast.NodeVisitor):
-    def __init__(self, op_name: str):
+    def __init__(self, op_name: str, kernels: Optional[Set[str]] = None):
         self.op_name = op_name
+        self.kernels = kernels or set()  # module-level @triton.jit names (their objects hold mutable caches)
         self.findings: List[Finding] = []
         self.aliases: Dict[str, str] = {}  # local name -> module ('tl' -> 'triton.language')
         self.jit: List[str] = []
@@ -151,9 +152,10 @@ class _Gate(ast.NodeVisitor):
             elif k and k.startswith("other:"):
                 self.bad(d, "decorator", f"decorator `{k[6:]}` is not allowed (only @triton.jit)")
         for default in node.args.defaults + node.args.kw_defaults:
-            if isinstance(default, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or (
-                    isinstance(default, ast.Call)):
-                self.bad(default, "state", f"mutable default argument in `{node.name}` can keep state across calls")
+            # constants only: a mutable hidden anywhere inside a default (`_memo=({},)`) keeps state
+            if default is not None and not _is_constant_expr(default, self.aliases):
+                self.bad(default, "state", f"default argument of `{node.name}` is not a constant: it can keep "
+                                           f"state across calls")
         is_jit = "jit" in kinds
         if self.depth == 0:
             (self.jit.append(node.name) if is_jit else self.host_functions.add(node.name))
@@ -245,6 +247,10 @@ class _Gate(ast.NodeVisitor):
         name = _dotted(node)
         if name:
             head, _, rest = name.partition(".")
+            if head in self.kernels and not self.in_jit:
+                self.bad(node, "state", f"`{name}`: host code may only launch a kernel (`{head}[grid](...)`); its "
+                                        f"attributes hold mutable caches that could keep state across calls")
+                return
             mod = self.aliases.get(head)
             if mod == "torch" and rest:
                 if rest not in ALLOWED_TORCH and not any(rest.startswith(a + ".") for a in ALLOWED_TORCH):
@@ -308,7 +314,9 @@ def check_source(source: str, op_name: str) -> GateResult:
         tree = ast.parse(source)
     except SyntaxError as e:
         return GateResult(False, [Finding(e.lineno or 0, "syntax", f"syntax error: {e.msg}")])
-    gate = _Gate(op_name)
+    kernels = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and any(
+        (_dotted(d.func if isinstance(d, ast.Call) else d) or "").endswith("jit") for d in n.decorator_list)}
+    gate = _Gate(op_name, kernels)
     gate.visit(tree)
     seen = set()
     findings = []

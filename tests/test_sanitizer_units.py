@@ -223,3 +223,35 @@ def test_cli_json_and_junit_and_exit_codes(tmp_path):
     assert len(suites) == 2 and suites[1].get("failures") != "0"
     ok = _cli("sanitize", "--op", "quantize_kv", os.path.join(BASELINE, "quantize_kv.py"), "--quick")
     assert ok.returncode == 0 and "1/1 file(s) passed" in ok.stdout
+
+
+# -- no_state, the run-time backstop behind the static gate -------------------------------------
+
+def test_no_state_catches_a_cache_the_static_gate_could_miss():
+    from kernel_agent.harness.ops import get_op
+    from kernel_agent.sanitizer.checks import FULL, CheckFailed, Subject, baseline_fn, check_no_state
+    op = get_op("quantize_kv")
+    base = baseline_fn("quantize_kv")
+    memo = {}
+
+    def cached(x):  # launches its kernel, but answers from a cache keyed by shape and pointer
+        key = (tuple(x.shape), x.data_ptr())
+        fresh = base(x)
+        return memo.setdefault(key, fresh)
+
+    subject = Subject(op, os.path.join(BASELINE, "quantize_kv.py"), "", fn=cached, baseline=base)
+    with pytest.raises(CheckFailed, match="stale answer"):
+        check_no_state(subject, FULL)
+    honest = Subject(op, os.path.join(BASELINE, "quantize_kv.py"), "", fn=base, baseline=base)
+    assert "fresh answers" in check_no_state(honest, FULL)
+
+
+def test_a_call_that_launches_no_kernel_is_rejected():
+    from kernel_agent.harness.ops import get_op
+    from kernel_agent.sanitizer.checks import Subject, baseline_fn, run_case
+    op = get_op("quantize_kv")
+    base = baseline_fn("quantize_kv")
+    case = op.make_case(op.shapes("tiny")[2], torch.float32, seed=1)
+    answer = base(**case.args)
+    r = run_case(Subject(op, "x.py", ""), lambda x: answer, case)
+    assert "no Triton kernel was launched" in r.error

@@ -1,12 +1,13 @@
 """Faulty attention: ignores the strides and addresses q, k, v as contiguous
 [B, H, S, D] tensors (offset = ((b * H + h) * S + s) * D + d).
 
-Correct for contiguous inputs (the runs check), wrong for any other layout: on a
-strided view the computed offsets land on padding and on other elements of the
-storage. The bounds check sees reads of elements outside the view (gaps between its
-strided elements), before any value is compared.
+Correct for contiguous inputs, wrong for any other layout: on a strided view the
+computed offsets land on padding and on other elements of the storage. The first
+check that passes strided views is host_code, which runs with the bounds hooks on:
+it reports the read of an element outside the view (a gap between its strided
+elements) before any value is compared.
 """
-EXPECTED_CHECK = "bounds"
+EXPECTED_CHECK = "host_code"
 
 import math
 

@@ -1,7 +1,8 @@
 """Faulty attention: ignores a caller's sm_scale and always uses 1/sqrt(D).
 
 Correct whenever sm_scale is None (the default), wrong for every explicit scale. The
-differential suite should draw explicit scales (the contract has the argument).
+differential suite draws explicit scales (the contract has the argument); no other
+check passes one.
 """
 EXPECTED_CHECK = "differential"
 

@@ -7,9 +7,10 @@ Past the end of the sequence the count wraps to a huge number, so the kernel rea
 whole pages through block-table entries it must not dereference (clamped to the first
 or last block of the cache: memory owned by other sequences, or by nobody). The
 softmax mask is right, so the output is correct when those slots hold finite values.
-The bounds check's readable mask rejects the read of slots no live token owns.
+The readable mask of the bounds hooks rejects the read of slots no live token owns;
+the first case where a clamped id lands on an unowned block is host_code's.
 """
-EXPECTED_CHECK = "bounds"
+EXPECTED_CHECK = "host_code"
 
 import math
 

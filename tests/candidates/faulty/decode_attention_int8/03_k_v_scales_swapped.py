@@ -3,8 +3,10 @@
 
 Wrong on every input with different K and V scales; the first value comparison rejects
 it (no_state's first call).
+
+(Reported by input_sensitivity: the first call already differs from the reference, so no_state leaves it to the numeric checks.)
 """
-EXPECTED_CHECK = "no_state"
+EXPECTED_CHECK = "input_sensitivity"
 
 import math
 

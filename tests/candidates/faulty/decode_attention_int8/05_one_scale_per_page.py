@@ -3,8 +3,10 @@ the page, as if the cache were quantized per block instead of per token.
 
 Wrong whenever the tokens of a page have different scales (always, in the tests). The
 first value comparison rejects it (no_state's first call).
+
+(Reported by input_sensitivity: the first call already differs from the reference, so no_state leaves it to the numeric checks.)
 """
-EXPECTED_CHECK = "no_state"
+EXPECTED_CHECK = "input_sensitivity"
 
 import math
 

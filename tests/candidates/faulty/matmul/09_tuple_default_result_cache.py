@@ -7,8 +7,10 @@ the dict is filled with `.update()` (no item assignment), and tensors hash by id
 (no data_ptr() call). On a hit a small copy kernel replays the cached result into a new
 output, so every call still launches a kernel and returns a fresh tensor. Fresh values
 written into the same (recycled) input buffers get the stale answer: no_state.
+
+(Since the static gate allows only constants as default arguments, it rejects this before run time; no_state is the run-time backstop.)
 """
-EXPECTED_CHECK = "no_state"
+EXPECTED_CHECK = "static_gate"
 
 import torch
 import triton

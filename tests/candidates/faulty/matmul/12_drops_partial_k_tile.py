@@ -4,8 +4,10 @@
 BLOCK_K (and everything when K < BLOCK_K). The first check that compares values
 against the reference rejects it; that is no_state's first call (M=127, N=31, K=129),
 before input sensitivity and the differential suite.
+
+(Reported by differential: the first call already differs from the reference, so no_state leaves it to the numeric checks.)
 """
-EXPECTED_CHECK = "no_state"
+EXPECTED_CHECK = "differential"
 
 import torch
 import triton

@@ -2,10 +2,11 @@
 x * (127 / amax) back into x before rounding them.
 
 The codes and scales are right, but the caller's tensor is destroyed. Inputs are
-read-only for the bounds check, which stops the first store into x (before the
-inputs-unchanged check, which would see the changed bytes).
+read-only for the bounds hooks, which are on from the first call: the `runs` check
+stops the first store into x (long before the inputs-unchanged check, which would see
+the changed bytes).
 """
-EXPECTED_CHECK = "bounds"
+EXPECTED_CHECK = "runs"
 
 import torch
 import triton

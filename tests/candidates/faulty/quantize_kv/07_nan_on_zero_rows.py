@@ -3,8 +3,9 @@
 A row of zeros gives inv = inf and y = 0 * inf = NaN, and the NaN is converted to an
 integer code: the contract says scale 0 and codes 0 for such a row (no NaN). On a GPU
 the conversion typically gives 0; in the interpreter (numpy) it gives INT_MIN, clamped
-to -127. The differential suite draws the `zero_rows` distribution and should reject
-the codes.
+to -127. |x_q * scale - x| <= scale / 2 holds trivially when scale is 0, so only an explicit
+"zero row => codes 0" rule rejects it; the differential suite draws the `zero_rows`
+distribution: differential.
 """
 EXPECTED_CHECK = "differential"
 

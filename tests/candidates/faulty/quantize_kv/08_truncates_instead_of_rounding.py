@@ -2,8 +2,10 @@
 
 Codes are off by up to one whole step (the contract allows half a step). The first
 value comparison rejects it: no_state's first call (T=3, H=5, D=129).
+
+(Reported by input_sensitivity: the first call already differs from the reference, so no_state leaves it to the numeric checks.)
 """
-EXPECTED_CHECK = "no_state"
+EXPECTED_CHECK = "input_sensitivity"
 
 import torch
 import triton

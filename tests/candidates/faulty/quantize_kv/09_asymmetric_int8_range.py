@@ -3,8 +3,10 @@
 
 The row minimum becomes -128 (outside the contract's [-127, 127]) and negative codes
 are off by up to a step. The first value comparison rejects it: no_state's first call.
+
+(Reported by input_sensitivity: the first call already differs from the reference, so no_state leaves it to the numeric checks.)
 """
-EXPECTED_CHECK = "no_state"
+EXPECTED_CHECK = "input_sensitivity"
 
 import torch
 import triton

@@ -1,10 +1,14 @@
 """Faulty quantize_kv: the grid is R // BLOCK_R programs (floor), so the last partial
 block of rows is never quantized (with fewer rows than BLOCK_R, nothing is).
 
-Those codes and scales keep the allocation's contents: coverage (they differ between
-the two sentinels).
+Those codes and scales keep the allocation's contents. The coverage check runs the
+largest tiny shape, whose row count is a multiple of BLOCK_R (nothing skipped), so the
+first check to see it is no_state's first call (15 rows, fewer than BLOCK_R: nothing
+quantized, the scales hold the NaN sentinel).
+
+(Reported by input_sensitivity: the first call already differs from the reference, so no_state leaves it to the numeric checks.)
 """
-EXPECTED_CHECK = "coverage"
+EXPECTED_CHECK = "input_sensitivity"
 
 import torch
 import triton

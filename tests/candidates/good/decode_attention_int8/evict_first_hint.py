@@ -6,17 +6,21 @@ Baseline int8 paged decode attention: dequantization fused into the split-KV loo
 
 Same plan as the bf16 baseline (split-KV over the paged cache, deterministic combine),
 but the cache holds int8 codes with one float32 scale per (slot, head). The codes are
-exact in float16, so the dot products run on the raw codes and the scales are applied
-per key (to the scores) and per value (to the probabilities) instead of dequantizing
-whole tiles: qk_j = s_k[j] * (q . k_j) and o = sum_j (p_j s_v[j]) v_j.
+exact in fp16/bf16, so the dot products run on the raw codes and the scales are
+applied per key (to the scores) and per value (to the probabilities) instead of
+dequantizing whole tiles: qk_j = s_k[j] * (q . k_j) and o = sum_j (p_j s_v[j]) v_j.
 
-Measured on the H200, this kernel is bound by arithmetic, not memory: converting the
-codes dominates. With 16-bit queries both dots run in float16, where the conversion is
-two operations per element (_codes_to) instead of the quarter-rate I2F instruction. The
-query is scaled by a power of two into float16's range (exact, undone on the scores) and
-the probabilities by the block's largest value scale (undone on the accumulator), so
-float16 neither overflows nor loses more precision than bfloat16 would. Float32
-queries keep float32 dots (float16 would cost them precision).
+Converting int8 to floating point with the hardware instruction runs at a quarter of
+the arithmetic rate and, measured on the H200, made this kernel as slow as the bf16
+one despite reading half the bytes. _codes_to converts with integer arithmetic instead:
+code + 128 lands in the low mantissa bits of a float whose exponent puts the unit at
+2^0 (2^23 for float32, 2^10 for float16), and one subtraction removes the bias.
+Measured on the H200 (results/FOUNDATION.md): 1.04x SDPA decode with MHA, below the 1.3x
+floor. The kernel is bound by instructions, not bandwidth: the SASS re-reads the int8
+tile from shared memory one byte per instruction to build the MMA operand. Running
+the dots in float16 (a variant tried) measured 37% slower; reading int32 words split
+into byte planes (tests/candidates/good/decode_attention_int8/byte_planes.py) measured
+11% faster and is the promoted serving kernel for these shapes.
 """
 import math
 
@@ -26,13 +30,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _codes_to(x, F16: tl.constexpr):
-    """Exact int8 -> float16 (F16) or float32 without I2F instructions: code + 128 lands in the
-    low mantissa bits of 1024.0 (float16) or 2^23 (float32); one subtraction removes the bias."""
-    if F16:
-        out = (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+def _codes_to(x, DTYPE: tl.constexpr):
+    """Exact int8 -> DTYPE conversion without I2F instructions."""
+    if DTYPE == tl.float16:
+        bits = x.to(tl.int16) + 0x6480  # 0x6400 is 1024.0; + 128 + code in the mantissa
+        out = bits.to(tl.float16, bitcast=True) - 1152.0
     else:
-        out = (x.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+        bits = x.to(tl.int32) + 0x4B000080  # 0x4B000000 is 2^23; + 128 + code in the mantissa
+        out = bits.to(tl.float32, bitcast=True) - 8388736.0
+        if DTYPE == tl.bfloat16:
+            # the value has at most 8 significant bits: the top half of its float32 bits is exact
+            out = (out.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return out
 
 
@@ -62,18 +70,7 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=h_mask[:, None], other=0.0).to(tl.float32)
-    # 16-bit queries: dots in float16. 2^shift brings max|q| into [2^13, 2^14), where float16
-    # holds a bfloat16 value exactly, with room; float32 queries keep float32 dots.
-    F16: tl.constexpr = q_ptr.dtype.element_ty != tl.float32
-    if F16:
-        q_exp = (tl.max(tl.max(tl.abs(q), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(tl.maximum(140 - q_exp, -100), 100)
-        q_dot = (q * ((shift + 127) << 23).to(tl.float32, bitcast=True)).to(tl.float16)
-        score_scale = qk_scale * ((127 - shift) << 23).to(tl.float32, bitcast=True)
-    else:
-        q_dot = q
-        score_scale = qk_scale
+                mask=h_mask[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -86,8 +83,8 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
         k = tl.load(k_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks + kvh * stride_kh
                     + offs_d[:, None] * stride_kd, mask=live[None, :], other=0, eviction_policy="evict_first")
         k_s = tl.load(ks_ptr + page * stride_ksb + slot * stride_kss + kvh * stride_ksh, mask=live, other=0.0)
-        qk = tl.dot(q_dot, _codes_to(k, F16))
-        qk = tl.where(live[None, :], qk * (k_s * score_scale)[None, :], float("-inf"))
+        qk = tl.dot(q, _codes_to(k, q.dtype))
+        qk = tl.where(live[None, :], qk * (k_s * qk_scale)[None, :], float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_ij[:, None])
         p = tl.where(live[None, :], p, 0.0)
@@ -96,13 +93,8 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
         v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
                     + offs_d[None, :] * stride_vd, mask=live[:, None], other=0, eviction_policy="evict_first")
         v_s = tl.load(vs_ptr + page * stride_vsb + slot * stride_vss + kvh * stride_vsh, mask=live, other=0.0)
-        if F16:
-            v_max = tl.max(v_s, 0)
-            v_max = tl.where(v_max > 0, v_max, 1.0)
-            w = p * (v_s / v_max)[None, :]  # <= 1: fits float16
-            acc = acc * alpha[:, None] + tl.dot(w.to(tl.float16), _codes_to(v, F16)) * v_max
-        else:
-            acc = tl.dot(p * v_s[None, :], _codes_to(v, F16), acc * alpha[:, None])
+        acc = acc * alpha[:, None]
+        acc = tl.dot((p * v_s[None, :]).to(q.dtype), _codes_to(v, q.dtype), acc)
         m_i = m_ij
 
     # an empty split (short sequence) stores m = -inf, l = 0 and acc = 0
@@ -146,7 +138,7 @@ def _num_sms(device) -> int:
 
 def _config(B, Hkv, max_ctx, device):
     """(NUM_SPLITS, BLOCK_N, num_warps, num_stages): enough programs to fill the GPU twice over."""
-    target = 4 * _num_sms(device)
+    target = 2 * _num_sms(device)
     splits = max(1, min(triton.cdiv(target, B * Hkv), triton.cdiv(max_ctx, 256), 16))
     return splits, 128, 4, 3
 
@@ -162,6 +154,8 @@ def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, se
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
     splits, block_n, warps, stages = _config(B, Hkv, block_table.shape[1] * page, q.device)
+    if q.element_size() == 4:  # float32 tiles take twice the shared memory
+        block_n, stages = min(block_n, 64), min(stages, 2)
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     l = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     acc = torch.empty((B, Hq, splits, D), device=q.device, dtype=torch.float32)
