@@ -6,8 +6,7 @@ import json
 import os
 import re
 import sys
-import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from . import ui
 
@@ -124,7 +123,7 @@ def _ledger(args):
 
 @command("run")
 def cmd_run(args) -> int:
-    from .loop import RunConfig, run_loop, RunEvents
+    from .loop import RunConfig, run_loop
     from .model import ModelConfig, load_config
     from .cli import default_ledger
     ledger_path = args.ledger or default_ledger()
@@ -279,17 +278,9 @@ def _record_bench_doc(args, doc, results) -> None:
         run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
                             versions(), "bench", _ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
         doc["run_id"] = run.id
+    from ..harness.bench import record_shape_result
     for res in results:
-        for m in res["measurements"]:
-            if m.get("error"):
-                continue
-            led.record_bench(run_id=doc["run_id"], candidate_id=None, label=m["label"], op=res["op"],
-                             shape_key=res["shape"],
-                             bucket=res["bucket"], dtype=res["dtype"], gpu_name=res["gpu"], median_ms=m["median_ms"],
-                             spread_ms=m["spread_ms"], n_samples=m["n"], graph_ms=m.get("graph_ms"),
-                             fraction_of_ceiling=m.get("fraction_of_ceiling"), ceiling_kind=m.get("ceiling_kind"),
-                             implausible=bool(m.get("implausible")),
-                             extra={k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note")})
+        record_shape_result(led, doc["run_id"], res)
 
 
 def print_bench(doc) -> None:
@@ -446,7 +437,7 @@ def _show_candidate(led, cid: int, args) -> int:
 def cmd_promote(args) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, install."""
     from ..harness import serving
-    from ..harness.bench import NoGPU, require_gpu, resolve_shapes
+    from ..harness.bench import NoGPU, record_shape_result, require_gpu, resolve_shapes
     from ..harness.bench_worker import run_bench_isolated
     from ..harness.env import gpu_name, versions
     from ..harness.ops import get_op
@@ -501,14 +492,8 @@ def cmd_promote(args) -> int:
         for res in doc["results"]:
             ms = {m["label"]: m for m in res["measurements"]}
             c, i = ms["candidate"], ms["incumbent"]
-            for m in res["measurements"]:
-                led.record_bench(run_id=run.id, candidate_id=cand.id if m["label"] == "candidate" else None,
-                                 label=m["label"] if m["label"] != "incumbent" else (
-                                     "baseline" if inc_file is None else f"serving:{entry['file']}"),
-                                 op=args.op, shape_key=res["shape"], bucket=bucket, dtype=args.dtype, gpu_name=res["gpu"],
-                                 median_ms=m["median_ms"], spread_ms=m["spread_ms"], n_samples=m["n"],
-                                 graph_ms=m.get("graph_ms"), fraction_of_ceiling=m.get("fraction_of_ceiling"),
-                                 ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")))
+            record_shape_result(led, run.id, res, cand.id,
+                                "baseline" if inc_file is None else f"serving:{entry['file']}")
             pairs.append((Timing(c["median_ms"], c["spread_ms"], c["n"]), Timing(i["median_ms"], i["spread_ms"], i["n"])))
             ui.line(f"  {res['shape']}: candidate {c['median_ms']:.4f} ms ±{c['spread_ms']:.4f}, incumbent "
                     f"{i['median_ms']:.4f} ms ±{i['spread_ms']:.4f}")

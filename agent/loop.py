@@ -22,8 +22,6 @@ from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Timing, decide_over_shapes
-from ..sanitizer.runner import run_many
-from ..sanitizer.verdict import Verdict
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 
 ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
@@ -147,7 +145,6 @@ class Loop:
 
     def context(self, t: Target) -> ProposeContext:
         label, _, source = self.incumbent(t)
-        from ..harness.ops.common import DTYPES
         return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, source, label,
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
                               self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
@@ -310,6 +307,7 @@ class Loop:
             self._bench_and_promote(t, ctx, p, cid, path)
 
     def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> None:
+        from ..harness.bench import record_shape_result
         from ..harness.bench_worker import run_bench_isolated
         inc_label, inc_file, _ = self.incumbent(t)
         spec = {"op": t.op, "shapes": [s.key() for s in t.shapes], "dtype": self.cfg.dtype, "seed": 0,
@@ -320,20 +318,7 @@ class Loop:
         per_shape, implausible, fractions = [], False, []
         for res in doc.get("results", []):
             ms = {m["label"]: m for m in res["measurements"]}
-            for m in res["measurements"]:
-                label = m["label"]
-                if m.get("error"):
-                    continue
-                self.ledger.record_bench(run_id=self.run_id, candidate_id=cid if label == "candidate" else None,
-                                         label=("baseline" if inc_file is None else inc_label)
-                                         if label == "incumbent" else label,
-                                         op=t.op, shape_key=res["shape"], bucket=res["bucket"], dtype=res["dtype"],
-                                         gpu_name=res["gpu"], median_ms=m["median_ms"], spread_ms=m["spread_ms"],
-                                         n_samples=m["n"], graph_ms=m.get("graph_ms"),
-                                         fraction_of_ceiling=m.get("fraction_of_ceiling"),
-                                         ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")),
-                                         extra_json=json.dumps({k: m.get(k) for k in ("tflops", "tbps", "device_ms",
-                                                                                      "note")}))
+            record_shape_result(self.ledger, self.run_id, res, cid, "baseline" if inc_file is None else inc_label)
             c, inc = ms.get("candidate"), ms.get("incumbent")
             if not c or not inc or c.get("error") or inc.get("error"):
                 err = (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"

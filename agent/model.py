@@ -18,11 +18,11 @@ import random
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
 
 from ..harness.ops import get_op
-from .proposal import Attempt, Proposal, ProposeContext, Proposer
+from .proposal import Proposal, ProposeContext, Proposer
 
 MAX_REPLY_CHARS = 200_000
 RULES = """Rules the sanitizer enforces (a candidate that breaks one is rejected):

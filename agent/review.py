@@ -4,9 +4,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections import defaultdict
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from . import ui
 

@@ -20,11 +20,10 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from .proposal import Proposal, ProposeContext, Proposer
 
@@ -198,7 +197,7 @@ class SearchProposer(Proposer):
         if ctx.op in STREAMING_OPS and not st.evict_tried:
             st.evict_tried = True
             try:
-                props.append(Proposal(ctx.op, with_evict_first(src), f"evict-first", "search",
+                props.append(Proposal(ctx.op, with_evict_first(src), "evict-first", "search",
                                       note="evict_first cache hint on the streaming loads"))
             except ValueError:
                 pass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
 from typing import Any, Iterable, List, Optional, Sequence
 
 from rich.console import Console

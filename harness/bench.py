@@ -31,7 +31,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from .env import slug, versions
-from .ops import get_op
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
 
 REL_SPREAD_TARGET = 0.01
@@ -334,6 +333,22 @@ def _graph_time(fn: Callable, kwargs: Dict[str, Any]) -> float:
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(lambda: fn(**kwargs), rep=50, return_mode="median")
+
+
+def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,
+                        incumbent_label: str = "incumbent") -> None:
+    """Store one shape's measurements (ShapeResult.to_json()) in the ledger: the 'candidate' row under
+    its candidate id, the 'incumbent' row under `incumbent_label`, failed measurements not at all."""
+    for m in res["measurements"]:
+        if m.get("error"):
+            continue
+        ledger.record_bench(run_id=run_id, candidate_id=candidate_id if m["label"] == "candidate" else None,
+                            label=incumbent_label if m["label"] == "incumbent" else m["label"], op=res["op"],
+                            shape_key=res["shape"], bucket=res["bucket"], dtype=res["dtype"], gpu_name=res["gpu"],
+                            median_ms=m["median_ms"], spread_ms=m["spread_ms"], n_samples=m["n"],
+                            graph_ms=m.get("graph_ms"), fraction_of_ceiling=m.get("fraction_of_ceiling"),
+                            ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")),
+                            extra={k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note")})
 
 
 def resolve_shapes(op: Op, spec: str) -> List[Shape]:

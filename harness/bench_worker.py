@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict
 
 
 def _contenders(spec: dict):
@@ -56,7 +56,6 @@ def main(argv=None) -> int:
 
     from dataclasses import asdict
 
-    import torch
 
     from .bench import benchmark_shape, load_ceilings
     from .ops import dtype_from_name, get_op

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import math
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, Case, Op, round_to
 from . import static_gate
 from .fpsan import FpSanUnsupported
-from .guard import GuardViolation, HostGuard, sentinel_value
+from .guard import HostGuard
 from .interp import Instrumentation, Watched
 from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
 

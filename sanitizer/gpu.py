@@ -25,9 +25,8 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
-from ..harness.ops.common import DTYPE_NAMES
-from .checks import (CheckFailed, Subject, _describe_exception, _Skip, baseline_fn, bits, check_load, check_static,
-                     first_difference, outputs)
+from .checks import (CheckFailed, Subject, _describe_exception, _Skip, baseline_fn, check_load, check_static, first_difference,
+                     outputs)
 from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
 
 GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

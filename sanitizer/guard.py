@@ -12,7 +12,7 @@ are not the candidate's and pass (interp.GuardPause).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import List
 
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name

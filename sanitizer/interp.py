@@ -22,7 +22,6 @@ Also recorded: which kernels were launched (name and source file) and how many t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -543,7 +542,6 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
 def _fpsan_atomic(builder, rmwOp, ptr, val, mask):
     """Float atomics under FpSan, applied lane by lane in order (the interpreter is sequential)."""
     interp = _interpreter()
-    import triton.language as tl
     f = _fmt_of(val.dtype)
     np_t = _NP_FLOAT[f.name]
     m = np.ones(ptr.data.shape, bool) if mask is None else np.broadcast_to(mask.data, ptr.data.shape)

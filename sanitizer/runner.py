@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
-from .verdict import FAILED, SKIPPED, CheckOutcome, Verdict
+from .verdict import FAILED, CheckOutcome, Verdict
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 

@@ -1,7 +1,7 @@
 """The sanitizer's result types, shared by the CLI, the ledger and reports."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"

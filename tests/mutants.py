@@ -5,10 +5,8 @@ baseline passes must reject it. The candidate suite under tests/candidates/ goes
 (one file per exploit family, judged by the full sanitizer).
 """
 import importlib.util
-import inspect
 import os
 import sys
-import tempfile
 import uuid
 
 import kernel_agent.kernels.baseline as baseline_pkg

@@ -1,7 +1,6 @@
 """What reviewers and CI touch: `gate`, `report`, `history`, `show`, and the CLI's error paths."""
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys

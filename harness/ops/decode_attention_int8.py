@@ -1,14 +1,13 @@
 """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, seq_lens, sm_scale=None) -> o."""
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict
 
 import torch
 
-from .common import Op, fill
-from .decode_attention import decode_shape_suites
-from .paged import (DecodeShape, decode_bucket, decode_shape_strategy, decode_flops, garbage_fill, make_paged_layout, owned_from_args,
-                    paged_reference, slot_readable)
+from .common import fill
+from .paged import DecodeShape, PagedDecodeOp, garbage_fill, make_paged_layout, owned_from_args, paged_reference, \
+    slot_readable
 
 CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,
                       seq_lens, sm_scale=None) -> o
@@ -26,33 +25,15 @@ def quantize_rows(x: torch.Tensor):
     return q, scale.to(torch.float32)
 
 
-class DecodeAttentionInt8(Op):
+class DecodeAttentionInt8(PagedDecodeOp):
     name = "decode_attention_int8"
     contract = CONTRACT
     arg_names = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_table", "seq_lens")
     optional_args = ("sm_scale",)
-    shape_cls = DecodeShape
     anchor_name = "torch SDPA over the gathered bf16/fp16 cache"
 
-    def shape_suites(self):
-        return decode_shape_suites()
-
-    def shape_strategy(self):
-        return decode_shape_strategy()
-
-    def bucket(self, shape):
-        return decode_bucket(shape)
-
-    def shape_of(self, args: Mapping[str, Any]) -> DecodeShape:
-        """ctx is the block table's capacity (blocks x block size), the longest context it can address."""
-        q, k = args["q"], args["k_cache"]
-        B, Hq, D = (int(x) for x in q.shape)
-        bs = int(k.shape[1])
-        return DecodeShape(B, Hq, int(k.shape[2]), D, bs, int(args["block_table"].shape[1]) * bs)
-
     def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
-        if shape.Hq % shape.Hkv:
-            raise ValueError(f"decode_attention_int8: Hq={shape.Hq} is not a multiple of Hkv={shape.Hkv}")
+        self._check_heads(shape)
         layout = make_paged_layout(shape, gen, device)
         nb, owned = layout["num_blocks"], layout["owned"]
         scale = 6.0 if dist == "large" else 1.0
@@ -78,14 +59,10 @@ class DecodeAttentionInt8(Op):
         return paged_reference(args["q"], args["k_cache"], args["v_cache"], args["block_table"], args["seq_lens"],
                                args.get("sm_scale"), precision, args["k_scale"], args["v_scale"])
 
-    def flops(self, shape):
-        return decode_flops(shape)
-
     def bytes(self, shape: DecodeShape, dtype) -> float:
         e = torch.empty((), dtype=dtype).element_size()
-        tokens = shape.B * (shape.ctx if not shape.ragged else (shape.ctx + 1) / 2)
         # int8 codes plus one float32 scale per token and head, for K and V
-        return float(2 * tokens * shape.Hkv * (shape.D + 4) + 2 * shape.B * shape.Hq * shape.D * e)
+        return float(2 * self.tokens(shape) * shape.Hkv * (shape.D + 4) + 2 * shape.B * shape.Hq * shape.D * e)
 
 
 OP = DecodeAttentionInt8()

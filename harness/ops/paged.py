@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping
 import torch
 
 from .attention import attention_reference
-from .common import Shape
+from .common import Op, Shape
 
 # Ids no cache has: below zero, at the end, far past the end, and huge.
 def _invalid_ids(num_blocks: int):
@@ -142,3 +142,47 @@ def owned_from_args(args: Mapping[str, Any]) -> torch.Tensor:
 
 def decode_flops(shape: DecodeShape) -> float:
     return 4.0 * shape.B * shape.Hq * shape.ctx * shape.D
+
+
+def decode_shape_suites():
+    S = DecodeShape
+    return {
+        "tiny": [S(1, 1, 1, 16, 16, 1), S(2, 4, 2, 32, 16, 37, True), S(3, 2, 2, 16, 4, 23, True),
+                 S(2, 8, 1, 64, 16, 64), S(1, 6, 3, 32, 8, 129, True)],
+        "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True)],
+        "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192)],
+    }
+
+
+class PagedDecodeOp(Op):
+    """What decode_attention and decode_attention_int8 share: shapes, buckets, the cost model's tokens."""
+
+    shape_cls = DecodeShape
+
+    def shape_suites(self):
+        return decode_shape_suites()
+
+    def shape_strategy(self):
+        return decode_shape_strategy()
+
+    def bucket(self, shape):
+        return decode_bucket(shape)
+
+    def shape_of(self, args: Mapping[str, Any]) -> DecodeShape:
+        """ctx is the block table's capacity (blocks x block size), the longest context it can address."""
+        q, k = args["q"], args["k_cache"]
+        B, Hq, D = (int(x) for x in q.shape)
+        bs = int(k.shape[1])
+        return DecodeShape(B, Hq, int(k.shape[2]), D, bs, int(args["block_table"].shape[1]) * bs)
+
+    def flops(self, shape):
+        return decode_flops(shape)
+
+    @staticmethod
+    def tokens(shape: DecodeShape) -> float:
+        """Cached tokens a call reads: all of them at serving shapes, half on average when ragged."""
+        return shape.B * (shape.ctx if not shape.ragged else (shape.ctx + 1) / 2)
+
+    def _check_heads(self, shape: DecodeShape) -> None:
+        if shape.Hq % shape.Hkv:
+            raise ValueError(f"{self.name}: Hq={shape.Hq} is not a multiple of Hkv={shape.Hkv}")
