@@ -59,9 +59,6 @@ class Ceilings:
     measured_at: str
     versions: Dict[str, Any] = field(default_factory=dict)
 
-    def of(self, bound: str) -> float:
-        return self.bf16_tflops if bound == "compute" else self.copy_tbps
-
 
 def ceilings_path(cache_dir: Optional[str] = None) -> str:
     d = cache_dir or os.environ.get("KERNEL_AGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
@@ -199,9 +196,6 @@ class ShapeResult:
     dtype: str
     gpu: str
     measurements: List[Measurement]
-
-    def by_label(self, label: str) -> Optional[Measurement]:
-        return next((m for m in self.measurements if m.label == label), None)
 
     def to_json(self) -> Dict[str, Any]:
         return {"op": self.op, "shape": self.shape, "bucket": self.bucket, "dtype": self.dtype, "gpu": self.gpu,

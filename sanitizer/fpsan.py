@@ -80,10 +80,6 @@ def fmt(name: str) -> Format:
                   _inverse(B_pos, w - 1), _inverse(B_neg, w - 1))
 
 
-def _u(x: np.ndarray, w: int) -> np.ndarray:
-    return np.asarray(x).view(_UINT[w]) if np.asarray(x).dtype.itemsize * 8 == w else np.asarray(x).astype(_UINT[w])
-
-
 def embed(bits: np.ndarray, f: Format) -> np.ndarray:
     """IEEE bit patterns (unsigned ints of width w) -> payloads (unsigned ints of width w)."""
     U = _UINT[f.w]

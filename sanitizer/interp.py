@@ -22,7 +22,6 @@ Also recorded: which kernels were launched (name and source file) and how many t
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -362,7 +361,6 @@ class Instrumentation:
             self._starts = None
 
 
-_lock = threading.Lock()
 
 
 def _esize(ptrs) -> int:

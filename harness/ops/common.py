@@ -344,7 +344,3 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Values representable in `dtype`, kept in float32 (used to feed bf16 data through
     float32 kernels in the interpreter, whose bf16 arithmetic is broken)."""
     return x.to(dtype).to(torch.float32)
-
-
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
