@@ -259,7 +259,7 @@ class Loop:
     def _sanitize(self, items: List[tuple], mode: str, checks: Optional[Sequence[str]] = None) -> List[tuple]:
         """Run one sanitizer stage over a batch (any mix of ops); return the survivors."""
         from concurrent.futures import ThreadPoolExecutor
-        from ..sanitizer.runner import run_isolated
+        from ..sanitizer.runner import kill_all, run_isolated
         todo, survivors = [], []
         for it in items:
             done = self.ledger.checks(it[3], mode=mode)
@@ -269,8 +269,14 @@ class Loop:
                 continue
             todo.append(it)
         jobs = 1 if mode == "gpu" else self.cfg.jobs
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        try:
             verdicts = list(pool.map(lambda it: run_isolated(it[4], it[0].op, mode, checks=checks), todo))
+        except BaseException:
+            kill_all()  # Ctrl-C: take every worker's child down so the threads return at once
+            raise
+        finally:
+            pool.shutdown(wait=True)
         for it, v in zip(todo, verdicts):
             t, ctx, p, cid, path = it
             self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,

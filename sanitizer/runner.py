@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
@@ -19,6 +20,19 @@ from typing import Callable, List, Optional, Sequence
 from .verdict import FAILED, CheckOutcome, Verdict
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
+
+# Children live in sessions of their own (so a terminal's Ctrl-C does not reach them half-way);
+# the parent tracks them to take them down when it is interrupted.
+_live: set = set()
+_live_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    """Kill every sanitizer process this process started and that is still running."""
+    with _live_lock:
+        procs = list(_live)
+    for p in procs:
+        _kill_group(p)
 
 
 def _signal_name(code: int) -> str:
@@ -50,6 +64,8 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=tmp, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        with _live_lock:
+            _live.add(proc)
         timed_out = False
         try:
             log, _ = proc.communicate(timeout=timeout_s)
@@ -60,6 +76,9 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         except BaseException:  # Ctrl-C in the parent: take the child (its own session) down too
             _kill_group(proc)
             raise
+        finally:
+            with _live_lock:
+                _live.discard(proc)
         elapsed = time.time() - t0
         doc = None
         if os.path.exists(out):
@@ -111,5 +130,11 @@ def run_many(paths: Sequence[str], op: str, mode: str = "full", jobs: int = 1, t
 
     if jobs <= 1:
         return [one(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         return list(pool.map(one, paths))
+    except BaseException:
+        kill_all()  # the other workers' children too, so the threads return at once
+        raise
+    finally:
+        pool.shutdown(wait=True)

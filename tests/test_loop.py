@@ -184,12 +184,23 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path):
     db = tmp_path / "l.db"
     proc = subprocess.Popen(CLI + SEARCH + ["--ledger", str(db), "--candidates-dir", str(tmp_path / "c")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not db.exists():
+    deadline = time.time() + 180
+    in_flight = False
+    while time.time() < deadline and proc.poll() is None:  # until a candidate is being judged
         time.sleep(0.2)
-    time.sleep(3)
+        if db.exists():
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                    in_flight = con.execute("select count(*) from candidate where status = 'proposed'").fetchone()[0] > 0
+            except sqlite3.Error:
+                continue
+            if in_flight:
+                break
+    assert in_flight and proc.poll() is None, "the run never reached an evaluation: " + proc.communicate()[1][-1000:]
+    t0 = time.time()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-1000:]
+    assert proc.returncode == 130, out[-500:] + err[-1000:]
+    assert time.time() - t0 < 10  # sanitizer children are killed, not waited for
     run = Ledger(db).runs()[0]
     assert run.status == "interrupted" and f"--resume {run.id}" in out + err
