@@ -121,11 +121,24 @@ def _ledger(args):
 
 # -- run ---------------------------------------------------------------------------------------
 
+def _interrupt_on_signals() -> None:
+    """SIGINT and SIGTERM stop a run cleanly (marked interrupted, resumable), also when the process
+    was started with SIGINT ignored (background jobs of a non-interactive shell: Python then installs
+    no handler of its own) or is stopped by a service manager (SIGTERM)."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @command("run")
 def cmd_run(args) -> int:
     from .loop import RunConfig, run_loop
     from .model import ModelConfig, load_config
     from .cli import default_ledger
+    _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
     events = _run_events(args)
     if args.resume:

@@ -180,10 +180,13 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     assert checks == ref_checks  # each check recorded once per candidate and mode
 
 
-def test_ctrl_c_marks_the_run_interrupted(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
     db = tmp_path / "l.db"
+    # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is
     proc = subprocess.Popen(CLI + SEARCH + ["--ledger", str(db), "--candidates-dir", str(tmp_path / "c")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.time() + 180
     in_flight = False
     while time.time() < deadline and proc.poll() is None:  # until a candidate is being judged
@@ -198,7 +201,7 @@ def test_ctrl_c_marks_the_run_interrupted(tmp_path):
                 break
     assert in_flight and proc.poll() is None, "the run never reached an evaluation: " + proc.communicate()[1][-1000:]
     t0 = time.time()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out[-500:] + err[-1000:]
     assert time.time() - t0 < 10  # sanitizer children are killed, not waited for
