@@ -103,14 +103,16 @@ def gpu_available() -> bool:
 
 def targets_for(cfg: RunConfig) -> List[Target]:
     from ..harness.bench import resolve_shapes
-    out = []
+    per_op = []
     for name in cfg.ops:
         op = get_op(name)
         by_bucket: Dict[str, List[Shape]] = {}
         for s in resolve_shapes(op, cfg.bench_shapes):
             by_bucket.setdefault(op.bucket(s), []).append(s)
-        out += [Target(name, b, shapes) for b, shapes in by_bucket.items()]
-    return out
+        per_op.append([Target(name, b, shapes) for b, shapes in by_bucket.items()])
+    # interleaved across ops (each op's first bucket, then each op's second, ...): a budget that runs
+    # out part-way through a round has still reached every op
+    return [ts[i] for i in range(max(map(len, per_op), default=0)) for ts in per_op if i < len(ts)]
 
 
 class Loop:
@@ -153,11 +155,13 @@ class Loop:
     def round(self, targets: Sequence[Target], budget: Budget) -> int:
         batch: List[Tuple[Target, ProposeContext, Proposal, int, str]] = []
         produced = 0
-        for t in targets:
+        for i, t in enumerate(targets):
             if budget.exhausted(getattr(self.proposer, "tokens_used", 0)):
                 break
             ctx = self.context(t)
-            n = min(self.cfg.per_round, self.cfg.max_candidates - budget.used)
+            # a fair share of what is left, so a small budget still reaches every op and bucket
+            left = self.cfg.max_candidates - budget.used
+            n = min(self.cfg.per_round, -(-left // (len(targets) - i)))
             if n <= 0:
                 break
             proposals = self.proposer.propose(ctx, n)
