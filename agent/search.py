@@ -2,12 +2,14 @@
 
 It needs no network, so `kernel-agent run` works out of the box. Every baseline keeps
 its launch configuration in one host function, `_config(...)`, returning a tuple. A
-variant is the baseline with that function renamed `_config_base` and a new `_config`
-that returns a different tuple wherever the base would return the one the target
-shapes use: the kernels are untouched, so a variant is as correct as its baseline
-(and the sanitizer still checks it). The search is a hill climb: start from the
-baseline's tuple, propose untried neighbours (one field changed, within what the
-hardware can hold), and move to the best measured one. Memory-bound ops also get one
+variant is the incumbent (the serving kernel of the bucket when one is promoted and it
+keeps a `_config`, otherwise the baseline) with that function renamed and a new
+`_config` that returns a different tuple wherever the old one would return the tuple
+the target shapes use: the kernels are untouched, so a variant is as correct as its
+parent (and the sanitizer still checks it). The search is a hill climb: start from the
+incumbent's tuple, propose untried neighbours (one field changed, within what the
+hardware can hold), and move to the best measured one. When a variant is promoted it
+becomes the incumbent and the climb continues from it. Memory-bound ops also get one
 source rewrite: an evict-first cache hint on the streaming loads.
 """
 from __future__ import annotations
@@ -17,8 +19,10 @@ import importlib
 import inspect
 import itertools
 import math
+import os
 import random
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -91,23 +95,48 @@ def baseline_source(op_name: str) -> str:
     return inspect.getsource(mod)
 
 
+def has_config(source: str) -> bool:
+    return re.search(r"^def _config\(", source, re.M) is not None
+
+
+def source_config(op_name: str, source: str, shape) -> tuple:
+    """What a kernel source's `_config` returns for a shape. The source is imported from a
+    temporary file (Triton reads kernels' source text); only promoted kernels and the
+    baselines get here, both already through the sanitizer."""
+    import tempfile
+    from ..harness.serving import load_kernel_file
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory(prefix="ka-incumbent-") as d:
+        path = os.path.join(d, f"{op_name}_incumbent.py")
+        with open(path, "w") as f:
+            f.write(source)
+        fn = load_kernel_file(path, op_name)
+        cfg = sys.modules[fn.__module__]._config
+        return tuple(cfg(*config_args(op_name, shape, device)))
+
+
 def with_config(source: str, old: tuple, new: tuple, bucket: str, space: Space) -> str:
-    """The baseline with `_config` overridden for the shapes that used `old`."""
-    if not re.search(r"^def _config\(", source, re.M):
+    """The source with `_config` overridden for the shapes that used `old`. A source that is
+    itself a variant keeps its override; the new one is stacked on top under fresh names."""
+    if not has_config(source):
         raise ValueError("the source has no module-level `_config` function")
-    renamed = re.sub(r"^def _config\(", "def _config_base(", source, flags=re.M)
+    n = 0
+    while re.search(rf"\b(_config_base|_TUNED_FROM|_TUNED_TO){n or ''}\b", source):
+        n += 1
+    sfx = str(n or "")
+    renamed = re.sub(r"^def _config\(", f"def _config_base{sfx}(", source, flags=re.M)
     desc = ", ".join(f"{f}={v}" for f, v in zip(space.fields, new))
     return renamed.rstrip() + f'''
 
 
 # Launch configuration found by kernel-agent's search for bucket {bucket}: {desc}
-_TUNED_FROM = {tuple(old)!r}
-_TUNED_TO = {tuple(new)!r}
+_TUNED_FROM{sfx} = {tuple(old)!r}
+_TUNED_TO{sfx} = {tuple(new)!r}
 
 
 def _config(*args):
-    cfg = tuple(_config_base(*args))
-    return _TUNED_TO if cfg == _TUNED_FROM else cfg
+    cfg = tuple(_config_base{sfx}(*args))
+    return _TUNED_TO{sfx} if cfg == _TUNED_FROM{sfx} else cfg
 '''
 
 
@@ -140,6 +169,7 @@ def with_evict_first(source: str, names: Sequence[str] = ("k", "v", "x")) -> str
 class _OpState:
     bucket: str
     shapes: List[Shape]
+    source: str  # what variants are made from: the incumbent (or the baseline)
     base_cfg: tuple
     best_cfg: tuple
     best_ms: Optional[float] = None
@@ -158,12 +188,26 @@ class SearchProposer(Proposer):
         self.state: Dict[Tuple[str, str], _OpState] = {}
 
     def _state(self, ctx: ProposeContext) -> _OpState:
+        """The climb for (op, bucket), from the current incumbent. A new incumbent (a promotion)
+        restarts the climb from it, keeping what was tried and its measured time."""
         key = (ctx.op, ctx.bucket)
-        if key not in self.state:
+        st = self.state.get(key)
+        source = ctx.incumbent_source if has_config(ctx.incumbent_source or "") else baseline_source(ctx.op)
+        if st is not None and st.source == source:
+            return st
+        if source == baseline_source(ctx.op):
             cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
-            base = sorted(cfgs)[0]
-            self.state[key] = _OpState(ctx.bucket, list(ctx.shapes), base, base, tried={base})
-        return self.state[key]
+        else:
+            cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
+        base = sorted(cfgs)[0]
+        new = _OpState(ctx.bucket, list(ctx.shapes), source, base, base, tried={base})
+        if st is not None:  # the incumbent changed under the climb
+            new.tried |= st.tried
+            new.evict_tried = st.evict_tried
+            new.best_ms = ctx.incumbent_ms
+            new.pending = st.pending
+        self.state[key] = new
+        return new
 
     def _neighbours(self, op: str, st: _OpState) -> List[tuple]:
         space = SPACES[op]
@@ -192,7 +236,7 @@ class SearchProposer(Proposer):
     def propose(self, ctx: ProposeContext, n: int) -> List[Proposal]:
         st = self._state(ctx)
         space = SPACES[ctx.op]
-        src = baseline_source(ctx.op)
+        src = st.source
         props: List[Proposal] = []
         if ctx.op in STREAMING_OPS and not st.evict_tried:
             st.evict_tried = True
@@ -213,7 +257,9 @@ class SearchProposer(Proposer):
         return props[:n]
 
     def feedback(self, ctx: ProposeContext, proposal: Proposal, passed: bool, median_ms: Optional[float]) -> None:
-        st = self._state(ctx)
+        st = self.state.get((ctx.op, ctx.bucket))  # the climb as it is now (a promotion may have moved it)
+        if st is None:
+            return
         cfg = st.pending.pop(proposal.label, None)
         if cfg is None or not passed or median_ms is None:
             return
@@ -221,6 +267,6 @@ class SearchProposer(Proposer):
             st.best_ms, st.best_cfg = median_ms, cfg
 
     def set_incumbent_time(self, ctx: ProposeContext, median_ms: float) -> None:
-        st = self._state(ctx)
-        if st.best_ms is None:
+        st = self.state.get((ctx.op, ctx.bucket))
+        if st is not None and st.best_ms is None:
             st.best_ms = median_ms

@@ -1,0 +1,52 @@
+"""The built-in search proposer: variants stack on the incumbent, and the climb follows promotions."""
+
+from kernel_agent.agent.proposal import ProposeContext
+from kernel_agent.agent.search import (SPACES, SearchProposer, baseline_config, baseline_source, source_config,
+                                       with_config)
+from kernel_agent.harness.ops import get_op
+
+OP = get_op("quantize_kv")
+SHAPE = OP.shapes("serving")[0]
+
+
+def _ctx(source, label="baseline"):
+    return ProposeContext("quantize_kv", OP.bucket(SHAPE), "bfloat16", [SHAPE], source, label)
+
+
+def test_variant_of_a_variant_keeps_both_overrides():
+    base = baseline_config("quantize_kv", SHAPE)
+    one = base[:1] + (base[1] * 2,)
+    two = (base[0] * 2,) + one[1:]
+    first = with_config(baseline_source("quantize_kv"), base, one, "b", SPACES["quantize_kv"])
+    second = with_config(first, one, two, "b", SPACES["quantize_kv"])
+    assert "_config_base1" in second and "_TUNED_TO1" in second
+    assert source_config("quantize_kv", first, SHAPE) == one
+    assert source_config("quantize_kv", second, SHAPE) == two
+    other = get_op("quantize_kv").parse_shape("16,2,64")  # another head dim: the overrides do not apply
+    assert source_config("quantize_kv", second, other) == baseline_config("quantize_kv", other)
+
+
+def test_search_climbs_from_the_incumbent_and_follows_a_promotion():
+    prop = SearchProposer(seed=1)
+    base = baseline_config("quantize_kv", SHAPE)
+    first = prop.propose(_ctx(baseline_source("quantize_kv")), 3)
+    assert first[0].label == "evict-first"
+    cfg_labels = [p.label for p in first if p.label.startswith("cfg-")]
+    assert cfg_labels and all("_config_base(" in p.source for p in first[1:])
+    # one of them is promoted: the next proposals are variants of it, not of the baseline
+    winner = first[1]
+    new_cfg = source_config("quantize_kv", winner.source, SHAPE)
+    assert new_cfg != base
+    prop.feedback(_ctx(baseline_source("quantize_kv")), winner, True, 0.05)
+    nxt = prop.propose(_ctx(winner.source, "serving:x.py"), 4)
+    assert nxt and all("_config_base1(" in p.source for p in nxt)
+    tried = {source_config("quantize_kv", p.source, SHAPE) for p in nxt}
+    assert base not in tried and new_cfg not in tried  # neither the old nor the new incumbent again
+    # each differs from the new incumbent in one field
+    assert all(sum(a != b for a, b in zip(c, new_cfg)) == 1 for c in tried)
+
+
+def test_an_incumbent_without_a_config_falls_back_to_the_baseline():
+    src = "import torch\n\ndef quantize_kv(x):\n    return x\n"
+    props = SearchProposer().propose(_ctx(src, "serving:hand.py"), 2)
+    assert props and all("def _config_base(" in p.source for p in props if p.label.startswith("cfg-"))
