@@ -54,6 +54,7 @@ def register(sub) -> None:
     r.add_argument("--time-limit", help="wall-time budget, e.g. 30m or 8h (default 30m)")
     r.add_argument("--tokens", type=int, help="model token budget")
     r.add_argument("--jobs", type=int, help="sanitizer processes in parallel (default 2)")
+    r.add_argument("--gpus", type=int, help="GPUs to evaluate on, one child each (default: every visible one)")
     r.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="dtype of the target shapes")
     r.add_argument("--shapes", help="benchmark shapes: serving (default) or the op's explicit shapes")
     r.add_argument("--seed", type=int, help="seed of the search proposer")
@@ -152,7 +153,7 @@ def cmd_run(args) -> int:
         cfg.ops = _ops(args.ops)
     for key, attr, conv in (("candidates", "max_candidates", int), ("per_round", "per_round", int),
                             ("tokens", "token_budget", int), ("jobs", "jobs", int), ("dtype", "dtype", str),
-                            ("shapes", "bench_shapes", str), ("seed", "seed", int)):
+                            ("shapes", "bench_shapes", str), ("seed", "seed", int), ("gpus", "gpus", int)):
         v = getattr(args, key, None)
         if v is None:
             v = file_run.get(key)
@@ -161,8 +162,8 @@ def cmd_run(args) -> int:
     tl = args.time_limit or file_run.get("time_limit")
     if tl:
         cfg.time_limit_s = _duration(str(tl))
-    if cfg.max_candidates < 1 or cfg.per_round < 1 or cfg.jobs < 1:
-        raise _usage("--candidates, --per-round and --jobs must be at least 1")
+    if cfg.max_candidates < 1 or cfg.per_round < 1 or cfg.jobs < 1 or (cfg.gpus is not None and cfg.gpus < 1):
+        raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     if args.candidates_dir:
         cfg.candidates_dir = args.candidates_dir
@@ -424,8 +425,8 @@ def _show_candidate(led, cid: int, args) -> int:
                   for k in checks])
     bench = led.bench_results(candidate_id=cid)
     if bench:
-        ui.table("timings", ["shape", "dtype", "gpu", "median ms", "spread", "of ceiling"],
-                 [[b.shape_key, b.dtype, b.gpu_name, f"{b.median_ms:.4f}", f"±{b.spread_ms:.4f}",
+        ui.table("timings", ["shape", "kernel", "dtype", "gpu", "median ms", "spread", "of ceiling"],
+                 [[b.shape_key, b.label, b.dtype, b.gpu_name, f"{b.median_ms:.4f}", f"±{b.spread_ms:.4f}",
                    f"{b.fraction_of_ceiling:.0%}" if b.fraction_of_ceiling else ""] for b in bench])
     plabel, psrc = parent_source(led, c)
     diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)

@@ -10,9 +10,13 @@ Candidate files are written to kernels/candidates/<run>/<op>/.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -46,6 +50,7 @@ class RunConfig:
     margin: float = 0.02
     bench_shapes: str = "serving"
     compute_sanitizer: bool = True
+    gpus: Optional[int] = None  # GPUs used for evaluation (default: every visible one)
     candidates_dir: str = os.path.join("kernels", "candidates")
 
     def to_json(self) -> Dict[str, Any]:
@@ -75,6 +80,18 @@ class RunEvents:
     candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
 
 
+def _serialized(events: RunEvents) -> RunEvents:
+    """The same callbacks, one at a time (the GPU stage reports from several threads)."""
+    lock = threading.Lock()
+
+    def locked(fn):
+        def call(*args):
+            with lock:
+                fn(*args)
+        return call
+    return RunEvents(note=locked(events.note), candidate=locked(events.candidate))
+
+
 class Budget:
     def __init__(self, cfg: RunConfig, used_candidates: int, elapsed_before: float):
         self.cfg = cfg
@@ -101,6 +118,64 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
+def visible_gpus(limit: Optional[int] = None) -> List[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (at most `limit`)."""
+    import torch
+    n = torch.cuda.device_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in env.split(",") if x.strip()][:n] if env else [str(i) for i in range(n)]
+    return ids[:limit] if limit else ids
+
+
+class DevicePool:
+    """Lends one GPU at a time to each evaluation child: `with pool.lease() as env:` gives an
+    environment whose CUDA_VISIBLE_DEVICES names a GPU no other lease holds. Why one GPU per
+    child: timings of two kernels sharing a GPU would measure each other."""
+
+    def __init__(self, devices: Sequence[str]):
+        self.devices = list(devices) or ["0"]
+        self._free: "queue.Queue[str]" = queue.Queue()
+        for d in self.devices:
+            self._free.put(d)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    @contextlib.contextmanager
+    def lease(self):
+        d = self._free.get()
+        try:
+            yield dict(os.environ, CUDA_VISIBLE_DEVICES=d)
+        finally:
+            self._free.put(d)
+
+
+def run_groups(groups: Sequence[Sequence[Any]], pool: DevicePool, work: Callable[[Any, Dict[str, str]], None]) -> None:
+    """Run `work(item, env)` for every item, the items of one group in order (one target's candidates:
+    each is judged against the incumbent the previous one may have replaced), different groups in
+    parallel on different GPUs. Ctrl-C kills the children and returns at once."""
+    from ..sanitizer.runner import kill_all
+
+    def one_group(items):
+        for it in items:
+            with pool.lease() as env:
+                work(it, env)
+
+    if len(pool) <= 1 or len(groups) <= 1:
+        for g in groups:
+            one_group(g)
+        return
+    ex = ThreadPoolExecutor(max_workers=len(pool))
+    try:
+        for f in [ex.submit(one_group, g) for g in groups]:
+            f.result()
+    except BaseException:
+        kill_all()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
 def targets_for(cfg: RunConfig) -> List[Target]:
     from ..harness.bench import resolve_shapes
     per_op = []
@@ -122,12 +197,14 @@ class Loop:
         self.ledger = ledger
         self.run_id = run_id
         self.proposer = proposer
-        self.events = events
+        self.events = _serialized(events)
         self.gpu = gpu
         self.gpu_name = gpu_name
         self.ceilings: Optional[Dict[str, Any]] = None
         self.attempts: Dict[Tuple[str, str], List[Attempt]] = {}
         self.incumbent_ms: Dict[Tuple[str, str], float] = {}
+        self.devices = DevicePool(visible_gpus(cfg.gpus) if gpu else [])
+        self._lock = threading.Lock()  # stats, events and serving-set installs from the GPU threads
         self.stats = {"proposed": 0, "rejected": 0, "verified": 0, "benchmarked": 0, "promoted": 0,
                       "duplicates": 0, "unusable_replies": 0}
         # what this run has already recorded (resume): source hash -> candidate id
@@ -250,11 +327,15 @@ class Loop:
         if c is None or c.status == "proposed":
             return
         passed = c.status in ("verified", "benchmarked", "promoted")
-        ms = self._candidate_ms(cid)
-        self.proposer.feedback(ctx, p, passed, ms)
+        inc_ms = self._bench_ms(cid, incumbent=True)
+        if inc_ms is not None:  # what the candidate was measured against, as the live path tells it first
+            self.proposer.set_incumbent_time(ctx, inc_ms)
+        self.proposer.feedback(ctx, p, passed, self._bench_ms(cid))
 
-    def _candidate_ms(self, cid: int) -> Optional[float]:
-        rows = [b for b in self.ledger.bench_results(candidate_id=cid) if b.label == "candidate"]
+    def _bench_ms(self, cid: int, incumbent: bool = False) -> Optional[float]:
+        """Mean median time of a candidate's benchmark over its shapes (or of the incumbent timed beside it)."""
+        rows = [b for b in self.ledger.bench_results(candidate_id=cid)
+                if not b.label.startswith("anchor:") and (b.label != "candidate") == incumbent]
         if not rows:
             return None
         return sum(b.median_ms for b in rows) / len(rows)
@@ -262,7 +343,6 @@ class Loop:
     # -- evaluation --------------------------------------------------------------------
     def _sanitize(self, items: List[tuple], mode: str, checks: Optional[Sequence[str]] = None) -> List[tuple]:
         """Run one sanitizer stage over a batch (any mix of ops); return the survivors."""
-        from concurrent.futures import ThreadPoolExecutor
         from ..sanitizer.runner import kill_all, run_isolated
         todo, survivors = [], []
         for it in items:
@@ -272,10 +352,16 @@ class Loop:
                     survivors.append(it)
                 continue
             todo.append(it)
-        jobs = 1 if mode == "gpu" else self.cfg.jobs
+        def judge(it):
+            if mode != "gpu":
+                return run_isolated(it[4], it[0].op, mode, checks=checks)
+            with self.devices.lease() as env:  # one GPU per child
+                return run_isolated(it[4], it[0].op, mode, checks=checks, env=env)
+
+        jobs = len(self.devices) if mode == "gpu" else self.cfg.jobs
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
-            verdicts = list(pool.map(lambda it: run_isolated(it[4], it[0].op, mode, checks=checks), todo))
+            verdicts = list(pool.map(judge, todo))
         except BaseException:
             kill_all()  # Ctrl-C: take every worker's child down so the threads return at once
             raise
@@ -312,17 +398,23 @@ class Loop:
                                                                                              "benchmarked"))
                 self.proposer.feedback(ctx, p, True, None)
             return
+        groups: Dict[Tuple[str, str], List[tuple]] = {}
         for it in self._sanitize(full, "gpu", checks=GPU_QUICK_CHECKS):
-            t, ctx, p, cid, path = it
-            self._bench_and_promote(t, ctx, p, cid, path)
+            groups.setdefault((it[0].op, it[0].bucket), []).append(it)
+        run_groups(list(groups.values()), self.devices, lambda it, env: self._bench_and_promote(*it, env=env))
 
-    def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> None:
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+
+    def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str,
+                           env: Optional[Dict[str, str]] = None) -> None:
         from ..harness.bench import record_shape_result
         from ..harness.bench_worker import run_bench_isolated
         inc_label, inc_file, _ = self.incumbent(t)
         spec = {"op": t.op, "shapes": [s.key() for s in t.shapes], "dtype": self.cfg.dtype, "seed": 0,
                 "kernels": [{"label": "incumbent", "file": inc_file}, {"label": "candidate", "file": path}]}
-        doc = run_bench_isolated(spec)
+        doc = run_bench_isolated(spec, env=env)
         if doc.get("ceilings"):
             self.ceilings = doc["ceilings"]
         per_shape, implausible, fractions = [], False, []
@@ -341,12 +433,12 @@ class Loop:
         if doc.get("error") or len(per_shape) != len(t.shapes):
             reason = doc.get("error") or "benchmark incomplete"
             self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": reason})
-            self.stats["rejected"] += 1
+            self._count("rejected")
             self.events.candidate(p.label, "rejected", f"benchmark: {reason}")
             self.proposer.feedback(ctx, p, False, None)
             return
         self.ledger.set_candidate_status(cid, "benchmarked")
-        self.stats["benchmarked"] += 1
+        self._count("benchmarked")
         cand_ms = sum(a.median_ms for a, _ in per_shape) / len(per_shape)
         inc_ms = sum(b.median_ms for _, b in per_shape) / len(per_shape)
         self.incumbent_ms[(t.op, t.bucket)] = inc_ms
@@ -361,27 +453,28 @@ class Loop:
             self.events.candidate(p.label, "benchmarked", decision.reason)
             return
         if self.cfg.compute_sanitizer:
-            extra = self._promotion_checks(t, cid, path)
+            extra = self._promotion_checks(t, cid, path, env)
             if extra is not None:
                 self.events.candidate(p.label, "benchmarked", f"faster, but not promoted: {extra}")
                 return
         with open(path) as f:
             source = f.read()
         v = versions()
-        entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
-                                decision.reason, v)
+        with self._lock:  # the manifest is read, changed and written: one install at a time
+            entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
+                                    decision.reason, v)
         self.ledger.record_promotion(run_id=self.run_id, op=t.op, bucket=t.bucket, dtype=self.cfg.dtype,
                                      gpu_name=self.gpu_name, candidate_id=cid, new_ms=cand_ms, old_ms=inc_ms,
                                      gain=decision.gain, spread=decision.spread, reason=decision.reason,
                                      versions_json=json.dumps(v))
-        self.stats["promoted"] += 1
+        self._count("promoted")
         self.incumbent_ms[(t.op, t.bucket)] = cand_ms
         self.events.candidate(p.label, "promoted", f"{decision.reason} -> {entry['file']}")
 
-    def _promotion_checks(self, t: Target, cid: int, path: str) -> Optional[str]:
+    def _promotion_checks(self, t: Target, cid: int, path: str, env: Optional[Dict[str, str]] = None) -> Optional[str]:
         """compute-sanitizer memcheck / initcheck / racecheck before a kernel enters the serving set."""
         from ..sanitizer.runner import run_isolated
-        v = run_isolated(path, t.op, "gpu", checks=GPU_PROMOTION_CHECKS)
+        v = run_isolated(path, t.op, "gpu", checks=GPU_PROMOTION_CHECKS, env=env)
         self.ledger.record_checks(cid, "gpu", [{"name": c.name, "status": c.status, "detail": c.detail,
                                                 "duration_s": c.duration_s} for c in v.checks
                                                if c.name in GPU_PROMOTION_CHECKS])
@@ -422,6 +515,8 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
     if proposer is None:
         proposer = make_proposer(cfg, ledger, run_id)
     loop = Loop(cfg, ledger, run_id, proposer, events, gpu, gname)
+    if gpu and len(loop.devices) > 1:
+        events.note(f"evaluating on {len(loop.devices)} GPUs ({', '.join(loop.devices.devices)}), one child per GPU")
     budget = Budget(cfg, len(ledger.candidates(run_id=run_id)), float(progress.get("elapsed_s", 0.0)))
     targets = targets_for(cfg)
     stop_reason = None

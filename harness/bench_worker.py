@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 
 def _contenders(spec: dict):
@@ -73,24 +72,24 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_bench_isolated(spec: dict, timeout_s: float = 900.0) -> dict:
-    """Run one benchmark spec in a child process; a crash or hang comes back as {'error': ...}."""
+def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None) -> dict:
+    """Run one benchmark spec in a child process (`env`: its environment, e.g. the GPU it may see);
+    a crash or hang comes back as {'error': ...}, and Ctrl-C takes the child down at once."""
+    from ..sanitizer.runner import run_tracked
     with tempfile.TemporaryDirectory(prefix="ka-bench-") as tmp:
         sp, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(sp, "w") as f:
             json.dump(spec, f)
         t0 = time.time()
-        try:
-            r = subprocess.run([sys.executable, "-m", "kernel_agent.harness.bench_worker", "--spec", sp, "--out", out],
-                               capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
-            rc, log = r.returncode, (r.stdout + r.stderr)
-        except subprocess.TimeoutExpired as e:
-            rc, log = None, ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else
-                             (e.stdout or ""))
+        rc, log = run_tracked([sys.executable, "-m", "kernel_agent.harness.bench_worker", "--spec", sp, "--out", out],
+                              timeout_s, env=env)
         doc = {"results": [], "error": None}
         if os.path.exists(out):
-            with open(out) as f:
-                doc = json.load(f)
+            try:
+                with open(out) as f:
+                    doc = json.load(f)
+            except (OSError, json.JSONDecodeError):
+                pass
         if rc is None:
             doc["error"] = f"benchmark timed out after {timeout_s:.0f}s"
         elif rc != 0:

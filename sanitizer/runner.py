@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from .verdict import FAILED, CheckOutcome, Verdict
 
@@ -62,23 +62,8 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         if mode != "gpu":
             child_env["TRITON_INTERPRET"] = "1"
         t0 = time.time()
-        proc = subprocess.Popen(cmd, cwd=tmp, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        with _live_lock:
-            _live.add(proc)
-        timed_out = False
-        try:
-            log, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            log, _ = proc.communicate()
-        except BaseException:  # Ctrl-C in the parent: take the child (its own session) down too
-            _kill_group(proc)
-            raise
-        finally:
-            with _live_lock:
-                _live.discard(proc)
+        rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)
+        timed_out = rc is None
         elapsed = time.time() - t0
         doc = None
         if os.path.exists(out):
@@ -87,7 +72,7 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
                     doc = json.load(f)
             except (OSError, json.JSONDecodeError):
                 doc = None
-    tail = (log or b"").decode(errors="replace").strip().splitlines()[-3:]
+    tail = log.strip().splitlines()[-3:]
     if doc and doc.get("complete"):
         v = Verdict.from_json(doc)
         v.file = path
@@ -101,14 +86,39 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     where = f" during check `{running}`" if running else ""
     if timed_out:
         reason = f"timed out after {timeout_s:.0f}s{where} (a hang, or far too slow)"
-    elif proc.returncode is not None and proc.returncode < 0:
-        reason = f"crashed with {_signal_name(proc.returncode)}{where}"
+    elif rc < 0:
+        reason = f"crashed with {_signal_name(rc)}{where}"
     else:
         last = tail[-1] if tail else ""
-        reason = f"the sanitizer process exited with code {proc.returncode}{where}: {last[:300]}"
+        reason = f"the sanitizer process exited with code {rc}{where}: {last[:300]}"
     v.checks.append(CheckOutcome(running or "isolation", FAILED, reason, elapsed))
     v.error = reason
     return v
+
+
+def run_tracked(cmd: Sequence[str], timeout_s: float, env: Optional[dict] = None,
+                cwd: Optional[str] = None) -> Tuple[Optional[int], str]:
+    """Run an untrusted child in a session of its own, killed (with its whole group) at the time
+    limit or when this process is interrupted; tracked so that `kill_all` reaches it from any
+    thread. Returns (exit code, None when it timed out; its output)."""
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    with _live_lock:
+        _live.add(proc)
+    timed_out = False
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        log, _ = proc.communicate()
+    except BaseException:  # Ctrl-C in the parent: take the child (its own session) down too
+        _kill_group(proc)
+        raise
+    finally:
+        with _live_lock:
+            _live.discard(proc)
+    return (None if timed_out else proc.returncode), (log or b"").decode(errors="replace")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

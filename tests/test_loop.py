@@ -207,3 +207,144 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
     assert time.time() - t0 < 10  # sanitizer children are killed, not waited for
     run = Ledger(db).runs()[0]
     assert run.status == "interrupted" and f"--resume {run.id}" in out + err
+
+
+# -- evaluation spread over GPUs -------------------------------------------------------------
+
+def test_run_groups_gives_each_child_its_own_gpu_and_keeps_a_targets_order():
+    import threading
+    from kernel_agent.agent.loop import DevicePool, run_groups
+    pool = DevicePool(["3", "5"])
+    lock = threading.Lock()
+    busy, log, overlap = set(), [], []
+
+    def work(item, env):
+        dev = env["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            assert dev not in busy, "two children on one GPU"
+            busy.add(dev)
+            overlap.append(len(busy))
+        time.sleep(0.05)
+        with lock:
+            busy.discard(dev)
+            log.append(item)
+
+    groups = [[("a", i) for i in range(3)], [("b", i) for i in range(3)], [("c", i) for i in range(2)]]
+    run_groups(groups, pool, work)
+    assert sorted(log) == sorted(x for g in groups for x in g)
+    for g in groups:  # one target's candidates in order
+        assert [x for x in log if x[0] == g[0][0]] == g
+    assert max(overlap) == 2  # both GPUs were used at once
+    assert sorted(pool.devices) == ["3", "5"] and pool._free.qsize() == 2  # every lease returned
+
+
+def test_run_rejects_zero_gpus(tmp_path):
+    r = _run(["run", "--gpus", "0", "--ledger", str(tmp_path / "l.db")])
+    assert r.returncode == 2 and "--gpus must be at least 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def _fake_gpu(tmp_path, monkeypatch, candidate_ms):
+    """Replace the loop's device children by fakes: sanitizer GPU checks pass, benchmarks report
+    `candidate_ms(op, file)` for the candidate against 1.0 ms for the baseline (0.8 for a promoted
+    incumbent). Returns the log of (stage, GPU) leases."""
+    import threading
+    from kernel_agent.agent import loop as loop_mod
+    from kernel_agent.harness import bench_worker
+    from kernel_agent.sanitizer import runner
+    from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
+
+    monkeypatch.setenv("KERNEL_AGENT_SERVING_DIR", str(tmp_path / "serving"))
+    monkeypatch.setattr(loop_mod, "visible_gpus", lambda limit=None: ["0", "1"])
+    seen, lock = [], threading.Lock()
+
+    def fake_sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None):
+        if mode == "gpu":
+            with lock:
+                seen.append(("gpu", env["CUDA_VISIBLE_DEVICES"]))
+        return Verdict(path, op, mode, checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])])
+
+    def m(label, ms):
+        return {"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "rounds": [ms] * 5, "tbps": 1.0,
+                "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": ""}
+
+    def fake_bench(spec, timeout_s=900.0, env=None):
+        with lock:
+            seen.append(("bench", env["CUDA_VISIBLE_DEVICES"]))
+            ms = candidate_ms(spec["op"], spec["kernels"][1]["file"])
+        inc = 1.0 if spec["kernels"][0]["file"] is None else 0.8
+        res = [{"op": spec["op"], "shape": key, "bucket": "b", "dtype": spec["dtype"], "gpu": "Fake GPU",
+                "measurements": [m("incumbent", inc), m("candidate", ms), m("anchor:torch", 0.9)]}
+               for key in spec["shapes"]]
+        return {"results": res, "error": None}
+
+    monkeypatch.setattr(runner, "run_isolated", fake_sanitize)
+    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
+    return seen
+
+
+def _fake_loop(tmp_path, led, ops, proposer=None):
+    from kernel_agent.agent import loop as loop_mod
+    from kernel_agent.agent.search import SearchProposer
+    cfg = loop_mod.RunConfig(ops=ops, per_round=2, max_candidates=20, candidates_dir=str(tmp_path / "cands"),
+                             bench_shapes="near_serving")
+    run = led.start_run(cfg.to_json(), {}, "search", cfg.ops, "Fake GPU", {})
+    lp = loop_mod.Loop(cfg, led, run.id, proposer or SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU")
+    return lp, run, loop_mod.targets_for(cfg), loop_mod.Budget(cfg, 0, 0.0)
+
+
+def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monkeypatch):
+    """The loop's GPU path with the device children replaced by fakes: every candidate is judged on
+    a GPU of its own, the faster one is promoted into the serving set, and the next round's variants
+    are built on it."""
+    from kernel_agent.harness import serving
+    fast = {}
+    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.8 if fast.setdefault(op, f) == f else 1.0)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv", "matmul"])
+    lp.round(targets[:2], budget)
+    assert {d for _, d in seen} == {"0", "1"}  # both GPUs lent
+    promos = [e for e in serving.load_manifest()["entries"]]
+    assert sorted(e["op"] for e in promos) == ["matmul", "quantize_kv"] and lp.stats["promoted"] == 2
+    assert lp.stats["benchmarked"] == 4
+    statuses = sorted(c.status for c in led.candidates(run_id=run.id))
+    assert statuses == ["benchmarked", "benchmarked", "promoted", "promoted"]
+    # the next round climbs from the promoted kernels
+    before = {c.id for c in led.candidates(run_id=run.id)}
+    lp.round(targets[:2], budget)
+    new = [c for c in led.candidates(run_id=run.id) if c.id not in before]
+    served = {e["op"]: (tmp_path / "serving" / e["file"]).read_text() for e in serving.load_manifest()["entries"]}
+    assert {c.op for c in new} == {"quantize_kv", "matmul"}
+    for c in new:  # a variant of the promoted kernel: all of it is there, bar the renamed `_config`
+        assert all(line in c.source for line in served[c.op].splitlines() if not line.startswith("def _config(")), c
+        assert c.source != served[c.op]
+    led.close()
+
+
+def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, monkeypatch):
+    """A second run over the same ledger re-proposes what the first one tried: those are not timed
+    again, their recorded times (and the incumbent's beside them) steer the climb."""
+    from kernel_agent.agent.search import SearchProposer, baseline_config, source_config
+    from kernel_agent.harness.ops import get_op
+    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)  # everything slower than the baseline
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
+    lp.round(targets[:1], budget)
+    first = led.candidates(run_id=run.id)
+    assert len(first) == 2 and {c.status for c in first} == {"benchmarked"}
+    rows = led.bench_results(candidate_id=first[0].id)
+    assert {b.label for b in rows} == {"candidate", "baseline", "anchor:torch"}  # timed side by side
+    prop = SearchProposer()
+    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["matmul"], prop)
+    lp2.round(targets[:1], budget2)
+    assert lp2.stats["duplicates"] == 2 and lp2.stats["benchmarked"] == 0  # replayed, not re-timed
+    st = prop.state[("matmul", targets[0].bucket)]
+    shape = targets[0].shapes[0]
+    assert st.best_ms == 1.0 and st.best_cfg == baseline_config("matmul", shape)  # did not move to a slower one
+    lp2.round(targets[:1], budget2)
+    new = [c for c in led.candidates(run_id=run2.id) if c.id not in {x.id for x in first}]
+    assert len(new) == 2
+    tried = {source_config("matmul", c.source, shape) for c in first}
+    for c in new:
+        cfg = source_config("matmul", c.source, shape)
+        assert cfg not in tried and sum(a != b for a, b in zip(cfg, st.best_cfg)) == 1
+    led.close()
