@@ -312,7 +312,8 @@ def print_bench(doc) -> None:
             ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
             rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
             rows.append([res["op"], res["shape"], res["dtype"], m["label"], f"{m['median_ms']:.4f}",
-                         f"±{m['spread_ms']:.4f}", f"{m['graph_ms']:.4f}" if m.get("graph_ms") else "", ratio, rate,
+                         f"±{m['spread_ms']:.4f}", (f"{m['graph_ms']:.4f}" + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""))
+                         if m.get("graph_ms") else "", ratio, rate,
                          f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else "")])
     ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "anchor/this", "rate",
                   "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 6)
@@ -451,11 +452,11 @@ def _show_candidate(led, cid: int, args) -> int:
 def cmd_promote(args) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, install."""
     from ..harness import serving
-    from ..harness.bench import NoGPU, record_shape_result, require_gpu, resolve_shapes
+    from ..harness.bench import NoGPU, judged_pair, record_shape_result, require_gpu, resolve_shapes
     from ..harness.bench_worker import run_bench_isolated
     from ..harness.env import gpu_name, versions
     from ..harness.ops import get_op
-    from ..harness.promotion import Timing, decide_over_shapes
+    from ..harness.promotion import decide_over_shapes
     from ..sanitizer.runner import run_isolated
     from ..sanitizer.report import merge_gpu
     from .cli import _check_op
@@ -508,9 +509,10 @@ def cmd_promote(args) -> int:
             c, i = ms["candidate"], ms["incumbent"]
             record_shape_result(led, run.id, res, cand.id,
                                 "baseline" if inc_file is None else f"serving:{entry['file']}")
-            pairs.append((Timing(c["median_ms"], c["spread_ms"], c["n"]), Timing(i["median_ms"], i["spread_ms"], i["n"])))
-            ui.line(f"  {res['shape']}: candidate {c['median_ms']:.4f} ms ±{c['spread_ms']:.4f}, incumbent "
-                    f"{i['median_ms']:.4f} ms ±{i['spread_ms']:.4f}")
+            tc, ti, kind = judged_pair(c, i)
+            pairs.append((tc, ti))
+            ui.line(f"  {res['shape']}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
+                    f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
         implausible = any(m.get("implausible") for r in doc["results"] for m in r["measurements"]
                           if m["label"] == "candidate")
         decision = decide_over_shapes(pairs, sanitizer_passed=True, implausible=implausible, margin=args.margin,

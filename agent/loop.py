@@ -11,6 +11,7 @@ Candidate files are written to kernels/candidates/<run>/<op>/.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -25,7 +26,7 @@ from ..harness.env import versions
 from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
-from ..harness.promotion import Timing, decide_over_shapes
+from ..harness.promotion import decide_over_shapes
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 
 ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
@@ -409,7 +410,7 @@ class Loop:
 
     def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str,
                            env: Optional[Dict[str, str]] = None) -> None:
-        from ..harness.bench import record_shape_result
+        from ..harness.bench import judged_pair, record_shape_result
         from ..harness.bench_worker import run_bench_isolated
         inc_label, inc_file, _ = self.incumbent(t)
         spec = {"op": t.op, "shapes": [s.key() for s in t.shapes], "dtype": self.cfg.dtype, "seed": 0,
@@ -417,7 +418,7 @@ class Loop:
         doc = run_bench_isolated(spec, env=env)
         if doc.get("ceilings"):
             self.ceilings = doc["ceilings"]
-        per_shape, implausible, fractions = [], False, []
+        per_shape, implausible, fractions, kinds = [], False, [], set()
         for res in doc.get("results", []):
             ms = {m["label"]: m for m in res["measurements"]}
             record_shape_result(self.ledger, self.run_id, res, cid, "baseline" if inc_file is None else inc_label)
@@ -428,8 +429,9 @@ class Loop:
                 continue
             implausible = implausible or bool(c.get("implausible"))
             fractions.append(c.get("fraction_of_ceiling") or 0.0)
-            per_shape.append((Timing(c["median_ms"], c["spread_ms"], c["n"]),
-                              Timing(inc["median_ms"], inc["spread_ms"], inc["n"])))
+            tc, ti, kind = judged_pair(c, inc)
+            per_shape.append((tc, ti))
+            kinds.add(kind)
         if doc.get("error") or len(per_shape) != len(t.shapes):
             reason = doc.get("error") or "benchmark incomplete"
             self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": reason})
@@ -446,6 +448,8 @@ class Loop:
         self.proposer.feedback(ctx, p, True, cand_ms)
         decision = decide_over_shapes(per_shape, sanitizer_passed=True, implausible=implausible, margin=self.cfg.margin,
                                       labels=[s.key() for s in t.shapes])
+        if "graph" in kinds:
+            decision = dataclasses.replace(decision, reason=decision.reason + " (CUDA-graph replay times)")
         frac = sum(fractions) / len(fractions) if fractions else None
         self.attempts.setdefault((t.op, t.bucket), []).append(
             Attempt(p.label, True, decision.reason, cand_ms, frac))

@@ -93,3 +93,18 @@ def test_over_shapes_aggregate_within_noise_is_refused():
     shapes = [(Timing(0.97, 0.02, 10), Timing(1.0, 0.02, 10)), (Timing(0.98, 0.02, 10), Timing(1.0, 0.02, 10))]
     d = decide_over_shapes(shapes, sanitizer_passed=True)
     assert not d.promote and "not above the mean noise 4.0% + margin 2.0%" in d.reason
+
+
+def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
+    from kernel_agent.harness.bench import judged_pair
+    ev = {"median_ms": 0.10, "spread_ms": 0.002, "n": 5}
+    cand = dict(ev, graph_ms=0.040, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
+    inc = dict(ev, median_ms=0.08, graph_ms=0.044, graph_spread_ms=0.0002, graph_rounds=[0.044] * 5)
+    c, i, kind = judged_pair(cand, inc)
+    assert kind == "graph" and (c.median_ms, i.median_ms, c.n) == (0.040, 0.044, 5)
+    # the event times would have said the candidate is slower: host overhead, not the kernel
+    assert not decide_over_shapes([(Timing(0.10, 0.002, 5), Timing(0.08, 0.002, 5))], True).promote
+    assert decide_over_shapes([(c, i)], True).promote
+    for broken in ({"graph_ms": None}, {"graph_rounds": [0.04]}, {"graph_spread_ms": None}):
+        c, i, kind = judged_pair(dict(cand, **broken), inc)  # one side lacks graph rounds: both by events
+        assert kind == "event" and (c.median_ms, i.median_ms) == (0.10, 0.08)
