@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The benchmark/serving checks on a GPU machine (torch and triton preinstalled), in one command of
+# under ten minutes, steps chosen by STEPS (default "bench tests"):
+#   bench: `kernel-agent bench --op all --shapes serving` twice, as two processes back to back on a
+#          quiet host (bench_run3.json, bench_run4.json: do the medians agree within the reported
+#          spread?). Nothing else runs meanwhile: a busy host CPU slows the launches of small kernels.
+#   tests: the pytest tests marked `gpu` (tests/test_gpu.py), then serving-style calls through
+#          serving.get(op) over the committed serving set at every serving shape, differential-checked.
+# Prints the agreement table last.
+# Usage: [STEPS="bench"] bash scripts/gpu_checks.sh OUTDIR
+set -u
+OUT=$1
+STEPS=${STEPS:-bench tests}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export KERNEL_AGENT_CACHE=${KERNEL_AGENT_CACHE:-/tmp/ka/cache} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
+cat "$OUT/gpu.txt"
+echo "start $(date +%T)"
+if [[ " $STEPS " == *" bench "* ]]; then
+  for i in 3 4; do
+    timeout 230 python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger \
+      --out "$OUT/bench_run$i.json" > "$OUT/bench_run$i.txt" 2>&1
+    echo "bench run $i: exit $? ($(date +%T))"
+  done
+fi
+if [[ " $STEPS " == *" tests "* ]]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
+    --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests: exit $? ($(date +%T))"
+  KERNEL_AGENT_SERVING_DIR=$PWD/kernels/serving timeout 90 python3 scripts/serving_check.py > "$OUT/serving_check.txt" 2>&1
+  echo "serving check: exit $? ($(date +%T))"
+  echo; tail -n 3 "$OUT/gpu_tests.txt"; echo; cat "$OUT/serving_check.txt"
+fi
+if [ -e "$OUT/bench_run4.json" ]; then
+  echo; python3 scripts/foundation_table.py "$OUT/bench_run3.json" "$OUT/bench_run4.json" | sed -n '/Run twice/,/^$/p'
+fi

@@ -1,0 +1,190 @@
+"""GPU tests: the benchmark protocol, the promotion rule on real timings, serving dispatch and
+candidate faults, on a CUDA device. Skipped on the CPU (CI); on a GPU machine:
+
+    TRITON_INTERPRET=0 python -m pytest -q -m gpu tests/test_gpu.py
+"""
+import os
+import shutil
+
+import pytest
+import torch
+
+from kernel_agent.agent.search import SPACES, baseline_config, baseline_source, with_config
+from kernel_agent.harness import serving
+from kernel_agent.harness.bench import Contender, benchmark_shape, judged_pair, load_ceilings
+from kernel_agent.harness.bench_worker import run_bench_isolated
+from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.promotion import decide_over_shapes
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU with TRITON_INTERPRET=0")]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUANT = get_op("quantize_kv")
+QSHAPE = QUANT.shapes("serving")[0]
+
+
+@pytest.fixture(scope="module")
+def ceilings():
+    return load_ceilings()
+
+
+def _baseline_contender(label="baseline"):
+    from kernel_agent.kernels.baseline.quantize_kv import quantize_kv
+    return Contender(label, quantize_kv, ("_quantize_kernel",))
+
+
+def _measure(contender, ceilings):
+    res = benchmark_shape(QUANT, QSHAPE, torch.bfloat16, [contender], ceilings)
+    return {m.label: m for m in res.measurements}
+
+
+def test_ceilings_are_plausible_for_a_datacenter_gpu(ceilings):
+    assert 1.0 < ceilings.copy_tbps < 20.0 and 100.0 < ceilings.bf16_tflops < 5000.0
+
+
+def test_bench_times_the_baseline_and_its_anchor(ceilings):
+    ms = _measure(_baseline_contender(), ceilings)
+    base, anchor = ms["baseline"], ms["anchor:torch.compile"]
+    for m in (base, anchor):
+        assert not m.error and m.n >= 3 and 0 < m.median_ms < 10 and 0 <= m.spread_ms < m.median_ms
+        assert not m.implausible
+        assert m.within_spread_ms <= m.spread_ms and m.spread_ms >= 0.005 * m.median_ms * 0.999  # the floor
+    assert 0.2 < base.fraction_of_ceiling <= 1.05 and base.ceiling_kind == "memory"
+    # a small kernel is also timed as graph replays, in rounds with a spread
+    assert base.graph_ms is not None and base.graph_ms > 0 and len(base.graph_rounds) >= 3
+    assert base.graph_spread_ms >= 0.005 * base.graph_ms * 0.999
+
+
+def test_bench_refuses_a_kernel_that_does_not_launch_its_own_kernels(ceilings):
+    from kernel_agent.harness.bench import _quantize_eager
+    ms = _measure(Contender("candidate", lambda x: _quantize_eager(x), ("_quantize_kernel",)), ceilings)
+    assert "none of its Triton kernels" in ms["candidate"].error
+
+
+def test_bench_refuses_a_wrong_result(ceilings):
+    from kernel_agent.kernels.baseline.quantize_kv import quantize_kv
+
+    def wrong(x):
+        q, s = quantize_kv(x)
+        return q, s * 1.01
+    ms = _measure(Contender("candidate", wrong, ("_quantize_kernel",)), ceilings)
+    assert "wrong result on the device" in ms["candidate"].error
+
+
+def test_bench_is_not_fooled_by_work_on_another_stream(ceilings):
+    from kernel_agent.kernels.baseline.quantize_kv import quantize_kv
+    side = torch.cuda.Stream()
+
+    def hidden(x):  # the events on the current stream never see the kernel
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            return quantize_kv(x)
+    m = _measure(Contender("candidate", hidden, ("_quantize_kernel",)), ceilings)["candidate"]
+    assert m.implausible, m
+
+
+def _variant_file(tmp_path, name, cfg):
+    base = baseline_config("quantize_kv", QSHAPE)
+    path = tmp_path / f"{name}.py"
+    path.write_text(with_config(baseline_source("quantize_kv"), base, cfg, QUANT.bucket(QSHAPE),
+                                SPACES["quantize_kv"]))
+    return str(path)
+
+
+def _decide(doc):
+    assert not doc.get("error"), doc.get("error")
+    pairs = []
+    for res in doc["results"]:
+        ms = {m["label"]: m for m in res["measurements"]}
+        tc, ti, kind = judged_pair(ms["candidate"], ms["incumbent"])
+        assert kind == "graph"  # quantize_kv at its serving shape is a small kernel: judged by graph replay
+        pairs.append((tc, ti))
+    return decide_over_shapes(pairs, sanitizer_passed=True)
+
+
+def test_the_rule_promotes_a_faster_kernel_and_refuses_one_within_noise(tmp_path):
+    slow = _variant_file(tmp_path, "one_row_per_program", (1, 1))
+    same = tmp_path / "baseline_copy.py"
+    same.write_text(baseline_source("quantize_kv") + "\n# the same kernel under another name\n")
+    spec = {"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0}
+    faster = _decide(run_bench_isolated(dict(spec, kernels=[{"label": "incumbent", "file": slow},
+                                                            {"label": "candidate", "file": None}])))
+    assert faster.promote and faster.gain > 0.1, faster.reason
+    within = _decide(run_bench_isolated(dict(spec, kernels=[{"label": "incumbent", "file": None},
+                                                            {"label": "candidate", "file": str(same)}])))
+    assert not within.promote and abs(within.gain) < 0.02, within.reason
+
+
+def test_serving_dispatches_to_an_installed_kernel_and_its_results_pass(tmp_path):
+    gpu = torch.cuda.get_device_name()
+    src = open(_variant_file(tmp_path, "v", (16, 4))).read()
+    entry = serving.install("quantize_kv", QUANT.bucket(QSHAPE), "bfloat16", gpu, src, None, 0.05, "test", {},
+                            dir=tmp_path / "serving")
+    fn = serving.get("quantize_kv", dir=tmp_path / "serving")
+    case = QUANT.make_case(QSHAPE, torch.bfloat16, seed=3, device="cuda")
+    assert fn.resolve(**case.args) == entry["file"]
+    assert QUANT.compare(fn(**case.args), case.args, QUANT.reference(case.args, torch.float32)).ok
+    fp16 = QUANT.make_case(QSHAPE, torch.float16, seed=3, device="cuda")
+    assert fn.resolve(**fp16.args) == "baseline"  # no fp16 entry: the baseline serves it
+    assert QUANT.compare(fn(**fp16.args), fp16.args, QUANT.reference(fp16.args, torch.float32)).ok
+
+
+def test_the_committed_serving_set_serves_its_kernels_correctly():
+    d = os.path.join(ROOT, "kernels", "serving")
+    gpu = torch.cuda.get_device_name()
+    entries = [e for e in serving.load_manifest(d)["entries"] if e["gpu"] == gpu]
+    if not entries:
+        pytest.skip(f"no committed serving kernels for {gpu}")
+    for e in entries:
+        op = get_op(e["op"])
+        fn = serving.get(e["op"], dir=d)
+        shapes = [s for s in op.shapes("serving") if op.bucket(s) == e["bucket"]]
+        assert shapes, e
+        for s in shapes:
+            case = op.make_case(s, torch.bfloat16, seed=11, device="cuda")
+            assert fn.resolve(**case.args) == e["file"]
+            out = fn(**case.args)
+            assert op.compare(out, case.args, op.reference(case.args, torch.float32)).ok
+            del case, out
+            torch.cuda.empty_cache()
+
+
+def test_a_gpu_fault_in_a_candidate_is_a_verdict_not_an_outage(tmp_path):
+    from kernel_agent.sanitizer.runner import run_isolated
+    src = baseline_source("quantize_kv").replace("x = tl.load(x_ptr + ", "x = tl.load(x_ptr + (1 << 44) + ")
+    assert "(1 << 44)" in src
+    path = tmp_path / "wild_pointer.py"
+    path.write_text(src)
+    v = run_isolated(str(path), "quantize_kv", "gpu", checks=("gpu_differential",), timeout_s=180)
+    assert not v.passed
+    doc = run_bench_isolated({"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0,
+                              "kernels": [{"label": "incumbent", "file": None},
+                                          {"label": "candidate", "file": str(path)}]})
+    errs = [m.get("error") for r in doc.get("results", []) for m in r["measurements"] if m["label"] == "candidate"]
+    assert doc.get("error") or any(errs)
+    torch.cuda.synchronize()  # this process's device is untouched
+
+
+def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
+    from kernel_agent.agent.loop import RunConfig, run_loop
+    from kernel_agent.harness.ledger import Ledger
+    os.environ["KERNEL_AGENT_SERVING_DIR"] = str(tmp_path / "serving")
+    try:
+        cfg = RunConfig(ops=["quantize_kv"], max_candidates=2, per_round=2, jobs=2, time_limit_s=600,
+                        candidates_dir=str(tmp_path / "candidates"))
+        summary = run_loop(cfg, str(tmp_path / "ledger.db"))
+    finally:
+        os.environ.pop("KERNEL_AGENT_SERVING_DIR", None)
+    assert summary["benchmarked"] and summary["gpu"] == torch.cuda.get_device_name()
+    led = Ledger(str(tmp_path / "ledger.db"))
+    cands = led.candidates()
+    assert len(cands) == 2 and all(c.status in ("benchmarked", "promoted", "rejected") for c in cands)
+    timed = [c for c in cands if c.status != "rejected"]
+    assert timed, [(c.label, c.status) for c in cands]
+    for c in timed:
+        labels = {b.label for b in led.bench_results(candidate_id=c.id)}
+        assert "candidate" in labels
+    led.close()
+    shutil.rmtree(tmp_path / "candidates", ignore_errors=True)
