@@ -61,10 +61,10 @@ def history(args, led) -> int:
     if args.leaderboard:
         rows = [[e.get("bucket"), e.get("shape_key"), e.get("dtype"), e.get("gpu_name"),
                  f"#{e.get('candidate_id')} {e.get('label') or ''}".strip(), _f(e.get("best_ms")),
-                 _f(e.get("baseline_ms")), _x(e.get("speedup")), _f(e.get("anchor_ms"))]
+                 _f(e.get("baseline_ms")), _x(e.get("speedup")), _f(e.get("anchor_ms")), e.get("clock", "")]
                 for e in doc["leaderboard"]]
         ui.table(f"leaderboard: {args.op}", ["bucket", "shape", "dtype", "gpu", "best", "ms", "baseline ms",
-                                             "speedup", "anchor ms"], rows)
+                                             "speedup", "anchor ms", "timed by"], rows)
     if args.trend:
         ui.table(f"speedup trend: {args.op}", ["run", "started", "best speedup over the baseline"],
                  [[t["run"], t["started"][:16], _x(t["speedup"])] for t in doc["trend"]])
@@ -87,7 +87,7 @@ def speedup_trend(led, op: str, runs) -> List[Dict[str, Any]]:
         base = {(b.shape_key, b.dtype): b.median_ms for b in rows if b.label in ("baseline", "incumbent")}
         best: Dict[int, List[float]] = defaultdict(list)
         for b in rows:
-            if b.candidate_id is not None and (b.shape_key, b.dtype) in base and not b.implausible:
+            if b.label == "candidate" and (b.shape_key, b.dtype) in base and not b.implausible:
                 best[b.candidate_id].append(base[(b.shape_key, b.dtype)] / b.median_ms)
         if best:
             import math
@@ -147,9 +147,9 @@ def write_report(led, run, out_dir: str) -> str:
         rows = [b for b in led.bench_results(run_id=run.id, op=pr.op) if b.bucket == pr.bucket and b.dtype == pr.dtype]
         anchors = {b.shape_key: b.median_ms for b in rows if b.label.startswith("anchor")}
         for b in rows:
-            if b.candidate_id not in (None, c.id):
+            if b.candidate_id not in (None, c.id):  # timed beside another candidate
                 continue
-            who = f"candidate #{c.id}" if b.candidate_id == c.id else b.label
+            who = f"candidate #{c.id}" if b.label == "candidate" else b.label
             ratio = f"{anchors[b.shape_key] / b.median_ms:.2f}x" if b.shape_key in anchors else ""
             frac = f"{b.fraction_of_ceiling:.0%} ({b.ceiling_kind})" if b.fraction_of_ceiling else ""
             lines.append(f"| {b.shape_key} | {b.dtype} | {who} | {b.median_ms:.4f} | {b.spread_ms:.4f} | {ratio} | "
@@ -197,7 +197,7 @@ def _plots(led, run, out_dir: str):
     timeline: Dict[tuple, List[tuple]] = defaultdict(list)
     for b in sorted(rows, key=lambda b: b.id):
         key = (b.op, b.shape_key, b.dtype)
-        if b.candidate_id is None or b.implausible:
+        if b.label != "candidate" or b.implausible:
             continue
         best[key] = min(best.get(key, float("inf")), b.median_ms)
         timeline[key].append((b.created_at, best[key]))

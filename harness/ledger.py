@@ -763,44 +763,45 @@ class Ledger:
         """Per (bucket, shape_key, dtype, gpu_name): the fastest benchmarked candidate
         (status 'benchmarked' or 'promoted'; implausible timings are ignored) against the
         baseline for the same shape, dtype and GPU. When a kernel was timed several
-        times, its best median counts, for the baseline too (so the speedup is not
-        flattered by one slow baseline run). speedup = baseline_ms / best_ms."""
+        times, its best time counts, for the baseline too (so the speedup is not
+        flattered by one slow baseline run). speedup = baseline_ms / best_ms. Times are
+        CUDA-graph replay times where every kernel of the shape has one (small kernels,
+        judged that way by the promotion rule: `clock` 'graph'), else event times."""
         good = ("benchmarked", "promoted")
         q = (select(BenchResult, Candidate.label, Candidate.status)
              .join(Candidate, Candidate.id == BenchResult.candidate_id)
-             .where(BenchResult.op == op, BenchResult.implausible.is_(False), Candidate.status.in_(good)))
-        bq = select(BenchResult).where(BenchResult.op == op, BenchResult.candidate_id.is_(None),
+             .where(BenchResult.op == op, BenchResult.label == "candidate", BenchResult.implausible.is_(False),
+                    Candidate.status.in_(good)))
+        # the baseline and the anchors, timed on their own (`bench`) or beside a candidate
+        bq = select(BenchResult).where(BenchResult.op == op, BenchResult.label != "candidate",
                                        BenchResult.implausible.is_(False))
         if dtype is not None:
             q = q.where(BenchResult.dtype == dtype)
             bq = bq.where(BenchResult.dtype == dtype)
-        best: dict[tuple, tuple[BenchResult, Optional[str], str]] = {}
-        baseline: dict[tuple, BenchResult] = {}
-        anchor: dict[tuple, BenchResult] = {}
+        cands: dict[tuple, list[tuple[BenchResult, Optional[str], str]]] = {}
+        others: dict[tuple, list[BenchResult]] = {}
         with self._read() as s:
             for row, label, status in s.execute(q):
-                key = (row.bucket, row.shape_key, row.dtype, row.gpu_name)
-                if key not in best or row.median_ms < best[key][0].median_ms:
-                    best[key] = (row, label, status)
+                cands.setdefault((row.bucket, row.shape_key, row.dtype, row.gpu_name), []).append((row, label, status))
             for row in s.scalars(bq):
-                key = (row.bucket, row.shape_key, row.dtype, row.gpu_name)
-                table = baseline if row.label == "baseline" else anchor if row.label.startswith("anchor") else None
-                if table is not None and (key not in table or row.median_ms < table[key].median_ms):
-                    table[key] = row
+                others.setdefault((row.bucket, row.shape_key, row.dtype, row.gpu_name), []).append(row)
         out = []
-        for key in sorted(best):
-            row, label, status = best[key]
-            base = baseline.get(key)
-            anc = anchor.get(key)
+        for key in sorted(cands):
+            rows = [r for r, _, _ in cands[key]] + others.get(key, [])
+            graph = all(r.graph_ms for r in rows)
+            t = (lambda r: r.graph_ms) if graph else (lambda r: r.median_ms)
+            row, label, status = min(cands[key], key=lambda x: t(x[0]))
+            base = min((r for r in others.get(key, []) if r.label == "baseline"), key=t, default=None)
+            anc = min((r for r in others.get(key, []) if r.label.startswith("anchor")), key=t, default=None)
             out.append({
                 "op": op, "bucket": key[0], "shape_key": key[1], "dtype": key[2], "gpu_name": key[3],
-                "candidate_id": row.candidate_id, "label": label, "status": status,
-                "best_ms": row.median_ms, "spread_ms": row.spread_ms,
+                "candidate_id": row.candidate_id, "label": label, "status": status, "clock": "graph" if graph else "event",
+                "best_ms": t(row), "spread_ms": row.spread_ms if not graph else (row.extra or {}).get("graph_spread_ms"),
                 "fraction_of_ceiling": row.fraction_of_ceiling, "ceiling_kind": row.ceiling_kind,
-                "baseline_ms": base.median_ms if base is not None else None,
-                "speedup": (base.median_ms / row.median_ms) if base is not None and row.median_ms > 0 else None,
+                "baseline_ms": t(base) if base is not None else None,
+                "speedup": (t(base) / t(row)) if base is not None and t(row) > 0 else None,
                 "anchor": anc.label if anc is not None else None,
-                "anchor_ms": anc.median_ms if anc is not None else None,
+                "anchor_ms": t(anc) if anc is not None else None,
             })
         return out
 

@@ -235,6 +235,19 @@ def test_leaderboard_picks_fastest_benchmarked_candidate(led):
     assert led.leaderboard("matmul") == []
 
 
+def test_leaderboard_with_the_incumbent_and_anchor_timed_beside_a_candidate(led):
+    """The loop stores a benchmark's incumbent and anchor rows under the candidate: they are neither the
+    candidate's time nor lost as the baseline's."""
+    r = _run(led)
+    c, _ = led.add_candidate("quantize_kv", SRC + "# c\n", "search", r.id, label="c")
+    led.set_candidate_status(c.id, "benchmarked")
+    _bench(led, 0.9, candidate_id=c.id, run_id=r.id)
+    _bench(led, 1.0, candidate_id=c.id, run_id=r.id, label="baseline")
+    _bench(led, 0.7, candidate_id=c.id, run_id=r.id, label="anchor:torch.compile")  # faster, but not a candidate
+    [row] = led.leaderboard("quantize_kv")
+    assert row["best_ms"] == 0.9 and row["baseline_ms"] == 1.0 and row["anchor_ms"] == 0.7
+
+
 def test_newer_or_older_schema_version_is_refused(tmp_path):
     path = tmp_path / "ledger.db"
     Ledger(path).close()
