@@ -207,7 +207,10 @@ class Loop:
         self.devices = DevicePool(visible_gpus(cfg.gpus) if gpu else [])
         self._lock = threading.Lock()  # stats, events and serving-set installs from the GPU threads
         self.stats = {"proposed": 0, "rejected": 0, "verified": 0, "benchmarked": 0, "promoted": 0,
-                      "duplicates": 0, "unusable_replies": 0}
+                      "duplicates": 0, "unusable_replies": 0, "unjudged": 0}
+        # the wall-time budget holds inside a round too: past it, no new evaluation starts (the
+        # candidates it would have judged stay 'proposed' in the ledger; a later run judges them)
+        self.deadline: Optional[float] = None
         # what this run has already recorded (resume): source hash -> candidate id
         self.known = {c.source_hash: c.id for c in ledger.candidates(run_id=run_id)}
 
@@ -261,7 +264,7 @@ class Loop:
         h = hash_source(p.source)
         if h in self.known:  # resumed run: already recorded
             c = self.ledger.candidate(self.known[h])
-            if c is not None and c.status == "proposed":  # interrupted mid-evaluation: finish it
+            if c is not None and self._unfinished(c.status):  # interrupted mid-evaluation: finish it
                 return (t, ctx, p, c.id, self._write(p, h, t))
             self._replay(ctx, p, self.known[h])
             return None
@@ -274,19 +277,24 @@ class Loop:
         self.stats["proposed"] += 1
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
-        if existing is not None and existing.status != "proposed":
+        if existing is not None and not self._unfinished(existing.status):
             self.stats["duplicates"] += 1
             self.events.candidate(p.label, existing.status, f"same source as candidate #{existing.id}: verdict reused")
             self._replay(ctx, p, existing.id)
             return None
         return (t, ctx, p, cand.id, path)
 
+    def _unfinished(self, status: str) -> bool:
+        """Whether a recorded candidate still needs evaluating here: never judged, or verified without a
+        GPU (or before a time limit) and this run has one. Its finished stages are not run again."""
+        return status == "proposed" or (self.gpu and status == "verified")
+
     def resume_pending(self, targets: Sequence[Target]) -> None:
         """Finish the candidates a killed run recorded but never judged (whatever the proposer does next)."""
         by_key = {(t.op, t.bucket): t for t in targets}
         items = []
         for c in self.ledger.candidates(run_id=self.run_id):
-            if c.status != "proposed" or not c.path:
+            if not self._unfinished(c.status) or not c.path:
                 continue
             bucket = os.path.basename(os.path.dirname(c.path))
             t = by_key.get((c.op, bucket)) or next((x for x in targets if x.op == c.op), None)
@@ -342,6 +350,15 @@ class Loop:
         return sum(b.median_ms for b in rows) / len(rows)
 
     # -- evaluation --------------------------------------------------------------------
+    def _late(self) -> bool:
+        return self.deadline is not None and time.time() >= self.deadline
+
+    def _leave_unjudged(self, items: Sequence[tuple]) -> None:
+        if items:
+            self._count_n("unjudged", len(items))
+            self.events.note(f"time limit reached: {len(items)} candidate(s) left unjudged "
+                             f"({', '.join(it[2].label for it in items[:4])}{', ...' if len(items) > 4 else ''})")
+
     def _sanitize(self, items: List[tuple], mode: str, checks: Optional[Sequence[str]] = None) -> List[tuple]:
         """Run one sanitizer stage over a batch (any mix of ops); return the survivors."""
         from ..sanitizer.runner import kill_all, run_isolated
@@ -354,6 +371,8 @@ class Loop:
                 continue
             todo.append(it)
         def judge(it):
+            if self._late():
+                return None
             if mode != "gpu":
                 return run_isolated(it[4], it[0].op, mode, checks=checks)
             with self.devices.lease() as env:  # one GPU per child
@@ -368,7 +387,10 @@ class Loop:
             raise
         finally:
             pool.shutdown(wait=True)
+        self._leave_unjudged([it for it, v in zip(todo, verdicts) if v is None])
         for it, v in zip(todo, verdicts):
+            if v is None:
+                continue
             t, ctx, p, cid, path = it
             self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,
                                                    "duration_s": c.duration_s} for c in v.checks])
@@ -402,11 +424,23 @@ class Loop:
         groups: Dict[Tuple[str, str], List[tuple]] = {}
         for it in self._sanitize(full, "gpu", checks=GPU_QUICK_CHECKS):
             groups.setdefault((it[0].op, it[0].bucket), []).append(it)
-        run_groups(list(groups.values()), self.devices, lambda it, env: self._bench_and_promote(*it, env=env))
+        late: List[tuple] = []
+
+        def bench(it, env):
+            if self._late():
+                with self._lock:
+                    late.append(it)
+                return
+            self._bench_and_promote(*it, env=env)
+        run_groups(list(groups.values()), self.devices, bench)
+        self._leave_unjudged(late)
 
     def _count(self, key: str) -> None:
+        self._count_n(key, 1)
+
+    def _count_n(self, key: str, n: int) -> None:
         with self._lock:
-            self.stats[key] += 1
+            self.stats[key] += n
 
     def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str,
                            env: Optional[Dict[str, str]] = None) -> None:
@@ -522,6 +556,7 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
     if gpu and len(loop.devices) > 1:
         events.note(f"evaluating on {len(loop.devices)} GPUs ({', '.join(loop.devices.devices)}), one child per GPU")
     budget = Budget(cfg, len(ledger.candidates(run_id=run_id)), float(progress.get("elapsed_s", 0.0)))
+    loop.deadline = budget.t0 + cfg.time_limit_s
     targets = targets_for(cfg)
     stop_reason = None
     try:
@@ -549,6 +584,9 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
                                                 "tokens": getattr(proposer, "tokens_used", 0)}))
         events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
         raise
+    if loop.stats["unjudged"]:
+        stop_reason = (f"{stop_reason}; " if stop_reason else "") + \
+            f"{loop.stats['unjudged']} candidate(s) left unjudged at the time limit (recorded as proposed)"
     ledger.set_run_status(run_id, "finished", finished=True,
                           notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
                                             "tokens": getattr(proposer, "tokens_used", 0), "stop": stop_reason}))

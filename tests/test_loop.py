@@ -348,3 +348,33 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
         cfg = source_config("matmul", c.source, shape)
         assert cfg not in tried and sum(a != b for a, b in zip(cfg, st.best_cfg)) == 1
     led.close()
+
+
+def test_the_time_limit_holds_inside_a_round(tmp_path, monkeypatch):
+    """Past the deadline no new evaluation starts: what is left stays 'proposed' (nothing lost), and
+    what already started finishes."""
+    def slow(op, f):
+        time.sleep(1.2)
+        return 1.3
+    _fake_gpu(tmp_path, monkeypatch, slow)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    lp.deadline = time.time() + 1.0
+    lp.round(targets[:1], budget)  # two candidates for one target: timed one after the other
+    # the second passed the sanitizer before the deadline, and was not timed after it
+    first = {c.status: c for c in led.candidates(run_id=run.id)}
+    assert sorted(first) == ["benchmarked", "verified"]
+    assert lp.stats["unjudged"] == 1 and lp.stats["benchmarked"] == 1
+    lp.deadline = time.time() - 1  # already past: not even the sanitizer starts
+    before = {c.id for c in led.candidates(run_id=run.id)}
+    lp.round(targets[:1], budget)
+    new = [c for c in led.candidates(run_id=run.id) if c.id not in before]
+    assert len(new) == 2 and {c.status for c in new} == {"proposed"} and lp.stats["unjudged"] == 3
+    assert all(led.checks(c.id) == [] for c in new)
+    # a later run with a GPU that proposes the verified one again times it (its CPU stages not rerun)
+    n_checks = len(led.checks(first["verified"].id))
+    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"])
+    lp2.round(targets[:1], budget2)
+    assert led.candidate(first["verified"].id).status == "benchmarked" and lp2.stats["duplicates"] == 1
+    assert len(led.checks(first["verified"].id)) == n_checks  # its finished stages were not run again
+    led.close()
