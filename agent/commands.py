@@ -56,7 +56,8 @@ def register(sub) -> None:
     r.add_argument("--jobs", type=int, help="sanitizer processes in parallel (default 2)")
     r.add_argument("--gpus", type=int, help="GPUs to evaluate on, one child each (default: every visible one)")
     r.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="dtype of the target shapes")
-    r.add_argument("--shapes", help="benchmark shapes: serving (default) or the op's explicit shapes")
+    r.add_argument("--shapes", help="target shapes: serving (default), near_serving, or explicit: 'a,b,c;...' for "
+                                    "one op, 'op:a,b,c;op:...' for several (ops not named keep serving shapes)")
     r.add_argument("--seed", type=int, help="seed of the search proposer")
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
     r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
@@ -165,6 +166,11 @@ def cmd_run(args) -> int:
     if cfg.max_candidates < 1 or cfg.per_round < 1 or cfg.jobs < 1 or (cfg.gpus is not None and cfg.gpus < 1):
         raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
+    from .loop import targets_for
+    try:
+        targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
+    except ValueError as e:
+        raise _usage(f"--shapes: {e}")
     if args.candidates_dir:
         cfg.candidates_dir = args.candidates_dir
     model = ModelConfig.resolve(args.model, args.base_url, args.config)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import queue
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -177,13 +178,40 @@ def run_groups(groups: Sequence[Sequence[Any]], pool: DevicePool, work: Callable
         ex.shutdown(wait=True, cancel_futures=True)
 
 
+SHAPE_SUITES = ("serving", "tiny", "near_serving")
+
+
+def run_shapes(op_name: str, spec: str, ops: Sequence[str]) -> List[Shape]:
+    """The shapes a run targets for one op. `spec` is a suite name (serving, near_serving, tiny), or
+    explicit shapes 'a,b,c;d,e,f' for a run over one op, or 'op:a,b,c;op:d,e,f' naming the op of
+    each shape (ops not named keep their serving shapes). ValueError with a readable message."""
+    op = get_op(op_name)
+    if spec in SHAPE_SUITES:
+        return op.shapes(spec)
+    parts = [p.strip() for p in spec.split(";") if p.strip()]
+    if not parts:
+        raise ValueError(f"no shapes in {spec!r}")
+    named = [p for p in parts if re.match(r"^[a-z_0-9]+:", p)]
+    if not named:
+        if len(ops) > 1:
+            raise ValueError(f"explicit shapes for a run over several ops need the op of each shape: "
+                             f"'op:a,b,c;op:d,e,f' (e.g. '{ops[0]}:{parts[0]}')")
+        return [op.parse_shape(p) for p in parts]
+    if len(named) != len(parts):
+        raise ValueError(f"name the op of every shape or of none: {spec!r}")
+    for p in named:
+        if p.split(":", 1)[0] not in ops:
+            raise ValueError(f"shape {p!r} names an op this run does not include ({', '.join(ops)})")
+    mine = [p.split(":", 1)[1] for p in named if p.split(":", 1)[0] == op_name]
+    return [op.parse_shape(p) for p in mine] if mine else op.shapes("serving")
+
+
 def targets_for(cfg: RunConfig) -> List[Target]:
-    from ..harness.bench import resolve_shapes
     per_op = []
     for name in cfg.ops:
         op = get_op(name)
         by_bucket: Dict[str, List[Shape]] = {}
-        for s in resolve_shapes(op, cfg.bench_shapes):
+        for s in run_shapes(name, cfg.bench_shapes, cfg.ops):
             by_bucket.setdefault(op.bucket(s), []).append(s)
         per_op.append([Target(name, b, shapes) for b, shapes in by_bucket.items()])
     # interleaved across ops (each op's first bucket, then each op's second, ...): a budget that runs

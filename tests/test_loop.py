@@ -378,3 +378,28 @@ def test_the_time_limit_holds_inside_a_round(tmp_path, monkeypatch):
     assert led.candidate(first["verified"].id).status == "benchmarked" and lp2.stats["duplicates"] == 1
     assert len(led.checks(first["verified"].id)) == n_checks  # its finished stages were not run again
     led.close()
+
+
+def test_run_shapes_per_op():
+    from kernel_agent.agent.loop import RunConfig, run_shapes, targets_for
+    from kernel_agent.harness.ops import get_op
+    ops = ["matmul", "quantize_kv"]
+    spec = "matmul:256,8192,8192;matmul:M=512,N=4096,K=4096;quantize_kv:4096,8,64"
+    assert [s.key() for s in run_shapes("matmul", spec, ops)] == ["M=256,N=8192,K=8192", "M=512,N=4096,K=4096"]
+    assert [s.key() for s in run_shapes("quantize_kv", spec, ops)] == ["T=4096,H=8,D=64"]
+    # an op the spec does not name keeps its serving shapes
+    assert run_shapes("quantize_kv", "matmul:256,8192,8192", ops) == get_op("quantize_kv").shapes("serving")
+    assert [s.key() for s in run_shapes("matmul", "1,64,64", ["matmul"])] == ["M=1,N=64,K=64"]
+    for bad, why in [("256,8192,8192", "need the op of each shape"), ("matmul:1,2,3;4,5,6", "every shape or of none"),
+                     ("attention:1,2,128,64", "does not include")]:
+        with pytest.raises(ValueError, match=why):
+            run_shapes("matmul", bad, ops)
+    cfg = RunConfig(ops=ops, bench_shapes=spec)
+    assert [(t.op, [s.key() for s in t.shapes]) for t in targets_for(cfg)][:2] == [
+        ("matmul", ["M=256,N=8192,K=8192"]), ("quantize_kv", ["T=4096,H=8,D=64"])]
+
+
+def test_run_refuses_shapes_without_ops_for_several_ops(tmp_path):
+    r = _run(["run", "--ops", "matmul,quantize_kv", "--shapes", "256,8192,8192", "--ledger", str(tmp_path / "l.db")])
+    assert r.returncode == 2 and "--shapes:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "l.db").exists() or Ledger(str(tmp_path / "l.db")).runs() == []
