@@ -176,3 +176,20 @@ def test_a_ledger_from_a_newer_version_is_refused_not_touched(tmp_path):
     junk.write_text("not a database")
     r = _run(["history", "--ledger", str(junk)])
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_trend_judges_small_kernels_on_graph_times_and_the_incumbents_best(tmp_path):
+    from kernel_agent.agent.review import speedup_trend
+    led = Ledger(tmp_path / "l.db")
+    run = led.start_run({}, {}, "search", ["matmul"], "NVIDIA H200", {})
+    cand, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
+    # event times polluted by host launch overhead; the graph replays tell the truth
+    for label, cid, ms, graph in (("baseline", cand.id, 0.0870, 0.0434), ("baseline", None, 0.0509, 0.0436),
+                                  ("candidate", cand.id, 0.0600, 0.0420), ("anchor:torch.matmul", cand.id, 0.0445,
+                                                                          0.0339)):
+        led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
+                         bucket="m1-klarge", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms,
+                         spread_ms=0.0002, n_samples=5, graph_ms=graph)
+    [t] = speedup_trend(led, "matmul", [led.get_run(run.id)])
+    assert t["speedup"] == pytest.approx(0.0434 / 0.0420)  # not 0.0509 / 0.0600 nor 0.0870 / 0.0600
+    led.close()
