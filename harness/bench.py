@@ -405,6 +405,52 @@ def judged_pair(candidate: Dict[str, Any], incumbent: Dict[str, Any]):
             Timing(incumbent["median_ms"], incumbent["spread_ms"], incumbent["n"]), "event")
 
 
+def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One shape's results (ShapeResult.to_json()) timed by several processes, merged into one: the
+    median of all their rounds, and a spread that is the largest of the pooled within-run spread, half
+    the range of the processes' medians, and the floor. Why: each process has its own allocations and
+    meets the GPU at its own clocks, and two processes differ by more than one process's rounds do;
+    `bench --processes 2` reports a spread that includes that."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0])
+    by_label: Dict[str, List[Dict[str, Any]]] = {}
+    for r in runs:
+        for m in r["measurements"]:
+            by_label.setdefault(m["label"], []).append(m)
+    merged = []
+    for label, ms in by_label.items():
+        good = [m for m in ms if not m.get("error")]
+        if len(good) < len(ms):  # a kernel that failed in any process failed
+            merged.append(next(m for m in ms if m.get("error")))
+            continue
+        m = dict(good[0])
+        rounds = [x for g in good for x in g["rounds"]]
+        med = statistics.median(rounds)
+        meds = [g["median_ms"] for g in good]
+        within = _iqr_half(rounds)
+        m.update(median_ms=med, rounds=rounds, n=len(rounds), within_spread_ms=within,
+                 spread_ms=max(within, (max(meds) - min(meds)) / 2, REPRO_FLOOR * med),
+                 implausible=any(g.get("implausible") for g in good),
+                 note="; ".join(dict.fromkeys(g["note"] for g in good if g.get("note"))))
+        scale = good[0]["median_ms"] / med  # rates follow the time
+        for k in ("tflops", "tbps", "fraction_of_ceiling"):
+            if m.get(k) is not None:
+                m[k] = m[k] * scale
+        if all(g.get("graph_rounds") for g in good):
+            grounds = [x for g in good for x in g["graph_rounds"]]
+            gmed = statistics.median(grounds)
+            gmeds = [g["graph_ms"] for g in good]
+            m.update(graph_rounds=grounds, graph_ms=gmed,
+                     graph_spread_ms=max(_iqr_half(grounds), (max(gmeds) - min(gmeds)) / 2, REPRO_FLOOR * gmed))
+        else:
+            m.update(graph_rounds=[], graph_ms=None, graph_spread_ms=None)
+        m["processes"] = len(good)
+        merged.append(m)
+    out["measurements"] = merged
+    return out
+
+
 def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,
                         incumbent_label: str = "incumbent") -> None:
     """Store one shape's measurements (ShapeResult.to_json()) in the ledger, every row of it under the

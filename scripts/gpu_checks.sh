@@ -7,7 +7,9 @@
 #   tests: the pytest tests marked `gpu` (tests/test_gpu.py), then serving-style calls through
 #          serving.get(op) over the committed serving set at every serving shape, differential-checked.
 # Prints the agreement table last.
-# Usage: [STEPS="bench"] bash scripts/gpu_checks.sh OUTDIR
+# BENCH_ARGS: extra `bench` options, e.g. "--processes 2" (each shape timed by two processes; the
+# spread then includes their difference; twice the time: raise BENCH_TIMEOUT, 230 s by default).
+# Usage: [STEPS="bench"] [BENCH_ARGS=...] bash scripts/gpu_checks.sh OUTDIR
 set -u
 OUT=$1
 STEPS=${STEPS:-bench tests}
@@ -20,7 +22,7 @@ cat "$OUT/gpu.txt"
 echo "start $(date +%T)"
 if [[ " $STEPS " == *" bench "* ]]; then
   for i in 3 4; do
-    timeout 230 python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger \
+    timeout "${BENCH_TIMEOUT:-230}" python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger ${BENCH_ARGS:-} \
       --out "$OUT/bench_run$i.json" > "$OUT/bench_run$i.txt" 2>&1
     echo "bench run $i: exit $? ($(date +%T))"
   done

@@ -188,3 +188,18 @@ def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
         assert "candidate" in labels
     led.close()
     shutil.rmtree(tmp_path / "candidates", ignore_errors=True)
+
+
+def test_bench_in_two_processes_reports_a_spread_covering_both(tmp_path):
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--op", "quantize_kv",
+                        "--processes", "2", "--no-ledger", "--out", str(out)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [res] = json.loads(out.read_text())["results"]
+    for m in res["measurements"]:
+        assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
+        assert m["graph_ms"] and len(m["graph_rounds"]) >= 6

@@ -108,3 +108,30 @@ def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
     for broken in ({"graph_ms": None}, {"graph_rounds": [0.04]}, {"graph_spread_ms": None}):
         c, i, kind = judged_pair(dict(cand, **broken), inc)  # one side lacks graph rounds: both by events
         assert kind == "event" and (c.median_ms, i.median_ms) == (0.10, 0.08)
+
+
+def test_bench_processes_merge_into_a_spread_that_covers_both():
+    from kernel_agent.harness.bench import REPRO_FLOOR, merge_processes
+
+    def res(med, rounds, graph=None):
+        m = {"label": "baseline", "median_ms": med, "spread_ms": REPRO_FLOOR * med, "n": len(rounds),
+             "rounds": rounds, "tbps": 4.0 * 1.0 / med, "fraction_of_ceiling": 0.9 / med, "implausible": False,
+             "note": "", "error": "", "graph_rounds": graph or [], "graph_ms": (sorted(graph)[len(graph) // 2]
+                                                                               if graph else None)}
+        return {"op": "decode_attention", "shape": "s", "bucket": "b", "dtype": "bfloat16", "gpu": "g",
+                "measurements": [m]}
+    one = res(1.000, [0.999, 1.000, 1.001], graph=[0.50, 0.50, 0.50])
+    two = res(1.020, [1.019, 1.020, 1.021], graph=[0.51, 0.51, 0.51])
+    [m] = merge_processes([one, two])["measurements"]
+    assert m["n"] == 6 and m["processes"] == 2
+    assert m["median_ms"] == pytest.approx(1.01, abs=1e-3)
+    assert m["spread_ms"] == pytest.approx(0.010, abs=1e-6)  # half the range of the two medians
+    for med in (1.000, 1.020):  # each process's median lies within the merged one's spread
+        assert abs(med - m["median_ms"]) <= m["spread_ms"] + 1e-12
+    assert m["within_spread_ms"] <= m["spread_ms"] and m["graph_spread_ms"] == pytest.approx(0.005)
+    assert m["tbps"] == pytest.approx(4.0 / m["median_ms"])  # rates follow the merged time
+    failed = res(1.0, [1.0, 1.0, 1.0])
+    failed["measurements"][0]["error"] = "wrong result on the device"
+    [f] = merge_processes([one, failed])["measurements"]
+    assert f["error"]  # failing in one process is failing
+    assert merge_processes([one]) is one
