@@ -9,7 +9,8 @@
 # Prints the agreement table last.
 # BENCH_ARGS: extra `bench` options, e.g. "--processes 2" (each shape timed by two processes; the
 # spread then includes their difference; twice the time: raise BENCH_TIMEOUT, 230 s by default).
-# Usage: [STEPS="bench"] [BENCH_ARGS=...] bash scripts/gpu_checks.sh OUTDIR
+# RUNS: the numbers of the bench runs (default "3 4": bench_run3.json and bench_run4.json).
+# Usage: [STEPS="bench"] [BENCH_ARGS=...] [RUNS=...] bash scripts/gpu_checks.sh OUTDIR
 set -u
 OUT=$1
 STEPS=${STEPS:-bench tests}
@@ -21,7 +22,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 cat "$OUT/gpu.txt"
 echo "start $(date +%T)"
 if [[ " $STEPS " == *" bench "* ]]; then
-  for i in 3 4; do
+  for i in ${RUNS:-3 4}; do
     timeout "${BENCH_TIMEOUT:-230}" python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger ${BENCH_ARGS:-} \
       --out "$OUT/bench_run$i.json" > "$OUT/bench_run$i.txt" 2>&1
     echo "bench run $i: exit $? ($(date +%T))"
@@ -35,6 +36,7 @@ if [[ " $STEPS " == *" tests "* ]]; then
   echo "serving check: exit $? ($(date +%T))"
   echo; tail -n 3 "$OUT/gpu_tests.txt"; echo; cat "$OUT/serving_check.txt"
 fi
-if [ -e "$OUT/bench_run4.json" ]; then
-  echo; python3 scripts/foundation_table.py "$OUT/bench_run3.json" "$OUT/bench_run4.json" | sed -n '/Run twice/,/^$/p'
+set -- ${RUNS:-3 4}
+if [ $# -ge 2 ] && [ -e "$OUT/bench_run$2.json" ]; then
+  echo; python3 scripts/foundation_table.py "$OUT/bench_run$1.json" "$OUT/bench_run$2.json" | sed -n '/Run twice/,/^$/p'
 fi
