@@ -18,7 +18,6 @@ import queue
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -156,26 +155,14 @@ def run_groups(groups: Sequence[Sequence[Any]], pool: DevicePool, work: Callable
     """Run `work(item, env)` for every item, the items of one group in order (one target's candidates:
     each is judged against the incumbent the previous one may have replaced), different groups in
     parallel on different GPUs. Ctrl-C kills the children and returns at once."""
-    from ..sanitizer.runner import kill_all
+    from ..sanitizer.runner import map_tracked
 
     def one_group(items):
         for it in items:
             with pool.lease() as env:
                 work(it, env)
 
-    if len(pool) <= 1 or len(groups) <= 1:
-        for g in groups:
-            one_group(g)
-        return
-    ex = ThreadPoolExecutor(max_workers=len(pool))
-    try:
-        for f in [ex.submit(one_group, g) for g in groups]:
-            f.result()
-    except BaseException:
-        kill_all()
-        raise
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
+    map_tracked(one_group, groups, len(pool))
 
 
 SHAPE_SUITES = ("serving", "tiny", "near_serving")
@@ -389,7 +376,7 @@ class Loop:
 
     def _sanitize(self, items: List[tuple], mode: str, checks: Optional[Sequence[str]] = None) -> List[tuple]:
         """Run one sanitizer stage over a batch (any mix of ops); return the survivors."""
-        from ..sanitizer.runner import kill_all, run_isolated
+        from ..sanitizer.runner import map_tracked, run_isolated
         todo, survivors = [], []
         for it in items:
             done = self.ledger.checks(it[3], mode=mode)
@@ -406,15 +393,7 @@ class Loop:
             with self.devices.lease() as env:  # one GPU per child
                 return run_isolated(it[4], it[0].op, mode, checks=checks, env=env)
 
-        jobs = len(self.devices) if mode == "gpu" else self.cfg.jobs
-        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-        try:
-            verdicts = list(pool.map(judge, todo))
-        except BaseException:
-            kill_all()  # Ctrl-C: take every worker's child down so the threads return at once
-            raise
-        finally:
-            pool.shutdown(wait=True)
+        verdicts = map_tracked(judge, todo, len(self.devices) if mode == "gpu" else self.cfg.jobs)
         self._leave_unjudged([it for it, v in zip(todo, verdicts) if v is None])
         for it, v in zip(todo, verdicts):
             if v is None:

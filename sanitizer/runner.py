@@ -15,9 +15,12 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 from .verdict import FAILED, CheckOutcome, Verdict
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 
@@ -25,10 +28,12 @@ DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 # the parent tracks them to take them down when it is interrupted.
 _live: set = set()
 _live_lock = threading.Lock()
+_stopping = threading.Event()  # set while `map_tracked` is being interrupted: no new child starts
 
 
 def kill_all() -> None:
-    """Kill every sanitizer process this process started and that is still running."""
+    """Kill every child `run_tracked` started in this process (sanitizer and benchmark children) that is
+    still running."""
     with _live_lock:
         procs = list(_live)
     for p in procs:
@@ -101,9 +106,11 @@ def run_tracked(cmd: Sequence[str], timeout_s: float, env: Optional[dict] = None
     """Run an untrusted child in a session of its own, killed (with its whole group) at the time
     limit or when this process is interrupted; tracked so that `kill_all` reaches it from any
     thread. Returns (exit code, None when it timed out; its output)."""
-    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    with _live_lock:
+    with _live_lock:  # checked and registered under the lock, so `kill_all` cannot miss a child
+        if _stopping.is_set():
+            raise ChildProcessError("interrupted: no new child is started")
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         _live.add(proc)
     timed_out = False
     try:
@@ -128,6 +135,28 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def map_tracked(fn: Callable[[T], R], items: Sequence[T], workers: int) -> List[R]:
+    """`[fn(x) for x in items]` on `workers` threads, where `fn` runs children through `run_tracked`
+    (one or several in turn). On Ctrl-C (or any error) the items not started are cancelled, every
+    running child is killed and no new one starts, so the threads return at once."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]  # run_tracked kills its own child on Ctrl-C
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        return list(pool.map(fn, items))
+    except BaseException:
+        _stopping.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_all()
+        try:
+            pool.shutdown(wait=True)
+        finally:
+            _stopping.clear()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
 def run_many(paths: Sequence[str], op: str, mode: str = "full", jobs: int = 1, timeout_s: Optional[float] = None,
              keep_going: bool = False, on_done: Optional[Callable[[Verdict], None]] = None,
              checks: Optional[Sequence[str]] = None) -> List[Verdict]:
@@ -138,13 +167,4 @@ def run_many(paths: Sequence[str], op: str, mode: str = "full", jobs: int = 1, t
             on_done(v)
         return v
 
-    if jobs <= 1:
-        return [one(p) for p in paths]
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    try:
-        return list(pool.map(one, paths))
-    except BaseException:
-        kill_all()  # the other workers' children too, so the threads return at once
-        raise
-    finally:
-        pool.shutdown(wait=True)
+    return map_tracked(one, paths, jobs)

@@ -255,3 +255,27 @@ def test_a_call_that_launches_no_kernel_is_rejected():
     answer = base(**case.args)
     r = run_case(Subject(op, "x.py", ""), lambda x: answer, case)
     assert "no Triton kernel was launched" in r.error
+
+
+def test_map_tracked_stops_every_worker_on_ctrl_c():
+    """Each item runs several children in turn (a GPU worker's queue of candidates): on Ctrl-C the
+    running children are killed, no new one starts, and the call returns at once."""
+    import signal
+    import threading
+    import time
+    from kernel_agent.sanitizer import runner
+    exits = []
+
+    def item(i):
+        for _ in range(3):
+            exits.append(runner.run_tracked([sys.executable, "-c", "import time; time.sleep(20)"], 60)[0])
+
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        runner.map_tracked(item, [0, 1, 2, 3], 2)
+    assert time.time() - t0 < 10
+    # the first child of the two running items, killed; no second child, no third item
+    assert exits == [-signal.SIGKILL] * 2 and not runner._live
+    assert not runner._stopping.is_set()  # the next call starts children again
+    assert runner.run_tracked([sys.executable, "-c", "print('ok')"], 60) == (0, "ok\n")
