@@ -468,11 +468,11 @@ def _show_candidate(led, cid: int, args) -> int:
 def cmd_promote(args) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, install."""
     from ..harness import serving
-    from ..harness.bench import NoGPU, judged_pair, record_shape_result, require_gpu, resolve_shapes
+    from ..harness.bench import NoGPU, record_shape_result, require_gpu, resolve_shapes
     from ..harness.bench_worker import run_bench_isolated
     from ..harness.env import gpu_name, versions
     from ..harness.ops import get_op
-    from ..harness.promotion import decide_over_shapes
+    from ..harness.promotion import judge_benchmark
     from ..sanitizer.runner import run_isolated
     from ..sanitizer.report import merge_gpu
     from .cli import _check_op
@@ -516,29 +516,21 @@ def cmd_promote(args) -> int:
                 "kernels": [{"label": "incumbent", "file": inc_file},
                             {"label": "candidate", "file": os.path.abspath(args.file)}]}
         doc = run_bench_isolated(spec)
-        if doc.get("error"):
-            ui.line(f"{bucket}: benchmark failed: {doc['error']}", style="red")
+        for res in doc.get("results", []):
+            record_shape_result(led, run.id, res, cand.id, "baseline" if inc_file is None else f"serving:{entry['file']}")
+        j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
+        if j.error:
+            ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
             continue
-        pairs = []
-        for res in doc["results"]:
-            ms = {m["label"]: m for m in res["measurements"]}
-            c, i = ms["candidate"], ms["incumbent"]
-            record_shape_result(led, run.id, res, cand.id,
-                                "baseline" if inc_file is None else f"serving:{entry['file']}")
-            tc, ti, kind = judged_pair(c, i)
-            pairs.append((tc, ti))
-            ui.line(f"  {res['shape']}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
+        for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
+            ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
                     f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
-        implausible = any(m.get("implausible") for r in doc["results"] for m in r["measurements"]
-                          if m["label"] == "candidate")
-        decision = decide_over_shapes(pairs, sanitizer_passed=True, implausible=implausible, margin=args.margin,
-                                      labels=[s.key() for s in bshapes])
+        decision = j.decision
         if not decision.promote:
             ui.line(f"{bucket}: not promoted: {decision.reason}", style="yellow")
             continue
         reason = decision.reason + (f"; {args.reason}" if args.reason else "")
-        new_ms = sum(a.median_ms for a, _ in pairs) / len(pairs)
-        old_ms = sum(b.median_ms for _, b in pairs) / len(pairs)
+        new_ms, old_ms = j.candidate_ms, j.incumbent_ms
         ver = versions()
         inst = serving.install(args.op, bucket, args.dtype, gname, source, cand.id, decision.gain, reason, ver)
         led.record_promotion(run_id=run.id, op=args.op, bucket=bucket, dtype=args.dtype, gpu_name=gname,

@@ -11,7 +11,6 @@ Candidate files are written to kernels/candidates/<run>/<op>/.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
@@ -26,7 +25,7 @@ from ..harness.env import versions
 from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
-from ..harness.promotion import decide_over_shapes
+from ..harness.promotion import judge_benchmark
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 
 ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
@@ -451,7 +450,7 @@ class Loop:
 
     def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str,
                            env: Optional[Dict[str, str]] = None) -> None:
-        from ..harness.bench import judged_pair, record_shape_result
+        from ..harness.bench import record_shape_result
         from ..harness.bench_worker import run_bench_isolated
         inc_label, inc_file, _ = self.incumbent(t)
         spec = {"op": t.op, "shapes": [s.key() for s in t.shapes], "dtype": self.cfg.dtype, "seed": 0,
@@ -459,41 +458,23 @@ class Loop:
         doc = run_bench_isolated(spec, env=env)
         if doc.get("ceilings"):
             self.ceilings = doc["ceilings"]
-        per_shape, implausible, fractions, kinds = [], False, [], set()
         for res in doc.get("results", []):
-            ms = {m["label"]: m for m in res["measurements"]}
             record_shape_result(self.ledger, self.run_id, res, cid, "baseline" if inc_file is None else inc_label)
-            c, inc = ms.get("candidate"), ms.get("incumbent")
-            if not c or not inc or c.get("error") or inc.get("error"):
-                err = (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
-                doc["error"] = doc.get("error") or f"{res['shape']}: {err}"
-                continue
-            implausible = implausible or bool(c.get("implausible"))
-            fractions.append(c.get("fraction_of_ceiling") or 0.0)
-            tc, ti, kind = judged_pair(c, inc)
-            per_shape.append((tc, ti))
-            kinds.add(kind)
-        if doc.get("error") or len(per_shape) != len(t.shapes):
-            reason = doc.get("error") or "benchmark incomplete"
-            self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": reason})
+        j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
+        if j.error:
+            self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": j.error})
             self._count("rejected")
-            self.events.candidate(p.label, "rejected", f"benchmark: {reason}")
+            self.events.candidate(p.label, "rejected", f"benchmark: {j.error}")
             self.proposer.feedback(ctx, p, False, None)
             return
         self.ledger.set_candidate_status(cid, "benchmarked")
         self._count("benchmarked")
-        cand_ms = sum(a.median_ms for a, _ in per_shape) / len(per_shape)
-        inc_ms = sum(b.median_ms for _, b in per_shape) / len(per_shape)
+        cand_ms, inc_ms, decision = j.candidate_ms, j.incumbent_ms, j.decision
         self.incumbent_ms[(t.op, t.bucket)] = inc_ms
         self.proposer.set_incumbent_time(ctx, inc_ms)
         self.proposer.feedback(ctx, p, True, cand_ms)
-        decision = decide_over_shapes(per_shape, sanitizer_passed=True, implausible=implausible, margin=self.cfg.margin,
-                                      labels=[s.key() for s in t.shapes])
-        if "graph" in kinds:
-            decision = dataclasses.replace(decision, reason=decision.reason + " (CUDA-graph replay times)")
-        frac = sum(fractions) / len(fractions) if fractions else None
         self.attempts.setdefault((t.op, t.bucket), []).append(
-            Attempt(p.label, True, decision.reason, cand_ms, frac))
+            Attempt(p.label, True, decision.reason, cand_ms, j.fraction_of_ceiling))
         if not decision.promote:
             self.events.candidate(p.label, "benchmarked", decision.reason)
             return

@@ -17,7 +17,7 @@ Protocol, per (op, shape, dtype):
     within-run spread said 0.02% (results/h200/bench_run3.json and bench_run4.json);
   * small kernels (< 200 us) are also timed as CUDA-graph replays, as a serving stack
     runs them, in interleaved rounds of their own with a median and spread; for them the
-    graph time is the one judged (`judged_timing`): their event time includes whatever of
+    graph time is the one judged (`promotion.judged_pair`): their event time includes whatever of
     the host's launch overhead the L2 flush does not hide, and on the H200 one baseline
     read 0.107 ms by events and 0.044 ms by graph replay while another benchmark compiled
     on the same host;
@@ -388,21 +388,6 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
             m.graph_spread_ms = max(_iqr_half(m.graph_rounds), REPRO_FLOOR * m.graph_ms)
         else:
             m.graph_rounds = []
-
-
-def _has_graph(m: Dict[str, Any]) -> bool:
-    return bool(m.get("graph_ms")) and m.get("graph_spread_ms") is not None and len(m.get("graph_rounds") or []) >= 3
-
-
-def judged_pair(candidate: Dict[str, Any], incumbent: Dict[str, Any]):
-    """The figures a promotion is judged on, (candidate Timing, incumbent Timing, 'graph' | 'event'):
-    the CUDA-graph replay times where both have graph rounds (small kernels), else the event times."""
-    from .promotion import Timing
-    if _has_graph(candidate) and _has_graph(incumbent):
-        return (Timing(candidate["graph_ms"], candidate["graph_spread_ms"], len(candidate["graph_rounds"])),
-                Timing(incumbent["graph_ms"], incumbent["graph_spread_ms"], len(incumbent["graph_rounds"])), "graph")
-    return (Timing(candidate["median_ms"], candidate["spread_ms"], candidate["n"]),
-            Timing(incumbent["median_ms"], incumbent["spread_ms"], incumbent["n"]), "event")
 
 
 def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

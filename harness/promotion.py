@@ -14,9 +14,10 @@ the same rule can be replayed over recorded timings.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_MARGIN = 0.02
 MIN_SAMPLES = 3
@@ -143,4 +144,72 @@ def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_pas
     return Decision(False, gain, noise, f"not promoted: {head}, not above {threshold}")
 
 
-__all__ = ["Timing", "Decision", "decide", "decide_over_shapes", "DEFAULT_MARGIN", "MIN_SAMPLES"]
+def _has_graph(m: Dict[str, Any]) -> bool:
+    return bool(m.get("graph_ms")) and m.get("graph_spread_ms") is not None and len(m.get("graph_rounds") or []) >= 3
+
+
+def judged_pair(candidate: Dict[str, Any], incumbent: Dict[str, Any]) -> Tuple[Timing, Timing, str]:
+    """The figures a promotion is judged on, from two benchmark measurements (bench.Measurement JSON):
+    (candidate, incumbent, 'graph' | 'event'). The CUDA-graph replay times where both have graph
+    rounds (small kernels, whose event times carry host launch overhead), else the event times."""
+    if _has_graph(candidate) and _has_graph(incumbent):
+        return (Timing(candidate["graph_ms"], candidate["graph_spread_ms"], len(candidate["graph_rounds"])),
+                Timing(incumbent["graph_ms"], incumbent["graph_spread_ms"], len(incumbent["graph_rounds"])), "graph")
+    return (Timing(candidate["median_ms"], candidate["spread_ms"], candidate["n"]),
+            Timing(incumbent["median_ms"], incumbent["spread_ms"], incumbent["n"]), "event")
+
+
+@dataclass
+class Judgement:
+    """The rule applied to one benchmark of a candidate against the incumbent over a bucket's shapes.
+    error: why the benchmark cannot be judged ('' when it can; then `decision` is set)."""
+
+    error: str = ""
+    decision: Optional[Decision] = None
+    pairs: List[Tuple[Timing, Timing]] = field(default_factory=list)  # judged (candidate, incumbent) per shape
+    kinds: List[str] = field(default_factory=list)  # 'graph' | 'event' per shape
+    shapes: List[str] = field(default_factory=list)
+    fraction_of_ceiling: Optional[float] = None  # the candidate's, mean over the shapes
+
+    @property
+    def candidate_ms(self) -> float:
+        return sum(c.median_ms for c, _ in self.pairs) / len(self.pairs)
+
+    @property
+    def incumbent_ms(self) -> float:
+        return sum(i.median_ms for _, i in self.pairs) / len(self.pairs)
+
+
+def judge_benchmark(doc: Dict[str, Any], shapes: Sequence[str], margin: float = DEFAULT_MARGIN) -> Judgement:
+    """Judge a benchmark document (bench_worker output: 'results' of ShapeResult JSON with the labels
+    'candidate' and 'incumbent', and 'error') over `shapes`, the bucket's shape keys. A failed
+    measurement or a missing shape makes the benchmark unusable, not a refusal on timings."""
+    j = Judgement()
+    fractions = []
+    implausible = False
+    for res in doc.get("results", []):
+        ms = {m["label"]: m for m in res["measurements"]}
+        c, inc = ms.get("candidate"), ms.get("incumbent")
+        if not c or not inc or c.get("error") or inc.get("error"):
+            err = (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
+            j.error = j.error or f"{res['shape']}: {err}"
+            continue
+        implausible = implausible or bool(c.get("implausible"))
+        fractions.append(c.get("fraction_of_ceiling") or 0.0)
+        tc, ti, kind = judged_pair(c, inc)
+        j.pairs.append((tc, ti))
+        j.kinds.append(kind)
+        j.shapes.append(res["shape"])
+    j.error = doc.get("error") or j.error or ("" if len(j.pairs) == len(shapes) else "benchmark incomplete")
+    if j.error:
+        return j
+    j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None
+    d = decide_over_shapes(j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes)
+    if "graph" in j.kinds:
+        d = dataclasses.replace(d, reason=d.reason + " (CUDA-graph replay times)")
+    j.decision = d
+    return j
+
+
+__all__ = ["Timing", "Decision", "decide", "decide_over_shapes", "judged_pair", "Judgement", "judge_benchmark",
+           "DEFAULT_MARGIN", "MIN_SAMPLES"]

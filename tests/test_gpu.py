@@ -11,10 +11,10 @@ import torch
 
 from kernel_agent.agent.search import SPACES, baseline_config, baseline_source, with_config
 from kernel_agent.harness import serving
-from kernel_agent.harness.bench import Contender, benchmark_shape, judged_pair, load_ceilings
+from kernel_agent.harness.bench import Contender, benchmark_shape, load_ceilings
 from kernel_agent.harness.bench_worker import run_bench_isolated
 from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.promotion import decide_over_shapes
+from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),

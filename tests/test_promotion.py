@@ -96,7 +96,7 @@ def test_over_shapes_aggregate_within_noise_is_refused():
 
 
 def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
-    from kernel_agent.harness.bench import judged_pair
+    from kernel_agent.harness.promotion import judged_pair
     ev = {"median_ms": 0.10, "spread_ms": 0.002, "n": 5}
     cand = dict(ev, graph_ms=0.040, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
     inc = dict(ev, median_ms=0.08, graph_ms=0.044, graph_spread_ms=0.0002, graph_rounds=[0.044] * 5)
@@ -135,3 +135,30 @@ def test_bench_processes_merge_into_a_spread_that_covers_both():
     [f] = merge_processes([one, failed])["measurements"]
     assert f["error"]  # failing in one process is failing
     assert merge_processes([one]) is one
+
+
+def test_judge_benchmark_over_a_bucket():
+    from kernel_agent.harness.promotion import judge_benchmark
+
+    def m(label, ms, **kw):
+        return dict({"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "fraction_of_ceiling": 0.5,
+                     "implausible": False, "error": ""}, **kw)
+
+    def res(shape, cand, inc=1.0, **kw):
+        return {"shape": shape, "measurements": [m("incumbent", inc), m("candidate", cand, **kw), m("anchor:x", 0.1)]}
+
+    j = judge_benchmark({"results": [res("a", 0.8), res("b", 0.9)], "error": None}, ["a", "b"])
+    assert not j.error and j.decision.promote and j.shapes == ["a", "b"] and j.kinds == ["event", "event"]
+    assert j.candidate_ms == pytest.approx(0.85) and j.incumbent_ms == 1.0 and j.fraction_of_ceiling == 0.5
+    assert judge_benchmark({"results": [res("a", 0.8)], "error": None}, ["a", "b"]).error == "benchmark incomplete"
+    bad = judge_benchmark({"results": [res("a", 0.8, error="wrong result on the device")]}, ["a"])
+    assert bad.error == "a: wrong result on the device" and bad.decision is None
+    assert judge_benchmark({"results": [], "error": "benchmark timed out after 900s"}, ["a"]).error.startswith(
+        "benchmark timed out")
+    fake = judge_benchmark({"results": [res("a", 0.5, implausible=True)]}, ["a"])
+    assert not fake.decision.promote and "implausible" in fake.decision.reason
+    g = dict(graph_ms=0.04, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
+    small = {"results": [{"shape": "a", "measurements": [m("incumbent", 0.05, **dict(g, graph_ms=0.05)),
+                                                          m("candidate", 0.09, **g)]}]}
+    j = judge_benchmark(small, ["a"])  # slower by events (host overhead), faster as graph replays
+    assert j.kinds == ["graph"] and j.decision.promote and j.decision.reason.endswith("(CUDA-graph replay times)")
