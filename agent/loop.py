@@ -356,12 +356,16 @@ class Loop:
         self.proposer.feedback(ctx, p, passed, self._bench_ms(cid))
 
     def _bench_ms(self, cid: int, incumbent: bool = False) -> Optional[float]:
-        """Mean median time of a candidate's benchmark over its shapes (or of the incumbent timed beside it)."""
-        rows = [b for b in self.ledger.bench_results(candidate_id=cid)
-                if not b.label.startswith("anchor:") and (b.label != "candidate") == incumbent]
-        if not rows:
-            return None
-        return sum(b.median_ms for b in rows) / len(rows)
+        """A candidate's recorded benchmark time, mean over its shapes (or the incumbent's, timed beside
+        it), read as the live path judged it: graph replays where both had them (`ledger.row_time`)."""
+        from ..harness.ledger import row_time
+        by_shape: Dict[str, list] = {}
+        for b in self.ledger.bench_results(candidate_id=cid):
+            if not b.label.startswith("anchor:"):
+                by_shape.setdefault(b.shape_key, []).append(b)
+        times = [row_time(rows)(b) for rows in by_shape.values() for b in rows
+                 if (b.label != "candidate") == incumbent]
+        return sum(times) / len(times) if times else None
 
     # -- evaluation --------------------------------------------------------------------
     def _late(self) -> bool:

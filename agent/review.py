@@ -84,13 +84,12 @@ def _is_incumbent(b) -> bool:
 
 
 def judged_times(rows) -> Dict[tuple, Callable[[Any], float]]:
-    """Per (op, shape, dtype): how to read a row's time, as the promotion rule does: CUDA-graph replay
-    times where every row of the shape has one (small kernels), else event times."""
+    """Per (op, shape, dtype): how to read a row's time (`ledger.row_time`, as the promotion rule does)."""
+    from ..harness.ledger import row_time
     groups: Dict[tuple, list] = defaultdict(list)
     for b in rows:
         groups[(b.op, b.shape_key, b.dtype)].append(b)
-    return {k: (lambda b: b.graph_ms) if all(b.graph_ms for b in g) else (lambda b: b.median_ms)
-            for k, g in groups.items()}
+    return {k: row_time(g) for k, g in groups.items()}
 
 
 def speedup_trend(led, op: str, runs) -> List[Dict[str, Any]]:

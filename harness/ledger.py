@@ -26,7 +26,7 @@ import secrets
 import sqlite3
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from sqlalchemy import (
     Boolean,
@@ -399,6 +399,21 @@ def _make_engine(path: Path, begin: str) -> Engine:
 
 # --------------------------------------------------------------------------------------
 # the ledger
+
+
+def _graph_ms(row: BenchResult) -> float:
+    return row.graph_ms
+
+
+def _event_ms(row: BenchResult) -> float:
+    return row.median_ms
+
+
+def row_time(rows: Sequence[BenchResult]) -> Callable[[BenchResult], float]:
+    """How to read the time of benchmark rows that are compared with each other (one shape): the
+    CUDA-graph replay time where every row has one (small kernels, as the promotion rule judges
+    them), else the event time."""
+    return _graph_ms if all(r.graph_ms for r in rows) else _event_ms
 
 
 class Ledger:
@@ -788,8 +803,8 @@ class Ledger:
         out = []
         for key in sorted(cands):
             rows = [r for r, _, _ in cands[key]] + others.get(key, [])
-            graph = all(r.graph_ms for r in rows)
-            t = (lambda r: r.graph_ms) if graph else (lambda r: r.median_ms)
+            t = row_time(rows)
+            graph = t is _graph_ms
             row, label, status = min(cands[key], key=lambda x: t(x[0]))
             base = min((r for r in others.get(key, []) if r.label == "baseline"), key=t, default=None)
             anc = min((r for r in others.get(key, []) if r.label.startswith("anchor")), key=t, default=None)

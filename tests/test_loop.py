@@ -403,3 +403,18 @@ def test_run_refuses_shapes_without_ops_for_several_ops(tmp_path):
     r = _run(["run", "--ops", "matmul,quantize_kv", "--shapes", "256,8192,8192", "--ledger", str(tmp_path / "l.db")])
     assert r.returncode == 2 and "--shapes:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "l.db").exists() or Ledger(str(tmp_path / "l.db")).runs() == []
+
+
+def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
+    """A small kernel's recorded benchmark is replayed with its graph replay times, as the live path fed
+    them to the proposer, not with host-delayed event times."""
+    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
+    c, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
+    for label, ms, graph in (("candidate", 0.0900, 0.0400), ("baseline", 0.0500, 0.0440), ("anchor:torch", 0.04, 0.03)):
+        led.record_bench(run_id=run.id, candidate_id=c.id, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
+                         bucket="m1-klarge", dtype="bfloat16", gpu_name="Fake GPU", median_ms=ms, spread_ms=0.0002,
+                         n_samples=5, graph_ms=graph)
+    assert lp._bench_ms(c.id) == 0.0400 and lp._bench_ms(c.id, incumbent=True) == 0.0440
+    led.close()
