@@ -6,7 +6,7 @@ loses at most the step in flight, and `--resume RUN` continues it: candidates al
 recorded in the run are not proposed, evaluated or counted twice (a deterministic
 proposer regenerates the same sequence and the loop replays the recorded outcomes to it),
 and a candidate interrupted half-way resumes at the first stage it has no result for.
-Candidate files are written to kernels/candidates/<run>/<op>/.
+Candidate files are written to kernels/candidates/<run>/<op>/<bucket>/.
 """
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ class Loop:
         self.stats = {"proposed": 0, "rejected": 0, "verified": 0, "benchmarked": 0, "promoted": 0,
                       "duplicates": 0, "unusable_replies": 0, "unjudged": 0}
         # the wall-time budget holds inside a round too: past it, no new evaluation starts (the
-        # candidates it would have judged stay 'proposed' in the ledger; a later run judges them)
+        # candidates stay in the ledger at the stage they reached; a later run finishes them)
         self.deadline: Optional[float] = None
         # what this run has already recorded (resume): source hash -> candidate id
         self.known = {c.source_hash: c.id for c in ledger.candidates(run_id=run_id)}
@@ -578,7 +578,7 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         raise
     if loop.stats["unjudged"]:
         stop_reason = (f"{stop_reason}; " if stop_reason else "") + \
-            f"{loop.stats['unjudged']} candidate(s) left unjudged at the time limit (recorded as proposed)"
+            f"{loop.stats['unjudged']} candidate(s) left unjudged at the time limit (kept in the ledger)"
     ledger.set_run_status(run_id, "finished", finished=True,
                           notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
                                             "tokens": getattr(proposer, "tokens_used", 0), "stop": stop_reason}))

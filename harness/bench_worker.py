@@ -55,7 +55,6 @@ def main(argv=None) -> int:
 
     from dataclasses import asdict
 
-
     from .bench import benchmark_shape, load_ceilings
     from .ops import dtype_from_name, get_op
     op = get_op(spec["op"])
