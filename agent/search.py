@@ -192,10 +192,11 @@ class SearchProposer(Proposer):
         restarts the climb from it, keeping what was tried and its measured time."""
         key = (ctx.op, ctx.bucket)
         st = self.state.get(key)
-        source = ctx.incumbent_source if has_config(ctx.incumbent_source or "") else baseline_source(ctx.op)
+        base_src = baseline_source(ctx.op)
+        source = ctx.incumbent_source if has_config(ctx.incumbent_source or "") else base_src
         if st is not None and st.source == source:
             return st
-        if source == baseline_source(ctx.op):
+        if source == base_src:
             cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
         else:
             cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
