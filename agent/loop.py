@@ -396,23 +396,34 @@ class Loop:
             with self.devices.lease() as env:  # one GPU per child
                 return run_isolated(it[4], it[0].op, mode, checks=checks, env=env)
 
-        verdicts = map_tracked(judge, todo, len(self.devices) if mode == "gpu" else self.cfg.jobs)
-        self._leave_unjudged([it for it, v in zip(todo, verdicts) if v is None])
-        for it, v in zip(todo, verdicts):
+        # one source proposed for two buckets is one candidate: sanitized once, judged for both
+        first_of: Dict[int, tuple] = {}
+        for it in todo:
+            first_of.setdefault(it[3], it)
+        unique = list(first_of.values())
+        verdicts = dict(zip(first_of, map_tracked(judge, unique, len(self.devices) if mode == "gpu" else self.cfg.jobs)))
+        self._leave_unjudged([it for it in unique if verdicts[it[3]] is None])
+        recorded = set()
+        for it in todo:
+            t, ctx, p, cid, path = it
+            v = verdicts[cid]
             if v is None:
                 continue
-            t, ctx, p, cid, path = it
-            self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,
-                                                   "duration_s": c.duration_s} for c in v.checks])
+            first = cid not in recorded
+            recorded.add(cid)
+            if first:
+                self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,
+                                                       "duration_s": c.duration_s} for c in v.checks])
             if v.passed:
                 survivors.append(it)
-                if mode == "full":
+                if mode == "full" and first:
                     self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
                                                      fpsan_equivalent=v.fpsan_equivalent)
             else:
-                self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
-                self.stats["rejected"] += 1
-                self.events.candidate(p.label, "rejected", f"{t.op} {mode}: {v.summary()}")
+                if first:
+                    self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
+                    self.stats["rejected"] += 1
+                    self.events.candidate(p.label, "rejected", f"{t.op} {mode}: {v.summary()}")
                 self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, False, v.summary()))
                 self.proposer.feedback(ctx, p, False, None)
         return survivors
@@ -420,13 +431,16 @@ class Loop:
     def _evaluate(self, items: List[tuple]) -> None:
         full = self._sanitize(self._sanitize(items, "quick"), "full")
         if not self.gpu:
+            reported = set()
             for t, ctx, p, cid, path in full:
-                self.stats["verified"] += 1
-                c = self.ledger.candidate(cid)
-                eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
-                    c.fpsan_equivalent if c else None]
-                self.events.candidate(p.label, "verified", f"{t.op}: passed the full sanitizer ({eq}); not "
-                                                           f"benchmarked: no GPU")
+                if cid not in reported:  # once per candidate, however many buckets proposed it
+                    reported.add(cid)
+                    self.stats["verified"] += 1
+                    c = self.ledger.candidate(cid)
+                    eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
+                        c.fpsan_equivalent if c else None]
+                    self.events.candidate(p.label, "verified", f"{t.op}: passed the full sanitizer ({eq}); not "
+                                                               f"benchmarked: no GPU")
                 self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, True, "verified, not "
                                                                                              "benchmarked"))
                 self.proposer.feedback(ctx, p, True, None)

@@ -418,3 +418,31 @@ def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
                          n_samples=5, graph_ms=graph)
     assert lp._bench_ms(c.id) == 0.0400 and lp._bench_ms(c.id, incumbent=True) == 0.0440
     led.close()
+
+
+def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(tmp_path, monkeypatch):
+    """int8 decode has two serving buckets and the search proposes the same evict-first rewrite for both:
+    one candidate, one sanitizer run per stage, one benchmark per bucket."""
+    from kernel_agent.sanitizer import runner
+    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    sanitized = []
+    fake = runner.run_isolated
+
+    def counting(path, op, mode="full", **kw):
+        sanitized.append((open(path).read(), mode))
+        return fake(path, op, mode, **kw)
+    monkeypatch.setattr(runner, "run_isolated", counting)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"])
+    lp.cfg.bench_shapes = "serving"
+    from kernel_agent.agent.loop import targets_for
+    both = targets_for(lp.cfg)
+    assert len(both) == 2
+    lp.cfg.per_round = 1  # the evict-first rewrite only, for each bucket
+    lp.round(both, budget)
+    cands = led.candidates(run_id=run.id)
+    assert len(cands) == 1 and cands[0].label == "evict-first"
+    assert sorted(m for _, m in sanitized) == ["full", "gpu", "quick"]  # each stage once
+    assert len([c for c in led.checks(cands[0].id) if c.mode == "quick"]) == 1
+    assert sum(1 for what, _ in seen if what == "bench") == 2  # timed against each bucket's incumbent
+    led.close()
