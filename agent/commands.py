@@ -244,7 +244,7 @@ def _print_run_summary(summary: Dict[str, Any], args) -> int:
 
 @command("bench")
 def cmd_bench(args) -> int:
-    from ..harness.bench import NoGPU, load_ceilings, merge_processes, require_gpu, resolve_shapes
+    from ..harness.bench import NoGPU, load_ceilings, merge_processes, require_gpu, resolve_shapes, with_reported_times
     from ..harness.bench_worker import run_bench_isolated
     from ..harness.ops import get_op
     ops = _ops(args.op)
@@ -282,7 +282,8 @@ def cmd_bench(args) -> int:
                     doc["errors"].append(f"{name} {s.key()}: {errors[0]}")
                 good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
                 n = min(len(o.get("results", [])) for o in good)
-                out = {"results": [merge_processes([o["results"][i] for o in good]) for i in range(n)]}
+                out = {"results": [with_reported_times(merge_processes([o["results"][i] for o in good]))
+                                   for i in range(n)]}
                 doc["results"] += out["results"]
                 if not args.no_ledger:
                     _record_bench_doc(args, doc, out.get("results", []))
@@ -314,6 +315,7 @@ def _record_bench_doc(args, doc, results) -> None:
 
 
 def print_bench(doc) -> None:
+    from ..harness.bench import reported_time
     c = doc.get("ceilings") or {}
     if c:
         ui.line(f"{c.get('gpu')}: ceilings copy {c.get('copy_tbps')} TB/s, bf16 matmul {c.get('bf16_tflops')} TFLOP/s")
@@ -327,12 +329,13 @@ def print_bench(doc) -> None:
                 continue
             ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
             rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
+            rep_ms, rep_spread, rep_kind = reported_time(m)
             rows.append([res["op"], res["shape"], res["dtype"], m["label"], f"{m['median_ms']:.4f}",
                          f"±{m['spread_ms']:.4f}", (f"{m['graph_ms']:.4f}" + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""))
-                         if m.get("graph_ms") else "", ratio, rate,
+                         if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, rate,
                          f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else "")])
-    ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "anchor/this", "rate",
-                  "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 6)
+    ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "reported (run to run)",
+                  "anchor/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 7)
     for e in doc.get("errors", []):
         ui.line(f"error: {e}", style="red")
 

@@ -144,7 +144,8 @@ def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_pas
     return Decision(False, gain, noise, f"not promoted: {head}, not above {threshold}")
 
 
-def _has_graph(m: Dict[str, Any]) -> bool:
+def graph_timed(m: Dict[str, Any]) -> bool:
+    """Whether a measurement (bench.Measurement JSON) has CUDA-graph replay rounds to judge it on."""
     return bool(m.get("graph_ms")) and m.get("graph_spread_ms") is not None and len(m.get("graph_rounds") or []) >= 3
 
 
@@ -152,7 +153,7 @@ def judged_pair(candidate: Dict[str, Any], incumbent: Dict[str, Any]) -> Tuple[T
     """The figures a promotion is judged on, from two benchmark measurements (bench.Measurement JSON):
     (candidate, incumbent, 'graph' | 'event'). The CUDA-graph replay times where both have graph
     rounds (small kernels, whose event times carry host launch overhead), else the event times."""
-    if _has_graph(candidate) and _has_graph(incumbent):
+    if graph_timed(candidate) and graph_timed(incumbent):
         return (Timing(candidate["graph_ms"], candidate["graph_spread_ms"], len(candidate["graph_rounds"])),
                 Timing(incumbent["graph_ms"], incumbent["graph_spread_ms"], len(incumbent["graph_rounds"])), "graph")
     return (Timing(candidate["median_ms"], candidate["spread_ms"], candidate["n"]),

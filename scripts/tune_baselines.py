@@ -6,6 +6,11 @@ what kernels/baseline/*._config should return; this script is how those choices
 were made.
 
     PYTHONPATH=. python3 scripts/tune_baselines.py [--ops matmul,attention] [--out results/tune.json]
+
+With --neighbours the configs are the baseline's own and every one-field change the built-in
+search may propose (agent/search.py); --shape-list times shapes outside the serving suite, e.g.
+--ops matmul --neighbours --shape-list '256,8192,8192;128,8192,8192': where a neighbour beats
+the baseline clearly, a `kernel-agent run` at that shape has something to find.
 """
 import argparse
 import importlib
@@ -45,6 +50,21 @@ def configs_for(op, shape):
     return c
 
 
+def neighbour_configs(op_name, shape, base_config_fn):
+    """The baseline's config for the shape first, then each valid one-field change of it."""
+    from kernel_agent.agent.search import SPACES, config_args
+    space = SPACES[op_name]
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = tuple(base_config_fn(*config_args(op_name, shape, dev)))
+    out = [base]
+    for i, values in enumerate(space.values):
+        for v in values:
+            c = base[:i] + (v,) + base[i + 1:]
+            if c != base and space.valid(c, shape):
+                out.append(c)
+    return out
+
+
 def anchor(op_name, case):
     a = case.args
     if op_name == "matmul":
@@ -82,12 +102,20 @@ def anchor(op_name, case):
     raise ValueError(op_name)
 
 
+def rows_base(rows, op_name, shape):
+    """The first row timed for (op, shape): with --neighbours, the baseline's own config."""
+    return next((r for r in rows if r["op"] == op_name and r["shape"] == shape.key() and r["ok"]), None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default="matmul,attention,decode_attention,decode_attention_int8,quantize_kv")
     ap.add_argument("--out", default="tune.json")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shapes", default="", help="only serving shapes whose key contains this text")
+    ap.add_argument("--shape-list", default="", help="explicit shapes 'a,b,c;d,e,f' instead of the serving suite")
+    ap.add_argument("--neighbours", action="store_true",
+                    help="time the baseline config and the search's one-field neighbours of it")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -96,13 +124,15 @@ def main():
         mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
         fn = getattr(mod, op_name)
         original = mod._config
-        for shape in [s for s in op.shapes("serving") if args.shapes in s.key()]:
+        shapes = [op.parse_shape(t) for t in args.shape_list.split(";") if t.strip()] or op.shapes("serving")
+        for shape in [s for s in shapes if args.shapes in s.key()]:
             case = op.make_case(shape, dtype, seed=0, device="cuda")
             t0 = time.time()
             ref = op.reference(case.args, torch.float32)
             t_anchor = triton.testing.do_bench(anchor(op_name, case), warmup=25, rep=100, return_mode="median")
             best = None
-            for cfg in configs_for(op_name, shape):
+            for cfg in (neighbour_configs(op_name, shape, original) if args.neighbours
+                        else configs_for(op_name, shape)):
                 mod._config = lambda *a, cfg=cfg, **k: cfg
                 try:
                     out = case.call(fn)
@@ -121,6 +151,10 @@ def main():
                 if err is None and (best is None or ms < best["ms"]):
                     best = row
             mod._config = original
+            if best and args.neighbours and rows_base(rows, op_name, shape):
+                b = rows_base(rows, op_name, shape)
+                print(f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best neighbour "
+                      f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)", flush=True)
             if best:
                 print(f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "
                       f"anchor {t_anchor:.4f} ms ratio {t_anchor / best['ms']:.2f} "

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 
 from kernel_agent.harness.promotion import Decision, Timing, decide, decide_over_shapes
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_promotes_a_clearly_faster_candidate():
@@ -135,6 +138,46 @@ def test_bench_processes_merge_into_a_spread_that_covers_both():
     [f] = merge_processes([one, failed])["measurements"]
     assert f["error"]  # failing in one process is failing
     assert merge_processes([one]) is one
+
+
+def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
+    """What bench reports for another run to check: the judged figure (graph replays for a small kernel,
+    events otherwise), its spread never under the run-to-run floor of its bound, and larger when measured so."""
+    from kernel_agent.harness.bench import RUN_TO_RUN_FLOOR, reported_time, with_reported_times
+
+    def m(ms, spread, kind, graph=None):
+        return {"label": "baseline", "median_ms": ms, "spread_ms": spread, "n": 3, "ceiling_kind": kind,
+                "graph_ms": graph, "graph_spread_ms": 0.0001 if graph else None,
+                "graph_rounds": [graph] * 5 if graph else []}
+    ms, spread, kind = reported_time(m(2.0, 0.001, "compute"))
+    assert (ms, kind) == (2.0, "event") and spread == pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 2.0)
+    assert reported_time(m(2.0, 0.001, "memory"))[1] == pytest.approx(RUN_TO_RUN_FLOOR["memory"] * 2.0)
+    assert reported_time(m(2.0, 0.5, "memory"))[1] == 0.5  # a measured spread above the floor stands
+    small = m(0.09, 0.03, "compute", graph=0.04)  # event time inflated by launch overhead
+    assert reported_time(small) == (0.04, pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 0.04), "graph")
+    assert reported_time(small, "event")[:1] == (0.09,) and reported_time(small, "event")[2] == "event"
+    res = {"measurements": [small, {"label": "x", "error": "wrong result"}]}
+    with_reported_times(res)
+    assert res["measurements"][0]["reported_timing"] == "graph" and "reported_ms" not in res["measurements"][1]
+
+
+def test_foundation_table_agreement_judges_like_the_rule():
+    """Two runs agree on a small kernel by its graph replays even when its event times (host-bound) differ;
+    a large kernel that moved beyond the floor does not agree."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("foundation_table", ROOT / "scripts" / "foundation_table.py")
+    ft = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ft)
+
+    def doc(small_event, large):
+        def m(label, ms, graph=None):
+            return {"label": label, "median_ms": ms, "spread_ms": 0.005 * ms, "n": 3, "ceiling_kind": "compute",
+                    "graph_ms": graph, "graph_spread_ms": 0.005 * graph if graph else None,
+                    "graph_rounds": [graph] * 5 if graph else []}
+        return {"results": [{"op": "matmul", "shape": "M=1", "measurements": [m("baseline", small_event, 0.040)]},
+                            {"op": "matmul", "shape": "M=8192", "measurements": [m("baseline", large)]}]}
+    rows = ft.agreement(doc(0.05, 1.60), doc(0.09, 1.75))
+    assert [(r[0][2], r[4]) for r in rows] == [("baseline (graph)", True), ("baseline", False)]
 
 
 def test_judge_benchmark_over_a_bucket():
