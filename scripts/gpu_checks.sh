@@ -9,6 +9,7 @@
 # Prints the agreement table last.
 # BENCH_ARGS: extra `bench` options, e.g. "--processes 2" (each shape timed by two processes; the
 # spread then includes their difference; twice the time: raise BENCH_TIMEOUT, 230 s by default).
+# SERVING_EXTRA: shapes the serving check adds to the serving suite (serving_check.py --extra).
 # RUNS: the numbers of the bench runs (default "3 4": bench_run3.json and bench_run4.json).
 # Usage: [STEPS="bench"] [BENCH_ARGS=...] [RUNS=...] bash scripts/gpu_checks.sh OUTDIR
 set -u
@@ -32,7 +33,7 @@ if [[ " $STEPS " == *" tests "* ]]; then
   timeout 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
     --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests: exit $? ($(date +%T))"
-  KERNEL_AGENT_SERVING_DIR=$PWD/kernels/serving timeout 90 python3 scripts/serving_check.py > "$OUT/serving_check.txt" 2>&1
+  KERNEL_AGENT_SERVING_DIR=$PWD/kernels/serving timeout 90 python3 scripts/serving_check.py --extra "${SERVING_EXTRA:-}" > "$OUT/serving_check.txt" 2>&1
   echo "serving check: exit $? ($(date +%T))"
   echo; tail -n 3 "$OUT/gpu_tests.txt"; echo; cat "$OUT/serving_check.txt"
 fi

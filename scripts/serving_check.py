@@ -1,7 +1,9 @@
 """A serving-style call through the serving set's API at every serving shape, judged by the
 op's differential check: what a serving stack gets from `kernel_agent.harness.serving.get(op)`.
 
-    PYTHONPATH=. python3 scripts/serving_check.py [--dtype bfloat16]
+    PYTHONPATH=. python3 scripts/serving_check.py [--dtype bfloat16] [--extra 'matmul:128,8192,8192;...']
+
+--extra adds shapes outside the serving suite (e.g. the buckets a `kernel-agent run --shapes` promoted in).
 """
 import argparse
 import sys
@@ -15,13 +17,18 @@ from kernel_agent.harness.ops import OPS, dtype_from_name
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--extra", default="", help="more shapes, 'op:a,b,c;op:d,e,f'")
     args = ap.parse_args()
+    extra = {}
+    for part in filter(None, (p.strip() for p in args.extra.split(";"))):
+        name, _, text = part.partition(":")
+        extra.setdefault(name, []).append(OPS[name].parse_shape(text))
     dtype = dtype_from_name(args.dtype)
     bad = 0
     print(f"serving set: {serving.serving_dir()} ({len(serving.load_manifest().get('entries', []))} promoted kernels)")
     for name, op in OPS.items():
         fn = serving.get(name)
-        for shape in op.shapes("serving"):
+        for shape in list(op.shapes("serving")) + extra.get(name, []):
             case = op.make_case(shape, dtype, seed=7, device="cuda")
             kernel = fn.resolve(**case.args)
             out = fn(**case.args)
