@@ -535,7 +535,8 @@ def cmd_promote(args) -> int:
         reason = decision.reason + (f"; {args.reason}" if args.reason else "")
         new_ms, old_ms = j.candidate_ms, j.incumbent_ms
         ver = versions()
-        inst = serving.install(args.op, bucket, args.dtype, gname, source, cand.id, decision.gain, reason, ver)
+        inst = serving.install(args.op, bucket, args.dtype, gname, source, cand.id, decision.gain, reason, ver,
+                              shapes=list(j.shapes))
         led.record_promotion(run_id=run.id, op=args.op, bucket=bucket, dtype=args.dtype, gpu_name=gname,
                              candidate_id=cand.id, new_ms=new_ms, old_ms=old_ms, gain=decision.gain,
                              spread=decision.spread, reason=reason, versions=ver)

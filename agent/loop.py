@@ -506,7 +506,7 @@ class Loop:
         v = versions()
         with self._lock:  # the manifest is read, changed and written: one install at a time
             entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
-                                    decision.reason, v)
+                                    decision.reason, v, shapes=[s.key() for s in t.shapes])
         self.ledger.record_promotion(run_id=self.run_id, op=t.op, bucket=t.bucket, dtype=self.cfg.dtype,
                                      gpu_name=self.gpu_name, candidate_id=cid, new_ms=cand_ms, old_ms=inc_ms,
                                      gain=decision.gain, spread=decision.spread, reason=decision.reason,

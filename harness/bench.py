@@ -327,6 +327,8 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
             break
     flops = op.flops(shape)
     nbytes_min = op.bytes(shape, dtype)
+    # graph replays do not flush L2: only data too large to stay there is held to the memory ceiling
+    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
     bound = op.bound(shape)
     for c in live:
         xs = rounds[c.label]
@@ -358,7 +360,9 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
             if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
                 m.implausible = True
         results[c.label] = m
-    _graph_rounds([c for c in live if results[c.label].median_ms < GRAPH_BELOW_MS], cases[0].args, results)
+    _graph_rounds([c for c in live if results[c.label].median_ms < GRAPH_BELOW_MS], cases[0].args, results,
+                  lambda ms: flops / ms / 1e9 > ceilings.bf16_tflops * COMPUTE_PLAUSIBLE or
+                  (nbytes_min > 2 * l2_bytes and nbytes_min / ms / 1e9 > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN))
     ordered = [results[c.label] for c in all_c if c.label in results] + (
         [results["anchor"]] if "anchor" in results else [])
     del cases, probe
@@ -366,8 +370,27 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     return ShapeResult(op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered)
 
 
-def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: Dict[str, Measurement]) -> None:
-    """CUDA-graph replay times of the small kernels, interleaved round by round like the event rounds."""
+UNJOINED_NOTE = ("work forked onto another stream is not joined back to the caller's stream (graph capture: "
+                 "unjoined work), so events on the caller's stream cannot time it")
+
+
+def _graph_failed(m: Measurement, c: Contender, e: Exception) -> None:
+    """A graph capture that fails leaves the kernel to event timing, except when it failed because the
+    call forks work onto another stream and never joins it back: the events on the caller's stream then
+    time only the fork, and the kernel is marked implausible (an anchor only gets the note)."""
+    text = str(e)
+    if "njoined" in text or "StreamCaptureUnjoined" in text:
+        m.note = (m.note + "; " if m.note else "") + UNJOINED_NOTE
+        m.implausible = m.implausible or not c.is_anchor
+    else:
+        m.note = (m.note + "; " if m.note else "") + f"CUDA graph timing failed: {text[:120]}"
+
+
+def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: Dict[str, Measurement],
+                  too_fast: Callable[[float], bool] = lambda ms: False) -> None:
+    """CUDA-graph replay times of the small kernels, interleaved round by round like the event rounds.
+    A replay time faster than the ceilings allow (`too_fast`) marks the kernel implausible, as an
+    event time does: work launched outside the captured streams is missing from the graph."""
     import triton.testing
     live = []
     for c in small:
@@ -381,8 +404,7 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
             torch.cuda.synchronize()
             live.append(c)
         except Exception as e:  # noqa: BLE001 - reported on the measurement
-            m = results[c.label]
-            m.note = (m.note + "; " if m.note else "") + f"CUDA graph timing failed: {str(e)[:120]}"
+            _graph_failed(results[c.label], c, e)
     for r in range(GRAPH_ROUNDS):
         for c in (live[r % len(live):] + live[: r % len(live)]) if live else []:
             m = results[c.label]
@@ -392,13 +414,16 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
                 m.graph_rounds.append(triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20,
                                                                         return_mode="median"))
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the kernel wrapper
-                m.note = (m.note + "; " if m.note else "") + f"CUDA graph timing failed: {str(e)[:120]}"
+                _graph_failed(m, c, e)
                 m.graph_rounds = None
     for c in live:
         m = results[c.label]
         if m.graph_rounds:
             m.graph_ms = statistics.median(m.graph_rounds)
             m.graph_spread_ms = max(_iqr_half(m.graph_rounds), REPRO_FLOOR * m.graph_ms)
+            if too_fast(m.graph_ms) and not c.is_anchor:
+                m.implausible = True
+                m.note = (m.note + "; " if m.note else "") + "graph replay faster than the measured ceilings allow"
         else:
             m.graph_rounds = []
 

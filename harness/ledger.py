@@ -409,6 +409,12 @@ def _event_ms(row: BenchResult) -> float:
     return row.median_ms
 
 
+def _fastest_reading(row: BenchResult) -> float:
+    """A row's graph replay time if it has one, else its event time: for choosing the fastest of rows
+    (see Ledger.leaderboard), not for comparing two figures."""
+    return row.graph_ms or row.median_ms
+
+
 def row_time(rows: Sequence[BenchResult]) -> Callable[[BenchResult], float]:
     """How to read the time of benchmark rows that are compared with each other (one shape): the
     CUDA-graph replay time where every row has one (small kernels, as the promotion rule judges
@@ -779,9 +785,12 @@ class Ledger:
         (status 'benchmarked' or 'promoted'; implausible timings are ignored) against the
         baseline for the same shape, dtype and GPU. When a kernel was timed several
         times, its best time counts, for the baseline too (so the speedup is not
-        flattered by one slow baseline run). speedup = baseline_ms / best_ms. Times are
-        CUDA-graph replay times where every kernel of the shape has one (small kernels,
-        judged that way by the promotion rule: `clock` 'graph'), else event times."""
+        flattered by one slow baseline run). speedup = baseline_ms / best_ms. The best is
+        chosen on each row's CUDA-graph replay time where it has one, else its event time: rows
+        without graph times took over GRAPH_BELOW_MS by events, slower than any row with one, so
+        the order is the event order wherever it can be trusted. The figures shown are CUDA-graph
+        replay times where the best, the baseline and the anchor all have one (small kernels, as
+        the promotion rule judges them: `clock` 'graph'), else event times."""
         good = ("benchmarked", "promoted")
         q = (select(BenchResult, Candidate.label, Candidate.status)
              .join(Candidate, Candidate.id == BenchResult.candidate_id)
@@ -802,12 +811,13 @@ class Ledger:
                 others.setdefault((row.bucket, row.shape_key, row.dtype, row.gpu_name), []).append(row)
         out = []
         for key in sorted(cands):
-            rows = [r for r, _, _ in cands[key]] + others.get(key, [])
-            t = row_time(rows)
-            graph = t is _graph_ms
-            row, label, status = min(cands[key], key=lambda x: t(x[0]))
-            base = min((r for r in others.get(key, []) if r.label == "baseline"), key=t, default=None)
-            anc = min((r for r in others.get(key, []) if r.label.startswith("anchor")), key=t, default=None)
+            row, label, status = min(cands[key], key=lambda x: _fastest_reading(x[0]))
+            bases = [r for r in others.get(key, []) if r.label == "baseline"]
+            ancs = [r for r in others.get(key, []) if r.label.startswith("anchor")]
+            graph = bool(row.graph_ms) and all(not g or any(r.graph_ms for r in g) for g in (bases, ancs))
+            t = _graph_ms if graph else _event_ms
+            base = min((r for r in bases if r.graph_ms or not graph), key=t, default=None)
+            anc = min((r for r in ancs if r.graph_ms or not graph), key=t, default=None)
             out.append({
                 "op": op, "bucket": key[0], "shape_key": key[1], "dtype": key[2], "gpu_name": key[3],
                 "candidate_id": row.candidate_id, "label": label, "status": status, "clock": "graph" if graph else "event",

@@ -31,7 +31,7 @@ import tempfile
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from .ops import DTYPE_NAMES, DTYPES, get_op
 
@@ -155,10 +155,11 @@ def _defines_function(source: str, name: str) -> bool:
 
 
 def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_id: int | None, gain: float,
-            reason: str, versions: dict, dir: str | Path | None = None) -> dict:
+            reason: str, versions: dict, dir: str | Path | None = None, shapes: Sequence[str] = ()) -> dict:
     """Put `source` in the serving set for (op, bucket, dtype, gpu), replacing any entry
-    for that key, and return the manifest entry. The kernel file is written before the
-    manifest names it, so a reader never finds an entry without its file."""
+    for that key, and return the manifest entry. `shapes`: the shape keys it was judged on (a
+    reviewer, and a check of the serving set, find them there). The kernel file is written before
+    the manifest names it, so a reader never finds an entry without its file."""
     get_op(op)  # ValueError for an unknown op
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -172,7 +173,7 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
         "op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "file": name,
         "source_hash": source_hash(text), "candidate_id": candidate_id,
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gain": float(gain), "reason": reason, "versions": dict(versions or {}),
+        "gain": float(gain), "reason": reason, "versions": dict(versions or {}), "shapes": list(shapes),
     }
     manifest = load_manifest(d)
     old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]

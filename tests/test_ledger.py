@@ -248,6 +248,29 @@ def test_leaderboard_with_the_incumbent_and_anchor_timed_beside_a_candidate(led)
     assert row["best_ms"] == 0.9 and row["baseline_ms"] == 1.0 and row["anchor_ms"] == 0.7
 
 
+def test_leaderboard_reads_graph_times_when_a_slow_candidate_has_none(led):
+    """A candidate slow enough to have no CUDA-graph time (timed by events only) does not push the shape's
+    board onto event times: the small kernels are compared on graph replays, as the rule judged them."""
+    r = _run(led)
+    fast, _ = led.add_candidate("quantize_kv", SRC + "# fast\n", "search", r.id, label="fast")
+    slow, _ = led.add_candidate("quantize_kv", SRC + "# slow\n", "search", r.id, label="slow")
+    for c in (fast, slow):
+        led.set_candidate_status(c.id, "benchmarked")
+    _bench(led, 0.090, candidate_id=fast.id, graph_ms=0.050)  # event time inflated by launch overhead
+    _bench(led, 0.300, candidate_id=slow.id)  # over the graph threshold: event time only
+    _bench(led, 0.095, label="baseline", graph_ms=0.055)
+    _bench(led, 0.060, label="anchor:torch.compile", graph_ms=0.040)
+    [row] = led.leaderboard("quantize_kv")
+    assert row["clock"] == "graph" and row["candidate_id"] == fast.id and row["best_ms"] == 0.050
+    assert row["baseline_ms"] == 0.055 and row["anchor_ms"] == 0.040
+    assert row["speedup"] == pytest.approx(0.055 / 0.050)
+    # a baseline known only by events puts the shape on events: no speedup across two clocks
+    _bench(led, 0.080, candidate_id=None, label="baseline", shape_key="T=8,H=2,D=16")
+    _bench(led, 0.090, candidate_id=fast.id, graph_ms=0.050, shape_key="T=8,H=2,D=16")
+    row = next(x for x in led.leaderboard("quantize_kv") if x["shape_key"] == "T=8,H=2,D=16")
+    assert row["clock"] == "event" and row["best_ms"] == 0.090 and row["speedup"] == pytest.approx(0.080 / 0.090)
+
+
 def test_newer_or_older_schema_version_is_refused(tmp_path):
     path = tmp_path / "ledger.db"
     Ledger(path).close()

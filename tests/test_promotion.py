@@ -205,3 +205,22 @@ def test_judge_benchmark_over_a_bucket():
                                                           m("candidate", 0.09, **g)]}]}
     j = judge_benchmark(small, ["a"])  # slower by events (host overhead), faster as graph replays
     assert j.kinds == ["graph"] and j.decision.promote and j.decision.reason.endswith("(CUDA-graph replay times)")
+
+
+def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible():
+    """Work forked onto another stream and never joined back is what events on the caller's stream
+    cannot time; graph capture names it, and that is a verdict, not a timing note (the GPU test
+    tests/test_gpu.py::test_bench_is_not_fooled_by_work_on_another_stream runs the real thing)."""
+    from kernel_agent.harness.bench import Contender, Measurement, _graph_failed
+    unjoined = RuntimeError("CUDA error: operation failed due to a previous error during capture\n"
+                            "capturing stream has unjoined work (cudaErrorStreamCaptureUnjoined)")
+    m = Measurement("candidate", 0.02, 0.001, 3, [0.02] * 3)
+    _graph_failed(m, Contender("candidate", lambda: None), unjoined)
+    assert m.implausible and "not joined back" in m.note
+    a = Measurement("anchor:x", 0.02, 0.001, 3, [0.02] * 3)
+    _graph_failed(a, Contender("anchor:x", lambda: None, is_anchor=True), unjoined)
+    assert not a.implausible and "not joined back" in a.note  # an anchor is reported, never judged
+    other = Measurement("candidate", 0.02, 0.001, 3, [0.02] * 3)
+    _graph_failed(other, Contender("candidate", lambda: None), RuntimeError("operation not permitted when "
+                                                                             "stream is capturing: .item()"))
+    assert not other.implausible and "CUDA graph timing failed" in other.note
