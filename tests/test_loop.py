@@ -13,6 +13,7 @@ import pytest
 
 from kernel_agent.agent.model import ReplyError, extract_source
 from kernel_agent.agent.search import baseline_source, with_config, SPACES
+from kernel_agent.harness.ops import OPS
 from kernel_agent.harness.ledger import Ledger
 
 from openai_stub import Stub
@@ -305,6 +306,9 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     assert {d for _, d in seen} == {"0", "1"}  # both GPUs lent
     promos = [e for e in serving.load_manifest()["entries"]]
     assert sorted(e["op"] for e in promos) == ["matmul", "quantize_kv"] and lp.stats["promoted"] == 2
+    for e in promos:  # the entry names the shapes it was judged on, all in its bucket
+        op = OPS[e["op"]]
+        assert e["shapes"] and all(op.bucket(op.parse_shape(k)) == e["bucket"] for k in e["shapes"])
     assert lp.stats["benchmarked"] == 4
     statuses = sorted(c.status for c in led.candidates(run_id=run.id))
     assert statuses == ["benchmarked", "benchmarked", "promoted", "promoted"]

@@ -57,14 +57,15 @@ def test_serving_dir_default_and_override(sdir, monkeypatch):
 
 def test_manifest_round_trip(sdir):
     assert serving.load_manifest() == {"version": 1, "entries": []}  # missing file: empty set
-    entry = _install()
+    entry = _install(shapes=["T=4,H=2,D=16"])
     assert entry["file"] == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
     assert (sdir / entry["file"]).read_text() == VARIANT_SRC
     manifest = serving.load_manifest()
     assert manifest["version"] == 1 and manifest["entries"] == [entry]
     assert json.loads((sdir / "manifest.json").read_text()) == manifest
     assert set(entry) == {"op", "bucket", "dtype", "gpu", "file", "source_hash", "candidate_id", "promoted_at",
-                          "gain", "reason", "versions"}
+                          "gain", "reason", "versions", "shapes"}
+    assert entry["shapes"] == ["T=4,H=2,D=16"]  # what it was judged on, for review and the GPU check
     assert entry["source_hash"] == serving.source_hash(VARIANT_SRC) and entry["candidate_id"] == 7
     assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
     # replacing the same key keeps one entry; another key adds one
