@@ -68,16 +68,17 @@ def main(out, run2_path=None):
     print(f"GPU: {c.get('gpu')}; measured ceilings: copy {c.get('copy_tbps')} TB/s (read + write), "
           f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
           f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n")
-    print("| op | shape | dtype | baseline ms (spread) | anchor | anchor ms | anchor/baseline | baseline rate (events) | "
-          "of ceiling | floor |")
-    print("|---|---|---|---:|---|---:|---:|---:|---:|---|")
+    from kernel_agent.harness.bench import reported_time
+    print("| op | shape | dtype | baseline ms (within-run spread) | baseline as reported (± run to run) | anchor | "
+          "anchor ms | anchor/baseline | baseline rate (events) | of ceiling | floor |")
+    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---|")
     misses = []
     for r in doc["results"]:
         ms = {m["label"]: m for m in r["measurements"]}
         b = ms.get("baseline")
         a = next((m for k, m in ms.items() if k.startswith("anchor")), None)
         if not b or b.get("error"):
-            print(f"| {r['op']} | {r['shape']} | {r['dtype']} | error: {(b or {}).get('error')} | | | | | | |")
+            print(f"| {r['op']} | {r['shape']} | {r['dtype']} | error: {(b or {}).get('error')} | | | | | | | |")
             continue
         rate = f"{b['tflops']:.0f} TFLOP/s" if b["ceiling_kind"] == "compute" else f"{b['tbps']:.2f} TB/s"
         fl, ok = floor(r["op"], r["shape"], b, a, c) if a and not a.get("error") else ("", None)
@@ -90,7 +91,9 @@ def main(out, run2_path=None):
         by_graph = bool(a and b.get("graph_ms") and a.get("graph_ms"))
         a_ms = a["graph_ms"] if by_graph else a["median_ms"]
         ratio = a_ms / (b["graph_ms"] if by_graph else b["median_ms"])
+        rep_ms, rep_spread, rep_kind = reported_time(b)
         print(f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['median_ms']:.4f} (±{b['spread_ms']:.4f}{graph}) | "
+              f"{rep_ms:.4f} ±{rep_spread:.4f}{' (graph)' if rep_kind == 'graph' else ''} | "
               f"{a['label'].split(':')[1] if a else ''} | {a_ms:.4f}{' (graph)' if by_graph else ''} | "
               f"{ratio:.2f}x | {rate} | {b['fraction_of_ceiling']:.0%} | {fl}{mark} |")
     print()

@@ -125,6 +125,21 @@ def test_report_is_pull_request_ready(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_timings_are_the_judged_graph_times_of_small_kernels(tmp_path):
+    """Small kernels were judged on CUDA-graph replays: the report shows those, not the event times the
+    host's launch overhead inflates (on the H200 an event reading once showed a promoted kernel slower)."""
+    led, run, cand = _ledger_with_a_promotion(tmp_path)
+    for label, cid, ev, gr in (("baseline", None, 0.1183, 0.0699), ("candidate", cand.id, 0.1366, 0.0657),
+                               ("anchor:torch.compile", None, 0.0536, 0.0573)):
+        led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="quantize_kv", shape_key="T=1024,H=8,D=128",
+                         bucket="tlarge-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ev,
+                         spread_ms=0.02, n_samples=5, graph_ms=gr, extra={"graph_spread_ms": 0.0004})
+    md = open(write_report(led, run, str(tmp_path / "report"))).read()
+    assert f"| T=1024,H=8,D=128 | bfloat16 | candidate #{cand.id} | 0.0657 | 0.0004 | graph |" in md
+    assert "| T=1024,H=8,D=128 | bfloat16 | baseline | 0.0699 | 0.0004 | graph |" in md
+    assert "| T=65536,H=8,D=128 | bfloat16 | baseline | 0.0570 | 0.0001 | events |" in md  # no graph rows there
+
+
 def test_report_history_and_show_commands(tmp_path):
     led, run, cand = _ledger_with_a_promotion(tmp_path)
     db = str(tmp_path / "l.db")
