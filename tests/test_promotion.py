@@ -224,3 +224,16 @@ def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible()
     _graph_failed(other, Contender("candidate", lambda: None), RuntimeError("operation not permitted when "
                                                                              "stream is capturing: .item()"))
     assert not other.implausible and "CUDA graph timing failed" in other.note
+
+
+def test_bench_table_prints_the_reported_figure(capsys):
+    """`bench`'s table (no GPU needed to print one): the within-run spread and the figure as reported."""
+    from kernel_agent.agent.commands import print_bench
+    m = {"label": "baseline", "median_ms": 0.09, "spread_ms": 0.0005, "n": 3, "ceiling_kind": "memory",
+         "graph_ms": 0.04, "graph_spread_ms": 0.0002, "graph_rounds": [0.04] * 5, "tbps": 3.0,
+         "fraction_of_ceiling": 0.7}
+    a = dict(m, label="anchor:torch.compile", median_ms=0.1, graph_ms=0.05, tbps=2.7, fraction_of_ceiling=0.63)
+    print_bench({"results": [{"op": "quantize_kv", "shape": "T=8,H=2,D=16", "dtype": "bfloat16",
+                              "measurements": [m, a]}], "errors": []})
+    out = capsys.readouterr().out
+    assert "reported (run to run)" in out and "0.0400 ±0.0016 graph" in out and "±0.0005" in out
