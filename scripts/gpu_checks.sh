@@ -8,7 +8,7 @@
 #          serving.get(op) over the committed serving set at every serving shape, differential-checked.
 # Prints the agreement table last.
 # BENCH_ARGS: extra `bench` options, e.g. "--processes 2" (each shape timed by two processes; the
-# spread then includes their difference; twice the time: raise BENCH_TIMEOUT, 230 s by default).
+# spread then includes their difference; twice the time: raise BENCH_TIMEOUT, 300 s by default; one run took 180-215 s on the H200).
 # SERVING_EXTRA: shapes the serving check adds to the serving suite (serving_check.py --extra).
 # RUNS: the numbers of the bench runs (default "3 4": bench_run3.json and bench_run4.json).
 # Usage: [STEPS="bench"] [BENCH_ARGS=...] [RUNS=...] bash scripts/gpu_checks.sh OUTDIR
@@ -24,7 +24,7 @@ cat "$OUT/gpu.txt"
 echo "start $(date +%T)"
 if [[ " $STEPS " == *" bench "* ]]; then
   for i in ${RUNS:-3 4}; do
-    timeout "${BENCH_TIMEOUT:-230}" python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger ${BENCH_ARGS:-} \
+    timeout "${BENCH_TIMEOUT:-300}" python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger ${BENCH_ARGS:-} \
       --out "$OUT/bench_run$i.json" > "$OUT/bench_run$i.txt" 2>&1
     echo "bench run $i: exit $? ($(date +%T))"
   done
