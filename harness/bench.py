@@ -11,8 +11,8 @@ Protocol, per (op, shape, dtype):
     thermal drift hit all of them alike;
   * rounds continue until every kernel's within-run spread (half the interquartile range
     of its round medians) is under 1% of its median, or the round limit;
-  * the spread reported is the within-run spread, but never less than REPRO_FLOOR of the
-    median: the round medians of one process share its allocations and clocks, and on the
+  * a kernel's spread (`spread_ms`, what the promotion rule compares on) is the within-run
+    spread, but never less than REPRO_FLOOR of the median: the round medians of one process share its allocations and clocks, and on the
     H200 the medians of one kernel in two processes differed by up to 0.3% where the
     within-run spread said 0.02% (results/h200/bench_run3.json and bench_run4.json);
   * small kernels (< 200 us) are also timed as CUDA-graph replays, as a serving stack
@@ -24,14 +24,16 @@ Protocol, per (op, shape, dtype):
   * the spread above says how far another process's rounds would fall; a figure meant for another
     run, another day or another GPU of the same model (bench's "reported" column, the run-to-run
     agreement of results/FOUNDATION.md) also carries RUN_TO_RUN_FLOOR: between sessions on the H200
-    the same kernel moved by up to 5.0% (compute-bound) and 3.5% (memory-bound), far more than any
+    the same kernel moved by up to 5.0% (compute-bound) and 3.7% (memory-bound), far more than any
     one run's rounds show. The promotion rule does not use it: candidate and incumbent are
     interleaved in one process, so what moves between sessions moves both alike;
   * the GPU is brought up from its idle clocks (345 MHz on the H200) before any timing;
   * the device is synchronized around every measurement, and the wall time of a
     synchronized batch of calls is compared with the event time: work hidden on another
     stream or deferred past the events shows up as a gap and marks the result
-    implausible, as does a rate above the measured ceilings.
+    implausible, as does a rate above the measured ceilings (by events, and by graph replays
+    for the compute ceiling, and the memory one for data too large for L2) and a graph capture
+    that finds work forked onto another stream and never joined back.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ REPRO_FLOOR = 0.005  # the least relative spread reported (see the module docstr
 # The least relative spread of a figure reported for another run, by what bounds the kernel. Measured
 # on the H200 over seven runs in four sessions (results/h200/bench_run3..7.json; see
 # results/FOUNDATION.md): judged figures of compute-bound kernels (matmul, prefill attention) moved by
-# up to 5.0% between sessions, memory-bound ones (decode, quantize) by up to 3.5%; clocks under power
+# up to 5.0% between sessions, memory-bound ones (decode, quantize) by up to 3.7%; clocks under power
 # and thermal limits differ from one session (and one GPU) to the next.
 RUN_TO_RUN_FLOOR = {"compute": 0.05, "memory": 0.04}
 GRAPH_ROUNDS = 5
