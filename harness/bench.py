@@ -240,6 +240,9 @@ class Measurement:
         d["graph_rounds"] = [round(x, 5) for x in self.graph_rounds]
         return d
 
+    def add_note(self, text: str) -> None:
+        self.note = f"{self.note}; {text}" if self.note else text
+
 
 @dataclass
 class ShapeResult:
@@ -260,6 +263,22 @@ def _iqr_half(xs: Sequence[float]) -> float:
         return float("inf")
     q = statistics.quantiles(xs, n=4, method="inclusive")
     return (q[2] - q[0]) / 2
+
+
+def _spread(rounds: Sequence[float], median: float, between: float = 0.0) -> float:
+    """A kernel's spread: half the interquartile range of its rounds, at least `between` (half the range
+    of several processes' medians), never under REPRO_FLOOR of the median."""
+    return max(_iqr_half(rounds), between, REPRO_FLOOR * median)
+
+
+def _beyond_ceilings(ms: float, flops: float, nbytes: float, ceilings: Ceilings, l2_flushed: bool = True,
+                     l2_bytes: int = 0) -> bool:
+    """Faster than the measured ceilings allow: over COMPUTE_PLAUSIBLE times the matmul rate, or over twice
+    the copy rate (a memory-bound kernel may read at more than the copy rate, as a copy also writes). A
+    time without an L2 flush (a graph replay) is held to the memory bound only for data too large for L2."""
+    if flops / ms / 1e9 > ceilings.bf16_tflops * COMPUTE_PLAUSIBLE:
+        return True
+    return (l2_flushed or nbytes > 2 * l2_bytes) and nbytes / ms / 1e9 > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN
 
 
 def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
@@ -329,24 +348,19 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
             break
     flops = op.flops(shape)
     nbytes_min = op.bytes(shape, dtype)
-    # graph replays do not flush L2: only data too large to stay there is held to the memory ceiling
-    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
     bound = op.bound(shape)
     for c in live:
         xs = rounds[c.label]
         med = statistics.median(xs)
-        within = _iqr_half(xs)
-        m = Measurement(c.label, med, max(within, REPRO_FLOOR * med), len(xs), xs, within_spread_ms=within)
+        m = Measurement(c.label, med, _spread(xs, med), len(xs), xs, within_spread_ms=_iqr_half(xs))
         m.tflops = flops / med / 1e9
         m.tbps = nbytes_min / med / 1e9
         m.ceiling_kind = bound
         m.fraction_of_ceiling = (m.tflops / ceilings.bf16_tflops) if bound == "compute" else (m.tbps /
                                                                                              ceilings.copy_tbps)
-        # a memory-bound kernel may read at more than the copy rate (a copy also writes); the
-        # plausibility bound is the datasheet-free one: no more than the compute ceiling or twice the copy rate
-        if m.tflops > ceilings.bf16_tflops * COMPUTE_PLAUSIBLE or m.tbps > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN:
+        if _beyond_ceilings(med, flops, nbytes_min, ceilings):
             m.implausible = True
-            m.note = "faster than the measured ceilings allow"
+            m.add_note("faster than the measured ceilings allow")
         # hidden work: wall time of a synchronized batch against the event time
         torch.cuda.synchronize()
         reps = max(3, min(50, int(20.0 / max(med, 1e-3))))
@@ -356,15 +370,14 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         torch.cuda.synchronize()
         m.device_ms = (time.perf_counter() - t0) * 1e3 / reps
         if m.device_ms > 2.0 * med + 0.1:
-            m.note = (m.note + "; " if m.note else "") + \
-                f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work outside " \
-                f"the timed stream or host-bound"
+            m.add_note(f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work "
+                       f"outside the timed stream or host-bound")
             if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
                 m.implausible = True
         results[c.label] = m
+    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
     _graph_rounds([c for c in live if results[c.label].median_ms < GRAPH_BELOW_MS], cases[0].args, results,
-                  lambda ms: flops / ms / 1e9 > ceilings.bf16_tflops * COMPUTE_PLAUSIBLE or
-                  (nbytes_min > 2 * l2_bytes and nbytes_min / ms / 1e9 > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN))
+                  lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes))
     ordered = [results[c.label] for c in all_c if c.label in results] + (
         [results["anchor"]] if "anchor" in results else [])
     del cases, probe
@@ -382,10 +395,10 @@ def _graph_failed(m: Measurement, c: Contender, e: Exception) -> None:
     time only the fork, and the kernel is marked implausible (an anchor only gets the note)."""
     text = str(e)
     if "njoined" in text or "StreamCaptureUnjoined" in text:
-        m.note = (m.note + "; " if m.note else "") + UNJOINED_NOTE
+        m.add_note(UNJOINED_NOTE)
         m.implausible = m.implausible or not c.is_anchor
     else:
-        m.note = (m.note + "; " if m.note else "") + f"CUDA graph timing failed: {text[:120]}"
+        m.add_note(f"CUDA graph timing failed: {text[:120]}")
 
 
 def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: Dict[str, Measurement],
@@ -422,10 +435,10 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
         m = results[c.label]
         if m.graph_rounds:
             m.graph_ms = statistics.median(m.graph_rounds)
-            m.graph_spread_ms = max(_iqr_half(m.graph_rounds), REPRO_FLOOR * m.graph_ms)
+            m.graph_spread_ms = _spread(m.graph_rounds, m.graph_ms)
             if too_fast(m.graph_ms) and not c.is_anchor:
                 m.implausible = True
-                m.note = (m.note + "; " if m.note else "") + "graph replay faster than the measured ceilings allow"
+                m.add_note("graph replay faster than the measured ceilings allow")
         else:
             m.graph_rounds = []
 
@@ -439,7 +452,8 @@ def reported_time(m: Dict[str, Any], timing: Optional[str] = None) -> Tuple[floa
         ms, spread, kind = m["graph_ms"], m["graph_spread_ms"], "graph"
     else:
         ms, spread, kind = m["median_ms"], m["spread_ms"], "event"
-    return ms, max(spread, RUN_TO_RUN_FLOOR.get(m.get("ceiling_kind") or "compute", 0.05) * ms), kind
+    floor = RUN_TO_RUN_FLOOR.get(m.get("ceiling_kind") or "compute", RUN_TO_RUN_FLOOR["compute"])
+    return ms, max(spread, floor * ms), kind
 
 
 def with_reported_times(res: Dict[str, Any]) -> Dict[str, Any]:
@@ -474,9 +488,8 @@ def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         rounds = [x for g in good for x in g["rounds"]]
         med = statistics.median(rounds)
         meds = [g["median_ms"] for g in good]
-        within = _iqr_half(rounds)
-        m.update(median_ms=med, rounds=rounds, n=len(rounds), within_spread_ms=within,
-                 spread_ms=max(within, (max(meds) - min(meds)) / 2, REPRO_FLOOR * med),
+        m.update(median_ms=med, rounds=rounds, n=len(rounds), within_spread_ms=_iqr_half(rounds),
+                 spread_ms=_spread(rounds, med, between=(max(meds) - min(meds)) / 2),
                  implausible=any(g.get("implausible") for g in good),
                  note="; ".join(dict.fromkeys(g["note"] for g in good if g.get("note"))))
         scale = good[0]["median_ms"] / med  # rates follow the time
@@ -488,7 +501,7 @@ def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             gmed = statistics.median(grounds)
             gmeds = [g["graph_ms"] for g in good]
             m.update(graph_rounds=grounds, graph_ms=gmed,
-                     graph_spread_ms=max(_iqr_half(grounds), (max(gmeds) - min(gmeds)) / 2, REPRO_FLOOR * gmed))
+                     graph_spread_ms=_spread(grounds, gmed, between=(max(gmeds) - min(gmeds)) / 2))
         else:
             m.update(graph_rounds=[], graph_ms=None, graph_spread_ms=None)
         m["processes"] = len(good)
