@@ -132,7 +132,7 @@ def cmd_report(args) -> int:
 
 
 def write_report(led, run, out_dir: str) -> str:
-    from ..harness.ledger import row_time
+    from ..harness.ledger import row_clock, row_ms, row_spread
     from .commands import unified_diff
     from .search import baseline_source
     os.makedirs(out_dir, exist_ok=True)
@@ -172,17 +172,16 @@ def write_report(led, run, out_dir: str) -> str:
         for b in rows:
             by_shape.setdefault(b.shape_key, []).append(b)
         for shape, group in by_shape.items():
-            t = row_time(group)
-            graph = all(b.graph_ms for b in group)
-            anchor = next((t(b) for b in group if b.label.startswith("anchor")), None)
+            clock = row_clock(group)
+            anchor = next((row_ms(b, clock) for b in group if b.label.startswith("anchor")), None)
             for b in group:
                 who = f"candidate #{c.id}" if b.label == "candidate" else b.label
-                spread = (b.extra or {}).get("graph_spread_ms") if graph else b.spread_ms
-                ratio = f"{anchor / t(b):.2f}x" if anchor else ""
+                ms, spread = row_ms(b, clock), row_spread(b, clock)
+                ratio = f"{anchor / ms:.2f}x" if anchor else ""
                 frac = f"{b.fraction_of_ceiling:.0%} ({b.ceiling_kind}, events)" if b.fraction_of_ceiling else ""
-                lines.append(f"| {shape} | {b.dtype} | {who} | {t(b):.4f} | "
-                             f"{f'{spread:.4f}' if spread is not None else ''} | {'graph' if graph else 'events'} | "
-                             f"{ratio} | {frac} |")
+                lines.append(f"| {shape} | {b.dtype} | {who} | {ms:.4f} | "
+                             f"{f'{spread:.4f}' if spread is not None else ''} | "
+                             f"{'graph' if clock == 'graph' else 'events'} | {ratio} | {frac} |")
         eq = {True: "**FpSan-equivalent** to the baseline (bitwise identical under the payload algebra)",
               False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
               None: "FpSan equivalence undecided"}[c.fpsan_equivalent]

@@ -401,12 +401,18 @@ def _make_engine(path: Path, begin: str) -> Engine:
 # the ledger
 
 
-def _graph_ms(row: BenchResult) -> float:
-    return row.graph_ms
+def row_clock(rows: Sequence[BenchResult]) -> str:
+    """How benchmark rows compared with each other (one shape) are read: 'graph', the CUDA-graph replay
+    times, where every row has one (small kernels, as the promotion rule judges them), else 'event'."""
+    return "graph" if all(r.graph_ms for r in rows) else "event"
 
 
-def _event_ms(row: BenchResult) -> float:
-    return row.median_ms
+def row_ms(row: BenchResult, clock: str) -> float:
+    return row.graph_ms if clock == "graph" else row.median_ms
+
+
+def row_spread(row: BenchResult, clock: str) -> Optional[float]:
+    return (row.extra or {}).get("graph_spread_ms") if clock == "graph" else row.spread_ms
 
 
 def _fastest_reading(row: BenchResult) -> float:
@@ -416,10 +422,10 @@ def _fastest_reading(row: BenchResult) -> float:
 
 
 def row_time(rows: Sequence[BenchResult]) -> Callable[[BenchResult], float]:
-    """How to read the time of benchmark rows that are compared with each other (one shape): the
-    CUDA-graph replay time where every row has one (small kernels, as the promotion rule judges
-    them), else the event time."""
-    return _graph_ms if all(r.graph_ms for r in rows) else _event_ms
+    """How to read the time of benchmark rows that are compared with each other (one shape), on
+    their `row_clock`."""
+    clock = row_clock(rows)
+    return lambda row: row_ms(row, clock)
 
 
 class Ledger:
@@ -815,13 +821,16 @@ class Ledger:
             bases = [r for r in others.get(key, []) if r.label == "baseline"]
             ancs = [r for r in others.get(key, []) if r.label.startswith("anchor")]
             graph = bool(row.graph_ms) and all(not g or any(r.graph_ms for r in g) for g in (bases, ancs))
-            t = _graph_ms if graph else _event_ms
+            clock = "graph" if graph else "event"
+
+            def t(r: BenchResult) -> float:
+                return row_ms(r, clock)
             base = min((r for r in bases if r.graph_ms or not graph), key=t, default=None)
             anc = min((r for r in ancs if r.graph_ms or not graph), key=t, default=None)
             out.append({
                 "op": op, "bucket": key[0], "shape_key": key[1], "dtype": key[2], "gpu_name": key[3],
-                "candidate_id": row.candidate_id, "label": label, "status": status, "clock": "graph" if graph else "event",
-                "best_ms": t(row), "spread_ms": row.spread_ms if not graph else (row.extra or {}).get("graph_spread_ms"),
+                "candidate_id": row.candidate_id, "label": label, "status": status, "clock": clock,
+                "best_ms": t(row), "spread_ms": row_spread(row, clock),
                 "fraction_of_ceiling": row.fraction_of_ceiling, "ceiling_kind": row.ceiling_kind,
                 "baseline_ms": t(base) if base is not None else None,
                 "speedup": (t(base) / t(row)) if base is not None and t(row) > 0 else None,
