@@ -165,6 +165,17 @@ def with_evict_first(source: str, names: Sequence[str] = ("k", "v", "x")) -> str
     return out
 
 
+def one_field_neighbours(space: Space, cfg: tuple, shapes: Sequence[Shape]) -> List[tuple]:
+    """The configurations one field away from `cfg` that the hardware can hold at every shape."""
+    out = []
+    for i, values in enumerate(space.values):
+        for v in values:
+            c = cfg[:i] + (v,) + cfg[i + 1:]
+            if v != cfg[i] and all(space.valid(c, s) for s in shapes):
+                out.append(c)
+    return out
+
+
 @dataclass
 class _OpState:
     bucket: str
@@ -212,14 +223,7 @@ class SearchProposer(Proposer):
 
     def _neighbours(self, op: str, st: _OpState) -> List[tuple]:
         space = SPACES[op]
-        out = []
-        for i, values in enumerate(space.values):
-            for v in values:
-                if v == st.best_cfg[i]:
-                    continue
-                c = st.best_cfg[:i] + (v,) + st.best_cfg[i + 1:]
-                if c not in st.tried and all(space.valid(c, s) for s in st.shapes):
-                    out.append(c)
+        out = [c for c in one_field_neighbours(space, st.best_cfg, st.shapes) if c not in st.tried]
         # two fields at once, when single steps are exhausted
         if not out:
             for (i, vi), (j, vj) in itertools.combinations(

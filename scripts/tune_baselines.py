@@ -51,18 +51,11 @@ def configs_for(op, shape):
 
 
 def neighbour_configs(op_name, shape, base_config_fn):
-    """The baseline's config for the shape first, then each valid one-field change of it."""
-    from kernel_agent.agent.search import SPACES, config_args
-    space = SPACES[op_name]
+    """The baseline's config for the shape first, then the one-field changes the search may propose."""
+    from kernel_agent.agent.search import SPACES, config_args, one_field_neighbours
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = tuple(base_config_fn(*config_args(op_name, shape, dev)))
-    out = [base]
-    for i, values in enumerate(space.values):
-        for v in values:
-            c = base[:i] + (v,) + base[i + 1:]
-            if c != base and space.valid(c, shape):
-                out.append(c)
-    return out
+    return [base] + one_field_neighbours(SPACES[op_name], base, [shape])
 
 
 def anchor(op_name, case):
@@ -151,8 +144,8 @@ def main():
                 if err is None and (best is None or ms < best["ms"]):
                     best = row
             mod._config = original
-            if best and args.neighbours and rows_base(rows, op_name, shape):
-                b = rows_base(rows, op_name, shape)
+            b = rows_base(rows, op_name, shape) if args.neighbours else None
+            if best and b:
                 print(f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best neighbour "
                       f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)", flush=True)
             if best:
