@@ -1,6 +1,7 @@
 """Subcommands beyond `sanitize`: registered on the parser and dispatched by agent/cli.py."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -498,8 +499,7 @@ def cmd_promote(args) -> int:
                                 label=os.path.basename(args.file))
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
     v = merge_gpu(run_isolated(args.file, args.op, "full"), run_isolated(args.file, args.op, "gpu"))
-    led.record_checks(cand.id, "full", [{"name": c.name, "status": c.status, "detail": c.detail,
-                                         "duration_s": c.duration_s} for c in v.checks])
+    led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
         led.set_candidate_status(cand.id, "rejected", verdict=v.to_json())
         led.set_run_status(run.id, "finished", finished=True)

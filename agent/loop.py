@@ -373,7 +373,7 @@ class Loop:
 
     def _leave_unjudged(self, items: Sequence[tuple]) -> None:
         if items:
-            self._count_n("unjudged", len(items))
+            self._count("unjudged", len(items))
             self.events.note(f"time limit reached: {len(items)} candidate(s) left unjudged "
                              f"({', '.join(it[2].label for it in items[:4])}{', ...' if len(items) > 4 else ''})")
 
@@ -412,8 +412,7 @@ class Loop:
             first = cid not in recorded
             recorded.add(cid)
             if first:
-                self.ledger.record_checks(cid, mode, [{"name": c.name, "status": c.status, "detail": c.detail,
-                                                       "duration_s": c.duration_s} for c in v.checks])
+                self.ledger.record_checks(cid, mode, [asdict(c) for c in v.checks])
             if v.passed:
                 survivors.append(it)
                 if mode == "full" and first:
@@ -459,10 +458,7 @@ class Loop:
         run_groups(list(groups.values()), self.devices, bench)
         self._leave_unjudged(late)
 
-    def _count(self, key: str) -> None:
-        self._count_n(key, 1)
-
-    def _count_n(self, key: str, n: int) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.stats[key] += n
 
@@ -519,9 +515,7 @@ class Loop:
         """compute-sanitizer memcheck / initcheck / racecheck before a kernel enters the serving set."""
         from ..sanitizer.runner import run_isolated
         v = run_isolated(path, t.op, "gpu", checks=GPU_PROMOTION_CHECKS, env=env)
-        self.ledger.record_checks(cid, "gpu", [{"name": c.name, "status": c.status, "detail": c.detail,
-                                                "duration_s": c.duration_s} for c in v.checks
-                                               if c.name in GPU_PROMOTION_CHECKS])
+        self.ledger.record_checks(cid, "gpu", [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS])
         if not v.passed:
             self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
             return v.summary()
