@@ -276,18 +276,16 @@ def cmd_bench(args) -> int:
             for s in shapes:
                 spec = {"op": name, "shapes": [s.key()], "dtype": args.dtype, "kernels": kernels, "seed": 0}
                 outs = [run_bench_isolated(spec) for _ in range(args.processes)]
-                out = outs[-1]
-                doc["ceilings"] = out.get("ceilings", doc.get("ceilings"))
+                doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
                 errors = [o["error"] for o in outs if o.get("error")]
                 if errors:
                     doc["errors"].append(f"{name} {s.key()}: {errors[0]}")
                 good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
                 n = min(len(o.get("results", [])) for o in good)
-                out = {"results": [with_reported_times(merge_processes([o["results"][i] for o in good]))
-                                   for i in range(n)]}
-                doc["results"] += out["results"]
+                results = [with_reported_times(merge_processes([o["results"][i] for o in good])) for i in range(n)]
+                doc["results"] += results
                 if not args.no_ledger:
-                    _record_bench_doc(args, doc, out.get("results", []))
+                    _record_bench_doc(args, doc, results)
                 if args.out:  # after every shape: a cut-short run keeps what it measured
                     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
                     with open(args.out + ".tmp", "w") as f:

@@ -69,6 +69,7 @@ def main(out, run2_path=None):
           f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
           f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n")
     from kernel_agent.harness.bench import reported_time
+    from kernel_agent.harness.promotion import graph_timed
     print("| op | shape | dtype | baseline ms (within-run spread) | baseline as reported (± run to run) | anchor | "
           "anchor ms | anchor/baseline | baseline rate (events) | of ceiling | floor |")
     print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---|")
@@ -88,9 +89,9 @@ def main(out, run2_path=None):
         graph = f", graph {b['graph_ms']:.4f}" if b.get("graph_ms") else ""  # graph replay (small kernels)
         # small kernels are compared on CUDA-graph replays, as the promotion rule judges them: their event
         # times carry host launch overhead that comes and goes
-        by_graph = bool(a and b.get("graph_ms") and a.get("graph_ms"))
-        a_ms = a["graph_ms"] if by_graph else a["median_ms"]
-        ratio = a_ms / (b["graph_ms"] if by_graph else b["median_ms"])
+        by_graph = bool(a) and graph_timed(a) and graph_timed(b)
+        a_ms = reported_time(a, None if by_graph else "event")[0]
+        ratio = a_ms / reported_time(b, None if by_graph else "event")[0]
         rep_ms, rep_spread, rep_kind = reported_time(b)
         print(f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['median_ms']:.4f} (±{b['spread_ms']:.4f}{graph}) | "
               f"{rep_ms:.4f} ±{rep_spread:.4f}{' (graph)' if rep_kind == 'graph' else ''} | "
