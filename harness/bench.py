@@ -420,17 +420,19 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
             live.append(c)
         except Exception as e:  # noqa: BLE001 - reported on the measurement
             _graph_failed(results[c.label], c, e)
+    failed = set()
     for r in range(GRAPH_ROUNDS):
         for c in (live[r % len(live):] + live[: r % len(live)]) if live else []:
             m = results[c.label]
-            if m.graph_rounds is None:
+            if c.label in failed:
                 continue
             try:
                 m.graph_rounds.append(triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20,
                                                                         return_mode="median"))
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the kernel wrapper
                 _graph_failed(m, c, e)
-                m.graph_rounds = None
+                failed.add(c.label)
+                m.graph_rounds = []
     for c in live:
         m = results[c.label]
         if m.graph_rounds:
@@ -439,8 +441,6 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
             if too_fast(m.graph_ms) and not c.is_anchor:
                 m.implausible = True
                 m.add_note("graph replay faster than the measured ceilings allow")
-        else:
-            m.graph_rounds = []
 
 
 def reported_time(m: Dict[str, Any], timing: Optional[str] = None) -> Tuple[float, float, str]:
