@@ -10,7 +10,15 @@ Protocol, per (op, shape, dtype):
     (A B C A B C ..., the order rotating every round) in one process, so clock and
     thermal drift hit all of them alike;
   * rounds continue until every kernel's within-run spread (half the interquartile range
-    of its round medians) is under 1% of its median, or the round limit;
+    of its round medians) is under 1% of its median, or the round limit, and at least until every
+    kernel has been timed at every position of the order;
+  * a kernel's time (`median_ms`, `graph_ms`) is its position-balanced median: the median of its
+    rounds at each position of the order, averaged over the positions. Why: on the H200 a
+    power-hungry kernel is timed up to 10% slower right after itself than right after another
+    kernel (SDPA's causal prefill: rounds of 0.93-0.96 ms and 1.03-1.06 ms, alternating with its
+    position), so the plain median of eight rounds, four from each mode, landed on either mode:
+    1.05 ms in one session and 0.96 ms in the next (results/h200/bench_run8.json, bench_run9.json).
+    Averaging over positions gives every kernel of a shape the same mix of predecessors;
   * a kernel's spread (`spread_ms`, what the promotion rule compares on) is the within-run
     spread, but never less than REPRO_FLOOR of the median: the round medians of one process share its allocations and clocks, and on the
     H200 the medians of one kernel in two processes differed by up to 0.3% where the
@@ -217,14 +225,16 @@ def _sdpa_decode_anchor(op: Op, case: Case) -> Contender:
 @dataclass
 class Measurement:
     label: str
-    median_ms: float
+    median_ms: float  # the position-balanced median of the rounds (balanced_median)
     spread_ms: float  # max(within-run spread, REPRO_FLOOR * median)
     n: int
     rounds: List[float]
+    positions: List[int] = field(default_factory=list)  # each round's position in the interleaving order
     within_spread_ms: Optional[float] = None  # half the interquartile range of the round medians
-    graph_ms: Optional[float] = None  # CUDA-graph replay median (small kernels)
+    graph_ms: Optional[float] = None  # CUDA-graph replays' position-balanced median (small kernels)
     graph_spread_ms: Optional[float] = None  # max(half the IQR of the graph rounds, REPRO_FLOOR * graph_ms)
     graph_rounds: List[float] = field(default_factory=list)
+    graph_positions: List[int] = field(default_factory=list)
     device_ms: Optional[float] = None  # wall time per call of a synchronized batch
     tflops: Optional[float] = None
     tbps: Optional[float] = None
@@ -263,6 +273,26 @@ def _iqr_half(xs: Sequence[float]) -> float:
         return float("inf")
     q = statistics.quantiles(xs, n=4, method="inclusive")
     return (q[2] - q[0]) / 2
+
+
+def balanced_median(rounds: Sequence[float], positions: Sequence[int] = ()) -> float:
+    """The median of the rounds at each position of the interleaving order, averaged over the
+    positions (the module docstring says why); the plain median when positions are not known."""
+    if not positions:
+        return statistics.median(rounds)
+    if len(positions) != len(rounds):
+        raise ValueError(f"{len(rounds)} rounds but {len(positions)} positions")
+    by_position: Dict[int, List[float]] = {}
+    for x, p in zip(rounds, positions):
+        by_position.setdefault(p, []).append(x)
+    return statistics.fmean(statistics.median(xs) for xs in by_position.values())
+
+
+def _rotation(items: Sequence[Any], r: int) -> List[Tuple[int, Any]]:
+    """Round r's order of the interleaved items, each with its position: the order rotates by one
+    every round, so over len(items) rounds every item is timed once at every position."""
+    k = len(items)
+    return [(pos, items[(pos + r) % k]) for pos in range(k)]
 
 
 def _spread(rounds: Sequence[float], median: float, between: float = 0.0) -> float:
@@ -330,6 +360,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
             log(f"  {c.label}: {results[c.label].error}")
     del ref
     rounds: Dict[str, List[float]] = {c.label: [] for c in live}
+    positions: Dict[str, List[int]] = {c.label: [] for c in live}
     counters = {c.label: 0 for c in live}
 
     def runner(c: Contender):
@@ -339,11 +370,11 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         return call
 
     warm_gpu()
-    for r in range(MAX_ROUNDS):
-        order = live[r % len(live):] + live[: r % len(live)] if live else []
-        for c in order:
+    for r in range(max(MAX_ROUNDS, len(live))):
+        for pos, c in _rotation(live, r):
             rounds[c.label].append(triton.testing.do_bench(runner(c), warmup=10, rep=30, return_mode="median"))
-        if r + 1 >= MIN_ROUNDS and all(_iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v)
+            positions[c.label].append(pos)
+        if r + 1 >= max(MIN_ROUNDS, len(live)) and all(_iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v)
                                        for v in rounds.values()):
             break
     flops = op.flops(shape)
@@ -351,8 +382,9 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     bound = op.bound(shape)
     for c in live:
         xs = rounds[c.label]
-        med = statistics.median(xs)
-        m = Measurement(c.label, med, _spread(xs, med), len(xs), xs, within_spread_ms=_iqr_half(xs))
+        med = balanced_median(xs, positions[c.label])
+        m = Measurement(c.label, med, _spread(xs, med), len(xs), xs, positions=positions[c.label],
+                        within_spread_ms=_iqr_half(xs))
         m.tflops = flops / med / 1e9
         m.tbps = nbytes_min / med / 1e9
         m.ceiling_kind = bound
@@ -422,21 +454,22 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
             _graph_failed(results[c.label], c, e)
     failed = set()
     for r in range(GRAPH_ROUNDS):
-        for c in (live[r % len(live):] + live[: r % len(live)]) if live else []:
+        for pos, c in _rotation(live, r):
             m = results[c.label]
             if c.label in failed:
                 continue
             try:
                 m.graph_rounds.append(triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20,
                                                                         return_mode="median"))
+                m.graph_positions.append(pos)
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the kernel wrapper
                 _graph_failed(m, c, e)
                 failed.add(c.label)
-                m.graph_rounds = []
+                m.graph_rounds, m.graph_positions = [], []
     for c in live:
         m = results[c.label]
         if m.graph_rounds:
-            m.graph_ms = statistics.median(m.graph_rounds)
+            m.graph_ms = balanced_median(m.graph_rounds, m.graph_positions)
             m.graph_spread_ms = _spread(m.graph_rounds, m.graph_ms)
             if too_fast(m.graph_ms) and not c.is_anchor:
                 m.implausible = True
@@ -467,7 +500,7 @@ def with_reported_times(res: Dict[str, Any]) -> Dict[str, Any]:
 
 def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """One shape's results (ShapeResult.to_json()) timed by several processes, merged into one: the
-    median of all their rounds, and a spread that is the largest of the pooled within-run spread, half
+    position-balanced median of all their rounds, and a spread that is the largest of the pooled within-run spread, half
     the range of the processes' medians, and the floor. Why: each process has its own allocations and
     meets the GPU at its own clocks, and two processes differ by more than one process's rounds do;
     `bench --processes 2` reports a spread that includes that."""
@@ -486,9 +519,10 @@ def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             continue
         m = dict(good[0])
         rounds = [x for g in good for x in g["rounds"]]
-        med = statistics.median(rounds)
+        positions = _pooled_positions(good, "rounds", "positions")
+        med = balanced_median(rounds, positions)
         meds = [g["median_ms"] for g in good]
-        m.update(median_ms=med, rounds=rounds, n=len(rounds), within_spread_ms=_iqr_half(rounds),
+        m.update(median_ms=med, rounds=rounds, positions=positions, n=len(rounds), within_spread_ms=_iqr_half(rounds),
                  spread_ms=_spread(rounds, med, between=(max(meds) - min(meds)) / 2),
                  implausible=any(g.get("implausible") for g in good),
                  note="; ".join(dict.fromkeys(g["note"] for g in good if g.get("note"))))
@@ -498,16 +532,24 @@ def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                 m[k] = m[k] * scale
         if all(g.get("graph_rounds") for g in good):
             grounds = [x for g in good for x in g["graph_rounds"]]
-            gmed = statistics.median(grounds)
+            gpositions = _pooled_positions(good, "graph_rounds", "graph_positions")
+            gmed = balanced_median(grounds, gpositions)
             gmeds = [g["graph_ms"] for g in good]
-            m.update(graph_rounds=grounds, graph_ms=gmed,
+            m.update(graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed,
                      graph_spread_ms=_spread(grounds, gmed, between=(max(gmeds) - min(gmeds)) / 2))
         else:
-            m.update(graph_rounds=[], graph_ms=None, graph_spread_ms=None)
+            m.update(graph_rounds=[], graph_positions=[], graph_ms=None, graph_spread_ms=None)
         m["processes"] = len(good)
         merged.append(m)
     out["measurements"] = merged
     return out
+
+
+def _pooled_positions(measurements: Sequence[Dict[str, Any]], rounds_key: str, positions_key: str) -> List[int]:
+    """The positions of several processes' pooled rounds; none (plain median) unless all recorded them."""
+    if all(len(g.get(positions_key) or []) == len(g[rounds_key]) for g in measurements):
+        return [p for g in measurements for p in g[positions_key]]
+    return []
 
 
 def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,

@@ -11,7 +11,7 @@ import torch
 
 from kernel_agent.agent.search import SPACES, baseline_config, baseline_source, with_config
 from kernel_agent.harness import serving
-from kernel_agent.harness.bench import Contender, benchmark_shape, load_ceilings
+from kernel_agent.harness.bench import Contender, balanced_median, benchmark_shape, load_ceilings
 from kernel_agent.harness.bench_worker import run_bench_isolated
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
@@ -51,6 +51,10 @@ def test_bench_times_the_baseline_and_its_anchor(ceilings):
         assert not m.error and m.n >= 3 and 0 < m.median_ms < 10 and 0 <= m.spread_ms < m.median_ms
         assert not m.implausible
         assert m.within_spread_ms <= m.spread_ms and m.spread_ms >= 0.005 * m.median_ms * 0.999  # the floor
+        # two kernels interleaved: each timed at both positions of the order, its time balanced over them
+        assert len(m.positions) == m.n and set(m.positions) == {0, 1}
+        assert m.median_ms == balanced_median(m.rounds, m.positions)
+        assert set(m.graph_positions) == {0, 1} and m.graph_ms == balanced_median(m.graph_rounds, m.graph_positions)
     assert 0.2 < base.fraction_of_ceiling <= 1.05 and base.ceiling_kind == "memory"
     # a small kernel is also timed as graph replays, in rounds with a spread
     assert base.graph_ms is not None and base.graph_ms > 0 and len(base.graph_rounds) >= 3
