@@ -188,7 +188,8 @@ def test_the_sessions_whose_plain_medians_disagreed_agree_position_balanced():
 def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
     """What bench reports for another run to check: the judged figure (graph replays for a small kernel,
     events otherwise), its spread never under the run-to-run floor of its bound, and larger when measured so."""
-    from kernel_agent.harness.bench import RUN_TO_RUN_FLOOR, reported_time, with_reported_times
+    from kernel_agent.harness.bench import (CHOSEN_BY_TIMING_FLOOR, RUN_TO_RUN_FLOOR, reported_time,
+                                            with_reported_times)
 
     def m(ms, spread, kind, graph=None):
         return {"label": "baseline", "median_ms": ms, "spread_ms": spread, "n": 3, "ceiling_kind": kind,
@@ -198,6 +199,8 @@ def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
     assert (ms, kind) == (2.0, "event") and spread == pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 2.0)
     assert reported_time(m(2.0, 0.001, "memory"))[1] == pytest.approx(RUN_TO_RUN_FLOOR["memory"] * 2.0)
     assert reported_time(m(2.0, 0.5, "memory"))[1] == 0.5  # a measured spread above the floor stands
+    compiled = dict(m(2.0, 0.001, "memory"), label="anchor:torch.compile")  # its code picked by timing
+    assert reported_time(compiled)[1] == pytest.approx(CHOSEN_BY_TIMING_FLOOR["anchor:torch.compile"] * 2.0)
     small = m(0.09, 0.03, "compute", graph=0.04)  # event time inflated by launch overhead
     assert reported_time(small) == (0.04, pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 0.04), "graph")
     assert reported_time(small, "event")[:1] == (0.09,) and reported_time(small, "event")[2] == "event"
