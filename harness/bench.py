@@ -302,6 +302,23 @@ def _rotation(items: Sequence[Any], r: int) -> List[Tuple[int, Any]]:
     return [(pos, items[(pos + r) % k]) for pos in range(k)]
 
 
+def restore_positions(res: Dict[str, Any]) -> Dict[str, Any]:
+    """A shape's result (ShapeResult JSON) recorded before rounds carried their positions, with the
+    positions the rotation gave them (the timed kernels are the measurements with rounds, in order) and
+    its times re-estimated position-balanced; measurements that have positions are left alone."""
+    timed = [m for m in res["measurements"] if m.get("rounds")]
+    for rounds_key, positions_key, ms_key in (("rounds", "positions", "median_ms"),
+                                              ("graph_rounds", "graph_positions", "graph_ms")):
+        live = [m for m in timed if m.get(rounds_key)]
+        for i, m in enumerate(live):
+            if m.get(positions_key):
+                continue
+            m[positions_key] = [next(p for p, x in _rotation(range(len(live)), r) if x == i)
+                                for r in range(len(m[rounds_key]))]
+            m[ms_key] = balanced_median(m[rounds_key], m[positions_key])
+    return res
+
+
 def _spread(rounds: Sequence[float], median: float, between: float = 0.0) -> float:
     """A kernel's spread: half the interquartile range of its rounds, at least `between` (half the range
     of several processes' medians), never under REPRO_FLOOR of the median."""

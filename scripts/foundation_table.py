@@ -2,7 +2,12 @@
 baseline's time, the torch anchor's, their ratio, the fraction of the measured ceiling, and the
 floors of the Foundation issue checked. Also the GPU sanitizer verdicts of the baselines.
 
-    python3 scripts/foundation_table.py OUTDIR|BENCH.json [RUN2.json]  [> results/FOUNDATION.md]
+    python3 scripts/foundation_table.py [--rebalance] OUTDIR|BENCH.json [RUN2.json [MORE.json...]]  [> results/FOUNDATION.md]
+
+The table is the first run's; the second checks it figure by figure; with more runs, a line per pair
+of all the runs says how many judged figures agree and which do not. --rebalance: runs recorded before
+rounds carried their positions get them back from the rotation and their times re-estimated
+position-balanced (bench.restore_positions), as a run today would report them.
 """
 import json
 import os
@@ -60,9 +65,18 @@ def agreement(run1, run2):
     return rows
 
 
-def main(out, run2_path=None):
-    with open(os.path.join(out, "bench.json") if os.path.isdir(out) else out) as f:
+def load(path, rebalance=False):
+    from kernel_agent.harness.bench import restore_positions
+    with open(path) as f:
         doc = json.load(f)
+    if rebalance:
+        doc["results"] = [restore_positions(r) for r in doc["results"]]
+    return doc
+
+
+def main(out, run2_path=None, *more_paths, rebalance=False):
+    out_path = os.path.join(out, "bench.json") if os.path.isdir(out) else out
+    doc = load(out_path, rebalance)
     out = out if os.path.isdir(out) else os.path.dirname(out)
     c = doc.get("ceilings", {})
     print(f"GPU: {c.get('gpu')}; measured ceilings: copy {c.get('copy_tbps')} TB/s (read + write), "
@@ -103,8 +117,7 @@ def main(out, run2_path=None):
     if misses:
         print("\nMissed floors: " + "; ".join(misses))
     if run2_path:
-        with open(run2_path) as f:
-            run2 = json.load(f)
+        run2 = load(run2_path, rebalance)
         rows = agreement(doc, run2)
         ok = sum(r[4] for r in rows)
         print(f"\nRun twice ({os.path.basename(run2_path)}): {ok} of {len(rows)} judged medians agree within the "
@@ -113,6 +126,17 @@ def main(out, run2_path=None):
         print("|---|---|---|---:|---:|---:|---|")
         for (op, shape, label), a, b, sp, agree in rows:
             print(f"| {op} | {shape} | {label} | {a:.4f} | {b:.4f} | {sp:.4f} | {'yes' if agree else f'no ({abs(a - b) / a:.1%})'} |")
+    if more_paths:
+        paths = [out_path, run2_path, *more_paths]
+        docs = [load(p, rebalance) for p in paths]
+        print("\nEvery pair of runs:\n")
+        for i in range(len(paths)):
+            for j in range(i + 1, len(paths)):
+                rows = agreement(docs[i], docs[j])
+                apart = [f"{label} at {shape} {abs(a - b) / min(a, b):.1%}" for (op, shape, label), a, b, _, ok in rows
+                         if not ok]
+                print(f"- {os.path.basename(paths[i])} and {os.path.basename(paths[j])}: "
+                      f"{sum(r[4] for r in rows)} of {len(rows)} agree" + (f"; apart: {'; '.join(apart)}" if apart else ""))
     print("\nGPU sanitizer on the baselines:\n")
     print("| op | passed | checks (failed / skipped) |")
     print("|---|---|---|")
@@ -134,4 +158,5 @@ def main(out, run2_path=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    args = sys.argv[1:]
+    main(*[a for a in args if a != "--rebalance"], rebalance="--rebalance" in args)
