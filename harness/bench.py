@@ -545,25 +545,17 @@ def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             merged.append(next(m for m in ms if m.get("error")))
             continue
         m = dict(good[0])
-        rounds = [x for g in good for x in g["rounds"]]
-        positions = _pooled_positions(good, "rounds", "positions")
-        med = balanced_median(rounds, positions)
-        meds = [g["median_ms"] for g in good]
+        rounds, positions, med, spread = _pooled(good, "rounds", "positions", "median_ms")
         m.update(median_ms=med, rounds=rounds, positions=positions, n=len(rounds), within_spread_ms=_iqr_half(rounds),
-                 spread_ms=_spread(rounds, med, between=(max(meds) - min(meds)) / 2),
-                 implausible=any(g.get("implausible") for g in good),
+                 spread_ms=spread, implausible=any(g.get("implausible") for g in good),
                  note="; ".join(dict.fromkeys(g["note"] for g in good if g.get("note"))))
         scale = good[0]["median_ms"] / med  # rates follow the time
         for k in ("tflops", "tbps", "fraction_of_ceiling"):
             if m.get(k) is not None:
                 m[k] = m[k] * scale
         if all(g.get("graph_rounds") for g in good):
-            grounds = [x for g in good for x in g["graph_rounds"]]
-            gpositions = _pooled_positions(good, "graph_rounds", "graph_positions")
-            gmed = balanced_median(grounds, gpositions)
-            gmeds = [g["graph_ms"] for g in good]
-            m.update(graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed,
-                     graph_spread_ms=_spread(grounds, gmed, between=(max(gmeds) - min(gmeds)) / 2))
+            grounds, gpositions, gmed, gspread = _pooled(good, "graph_rounds", "graph_positions", "graph_ms")
+            m.update(graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed, graph_spread_ms=gspread)
         else:
             m.update(graph_rounds=[], graph_positions=[], graph_ms=None, graph_spread_ms=None)
         m["processes"] = len(good)
@@ -572,11 +564,17 @@ def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def _pooled_positions(measurements: Sequence[Dict[str, Any]], rounds_key: str, positions_key: str) -> List[int]:
-    """The positions of several processes' pooled rounds; none (plain median) unless all recorded them."""
-    if all(len(g.get(positions_key) or []) == len(g[rounds_key]) for g in measurements):
-        return [p for g in measurements for p in g[positions_key]]
-    return []
+def _pooled(measurements: Sequence[Dict[str, Any]], rounds_key: str, positions_key: str,
+            ms_key: str) -> Tuple[List[float], List[int], float, float]:
+    """One kernel's rounds (event or graph) from several processes, pooled: (rounds, positions, their
+    position-balanced median, a spread of at least half the range of the processes' own times). The
+    positions are left out (plain median) unless every process recorded them."""
+    rounds = [x for g in measurements for x in g[rounds_key]]
+    positions = ([p for g in measurements for p in g[positions_key]]
+                 if all(len(g.get(positions_key) or []) == len(g[rounds_key]) for g in measurements) else [])
+    med = balanced_median(rounds, positions)
+    times = [g[ms_key] for g in measurements]
+    return rounds, positions, med, _spread(rounds, med, between=(max(times) - min(times)) / 2)
 
 
 def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,

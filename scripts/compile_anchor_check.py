@@ -6,7 +6,6 @@ with an empty Inductor cache, compiles the anchor at the serving shape in the de
 Inductor's deterministic mode (configs by heuristic, no benchmarking), times it as CUDA-graph replays
 and prints the configs Inductor chose. Usage (GPU machine): python3 scripts/compile_anchor_check.py [N]
 """
-import glob
 import json
 import os
 import statistics

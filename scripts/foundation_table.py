@@ -128,7 +128,7 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
             print(f"| {op} | {shape} | {label} | {a:.4f} | {b:.4f} | {sp:.4f} | {'yes' if agree else f'no ({abs(a - b) / a:.1%})'} |")
     if more_paths:
         paths = [out_path, run2_path, *more_paths]
-        docs = [load(p, rebalance) for p in paths]
+        docs = [doc, run2] + [load(p, rebalance) for p in more_paths]
         print("\nEvery pair of runs:\n")
         for i in range(len(paths)):
             for j in range(i + 1, len(paths)):
