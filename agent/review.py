@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 from typing import Any, Callable, Dict, List
 
+from ..sanitizer.verdict import fence_for, quote_untrusted
 from . import ui
 
 
@@ -186,23 +188,31 @@ def write_report(led, run, out_dir: str) -> str:
               False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
               None: "FpSan equivalence undecided"}[c.fpsan_equivalent]
         lines += ["", "### Sanitizer verdict", "", eq + ".", ""]
+        # check details and FpSan's detail can carry the candidate's own messages: quoted as data
         if (c.verdict or {}).get("fpsan_detail"):
-            lines += [f"> {c.verdict['fpsan_detail']}", ""]
+            lines += [f"> FpSan: {quote_untrusted(c.verdict['fpsan_detail'], 400, markdown=True)}", ""]
         lines += ["| mode | check | result | detail |", "|---|---|---|---|"]
         for k in led.checks(c.id):
-            detail = k.detail.replace("|", "\\|").replace("\n", " ")[:160]
-            lines.append(f"| {k.mode} | {k.name} | {k.status} | {detail} |")
+            detail = quote_untrusted(k.detail, 160, markdown=True) if k.detail else ""
+            lines.append(f"| {_md_word(k.mode)} | {_md_word(k.name)} | {_md_word(k.status)} | {detail} |")
         old = led.candidate(pr.replaced_candidate_id) if pr.replaced_candidate_id else None
         if old is not None:
             olabel, osrc = f"candidate #{old.id}", old.source
         else:
             olabel, osrc = f"kernels/baseline/{pr.op}.py", baseline_source(pr.op)
         diff = unified_diff(olabel, osrc, f"candidate #{c.id} ({c.label})", c.source)
-        lines += ["", f"### Diff against {olabel}", "", "```diff", diff.rstrip() or "(identical)", "```", ""]
+        fence = fence_for(diff)  # the candidate's source may hold backticks: the block must outlast them
+        lines += ["", f"### Diff against {olabel}", "", f"{fence}diff", diff.rstrip() or "(identical)", fence, ""]
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def _md_word(text) -> str:
+    """A name recorded by the sanitizer (check, mode, status), shown bare when it is a plain word."""
+    t = str(text or "")
+    return t if re.fullmatch(r"[A-Za-z0-9_.+-]{1,60}", t) else quote_untrusted(t, 60, markdown=True)
 
 
 def _plots(led, run, out_dir: str):
@@ -356,7 +366,9 @@ def _gate_markdown(verdicts, stale, now, mode, d) -> str:
     for v in verdicts:
         f = v.first_failure
         eq = {True: "equivalent", False: "not equivalent", None: "-"}[v.fpsan_equivalent]
-        why = (f"`{f.name}`: {f.detail}" if f else v.error or "").replace("|", "\\|")[:200]
+        # a check's detail and the run's error can carry the candidate's own messages: quoted as data
+        why = (f"`{_md_word(f.name)}`: {quote_untrusted(f.detail, 200, markdown=True)}" if f else
+               quote_untrusted(v.error, 200, markdown=True) if v.error else "")
         lines.append(f"| `{os.path.relpath(v.file)}` | {'pass' if v.passed else '**FAIL**'} | {eq} | {why} |")
     if stale:
         lines += ["", "Measured under other versions (re-checked above; re-benchmark on the GPU to re-promote):"]

@@ -1,10 +1,40 @@
 """The sanitizer's result types, shared by the CLI, the ledger and reports."""
 from __future__ import annotations
 
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+_MARKDOWN_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|"}
+
+
+def quote_untrusted(text: Any, limit: int = 400, markdown: bool = False) -> str:
+    """Text a candidate controls (its exception messages and printed output, and the check details
+    and summaries that carry them), made into data that is safe to place in a model prompt or a
+    markdown line: one line (newlines, control and format characters become spaces), no backticks (so
+    no code spans or fences), at most `limit` characters (then an ellipsis), and inside double quotes
+    with `\\` and `"` backslash-escaped, so that it cannot close its own quote. With `markdown`, `&`,
+    `<` and `>` become HTML entities, `|` is escaped and so is the `(` of `](` (no HTML, autolinks,
+    table cells, links or images)."""
+    s = "" if text is None else str(text)
+    s = "".join(" " if unicodedata.category(ch)[0] in "CZ" and ch != " " else ch for ch in s)
+    s = " ".join(s.split()).replace("`", "'")
+    if len(s) > limit:
+        s = s[:max(0, limit - 1)].rstrip() + "\u2026"
+    s = s.replace("\\", "\\\\").replace('"', '\\"')
+    if markdown:
+        s = "".join(_MARKDOWN_ESCAPES.get(ch, ch) for ch in s).replace("](", "]\\(")
+    return f'"{s}"'
+
+
+def fence_for(text: str) -> str:
+    """A markdown code fence longer than any run of backticks in `text` (a candidate's source shown as
+    code in a prompt or report), so the text cannot close the block and continue as prose."""
+    longest = max((len(r) for r in re.findall(r"`+", text or "")), default=0)
+    return "`" * max(3, longest + 1)
 
 
 @dataclass
