@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser("sanitize", help="run the sanitizer on candidate files")
-    s.add_argument("--op", required=True, help=OPS_HELP)
-    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("--op", help=OPS_HELP + " (required with FILE)")
+    s.add_argument("files", nargs="*", metavar="FILE")
     s.add_argument("--json", action="store_true", help="print one JSON document")
     s.add_argument("--junit", metavar="PATH", help="write JUnit XML")
     s.add_argument("--quick", action="store_true", help="the agent's inner-loop subset (seconds per file)")
@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=None, help="seconds per file (default 120 quick, 600 full)")
     s.add_argument("--gpu", choices=["auto", "on", "off"], default="auto",
                    help="GPU checks: auto runs them when a CUDA GPU is present")
+    s.add_argument("--seed", type=int, default=None,
+                   help="the inputs' seed base, to reproduce a failure (default: a secret one per file)")
+    s.add_argument("--sandbox", action="store_true",
+                   help="print the protections the candidate sandbox has on this host and exit")
 
     from .commands import register
     register(sub)
@@ -69,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_sanitize(args) -> int:
     from ..sanitizer.report import merge_gpu, print_verdicts, write_junit
     from ..sanitizer.runner import run_many
+    if args.sandbox:
+        return _print_sandbox()
+    if not args.op:
+        raise UsageError("sanitize: --op is required")
     _check_op(args.op)
+    if not args.files:
+        raise UsageError("sanitize: give at least one FILE (or --sandbox)")
     _check_files(args.files)
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
@@ -84,14 +94,27 @@ def cmd_sanitize(args) -> int:
                 prog.advance(f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, "
                              f"{v.duration_s:.0f}s)")
         verdicts = run_many(args.files, args.op, mode, jobs=args.jobs, timeout_s=args.timeout,
-                            keep_going=args.keep_going, on_done=done)
+                            keep_going=args.keep_going, on_done=done, seed=args.seed)
         if gpu:
-            gpu_verdicts = run_many(args.files, args.op, "gpu", jobs=args.jobs, timeout_s=args.timeout, on_done=done)
+            gpu_verdicts = run_many(args.files, args.op, "gpu", jobs=args.jobs, timeout_s=args.timeout, on_done=done,
+                                    seed=args.seed)
             verdicts = [merge_gpu(v, g) for v, g in zip(verdicts, gpu_verdicts)]
     if args.junit:
         write_junit(verdicts, args.junit)
     print_verdicts(verdicts, as_json=args.json, op=args.op, mode=mode + ("+gpu" if gpu else ""))
     return 0 if all(v.passed for v in verdicts) else 1
+
+
+def _print_sandbox() -> int:
+    """What the sandbox around candidate code gives on this host (entered once, in a throwaway child)."""
+    from ..sanitizer.sandbox import host_protections
+    prot = host_protections(gpu=_cuda_available())
+    print("candidate sandbox on this host:")
+    for line in prot.active:
+        print(f"  + {line}")
+    for line in prot.missing:
+        print(f"  - not available: {line}")
+    return 0 if prot.active and not prot.missing else 1
 
 
 def _cuda_available() -> bool:

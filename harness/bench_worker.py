@@ -2,7 +2,8 @@
 
 A candidate can fault the GPU (an illegal address poisons the whole CUDA context) or
 hang; timing it in its own process with a time limit turns that into a result instead
-of an outage. SPEC: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label",
+of an outage. Candidate code runs here, so the process is sandboxed (sanitizer/sandbox.py)
+before it reads its spec, and kernel files are loaded through the static gate. SPEC: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label",
 "file" | null (baseline), "kernel_names"}], "seed"}. OUT: {"results": [ShapeResult...],
 "ceilings": {...}, "error": str | null}.
 """
@@ -12,27 +13,26 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Dict, Optional
 
 
 def _contenders(spec: dict):
+    """The kernels to time: candidate files through the static gate, the baseline from the package."""
+    import inspect
+
     from ..sanitizer.checks import baseline_fn, load_module
     from ..sanitizer.static_gate import check_source
     from .bench import Contender
     out = []
     for k in spec["kernels"]:
-        if k.get("file"):
-            fn = load_module(k["file"], spec["op"])
-            with open(k["file"]) as f:
-                names = check_source(f.read(), spec["op"]).jit_functions
-        else:
-            fn = baseline_fn(spec["op"])
-            import inspect
-            with open(inspect.getsourcefile(fn)) as f:
-                names = check_source(f.read(), spec["op"]).jit_functions
-        out.append(Contender(k["label"], fn, tuple(names)))
+        path = k.get("file") or inspect.getsourcefile(baseline_fn(spec["op"]))
+        with open(path) as f:
+            gate = check_source(f.read(), spec["op"])
+        if not gate.passed:
+            raise ValueError(f"{k['label']}: the static gate rejects the file: {gate.describe()}")
+        fn = load_module(path, spec["op"]) if k.get("file") else baseline_fn(spec["op"])
+        out.append(Contender(k["label"], fn, tuple(gate.jit_functions)))
     return out
 
 
@@ -41,8 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from ..sanitizer.worker import _die_with_parent
-    _die_with_parent()
+    # The candidates' code runs in this process: it is sandboxed before anything is read.
+    from ..sanitizer import sandbox
+    sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=True)
     with open(args.spec) as f:
         spec = json.load(f)
     doc: Dict = {"results": [], "error": None}
@@ -55,48 +56,94 @@ def main(argv=None) -> int:
 
     from dataclasses import asdict
 
-    from .bench import benchmark_shape, load_ceilings
+    from .bench import Ceilings, benchmark_shape, measure_ceilings
+    from .env import versions
     from .ops import dtype_from_name, get_op
     op = get_op(spec["op"])
-    ceilings = load_ceilings()
+    versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
+    ceilings = Ceilings(**spec["ceilings"]) if spec.get("ceilings") else measure_ceilings()
     doc["ceilings"] = asdict(ceilings)
+    sandbox.arm_audit_hook()
     contenders = _contenders(spec)
+    doc["sandbox_refused"] = sandbox.violations()
     for key in spec["shapes"]:
         shape = op.parse_shape(key)
         res = benchmark_shape(op, shape, dtype_from_name(spec.get("dtype", "bfloat16")), contenders, ceilings,
                               seed=spec.get("seed", 0), log=lambda s: print(s, flush=True))
         doc["results"].append(res.to_json())
+        doc["sandbox_refused"] = sandbox.violations()
         flush()
     flush()
     return 0
 
 
 def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None) -> dict:
-    """Run one benchmark spec in a child process (`env`: its environment, e.g. the GPU it may see);
-    a crash or hang comes back as {'error': ...}, and Ctrl-C takes the child down at once."""
+    """Run one benchmark spec in a sandboxed child process (`env`: variables it may see on top of the
+    allowlist, e.g. the GPU it may use); a crash or hang comes back as {'error': ...}, and Ctrl-C takes
+    the child down at once. The child reads copies of the kernel files inside its scratch directory and
+    writes its results there; the ceilings are measured by the first child and cached here."""
+    import shutil
+
+    from ..sanitizer import sandbox
     from ..sanitizer.runner import run_tracked
-    with tempfile.TemporaryDirectory(prefix="ka-bench-") as tmp:
-        sp, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+    from .bench import Ceilings, ceilings_path
+    scratch = sandbox.make_scratch("ka-bench-")
+    try:
+        spec = dict(spec, kernels=[dict(k) for k in spec["kernels"]])
+        for i, k in enumerate(spec["kernels"]):
+            if k.get("file"):
+                copy = os.path.join(scratch, f"kernel{i}.py")
+                shutil.copyfile(k["file"], copy)
+                os.chmod(copy, 0o644)  # readable by the sandbox identity whatever this process's umask
+                k["file"] = copy
+        cache = None
+        try:
+            cache = ceilings_path()
+            if os.path.exists(cache):
+                with open(cache) as f:
+                    spec["ceilings"] = json.load(f)
+        except (OSError, ValueError):
+            pass
+        sp, out = os.path.join(scratch, "spec.json"), os.path.join(scratch, "out.json")
         with open(sp, "w") as f:
             json.dump(spec, f)
+        os.chmod(sp, 0o644)
+        child_env = sandbox.child_env(scratch, base=env) if env and "PATH" in env else \
+            sandbox.child_env(scratch, extra=env)
+        child_env.pop("TRITON_INTERPRET", None)
+        # torch.compile (an anchor) compiles in this process: the sandbox refuses its worker processes
+        child_env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         t0 = time.time()
         rc, log = run_tracked([sys.executable, "-m", "kernel_agent.harness.bench_worker", "--spec", sp, "--out", out],
-                              timeout_s, env=env)
-        doc = {"results": [], "error": None}
+                              timeout_s, env=child_env, cwd=scratch)
+        doc: Dict = {"results": [], "error": None}
         if os.path.exists(out):
             try:
                 with open(out) as f:
-                    doc = json.load(f)
-            except (OSError, json.JSONDecodeError):
+                    got = json.load(f)
+                if isinstance(got, dict) and isinstance(got.get("results", []), list):
+                    doc = got
+            except (OSError, ValueError):
                 pass
         if rc is None:
             doc["error"] = f"benchmark timed out after {timeout_s:.0f}s"
         elif rc != 0:
             lines = [ln for ln in log.strip().splitlines() if ln.strip()]
             doc["error"] = f"benchmark process failed (exit {rc}): {lines[-1][:300] if lines else ''}"
+        if cache and not spec.get("ceilings") and isinstance(doc.get("ceilings"), dict) and not doc.get("error"):
+            try:
+                Ceilings(**doc["ceilings"])
+                os.makedirs(os.path.dirname(cache), exist_ok=True)
+                with open(f"{cache}.{os.getpid()}.tmp", "w") as f:
+                    json.dump(doc["ceilings"], f, indent=1)
+                os.replace(f"{cache}.{os.getpid()}.tmp", cache)
+            except (OSError, TypeError):
+                pass
         doc["log"] = log[-4000:]
         doc["wall_s"] = time.time() - t0
         return doc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..sanitizer.static_gate import check_source
 from .ops import DTYPE_NAMES, DTYPES, get_op
 
 MANIFEST_NAME = "manifest.json"
@@ -165,6 +166,9 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     if not _defines_function(source, op):
         raise ServingError(f"kernel source for {op} defines no top-level function named {op!r}")
+    gate = check_source(source, op)
+    if not gate.passed:
+        raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
     d = _dir(dir)
     name = kernel_file_name(op, bucket, dtype, gpu)
     text = source if source.endswith("\n") else source + "\n"
@@ -224,6 +228,11 @@ def load_kernel_file(path: str | Path, op: str) -> Callable:
     path = Path(path)
     if not path.is_file():
         raise ServingError(f"kernel file {path} does not exist")
+    # A promoted kernel was written by a model: it is imported only if it is still in the candidate
+    # language (a file edited after promotion, or one that never passed the sanitizer, is refused).
+    gate = check_source(path.read_text(), op)
+    if not gate.passed:
+        raise ServingError(f"kernel file {path} is refused by the static gate: {gate.describe()}")
     stem = re.sub(r"\W", "_", path.stem)
     mod_name = f"kernel_agent_serving_{stem}_{next(_module_ids)}"
     spec = importlib.util.spec_from_file_location(mod_name, path)

@@ -5,10 +5,13 @@
   dtype, against the reference on the device; plus the error budget against the
   baseline on the same inputs.
 * native_fpsan: Triton's own FpSan (TRITON_INSTRUMENTATION_MODE=fpsan, Triton >= 3.8),
-  candidate against baseline; skipped with the reason on older Triton.
-* memcheck / initcheck / racecheck: compute-sanitizer around a probe process that runs
-  the candidate on small shapes, with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that an
-  out-of-bounds access inside a pooled block is seen.
+  candidate against baseline, each in an executor of its own; skipped with the reason on
+  older Triton.
+* memcheck / initcheck / racecheck: compute-sanitizer around the candidate's executor,
+  which the judge drives through small shapes, with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so
+  that an out-of-bounds access inside a pooled block is seen.
+
+As on the CPU, this process judges and the candidate runs in a sandboxed executor.
 * determinism: repeated runs on the same inputs are bitwise identical (order-dependent
   float atomics fail here).
 """
@@ -17,22 +20,30 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from typing import Callable, List, Optional
 
 import torch
 
 from ..harness.ops import get_op
-from .checks import (CheckFailed, Subject, _describe_exception, _Skip, baseline_fn, check_load, check_static, first_difference,
-                     outputs)
+from .checks import (CheckFailed, Subject, _describe_exception, _Skip, baseline_fn, check_load, check_static,
+                     first_difference, outputs, run_case)
+from .executor import Executor, ExecutorError
+from .static_gate import check_source
 from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
 
 GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _call(fn, case):
+def _call(subject: Subject, fn, case):
+    """The outputs of fn on the case, on the case's device: the baseline runs here (trusted), the
+    candidate in its sandboxed executor."""
+    if isinstance(fn, Executor):
+        r = run_case(subject, fn, case, bounds=False)
+        if not r.ok:
+            raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()} (cuda)")
+        device = next(v.device for v in case.args.values() if isinstance(v, torch.Tensor))
+        return tuple(o.to(device) for o in r.out) if isinstance(r.out, tuple) else r.out.to(device)
     out = case.call(fn)
     torch.cuda.synchronize()
     return out
@@ -55,19 +66,16 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
     worst = 0.0
     n = 0
     for i, (shape, dtype) in enumerate(_gpu_cases(op)):
-        case = op.make_case(shape, dtype, seed=200 + i, device=device,
+        case = op.make_case(shape, dtype, seed=subject.seed(200 + i), device=device,
                             layout="strided" if i % 2 and shape in op.shapes("tiny") else "contiguous")
         big = shape in op.shapes("serving")
         ref = op.reference(case.args, torch.float32 if big else torch.float64)
-        try:
-            out = _call(subject.fn, case)
-        except Exception as e:  # noqa: BLE001
-            raise CheckFailed(f"{_describe_exception(e, subject.path)}; reproduce: {case.describe()} (cuda)")
+        out = _call(subject, subject.fn, case)
         cmp = op.compare(out, case.args, ref)
         if not cmp.ok:
             raise CheckFailed(f"{cmp.describe()}; reproduce: {case.describe()} (cuda)")
         if op.name != "quantize_kv":
-            base = _call(subject.baseline, case)
+            base = _call(subject, subject.baseline, case)
             err_c = op.output_error(outputs(out)[0], outputs(ref)[0])
             err_b = op.output_error(outputs(base)[0], outputs(ref)[0])
             allowed = max(2.0 * err_b, op.tolerance(dtype).budget_floor)
@@ -78,6 +86,7 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
             del base
         n += 1
         del case, ref, out
+        subject.fn.reset()
         torch.cuda.empty_cache()
     return f"{n} cases on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) " \
            f"match the reference; worst error {worst:.0%} of the budget"
@@ -87,16 +96,17 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
     op = subject.op
     shapes = [op.shapes("tiny")[-1], op.shapes("serving")[0]]
     for shape in shapes:
-        case = op.make_case(shape, torch.bfloat16, seed=300, device=device)
-        first = _call(subject.fn, case)
+        case = op.make_case(shape, torch.bfloat16, seed=subject.seed(300), device=device)
+        first = _call(subject, subject.fn, case)
         for r in range(repeats - 1):
-            again = _call(subject.fn, case)
+            again = _call(subject, subject.fn, case)  # the same buffers in the executor, every time
             d = first_difference(first, again)
             if d:
                 i, idx, a, b = d
                 raise CheckFailed(f"run {r + 2} differs from run 1 at {op.output_names[i]}{list(idx)} ({a} vs {b}): "
                                   f"not bitwise deterministic; reproduce: {case.describe()} (cuda)")
         del case, first
+        subject.fn.reset()
         torch.cuda.empty_cache()
     return f"bitwise identical over {repeats} runs at {', '.join(s.key() for s in shapes)}"
 
@@ -106,18 +116,45 @@ def _triton_version():
     return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
 
 
+def _probe_cases(subject: Subject, limit: int = 0):
+    """Small device cases for the tools that wrap a whole process (odd shapes, every dtype, strided)."""
+    op = subject.op
+    shapes = op.shapes("tiny")[: limit or None]
+    return [op.make_case(shape, GPU_DTYPES[i % 3], seed=subject.seed(400 + i), device="cuda",
+                         layout="strided" if i % 2 else "contiguous") for i, shape in enumerate(shapes)]
+
+
+def _tool_executor(subject: Subject, path: str, wrapper=(), env=None) -> Executor:
+    ex = Executor(path, subject.op.name, "cuda", deadline=subject.deadline, skip_gate=subject.skip_gate,
+                  wrapper=wrapper, env_extra=env)
+    hello = ex.start()
+    if hello.get("load_error"):
+        ex.close()
+        raise CheckFailed(f"importing the file failed: {str(hello['load_error'])[:300]}")
+    return ex
+
+
 def check_native_fpsan(subject: Subject) -> str:
     import triton
     if _triton_version() < (3, 8):
         raise _Skip(f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU "
                     f"checks applies")
-    env = dict(os.environ, TRITON_INSTRUMENTATION_MODE="fpsan", TRITON_FPSAN_HOMOMORPHIC_CASTS="1")
-    r = subprocess.run([sys.executable, "-m", "kernel_agent.sanitizer.gpu_probe", "--op", subject.op.name,
-                        "--file", subject.path, "--fpsan"], env=env, capture_output=True, text=True, timeout=600)
-    if r.returncode == 3:
-        return "not structurally equivalent under native FpSan: " + r.stdout.strip().splitlines()[-1]
-    if r.returncode != 0:
-        raise CheckFailed("native FpSan run failed: " + (r.stdout + r.stderr).strip().splitlines()[-1][:300])
+    env = {"TRITON_INSTRUMENTATION_MODE": "fpsan", "TRITON_FPSAN_HOMOMORPHIC_CASTS": "1"}
+    import inspect
+    cand = _tool_executor(subject, subject.path, env=env)
+    base = _tool_executor(subject, inspect.getsourcefile(subject.baseline), env=env)
+    try:
+        for case in _probe_cases(subject):
+            rc, rb = run_case(subject, cand, case, bounds=False), run_case(subject, base, case, bounds=False)
+            if not rc.ok:
+                raise CheckFailed(f"native FpSan run failed: {rc.problem()}; reproduce: {case.describe()} (cuda)")
+            d = first_difference(rc.out, rb.out)
+            if d:
+                return (f"not structurally equivalent under native FpSan: {subject.op.output_names[d[0]]}"
+                        f"{list(d[1])}: candidate {d[2]} vs baseline {d[3]} ({case.describe()})")
+    finally:
+        cand.close()
+        base.close()
     return "bitwise identical to the baseline under Triton's native FpSan"
 
 
@@ -133,26 +170,30 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     exe = find_compute_sanitizer()
     if not exe:
         raise _Skip("compute-sanitizer is not installed on this machine")
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    cmd = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5"]
+    wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5"]
     if tool == "memcheck":
-        cmd += ["--leak-check", "no"]
-    # three tiny shapes (one per dtype): the tools slow every launch by orders of magnitude
-    cmd += [sys.executable, "-m", "kernel_agent.sanitizer.gpu_probe", "--op", subject.op.name, "--file", subject.path,
-            "--limit", "3"]
+        wrapper += ["--leak-check", "no"]
     t0 = time.time()
+    # three tiny shapes (one per dtype): the tools slow every launch by orders of magnitude
+    ex = _tool_executor(subject, subject.path, wrapper=wrapper, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
     try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        raise CheckFailed(f"compute-sanitizer {tool} timed out after 900s")
-    text = r.stdout + r.stderr
+        for case in _probe_cases(subject, limit=3):
+            r = run_case(subject, ex, case, bounds=False)
+            if not r.ok:
+                raise CheckFailed(f"under compute-sanitizer {tool}: {r.problem()}; reproduce: {case.describe()} (cuda)")
+            cmp = subject.op.compare(r.out, case.args, subject.op.reference(case.args, torch.float64))
+            if not cmp.ok:
+                raise CheckFailed(f"under compute-sanitizer {tool}: {cmp.describe()}; reproduce: {case.describe()}")
+        rc, text = ex.finish(timeout_s=120)
+    finally:
+        ex.close()
     summary = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    if r.returncode == 97 or (summary and int(summary.group(1)) > 0):
+    if rc == 97 or (summary and int(summary.group(1)) > 0):
         first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and (
             "Invalid" in ln or "Uninitialized" in ln or "hazard" in ln.lower() or "Race" in ln)), "")
         raise CheckFailed(f"compute-sanitizer {tool}: {summary.group(0) if summary else 'errors'}; {first[:300]}")
-    if r.returncode != 0:
-        raise CheckFailed(f"the probe under compute-sanitizer {tool} exited with {r.returncode}: "
+    if rc != 0:
+        raise CheckFailed(f"the candidate's process under compute-sanitizer {tool} exited with {rc}: "
                           f"{text.strip().splitlines()[-1][:300] if text.strip() else ''}")
     return f"{summary.group(0) if summary else 'no errors'} on 3 tiny shapes (bf16, fp16, fp32; {time.time() - t0:.0f}s)"
 
@@ -165,39 +206,54 @@ GPU_CHECKS = [
     ("racecheck", lambda s: check_compute_sanitizer(s, "racecheck")),
     ("determinism", check_determinism),
 ]
+GPU_CHECK_NAMES = [n for n, _ in GPU_CHECKS]
 
 
 def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutcome], None]] = None,
-                 on_start: Optional[Callable[[str], None]] = None, only: Optional[List[str]] = None) -> Verdict:
+                 on_start: Optional[Callable[[str], None]] = None, only: Optional[List[str]] = None,
+                 seed_base: int = 0, deadline: Optional[float] = None, skip_gate: bool = False) -> Verdict:
+    """The GPU checks: judged here, with the candidate in a sandboxed executor on the device."""
     op = get_op(op_name)
     with open(path) as f:
         source = f.read()
-    subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name))
+    deadline = deadline or time.time() + 900
+    subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,
+                      skip_gate=skip_gate)
+    subject.deadline = deadline
     verdict = Verdict(path, op_name, "gpu")
     t_all = time.time()
     failed = False
+    gpu = torch.cuda.is_available()
+    if gpu and (skip_gate or check_source(source, op_name).passed):
+        subject.executor = Executor(subject.path, op_name, "cuda", deadline=deadline, skip_gate=skip_gate)
     steps = [("static_gate", lambda s: check_static(s, None)), ("load", lambda s: check_load(s, None))]
     steps += [(n, c) for n, c in GPU_CHECKS if not only or n in only]
-    for name, check in steps:
-        if name not in ("static_gate", "load") and not torch.cuda.is_available():
-            outcome = CheckOutcome(name, SKIPPED, "no CUDA GPU on this machine")
-        elif failed:
-            outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
-        else:
-            if on_start:
-                on_start(name)
-            t0 = time.time()
-            try:
-                outcome = CheckOutcome(name, PASSED, check(subject), time.time() - t0)
-            except _Skip as e:
-                outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
-            except CheckFailed as e:
-                outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
-            except Exception as e:  # noqa: BLE001
-                outcome = CheckOutcome(name, FAILED, _describe_exception(e, subject.path), time.time() - t0)
-            failed = failed or outcome.status == FAILED
-        verdict.checks.append(outcome)
-        if on_check:
-            on_check(outcome)
+    try:
+        for name, check in steps:
+            if name not in ("static_gate",) and not gpu:
+                outcome = CheckOutcome(name, SKIPPED, "no CUDA GPU on this machine")
+            elif failed:
+                outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
+            else:
+                if on_start:
+                    on_start(name)
+                t0 = time.time()
+                try:
+                    outcome = CheckOutcome(name, PASSED, check(subject), time.time() - t0)
+                except _Skip as e:
+                    outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
+                except CheckFailed as e:
+                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                except ExecutorError as e:
+                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                except Exception as e:  # noqa: BLE001
+                    outcome = CheckOutcome(name, FAILED, _describe_exception(e, subject.path), time.time() - t0)
+                failed = failed or outcome.status == FAILED
+            verdict.checks.append(outcome)
+            if on_check:
+                on_check(outcome)
+    finally:
+        if subject.executor is not None:
+            subject.executor.close()
     verdict.duration_s = time.time() - t_all
     return verdict

@@ -1,8 +1,10 @@
 """Run the sanitizer on candidates in isolated processes, each with a time limit.
 
-Every candidate is untrusted: it runs in its own process group, and a crash (segfault,
-abort, GPU fault), a hang or a runaway allocation becomes a failed verdict that names
-the check that was running, never an outage of the caller.
+Every candidate is hostile until judged. Per candidate this starts a judge process
+(worker.py: trusted, it never imports the candidate) that runs the candidate in a
+sandboxed executor of its own (executor.py, sandbox.py). A crash (segfault, abort, GPU
+fault), a hang or a runaway allocation becomes a failed verdict that names the check
+that was running, never an outage of the caller; a verdict that lacks a check fails.
 """
 from __future__ import annotations
 
@@ -47,26 +49,47 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str]:
+    """The checks a complete verdict of this mode holds (a verdict missing one fails)."""
+    if mode == "gpu":
+        from .gpu import GPU_CHECK_NAMES
+        names = ["static_gate", "load"] + [n for n in GPU_CHECK_NAMES if not only or n in only]
+    else:
+        from .checks import CHECK_NAMES
+        names = [n for n in CHECK_NAMES if not only or n in only or n in ("static_gate", "load")]
+    return names
+
+
 def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[float] = None,
                  keep_going: bool = False, env: Optional[dict] = None,
-                 checks: Optional[Sequence[str]] = None) -> Verdict:
-    """Sanitize one file in a child process; always returns a Verdict."""
+                 checks: Optional[Sequence[str]] = None, seed: Optional[int] = None,
+                 skip_gate: bool = False) -> Verdict:
+    """Judge one file in a child process (the judge, which runs the candidate in a sandboxed executor of
+    its own); always returns a Verdict. `env`: variables for the children on top of the allowlist (e.g.
+    the GPU they may see). `seed`: the inputs' seed base (default: a secret one per call). `skip_gate`:
+    tests only, to show that the layers behind the static gate hold on their own."""
+    from . import sandbox
     timeout_s = timeout_s or DEFAULT_TIMEOUT[mode]
     path = os.path.abspath(path)
     with tempfile.TemporaryDirectory(prefix="ka-sanitize-") as tmp:
+        os.chmod(tmp, 0o700)
         out = os.path.join(tmp, "verdict.json")
+        t0 = time.time()
+        # the judge's own deadline leaves it time to write the verdict before this process kills it
         cmd = [sys.executable, "-m", "kernel_agent.sanitizer.worker", "--op", op, "--file", path, "--mode", mode,
-               "--out", out]
+               "--out", out, "--deadline", f"{t0 + max(5.0, timeout_s - 5.0):.3f}"]
         if keep_going:
             cmd.append("--keep-going")
         if checks:
             cmd += ["--checks", ",".join(checks)]
-        child_env = dict(os.environ if env is None else env)
-        child_env.setdefault("PYTHONHASHSEED", "0")
-        child_env["PYTHONUNBUFFERED"] = "1"
+        if seed is not None:
+            cmd += ["--seed", str(int(seed))]
+        if skip_gate:
+            cmd.append("--skip-gate")
+        # a whole environment given (os.environ plus a GPU, say) passes through the allowlist like ours
+        child_env = sandbox.child_env(tmp, base=env) if env and "PATH" in env else sandbox.child_env(tmp, extra=env)
         if mode != "gpu":
             child_env["TRITON_INTERPRET"] = "1"
-        t0 = time.time()
         rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)
         timed_out = rc is None
         elapsed = time.time() - t0
@@ -81,6 +104,9 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     if doc and doc.get("complete"):
         v = Verdict.from_json(doc)
         v.file = path
+        missing = [n for n in expected_checks(mode, checks) if n not in {c.name for c in v.checks}]
+        if missing:  # a verdict is complete only with every check of its mode, run, skipped or failed
+            v.checks.append(CheckOutcome("verdict", FAILED, f"incomplete verdict: no result for {', '.join(missing)}"))
         return v
     v = Verdict(path, op, mode, duration_s=elapsed)
     running = None
@@ -101,31 +127,42 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     return v
 
 
+LOG_TAIL = 64 << 10
+
+
 def run_tracked(cmd: Sequence[str], timeout_s: float, env: Optional[dict] = None,
                 cwd: Optional[str] = None) -> Tuple[Optional[int], str]:
-    """Run an untrusted child in a session of its own, killed (with its whole group) at the time
-    limit or when this process is interrupted; tracked so that `kill_all` reaches it from any
-    thread. Returns (exit code, None when it timed out; its output)."""
-    with _live_lock:  # checked and registered under the lock, so `kill_all` cannot miss a child
-        if _stopping.is_set():
-            raise ChildProcessError("interrupted: no new child is started")
-        proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        _live.add(proc)
-    timed_out = False
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        log, _ = proc.communicate()
-    except BaseException:  # Ctrl-C in the parent: take the child (its own session) down too
-        _kill_group(proc)
-        raise
-    finally:
-        with _live_lock:
-            _live.discard(proc)
-    return (None if timed_out else proc.returncode), (log or b"").decode(errors="replace")
+    """Run a child in a session of its own, killed (with its whole group) at the time limit or when
+    this process is interrupted; tracked so that `kill_all` reaches it from any thread. Its output goes
+    to a file, not a pipe, so a grandchild that keeps the output open cannot hold this call, and every
+    wait has a bound. Returns (exit code, None when it timed out; the last 64 KiB of its output)."""
+    with tempfile.TemporaryFile() as log:
+        with _live_lock:  # checked and registered under the lock, so `kill_all` cannot miss a child
+            if _stopping.is_set():
+                raise ChildProcessError("interrupted: no new child is started")
+            proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            _live.add(proc)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:  # Ctrl-C in the parent: take the child (its own session) down too
+            _kill_group(proc)
+            raise
+        finally:
+            _kill_group(proc)  # whatever the child left in its group goes too
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            with _live_lock:
+                _live.discard(proc)
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - LOG_TAIL))
+        text = log.read().decode(errors="replace")
+    return (None if timed_out else proc.returncode), text
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -159,10 +196,10 @@ def map_tracked(fn: Callable[[T], R], items: Sequence[T], workers: int) -> List[
 
 def run_many(paths: Sequence[str], op: str, mode: str = "full", jobs: int = 1, timeout_s: Optional[float] = None,
              keep_going: bool = False, on_done: Optional[Callable[[Verdict], None]] = None,
-             checks: Optional[Sequence[str]] = None) -> List[Verdict]:
+             checks: Optional[Sequence[str]] = None, seed: Optional[int] = None) -> List[Verdict]:
     """Sanitize several files, `jobs` processes at a time; results in input order."""
     def one(p: str) -> Verdict:
-        v = run_isolated(p, op, mode, timeout_s, keep_going, checks=checks)
+        v = run_isolated(p, op, mode, timeout_s, keep_going, checks=checks, seed=seed)
         if on_done:
             on_done(v)
         return v

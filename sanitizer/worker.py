@@ -1,14 +1,18 @@
-"""Entry point of the isolated sanitizer process: `python -m kernel_agent.sanitizer.worker`.
+"""The judge: `python -m kernel_agent.sanitizer.worker`, one process per candidate.
 
-It runs one candidate's checks and rewrites a JSON progress file after every check,
-so that when the candidate crashes the process or hangs, the parent still knows which
-checks finished and which one was running (sanitizer/runner.py).
+It never imports the candidate. It draws the inputs from a secret seed, computes the
+references and the comparisons, runs the trusted baseline, and sends each case to the
+candidate's executor (sanitizer/executor.py), a sandboxed process of its own, whose
+answers are evidence. It rewrites a JSON progress file after every check, so that when
+it is killed at its time limit the parent still knows which checks finished and which
+one was running (sanitizer/runner.py); the candidate cannot write that file.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import secrets
 import sys
 import time
 
@@ -39,15 +43,30 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--keep-going", action="store_true")
     ap.add_argument("--checks", default="", help="comma-separated subset of checks (static_gate and load always run)")
+    ap.add_argument("--seed", type=int, default=None, help="the base of every input seed (default: a secret one)")
+    ap.add_argument("--deadline", type=float, default=0.0, help="epoch seconds by which the candidate is judged")
+    ap.add_argument("--skip-gate", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     _die_with_parent()
     only = [c for c in args.checks.split(",") if c] or None
     if args.mode != "gpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
-    from .verdict import CheckOutcome, Verdict
-
+    seed_base = args.seed if args.seed is not None else secrets.randbelow(1 << 40)
+    deadline = args.deadline or time.time() + 600
     progress = {"file": args.file, "op": args.op, "mode": args.mode, "running": None, "checks": [],
                 "started": time.time()}
+    _write(args.out, progress)
+
+    # The candidate's process is started first, so that its imports overlap with this one's; it is
+    # not started at all for a file that the static gate rejects.
+    from .executor import Executor
+    from .static_gate import check_source
+    with open(args.file) as f:
+        gate_ok = args.skip_gate or check_source(f.read(), args.op).passed
+    executor = None
+    if gate_ok and args.mode != "gpu":
+        executor = Executor(args.file, args.op, "cpu", deadline=deadline, skip_gate=args.skip_gate)
+    from .verdict import CheckOutcome, Verdict
 
     def on_start(name: str):
         progress["running"] = name
@@ -58,15 +77,21 @@ def main(argv=None) -> int:
         progress["running"] = None
         _write(args.out, progress)
 
-    _write(args.out, progress)
-    if args.mode == "gpu":
-        from .gpu import sanitize_gpu
-        verdict: Verdict = sanitize_gpu(args.file, args.op, on_check=on_check, on_start=on_start, only=only)
-    else:
-        from .checks import sanitize_file
-        verdict = sanitize_file(args.file, args.op, args.mode, on_check=on_check, on_start=on_start,
-                                fail_fast=False if args.keep_going else None, only=only)
+    try:
+        if args.mode == "gpu":
+            from .gpu import sanitize_gpu
+            verdict: Verdict = sanitize_gpu(args.file, args.op, on_check=on_check, on_start=on_start, only=only,
+                                            seed_base=seed_base, deadline=deadline, skip_gate=args.skip_gate)
+        else:
+            from .checks import sanitize_file
+            verdict = sanitize_file(args.file, args.op, args.mode, on_check=on_check, on_start=on_start,
+                                    fail_fast=False if args.keep_going else None, only=only, executor=executor,
+                                    seed_base=seed_base, skip_gate=args.skip_gate)
+    finally:
+        if executor is not None:
+            executor.close()
     doc = verdict.to_json()
+    doc["seed"] = seed_base
     doc["complete"] = True
     _write(args.out, doc)
     return 0

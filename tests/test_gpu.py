@@ -209,3 +209,52 @@ def test_bench_in_two_processes_reports_a_spread_covering_both(tmp_path):
     for m in res["measurements"]:
         assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
         assert m["graph_ms"] and len(m["graph_rounds"]) >= 6
+
+
+def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch):
+    """The GPU checks' executor and the benchmark child run under the sandbox: with the static gate
+    switched off, a candidate that reads a secret and tries to send it out or write it outside its
+    scratch directory is refused, the verdict fails, and nothing leaves."""
+    import socket
+    import threading
+    from kernel_agent.sanitizer.runner import run_isolated
+    canary = "sk-canary-" + os.urandom(8).hex()
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(0.5)
+    got = []
+
+    def accept():
+        import time
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                conn, _ = listener.accept()
+                got.append(conn.recv(100))
+                conn.close()
+            except OSError:
+                continue
+    threading.Thread(target=accept, daemon=True).start()
+    leak = tmp_path / "leak.txt"
+    os.chmod(tmp_path, 0o777)
+    payload = (
+        "import os as _os, socket as _socket\n"
+        "_k = _os.environ.get('OPENAI_API_KEY', 'none')\n"
+        "try:\n"
+        f"    _s = _socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2); _s.sendall(_k.encode())\n"
+        "except Exception:\n    pass\n"
+        "try:\n"
+        f"    open({str(leak)!r}, 'w').write(_k)\n"
+        "except Exception:\n    pass\n")
+    path = tmp_path / "exfiltrate.py"
+    path.write_text(payload + baseline_source("quantize_kv"))
+    v = run_isolated(str(path), "quantize_kv", "gpu", checks=("gpu_differential",), timeout_s=240, skip_gate=True)
+    assert not v.passed and "sandbox" in v.summary(), v.summary()
+    doc = run_bench_isolated({"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0,
+                              "kernels": [{"label": "incumbent", "file": None},
+                                          {"label": "candidate", "file": str(path)}]})
+    assert doc.get("error") and "static gate" in doc["log"]  # the benchmark loads kernels through the gate
+    listener.close()
+    assert not got and not leak.exists()

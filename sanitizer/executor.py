@@ -1,0 +1,341 @@
+"""The sandboxed process that imports and runs one candidate, and the judge's handle on it.
+
+The judge (sanitizer/worker.py, trusted: it never imports candidate code) starts an
+executor per candidate: `python -m kernel_agent.sanitizer.executor --fd N ...`. The
+executor enters the sandbox (sanitizer/sandbox.py) before it reads anything, checks the
+file against the static gate again, imports it, and then serves calls over a socket
+(sanitizer/wire.py): the judge sends a case's tensors and how to instrument the call
+(bounds, program order, FpSan, allocation sentinel), the executor runs the candidate in
+the Triton interpreter (or on the GPU) and returns what it saw: the outputs, the bounds
+and host-code violations, the number of launches, digests of the inputs after the call
+and what the sandbox refused. The judge decides; nothing the executor says is a verdict.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+PROTOCOL = 1
+
+
+# -- the sandboxed side -----------------------------------------------------------------------
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--op", required=True)
+    ap.add_argument("--file", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cpu-seconds", type=int, default=0)
+    ap.add_argument("--memory-gib", type=float, default=8.0)
+    ap.add_argument("--skip-gate", action="store_true")
+    args = ap.parse_args(argv)
+    from . import sandbox
+    limits = sandbox.Limits(memory_bytes=int(args.memory_gib * (1 << 30)) or None,
+                            cpu_seconds=args.cpu_seconds or None)
+    prot = sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=args.device == "cuda",
+                         limits=limits)
+    sock = socket.socket(fileno=args.fd)
+    import torch  # noqa: F401 - the trusted imports happen before the hook is armed
+    from . import wire
+    from .checks import execute_call, load_module
+    from .guard import HostGuard  # noqa: F401
+    from .static_gate import check_source
+    if args.device == "cpu":
+        import triton.runtime.interpreter  # noqa: F401
+    sandbox.arm_audit_hook()
+    hello: Dict[str, Any] = {"protocol": PROTOCOL, "sandbox": prot.active, "missing": prot.missing}
+    try:
+        with open(args.file) as f:
+            source = f.read()
+        if not args.skip_gate:
+            gate = check_source(source, args.op)
+            if not gate.passed:
+                raise ImportError(f"the static gate rejects the file: {gate.describe()}")
+        fn = load_module(args.file, args.op)
+        hello["signature"] = _signature(fn)
+    except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
+        from .checks import _describe_exception
+        hello["load_error"] = _describe_exception(e, args.file)
+        hello["violations"] = sandbox.violations()
+        wire.send(sock, hello)
+        return 0
+    hello["violations"] = sandbox.violations()
+    wire.send(sock, hello)
+    cases: Dict[str, Dict[str, Any]] = {}
+    kept: Dict[int, List[Any]] = {}
+    calls = 0
+    while True:
+        try:
+            req, tensors = wire.recv(sock, device=args.device)
+        except wire.WireError:
+            return 0
+        cmd = req.get("cmd")
+        if cmd == "exit":
+            return 0
+        if cmd == "reset":
+            cases.clear()
+            kept.clear()
+            wire.send(sock, {"ok": True})
+            continue
+        if cmd == "digests":
+            outs = kept.get(wire.as_int(req.get("call"), -1))
+            wire.send(sock, {"digests": None if outs is None else
+                             [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]})
+            continue
+        if cmd != "call":
+            wire.send(sock, {"error": "unknown command"})
+            continue
+        calls += 1
+        call_args = _bind_tensors(req, tensors, cases, args.device)
+        readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]):]))
+        opts = req.get("opts", {})
+        res = execute_call(fn, call_args, readable, args.file, device=args.device, **opts)
+        outs = list(res.out) if isinstance(res.out, (tuple, list)) else [res.out]
+        if req.get("keep"):
+            kept[calls] = outs
+        out_tensors = [t.detach().cpu() if t.device.type != "cpu" else t.detach() for t in outs
+                       if isinstance(t, torch.Tensor)]
+        wire.send(sock, {
+            "call": calls, "error": res.error, "bounds": res.bounds[:5], "guard": res.guard[:5],
+            "launches": res.launches, "fpsan_unsupported": res.fpsan_unsupported[:5],
+            "outputs": [("tensor" if isinstance(t, torch.Tensor) else type(t).__name__) for t in outs]
+            if res.out is not None else None,
+            "tuple": isinstance(res.out, (tuple, list)),
+            "input_digests": {k: wire.digest(v) for k, v in call_args.items() if isinstance(v, torch.Tensor)},
+            "violations": sandbox.violations()}, out_tensors)
+
+
+def _signature(fn) -> List[List[Any]]:
+    import inspect
+    return [[p.name, int(p.kind), p.default is not inspect.Parameter.empty] for p in
+            inspect.signature(fn).parameters.values()]
+
+
+def _bind_tensors(req, tensors, cases, device):
+    """The call's arguments: a new case, or the same buffers again with the judge's new contents
+    (the judge reuses a case's tensors exactly where it did in one process: recycled buffers)."""
+    import torch
+    names = req["tensor_names"]
+    case_id = str(req.get("case"))
+    fresh = dict(zip(names, tensors[:len(names)]))  # already on the device, in the judge's exact layout
+    old = cases.get(case_id)
+    if old is not None and all(isinstance(old.get(n), torch.Tensor) and old[n].shape == fresh[n].shape and
+                               old[n].untyped_storage().nbytes() == fresh[n].untyped_storage().nbytes()
+                               for n in names):
+        for n in names:
+            old[n].untyped_storage().copy_(fresh[n].untyped_storage())
+        args = old
+    else:
+        args = dict(fresh)
+        cases[case_id] = args
+    for k, v in req.get("values", {}).items():
+        args[k] = v
+    return {k: args[k] for k in req["order"]}
+
+
+# -- the judge's side -------------------------------------------------------------------------
+
+class ExecutorError(Exception):
+    """The executor died, broke the protocol or did not answer in time: a verdict, not an outage."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class Executor:
+    """A sandboxed executor for one candidate file, driven by the judge."""
+
+    def __init__(self, path: str, op: str, device: str = "cpu", deadline: Optional[float] = None,
+                 skip_gate: bool = False, wrapper: Sequence[str] = (), env_extra: Optional[Dict[str, str]] = None):
+        from . import sandbox
+        self.path, self.op, self.device = path, op, device
+        self.deadline = deadline or (time.time() + 600)
+        self.scratch = sandbox.make_scratch("ka-exec-")
+        # the executor reads its own copy of the candidate, inside its scratch directory
+        self.file = os.path.join(self.scratch, "candidate.py")
+        with open(path, "rb") as src, open(self.file, "wb") as dst:
+            dst.write(src.read())
+        os.chmod(self.file, 0o644)  # readable by the sandbox identity whatever this process's umask
+        parent, child = socket.socketpair()
+        self.sock = parent
+        self.log_path = os.path.join(sandbox.make_scratch("ka-exec-log-"), "executor.log")
+        env = sandbox.child_env(self.scratch, env_extra)
+        if device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        else:
+            env.pop("TRITON_INTERPRET", None)
+        cpu_s = max(30, int(self.deadline - time.time()) + 30)
+        cmd = list(wrapper) + [sys.executable, "-m", "kernel_agent.sanitizer.executor", "--fd", str(child.fileno()),
+                               "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
+        if skip_gate:
+            cmd.append("--skip-gate")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, pass_fds=(child.fileno(),), start_new_session=True)
+        child.close()
+        self.calls = 0
+        self.hello: Dict[str, Any] = {}
+        self.violations: List[str] = []
+        self._case_ids = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> Dict[str, Any]:
+        """Wait for the executor to import the candidate; its hello names the sandbox and the signature."""
+        from . import wire
+        self.hello, _ = self._recv()
+        self.violations = wire.strings(self.hello.get("violations"))
+        return self.hello
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                from . import wire
+                self.sock.settimeout(1.0)
+                wire.send(self.sock, {"cmd": "exit"})
+                self.proc.wait(timeout=2)
+            except (OSError, wire.WireError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.sock.close()
+        import shutil
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(os.path.dirname(self.log_path), ignore_errors=True)
+
+    def finish(self, timeout_s: float = 60.0):
+        """Ask the executor to exit and wait for it; (exit code or None, the tail of its output). For the
+        tools that wrap it (compute-sanitizer reports when the process ends)."""
+        from . import wire
+        try:
+            self.sock.settimeout(5.0)
+            wire.send(self.sock, {"cmd": "exit"})
+        except (OSError, wire.WireError):
+            pass
+        try:
+            rc: Optional[int] = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        return rc, self.log_tail(16000)
+
+    def log_tail(self, limit: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - limit))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def death(self) -> str:
+        """Why the executor stopped answering, for the verdict."""
+        try:
+            rc = self.proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "the candidate's process stopped answering"
+        lines = [ln for ln in self.log_tail(2000).splitlines() if ln.strip()]
+        tail = lines[-1][:200] if lines else ""
+        if rc < 0 or rc >= 128:
+            import signal as _s
+            sig = -rc if rc < 0 else rc - 128
+            try:
+                name = _s.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            what = f"the candidate's process was killed by {name}"
+        else:
+            what = f"the candidate's process exited with code {rc}"
+        return what + (f": {tail!r}" if tail else "")
+
+    # -- calls -----------------------------------------------------------------------------
+    def _recv(self, max_payload: int = 1 << 20):
+        """The executor's next message; `max_payload` bounds what the judge will allocate for it."""
+        from . import wire
+        left = self.deadline - time.time()
+        if left > 0:
+            self.sock.settimeout(left)
+            try:
+                return wire.recv(self.sock, device="cpu", max_payload=max_payload)
+            except wire.WireError as e:
+                if time.time() < self.deadline:
+                    raise ExecutorError(f"{self.death()} ({e})") from None
+        self.kill()
+        raise ExecutorError("the candidate did not answer within the time limit", timed_out=True)
+
+    def kill(self) -> None:
+        import signal
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the outer process; the PID namespace takes the rest
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _send(self, header, tensors=()):
+        from . import wire
+        self.sock.settimeout(max(1.0, self.deadline - time.time()))
+        try:
+            wire.send(self.sock, header, tensors)
+        except (OSError, wire.WireError) as e:
+            raise ExecutorError(f"{self.death()} ({e})") from None
+
+    def reset(self) -> None:
+        self._send({"cmd": "reset"})
+        self._recv()
+
+    def call(self, case, *, bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
+             sentinel: int = 0, readable: Optional[Dict[str, Any]] = None, keep: bool = False):
+        """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU)."""
+        import torch
+        from . import wire
+        from .checks import RunResult
+        if not hasattr(case, "_executor_id"):
+            self._case_ids += 1
+            case._executor_id = self._case_ids
+        tensors = {k: v for k, v in case.args.items() if isinstance(v, torch.Tensor)}
+        values = {k: v for k, v in case.args.items() if not isinstance(v, torch.Tensor)}
+        readable = readable or {}
+        sent = {k: wire.digest(v) for k, v in tensors.items()}
+        payload = [v.cpu() for v in tensors.values()] + [m.cpu() for m in readable.values()]
+        self._send({"cmd": "call", "case": case._executor_id, "order": list(case.args), "tensor_names": list(tensors),
+                    "values": values, "readable": list(readable), "keep": keep,
+                    "opts": {"bounds": bounds, "order": order, "seed": seed, "fpsan": fpsan, "sentinel": sentinel}},
+                   payload)
+        # outputs are never larger than a few times the inputs: a bigger answer is refused unread
+        reply, outs = self._recv(max_payload=4 * sum(t.untyped_storage().nbytes() for t in payload) + (64 << 20))
+        self.calls += 1
+        self.violations = wire.strings(reply.get("violations"))
+        res = RunResult()
+        res.handle = wire.as_int(reply.get("call"))
+        res.error = wire.text(reply.get("error"), 400)
+        res.bounds = wire.strings(reply.get("bounds"))
+        res.guard = wire.strings(reply.get("guard"))
+        res.launches = wire.as_int(reply.get("launches"))
+        res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
+        after = reply.get("input_digests") if isinstance(reply.get("input_digests"), dict) else {}
+        res.mutated = [k for k, d in sent.items() if after.get(k) != d]
+        kinds = wire.optional_list(reply.get("outputs"))
+        if kinds is not None:
+            it = iter(outs)
+            vals = [next(it, None) if k == "tensor" else f"<{wire.text(k, 40)}>" for k in kinds]
+            res.out = tuple(vals) if reply.get("tuple") else (vals[0] if vals else None)
+        if self.violations and not res.error:
+            res.error = f"the sandbox refused: {self.violations[0]}"
+        return res
+
+    def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
+        from . import wire
+        self._send({"cmd": "digests", "call": handle})
+        reply, _ = self._recv()
+        return wire.optional_list(reply.get("digests"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

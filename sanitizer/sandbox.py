@@ -1,0 +1,500 @@
+"""The sandbox around every process that imports or runs candidate code.
+
+A candidate may come from a reward-hacking or prompt-injected model, so the process that
+runs it (the sanitizer's executor, the GPU checks' executors, the benchmark child) is
+confined before the candidate file is even read. Two halves:
+
+* `child_env` and `make_scratch`, used by the trusted parent when it starts the child:
+  the environment is an allowlist (no API keys, tokens or credentials reach the child),
+  and a fresh private scratch directory is its working directory, HOME and TMPDIR.
+* `enter`, called by the child itself as its first action, while it is still
+  single-threaded and before torch is imported. In order:
+
+  1. namespaces: a network namespace (no interface but a loopback that is down, so
+     every connect fails), a PID namespace and a mount namespace with its own /proc
+     (the child sees no other process of the host, and when its first process dies the
+     kernel kills every process left in it: nothing outlives the child), created as
+     root directly or, for an ordinary user, inside a user namespace;
+  2. resource limits: address space (CPU runs), file size, CPU time, open files, core
+     dumps off, and processes where the kernel enforces them (not for uid 0);
+  3. identity: started as root, it becomes `nobody` when the interpreter and the
+     package are readable to it, otherwise it stays uid 0 with every capability dropped
+     (bounding set included, so no exec can regain one);
+  4. no_new_privs, and the parent-death signal (the child dies with its parent);
+  5. Landlock: writes only beneath the scratch directory (and to the few device files
+     a run needs), TCP bind and connect denied (ABI 4+), signals and abstract unix
+     sockets scoped to the sandbox (ABI 6+);
+  6. a Python audit hook that refuses sockets, process creation (apart from the
+     compilers Triton runs on a GPU), writes outside scratch, and ctypes/dlopen after
+     start-up; every refusal is recorded, and the judge fails a verdict with any.
+
+Each layer that the host cannot provide is reported as missing (`Protections.missing`),
+never silently assumed. `kernel-agent sanitize --sandbox` prints what this host gives.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import resource
+import signal
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+NOBODY = 65534
+# What a child may inherit: locale, paths to the interpreter and libraries, the GPU it may use,
+# thread counts. Everything else (OPENAI_API_KEY, tokens, cloud credentials, ...) is dropped.
+ENV_ALLOWED = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES", "TRITON_INTERPRET", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH",
+    "TRITON_INSTRUMENTATION_MODE", "TRITON_FPSAN_HOMOMORPHIC_CASTS", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+    "TORCH_CUDA_ARCH_LIST", "CC",
+)
+# Variable names that are never passed on, even if a caller adds them to the allowlist.
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x4000, 0x40000, 0x2, 0x4, 0x8
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 38, 47, 4
+PR_SET_SECUREBITS, SECURE_NOROOT_ALL = 28, 0x3 | 0xC | 0x30  # noroot, no_setuid_fixup, keep_caps_locked ... locked
+
+# Landlock (linux/landlock.h): syscall numbers are the same on x86-64 and arm64.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LL_WRITE_FILE, LL_REMOVE_DIR, LL_REMOVE_FILE, LL_MAKE_CHAR, LL_MAKE_DIR = 1 << 1, 1 << 4, 1 << 5, 1 << 6, 1 << 7
+LL_MAKE_REG, LL_MAKE_SOCK, LL_MAKE_FIFO, LL_MAKE_BLOCK, LL_MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
+LL_REFER, LL_TRUNCATE = 1 << 13, 1 << 14
+LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1 << 0, 1 << 1
+LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
+# Device files a run writes to: /dev/null and friends, and the NVIDIA driver's nodes on a GPU.
+WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random")
+# Executables Triton runs on a GPU to compile a kernel and its launcher.
+GPU_TOOLS = ("ptxas", "ptxas-blackwell", "nvdisasm", "cuobjdump", "gcc", "cc", "clang", "x86_64-linux-gnu-gcc", "ldconfig",
+             "ldconfig.real", "nvidia-smi", "nvcc", "file")
+
+
+@dataclass
+class Limits:
+    """Resource limits of a sandboxed child (None: not limited)."""
+
+    memory_bytes: Optional[int] = 8 << 30  # address space; None on a GPU (CUDA reserves huge ranges)
+    cpu_seconds: Optional[int] = None      # set from the wall-clock limit by the parent
+    file_bytes: int = 1 << 30
+    open_files: int = 1024
+    processes: int = 512                   # threads count too; not enforced by the kernel for uid 0
+
+
+@dataclass
+class Protections:
+    """What `enter` put in place on this host, and what it could not."""
+
+    active: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        text = "; ".join(self.active)
+        if self.missing:
+            text += "; NOT AVAILABLE: " + "; ".join(self.missing)
+        return text
+
+
+def child_env(scratch: str, extra: Optional[Dict[str, str]] = None, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a sandboxed child: an allowlist of the parent's variables, with HOME, TMPDIR
+    and the caches pointed into its scratch directory. Names that look like secrets never pass."""
+    src = os.environ if base is None else base
+    env = {k: v for k, v in src.items() if k in ENV_ALLOWED and not _looks_secret(k)}
+    env.update({"HOME": scratch, "TMPDIR": scratch, "TMP": scratch, "TEMP": scratch,
+                "TRITON_CACHE_DIR": os.path.join(scratch, ".triton"), "TRITON_HOME": scratch,
+                "XDG_CACHE_HOME": os.path.join(scratch, ".cache"), "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1", "KA_SANDBOX_SCRATCH": scratch,
+                "KA_SANDBOX_IDENTITY": identity_plan()})
+    env.setdefault("PYTHONHASHSEED", "0")
+    for k, v in (extra or {}).items():
+        if not _looks_secret(k):
+            env[k] = v
+    return env
+
+
+def _looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(m in upper for m in _SECRET_MARKERS)
+
+
+def make_scratch(prefix: str = "ka-scratch-") -> str:
+    """A fresh private directory for one sandboxed child (owned by the sandbox identity). It lies in the
+    system's temporary directory, not under the caller's (whose own temporary directory may be private
+    to it, so that uid nobody could not reach a scratch directory inside it)."""
+    root = "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else None
+    path = tempfile.mkdtemp(prefix=prefix, dir=root)
+    os.chmod(path, 0o700)
+    if os.geteuid() == 0 and identity_plan() == "nobody":
+        os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+# -- the child's half ---------------------------------------------------------------------
+
+_libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _err(what: str) -> str:
+    e = ctypes.get_errno()
+    return f"{what}: {os.strerror(e) if e else 'failed'}"
+
+
+def _world_accessible(path: str, want_read: bool) -> bool:
+    """Whether uid `nobody` can reach `path` (every directory above it searchable by others)."""
+    path = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True  # a path that does not exist needs no access
+    need = (stat.S_IROTH if want_read else 0) | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) else 0)
+    if st.st_mode & need != need:
+        return False
+    parent = os.path.dirname(path)
+    while parent and parent != "/":
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(parent)
+    return True
+
+
+_plan: Optional[str] = None
+
+
+def identity_plan() -> str:
+    """'nobody' when started as root and uid nobody can read the interpreter, the package and the
+    import paths it needs; 'root-without-capabilities' when root but it cannot; 'self' when not root.
+    The parent decides (it owns the scratch directory) and the child obeys (KA_SANDBOX_IDENTITY), so
+    the two never disagree."""
+    global _plan
+    if _plan is None:
+        given = os.environ.get("KA_SANDBOX_IDENTITY")
+        if os.geteuid() != 0:
+            _plan = "self"
+        elif given in ("nobody", "root-without-capabilities"):
+            _plan = given
+        else:
+            import sysconfig
+            paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
+                     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+            paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+            paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            _plan = "nobody" if all(_world_accessible(p, True) for p in paths if p) else "root-without-capabilities"
+    return _plan
+
+
+def _unshare(prot: Protections) -> bool:
+    """Network, PID and mount namespaces; True when a PID namespace was made."""
+    libc = _c()
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
+    uid, gid = os.getuid(), os.getgid()
+    if os.geteuid() != 0:
+        flags |= CLONE_NEWUSER
+    if libc.unshare(flags) != 0:
+        prot.missing.append(_err("namespaces (network, PID, mount) could not be created") +
+                            ": the network is reachable unless Landlock blocks TCP, and a process the candidate "
+                            "starts outside the session could survive it")
+        return False
+    if flags & CLONE_NEWUSER:  # map our own ids, so nothing changes for file access
+        try:
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"{uid} {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"{gid} {gid} 1")
+        except OSError as e:
+            prot.missing.append(f"user namespace id maps: {e}")
+    prot.active.append("network namespace (no network)")
+    return True
+
+
+def _become_pid1(prot: Protections) -> None:
+    """Fork into the new PID namespace. The parent only waits and passes the exit status on; the
+    child is the namespace's first process: when it dies, the kernel kills everything left in it."""
+    pid = os.fork()
+    if pid:
+        _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:
+            os._exit(137)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda s, f: (os.kill(pid, signal.SIGKILL), os._exit(128 + s)))
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except ChildProcessError:
+                os._exit(1)
+            except InterruptedError:
+                continue
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    libc = _c()
+    # our own /proc: the host's processes (and their environments) are not visible
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0 and \
+            libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0:
+        prot.active.append("PID namespace with its own /proc (no other process visible; all die with it)")
+    else:
+        prot.active.append("PID namespace (all its processes die with it)")
+        prot.missing.append(_err("a private /proc could not be mounted") + ": host processes stay listed")
+
+
+def _limits(limits: Limits, prot: Protections) -> None:
+    def setl(which, value, label):
+        try:
+            resource.setrlimit(which, (value, value))
+            return label
+        except (ValueError, OSError) as e:
+            prot.missing.append(f"limit on {label}: {e}")
+            return None
+
+    done = [setl(resource.RLIMIT_CORE, 0, "core dumps (off)"),
+            setl(resource.RLIMIT_FSIZE, limits.file_bytes, f"file size ({limits.file_bytes >> 20} MiB)"),
+            setl(resource.RLIMIT_NOFILE, limits.open_files, f"open files ({limits.open_files})")]
+    if limits.memory_bytes:
+        done.append(setl(resource.RLIMIT_AS, limits.memory_bytes, f"memory ({limits.memory_bytes >> 30} GiB)"))
+    if limits.cpu_seconds:
+        done.append(setl(resource.RLIMIT_CPU, limits.cpu_seconds, f"CPU time ({limits.cpu_seconds} s)"))
+    if os.geteuid() != 0:
+        done.append(setl(resource.RLIMIT_NPROC, limits.processes, f"processes ({limits.processes})"))
+    prot.active.append("limits: " + ", ".join(d for d in done if d))
+
+
+def _drop_identity(scratch: str, prot: Protections) -> None:
+    libc = _c()
+    plan = identity_plan()
+    if plan == "self":
+        prot.active.append(f"runs as uid {os.getuid()} (not root)")
+        return
+    if plan == "nobody":
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        prot.active.append("unprivileged identity (uid nobody)")
+        return
+    # root, but the interpreter lies where nobody cannot read it: stay uid 0 without capabilities
+    libc.prctl(PR_SET_SECUREBITS, SECURE_NOROOT_ALL, 0, 0, 0)  # exec of anything grants no capability
+    last = 63
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        pass
+    for cap in range(last + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()
+    if libc.capset(ctypes.byref(hdr), data) != 0:
+        prot.missing.append(_err("capabilities could not be dropped") + ": the child keeps root's privileges")
+        return
+    prot.active.append("uid 0 without any capability (the interpreter is not readable to uid nobody here)")
+
+
+def landlock_abi() -> int:
+    try:
+        return max(0, int(_c().syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, 1)))
+    except (AttributeError, OSError):
+        return 0
+
+
+def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
+    libc = _c()
+    abi = landlock_abi()
+    if abi < 1:
+        prot.missing.append("Landlock (kernel without it): writes are limited only by file permissions and "
+                            "the audit hook")
+        return
+    write = LL_WRITE_FILE | LL_REMOVE_DIR | LL_REMOVE_FILE | LL_MAKE_CHAR | LL_MAKE_DIR | LL_MAKE_REG | \
+        LL_MAKE_SOCK | LL_MAKE_FIFO | LL_MAKE_BLOCK | LL_MAKE_SYM
+    if abi >= 2:
+        write |= LL_REFER
+    if abi >= 3:
+        write |= LL_TRUNCATE
+
+    class Attr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+    attr = Attr(write, (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
+                (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0)
+    size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    if ruleset < 0:
+        prot.missing.append(_err("Landlock ruleset"))
+        return
+    file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
+    targets = [(scratch, write)] + [(d, file_rights) for d in WRITABLE_DEVICES]
+    if gpu:
+        # the CUDA driver opens its device nodes read-write and writes files under /proc (without them
+        # cudaGetDeviceCount fails with error 304 on the H200); /proc is this process's own (PID
+        # namespace), so that exposes no other process
+        targets += [(os.path.join("/dev", n), file_rights) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
+        targets += [("/proc", file_rights)]
+    for path, rights in targets:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            rule = PathBeneath(rights, fd)
+            libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
+        finally:
+            os.close(fd)
+    if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+        prot.missing.append(_err("Landlock could not be enforced"))
+        os.close(ruleset)
+        return
+    os.close(ruleset)
+    what = [f"Landlock ABI {abi}: writes only in scratch"]
+    what.append("TCP bind/connect denied" if abi >= 4 else "TCP not covered (ABI < 4)")
+    if abi >= 6:
+        what.append("signals and abstract sockets scoped to the sandbox")
+    prot.active.append(", ".join(what))
+
+
+# -- the audit hook ------------------------------------------------------------------------
+
+_violations: List[str] = []
+_hook_state = {"scratch": "", "gpu": False, "armed": False}
+
+
+def violations() -> List[str]:
+    """What the audit hook refused so far (the executor returns these to the judge as evidence)."""
+    return list(_violations)
+
+
+def _refuse(what: str):
+    if len(_violations) < 50:
+        _violations.append(what[:300])
+    raise PermissionError(f"sandbox: {what[:200]}")
+
+
+def _inside_scratch(path) -> bool:
+    try:
+        p = os.path.realpath(os.fsdecode(path)) if not isinstance(path, int) else ""
+    except (TypeError, ValueError):
+        return False
+    s = _hook_state["scratch"]
+    return bool(p) and (p == s or p.startswith(s + os.sep) or p in WRITABLE_DEVICES or
+                        (_hook_state["gpu"] and p.startswith("/dev/nvidia")))
+
+
+def _audit(event: str, args) -> None:
+    if not _hook_state["armed"]:
+        return
+    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+                 "socket.gethostbyname", "socket.__new__") and not (event == "socket.__new__" and args and
+                                                                     args[1] == 1):  # AF_UNIX pairs are ours
+        _refuse(f"network access ({event})")
+    elif event in ("os.exec", "os.posix_spawn", "os.spawn"):
+        # subprocess.Popen (audited above) spawns through these; on a GPU Triton runs its compilers
+        exe = os.path.basename(os.fsdecode(args[0])) if args and isinstance(args[0], (str, bytes)) else ""
+        if not (_hook_state["gpu"] and exe in GPU_TOOLS):
+            _refuse(f"process control ({event} {exe})")
+    elif event in ("os.system", "os.fork", "os.forkpty", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill"):
+        _refuse(f"process control ({event})")
+    elif event == "subprocess.Popen":
+        exe = os.path.basename(os.fsdecode(args[0])) if args and args[0] else ""
+        if not (_hook_state["gpu"] and exe in GPU_TOOLS):
+            _refuse(f"process creation (subprocess {exe or '?'})")
+    elif event == "open" and len(args) >= 2:
+        path, mode = args[0], args[1]
+        flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+            bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
+        if writing and not isinstance(path, int) and not _inside_scratch(path):
+            _refuse(f"write outside scratch ({os.fsdecode(path)[:120]})")
+    elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
+                   "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile"):
+        path = args[0] if args else ""
+        if not _inside_scratch(path):
+            _refuse(f"filesystem change outside scratch ({event} {os.fsdecode(path)[:120] if path else ''})")
+    elif event in ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.string_at",
+                   "ctypes.wstring_at", "ctypes.call_function"):
+        if not _hook_state["gpu"]:
+            _refuse(f"native code through ctypes ({event})")
+    elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents") and not _hook_state["gpu"]:
+        _refuse(f"introspection ({event})")  # (torch.compile, an anchor timed beside GPU kernels, walks them)
+
+
+def arm_audit_hook() -> None:
+    """Start refusing (after the trusted imports: torch and triton do some of these things while they load)."""
+    _hook_state["armed"] = True
+
+
+# -- entering the sandbox -------------------------------------------------------------------
+
+def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None) -> Protections:
+    """Confine this process (call it first thing, single-threaded, before importing torch)."""
+    prot = Protections()
+    limits = limits or Limits()
+    if gpu:
+        limits.memory_bytes = None
+    scratch = os.path.realpath(scratch)
+    os.chdir(scratch)
+    if platform.system() != "Linux":
+        prot.missing.append(f"every kernel-level protection ({platform.system()} is not Linux)")
+        _finish(scratch, gpu, prot)
+        return prot
+    _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _unshare(prot):
+        _become_pid1(prot)
+    _limits(limits, prot)
+    _drop_identity(scratch, prot)
+    if _c().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+        prot.active.append("no_new_privs")
+    _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by a change of identity: set again
+    _landlock(scratch, gpu, prot)
+    _finish(scratch, gpu, prot)
+    return prot
+
+
+def _finish(scratch: str, gpu: bool, prot: Protections) -> None:
+    _hook_state.update(scratch=scratch, gpu=gpu)
+    sys.addaudithook(_audit)
+    prot.active.append("audit hook (sockets, processes, writes outside scratch, native code, object-graph walks)")
+
+
+def host_protections(gpu: bool = False) -> Protections:
+    """What `enter` gives on this host, found by entering it in a throwaway child."""
+    import json
+    import subprocess
+    scratch = make_scratch()
+    try:
+        code = ("import json,sys; from kernel_agent.sanitizer import sandbox as s; p = s.enter(sys.argv[1], "
+                "sys.argv[2] == '1'); print(json.dumps([p.active, p.missing]))")
+        r = subprocess.run([sys.executable, "-c", code, scratch, "1" if gpu else "0"], env=child_env(scratch),
+                           capture_output=True, text=True, timeout=60, cwd=scratch)
+        active, missing = json.loads(r.stdout.strip().splitlines()[-1])
+        return Protections(active, missing)
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
+        return Protections([], [f"the sandbox could not be entered: {e}"])
+    finally:
+        import shutil
+        shutil.rmtree(scratch, ignore_errors=True)
+

@@ -1,0 +1,131 @@
+"""The channel between the trusted judge and the sandboxed executor that runs a candidate.
+
+A message is a JSON header and raw tensor storages, framed by lengths. Nothing is
+unpickled: the judge only ever parses JSON and copies bytes into tensors of an allowed
+dtype, shape and stride, and it validates sizes before it allocates. A tensor travels
+with its whole storage and its view (shape, stride, offset), so strided inputs keep the
+garbage between their elements and the executor sees exactly what the judge built.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import struct
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+MAX_HEADER = 4 << 20
+MAX_PAYLOAD = 64 << 30
+WIRE_DTYPES = {str(d).replace("torch.", ""): d for d in (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
+    torch.int64, torch.bool)}
+
+
+class WireError(Exception):
+    """The peer broke the protocol, closed the channel, or did not answer in time."""
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except socket.timeout:
+            raise WireError("no answer in time") from None
+        except OSError as e:
+            raise WireError(f"channel error: {e}") from None
+        if k == 0:
+            raise WireError("the other side closed the channel")
+        got += k
+    return bytes(buf)
+
+
+def describe(t: torch.Tensor) -> Dict[str, Any]:
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "stride": list(t.stride()),
+            "offset": int(t.storage_offset()), "nbytes": int(t.untyped_storage().nbytes())}
+
+
+def storage_bytes(t: torch.Tensor) -> bytes:
+    st = t.untyped_storage()
+    if st.device.type != "cpu":
+        st = st.cpu()
+    return bytes(memoryview(torch.empty(0, dtype=torch.uint8).set_(st).numpy()))
+
+
+def digest(t: torch.Tensor) -> str:
+    """A hash of a tensor's whole storage (the bytes around a strided view included)."""
+    return hashlib.sha256(storage_bytes(t)).hexdigest()
+
+
+def send(sock: socket.socket, header: Dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> None:
+    header = dict(header, tensors=[describe(t) for t in tensors])
+    body = json.dumps(header).encode()
+    sock.sendall(struct.pack("<QQ", len(body), sum(d["nbytes"] for d in header["tensors"])) + body)
+    for t in tensors:
+        sock.sendall(storage_bytes(t))
+
+
+def _tensor(desc: Dict[str, Any], raw: bytes, device: str) -> torch.Tensor:
+    dtype = WIRE_DTYPES.get(desc.get("dtype"))
+    if dtype is None:
+        raise WireError(f"tensor of a dtype that is not allowed: {str(desc.get('dtype'))[:40]}")
+    shape, stride, offset = desc.get("shape"), desc.get("stride"), desc.get("offset")
+    if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride) <= 8 and
+            all(isinstance(x, int) and x >= 0 for x in shape + stride) and isinstance(offset, int) and offset >= 0):
+        raise WireError("malformed tensor description")
+    esize = torch.empty(0, dtype=dtype).element_size()
+    if len(raw) % esize:
+        raise WireError("tensor storage is not a whole number of elements")
+    if all(s > 0 for s in shape):
+        last = offset + sum((s - 1) * st for s, st in zip(shape, stride))
+        if (last + 1) * esize > len(raw):
+            raise WireError("tensor view reaches past its storage")
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    storage = flat.view(dtype) if raw else torch.empty(0, dtype=dtype)
+    if device != "cpu":
+        storage = storage.to(device)
+    return torch.as_strided(storage, shape, stride, offset)
+
+
+def recv(sock: socket.socket, device: str = "cpu",
+         max_payload: int = MAX_PAYLOAD) -> Tuple[Dict[str, Any], List[torch.Tensor]]:
+    hlen, plen = struct.unpack("<QQ", _recv_exact(sock, 16))
+    if hlen > MAX_HEADER or plen > max_payload:
+        raise WireError(f"message too large (header {hlen} bytes, payload {plen} bytes)")
+    try:
+        header = json.loads(_recv_exact(sock, hlen))
+    except ValueError:
+        raise WireError("the header is not JSON") from None
+    if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
+        raise WireError("malformed header")
+    descs = header.pop("tensors", [])
+    if sum(int(d.get("nbytes", 0)) if isinstance(d, dict) else 0 for d in descs) != plen:
+        raise WireError("payload length does not match the tensor descriptions")
+    tensors = []
+    for d in descs:
+        n = d.get("nbytes")
+        if not isinstance(n, int) or n < 0:
+            raise WireError("malformed tensor size")
+        tensors.append(_tensor(d, _recv_exact(sock, n), device))
+    return header, tensors
+
+
+def text(value: Any, limit: int = 300) -> str:
+    """A string from the untrusted side, bounded."""
+    return str(value)[:limit] if value is not None else ""
+
+
+def strings(value: Any, limit: int = 20) -> List[str]:
+    return [text(v) for v in value[:limit]] if isinstance(value, list) else []
+
+
+def as_int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def optional_list(value: Any) -> Optional[list]:
+    return value if isinstance(value, list) else None

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The trust boundary on a GPU machine, in one command of under ten minutes:
+#   sandbox:  what the candidate sandbox gets on this host (`kernel-agent sanitize --sandbox`)
+#   baselines: every baseline through the full sanitizer with the GPU checks (the GPU checks'
+#             executors and compute-sanitizer run under the sandbox), timed per file
+#   tests:    the GPU tests (tests/test_gpu.py), which include a hostile candidate on the GPU paths
+#   run:      a short `kernel-agent run` of the built-in search over all five ops (RUN_LIMIT, 150s)
+# STEPS picks them (default "sandbox baselines tests run"). Prints a summary table last.
+# Usage: [STEPS=...] [RUN_LIMIT=150s] bash scripts/gpu_trust.sh OUTDIR
+set -u
+DEST=$1
+STEPS=${STEPS:-sandbox benchprobe baselines tests run}
+OUT=$(mktemp -d /tmp/ka-trust-XXXX)  # everything lands here, then in DEST/trust.tgz (few files travel back)
+mkdir -p "$DEST"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export KA=${KA:-/tmp/ka} KERNEL_AGENT_CACHE=${KERNEL_AGENT_CACHE:-/tmp/ka/cache}
+CLI="python3 -m kernel_agent.agent.cli"
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], sys.executable, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+summary=()
+if [[ " $STEPS " == *" sandbox "* ]]; then
+  $CLI sanitize --sandbox > "$OUT/sandbox.txt" 2>&1; rc=$?
+  cat "$OUT/sandbox.txt"; summary+=("sandbox: exit $rc")
+fi
+if [[ " $STEPS " == *" baselines "* ]]; then
+  for op in matmul attention decode_attention quantize_kv decode_attention_int8; do
+    ( t0=$(date +%s)
+      timeout 420 $CLI sanitize --op $op kernels/baseline/$op.py --gpu on --json > "$OUT/sanitize_$op.json" 2> "$OUT/sanitize_$op.err"
+      echo "sanitize $op (full + gpu, five files at once): exit $?, $(( $(date +%s) - t0 )) s" > "$OUT/sum_$op.txt" ) &
+  done
+  wait
+  for op in matmul attention decode_attention quantize_kv decode_attention_int8; do summary+=("$(cat "$OUT/sum_$op.txt")"); done
+fi
+if [[ " $STEPS " == *" benchprobe "* ]]; then
+  timeout 200 python3 -c "
+from kernel_agent.harness.bench_worker import run_bench_isolated
+from kernel_agent.harness.ops import get_op
+d = run_bench_isolated({'op': 'quantize_kv', 'shapes': [get_op('quantize_kv').shapes('serving')[0].key()], 'dtype': 'bfloat16',
+                        'seed': 0, 'kernels': [{'label': 'candidate', 'file': None}]})
+print('bench probe: error', d.get('error'), '| refused', d.get('sandbox_refused'))
+for r in d.get('results', []):
+    for m in r['measurements']:
+        print('  ', m['label'], m.get('median_ms'), m.get('graph_ms'), (m.get('error') or '')[:300])
+print(d.get('log', '')[-1500:])
+" > "$OUT/benchprobe.txt" 2>&1
+  head -c 2500 "$OUT/benchprobe.txt"; summary+=("bench probe: $(head -n 1 "$OUT/benchprobe.txt" | cut -c1-200)")
+fi
+if [[ " $STEPS " == *" tests "* ]]; then
+  t0=$(date +%s)
+  timeout 420 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
+  rc=$?; summary+=("gpu tests: exit $rc, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests.txt")")
+fi
+if [[ " $STEPS " == *" run "* ]]; then
+  rm -rf "$KA/serving" "$KA/run"; mkdir -p "$KA/run"; cp -r kernels/serving "$KA/serving"
+  t0=$(date +%s)
+  KERNEL_AGENT_SERVING_DIR=$KA/serving timeout -s INT 400 $CLI run --proposer search --candidates 12 \
+    --time-limit "${RUN_LIMIT:-150s}" --ledger "$KA/run/ledger.db" --candidates-dir "$KA/run/candidates" > "$OUT/run.txt" 2>&1
+  rc=$?; summary+=("run, all five ops: exit $rc, $(( $(date +%s) - t0 )) s")
+  tail -n 12 "$OUT/run.txt"
+  cp "$KA/run/ledger.db" "$OUT/run_ledger.db" 2>/dev/null
+fi
+echo
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+tar czf "$DEST/trust.tgz" -C "$OUT" .
+cp "$OUT/summary.txt" "$DEST/"
