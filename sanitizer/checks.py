@@ -353,7 +353,8 @@ def check_load(subject: Subject, s: Settings) -> str:
         p = sig.parameters.get(name)
         if p is None or p.default is inspect.Parameter.empty:
             raise CheckFailed(f"`{name}` must be an optional keyword argument (contract: {op.contract.splitlines()[0]})")
-    return f"{subject.op.name}{sig}"
+    return f"{subject.op.name}{sig}; inputs from seed base {subject.seed_base} (`--seed {subject.seed_base}` " \
+           f"reproduces them)"
 
 
 def check_runs(subject: Subject, s: Settings) -> str:
