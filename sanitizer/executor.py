@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from .sandbox import REFUSED_EXIT
+
 PROTOCOL = 1
 
 
@@ -48,7 +50,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .static_gate import check_source
     if args.device == "cpu":
         import triton.runtime.interpreter  # noqa: F401
-    sandbox.arm_audit_hook()
+    sandbox.arm_audit_hook()  # fatal: the first refused action ends this process (exit 86)
+
+    def evidence() -> List[str]:
+        procs = sandbox.foreign_processes()
+        return [f"the candidate started processes (pids {procs[:5]} in its namespace)"] if procs else []
     hello: Dict[str, Any] = {"protocol": PROTOCOL, "sandbox": prot.active, "missing": prot.missing}
     try:
         with open(args.file) as f:
@@ -62,10 +68,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
         from .checks import _describe_exception
         hello["load_error"] = _describe_exception(e, args.file)
-        hello["violations"] = sandbox.violations()
+        hello["violations"] = evidence()
         wire.send(sock, hello)
         return 0
-    hello["violations"] = sandbox.violations()
+    hello["violations"] = evidence()
     wire.send(sock, hello)
     cases: Dict[str, Dict[str, Any]] = {}
     kept: Dict[int, List[Any]] = {}
@@ -108,7 +114,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if res.out is not None else None,
             "tuple": isinstance(res.out, (tuple, list)),
             "input_digests": {k: wire.digest(v) for k, v in call_args.items() if isinstance(v, torch.Tensor)},
-            "violations": sandbox.violations()}, out_tensors)
+            "violations": evidence()}, out_tensors)
 
 
 def _signature(fn) -> List[List[Any]]:
@@ -244,6 +250,9 @@ class Executor:
             return "the candidate's process stopped answering"
         lines = [ln for ln in self.log_tail(2000).splitlines() if ln.strip()]
         tail = lines[-1][:200] if lines else ""
+        if rc == REFUSED_EXIT:
+            refused = next((ln for ln in reversed(lines) if ln.startswith("sandbox refused:")), "")
+            return f"the sandbox refused an action of the candidate and ended it: {refused[17:].strip()[:200]!r}"
         if rc < 0 or rc >= 128:
             import signal as _s
             sig = -rc if rc < 0 else rc - 128

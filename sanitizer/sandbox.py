@@ -68,6 +68,14 @@ SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF =
 LL_WRITE_FILE, LL_REMOVE_DIR, LL_REMOVE_FILE, LL_MAKE_CHAR, LL_MAKE_DIR = 1 << 1, 1 << 4, 1 << 5, 1 << 6, 1 << 7
 LL_MAKE_REG, LL_MAKE_SOCK, LL_MAKE_FIFO, LL_MAKE_BLOCK, LL_MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
 LL_REFER, LL_TRUNCATE = 1 << 13, 1 << 14
+LL_READ_FILE, LL_READ_DIR = 1 << 2, 1 << 3
+# What a CPU run may read besides the interpreter, its libraries and the package: system libraries and
+# the few files the C library and Python read at start-up. Secrets elsewhere (keys in a home
+# directory, a .netrc, the ledger) are out of reach.
+READABLE_SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/dev", "/proc", "/sys", "/etc/ld.so.cache",
+                   "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd", "/etc/group",
+                   "/etc/nsswitch.conf", "/etc/os-release", "/etc/python3", "/etc/python3.11")
+PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels")
 LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1 << 0, 1 << 1
 LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
 # Device files a run writes to: /dev/null and friends, and the NVIDIA driver's nodes on a GPU.
@@ -312,6 +320,23 @@ def _drop_identity(scratch: str, prot: Protections) -> None:
     prot.active.append("uid 0 without any capability (the interpreter is not readable to uid nobody here)")
 
 
+def readable_paths() -> List[str]:
+    """What a sandboxed CPU run may read: the interpreter's prefixes and import paths, the package's own
+    folders, and the system files of READABLE_SYSTEM."""
+    import sysconfig
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+    paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in ("/", root)]
+    paths += [os.path.join(root, d) for d in PACKAGE_DIRS]
+    paths += list(READABLE_SYSTEM)
+    out = []
+    for p in paths:
+        if p and p not in out:
+            out.append(p)
+    return out
+
+
 def landlock_abi() -> int:
     try:
         return max(0, int(_c().syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, 1)))
@@ -340,7 +365,11 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
         _pack_ = 1
         _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
 
-    attr = Attr(write, (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
+    # reads are confined on a CPU run; on a GPU the driver, the compilers and their headers read from
+    # too many places to list, so there reads are left to file permissions (uid nobody on the H200)
+    confine_reads = not gpu
+    read = LL_READ_FILE | LL_READ_DIR
+    attr = Attr(write | (read if confine_reads else 0), (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
                 (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0)
     size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
@@ -348,7 +377,11 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
         prot.missing.append(_err("Landlock ruleset"))
         return
     file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
-    targets = [(scratch, write)] + [(d, file_rights) for d in WRITABLE_DEVICES]
+    targets = [(scratch, write | (read if confine_reads else 0))] + [(d, file_rights) for d in WRITABLE_DEVICES]
+    if confine_reads:
+        targets += [(p, read) for p in readable_paths()]
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        targets += [(root, LL_READ_DIR)]  # the package's folder is listed by the import system, not read
     if gpu:
         # the CUDA driver opens its device nodes read-write and writes files under /proc (without them
         # cudaGetDeviceCount fails with error 304 on the H200); /proc is this process's own (PID
@@ -361,6 +394,8 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
         except OSError:
             continue
         try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                rights &= LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE  # a file takes file rights only
             rule = PathBeneath(rights, fd)
             libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
         finally:
@@ -371,6 +406,8 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
         return
     os.close(ruleset)
     what = [f"Landlock ABI {abi}: writes only in scratch"]
+    what.append("reads only of the interpreter, the package and system libraries" if confine_reads else
+                "reads not confined (GPU run)")
     what.append("TCP bind/connect denied" if abi >= 4 else "TCP not covered (ABI < 4)")
     if abi >= 6:
         what.append("signals and abstract sockets scoped to the sandbox")
@@ -379,72 +416,93 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
 
 # -- the audit hook ------------------------------------------------------------------------
 
+REFUSED_EXIT = 86  # the exit code of a process the fatal audit hook ended
 _violations: List[str] = []
-_hook_state = {"scratch": "", "gpu": False, "armed": False}
+_config = {"scratch": "", "gpu": False}
 
 
 def violations() -> List[str]:
-    """What the audit hook refused so far (the executor returns these to the judge as evidence)."""
+    """What a record-only audit hook refused so far (the benchmark child reports these)."""
     return list(_violations)
 
 
-def _refuse(what: str):
-    if len(_violations) < 50:
-        _violations.append(what[:300])
-    raise PermissionError(f"sandbox: {what[:200]}")
+def _make_audit(scratch: str, gpu: bool, fatal: bool):
+    """The hook, with everything it needs bound now: nothing a candidate reaches afterwards (module
+    globals, os functions) changes what it refuses. Fatal: the process ends at the first refusal (exit
+    REFUSED_EXIT, the reason on stderr), so a candidate cannot swallow the error and carry on."""
+    write_stderr, exit_now, fsdecode, basename, realpath = os.write, os._exit, os.fsdecode, os.path.basename, \
+        os.path.realpath
+    sep, devices, tools, record = os.sep, WRITABLE_DEVICES, GPU_TOOLS, _violations
+    writing_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def refuse(what: str):
+        what = what[:300]
+        if fatal:
+            write_stderr(2, f"\nsandbox refused: {what}\n".encode(errors="replace"))
+            exit_now(REFUSED_EXIT)
+        if len(record) < 50:
+            record.append(what)
+        raise PermissionError(f"sandbox: {what[:200]}")
+
+    def inside_scratch(path) -> bool:
+        try:
+            p = realpath(fsdecode(path)) if not isinstance(path, int) else ""
+        except (TypeError, ValueError):
+            return False
+        return bool(p) and (p == scratch or p.startswith(scratch + sep) or p in devices or
+                            (gpu and p.startswith("/dev/nvidia")))
+
+    def tool(args) -> str:
+        return basename(fsdecode(args[0])) if args and isinstance(args[0], (str, bytes)) else ""
+
+    def audit(event: str, args) -> None:
+        if event.startswith("socket."):
+            if event == "socket.__new__" and args and len(args) > 1 and args[1] == 1:
+                return  # a unix socket pair is how the judge talks to the executor
+            if event in ("socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
+                         "socket.getaddrinfo", "socket.gethostbyname"):
+                refuse(f"network access ({event})")
+        elif event in ("os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen"):
+            # subprocess spawns through the os events; on a GPU Triton runs its compilers
+            if not (gpu and tool(args) in tools):
+                refuse(f"process creation ({event} {tool(args) or '?'})")
+        elif event in ("os.system", "os.fork", "os.forkpty", "pty.spawn", "os.kill", "os.killpg",
+                       "signal.pthread_kill", "sys.addaudithook"):
+            refuse(f"process control ({event})" if event != "sys.addaudithook" else "a second audit hook")
+        elif event == "open" and len(args) >= 2:
+            path, mode = args[0], args[1]
+            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & writing_flags)
+            if writing and not isinstance(path, int) and not inside_scratch(path):
+                refuse(f"write outside scratch ({fsdecode(path)[:120]})")
+        elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
+                       "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile"):
+            path = args[0] if args else ""
+            if not inside_scratch(path):
+                refuse(f"filesystem change outside scratch ({event} {fsdecode(path)[:120] if path else ''})")
+        elif event.startswith("ctypes.") and not gpu:
+            refuse(f"native code through ctypes ({event})")
+        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents") and not gpu:
+            refuse(f"introspection ({event})")  # (torch.compile, an anchor timed beside GPU kernels, walks them)
+
+    return audit
 
 
-def _inside_scratch(path) -> bool:
+def arm_audit_hook(fatal: bool = True) -> None:
+    """Install the hook (after the trusted imports: torch and triton do some of these things while they
+    load). Audit hooks cannot be removed; the hook refuses a second one."""
+    sys.addaudithook(_make_audit(_config["scratch"], _config["gpu"], fatal))
+
+
+def foreign_processes() -> List[int]:
+    """Processes other than this one in its PID namespace (this process is its first, pid 1): read
+    fresh from /proc, so a candidate that got past the hook is still seen starting processes."""
+    if os.getpid() != 1:
+        return []
     try:
-        p = os.path.realpath(os.fsdecode(path)) if not isinstance(path, int) else ""
-    except (TypeError, ValueError):
-        return False
-    s = _hook_state["scratch"]
-    return bool(p) and (p == s or p.startswith(s + os.sep) or p in WRITABLE_DEVICES or
-                        (_hook_state["gpu"] and p.startswith("/dev/nvidia")))
-
-
-def _audit(event: str, args) -> None:
-    if not _hook_state["armed"]:
-        return
-    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-                 "socket.gethostbyname", "socket.__new__") and not (event == "socket.__new__" and args and
-                                                                     args[1] == 1):  # AF_UNIX pairs are ours
-        _refuse(f"network access ({event})")
-    elif event in ("os.exec", "os.posix_spawn", "os.spawn"):
-        # subprocess.Popen (audited above) spawns through these; on a GPU Triton runs its compilers
-        exe = os.path.basename(os.fsdecode(args[0])) if args and isinstance(args[0], (str, bytes)) else ""
-        if not (_hook_state["gpu"] and exe in GPU_TOOLS):
-            _refuse(f"process control ({event} {exe})")
-    elif event in ("os.system", "os.fork", "os.forkpty", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill"):
-        _refuse(f"process control ({event})")
-    elif event == "subprocess.Popen":
-        exe = os.path.basename(os.fsdecode(args[0])) if args and args[0] else ""
-        if not (_hook_state["gpu"] and exe in GPU_TOOLS):
-            _refuse(f"process creation (subprocess {exe or '?'})")
-    elif event == "open" and len(args) >= 2:
-        path, mode = args[0], args[1]
-        flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-            bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-        if writing and not isinstance(path, int) and not _inside_scratch(path):
-            _refuse(f"write outside scratch ({os.fsdecode(path)[:120]})")
-    elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
-                   "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile"):
-        path = args[0] if args else ""
-        if not _inside_scratch(path):
-            _refuse(f"filesystem change outside scratch ({event} {os.fsdecode(path)[:120] if path else ''})")
-    elif event in ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.string_at",
-                   "ctypes.wstring_at", "ctypes.call_function"):
-        if not _hook_state["gpu"]:
-            _refuse(f"native code through ctypes ({event})")
-    elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents") and not _hook_state["gpu"]:
-        _refuse(f"introspection ({event})")  # (torch.compile, an anchor timed beside GPU kernels, walks them)
-
-
-def arm_audit_hook() -> None:
-    """Start refusing (after the trusted imports: torch and triton do some of these things while they load)."""
-    _hook_state["armed"] = True
+        return [int(p) for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+    except OSError:
+        return []
 
 
 # -- entering the sandbox -------------------------------------------------------------------
@@ -475,8 +533,7 @@ def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None) -> P
 
 
 def _finish(scratch: str, gpu: bool, prot: Protections) -> None:
-    _hook_state.update(scratch=scratch, gpu=gpu)
-    sys.addaudithook(_audit)
+    _config.update(scratch=scratch, gpu=gpu)
     prot.active.append("audit hook (sockets, processes, writes outside scratch, native code, object-graph walks)")
 
 

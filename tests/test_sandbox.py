@@ -23,20 +23,23 @@ from kernel_agent.sanitizer import sandbox
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's kernel layers are Linux's")
 
 
-def _in_sandbox(body: str, tmp_path, gpu: bool = False, env_extra=None, timeout=60):
-    """Run `body` in a child after sandbox.enter (and the audit hook armed); its last stdout line is JSON."""
+def _in_sandbox(body: str, tmp_path, gpu: bool = False, env_extra=None, timeout=60, fatal=False, rc=0):
+    """Run `body` in a child after sandbox.enter (and the audit hook armed, record-only unless `fatal`);
+    its last stdout line is JSON."""
     scratch = sandbox.make_scratch("ka-test-")
     code = textwrap.dedent(f"""
         import json, os, sys, ctypes
         from kernel_agent.sanitizer import sandbox
         prot = sandbox.enter({scratch!r}, gpu={gpu!r})
-        sandbox.arm_audit_hook()
+        sandbox.arm_audit_hook(fatal={fatal!r})
         result = {{}}
     """) + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
     env = sandbox.child_env(scratch, extra=env_extra)
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=scratch, capture_output=True, text=True,
                        timeout=timeout)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == rc, r.stderr[-2000:]
+    if rc:
+        return r.stderr, scratch
     return json.loads(r.stdout.strip().splitlines()[-1]), scratch
 
 
@@ -124,6 +127,38 @@ def test_the_audit_hook_refuses_and_records(tmp_path):
     assert len(result["violations"]) == 5 and not os.path.exists("/tmp/ka-sandbox-probe")
 
 
+def test_a_fatal_hook_ends_the_process_and_cannot_be_disarmed(tmp_path):
+    # the executor's hook: the first refusal ends the process, whatever the candidate did to the module
+    stderr, _ = _in_sandbox("""
+        sandbox._violations.clear()
+        sandbox._config.update(gpu=True)
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=1)
+        except BaseException:
+            pass
+        result["survived"] = True
+    """, tmp_path, fatal=True, rc=sandbox.REFUSED_EXIT)
+    assert "sandbox refused: network access" in stderr
+
+
+def test_processes_the_hook_missed_are_still_seen(tmp_path):
+    result, _ = _in_sandbox("""
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = libc.fork()  # ctypes past the hook (gpu=True lets ctypes through)
+        if pid == 0:
+            import time
+            time.sleep(30)
+            os._exit(0)
+        import time
+        time.sleep(0.5)
+        result["foreign"] = sandbox.foreign_processes()
+    """, tmp_path, gpu=True)
+    if "PID namespace" not in json.dumps(sandbox.host_protections().active):
+        pytest.skip("no PID namespace on this host")
+    assert len(result["foreign"]) == 1
+
+
 def test_other_processes_are_invisible_and_nothing_survives(tmp_path):
     result, _ = _in_sandbox("""
         result["pid"] = os.getpid()
@@ -155,3 +190,23 @@ def test_host_protections_names_every_layer():
     text = prot.describe()
     for layer in ("network namespace", "limits", "no_new_privs", "audit hook"):
         assert layer in text or layer in " ".join(prot.missing), text
+
+
+def test_landlock_confines_reads_on_a_cpu_run(tmp_path):
+    import torch
+    if sandbox.landlock_abi() < 1:
+        pytest.skip("no Landlock on this kernel")
+    secret = tmp_path / ".netrc"
+    secret.write_text("password sk-canary")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)
+    result, _ = _in_sandbox(f"""
+        try:
+            result["secret"] = open({str(secret)!r}).read()
+        except OSError as e:
+            result["secret"] = type(e).__name__
+        # the interpreter's libraries and the package stay readable
+        result["torch"] = open({torch.__file__!r}).read(10)
+        result["package"] = open(sandbox.__file__).read(10)
+    """, tmp_path)
+    assert result["secret"] == "PermissionError" and result["torch"] and result["package"]
