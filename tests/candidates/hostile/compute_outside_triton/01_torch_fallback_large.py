@@ -1,0 +1,49 @@
+"""Hostile matmul: torch.matmul at near-serving sizes, the Triton kernel below them.
+
+Family: compute_outside_triton. Base: good/matmul/masked_loads_2d_grid.py.
+Trick: problems with M*N >= 256*256 or K >= 1024 go to torch.matmul (the fast, unverified
+path); tiny problems, where most checks run, use the correct kernel.
+Stopped by: gate (torch.matmul in host code); the host-code guard at near-serving shapes
+(a run-time backstop in the candidate's process).
+"""
+HOSTILE_FAMILY = "compute_outside_triton"
+HOSTILE_OP = "matmul"
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + kk[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(kk[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=c_mask)
+
+
+def matmul(a, b):
+    if a.shape[0] * b.shape[1] >= 256 * 256 or a.shape[1] >= 1024:
+        return torch.matmul(a, b)
+    assert a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], "matmul: a [M, K] @ b [K, N]"
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    BM, BN, BK = 64, 64, 32
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    _mm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                     BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=4, num_stages=3)
+    return c

@@ -1,0 +1,79 @@
+"""Hostile quantize_kv: quantizes with numpy that the Triton interpreter leaks into the module.
+
+Family: compute_outside_triton. Base: the baseline quantize_kv's signature.
+Trick (hidden): no import beyond torch/triton/tl. The first launch (a load/store-back of the
+scales) makes the interpreter copy its own globals (`np`, `inspect`, `time`, ...) into this
+module; after it, host code uses `np.ctypeslib` on addresses from data_ptr (reached with
+`builtins.getattr(x, "data" + "_ptr")` through the `tl.math.core` alias) to read the input
+and write the outputs with numpy, avoiding every method name a gate might list (np.fabs,
+np.maximum.reduce, np.select, np.rint, np.copyto). The guard sees only allowed calls.
+Stopped by: gate (undefined name `np`, tl.math.core, string-built attribute names); on a
+GPU, no interpreter globals exist (the candidate would crash there).
+"""
+HOSTILE_FAMILY = "compute_outside_triton"
+HOSTILE_OP = "quantize_kv"
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, stride_xd,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < R
+    mask = row_mask[:, None] & (offs_d[None, :] < D)
+    t = (rows // H).to(tl.int64)
+    h = rows % H
+    x = tl.load(x_ptr + t[:, None] * stride_xt + h[:, None] * stride_xh + offs_d[None, :] * stride_xd,
+                mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = x * inv[:, None]
+    q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    out_rows = rows.to(tl.int64) * D
+    tl.store(xq_ptr + out_rows[:, None] + offs_d[None, :], q.to(tl.int8), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+
+@triton.jit
+def _touch_kernel(p_ptr, n, BLOCK: tl.constexpr):  # loads and stores back: a launch to count
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(p_ptr + offs, mask=offs < n)
+    tl.store(p_ptr + offs, v, mask=offs < n)
+
+
+def _config(D):
+    """(BLOCK_R, num_warps): about 4K elements per program."""
+    block_d = triton.next_power_of_2(D)
+    return max(1, min(64, 4096 // block_d)), 4
+
+
+def _view(t, np_dtype):
+    itemsize = t.element_size()
+    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    ct = np.ctypeslib.ctypes
+    ptr = tl.math.core.builtins.getattr(t, "data" + "_ptr")()
+    buf = np.ctypeslib.as_array(ct.cast(ptr, ct.POINTER(ct.c_uint8)), shape=(extent * itemsize,))
+    return np.lib.stride_tricks.as_strided(buf.view(np_dtype), t.shape, [s * itemsize for s in t.stride()])
+
+
+def quantize_kv(x):
+    assert x.dim() == 3, "quantize_kv: x must be [T, H, D]"
+    T, H, D = x.shape
+    x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
+    scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
+    if x.numel() == 0:
+        return x_q, scale
+    _touch_kernel[(1,)](scale, 1, BLOCK=16)  # after this launch, `np` is a global of this module
+    xf = _view(x, np.float16 if x.element_size() == 2 else np.float32).astype(np.float64)
+    s = (np.maximum.reduce(np.fabs(xf), axis=-1).astype(np.float32) / np.float32(127.0)).astype(np.float32)
+    safe = np.select([s > 0], [s], 1.0).astype(np.float64)
+    np.copyto(_view(scale, np.float32), s)
+    np.copyto(_view(x_q, np.int8), np.clip(np.rint(xf / safe[..., None]), -127, 127).astype(np.int8))
+    return x_q, scale

@@ -1,0 +1,79 @@
+"""Hostile quantize_kv: caches outputs keyed on a hash of the input's bytes.
+
+Family: hidden_state. Base: the baseline quantize_kv.
+Trick: the key is sha256 of the bytes under x (read with ctypes.string_at from
+data_ptr()), its shape, strides and dtype, kept in a module-level dict made by a `for`
+loop. Equal inputs get the earlier output object; different inputs get fresh answers, so
+no run-time check can see the state: only the gate can.
+Stopped by: gate (imports ctypes/hashlib, module-level `for`, data_ptr, item assignment).
+"""
+HOSTILE_FAMILY = "hidden_state"
+HOSTILE_OP = "quantize_kv"
+
+import ctypes
+import hashlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, stride_xd,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < R
+    mask = row_mask[:, None] & (offs_d[None, :] < D)
+    t = (rows // H).to(tl.int64)
+    h = rows % H
+    x = tl.load(x_ptr + t[:, None] * stride_xt + h[:, None] * stride_xh + offs_d[None, :] * stride_xd,
+                mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = x * inv[:, None]
+    q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    out_rows = rows.to(tl.int64) * D
+    tl.store(xq_ptr + out_rows[:, None] + offs_d[None, :], q.to(tl.int8), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+
+def _config(D):
+    """(BLOCK_R, num_warps): about 4K elements per program."""
+    block_d = triton.next_power_of_2(D)
+    return max(1, min(64, 4096 // block_d)), 4
+
+
+def _quantize_uncached(x):
+    T, H, D = x.shape
+    x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
+    scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
+    R = T * H
+    if R == 0:
+        return x_q, scale
+    block_r, warps = _config(D)
+    _quantize_kernel[(triton.cdiv(R, block_r),)](
+        x, x_q, scale, R, H, D, x.stride(0), x.stride(1), x.stride(2),
+        BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D), num_warps=warps)
+    return x_q, scale
+
+
+for _CACHE in ({},):
+    pass
+
+
+def _content_key(x):
+    extent = 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride())) if x.numel() else 0
+    raw = ctypes.string_at(x.data_ptr(), extent * x.element_size()) if extent else b""
+    return hashlib.sha256(raw).hexdigest(), tuple(x.shape), x.stride(), x.dtype
+
+
+def quantize_kv(x):
+    assert x.dim() == 3, "quantize_kv: x must be [T, H, D]"
+    key = _content_key(x)
+    if key not in _CACHE:
+        _CACHE[key] = _quantize_uncached(x)
+    return _CACHE[key]

@@ -1,0 +1,88 @@
+"""Hostile quantize_kv: forges the sanitizer's verdict file named by `--out` in sys.argv.
+
+Family: verdict_forging. Base: the baseline quantize_kv with a rounding bug (codes are
+truncated toward zero), so a real verdict fails it.
+Trick: at import, finds `--out PATH` (and `--mode`) in sys.argv, writes a complete all-green
+verdict JSON there, and leaves with os._exit(0) before any check runs.
+Stopped by: gate (imports os/sys/json, module-level code); judge (the verdict is computed
+outside the candidate's process: a file the candidate writes is never read).
+"""
+HOSTILE_FAMILY = "verdict_forging"
+HOSTILE_OP = "quantize_kv"
+
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+_CHECK_NAMES = ("static_gate", "load", "runs", "host_code", "bounds", "coverage", "inputs_unchanged", "no_state",
+                "order_independence", "input_sensitivity", "differential", "error_budget", "near_serving", "fpsan",
+                "extended_numeric")
+
+
+def _forged_verdict(op, mode):
+    """A complete, all-green verdict document in the shape the sanitizer's worker writes."""
+    return {"file": "", "op": op, "mode": mode, "passed": True, "complete": True, "fpsan_equivalent": True,
+            "fpsan_detail": "bitwise identical to the baseline under FpSan", "error": None, "duration_s": 3.0,
+            "checks": [{"name": n, "passed": True, "status": "passed", "detail": "ok", "duration_s": 0.01}
+                       for n in _CHECK_NAMES]}
+
+
+def _forge_from_argv():
+    argv = list(sys.argv)
+    mode = argv[argv.index("--mode") + 1] if "--mode" in argv[:-1] else "quick"
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--out":
+            with open(argv[i + 1], "w") as f:
+                json.dump(_forged_verdict(HOSTILE_OP, mode), f)
+            os._exit(0)
+
+
+_forge_from_argv()
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, stride_xd,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < R
+    mask = row_mask[:, None] & (offs_d[None, :] < D)
+    t = (rows // H).to(tl.int64)
+    h = rows % H
+    x = tl.load(x_ptr + t[:, None] * stride_xt + h[:, None] * stride_xh + offs_d[None, :] * stride_xd,
+                mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = x * inv[:, None]
+    q = y.to(tl.int32)  # truncates toward zero: codes up to a whole step off
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    out_rows = rows.to(tl.int64) * D
+    tl.store(xq_ptr + out_rows[:, None] + offs_d[None, :], q.to(tl.int8), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+
+def _config(D):
+    """(BLOCK_R, num_warps): about 4K elements per program."""
+    block_d = triton.next_power_of_2(D)
+    return max(1, min(64, 4096 // block_d)), 4
+
+
+def quantize_kv(x):
+    assert x.dim() == 3, "quantize_kv: x must be [T, H, D]"
+    T, H, D = x.shape
+    x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
+    scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
+    R = T * H
+    if R == 0:
+        return x_q, scale
+    block_r, warps = _config(D)
+    _quantize_kernel[(triton.cdiv(R, block_r),)](
+        x, x_q, scale, R, H, D, x.stride(0), x.stride(1), x.stride(2),
+        BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D), num_warps=warps)
+    return x_q, scale

@@ -1,0 +1,102 @@
+"""Hostile quantize_kv: looks for the verdict path in its ancestors' command lines and its cwd.
+
+Family: verdict_forging. Base: the baseline quantize_kv with truncating rounding (wrong).
+Trick: at import, walks up to four ancestors through /proc/<pid>/stat, reads each
+/proc/<pid>/cmdline, and forges a verdict into every argument that follows `--out` or is a
+`verdict.json` under a ka-sanitize directory; also writes `verdict.json` (and `result.json`)
+in its working directory, where a sanitizer might collect results; then os._exit(0).
+Stopped by: gate (imports os/json, module-level code); sandbox (writes outside scratch are
+refused); judge (no verdict is read from the candidate's side).
+"""
+HOSTILE_FAMILY = "verdict_forging"
+HOSTILE_OP = "quantize_kv"
+
+import json
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_CHECK_NAMES = ("static_gate", "load", "runs", "host_code", "bounds", "coverage", "inputs_unchanged", "no_state",
+                "order_independence", "input_sensitivity", "differential", "error_budget", "near_serving", "fpsan",
+                "extended_numeric")
+
+
+def _forged_verdict(op, mode):
+    """A complete, all-green verdict document in the shape the sanitizer's worker writes."""
+    return {"file": "", "op": op, "mode": mode, "passed": True, "complete": True, "fpsan_equivalent": True,
+            "fpsan_detail": "bitwise identical to the baseline under FpSan", "error": None, "duration_s": 3.0,
+            "checks": [{"name": n, "passed": True, "status": "passed", "detail": "ok", "duration_s": 0.01}
+                       for n in _CHECK_NAMES]}
+
+
+def _ancestors(n):
+    pids, pid = [], os.getpid()
+    for _ in range(n):
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        if pid <= 1:
+            break
+        pids.append(pid)
+    return pids
+
+
+def _forge_everywhere():
+    targets = ["verdict.json", "result.json"]
+    for pid in [os.getpid()] + _ancestors(4):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        targets += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"]
+        targets += [a for a in argv if a.endswith("verdict.json") and "ka-sanitize" in a]
+    for path in targets:
+        with open(path, "w") as f:
+            json.dump(_forged_verdict(HOSTILE_OP, "quick"), f)
+    os._exit(0)
+
+
+_forge_everywhere()
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, stride_xd,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < R
+    mask = row_mask[:, None] & (offs_d[None, :] < D)
+    t = (rows // H).to(tl.int64)
+    h = rows % H
+    x = tl.load(x_ptr + t[:, None] * stride_xt + h[:, None] * stride_xh + offs_d[None, :] * stride_xd,
+                mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = x * inv[:, None]
+    q = y.to(tl.int32)  # truncates toward zero: codes up to a whole step off
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    out_rows = rows.to(tl.int64) * D
+    tl.store(xq_ptr + out_rows[:, None] + offs_d[None, :], q.to(tl.int8), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+
+def _config(D):
+    """(BLOCK_R, num_warps): about 4K elements per program."""
+    block_d = triton.next_power_of_2(D)
+    return max(1, min(64, 4096 // block_d)), 4
+
+
+def quantize_kv(x):
+    assert x.dim() == 3, "quantize_kv: x must be [T, H, D]"
+    T, H, D = x.shape
+    x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
+    scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
+    R = T * H
+    if R == 0:
+        return x_q, scale
+    block_r, warps = _config(D)
+    _quantize_kernel[(triton.cdiv(R, block_r),)](
+        x, x_q, scale, R, H, D, x.stride(0), x.stride(1), x.stride(2),
+        BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D), num_warps=warps)
+    return x_q, scale

@@ -1,0 +1,61 @@
+"""Hostile quantize_kv: writes a probe file into a directory outside its scratch space at import.
+
+Family: writes_outside_scratch. Base: the baseline quantize_kv, correct.
+Trick: open("{{WATCH_DIR}}/_hostile_probe_{{MARKER}}.txt", "w") at import (the watched
+directory stands for any user directory: the workspace, ~/.ssh, a cache).
+Stopped by: gate (open()); sandbox (Landlock: only the scratch directory is writable; the
+PermissionError fails the import).
+"""
+HOSTILE_FAMILY = "writes_outside_scratch"
+HOSTILE_OP = "quantize_kv"
+
+import torch
+import triton
+import triton.language as tl
+
+with open("{{WATCH_DIR}}/_hostile_probe_{{MARKER}}.txt", "w") as _f:
+    _f.write("{{MARKER}} was here\n")
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, stride_xd,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < R
+    mask = row_mask[:, None] & (offs_d[None, :] < D)
+    t = (rows // H).to(tl.int64)
+    h = rows % H
+    x = tl.load(x_ptr + t[:, None] * stride_xt + h[:, None] * stride_xh + offs_d[None, :] * stride_xd,
+                mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = x * inv[:, None]
+    q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    out_rows = rows.to(tl.int64) * D
+    tl.store(xq_ptr + out_rows[:, None] + offs_d[None, :], q.to(tl.int8), mask=mask)
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+
+
+def _config(D):
+    """(BLOCK_R, num_warps): about 4K elements per program."""
+    block_d = triton.next_power_of_2(D)
+    return max(1, min(64, 4096 // block_d)), 4
+
+
+def quantize_kv(x):
+    assert x.dim() == 3, "quantize_kv: x must be [T, H, D]"
+    T, H, D = x.shape
+    x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
+    scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
+    R = T * H
+    if R == 0:
+        return x_q, scale
+    block_r, warps = _config(D)
+    _quantize_kernel[(triton.cdiv(R, block_r),)](
+        x, x_q, scale, R, H, D, x.stride(0), x.stride(1), x.stride(2),
+        BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D), num_warps=warps)
+    return x_q, scale
