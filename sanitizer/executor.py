@@ -7,7 +7,7 @@ file against the static gate again, imports it, and then serves calls over a soc
 (sanitizer/wire.py): the judge sends a case's tensors and how to instrument the call
 (bounds, program order, FpSan, allocation sentinel), the executor runs the candidate in
 the Triton interpreter (or on the GPU) and returns what it saw: the outputs, the bounds
-and host-code violations, the number of launches, digests of the inputs after the call
+and host-code violations, the number of launches, which inputs the call changed
 and what the sandbox refused. The judge decides; nothing the executor says is a verdict.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "outputs": [("tensor" if isinstance(t, torch.Tensor) else type(t).__name__) for t in outs]
             if res.out is not None else None,
             "tuple": isinstance(res.out, (tuple, list)),
-            "input_digests": {k: wire.digest(v) for k, v in call_args.items() if isinstance(v, torch.Tensor)},
+            "mutated": res.mutated[:10],
             "violations": evidence()}, out_tensors)
 
 
@@ -311,7 +311,6 @@ class Executor:
         tensors = {k: v for k, v in case.args.items() if isinstance(v, torch.Tensor)}
         values = {k: v for k, v in case.args.items() if not isinstance(v, torch.Tensor)}
         readable = readable or {}
-        sent = {k: wire.digest(v) for k, v in tensors.items()}
         payload = [v.cpu() for v in tensors.values()] + [m.cpu() for m in readable.values()]
         self._send({"cmd": "call", "case": case._executor_id, "order": list(case.args), "tensor_names": list(tensors),
                     "values": values, "readable": list(readable), "keep": keep,
@@ -328,8 +327,7 @@ class Executor:
         res.guard = wire.strings(reply.get("guard"))
         res.launches = wire.as_int(reply.get("launches"))
         res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
-        after = reply.get("input_digests") if isinstance(reply.get("input_digests"), dict) else {}
-        res.mutated = [k for k, d in sent.items() if after.get(k) != d]
+        res.mutated = [k for k in wire.strings(reply.get("mutated")) if k in tensors]
         kinds = wire.optional_list(reply.get("outputs"))
         if kinds is not None:
             it = iter(outs)

@@ -27,7 +27,7 @@ class WireError(Exception):
     """The peer broke the protocol, closed the channel, or did not answer in time."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -41,7 +41,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise WireError("the other side closed the channel")
         got += k
-    return bytes(buf)
+    return buf
 
 
 def describe(t: torch.Tensor) -> Dict[str, Any]:
@@ -49,11 +49,12 @@ def describe(t: torch.Tensor) -> Dict[str, Any]:
             "offset": int(t.storage_offset()), "nbytes": int(t.untyped_storage().nbytes())}
 
 
-def storage_bytes(t: torch.Tensor) -> bytes:
+def storage_bytes(t: torch.Tensor) -> memoryview:
+    """A view of a tensor's whole storage as bytes (a copy only when it lives on a device)."""
     st = t.untyped_storage()
     if st.device.type != "cpu":
         st = st.cpu()
-    return bytes(memoryview(torch.empty(0, dtype=torch.uint8).set_(st).numpy()))
+    return memoryview(torch.empty(0, dtype=torch.uint8).set_(st).numpy()).cast("B")
 
 
 def digest(t: torch.Tensor) -> str:
@@ -69,7 +70,7 @@ def send(sock: socket.socket, header: Dict[str, Any], tensors: Sequence[torch.Te
         sock.sendall(storage_bytes(t))
 
 
-def _tensor(desc: Dict[str, Any], raw: bytes, device: str) -> torch.Tensor:
+def _tensor(desc: Dict[str, Any], raw: bytearray, device: str) -> torch.Tensor:
     dtype = WIRE_DTYPES.get(desc.get("dtype"))
     if dtype is None:
         raise WireError(f"tensor of a dtype that is not allowed: {str(desc.get('dtype'))[:40]}")
@@ -84,7 +85,7 @@ def _tensor(desc: Dict[str, Any], raw: bytes, device: str) -> torch.Tensor:
         last = offset + sum((s - 1) * st for s, st in zip(shape, stride))
         if (last + 1) * esize > len(raw):
             raise WireError("tensor view reaches past its storage")
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     storage = flat.view(dtype) if raw else torch.empty(0, dtype=dtype)
     if device != "cpu":
         storage = storage.to(device)
