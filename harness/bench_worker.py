@@ -108,8 +108,7 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
         with open(sp, "w") as f:
             json.dump(spec, f)
         os.chmod(sp, 0o644)
-        child_env = sandbox.child_env(scratch, base=env) if env and "PATH" in env else \
-            sandbox.child_env(scratch, extra=env)
+        child_env = sandbox.env_for(scratch, env)
         child_env.pop("TRITON_INTERPRET", None)
         # torch.compile (an anchor) compiles in this process: the sandbox refuses its worker processes
         child_env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"

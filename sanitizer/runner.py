@@ -86,8 +86,7 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
             cmd += ["--seed", str(int(seed))]
         if skip_gate:
             cmd.append("--skip-gate")
-        # a whole environment given (os.environ plus a GPU, say) passes through the allowlist like ours
-        child_env = sandbox.child_env(tmp, base=env) if env and "PATH" in env else sandbox.child_env(tmp, extra=env)
+        child_env = sandbox.env_for(tmp, env)
         if mode != "gpu":
             child_env["TRITON_INTERPRET"] = "1"
         rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)

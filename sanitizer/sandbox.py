@@ -127,6 +127,12 @@ def child_env(scratch: str, extra: Optional[Dict[str, str]] = None, base: Option
     return env
 
 
+def env_for(scratch: str, given: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """`child_env` for a caller's `given` variables: a whole environment (os.environ plus a GPU, say)
+    passes through the allowlist like ours; a few variables are added on top of it."""
+    return child_env(scratch, base=given) if given and "PATH" in given else child_env(scratch, extra=given)
+
+
 def _looks_secret(name: str) -> bool:
     upper = name.upper()
     return any(m in upper for m in _SECRET_MARKERS)
