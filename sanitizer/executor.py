@@ -36,12 +36,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--cpu-seconds", type=int, default=0)
     ap.add_argument("--memory-gib", type=float, default=8.0)
     ap.add_argument("--skip-gate", action="store_true")
+    ap.add_argument("--tool-ports", default="", help="FIRST-LAST: TCP ports of a wrapping tool's front end")
     args = ap.parse_args(argv)
     from . import sandbox
     limits = sandbox.Limits(memory_bytes=int(args.memory_gib * (1 << 30)) or None,
                             cpu_seconds=args.cpu_seconds or None)
+    first, _, last = args.tool_ports.partition("-")
+    tool_ports = range(int(first), int(last or first) + 1) if first else range(0)
     prot = sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=args.device == "cuda",
-                         limits=limits)
+                         limits=limits, tool_ports=tool_ports)
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
     from . import wire
@@ -159,7 +162,8 @@ class Executor:
     """A sandboxed executor for one candidate file, driven by the judge."""
 
     def __init__(self, path: str, op: str, device: str = "cpu", deadline: Optional[float] = None,
-                 skip_gate: bool = False, wrapper: Sequence[str] = (), env_extra: Optional[Dict[str, str]] = None):
+                 skip_gate: bool = False, wrapper: Sequence[str] = (), env_extra: Optional[Dict[str, str]] = None,
+                 tool_ports: Sequence[int] = ()):
         from . import sandbox
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
@@ -182,6 +186,8 @@ class Executor:
                                "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
         if skip_gate:
             cmd.append("--skip-gate")
+        if tool_ports:
+            cmd.append(f"--tool-ports={min(tool_ports)}-{max(tool_ports)}")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, pass_fds=(child.fileno(),), start_new_session=True)

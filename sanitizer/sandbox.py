@@ -78,6 +78,7 @@ READABLE_SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/dev", 
 PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels")
 LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1 << 0, 1 << 1
 LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
+LANDLOCK_RULE_NET_PORT = 2
 # Device files a run writes to: /dev/null and friends, and the NVIDIA driver's nodes on a GPU.
 WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random")
 # Executables Triton runs on a GPU to compile a kernel and its launcher.
@@ -213,10 +214,11 @@ def identity_plan() -> str:
     return _plan
 
 
-def _unshare(prot: Protections) -> bool:
-    """Network, PID and mount namespaces; True when a PID namespace was made."""
+def _unshare(prot: Protections, network: bool = True, pid: bool = True) -> bool:
+    """Network, PID and mount namespaces (without the first two when told); True when a PID namespace
+    was made."""
     libc = _c()
-    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
+    flags = (CLONE_NEWNET if network else 0) | (CLONE_NEWPID if pid else 0) | CLONE_NEWNS
     uid, gid = os.getuid(), os.getgid()
     if os.geteuid() != 0:
         flags |= CLONE_NEWUSER
@@ -235,8 +237,9 @@ def _unshare(prot: Protections) -> bool:
                 f.write(f"{gid} {gid} 1")
         except OSError as e:
             prot.missing.append(f"user namespace id maps: {e}")
-    prot.active.append("network namespace (no network)")
-    return True
+    if network:
+        prot.active.append("network namespace (no network)")
+    return pid
 
 
 def _become_pid1(prot: Protections) -> None:
@@ -350,7 +353,7 @@ def landlock_abi() -> int:
         return 0
 
 
-def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
+def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[int] = ()) -> None:
     libc = _c()
     abi = landlock_abi()
     if abi < 1:
@@ -370,6 +373,9 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
     class PathBeneath(ctypes.Structure):
         _pack_ = 1
         _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+    class NetPort(ctypes.Structure):
+        _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
     # reads are confined on a CPU run; on a GPU the driver, the compilers and their headers read from
     # too many places to list, so there reads are left to file permissions (uid nobody on the H200)
@@ -406,6 +412,10 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
             libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
         finally:
             os.close(fd)
+    if abi >= 4:
+        for port in tool_ports:  # connect only: the tool's front end listens, the sandbox never does
+            rule = NetPort(LL_NET_CONNECT_TCP, port)
+            libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT, ctypes.byref(rule), 0)
     if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
         prot.missing.append(_err("Landlock could not be enforced"))
         os.close(ruleset)
@@ -414,7 +424,12 @@ def _landlock(scratch: str, gpu: bool, prot: Protections) -> None:
     what = [f"Landlock ABI {abi}: writes only in scratch"]
     what.append("reads only of the interpreter, the package and system libraries" if confine_reads else
                 "reads not confined (GPU run)")
-    what.append("TCP bind/connect denied" if abi >= 4 else "TCP not covered (ABI < 4)")
+    if abi < 4:
+        what.append("TCP not covered (ABI < 4)")
+    elif tool_ports:
+        what.append(f"TCP denied except connect to the wrapping tool's ports {min(tool_ports)}-{max(tool_ports)}")
+    else:
+        what.append("TCP bind/connect denied")
     if abi >= 6:
         what.append("signals and abstract sockets scoped to the sandbox")
     prot.active.append(", ".join(what))
@@ -513,8 +528,15 @@ def foreign_processes() -> List[int]:
 
 # -- entering the sandbox -------------------------------------------------------------------
 
-def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None) -> Protections:
-    """Confine this process (call it first thing, single-threaded, before importing torch)."""
+def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None,
+          tool_ports: Sequence[int] = ()) -> Protections:
+    """Confine this process (call it first thing, single-threaded, before importing torch).
+
+    `tool_ports`: the process runs under a tool that talks to it over TCP on the host's loopback and
+    finds it by its host pid (compute-sanitizer's front end). It then keeps the host's network and PID
+    namespaces: Landlock lets it connect to those ports only (no other TCP, no bind; the audit hook
+    still refuses every socket and process the Python side opens), and its processes are taken down
+    with its session rather than with a namespace."""
     prot = Protections()
     limits = limits or Limits()
     if gpu:
@@ -526,14 +548,19 @@ def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None) -> P
         _finish(scratch, gpu, prot)
         return prot
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if _unshare(prot):
+    if _unshare(prot, network=not tool_ports, pid=not tool_ports):
         _become_pid1(prot)
+    elif tool_ports:
+        prot.missing.append("network and PID namespaces (kept for the wrapping tool, which reaches this process "
+                            "over loopback TCP and by its host pid)")
     _limits(limits, prot)
     _drop_identity(scratch, prot)
     if _c().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         prot.active.append("no_new_privs")
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by a change of identity: set again
-    _landlock(scratch, gpu, prot)
+    _landlock(scratch, gpu, prot, tool_ports)
+    if tool_ports and not any(a.startswith("Landlock") and "TCP denied except" in a for a in prot.active):
+        prot.missing.append("network: kept for the wrapping tool and not confined (Landlock without TCP rules)")
     _finish(scratch, gpu, prot)
     return prot
 

@@ -23,14 +23,15 @@ from kernel_agent.sanitizer import sandbox
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's kernel layers are Linux's")
 
 
-def _in_sandbox(body: str, tmp_path, gpu: bool = False, env_extra=None, timeout=60, fatal=False, rc=0):
+def _in_sandbox(body: str, tmp_path, gpu: bool = False, env_extra=None, timeout=60, fatal=False, rc=0,
+                tool_ports=()):
     """Run `body` in a child after sandbox.enter (and the audit hook armed, record-only unless `fatal`);
     its last stdout line is JSON."""
     scratch = sandbox.make_scratch("ka-test-")
     code = textwrap.dedent(f"""
         import json, os, sys, ctypes
         from kernel_agent.sanitizer import sandbox
-        prot = sandbox.enter({scratch!r}, gpu={gpu!r})
+        prot = sandbox.enter({scratch!r}, gpu={gpu!r}, tool_ports={list(tool_ports)!r})
         sandbox.arm_audit_hook(fatal={fatal!r})
         result = {{}}
     """) + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
@@ -91,6 +92,50 @@ def test_no_network_below_the_audit_hook(tmp_path):
     t.join(5)
     listener.close()
     assert result["connect"][0] == -1 and not [c for c in got if c]
+
+
+def _listener():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    got = []
+    t = threading.Thread(target=lambda: got.append(_accept(listener)), daemon=True)
+    t.start()
+    return listener, listener.getsockname()[1], got, t
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 4, reason="Landlock's TCP rules need ABI 4")
+def test_a_wrapping_tools_port_is_the_only_tcp_reachable(tmp_path):
+    """Under compute-sanitizer the executor keeps the host's network for the tool's front end: it may
+    connect to the tool's ports and nothing else, and may not listen."""
+    tool, tool_port, tool_got, t1 = _listener()
+    other, other_port, other_got, t2 = _listener()
+    result, _ = _in_sandbox(f"""
+        libc = ctypes.CDLL(None, use_errno=True)
+        import struct
+        def addr(port):
+            a = struct.pack("!HH4s8x", 2, port, bytes([127, 0, 0, 1]))
+            return struct.pack("<H", 2) + a[2:]
+        for name, port in (("tool", {tool_port}), ("other", {other_port})):
+            s = libc.socket(2, 1, 0)
+            rc = libc.connect(s, addr(port), 16)
+            result[name] = [rc, ctypes.get_errno()]
+        s = libc.socket(2, 1, 0)
+        result["bind"] = [libc.bind(s, addr(0), 16), ctypes.get_errno()]
+        result["prot"] = prot.active
+        result["missing"] = prot.missing
+    """, tmp_path, gpu=True, tool_ports=[tool_port])
+    t1.join(5)
+    t2.join(5)
+    tool.close()
+    other.close()
+    assert result["tool"][0] == 0 and any(tool_got), result
+    assert result["other"][0] == -1 and not any(other_got), result
+    assert result["bind"][0] == -1, result
+    assert not any("network namespace" in a or "PID namespace" in a for a in result["prot"])
+    assert any("network and PID namespaces (kept for the wrapping tool" in m for m in result["missing"])
+    assert any(f"connect to the wrapping tool's ports {tool_port}-{tool_port}" in a for a in result["prot"])
 
 
 def _accept(listener):
