@@ -42,11 +42,16 @@ def _call(subject: Subject, fn, case):
         r = run_case(subject, fn, case, bounds=False)
         if not r.ok:
             raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()} (cuda)")
-        device = next(v.device for v in case.args.values() if isinstance(v, torch.Tensor))
-        return tuple(o.to(device) for o in r.out) if isinstance(r.out, tuple) else r.out.to(device)
+        return _on_case_device(r.out, case)
     out = case.call(fn)
     torch.cuda.synchronize()
     return out
+
+
+def _on_case_device(out, case):
+    """An executor's outputs (they arrive in host memory) moved to where the case's inputs live."""
+    device = next(v.device for v in case.args.values() if isinstance(v, torch.Tensor))
+    return tuple(o.to(device) for o in out) if isinstance(out, tuple) else out.to(device)
 
 
 def _gpu_cases(op, serving: bool = True):
@@ -124,9 +129,9 @@ def _probe_cases(subject: Subject, limit: int = 0):
                          layout="strided" if i % 2 else "contiguous") for i, shape in enumerate(shapes)]
 
 
-def _tool_executor(subject: Subject, path: str, wrapper=(), env=None) -> Executor:
+def _tool_executor(subject: Subject, path: str, wrapper=(), env=None, tool_ports=()) -> Executor:
     ex = Executor(path, subject.op.name, "cuda", deadline=subject.deadline, skip_gate=subject.skip_gate,
-                  wrapper=wrapper, env_extra=env)
+                  wrapper=wrapper, env_extra=env, tool_ports=tool_ports)
     hello = ex.start()
     if hello.get("load_error"):
         ex.close()
@@ -166,22 +171,30 @@ def find_compute_sanitizer() -> Optional[str]:
     return None
 
 
+TOOL_PORT_BASE, TOOL_PORT_COUNT = 49152, 16  # compute-sanitizer's default base port; one per concurrent run
+
+
 def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     exe = find_compute_sanitizer()
     if not exe:
         raise _Skip("compute-sanitizer is not installed on this machine")
-    wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5"]
+    # the tool's front end talks to the process it wraps over TCP on loopback, on the first free port of
+    # this range: the executor keeps the host's network and may connect to these ports alone
+    wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5",
+               "--port", str(TOOL_PORT_BASE), "--max-connections", str(TOOL_PORT_COUNT)]
     if tool == "memcheck":
         wrapper += ["--leak-check", "no"]
     t0 = time.time()
     # three tiny shapes (one per dtype): the tools slow every launch by orders of magnitude
-    ex = _tool_executor(subject, subject.path, wrapper=wrapper, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    ex = _tool_executor(subject, subject.path, wrapper=wrapper, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                        tool_ports=range(TOOL_PORT_BASE, TOOL_PORT_BASE + TOOL_PORT_COUNT))
     try:
         for case in _probe_cases(subject, limit=3):
             r = run_case(subject, ex, case, bounds=False)
             if not r.ok:
                 raise CheckFailed(f"under compute-sanitizer {tool}: {r.problem()}; reproduce: {case.describe()} (cuda)")
-            cmp = subject.op.compare(r.out, case.args, subject.op.reference(case.args, torch.float64))
+            out = _on_case_device(r.out, case)
+            cmp = subject.op.compare(out, case.args, subject.op.reference(case.args, torch.float64))
             if not cmp.ok:
                 raise CheckFailed(f"under compute-sanitizer {tool}: {cmp.describe()}; reproduce: {case.describe()}")
         rc, text = ex.finish(timeout_s=120)

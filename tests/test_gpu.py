@@ -173,6 +173,26 @@ def test_a_gpu_fault_in_a_candidate_is_a_verdict_not_an_outage(tmp_path):
     torch.cuda.synchronize()  # this process's device is untouched
 
 
+def test_compute_sanitizer_reaches_the_sandboxed_executor_and_sees_an_out_of_bounds_store(tmp_path):
+    """compute-sanitizer wraps the candidate's sandboxed executor and finds it by host pid over loopback
+    TCP: the baseline passes memcheck, and a store one row past the output fails it."""
+    from kernel_agent.sanitizer.gpu import find_compute_sanitizer
+    from kernel_agent.sanitizer.runner import run_isolated
+    if not find_compute_sanitizer():
+        pytest.skip("compute-sanitizer is not installed")
+    base = run_isolated(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py"), "quantize_kv", "gpu",
+                        checks=("memcheck",), timeout_s=150)
+    assert base.passed, base.summary()
+    src = baseline_source("quantize_kv")
+    bad = src.replace("tl.store(xq_ptr + ", "tl.store(xq_ptr + 4096 + ", 1)
+    assert bad != src
+    path = tmp_path / "store_past_end.py"
+    path.write_text(bad)
+    v = run_isolated(str(path), "quantize_kv", "gpu", checks=("memcheck",), timeout_s=150)
+    assert not v.passed
+    assert "time limit" not in (v.error or "") + " ".join(c.detail for c in v.checks)
+
+
 def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
     from kernel_agent.agent.loop import RunConfig, run_loop
     from kernel_agent.harness.ledger import Ledger
