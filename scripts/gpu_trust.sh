@@ -9,7 +9,7 @@
 # Usage: [STEPS=...] [RUN_LIMIT=150s] bash scripts/gpu_trust.sh OUTDIR
 set -u
 DEST=$1
-STEPS=${STEPS:-sandbox benchprobe baselines tests run}
+STEPS=${STEPS:-sandbox baselines tests run}
 OUT=$(mktemp -d /tmp/ka-trust-XXXX)  # everything lands here, then in DEST/trust.tgz (few files travel back)
 mkdir -p "$DEST"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
