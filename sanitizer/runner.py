@@ -42,6 +42,17 @@ def kill_all() -> None:
         _kill_group(p)
 
 
+def stop_all() -> None:
+    """The hard stop: no child starts from now on (until `resume_starting`), and every running one is
+    killed."""
+    _stopping.set()
+    kill_all()
+
+
+def resume_starting() -> None:
+    _stopping.clear()
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
