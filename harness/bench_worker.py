@@ -4,8 +4,10 @@ A candidate can fault the GPU (an illegal address poisons the whole CUDA context
 hang; timing it in its own process with a time limit turns that into a result instead
 of an outage. Candidate code runs here, so the process is sandboxed (sanitizer/sandbox.py)
 before it reads its spec, and kernel files are loaded through the static gate. SPEC: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label",
-"file" | null (baseline), "kernel_names"}], "seed"}. OUT: {"results": [ShapeResult...],
-"ceilings": {...}, "error": str | null}.
+"file" | null (baseline), "kernel_names"}], "seed", "race"}. OUT: {"results": [ShapeResult...],
+"ceilings": {...}, "error": str | null, "phases": {seconds per phase}, "raced_out": {"shape", "reason"} when "race"
+stopped at a shape on which the promotion rule refuses the candidate (slower beyond the noise, say):
+the other shapes cannot change that verdict, so they are not timed}.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    t_start = time.time()
     # The candidates' code runs in this process: it is sandboxed before anything is read.
     from ..sanitizer import sandbox
     sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=True)
@@ -66,15 +69,36 @@ def main(argv=None) -> int:
     sandbox.arm_audit_hook(fatal=False)  # record only: a compiler probe Triton tolerates must not end a timing
     contenders = _contenders(spec)
     doc["sandbox_refused"] = sandbox.violations()
+    doc["phases"] = {"start_s": round(time.time() - t_start, 2)}
     for key in spec["shapes"]:
+        t0 = time.time()
         shape = op.parse_shape(key)
         res = benchmark_shape(op, shape, dtype_from_name(spec.get("dtype", "bfloat16")), contenders, ceilings,
                               seed=spec.get("seed", 0), log=lambda s: print(s, flush=True))
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
+        doc["phases"][key] = round(time.time() - t0, 2)
+        refused = spec.get("race") and refused_here(doc["results"][-1])
+        if refused:
+            # the rule refuses the bucket on this shape alone: timing the rest cannot change that
+            doc["raced_out"] = {"shape": key, "reason": refused}
+            flush()
+            break
         flush()
     flush()
     return 0
+
+
+def refused_here(res: dict) -> str:
+    """Why the promotion rule refuses the candidate on this shape alone (bench.ShapeResult JSON), or ''."""
+    from .promotion import judged_pair, refused_at_shape
+    ms = {m["label"]: m for m in res["measurements"]}
+    c, inc = ms.get("candidate"), ms.get("incumbent")
+    if not c or not inc or c.get("error") or inc.get("error"):
+        return ""  # an error is judged as an error, with every shape's
+    tc, ti, _ = judged_pair(c, inc)
+    d = refused_at_shape(tc, ti, res["shape"])
+    return d.reason if d else ""
 
 
 def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None) -> dict:

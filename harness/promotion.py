@@ -103,6 +103,22 @@ def decide(candidate: Timing, incumbent: Timing, sanitizer_passed: bool, implaus
     return Decision(promote, gain, noise, reason)
 
 
+def refused_at_shape(cand: Timing, inc: Timing, name: str) -> Optional[Decision]:
+    """The refusal one shape alone decides for the whole bucket (too few samples, invalid times, or
+    slower beyond its own noise), or None. A benchmark may stop timing at such a shape: the other
+    shapes cannot change the verdict."""
+    refused = _gate(cand, inc, True, False)
+    if refused:
+        return Decision(False, math.nan, math.nan, f"{refused} (on {name})")
+    gain = (inc.median_ms - cand.median_ms) / inc.median_ms
+    noise = (cand.spread_ms + inc.spread_ms) / inc.median_ms
+    if gain < -noise:
+        return Decision(False, gain, noise,
+                        f"not promoted: {_pct(-gain)} slower than the incumbent on {name} "
+                        f"({_ms(inc.median_ms)} ms -> {_ms(cand.median_ms)} ms), beyond the noise {_pct(noise)}")
+    return None
+
+
 def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_passed: bool,
                        implausible: bool = False, margin: float = DEFAULT_MARGIN,
                        labels: Optional[Sequence[str]] = None) -> Decision:
@@ -123,15 +139,10 @@ def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_pas
     log_ratios = []
     noises = []
     for name, (cand, inc) in zip(names, per_shape):
-        refused = _gate(cand, inc, True, False)
+        refused = refused_at_shape(cand, inc, name)
         if refused:
-            return Decision(False, math.nan, math.nan, f"{refused} (on {name})")
-        gain = (inc.median_ms - cand.median_ms) / inc.median_ms
+            return refused
         noise = (cand.spread_ms + inc.spread_ms) / inc.median_ms
-        if gain < -noise:
-            return Decision(False, gain, noise,
-                            f"not promoted: {_pct(-gain)} slower than the incumbent on {name} "
-                            f"({_ms(inc.median_ms)} ms -> {_ms(cand.median_ms)} ms), beyond the noise {_pct(noise)}")
         log_ratios.append(math.log(cand.median_ms / inc.median_ms))
         noises.append(noise)
     gain = 1.0 - math.exp(sum(log_ratios) / len(log_ratios))
@@ -201,11 +212,18 @@ def judge_benchmark(doc: Dict[str, Any], shapes: Sequence[str], margin: float = 
         j.pairs.append((tc, ti))
         j.kinds.append(kind)
         j.shapes.append(res["shape"])
-    j.error = doc.get("error") or j.error or ("" if len(j.pairs) == len(shapes) else "benchmark incomplete")
+    raced = bool(doc.get("raced_out")) and bool(j.pairs)  # stopped at a shape slower beyond the noise
+    j.error = doc.get("error") or j.error or ("" if len(j.pairs) == len(shapes) or raced else "benchmark incomplete")
     if j.error:
         return j
     j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None
     d = decide_over_shapes(j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes)
+    if raced and d.promote:  # cannot happen with the rule as it is: a raced-out shape refuses
+        j.error = "the benchmark stopped early at a shape the rule does not refuse"
+        return j
+    if raced and len(j.pairs) < len(shapes):
+        d = dataclasses.replace(d, reason=d.reason + f" (timing stopped there: {len(shapes) - len(j.pairs)} "
+                                                     f"shape(s) not timed)")
     if "graph" in j.kinds:
         d = dataclasses.replace(d, reason=d.reason + " (CUDA-graph replay times)")
     j.decision = d

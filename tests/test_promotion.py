@@ -255,6 +255,37 @@ def test_judge_benchmark_over_a_bucket():
     assert j.kinds == ["graph"] and j.decision.promote and j.decision.reason.endswith("(CUDA-graph replay times)")
 
 
+def test_a_benchmark_raced_out_at_a_refusing_shape_is_judged_on_what_was_timed():
+    """Racing stops timing at the first shape the rule refuses on its own; the verdict is the one the
+    full benchmark would have reached, and a partial document that the rule would not refuse is an
+    error, not a promotion."""
+    from kernel_agent.harness.bench_worker import refused_here
+    from kernel_agent.harness.promotion import judge_benchmark
+
+    def m(label, ms, spread=0.001, n=5):
+        return {"label": label, "median_ms": ms, "spread_ms": spread, "n": n, "fraction_of_ceiling": 0.5,
+                "implausible": False, "error": ""}
+
+    def res(shape, cand, **kw):
+        return {"shape": shape, "measurements": [m("incumbent", 1.0), m("candidate", cand, **kw)]}
+
+    assert refused_here(res("a", 0.8)) == ""  # faster: keep timing
+    assert refused_here(res("a", 1.001)) == ""  # slower within the noise: the mean may still win
+    slower = refused_here(res("a", 1.2))
+    assert "slower than the incumbent on a" in slower
+    assert "fewer than" in refused_here(res("a", 0.5, n=2))  # too few samples refuses on its own too
+    assert refused_here({"shape": "a", "measurements": [m("incumbent", 1.0),
+                                                        dict(m("candidate", 9.0), error="fault")]}) == ""
+    raced = {"results": [res("a", 0.8), res("b", 1.2)], "raced_out": {"shape": "b", "reason": slower}}
+    j = judge_benchmark(raced, ["a", "b", "c", "d"])
+    assert not j.error and not j.decision.promote
+    assert "slower than the incumbent on b" in j.decision.reason and "2 shape(s) not timed" in j.decision.reason
+    # the same shapes without the race mark are an incomplete benchmark
+    assert judge_benchmark({"results": raced["results"]}, ["a", "b", "c", "d"]).error == "benchmark incomplete"
+    forged = {"results": [res("a", 0.5)], "raced_out": {"shape": "a", "reason": "?"}}
+    assert "stopped early" in judge_benchmark(forged, ["a", "b"]).error
+
+
 def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible():
     """Work forked onto another stream and never joined back is what events on the caller's stream
     cannot time; graph capture names it, and that is a verdict, not a timing note (the GPU test
