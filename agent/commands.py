@@ -50,11 +50,13 @@ def register(sub) -> None:
     r.add_argument("--model", help="model name at the OpenAI-compatible endpoint")
     r.add_argument("--base-url", help="endpoint URL (default: OPENAI_BASE_URL)")
     r.add_argument("--config", help="TOML config file ([model] and [run] sections)")
-    r.add_argument("--candidates", type=int, help="candidate budget for the run (default 10)")
-    r.add_argument("--per-round", type=int, help="proposals per op and bucket per round (default 2)")
-    r.add_argument("--time-limit", help="wall-time budget, e.g. 30m or 8h (default 30m)")
+    r.add_argument("--candidates", type=int, help="candidate budget for the run (default 10, or no cap when "
+                                                             "--time-limit is given)")
+    r.add_argument("--per-round", type=int, help="proposals asked of the proposer at a time for one op and bucket (default 2)")
+    r.add_argument("--time-limit", help="wall-time budget, e.g. 30m or 8h (default 30m); the run stops at it. With "
+                                        "--resume: the time from now")
     r.add_argument("--tokens", type=int, help="model token budget")
-    r.add_argument("--jobs", type=int, help="sanitizer processes in parallel (default 2)")
+    r.add_argument("--jobs", type=int, help="sanitizer processes in parallel (default: the usable cores, less one per GPU)")
     r.add_argument("--gpus", type=int, help="GPUs to evaluate on, one child each (default: every visible one)")
     r.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="dtype of the target shapes")
     r.add_argument("--shapes", help="target shapes: serving (default), near_serving, or explicit: 'a,b,c;...' for "
@@ -148,7 +150,8 @@ def cmd_run(args) -> int:
     ledger_path = args.ledger or default_ledger()
     events = _run_events(args)
     if args.resume:
-        summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events)
+        limit = _duration(str(args.time_limit)) if args.time_limit else None
+        summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit)
         return _print_run_summary(summary, args)
     file_run: Dict[str, Any] = load_config(args.config).get("run", {}) if args.config else {}
     cfg = RunConfig()
@@ -167,7 +170,9 @@ def cmd_run(args) -> int:
     tl = args.time_limit or file_run.get("time_limit")
     if tl:
         cfg.time_limit_s = _duration(str(tl))
-    if cfg.max_candidates < 1 or cfg.per_round < 1 or cfg.jobs < 1 or (cfg.gpus is not None and cfg.gpus < 1):
+        if args.candidates is None and "candidates" not in file_run:
+            cfg.max_candidates = None  # a run given a time budget runs for that time
+    if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
         raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     from .loop import targets_for
@@ -237,6 +242,8 @@ def _print_run_summary(summary: Dict[str, Any], args) -> int:
         ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")
     for p in summary.get("promotions", []):
         ui.line(f"promoted {p['op']} {p['bucket']} {p['dtype']}: {p['reason']}", style="bold green")
+    if summary.get("throughput_line"):
+        ui.line(f"throughput: {summary['throughput_line']}")
     ui.line(f"details: kernel-agent show {summary['run_id']}")
     return 0
 

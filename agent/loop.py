@@ -1,31 +1,41 @@
-"""The agent loop (DESIGN.md section 5): propose -> quick sanitize -> full sanitize ->
-GPU checks and benchmark (when a GPU is present) -> promotion rule.
+"""The agent loop: propose -> quick sanitize -> full sanitize -> GPU checks and benchmark
+(when a GPU is present) -> promotion rule.
+
+Evaluation streams: each candidate moves to its next stage as soon as its current one ends,
+and the proposer refills the pipeline as candidates leave it, so the GPU starts on the first
+candidate that passed the CPU stages while others are still being sanitized. Where work runs
+is the placement's business (agent/placement.py); this module decides what runs next and
+records every result. Only this thread touches the ledger, the proposer's state (through
+one proposer thread) and the serving set.
 
 Every step is one ledger transaction, so a run killed at any moment (Ctrl-C or kill -9)
-loses at most the step in flight, and `--resume RUN` continues it: candidates already
+loses at most the steps in flight, and `--resume RUN` continues it: candidates already
 recorded in the run are not proposed, evaluated or counted twice (a deterministic
 proposer regenerates the same sequence and the loop replays the recorded outcomes to it),
 and a candidate interrupted half-way resumes at the first stage it has no result for.
+At the time limit the run stops hard: running children are killed and their candidates
+stay at the stage they reached, for a resume to finish.
 Candidate files are written to kernels/candidates/<run>/<op>/<bucket>/.
 """
 from __future__ import annotations
 
-import contextlib
+import collections
 import json
 import os
-import queue
 import re
-import threading
+import statistics
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..harness import serving
 from ..harness.env import versions
 from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
-from ..harness.promotion import judge_benchmark
+from ..harness.promotion import Judgement, judge_benchmark
+from .placement import BenchTask, LocalPlacement, SanitizeTask, default_jobs, describe
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 
 ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
@@ -33,6 +43,10 @@ ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_att
 # full device suite (odd shapes, both dtypes) and compute-sanitizer run before a promotion.
 GPU_QUICK_CHECKS = ("determinism",)
 GPU_PROMOTION_CHECKS = ("gpu_differential", "memcheck", "initcheck", "racecheck")
+# What a resumed run may spend finishing the candidates it finds in flight, past the original limit.
+FINISH_ALLOWANCE_S = 600.0
+# How long the hard stop waits for killed children to be reaped before the run ends anyway.
+STOP_GRACE_S = 8.0
 
 
 @dataclass
@@ -41,11 +55,11 @@ class RunConfig:
     dtype: str = "bfloat16"
     proposer: str = "search"
     model: Optional[Dict[str, Any]] = None  # ModelConfig fields
-    max_candidates: int = 10
-    per_round: int = 2
+    max_candidates: Optional[int] = 10  # None: no cap (the time limit is the budget)
+    per_round: int = 2  # proposals asked of the proposer at a time for one target
     time_limit_s: float = 1800.0
     token_budget: Optional[int] = None
-    jobs: int = 2
+    jobs: Optional[int] = None  # sanitizer processes (default: the usable cores, less one per GPU)
     seed: int = 0
     margin: float = 0.02
     bench_shapes: str = "serving"
@@ -73,23 +87,24 @@ class Target:
 
 
 @dataclass
+class Work:
+    """One candidate being evaluated for one target (a source proposed for two buckets is one
+    candidate with two works: sanitized once, benchmarked for each)."""
+
+    target: Target
+    ctx: ProposeContext
+    proposal: Proposal
+    cid: int
+    path: str
+    judgement: Optional[Judgement] = None  # set by the benchmark, read by the promotion checks
+
+
+@dataclass
 class RunEvents:
     """Callbacks for progress output (the CLI draws them; tests collect them)."""
 
     note: Callable[[str], None] = lambda s: None
     candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
-
-
-def _serialized(events: RunEvents) -> RunEvents:
-    """The same callbacks, one at a time (the GPU stage reports from several threads)."""
-    lock = threading.Lock()
-
-    def locked(fn):
-        def call(*args):
-            with lock:
-                fn(*args)
-        return call
-    return RunEvents(note=locked(events.note), candidate=locked(events.candidate))
 
 
 class Budget:
@@ -102,7 +117,7 @@ class Budget:
         return time.time() - self.t0
 
     def exhausted(self, tokens: int = 0) -> Optional[str]:
-        if self.used >= self.cfg.max_candidates:
+        if self.cfg.max_candidates is not None and self.used >= self.cfg.max_candidates:
             return f"candidate budget reached ({self.cfg.max_candidates})"
         if self.elapsed() >= self.cfg.time_limit_s:
             return f"time limit reached ({self.cfg.time_limit_s:.0f}s)"
@@ -127,41 +142,38 @@ def visible_gpus(limit: Optional[int] = None) -> List[str]:
     return ids[:limit] if limit else ids
 
 
-class DevicePool:
-    """Lends one GPU at a time to each evaluation child: `with pool.lease() as env:` gives an
-    environment whose CUDA_VISIBLE_DEVICES names a GPU no other lease holds. Why one GPU per
-    child: timings of two kernels sharing a GPU would measure each other."""
-
-    def __init__(self, devices: Sequence[str]):
-        self.devices = list(devices) or ["0"]
-        self._free: "queue.Queue[str]" = queue.Queue()
-        for d in self.devices:
-            self._free.put(d)
-
-    def __len__(self) -> int:
-        return len(self.devices)
-
-    @contextlib.contextmanager
-    def lease(self):
-        d = self._free.get()
-        try:
-            yield dict(os.environ, CUDA_VISIBLE_DEVICES=d)
-        finally:
-            self._free.put(d)
+def placement_for(cfg: RunConfig, gpu: bool) -> LocalPlacement:
+    """This machine's placement for a run: the GPUs it may use and sanitizer processes for the rest."""
+    gpus = visible_gpus(cfg.gpus) if gpu else []
+    return LocalPlacement(cfg.jobs or default_jobs(len(gpus)), gpus)
 
 
-def run_groups(groups: Sequence[Sequence[Any]], pool: DevicePool, work: Callable[[Any, Dict[str, str]], None]) -> None:
-    """Run `work(item, env)` for every item, the items of one group in order (one target's candidates:
-    each is judged against the incumbent the previous one may have replaced), different groups in
-    parallel on different GPUs. Ctrl-C kills the children and returns at once."""
-    from ..sanitizer.runner import map_tracked
+@dataclass
+class Throughput:
+    """How the run used the machine (from the placement's task log)."""
 
-    def one_group(items):
-        for it in items:
-            with pool.lease() as env:
-                work(it, env)
+    first_benchmark_s: Optional[float] = None  # from the start to the first finished benchmark
+    judged: int = 0  # candidates with a final verdict: rejected, benchmarked or promoted
+    gpu_busy_fraction: Optional[float] = None  # of the wall time after the first 3 minutes
+    stage_s: Dict[str, float] = field(default_factory=dict)  # median seconds per task of each stage
+    wall_s: float = 0.0
 
-    map_tracked(one_group, groups, len(pool))
+    def per_gpu_hour(self, n_gpus: int) -> Optional[float]:
+        if not n_gpus or self.wall_s <= 0:
+            return None
+        return self.judged / (self.wall_s * n_gpus / 3600.0)
+
+    def describe(self, n_gpus: int) -> str:
+        parts = []
+        if self.first_benchmark_s is not None:
+            parts.append(f"first benchmark after {self.first_benchmark_s:.0f}s")
+        rate = self.per_gpu_hour(n_gpus)
+        parts.append(f"{self.judged} judged" + (f" ({rate:.0f} per GPU-hour)" if rate is not None else ""))
+        if self.gpu_busy_fraction is not None:
+            parts.append(f"GPU busy {self.gpu_busy_fraction:.0%} after the first 3 minutes")
+        if self.stage_s:
+            parts.append("median s per task: " + ", ".join(f"{k} {v:.1f}" for k, v in self.stage_s.items()))
+        return "; ".join(parts)
 
 
 SHAPE_SUITES = ("serving", "tiny", "near_serving")
@@ -205,28 +217,34 @@ def targets_for(cfg: RunConfig) -> List[Target]:
     return [ts[i] for i in range(max(map(len, per_op), default=0)) for ts in per_op if i < len(ts)]
 
 
+
+
 class Loop:
     def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, proposer: Proposer, events: RunEvents,
-                 gpu: bool, gpu_name: str):
+                 gpu: bool, gpu_name: str, placement: Optional[LocalPlacement] = None):
         self.cfg = cfg
         self.ledger = ledger
         self.run_id = run_id
         self.proposer = proposer
-        self.events = _serialized(events)
+        self.events = events
         self.gpu = gpu
         self.gpu_name = gpu_name
+        self.placement = placement or placement_for(cfg, gpu)
         self.ceilings: Optional[Dict[str, Any]] = None
         self.attempts: Dict[Tuple[str, str], List[Attempt]] = {}
         self.incumbent_ms: Dict[Tuple[str, str], float] = {}
-        self.devices = DevicePool(visible_gpus(cfg.gpus) if gpu else [])
-        self._lock = threading.Lock()  # stats, events and serving-set installs from the GPU threads
         self.stats = {"proposed": 0, "rejected": 0, "verified": 0, "benchmarked": 0, "promoted": 0,
                       "duplicates": 0, "unusable_replies": 0, "unjudged": 0}
-        # the wall-time budget holds inside a round too: past it, no new evaluation starts (the
-        # candidates stay in the ledger at the stage they reached; a later run finishes them)
+        # past the deadline the run stops hard: running children are killed, and their candidates stay
+        # in the ledger at the stage they reached (a resume finishes them)
         self.deadline: Optional[float] = None
         # what this run has already recorded (resume): source hash -> candidate id
         self.known = {c.source_hash: c.id for c in ledger.candidates(run_id=run_id)}
+        # the proposer's calls, in order, on a thread of their own: a model call never holds the stream
+        self._proposer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ka-proposer")
+        self.t_start = time.time()
+        self.first_benchmark_at: Optional[float] = None
+        self.judged: Set[int] = set()
 
     # -- incumbents -------------------------------------------------------------------
     def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
@@ -246,31 +264,19 @@ class Loop:
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
                               self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
 
-    # -- one round: every target proposes, then the whole batch is evaluated ------------------
-    def round(self, targets: Sequence[Target], budget: Budget) -> int:
-        batch: List[Tuple[Target, ProposeContext, Proposal, int, str]] = []
-        produced = 0
-        for i, t in enumerate(targets):
-            if budget.exhausted(getattr(self.proposer, "tokens_used", 0)):
-                break
-            ctx = self.context(t)
-            # a fair share of what is left, so a small budget still reaches every op and bucket
-            left = self.cfg.max_candidates - budget.used
-            n = min(self.cfg.per_round, -(-left // (len(targets) - i)))
-            if n <= 0:
-                break
-            proposals = self.proposer.propose(ctx, n)
-            produced += len(proposals)
-            for p in proposals:
-                item = self._admit(t, ctx, p, budget)
-                if item:
-                    batch.append(item)
-        if batch:
-            self._evaluate(batch)
-        return produced
+    # -- the proposer (its own thread; calls keep their order) ----------------------------
+    def _feedback(self, ctx: ProposeContext, p: Proposal, passed: bool, ms: Optional[float]) -> None:
+        self._proposer_thread.submit(self.proposer.feedback, ctx, p, passed, ms)
 
-    def _admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget):
-        """Record a proposal; return it for evaluation, or None when it needs none."""
+    def _incumbent_time(self, ctx: ProposeContext, ms: float) -> None:
+        self._proposer_thread.submit(self.proposer.set_incumbent_time, ctx, ms)
+
+    def _tokens(self) -> int:
+        return getattr(self.proposer, "tokens_used", 0)
+
+    # -- admission ------------------------------------------------------------------------
+    def _admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
+        """Record a proposal; return its work, or None when it needs no evaluation."""
         if p.rejected:
             self._record_unusable(p)
             budget.used += 1
@@ -279,7 +285,7 @@ class Loop:
         if h in self.known:  # resumed run: already recorded
             c = self.ledger.candidate(self.known[h])
             if c is not None and self._unfinished(c.status):  # interrupted mid-evaluation: finish it
-                return (t, ctx, p, c.id, self._write(p, h, t))
+                return Work(t, ctx, p, c.id, self._write(p, h, t))
             self._replay(ctx, p, self.known[h])
             return None
         existing = self.ledger.find_candidate(p.op, p.source)
@@ -296,17 +302,17 @@ class Loop:
             self.events.candidate(p.label, existing.status, f"same source as candidate #{existing.id}: verdict reused")
             self._replay(ctx, p, existing.id)
             return None
-        return (t, ctx, p, cand.id, path)
+        return Work(t, ctx, p, cand.id, path)
 
     def _unfinished(self, status: str) -> bool:
         """Whether a recorded candidate still needs evaluating here: never judged, or verified without a
         GPU (or before a time limit) and this run has one. Its finished stages are not run again."""
         return status == "proposed" or (self.gpu and status == "verified")
 
-    def resume_pending(self, targets: Sequence[Target]) -> None:
-        """Finish the candidates a killed run recorded but never judged (whatever the proposer does next)."""
+    def pending_works(self, targets: Sequence[Target]) -> List[Work]:
+        """The candidates a killed or stopped run recorded but never judged (whatever the proposer does next)."""
         by_key = {(t.op, t.bucket): t for t in targets}
-        items = []
+        works = []
         for c in self.ledger.candidates(run_id=self.run_id):
             if not self._unfinished(c.status) or not c.path:
                 continue
@@ -315,10 +321,8 @@ class Loop:
             if t is None:
                 continue
             p = Proposal(c.op, c.source, c.label or f"candidate-{c.id}", c.proposer)
-            items.append((t, self.context(t), p, c.id, self._write(p, c.source_hash, t)))
-        if items:
-            self.events.note(f"finishing {len(items)} candidate(s) the interrupted run had not judged")
-            self._evaluate(items)
+            works.append(Work(t, self.context(t), p, c.id, self._write(p, c.source_hash, t)))
+        return works
 
     def _write(self, p: Proposal, h: str, t: Target) -> str:
         """kernels/candidates/<run>/<op>/<bucket>/<label>-<hash>.py (the bucket is how a resume finds its target)."""
@@ -352,8 +356,8 @@ class Loop:
         passed = c.status in ("verified", "benchmarked", "promoted")
         inc_ms = self._bench_ms(cid, incumbent=True)
         if inc_ms is not None:  # what the candidate was measured against, as the live path tells it first
-            self.proposer.set_incumbent_time(ctx, inc_ms)
-        self.proposer.feedback(ctx, p, passed, self._bench_ms(cid))
+            self._incumbent_time(ctx, inc_ms)
+        self._feedback(ctx, p, passed, self._bench_ms(cid))
 
     def _bench_ms(self, cid: int, incumbent: bool = False) -> Optional[float]:
         """A candidate's recorded benchmark time, mean over its shapes (or the incumbent's, timed beside
@@ -367,164 +371,365 @@ class Loop:
                  if (b.label != "candidate") == incumbent]
         return sum(times) / len(times) if times else None
 
-    # -- evaluation --------------------------------------------------------------------
-    def _late(self) -> bool:
-        return self.deadline is not None and time.time() >= self.deadline
+    # -- the stream -------------------------------------------------------------------------
+    def stream(self, targets: Sequence[Target], budget: Budget, works: Sequence[Work] = ()) -> Optional[str]:
+        """Evaluate until the budget is spent and nothing is in flight, the proposer has nothing new, or
+        the deadline (then everything in flight is stopped). `works`: candidates to finish first (a
+        resume). Returns why it stopped."""
+        stream = _Stream(self, targets, budget)
+        stop = stream.run(works)
+        if stream.proposing is None:  # the proposer has taken every piece of feedback in
+            self._proposer_thread.submit(lambda: None).result()
+        return stop
 
-    def _leave_unjudged(self, items: Sequence[tuple]) -> None:
-        if items:
-            self._count("unjudged", len(items))
-            self.events.note(f"time limit reached: {len(items)} candidate(s) left unjudged "
-                             f"({', '.join(it[2].label for it in items[:4])}{', ...' if len(items) > 4 else ''})")
+    def _stage_done(self, cid: int, mode: str, checks: Optional[Sequence[str]]) -> Optional[bool]:
+        """A stage this candidate already finished (a resume): True passed, False failed, None not run."""
+        done = self.ledger.checks(cid, mode=mode)
+        if done and (checks is None or {c.name for c in done} >= set(checks)):
+            return all(c.status != "failed" for c in done)
+        return None
 
-    def _sanitize(self, items: List[tuple], mode: str, checks: Optional[Sequence[str]] = None) -> List[tuple]:
-        """Run one sanitizer stage over a batch (any mix of ops); return the survivors."""
-        from ..sanitizer.runner import map_tracked, run_isolated
-        todo, survivors = [], []
-        for it in items:
-            done = self.ledger.checks(it[3], mode=mode)
-            if done and (checks is None or {c.name for c in done} >= set(checks)):
-                if all(c.status != "failed" for c in done):  # resumed: this stage already finished
-                    survivors.append(it)
-                continue
-            todo.append(it)
-        def judge(it):
-            if self._late():
-                return None
-            if mode != "gpu":
-                return run_isolated(it[4], it[0].op, mode, checks=checks)
-            with self.devices.lease() as env:  # one GPU per child
-                return run_isolated(it[4], it[0].op, mode, checks=checks, env=env)
+    def _record_verdict(self, works: Sequence[Work], mode: str, v) -> bool:
+        """Record one sanitizer stage's verdict for a candidate (its works share it); True when it passed."""
+        cid = works[0].cid
+        self.ledger.record_checks(cid, mode, [asdict(c) for c in v.checks])
+        if v.passed:
+            if mode == "full":
+                self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
+                                                 fpsan_equivalent=v.fpsan_equivalent)
+            return True
+        self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
+        self.stats["rejected"] += 1
+        self.judged.add(cid)
+        self.events.candidate(works[0].proposal.label, "rejected", f"{works[0].target.op} {mode}: {v.summary()}")
+        for w in works:
+            self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
+                Attempt(w.proposal.label, False, v.summary()))
+            self._feedback(w.ctx, w.proposal, False, None)
+        return False
 
-        # one source proposed for two buckets is one candidate: sanitized once, judged for both
-        first_of: Dict[int, tuple] = {}
-        for it in todo:
-            first_of.setdefault(it[3], it)
-        unique = list(first_of.values())
-        verdicts = dict(zip(first_of, map_tracked(judge, unique, len(self.devices) if mode == "gpu" else self.cfg.jobs)))
-        self._leave_unjudged([it for it in unique if verdicts[it[3]] is None])
-        recorded = set()
-        for it in todo:
-            t, ctx, p, cid, path = it
-            v = verdicts[cid]
-            if v is None:
-                continue
-            first = cid not in recorded
-            recorded.add(cid)
-            if first:
-                self.ledger.record_checks(cid, mode, [asdict(c) for c in v.checks])
-            if v.passed:
-                survivors.append(it)
-                if mode == "full" and first:
-                    self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
-                                                     fpsan_equivalent=v.fpsan_equivalent)
-            else:
-                if first:
-                    self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
-                    self.stats["rejected"] += 1
-                    self.events.candidate(p.label, "rejected", f"{t.op} {mode}: {v.summary()}")
-                self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, False, v.summary()))
-                self.proposer.feedback(ctx, p, False, None)
-        return survivors
+    def _verified_without_gpu(self, works: Sequence[Work]) -> None:
+        w0 = works[0]
+        self.stats["verified"] += 1
+        c = self.ledger.candidate(w0.cid)
+        eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
+            c.fpsan_equivalent if c else None]
+        self.events.candidate(w0.proposal.label, "verified", f"{w0.target.op}: passed the full sanitizer ({eq}); not "
+                                                             f"benchmarked: no GPU")
+        for w in works:
+            self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
+                Attempt(w.proposal.label, True, "verified, not benchmarked"))
+            self._feedback(w.ctx, w.proposal, True, None)
 
-    def _evaluate(self, items: List[tuple]) -> None:
-        full = self._sanitize(self._sanitize(items, "quick"), "full")
-        if not self.gpu:
-            reported = set()
-            for t, ctx, p, cid, path in full:
-                if cid not in reported:  # once per candidate, however many buckets proposed it
-                    reported.add(cid)
-                    self.stats["verified"] += 1
-                    c = self.ledger.candidate(cid)
-                    eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
-                        c.fpsan_equivalent if c else None]
-                    self.events.candidate(p.label, "verified", f"{t.op}: passed the full sanitizer ({eq}); not "
-                                                               f"benchmarked: no GPU")
-                self.attempts.setdefault((t.op, t.bucket), []).append(Attempt(p.label, True, "verified, not "
-                                                                                             "benchmarked"))
-                self.proposer.feedback(ctx, p, True, None)
-            return
-        groups: Dict[Tuple[str, str], List[tuple]] = {}
-        for it in self._sanitize(full, "gpu", checks=GPU_QUICK_CHECKS):
-            groups.setdefault((it[0].op, it[0].bucket), []).append(it)
-        late: List[tuple] = []
+    def _bench_task(self, w: Work) -> BenchTask:
+        _, inc_file, _ = self.incumbent(w.target)
+        return BenchTask({"op": w.target.op, "shapes": [s.key() for s in w.target.shapes], "dtype": self.cfg.dtype,
+                          "seed": 0, "race": True,
+                          "kernels": [{"label": "incumbent", "file": inc_file}, {"label": "candidate", "file": w.path}]})
 
-        def bench(it, env):
-            if self._late():
-                with self._lock:
-                    late.append(it)
-                return
-            self._bench_and_promote(*it, env=env)
-        run_groups(list(groups.values()), self.devices, bench)
-        self._leave_unjudged(late)
-
-    def _count(self, key: str, n: int = 1) -> None:
-        with self._lock:
-            self.stats[key] += n
-
-    def _bench_and_promote(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str,
-                           env: Optional[Dict[str, str]] = None) -> None:
+    def _record_benchmark(self, w: Work, task: BenchTask, doc: Dict[str, Any]) -> bool:
+        """Record a benchmark and apply the rule; True when the candidate should be promoted (after the
+        promotion checks)."""
         from ..harness.bench import record_shape_result
-        from ..harness.bench_worker import run_bench_isolated
-        inc_label, inc_file, _ = self.incumbent(t)
-        spec = {"op": t.op, "shapes": [s.key() for s in t.shapes], "dtype": self.cfg.dtype, "seed": 0,
-                "kernels": [{"label": "incumbent", "file": inc_file}, {"label": "candidate", "file": path}]}
-        doc = run_bench_isolated(spec, env=env)
+        t, p, cid = w.target, w.proposal, w.cid
+        inc_file = task.spec["kernels"][0]["file"]
+        inc_label = "baseline" if inc_file is None else f"serving:{os.path.basename(inc_file)}"
         if doc.get("ceilings"):
             self.ceilings = doc["ceilings"]
         for res in doc.get("results", []):
-            record_shape_result(self.ledger, self.run_id, res, cid, "baseline" if inc_file is None else inc_label)
+            record_shape_result(self.ledger, self.run_id, res, cid, inc_label)
         j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
+        self.judged.add(cid)
         if j.error:
             self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": j.error})
-            self._count("rejected")
+            self.stats["rejected"] += 1
             self.events.candidate(p.label, "rejected", f"benchmark: {j.error}")
-            self.proposer.feedback(ctx, p, False, None)
-            return
+            self._feedback(w.ctx, p, False, None)
+            return False
+        if self.first_benchmark_at is None:
+            self.first_benchmark_at = time.time()
         self.ledger.set_candidate_status(cid, "benchmarked")
-        self._count("benchmarked")
-        cand_ms, inc_ms, decision = j.candidate_ms, j.incumbent_ms, j.decision
-        self.incumbent_ms[(t.op, t.bucket)] = inc_ms
-        self.proposer.set_incumbent_time(ctx, inc_ms)
-        self.proposer.feedback(ctx, p, True, cand_ms)
+        self.stats["benchmarked"] += 1
+        decision = j.decision
+        if len(j.pairs) == len(t.shapes):
+            self.incumbent_ms[(t.op, t.bucket)] = j.incumbent_ms
+            self._incumbent_time(w.ctx, j.incumbent_ms)
+            self._feedback(w.ctx, p, True, j.candidate_ms)
+        else:  # raced out after some shapes: a mean over fewer shapes compares with nothing else
+            self._feedback(w.ctx, p, True, None)
         self.attempts.setdefault((t.op, t.bucket), []).append(
-            Attempt(p.label, True, decision.reason, cand_ms, j.fraction_of_ceiling))
+            Attempt(p.label, True, decision.reason, j.candidate_ms, j.fraction_of_ceiling))
         if not decision.promote:
             self.events.candidate(p.label, "benchmarked", decision.reason)
-            return
-        if self.cfg.compute_sanitizer:
-            extra = self._promotion_checks(t, cid, path, env)
-            if extra is not None:
-                self.events.candidate(p.label, "benchmarked", f"faster, but not promoted: {extra}")
-                return
-        with open(path) as f:
+            return False
+        w.judgement = j
+        return True
+
+    def _record_promotion_checks(self, w: Work, v) -> bool:
+        """compute-sanitizer memcheck / initcheck / racecheck (and the device suite) before a kernel enters
+        the serving set; True when they passed."""
+        self.ledger.record_checks(w.cid, "gpu", [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS])
+        if not v.passed:
+            self.ledger.set_candidate_status(w.cid, "rejected", verdict=v.to_json())
+            self.events.candidate(w.proposal.label, "benchmarked", f"faster, but not promoted: {v.summary()}")
+            return False
+        return True
+
+    def _promote(self, w: Work) -> None:
+        t, p, cid, j = w.target, w.proposal, w.cid, w.judgement
+        decision = j.decision
+        with open(w.path) as f:
             source = f.read()
         v = versions()
-        with self._lock:  # the manifest is read, changed and written: one install at a time
-            entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
-                                    decision.reason, v, shapes=[s.key() for s in t.shapes])
+        entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
+                                decision.reason, v, shapes=[s.key() for s in t.shapes])
         self.ledger.record_promotion(run_id=self.run_id, op=t.op, bucket=t.bucket, dtype=self.cfg.dtype,
-                                     gpu_name=self.gpu_name, candidate_id=cid, new_ms=cand_ms, old_ms=inc_ms,
-                                     gain=decision.gain, spread=decision.spread, reason=decision.reason,
-                                     versions_json=json.dumps(v))
-        self._count("promoted")
-        self.incumbent_ms[(t.op, t.bucket)] = cand_ms
+                                     gpu_name=self.gpu_name, candidate_id=cid, new_ms=j.candidate_ms,
+                                     old_ms=j.incumbent_ms, gain=decision.gain, spread=decision.spread,
+                                     reason=decision.reason, versions_json=json.dumps(v))
+        self.stats["promoted"] += 1
+        self.incumbent_ms[(t.op, t.bucket)] = j.candidate_ms
         self.events.candidate(p.label, "promoted", f"{decision.reason} -> {entry['file']}")
 
-    def _promotion_checks(self, t: Target, cid: int, path: str, env: Optional[Dict[str, str]] = None) -> Optional[str]:
-        """compute-sanitizer memcheck / initcheck / racecheck before a kernel enters the serving set."""
-        from ..sanitizer.runner import run_isolated
-        v = run_isolated(path, t.op, "gpu", checks=GPU_PROMOTION_CHECKS, env=env)
-        self.ledger.record_checks(cid, "gpu", [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS])
-        if not v.passed:
-            self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
-            return v.summary()
-        return None
+    def throughput(self) -> Throughput:
+        log = self.placement.log()
+        end = time.time()
+        th = Throughput(judged=len(self.judged), wall_s=end - self.t_start)
+        if self.first_benchmark_at is not None:
+            th.first_benchmark_s = self.first_benchmark_at - self.t_start
+        by_stage: Dict[str, List[float]] = {}
+        for kind, resource, t0, t1 in log:
+            by_stage.setdefault(kind, []).append(t1 - t0)
+        th.stage_s = {k: statistics.median(v) for k, v in by_stage.items()}
+        if self.placement.gpus and end - self.t_start > 180:
+            lo = self.t_start + 180
+            busy = sum(max(0.0, min(t1, end) - max(t0, lo)) for _, r, t0, t1 in log if r == "gpu")
+            th.gpu_busy_fraction = busy / ((end - lo) * len(self.placement.gpus))
+        return th
+
+
+class _Stream:
+    """One streaming evaluation: the scheduler's state (what waits for which resource, what runs)."""
+
+    def __init__(self, loop: Loop, targets: Sequence[Target], budget: Budget):
+        self.loop, self.targets, self.budget = loop, list(targets), budget
+        self.placement = loop.placement
+        self.gpu = loop.gpu and bool(self.placement.gpus)
+        self.cpu_queue: Deque[Tuple[str, List[Work]]] = collections.deque()  # (mode, works of one candidate)
+        self.gpu_queue: Deque[Tuple[str, Work]] = collections.deque()  # ('gpu' | 'bench' | 'promote', work)
+        self.running: Dict[Future, Tuple[str, Any, Any]] = {}  # future -> (stage, works or work, task)
+        self.sharing: Dict[Tuple[int, str], List[Work]] = {}  # (cid, mode) in queue or running -> its works
+        self.busy_targets: Set[Tuple[str, str]] = set()  # one benchmark and promotion at a time per target
+        self.in_pipeline = 0  # works admitted and not finished
+        self.exhausted: Set[int] = set()  # targets whose proposer had nothing new (until new feedback)
+        self.next_target = 0
+        self.proposing: Optional[Future] = None
+        self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
+        self.idle_asks = 0
+
+    # -- capacity -------------------------------------------------------------------------
+    def _want_more(self) -> bool:
+        """Whether to propose now: the CPU has a free slot and nothing queued for it, and (with a GPU) the
+        pipeline holds no more than the GPUs can take soon, so feedback stays fresh and a deadline
+        leaves little unjudged."""
+        if self.cpu_queue or self._running("cpu") >= self.placement.cpu_slots:
+            return False
+        if self.gpu:
+            return self.in_pipeline < 4 * len(self.placement.gpus) + 1
+        return self.in_pipeline < self.placement.cpu_slots + 1
+
+    def _running(self, resource: str) -> int:
+        return sum(1 for _, (stage, _, task) in self.running.items() if task.resource == resource)
+
+    # -- stages ---------------------------------------------------------------------------
+    def _enter(self, w: Work) -> None:
+        self.in_pipeline += 1
+        self._sanitize_stage(w, "quick")
+
+    def _sanitize_stage(self, w: Work, mode: str) -> None:
+        checks = GPU_QUICK_CHECKS if mode == "gpu" else None
+        done = self.loop._stage_done(w.cid, mode, checks)
+        if done is True:  # resumed: this stage already passed
+            return self._after_sanitize(w, mode)
+        if done is False:  # resumed: already rejected
+            return self._leave(w)
+        key = (w.cid, mode)
+        if key in self.sharing:  # the same candidate for another bucket: judged once
+            self.sharing[key].append(w)
+            return
+        self.sharing[key] = [w]
+        if mode == "gpu":
+            self.gpu_queue.append(("gpu", w))
+        else:
+            self.cpu_queue.append((mode, [w]))
+
+    def _after_sanitize(self, w: Work, mode: str) -> None:
+        if mode == "quick":
+            return self._sanitize_stage(w, "full")
+        if mode == "full":
+            if not self.gpu:
+                self.loop._verified_without_gpu([w])
+                self.loop.judged.add(w.cid)
+                return self._leave(w)
+            return self._sanitize_stage(w, "gpu")
+        self.gpu_queue.append(("bench", w))
+
+    def _leave(self, w: Work) -> None:
+        self.in_pipeline -= 1
+        self.exhausted.discard(self.targets.index(w.target) if w.target in self.targets else -1)
+
+    def _start(self) -> None:
+        """Hand queued stages to free slots: GPU work first (the scarce resource), then the CPU's."""
+        lp = self.loop
+        free_gpu = len(self.placement.gpus) - self._running("gpu")
+        for item in list(self.gpu_queue):
+            if free_gpu <= 0:
+                break
+            stage, w = item
+            key = (w.target.op, w.target.bucket)
+            if stage == "bench" and key in self.busy_targets:
+                continue  # judged against the incumbent the running one may replace: after it
+            self.gpu_queue.remove(item)
+            if stage == "gpu":
+                task = SanitizeTask(w.path, w.target.op, "gpu", GPU_QUICK_CHECKS)
+            elif stage == "bench":
+                self.busy_targets.add(key)
+                task = lp._bench_task(w)
+            else:
+                task = SanitizeTask(w.path, w.target.op, "gpu", GPU_PROMOTION_CHECKS, stage="promote")
+            self.running[self.placement.submit(task)] = (stage, w, task)
+            free_gpu -= 1
+        while self.cpu_queue and self._running("cpu") < self.placement.cpu_slots:
+            mode, works = self.cpu_queue.popleft()
+            task = SanitizeTask(works[0].path, works[0].target.op, mode)
+            self.running[self.placement.submit(task)] = (mode, works, task)
+
+    def _propose(self) -> None:
+        lp, budget = self.loop, self.budget
+        if self.proposing is not None or budget.exhausted(lp._tokens()) or not self._want_more():
+            return
+        n_targets = len(self.targets)
+        for _ in range(n_targets):
+            i = self.next_target
+            self.next_target = (self.next_target + 1) % n_targets
+            if i not in self.exhausted:
+                break
+        else:
+            return
+        t = self.targets[i]
+        n = lp.cfg.per_round
+        if lp.cfg.max_candidates is not None:
+            n = max(1, min(n, lp.cfg.max_candidates - budget.used))
+        ctx = lp.context(t)
+        self.proposing_for = (t, ctx, i)
+        self.proposing = lp._proposer_thread.submit(lp.proposer.propose, ctx, n)
+
+    def _proposed(self, proposals: List[Proposal]) -> None:
+        t, ctx, i = self.proposing_for
+        self.proposing, self.proposing_for = None, None
+        if not proposals:
+            self.exhausted.add(i)
+            return
+        for p in proposals:
+            w = self.loop._admit(t, ctx, p, self.budget)
+            if w is not None:
+                self._enter(w)
+
+    def _finished(self, fut: Future) -> None:
+        lp = self.loop
+        stage, what, task = self.running.pop(fut)
+        result = fut.result()
+        if stage in ("quick", "full", "gpu"):
+            works = self.sharing.pop((what[0].cid if isinstance(what, list) else what.cid, stage))
+            if lp._record_verdict(works, stage, result):
+                for w in works:
+                    self._after_sanitize(w, stage)
+            else:
+                for w in works:
+                    self._leave(w)
+            return
+        w: Work = what
+        key = (w.target.op, w.target.bucket)
+        if stage == "bench":
+            if lp._record_benchmark(w, task, result):
+                if lp.cfg.compute_sanitizer:
+                    self.gpu_queue.appendleft(("promote", w))  # the target stays busy until it is decided
+                    return
+                lp._promote(w)
+        elif stage == "promote" and lp._record_promotion_checks(w, result):
+            lp._promote(w)
+        self.busy_targets.discard(key)
+        self._leave(w)
+
+    def _unjudged(self) -> List[Work]:
+        works: Dict[int, Work] = {}
+        for _, what, _ in self.running.values():
+            for w in (what if isinstance(what, list) else [what]):
+                works.setdefault(w.cid, w)
+        for _, ws in self.cpu_queue:
+            for w in ws:
+                works.setdefault(w.cid, w)
+        for _, w in self.gpu_queue:
+            works.setdefault(w.cid, w)
+        for ws in self.sharing.values():
+            for w in ws:
+                works.setdefault(w.cid, w)
+        return list(works.values())
+
+    def _hard_stop(self) -> None:
+        lp = self.loop
+        left = self._unjudged()
+        self.placement.stop()
+        if self.running:  # killed children return at once; their results are not verdicts
+            wait(list(self.running), timeout=STOP_GRACE_S)
+        self.running.clear()
+        if left:
+            lp.stats["unjudged"] += len(left)
+            lp.events.note(f"time limit reached: stopped {len(left)} candidate(s) in flight "
+                           f"({', '.join(w.proposal.label for w in left[:4])}{', ...' if len(left) > 4 else ''}); "
+                           f"they stay at the stage they reached: `kernel-agent run --resume {lp.run_id}` finishes "
+                           f"them")
+
+    def run(self, works: Sequence[Work]) -> Optional[str]:
+        lp = self.loop
+        for w in works:
+            self._enter(w)
+        try:
+            while True:
+                if lp.deadline is not None and time.time() >= lp.deadline:
+                    self._hard_stop()
+                    return f"time limit reached ({lp.cfg.time_limit_s:.0f}s)"
+                self._start()
+                self._propose()
+                self._start()
+                waiting = list(self.running) + ([self.proposing] if self.proposing else [])
+                if not waiting:
+                    if self.cpu_queue or self.gpu_queue:
+                        continue  # startable now (a target became free)
+                    stop = self.budget.exhausted(lp._tokens())
+                    if stop:
+                        return stop
+                    if len(self.exhausted) >= len(self.targets):
+                        return "the proposer has nothing new to propose"
+                    continue
+                timeout = 1.0 if lp.deadline is None else max(0.0, min(1.0, lp.deadline - time.time()))
+                done, _ = wait(waiting, timeout=timeout, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    if fut is self.proposing:
+                        self._proposed(fut.result())
+                    else:
+                        self._finished(fut)
+        except BaseException:
+            self.placement.stop()  # Ctrl-C: the children go down with the run
+            raise
 
 
 def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
-             proposer: Optional[Proposer] = None) -> Dict[str, Any]:
-    """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run."""
+             proposer: Optional[Proposer] = None, time_limit_s: Optional[float] = None,
+             placement: Optional[LocalPlacement] = None) -> Dict[str, Any]:
+    """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run.
+    `time_limit_s` on a resume: the time it may take from now (default: what the run had left, and at
+    least enough to finish what it left in flight)."""
     events = events or RunEvents()
     ledger = Ledger(ledger_path)
     gpu = gpu_available()
@@ -534,66 +739,74 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         run = ledger.get_run(resume)
         if run is None:
             raise ValueError(f"no run {resume!r} in {ledger_path}")
-        if run.status == "finished":
-            raise ValueError(f"run {resume} already finished; nothing to resume")
         cfg = RunConfig.from_json(run.config)
         progress = json.loads(run.notes) if run.notes and run.notes.startswith("{") else {}
-        ledger.set_run_status(resume, "running", finished=False)
+        elapsed_before = float(progress.get("elapsed_s", 0.0))
+        if time_limit_s is not None:
+            cfg.time_limit_s = elapsed_before + time_limit_s
         run_id = resume
-        events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already recorded")
     else:
         run = ledger.start_run(cfg.to_json(), versions(), cfg.proposer, list(cfg.ops), gname if gpu else None,
                                {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s,
                                 "token_budget": cfg.token_budget})
         run_id = run.id
+        elapsed_before = 0.0
         progress = {}
-        events.note(f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
-                    f"budget {cfg.max_candidates} candidates / {cfg.time_limit_s:.0f}s"
-                    + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
-    if proposer is None:
-        proposer = make_proposer(cfg, ledger, run_id)
-    loop = Loop(cfg, ledger, run_id, proposer, events, gpu, gname)
-    if gpu and len(loop.devices) > 1:
-        events.note(f"evaluating on {len(loop.devices)} GPUs ({', '.join(loop.devices.devices)}), one child per GPU")
-    budget = Budget(cfg, len(ledger.candidates(run_id=run_id)), float(progress.get("elapsed_s", 0.0)))
-    loop.deadline = budget.t0 + cfg.time_limit_s
+    loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname, placement)
     targets = targets_for(cfg)
-    stop_reason = None
+    pending = loop.pending_works(targets) if resume else []
+    if resume:
+        if run.status == "finished" and not pending:
+            raise ValueError(f"run {resume} already finished; nothing to resume")
+        ledger.set_run_status(resume, "running", finished=False)
+        events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already recorded"
+                    + (f", {len(pending)} to finish" if pending else ""))
+    else:
+        events.note(f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
+                    f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
+                    f"{cfg.time_limit_s:.0f}s"
+                    + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
+    events.note(f"evaluating with {describe(loop.placement)}")
+    budget = Budget(cfg, len(ledger.candidates(run_id=run_id)), elapsed_before)
+    left = cfg.time_limit_s - elapsed_before
+    if resume and pending and time_limit_s is None:
+        left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
+    loop.deadline = time.time() + max(0.0, left)
+
+    sessions: List[Dict[str, Any]] = list(progress.get("sessions", []))
+
+    def notes(session: Optional[Dict[str, Any]] = None) -> str:
+        """The run's progress for a resume, and how each session (the run, then each resume) used the machine."""
+        d = {"elapsed_s": round(budget.elapsed(), 1), "tokens": loop._tokens(), "sessions": sessions}
+        if session is not None:
+            d["stop"] = session["stop"]
+            d["sessions"] = sessions + [session]
+        return json.dumps(d)
+
     try:
-        if resume:
-            loop.resume_pending(targets)
-        idle_rounds = 0
-        while True:
-            stop_reason = budget.exhausted(getattr(proposer, "tokens_used", 0))
-            if stop_reason:
-                break
-            produced = loop.round(targets, budget)
-            ledger.set_run_status(run_id, "running", finished=False,
-                                  notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
-                                                    "tokens": getattr(proposer, "tokens_used", 0)}))
-            if produced == 0:
-                idle_rounds += 1
-                if idle_rounds >= 2:
-                    stop_reason = "the proposer has nothing new to propose"
-                    break
-            else:
-                idle_rounds = 0
+        stop_reason = loop.stream(targets, budget, pending)
     except KeyboardInterrupt:
-        ledger.set_run_status(run_id, "interrupted", finished=False,
-                              notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
-                                                "tokens": getattr(proposer, "tokens_used", 0)}))
+        ledger.set_run_status(run_id, "interrupted", finished=False, notes=notes())
         events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
         raise
+    finally:
+        loop.placement.close(wait=False)
+        loop._proposer_thread.shutdown(wait=False, cancel_futures=True)
     if loop.stats["unjudged"]:
         stop_reason = (f"{stop_reason}; " if stop_reason else "") + \
             f"{loop.stats['unjudged']} candidate(s) left unjudged at the time limit (kept in the ledger)"
-    ledger.set_run_status(run_id, "finished", finished=True,
-                          notes=json.dumps({"elapsed_s": round(budget.elapsed(), 1),
-                                            "tokens": getattr(proposer, "tokens_used", 0), "stop": stop_reason}))
+    th = loop.throughput()
+    session = dict(asdict(th), resumed=bool(resume), n_gpus=len(loop.placement.gpus),
+                   cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
+                   past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.stats["unjudged"],
+                   stop=stop_reason)
+    ledger.set_run_status(run_id, "finished", finished=True, notes=notes(session))
     summary = ledger.run_summary(run_id)
     summary["stop_reason"] = stop_reason
     summary["gpu"] = gname if gpu else None
     summary["benchmarked"] = gpu
+    summary["throughput"] = session
+    summary["throughput_line"] = th.describe(len(loop.placement.gpus))
     ledger.close()
     return summary
 

@@ -181,6 +181,33 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     assert checks == ref_checks  # each check recorded once per candidate and mode
 
 
+def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(tmp_path):
+    """A sanitizer stage outlasts the limit: the run kills it and ends within 15 s of the limit with its
+    summary printed; the candidates stay 'proposed' without a check recorded, and `--resume` judges
+    them."""
+    db = tmp_path / "l.db"
+    args = ["run", "--ops", "quantize_kv", "--proposer", "search", "--candidates", "2", "--per-round", "1",
+            "--jobs", "2", "--ledger", str(db), "--candidates-dir", str(tmp_path / "c")]
+    t0 = time.time()
+    r = _run(args + ["--time-limit", "6s"], timeout=120)
+    wall = time.time() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    led = Ledger(str(db))
+    run = led.runs()[0]
+    assert json.loads(run.notes)["elapsed_s"] <= 6 + 15 and wall < 6 + 15 + 15  # (+ the CLI's start)
+    assert "left unjudged at the time limit" in r.stdout and f"--resume {run.id}" in r.stdout + r.stderr
+    cands = led.candidates(run_id=run.id)
+    assert len(cands) == 2 and {c.status for c in cands} == {"proposed"}
+    assert all(led.checks(c.id) == [] for c in cands)  # a killed stage records nothing
+    led.close()
+    r = _run(["run", "--resume", run.id, "--ledger", str(db)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    led = Ledger(str(db))
+    assert {c.status for c in led.candidates(run_id=run.id)} == {"verified"}
+    assert led.get_run(run.id).status == "finished" and len(led.candidates(run_id=run.id)) == 2
+    led.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
     db = tmp_path / "l.db"
@@ -212,14 +239,15 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
 
 # -- evaluation spread over GPUs -------------------------------------------------------------
 
-def test_run_groups_gives_each_child_its_own_gpu_and_keeps_a_targets_order():
+def test_the_placement_gives_each_gpu_task_a_gpu_of_its_own(monkeypatch):
     import threading
-    from kernel_agent.agent.loop import DevicePool, run_groups
-    pool = DevicePool(["3", "5"])
+    from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
+    from kernel_agent.harness import bench_worker
+    from kernel_agent.sanitizer import runner
     lock = threading.Lock()
-    busy, log, overlap = set(), [], []
+    busy, overlap, cpu_env = set(), [], []
 
-    def work(item, env):
+    def fake_bench(spec, timeout_s=900.0, env=None):
         dev = env["CUDA_VISIBLE_DEVICES"]
         with lock:
             assert dev not in busy, "two children on one GPU"
@@ -228,15 +256,31 @@ def test_run_groups_gives_each_child_its_own_gpu_and_keeps_a_targets_order():
         time.sleep(0.05)
         with lock:
             busy.discard(dev)
-            log.append(item)
+        return {"results": [], "error": None, "n": spec["n"]}
 
-    groups = [[("a", i) for i in range(3)], [("b", i) for i in range(3)], [("c", i) for i in range(2)]]
-    run_groups(groups, pool, work)
-    assert sorted(log) == sorted(x for g in groups for x in g)
-    for g in groups:  # one target's candidates in order
-        assert [x for x in log if x[0] == g[0][0]] == g
+    def fake_sanitize(path, op, mode="full", checks=None, env=None):
+        cpu_env.append(env)
+        return mode
+    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
+    monkeypatch.setattr(runner, "run_isolated", fake_sanitize)
+    pl = LocalPlacement(3, ["3", "5"], threads=2)
+    futs = [pl.submit(BenchTask({"n": i})) for i in range(8)] + [pl.submit(SanitizeTask("f.py", "matmul", "quick"))]
+    assert [f.result()["n"] for f in futs[:8]] == list(range(8)) and futs[8].result() == "quick"
     assert max(overlap) == 2  # both GPUs were used at once
-    assert sorted(pool.devices) == ["3", "5"] and pool._free.qsize() == 2  # every lease returned
+    assert pl._free.qsize() == 2  # every lease returned
+    assert cpu_env[0]["OMP_NUM_THREADS"] == "2"
+    kinds = sorted(k for k, _, _, _ in pl.log())
+    assert kinds == ["bench"] * 8 + ["quick"]
+    pl.stop()  # after the hard stop nothing starts
+    with pytest.raises(ChildProcessError):
+        pl.submit(BenchTask({"n": 9})).result()
+    pl.close()
+
+
+def test_default_jobs_leave_a_core_per_gpu():
+    from kernel_agent.agent.placement import default_jobs, threads_per_child
+    assert default_jobs(1, cores=16) == 15 and default_jobs(0, cores=2) == 2 and default_jobs(4, cores=2) == 1
+    assert threads_per_child(15, cores=16) == 1 and threads_per_child(2, cores=16) == 8
 
 
 def test_run_rejects_zero_gpus(tmp_path):
@@ -293,6 +337,12 @@ def _fake_loop(tmp_path, led, ops, proposer=None):
     return lp, run, loop_mod.targets_for(cfg), loop_mod.Budget(cfg, 0, 0.0)
 
 
+def _stream(lp, targets, budget, n):
+    """Stream `n` more candidates over `targets`."""
+    lp.cfg.max_candidates = budget.used + n
+    return lp.stream(targets, budget)
+
+
 def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monkeypatch):
     """The loop's GPU path with the device children replaced by fakes: every candidate is judged on
     a GPU of its own, the faster one is promoted into the serving set, and the next round's variants
@@ -302,7 +352,7 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.8 if fast.setdefault(op, f) == f else 1.0)
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv", "matmul"])
-    lp.round(targets[:2], budget)
+    _stream(lp, targets[:2], budget, 4)
     assert {d for _, d in seen} == {"0", "1"}  # both GPUs lent
     promos = [e for e in serving.load_manifest()["entries"]]
     assert sorted(e["op"] for e in promos) == ["matmul", "quantize_kv"] and lp.stats["promoted"] == 2
@@ -314,7 +364,7 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     assert statuses == ["benchmarked", "benchmarked", "promoted", "promoted"]
     # the next round climbs from the promoted kernels
     before = {c.id for c in led.candidates(run_id=run.id)}
-    lp.round(targets[:2], budget)
+    _stream(lp, targets[:2], budget, 4)
     new = [c for c in led.candidates(run_id=run.id) if c.id not in before]
     served = {e["op"]: (tmp_path / "serving" / e["file"]).read_text() for e in serving.load_manifest()["entries"]}
     assert {c.op for c in new} == {"quantize_kv", "matmul"}
@@ -332,19 +382,19 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)  # everything slower than the baseline
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
-    lp.round(targets[:1], budget)
+    _stream(lp, targets[:1], budget, 2)
     first = led.candidates(run_id=run.id)
     assert len(first) == 2 and {c.status for c in first} == {"benchmarked"}
     rows = led.bench_results(candidate_id=first[0].id)
     assert {b.label for b in rows} == {"candidate", "baseline", "anchor:torch"}  # timed side by side
     prop = SearchProposer()
     lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["matmul"], prop)
-    lp2.round(targets[:1], budget2)
+    _stream(lp2, targets[:1], budget2, 2)
     assert lp2.stats["duplicates"] == 2 and lp2.stats["benchmarked"] == 0  # replayed, not re-timed
     st = prop.state[("matmul", targets[0].bucket)]
     shape = targets[0].shapes[0]
     assert st.best_ms == 1.0 and st.best_cfg == baseline_config("matmul", shape)  # did not move to a slower one
-    lp2.round(targets[:1], budget2)
+    _stream(lp2, targets[:1], budget2, 2)
     new = [c for c in led.candidates(run_id=run2.id) if c.id not in {x.id for x in first}]
     assert len(new) == 2
     tried = {source_config("matmul", c.source, shape) for c in first}
@@ -354,33 +404,35 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     led.close()
 
 
-def test_the_time_limit_holds_inside_a_round(tmp_path, monkeypatch):
-    """Past the deadline no new evaluation starts: what is left stays 'proposed' (nothing lost), and
-    what already started finishes."""
+def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_path, monkeypatch):
+    """At the deadline the stream stops at once: the candidate being timed and the one waiting for the
+    GPU stay 'verified' (nothing lost), nothing new is proposed past it, and a later run that proposes
+    them again times them without running their CPU stages again."""
     def slow(op, f):
-        time.sleep(1.2)
+        time.sleep(1.5)
         return 1.3
     _fake_gpu(tmp_path, monkeypatch, slow)
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
-    lp.deadline = time.time() + 1.0
-    lp.round(targets[:1], budget)  # two candidates for one target: timed one after the other
-    # the second passed the sanitizer before the deadline, and was not timed after it
-    first = {c.status: c for c in led.candidates(run_id=run.id)}
-    assert sorted(first) == ["benchmarked", "verified"]
-    assert lp.stats["unjudged"] == 1 and lp.stats["benchmarked"] == 1
-    lp.deadline = time.time() - 1  # already past: not even the sanitizer starts
-    before = {c.id for c in led.candidates(run_id=run.id)}
-    lp.round(targets[:1], budget)
-    new = [c for c in led.candidates(run_id=run.id) if c.id not in before]
-    assert len(new) == 2 and {c.status for c in new} == {"proposed"} and lp.stats["unjudged"] == 3
-    assert all(led.checks(c.id) == [] for c in new)
-    # a later run with a GPU that proposes the verified one again times it (its CPU stages not rerun)
-    n_checks = len(led.checks(first["verified"].id))
+    lp.deadline = time.time() + 0.8
+    t0 = time.time()
+    stop = _stream(lp, targets[:1], budget, 2)  # two candidates for one target: timed one after the other
+    assert "time limit" in stop and time.time() - t0 < 0.8 + 8 + 2
+    first = led.candidates(run_id=run.id)
+    assert sorted(c.status for c in first) == ["verified", "verified"]
+    assert lp.stats["unjudged"] == 2 and lp.stats["benchmarked"] == 0
+    lp.placement.close()
+    lp.deadline = time.time() - 1  # already past: nothing is proposed
+    assert "time limit" in _stream(lp, targets[:1], budget, 2)
+    assert len(led.candidates(run_id=run.id)) == 2
+    # a later run with a GPU that proposes them again times them (their CPU stages not rerun)
+    n_checks = {c.id: len([k for k in led.checks(c.id) if k.mode != "gpu"]) for c in first}
+    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
     lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"])
-    lp2.round(targets[:1], budget2)
-    assert led.candidate(first["verified"].id).status == "benchmarked" and lp2.stats["duplicates"] == 1
-    assert len(led.checks(first["verified"].id)) == n_checks  # its finished stages were not run again
+    _stream(lp2, targets[:1], budget2, 2)
+    assert {led.candidate(c.id).status for c in first} == {"benchmarked"} and lp2.stats["benchmarked"] == 2
+    assert {c.id: len([k for k in led.checks(c.id) if k.mode != "gpu"]) for c in first} == \
+        {cid: n for cid, n in n_checks.items()}  # their CPU stages were not run again
     led.close()
 
 
@@ -442,8 +494,10 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     from kernel_agent.agent.loop import targets_for
     both = targets_for(lp.cfg)
     assert len(both) == 2
-    lp.cfg.per_round = 1  # the evict-first rewrite only, for each bucket
-    lp.round(both, budget)
+    lp.cfg.per_round = 1
+    real = lp.proposer.propose
+    lp.proposer.propose = lambda ctx, n: [p for p in real(ctx, n) if p.label == "evict-first"]  # only it, per bucket
+    assert _stream(lp, both, budget, 20) == "the proposer has nothing new to propose"
     cands = led.candidates(run_id=run.id)
     assert len(cands) == 1 and cands[0].label == "evict-first"
     assert sorted(m for _, m in sanitized) == ["full", "gpu", "quick"]  # each stage once
