@@ -45,6 +45,9 @@ GPU_QUICK_CHECKS = ("determinism",)
 GPU_PROMOTION_CHECKS = ("gpu_differential", "memcheck", "initcheck", "racecheck")
 # What a resumed run may spend finishing the candidates it finds in flight, past the original limit.
 FINISH_ALLOWANCE_S = 600.0
+# Candidates in flight per GPU (with a GPU the CPU stages are not the bottleneck: the bound keeps the
+# queue ahead of the GPUs short, so the proposer's feedback stays fresh and a deadline leaves little unjudged).
+PIPELINE_PER_GPU = 6
 # How long the hard stop waits for killed children to be reaped before the run ends anyway.
 STOP_GRACE_S = 8.0
 
@@ -97,6 +100,8 @@ class Work:
     cid: int
     path: str
     judgement: Optional[Judgement] = None  # set by the benchmark, read by the promotion checks
+    passed: Set[str] = field(default_factory=set)  # sanitizer stages passed ('full', 'gpu')
+    rejected: bool = False  # a stage failed: whatever runs beside it is recorded, nothing follows
 
 
 @dataclass
@@ -156,6 +161,8 @@ class Throughput:
     judged: int = 0  # candidates with a final verdict: rejected, benchmarked or promoted
     gpu_busy_fraction: Optional[float] = None  # of the wall time after the first 3 minutes
     stage_s: Dict[str, float] = field(default_factory=dict)  # median seconds per task of each stage
+    benchmarks: int = 0  # benchmark children run
+    raced_out: int = 0  # of which stopped early at a shape the rule refuses on its own
     wall_s: float = 0.0
 
     def per_gpu_hour(self, n_gpus: int) -> Optional[float]:
@@ -245,6 +252,8 @@ class Loop:
         self.t_start = time.time()
         self.first_benchmark_at: Optional[float] = None
         self.judged: Set[int] = set()
+        self.bench_start_s: List[float] = []  # each benchmark child's start (sandbox, imports, ceilings)
+        self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
 
     # -- incumbents -------------------------------------------------------------------
     def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
@@ -436,6 +445,10 @@ class Loop:
         inc_label = "baseline" if inc_file is None else f"serving:{os.path.basename(inc_file)}"
         if doc.get("ceilings"):
             self.ceilings = doc["ceilings"]
+        if isinstance(doc.get("phases"), dict) and "start_s" in doc["phases"]:
+            self.bench_start_s.append(float(doc["phases"]["start_s"]))
+        if doc.get("raced_out"):
+            self.raced_out += 1
         for res in doc.get("results", []):
             record_shape_result(self.ledger, self.run_id, res, cid, inc_label)
         j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
@@ -494,13 +507,16 @@ class Loop:
     def throughput(self) -> Throughput:
         log = self.placement.log()
         end = time.time()
-        th = Throughput(judged=len(self.judged), wall_s=end - self.t_start)
+        th = Throughput(judged=len(self.judged), wall_s=end - self.t_start, raced_out=self.raced_out,
+                        benchmarks=sum(1 for kind, _, _, _ in log if kind == "bench"))
         if self.first_benchmark_at is not None:
             th.first_benchmark_s = self.first_benchmark_at - self.t_start
         by_stage: Dict[str, List[float]] = {}
         for kind, resource, t0, t1 in log:
             by_stage.setdefault(kind, []).append(t1 - t0)
         th.stage_s = {k: statistics.median(v) for k, v in by_stage.items()}
+        if self.bench_start_s:  # how much of a benchmark is its child starting
+            th.stage_s["bench start"] = statistics.median(self.bench_start_s)
         if self.placement.gpus and end - self.t_start > 180:
             lo = self.t_start + 180
             busy = sum(max(0.0, min(t1, end) - max(t0, lo)) for _, r, t0, t1 in log if r == "gpu")
@@ -532,14 +548,11 @@ class _Stream:
         """Whether to propose now: the CPU has a free slot and nothing queued for it, and (with a GPU) the
         pipeline holds no more than the GPUs can take soon, so feedback stays fresh and a deadline
         leaves little unjudged."""
-        if self.cpu_queue or self._running("cpu") >= self.placement.cpu_slots:
+        if self.cpu_queue or self.placement.running("cpu") >= self.placement.cpu_slots:
             return False
-        if self.gpu:
-            return self.in_pipeline < 4 * len(self.placement.gpus) + 1
+        if self.gpu:  # enough ahead of the GPUs to keep them fed while the CPU stages take their minute
+            return self.in_pipeline < PIPELINE_PER_GPU * len(self.placement.gpus) + 2
         return self.in_pipeline < self.placement.cpu_slots + 1
-
-    def _running(self, resource: str) -> int:
-        return sum(1 for _, (stage, _, task) in self.running.items() if task.resource == resource)
 
     # -- stages ---------------------------------------------------------------------------
     def _enter(self, w: Work) -> None:
@@ -547,11 +560,14 @@ class _Stream:
         self._sanitize_stage(w, "quick")
 
     def _sanitize_stage(self, w: Work, mode: str) -> None:
+        if w.rejected:
+            return
         checks = GPU_QUICK_CHECKS if mode == "gpu" else None
         done = self.loop._stage_done(w.cid, mode, checks)
         if done is True:  # resumed: this stage already passed
             return self._after_sanitize(w, mode)
         if done is False:  # resumed: already rejected
+            w.rejected = True
             return self._leave(w)
         key = (w.cid, mode)
         if key in self.sharing:  # the same candidate for another bucket: judged once
@@ -564,42 +580,55 @@ class _Stream:
             self.cpu_queue.append((mode, [w]))
 
     def _after_sanitize(self, w: Work, mode: str) -> None:
+        """The next stage of a candidate that passed `mode`. After the quick stage the full sanitizer (CPU)
+        and the GPU checks run side by side, so the GPU starts on a candidate a stage earlier; the
+        benchmark waits for both."""
+        if w.rejected:
+            return
         if mode == "quick":
+            if self.gpu:
+                self._sanitize_stage(w, "gpu")
             return self._sanitize_stage(w, "full")
-        if mode == "full":
-            if not self.gpu:
-                self.loop._verified_without_gpu([w])
-                self.loop.judged.add(w.cid)
-                return self._leave(w)
-            return self._sanitize_stage(w, "gpu")
-        self.gpu_queue.append(("bench", w))
+        w.passed.add(mode)
+        if not self.gpu:
+            self.loop._verified_without_gpu([w])
+            self.loop.judged.add(w.cid)
+            return self._leave(w)
+        if {"full", "gpu"} <= w.passed:
+            self.gpu_queue.append(("bench", w))
 
     def _leave(self, w: Work) -> None:
         self.in_pipeline -= 1
         self.exhausted.discard(self.targets.index(w.target) if w.target in self.targets else -1)
 
+    def _gpu_task(self, stage: str, w: Work):
+        if stage == "gpu":
+            return SanitizeTask(w.path, w.target.op, "gpu", GPU_QUICK_CHECKS)
+        if stage == "bench":
+            return self.loop._bench_task(w)
+        return SanitizeTask(w.path, w.target.op, "gpu", GPU_PROMOTION_CHECKS, stage="promote")
+
     def _start(self) -> None:
-        """Hand queued stages to free slots: GPU work first (the scarce resource), then the CPU's."""
-        lp = self.loop
-        free_gpu = len(self.placement.gpus) - self._running("gpu")
-        for item in list(self.gpu_queue):
-            if free_gpu <= 0:
-                break
+        """Hand queued stages to free slots: GPU work first (the scarce resource), promotion checks before
+        benchmarks before GPU checks; then the CPU's."""
+        order = {"promote": 0, "bench": 1, "gpu": 2}
+        held = False  # an exclusive task is waiting for its GPU: let the shared ones drain
+        for item in sorted(self.gpu_queue, key=lambda it: order[it[0]]):
             stage, w = item
             key = (w.target.op, w.target.bucket)
             if stage == "bench" and key in self.busy_targets:
                 continue  # judged against the incumbent the running one may replace: after it
+            task = self._gpu_task(stage, w)
+            if held and not task.exclusive:
+                break
+            if not self.placement.can_start(task):
+                held = held or task.exclusive
+                continue
             self.gpu_queue.remove(item)
-            if stage == "gpu":
-                task = SanitizeTask(w.path, w.target.op, "gpu", GPU_QUICK_CHECKS)
-            elif stage == "bench":
+            if stage == "bench":
                 self.busy_targets.add(key)
-                task = lp._bench_task(w)
-            else:
-                task = SanitizeTask(w.path, w.target.op, "gpu", GPU_PROMOTION_CHECKS, stage="promote")
             self.running[self.placement.submit(task)] = (stage, w, task)
-            free_gpu -= 1
-        while self.cpu_queue and self._running("cpu") < self.placement.cpu_slots:
+        while self.cpu_queue and self.placement.running("cpu") < self.placement.cpu_slots:
             mode, works = self.cpu_queue.popleft()
             task = SanitizeTask(works[0].path, works[0].target.op, mode)
             self.running[self.placement.submit(task)] = (mode, works, task)
@@ -641,11 +670,16 @@ class _Stream:
         result = fut.result()
         if stage in ("quick", "full", "gpu"):
             works = self.sharing.pop((what[0].cid if isinstance(what, list) else what.cid, stage))
-            if lp._record_verdict(works, stage, result):
-                for w in works:
+            live = [w for w in works if not w.rejected]
+            if not live:  # rejected by the stage that ran beside this one: its checks are kept, nothing more
+                lp.ledger.record_checks(works[0].cid, stage, [asdict(c) for c in result.checks])
+                return
+            if lp._record_verdict(live, stage, result):
+                for w in live:
                     self._after_sanitize(w, stage)
             else:
-                for w in works:
+                for w in live:
+                    w.rejected = True
                     self._leave(w)
             return
         w: Work = what

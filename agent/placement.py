@@ -6,15 +6,16 @@ other machines; its result is a Verdict or a benchmark document. `LocalPlacement
 in child processes of this machine (sanitizer/runner.py, harness/bench_worker.py):
 
 - CPU tasks (the interpreter's sanitizer stages) on `cpu_slots` threads, each driving one judge;
-- GPU tasks on the visible GPUs, one child per GPU at a time, because two kernels sharing a GPU
-  would time each other (and a GPU check beside a benchmark would disturb it).
+- GPU tasks on the visible GPUs. A benchmark has its GPU to itself: two kernels sharing a GPU would
+  time each other. GPU checks (correctness, not timing) share a GPU with each other, up to
+  `checks_per_gpu` at once: most of a check's time is its processes starting and compiling, not
+  the GPU, so they overlap well; none starts beside a benchmark.
 
 `stop()` is the hard stop: no task starts after it, and every running child is killed at once.
 """
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +41,8 @@ class SanitizeTask:
     def kind(self) -> str:
         return self.stage or self.mode
 
+    exclusive = False  # a check may share its GPU with other checks
+
 
 @dataclass(frozen=True)
 class BenchTask:
@@ -48,9 +51,13 @@ class BenchTask:
     spec: Dict[str, Any]
     resource: str = "gpu"
     kind: str = "bench"
+    exclusive: bool = True  # a timing has its GPU to itself
 
 
 Task = Union[SanitizeTask, BenchTask]
+
+
+GPU_CHECKS_PER_GPU = 3
 
 
 def usable_cores() -> int:
@@ -84,55 +91,85 @@ def run_task(task: Task, env: Optional[Dict[str, str]] = None) -> Any:
 
 
 class LocalPlacement:
-    """Tasks on this machine: `cpu_slots` CPU tasks at once, and one GPU task per GPU in `gpus`
-    (CUDA_VISIBLE_DEVICES entries)."""
+    """Tasks on this machine: `cpu_slots` CPU tasks at once, and on each GPU in `gpus`
+    (CUDA_VISIBLE_DEVICES entries) either one exclusive task or up to `checks_per_gpu` shared ones."""
 
-    def __init__(self, cpu_slots: int, gpus: Sequence[str] = (), threads: Optional[int] = None):
+    def __init__(self, cpu_slots: int, gpus: Sequence[str] = (), threads: Optional[int] = None,
+                 checks_per_gpu: int = GPU_CHECKS_PER_GPU):
         self.cpu_slots = max(1, cpu_slots)
         self.gpus = list(gpus)
+        self.checks_per_gpu = max(1, checks_per_gpu)
         self.threads = threads or threads_per_child(self.cpu_slots)
         self._cpu = ThreadPoolExecutor(max_workers=self.cpu_slots, thread_name_prefix="ka-cpu")
-        self._gpu = ThreadPoolExecutor(max_workers=max(1, len(self.gpus)), thread_name_prefix="ka-gpu")
-        self._free: "queue.Queue[str]" = queue.Queue()
-        for g in self.gpus:
-            self._free.put(g)
+        self._gpu = ThreadPoolExecutor(max_workers=max(1, len(self.gpus) * self.checks_per_gpu),
+                                       thread_name_prefix="ka-gpu")
         self._lock = threading.Lock()
+        self._shared = {g: 0 for g in self.gpus}  # GPU -> checks running on it
+        self._exclusive = {g: False for g in self.gpus}  # GPU -> a benchmark is running on it
         self._running = {"cpu": 0, "gpu": 0}
         self._log: List[Tuple[str, str, float, float]] = []  # (kind, resource, start, end) of every task
         self.stopped = False
 
-    def slots(self, resource: str) -> int:
-        return self.cpu_slots if resource == "cpu" else len(self.gpus)
+    def _gpu_for(self, task: Task) -> Optional[str]:
+        """A GPU that can take `task` now (call under the lock)."""
+        for g in self.gpus:
+            if self._exclusive[g]:
+                continue
+            if task.exclusive and self._shared[g] == 0:
+                return g
+            if not task.exclusive and self._shared[g] < self.checks_per_gpu:
+                return g
+        return None
+
+    def can_start(self, task: Task) -> bool:
+        """Whether `task` would start at once (a free CPU slot, or a GPU that can take it)."""
+        with self._lock:
+            if task.resource == "cpu":
+                return self._running["cpu"] < self.cpu_slots
+            return self._gpu_for(task) is not None
+
+    def running(self, resource: str) -> int:
+        with self._lock:
+            return self._running[resource]
 
     def submit(self, task: Task) -> "Future[Any]":
+        """Start `task` (GPU tasks: only when `can_start` says so; CPU tasks queue for a slot)."""
         resource = task.resource
-        if resource == "gpu" and not self.gpus:
-            raise ValueError("a GPU task on a placement without GPUs")
+        gpu = None
         with self._lock:
+            if resource == "gpu":
+                gpu = self._gpu_for(task)
+                if gpu is None:
+                    raise ValueError("no GPU can take this task now" if self.gpus else
+                                     "a GPU task on a placement without GPUs")
+                if task.exclusive:
+                    self._exclusive[gpu] = True
+                else:
+                    self._shared[gpu] += 1
             self._running[resource] += 1
         pool = self._gpu if resource == "gpu" else self._cpu
-        return pool.submit(self._run, task, resource)
+        return pool.submit(self._run, task, resource, gpu)
 
-    def _run(self, task: Task, resource: str) -> Any:
+    def _run(self, task: Task, resource: str, gpu: Optional[str]) -> Any:
         t0 = time.time()
-        gpu = None
         try:
             if self.stopped:
                 raise ChildProcessError("stopped: no new task starts")
             # the children's thread pools share the cores out (torch reads these at import)
             env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-            if resource == "gpu":
-                gpu = self._free.get()
-                t0 = time.time()
+            if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
                 env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
             return run_task(task, env)
         finally:
             with self._lock:
                 self._running[resource] -= 1
+                if gpu is not None:
+                    if task.exclusive:
+                        self._exclusive[gpu] = False
+                    else:
+                        self._shared[gpu] -= 1
                 self._log.append((task.kind, resource, t0, time.time()))
-            if gpu is not None:
-                self._free.put(gpu)
 
     def log(self) -> List[Tuple[str, str, float, float]]:
         """(kind, resource, start, end) of every task run so far."""
@@ -162,4 +199,5 @@ def describe(placement: LocalPlacement) -> str:
 
 
 __all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "LocalPlacement", "run_task", "default_jobs",
+                      "GPU_CHECKS_PER_GPU",
                       "threads_per_child", "usable_cores", "describe"]

@@ -239,38 +239,62 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
 
 # -- evaluation spread over GPUs -------------------------------------------------------------
 
-def test_the_placement_gives_each_gpu_task_a_gpu_of_its_own(monkeypatch):
+def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
+    """Timings never share a GPU (with each other or with a check); checks share one, up to the bound;
+    a GPU task starts only when a GPU can take it, and every lease comes back."""
     import threading
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
     from kernel_agent.harness import bench_worker
     from kernel_agent.sanitizer import runner
     lock = threading.Lock()
-    busy, overlap, cpu_env = set(), [], []
+    on_gpu = {"3": [], "5": []}  # GPU -> kinds running on it
+    seen, cpu_env = [], []
+    release = threading.Event()
+
+    def enter(dev, kind):
+        with lock:
+            on_gpu[dev].append(kind)
+            seen.append(list(on_gpu[dev]))
+
+    def leave(dev, kind):
+        with lock:
+            on_gpu[dev].remove(kind)
 
     def fake_bench(spec, timeout_s=900.0, env=None):
         dev = env["CUDA_VISIBLE_DEVICES"]
-        with lock:
-            assert dev not in busy, "two children on one GPU"
-            busy.add(dev)
-            overlap.append(len(busy))
-        time.sleep(0.05)
-        with lock:
-            busy.discard(dev)
+        enter(dev, "bench")
+        release.wait(5)
+        leave(dev, "bench")
         return {"results": [], "error": None, "n": spec["n"]}
 
     def fake_sanitize(path, op, mode="full", checks=None, env=None):
-        cpu_env.append(env)
-        return mode
+        if mode != "gpu":
+            cpu_env.append(env)
+            return mode
+        dev = env["CUDA_VISIBLE_DEVICES"]
+        enter(dev, "check")
+        release.wait(5)
+        leave(dev, "check")
+        return dev
     monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
     monkeypatch.setattr(runner, "run_isolated", fake_sanitize)
-    pl = LocalPlacement(3, ["3", "5"], threads=2)
-    futs = [pl.submit(BenchTask({"n": i})) for i in range(8)] + [pl.submit(SanitizeTask("f.py", "matmul", "quick"))]
-    assert [f.result()["n"] for f in futs[:8]] == list(range(8)) and futs[8].result() == "quick"
-    assert max(overlap) == 2  # both GPUs were used at once
-    assert pl._free.qsize() == 2  # every lease returned
+    pl = LocalPlacement(3, ["3", "5"], threads=2, checks_per_gpu=2)
+    check = SanitizeTask("f.py", "matmul", "gpu", ("determinism",))
+    futs = [pl.submit(BenchTask({"n": 0}))]  # GPU 3, alone
+    assert BenchTask({"n": 1}).exclusive and not check.exclusive and pl.can_start(check)
+    futs += [pl.submit(check), pl.submit(check)]  # both on GPU 5
+    assert not pl.can_start(check) and not pl.can_start(BenchTask({"n": 1}))
+    with pytest.raises(ValueError):
+        pl.submit(check)
+    futs.append(pl.submit(SanitizeTask("f.py", "matmul", "quick")))  # the CPU is not the GPUs' business
+    assert futs[-1].result() == "quick"
+    release.set()
+    assert futs[0].result()["n"] == 0 and [f.result() for f in futs[1:3]] == ["5", "5"]
+    assert all(kinds == ["bench"] for kinds in seen if "bench" in kinds)  # a timing was alone on its GPU
+    assert max(len(kinds) for kinds in seen) == 2  # two checks shared GPU 5
+    assert pl.can_start(BenchTask({"n": 1})) and pl.running("gpu") == 0  # every lease came back
     assert cpu_env[0]["OMP_NUM_THREADS"] == "2"
-    kinds = sorted(k for k, _, _, _ in pl.log())
-    assert kinds == ["bench"] * 8 + ["quick"]
+    assert sorted(k for k, _, _, _ in pl.log()) == ["bench", "gpu", "gpu", "quick"]
     pl.stop()  # after the hard stop nothing starts
     with pytest.raises(ChildProcessError):
         pl.submit(BenchTask({"n": 9})).result()
@@ -316,6 +340,7 @@ def _fake_gpu(tmp_path, monkeypatch, candidate_ms):
         with lock:
             seen.append(("bench", env["CUDA_VISIBLE_DEVICES"]))
             ms = candidate_ms(spec["op"], spec["kernels"][1]["file"])
+        time.sleep(0.2)  # long enough for two targets' benchmarks to overlap, each on a GPU of its own
         inc = 1.0 if spec["kernels"][0]["file"] is None else 0.8
         res = [{"op": spec["op"], "shape": key, "bucket": "b", "dtype": spec["dtype"], "gpu": "Fake GPU",
                 "measurements": [m("incumbent", inc), m("candidate", ms), m("anchor:torch", 0.9)]}
@@ -503,4 +528,40 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     assert sorted(m for _, m in sanitized) == ["full", "gpu", "quick"]  # each stage once
     assert len([c for c in led.checks(cands[0].id) if c.mode == "quick"]) == 1
     assert sum(1 for what, _ in seen if what == "bench") == 2  # timed against each bucket's incumbent
+    led.close()
+
+
+def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_once(tmp_path, monkeypatch):
+    """After the quick stage the GPU checks start beside the full sanitizer; a candidate that fails
+    them is rejected once (the full stage's checks, arriving later, are kept without changing that)
+    and never benchmarked; one that passes both is benchmarked."""
+    from kernel_agent.sanitizer import runner
+    from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
+    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
+    events = []
+
+    def sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None):
+        events.append((mode, "start", os.path.basename(path), time.time()))
+        bad = mode == "gpu" and "evict-first" in path
+        if mode == "full":
+            time.sleep(0.6)  # the full stage outlasts the GPU check beside it
+        events.append((mode, "end", os.path.basename(path), time.time()))
+        outcome = CheckOutcome("determinism", "failed", "run 2 differs") if bad else CheckOutcome(
+            (checks or ["static_gate"])[0], "passed")
+        return Verdict(path, op, mode, checks=[outcome])
+    monkeypatch.setattr(runner, "run_isolated", sanitize)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    _stream(lp, targets[:1], budget, 2)
+    cands = {c.label: c for c in led.candidates(run_id=run.id)}
+    assert set(cands) == {"evict-first", next(k for k in cands if k.startswith("cfg-"))}
+    bad, good = cands.pop("evict-first"), next(iter(cands.values()))
+    assert bad.status == "rejected" and "determinism" in json.dumps(bad.verdict)
+    assert {c.name for c in led.checks(bad.id, mode="full")} == {"static_gate"}  # kept, status unchanged
+    assert good.status == "benchmarked" and lp.stats["rejected"] == 1 and lp.stats["benchmarked"] == 1
+    assert [s for s, _ in seen].count("bench") == 1
+    for name in ("evict-first", os.path.basename(good.path)):  # the GPU check started before full ended
+        t_gpu = next(t for m, e, n, t in events if m == "gpu" and e == "start" and n.startswith(name[:10]))
+        t_full_end = next(t for m, e, n, t in events if m == "full" and e == "end" and n.startswith(name[:10]))
+        assert t_gpu < t_full_end
     led.close()
