@@ -759,8 +759,8 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
                 outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
             except TimedOut as e:
                 outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
-                verdict.error = f"timed out after {time.time() - t_all:.0f}s during check `{name}` (a hang, or far " \
-                                f"too slow)"
+                verdict.error = f"not verified: time limit ({time.time() - t_all:.0f}s) during check `{name}` (a " \
+                                f"hang, or too slow to check here)"
                 fail_fast = True
             except CheckFailed as e:
                 outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)

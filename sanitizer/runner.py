@@ -126,7 +126,8 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         running = doc.get("running")
     where = f" during check `{running}`" if running else ""
     if timed_out:
-        reason = f"timed out after {timeout_s:.0f}s{where} (a hang, or far too slow)"
+        # slowness is not a fault: the verdict says the candidate could not be verified, not that it is wrong
+        reason = f"not verified: time limit ({timeout_s:.0f}s){where} (a hang, or too slow to check here)"
     elif rc < 0:
         reason = f"crashed with {_signal_name(rc)}{where}"
     else:
