@@ -56,6 +56,8 @@ def report(ledger_path: str, run_id: str) -> dict:
             "GPU busy after 3 min": s.get("gpu_busy_fraction"),
             "past the limit s": s.get("past_limit_s"),
             "left unjudged": s.get("unjudged"),
+            "benchmarks": s.get("benchmarks"),
+            "raced out": s.get("raced_out"),
             "median s per stage": s.get("stage_s", {}),
             "sanitizer processes": s.get("cpu_slots"),
             "GPUs": n_gpus,
@@ -63,13 +65,14 @@ def report(ledger_path: str, run_id: str) -> dict:
     doc = {"run": run_id, "status": run.status, "candidates": statuses, "sessions": rows}
     print(f"run {run_id} ({run.status}): candidates by status {statuses}")
     head = ["session", "limit s", "wall s", "first bench s", "judged", "judged/h (per GPU)", "GPU busy", "past limit s",
-            "unjudged"]
+            "unjudged", "benchmarks (raced out)"]
     print(" | ".join(head))
     for r in rows:
         rate = r.get("judged per GPU-hour", r.get("judged per hour"))
         print(" | ".join([r["session"], _fmt(r["time limit s"]), _fmt(r["wall s"]), _fmt(r["first benchmark s"]),
                           _fmt(r["judged"]), _fmt(rate), _fmt(r["GPU busy after 3 min"], "{:.0%}"),
-                          _fmt(r["past the limit s"], "{:+.1f}"), _fmt(r["left unjudged"])]))
+                          _fmt(r["past the limit s"], "{:+.1f}"), _fmt(r["left unjudged"]),
+                          f"{_fmt(r['benchmarks'])} ({_fmt(r['raced out'])})"]))
     for r in rows:
         print(f"{r['session']}: median s per stage: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["median s per stage"].items()))
