@@ -35,7 +35,7 @@ from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
-from .placement import BenchTask, LocalPlacement, SanitizeTask, default_jobs, describe
+from .placement import BenchTask, LocalPlacement, SanitizeTask, default_jobs, describe, occupied_fraction
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 
 ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
@@ -508,19 +508,17 @@ class Loop:
         log = self.placement.log()
         end = time.time()
         th = Throughput(judged=len(self.judged), wall_s=end - self.t_start, raced_out=self.raced_out,
-                        benchmarks=sum(1 for kind, _, _, _ in log if kind == "bench"))
+                        benchmarks=sum(1 for span in log if span.kind == "bench"))
         if self.first_benchmark_at is not None:
             th.first_benchmark_s = self.first_benchmark_at - self.t_start
         by_stage: Dict[str, List[float]] = {}
-        for kind, resource, t0, t1 in log:
-            by_stage.setdefault(kind, []).append(t1 - t0)
+        for span in log:
+            by_stage.setdefault(span.kind, []).append(span.end - span.start)
         th.stage_s = {k: statistics.median(v) for k, v in by_stage.items()}
         if self.bench_start_s:  # how much of a benchmark is its child starting
             th.stage_s["bench start"] = statistics.median(self.bench_start_s)
         if self.placement.gpus and end - self.t_start > 180:
-            lo = self.t_start + 180
-            busy = sum(max(0.0, min(t1, end) - max(t0, lo)) for _, r, t0, t1 in log if r == "gpu")
-            th.gpu_busy_fraction = busy / ((end - lo) * len(self.placement.gpus))
+            th.gpu_busy_fraction = occupied_fraction(log, self.t_start + 180, end, self.placement.gpus)
         return th
 
 

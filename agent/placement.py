@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,39 @@ Task = Union[SanitizeTask, BenchTask]
 
 
 GPU_CHECKS_PER_GPU = 3
+
+
+class TaskSpan(NamedTuple):
+    """When one task ran, and where."""
+
+    kind: str  # the task's stage: quick, full, gpu, bench, promote
+    resource: str  # cpu | gpu
+    start: float
+    end: float
+    gpu: Optional[str] = None  # the CUDA_VISIBLE_DEVICES entry it ran on
+
+
+def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Sequence[str]) -> float:
+    """The fraction of [lo, hi] during which the GPUs had at least one task each, averaged over the
+    GPUs (tasks that share a GPU count once: the union of their spans)."""
+    if hi <= lo or not gpus:
+        return 0.0
+    total = 0.0
+    for g in gpus:
+        cur_start = cur_end = None
+        for s in sorted((x for x in spans if x.gpu == g), key=lambda x: x.start):
+            a, b = max(s.start, lo), min(s.end, hi)
+            if b <= a:
+                continue
+            if cur_end is None or a > cur_end:
+                if cur_end is not None:
+                    total += cur_end - cur_start
+                cur_start, cur_end = a, b
+            else:
+                cur_end = max(cur_end, b)
+        if cur_end is not None:
+            total += cur_end - cur_start
+    return total / ((hi - lo) * len(gpus))
 
 
 def usable_cores() -> int:
@@ -107,7 +140,7 @@ class LocalPlacement:
         self._shared = {g: 0 for g in self.gpus}  # GPU -> checks running on it
         self._exclusive = {g: False for g in self.gpus}  # GPU -> a benchmark is running on it
         self._running = {"cpu": 0, "gpu": 0}
-        self._log: List[Tuple[str, str, float, float]] = []  # (kind, resource, start, end) of every task
+        self._log: List[TaskSpan] = []  # every task run so far
         self.stopped = False
 
     def _gpu_for(self, task: Task) -> Optional[str]:
@@ -169,10 +202,10 @@ class LocalPlacement:
                         self._exclusive[gpu] = False
                     else:
                         self._shared[gpu] -= 1
-                self._log.append((task.kind, resource, t0, time.time()))
+                self._log.append(TaskSpan(task.kind, resource, t0, time.time(), gpu))
 
-    def log(self) -> List[Tuple[str, str, float, float]]:
-        """(kind, resource, start, end) of every task run so far."""
+    def log(self) -> List[TaskSpan]:
+        """Every task run so far."""
         with self._lock:
             return list(self._log)
 
@@ -199,5 +232,5 @@ def describe(placement: LocalPlacement) -> str:
 
 
 __all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "LocalPlacement", "run_task", "default_jobs",
-                      "GPU_CHECKS_PER_GPU",
+                      "GPU_CHECKS_PER_GPU", "TaskSpan", "occupied_fraction",
                       "threads_per_child", "usable_cores", "describe"]

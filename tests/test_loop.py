@@ -294,11 +294,22 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
     assert max(len(kinds) for kinds in seen) == 2  # two checks shared GPU 5
     assert pl.can_start(BenchTask({"n": 1})) and pl.running("gpu") == 0  # every lease came back
     assert cpu_env[0]["OMP_NUM_THREADS"] == "2"
-    assert sorted(k for k, _, _, _ in pl.log()) == ["bench", "gpu", "gpu", "quick"]
+    assert sorted(span.kind for span in pl.log()) == ["bench", "gpu", "gpu", "quick"]
+    assert {span.gpu for span in pl.log() if span.kind == "gpu"} == {"5"}
     pl.stop()  # after the hard stop nothing starts
     with pytest.raises(ChildProcessError):
         pl.submit(BenchTask({"n": 9})).result()
     pl.close()
+
+
+def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
+    from kernel_agent.agent.placement import TaskSpan, occupied_fraction
+    spans = [TaskSpan("gpu", "gpu", 0, 10, "0"), TaskSpan("gpu", "gpu", 2, 8, "0"), TaskSpan("gpu", "gpu", 5, 12, "0"),
+             TaskSpan("bench", "gpu", 15, 20, "0"), TaskSpan("bench", "gpu", 0, 20, "1"),
+             TaskSpan("full", "cpu", 0, 20, None)]
+    assert occupied_fraction(spans, 0, 20, ["0"]) == pytest.approx(17 / 20)  # [0, 12] and [15, 20]
+    assert occupied_fraction(spans, 10, 20, ["0", "1"]) == pytest.approx((7 + 10) / 20)
+    assert occupied_fraction(spans, 0, 20, []) == 0.0
 
 
 def test_default_jobs_leave_a_core_per_gpu():
