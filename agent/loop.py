@@ -220,7 +220,7 @@ def targets_for(cfg: RunConfig) -> List[Target]:
             by_bucket.setdefault(op.bucket(s), []).append(s)
         per_op.append([Target(name, b, shapes) for b, shapes in by_bucket.items()])
     # interleaved across ops (each op's first bucket, then each op's second, ...): a budget that runs
-    # out part-way through a round has still reached every op
+    # out part-way through the targets has still reached every op (the stream asks them in this order)
     return [ts[i] for i in range(max(map(len, per_op), default=0)) for ts in per_op if i < len(ts)]
 
 
