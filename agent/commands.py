@@ -235,6 +235,9 @@ def _print_run_summary(summary: Dict[str, Any], args) -> int:
              [[summary.get("candidates", 0), counts.get("rejected", 0), counts.get("verified", 0),
                counts.get("benchmarked", 0), counts.get("promoted", 0), summary.get("tokens", 0),
                f"{summary.get('wall_s') or 0:.0f}s"]], justify=["right"] * 7)
+    if summary.get("duplicates"):
+        ui.line(f"{summary['duplicates']} of them judged by earlier runs: replayed from the ledger, not judged again "
+                f"and not counted against the budget")
     if summary.get("failed_checks"):
         ui.table("rejections by check", ["check", "candidates"], sorted(summary["failed_checks"].items()),
                  justify=["left", "right"])

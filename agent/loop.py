@@ -48,6 +48,12 @@ FINISH_ALLOWANCE_S = 600.0
 # Candidates in flight per GPU (with a GPU the CPU stages are not the bottleneck: the bound keeps the
 # queue ahead of the GPUs short, so the proposer's feedback stays fresh and a deadline leaves little unjudged).
 PIPELINE_PER_GPU = 6
+# Proposals in a row, for one target, that repeat a source already proposed in this session before the
+# target counts as exhausted. Replays of what earlier runs judged are free and not counted (there are
+# finitely many: the built-in search re-walks its climb and moves on); a proposer repeating itself is stopped.
+DUPLICATE_STREAK_LIMIT = 25
+# Earlier runs' candidates for a target that a new run's prompts mention.
+HISTORY_ATTEMPTS = 8
 # How long the hard stop waits for killed children to be reaped before the run ends anyway.
 STOP_GRACE_S = 8.0
 
@@ -254,6 +260,10 @@ class Loop:
         self.judged: Set[int] = set()
         self.bench_start_s: List[float] = []  # each benchmark child's start (sandbox, imports, ceilings)
         self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
+        # (op, bucket) -> proposals in a row that an earlier run had judged (a proposer stuck on them is stopped)
+        self.duplicate_streak: Dict[Tuple[str, str], int] = {}
+        self._history_loaded: Set[Tuple[str, str]] = set()
+        self.session_hashes: Set[str] = set()  # sources proposed since this process started
 
     # -- incumbents -------------------------------------------------------------------
     def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
@@ -267,7 +277,29 @@ class Loop:
         from .search import baseline_source
         return "baseline", None, baseline_source(t.op)
 
+    def _history(self, t: Target) -> List[Attempt]:
+        """What earlier runs judged for this target, oldest first (the prompt's 'earlier attempts', so a
+        model is told what was tried before this run too)."""
+        out = []
+        mine = set(self.known.values())
+        for c in self.ledger.candidates(op=t.op):
+            if c.id in mine or c.status == "proposed" or not c.path or \
+                    os.path.basename(os.path.dirname(c.path)) != t.bucket:
+                continue
+            passed = c.status in ("verified", "benchmarked", "promoted")
+            v = c.verdict or {}
+            failed = next((x for x in v.get("checks", []) if x.get("status") == "failed"), None)
+            why = (f"{failed['name']}: {failed.get('detail', '')}" if failed else v.get("error") or "rejected") \
+                if not passed else c.status
+            out.append(Attempt(c.label or f"candidate-{c.id}", passed, f"{why} (an earlier run)"[:300],
+                               self._bench_ms(c.id) if c.status in ("benchmarked", "promoted") else None))
+        return out[-HISTORY_ATTEMPTS:]
+
     def context(self, t: Target) -> ProposeContext:
+        key = (t.op, t.bucket)
+        if key not in self._history_loaded:
+            self._history_loaded.add(key)
+            self.attempts[key] = self._history(t) + self.attempts.get(key, [])
         label, _, source = self.incumbent(t)
         return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, source, label,
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
@@ -291,10 +323,15 @@ class Loop:
             budget.used += 1
             return None
         h = hash_source(p.source)
-        if h in self.known:  # resumed run: already recorded
+        key = (t.op, t.bucket)
+        repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself
+        self.session_hashes.add(h)
+        if h in self.known:  # recorded by this run already (a resume, or a repeat)
             c = self.ledger.candidate(self.known[h])
             if c is not None and self._unfinished(c.status):  # interrupted mid-evaluation: finish it
                 return Work(t, ctx, p, c.id, self._write(p, h, t))
+            if repeat:
+                self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
             self._replay(ctx, p, self.known[h])
             return None
         existing = self.ledger.find_candidate(p.op, p.source)
@@ -302,15 +339,19 @@ class Loop:
         cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
                                               path=path, label=p.label)
         self.known[h] = cand.id
-        budget.used += 1
-        self.stats["proposed"] += 1
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
         if existing is not None and not self._unfinished(existing.status):
+            # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
+            # so a run over a ledger that holds earlier runs still judges as many new candidates
             self.stats["duplicates"] += 1
-            self.events.candidate(p.label, existing.status, f"same source as candidate #{existing.id}: verdict reused")
+            self.events.candidate(p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): "
+                                                       f"not judged again")
             self._replay(ctx, p, existing.id)
             return None
+        self.duplicate_streak[key] = 0
+        budget.used += 1
+        self.stats["proposed"] += 1
         return Work(t, ctx, p, cand.id, path)
 
     def _unfinished(self, status: str) -> bool:
@@ -536,6 +577,7 @@ class _Stream:
         self.busy_targets: Set[Tuple[str, str]] = set()  # one benchmark and promotion at a time per target
         self.in_pipeline = 0  # works admitted and not finished
         self.exhausted: Set[int] = set()  # targets whose proposer had nothing new (until new feedback)
+        self.noted_exhausted: Set[Tuple[str, str]] = set()
         self.next_target = 0
         self.proposing: Optional[Future] = None
         self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
@@ -652,15 +694,29 @@ class _Stream:
         self.proposing = lp._proposer_thread.submit(lp.proposer.propose, ctx, n)
 
     def _proposed(self, proposals: List[Proposal]) -> None:
+        lp = self.loop
         t, ctx, i = self.proposing_for
         self.proposing, self.proposing_for = None, None
         if not proposals:
-            self.exhausted.add(i)
+            self._exhaust(i, "search space exhausted" if lp.proposer.name == "search" else
+                          "the proposer has nothing new")
             return
         for p in proposals:
-            w = self.loop._admit(t, ctx, p, self.budget)
+            w = lp._admit(t, ctx, p, self.budget)
             if w is not None:
                 self._enter(w)
+        if lp.duplicate_streak.get((t.op, t.bucket), 0) >= DUPLICATE_STREAK_LIMIT:
+            self._exhaust(i, f"the proposer repeated sources it had proposed {DUPLICATE_STREAK_LIMIT} times in a row")
+
+    def _exhaust(self, i: int, why: str) -> None:
+        """No more proposals for target `i` (until one of its candidates gives the proposer new feedback)."""
+        self.exhausted.add(i)
+        t = self.targets[i]
+        if any(w.target == t for w in self._unjudged()):
+            return  # its candidates in flight may still move the climb: not exhausted for good yet
+        if (t.op, t.bucket) not in self.noted_exhausted:
+            self.noted_exhausted.add((t.op, t.bucket))
+            self.loop.events.note(f"{why} for {t.op} {t.bucket}")
 
     def _finished(self, fut: Future) -> None:
         lp = self.loop
@@ -799,7 +855,8 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
                     f"{cfg.time_limit_s:.0f}s"
                     + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
     events.note(f"evaluating with {describe(loop.placement)}")
-    budget = Budget(cfg, len(ledger.candidates(run_id=run_id)), elapsed_before)
+    # the budget counts what this run proposed that no earlier run had judged (replays are free)
+    budget = Budget(cfg, sum(1 for p in ledger.proposals(run_id=run_id) if not p.duplicate), elapsed_before)
     left = cfg.time_limit_s - elapsed_before
     if resume and pending and time_limit_s is None:
         left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget

@@ -425,18 +425,52 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     assert {b.label for b in rows} == {"candidate", "baseline", "anchor:torch"}  # timed side by side
     prop = SearchProposer()
     lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["matmul"], prop)
-    _stream(lp2, targets[:1], budget2, 2)
-    assert lp2.stats["duplicates"] == 2 and lp2.stats["benchmarked"] == 0  # replayed, not re-timed
+    notes = []
+    lp2.events.note = notes.append
+    _stream(lp2, targets[:1], budget2, 2)  # a budget of 2 *new* candidates: replays cost nothing
+    assert lp2.stats["duplicates"] == 2 and lp2.stats["proposed"] == 2 and lp2.stats["benchmarked"] == 2
     st = prop.state[("matmul", targets[0].bucket)]
     shape = targets[0].shapes[0]
     assert st.best_ms == 1.0 and st.best_cfg == baseline_config("matmul", shape)  # did not move to a slower one
-    _stream(lp2, targets[:1], budget2, 2)
     new = [c for c in led.candidates(run_id=run2.id) if c.id not in {x.id for x in first}]
-    assert len(new) == 2
+    assert len(new) == 2 and {c.status for c in new} == {"benchmarked"}
     tried = {source_config("matmul", c.source, shape) for c in first}
     for c in new:
         cfg = source_config("matmul", c.source, shape)
         assert cfg not in tried and sum(a != b for a, b in zip(cfg, st.best_cfg)) == 1
+    # what the first run judged is in the second run's context (a model's prompt lists it)
+    ctx = lp2.context(targets[0])
+    earlier = [a for a in ctx.attempts if "(an earlier run)" in a.summary]
+    assert sorted(a.label for a in earlier) == sorted(c.label for c in first)
+    assert all(a.passed and a.median_ms == pytest.approx(1.3) for a in earlier)
+    led.close()
+
+
+def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkeypatch):
+    """Replays cost no budget, so a proposer stuck on sources the ledger has judged must not spin: after
+    a streak of them its target counts as exhausted, and the run says so."""
+    from kernel_agent.agent import loop as loop_mod
+    from kernel_agent.agent.proposal import Proposal, Proposer
+    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    _stream(lp, targets[:1], budget, 1)
+    (judged,) = led.candidates(run_id=run.id)
+
+    class Parrot(Proposer):
+        name = "parrot"
+        calls = 0
+
+        def propose(self, ctx, n):
+            Parrot.calls += 1
+            return [Proposal("quantize_kv", judged.source, f"again-{Parrot.calls}", "parrot")]
+    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"], Parrot())
+    notes = []
+    lp2.events.note = notes.append
+    stop = _stream(lp2, targets[:1], budget2, 5)
+    assert stop == "the proposer has nothing new to propose"
+    assert Parrot.calls == loop_mod.DUPLICATE_STREAK_LIMIT + 1 and lp2.stats["proposed"] == 0
+    assert lp2.stats["duplicates"] == 1 and any("repeated sources" in n for n in notes)
     led.close()
 
 
