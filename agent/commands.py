@@ -143,12 +143,20 @@ def _interrupt_on_signals() -> None:
 
 @command("run")
 def cmd_run(args) -> int:
-    from .loop import RunConfig, run_loop
-    from .model import ModelConfig, load_config
     from .cli import default_ledger
     _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
     events = _run_events(args)
+    try:
+        return _run(args, events, ledger_path)
+    finally:
+        if getattr(args, "_status_line", None) is not None:
+            args._status_line.close()  # a live line left open would swallow the error that ended the run
+
+
+def _run(args, events, ledger_path: str) -> int:
+    from .loop import RunConfig, run_loop
+    from .model import ModelConfig, load_config
     if args.resume:
         limit = _duration(str(args.time_limit)) if args.time_limit else None
         summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit)
@@ -222,10 +230,15 @@ def _run_events(args):
     def cand(label, status, detail):
         ui.line(f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
                 style={"promoted": "bold green", "rejected": "red"}.get(status))
-    return RunEvents(note=lambda s: ui.line(s, style="bold"), candidate=cand)
+    live = ui.StatusLine(plain_every_s=60.0)  # a live line on a terminal; a plain one a minute elsewhere
+    args._status_line = live
+    return RunEvents(note=lambda s: ui.line(s, style="bold"), candidate=cand,
+                     status=lambda st: live.update(f"status: {st.describe()}"))
 
 
 def _print_run_summary(summary: Dict[str, Any], args) -> int:
+    if getattr(args, "_status_line", None) is not None:
+        args._status_line.close()
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         return 0

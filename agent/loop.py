@@ -116,6 +116,33 @@ class RunEvents:
 
     note: Callable[[str], None] = lambda s: None
     candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
+    status: Callable[["RunStatus"], None] = lambda st: None  # about once a second while the run streams
+
+
+@dataclass
+class RunStatus:
+    """Where a streaming run stands: what each stage holds, the budget, and the best gain so far."""
+
+    elapsed_s: float
+    time_limit_s: float
+    new_candidates: int
+    max_candidates: Optional[int]
+    running: Dict[str, int]  # stage -> tasks running (quick, full, gpu, bench, promote)
+    queued: int  # stages waiting for a slot
+    judged: int
+    best_gain: Optional[float]  # the best benchmarked gain over the incumbent, as the rule computed it
+
+    def describe(self) -> str:
+        budget = f"{self.new_candidates}" + (f"/{self.max_candidates}" if self.max_candidates is not None else "")
+        stages = " ".join(f"{k} {self.running.get(k, 0)}" for k in ("quick", "full", "gpu", "bench", "promote")
+                          if k in self.running or k in ("quick", "full"))
+        best = f"best {self.best_gain:+.1%}" if self.best_gain is not None else "best -"
+
+        def clock(sec: float) -> str:
+            sec = int(sec)
+            return f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}" if sec >= 3600 else f"{sec // 60}:{sec % 60:02d}"
+        return (f"{clock(self.elapsed_s)}/{clock(self.time_limit_s)} cand {budget}; {stages}; queued {self.queued}; "
+                f"judged {self.judged}; {best}")
 
 
 class Budget:
@@ -260,6 +287,7 @@ class Loop:
         self.judged: Set[int] = set()
         self.bench_start_s: List[float] = []  # each benchmark child's start (sandbox, imports, ceilings)
         self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
+        self.best_gain: Optional[float] = None
         # (op, bucket) -> proposals in a row that an earlier run had judged (a proposer stuck on them is stopped)
         self.duplicate_streak: Dict[Tuple[str, str], int] = {}
         self._history_loaded: Set[Tuple[str, str]] = set()
@@ -505,6 +533,8 @@ class Loop:
         self.ledger.set_candidate_status(cid, "benchmarked")
         self.stats["benchmarked"] += 1
         decision = j.decision
+        if decision.gain == decision.gain and (self.best_gain is None or decision.gain > self.best_gain):
+            self.best_gain = decision.gain  # (NaN for a refusal that has no gain)
         if len(j.pairs) == len(t.shapes):
             self.incumbent_ms[(t.op, t.bucket)] = j.incumbent_ms
             self._incumbent_time(w.ctx, j.incumbent_ms)
@@ -578,6 +608,7 @@ class _Stream:
         self.in_pipeline = 0  # works admitted and not finished
         self.exhausted: Set[int] = set()  # targets whose proposer had nothing new (until new feedback)
         self.noted_exhausted: Set[Tuple[str, str]] = set()
+        self.last_status = 0.0
         self.next_target = 0
         self.proposing: Optional[Future] = None
         self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
@@ -749,6 +780,18 @@ class _Stream:
         self.busy_targets.discard(key)
         self._leave(w)
 
+    def _status(self) -> None:
+        now = time.time()
+        if now - self.last_status < 1.0:
+            return
+        self.last_status = now
+        lp = self.loop
+        running: Dict[str, int] = {}
+        for stage, _, _ in self.running.values():
+            running[stage] = running.get(stage, 0) + 1
+        lp.events.status(RunStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
+                                   running, len(self.cpu_queue) + len(self.gpu_queue), len(lp.judged), lp.best_gain))
+
     def _unjudged(self) -> List[Work]:
         works: Dict[int, Work] = {}
         for _, what, _ in self.running.values():
@@ -800,6 +843,7 @@ class _Stream:
                     if len(self.exhausted) >= len(self.targets):
                         return "the proposer has nothing new to propose"
                     continue
+                self._status()
                 timeout = 1.0 if lp.deadline is None else max(0.0, min(1.0, lp.deadline - time.time()))
                 done, _ = wait(waiting, timeout=timeout, return_when=FIRST_COMPLETED)
                 for fut in done:

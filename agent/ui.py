@@ -114,4 +114,40 @@ class Progress:
         return False
 
 
+class StatusLine:
+    """A live status line for long work: redrawn in place at the bottom of a terminal (the lines that
+    `line` prints go above it), and on anything else a plain line at most every `plain_every_s`."""
+
+    def __init__(self, plain_every_s: float = 60.0):
+        self.plain_every_s = plain_every_s
+        self._live = None
+        self._last_plain = 0.0
+
+    def update(self, text: str) -> None:
+        import time
+        if is_tty():
+            if self._live is None:
+                from rich.live import Live
+                from rich.text import Text
+                self._text = Text
+                self._live = Live(self._line(text), console=console(), transient=True, refresh_per_second=4,
+                                  auto_refresh=True)
+                self._live.__enter__()
+            else:
+                self._live.update(self._line(text))
+            return
+        now = time.time()
+        if now - self._last_plain >= self.plain_every_s:
+            self._last_plain = now
+            line(text)
+
+    def _line(self, text: str):
+        return self._text(text, no_wrap=True, overflow="ellipsis")  # one line, cut at the terminal's width
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+
 STATUS_MARK = {"passed": "ok", "failed": "FAIL", "skipped": "skip"}

@@ -196,6 +196,10 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
     run = led.runs()[0]
     assert json.loads(run.notes)["elapsed_s"] <= 6 + 15 and wall < 6 + 15 + 15  # (+ the CLI's start)
     assert "left unjudged at the time limit" in r.stdout and f"--resume {run.id}" in r.stdout + r.stderr
+    # not a terminal: the live status comes as a plain line (at the start, then once a minute)
+    status = [ln for ln in r.stdout.splitlines() if ln.startswith("status: ")]
+    assert status and status[0].startswith("status: 0:00/0:06 cand 0/2; quick 0 full 0;")
+    assert "\x1b" not in r.stdout
     cands = led.candidates(run_id=run.id)
     assert len(cands) == 2 and {c.status for c in cands} == {"proposed"}
     assert all(led.checks(c.id) == [] for c in cands)  # a killed stage records nothing
@@ -610,3 +614,35 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
         t_full_end = next(t for m, e, n, t in events if m == "full" and e == "end" and n.startswith(name[:10]))
         assert t_gpu < t_full_end
     led.close()
+
+
+def test_the_live_status_line(monkeypatch):
+    """What the status line says, and that on a terminal it is drawn in place below the printed lines
+    (transient: gone once the run ends) while elsewhere it is a plain line at most once a minute."""
+    import io
+    from rich.console import Console
+    from kernel_agent.agent import ui
+    from kernel_agent.agent.loop import RunStatus
+    st = RunStatus(125, 600, 3, None, {"quick": 1, "gpu": 2, "bench": 1}, 4, 7, 0.031)
+    assert st.describe() == "2:05/10:00 cand 3; quick 1 full 0 gpu 2 bench 1; queued 4; judged 7; best +3.1%"
+    assert len(st.describe()) <= 80
+    assert RunStatus(3725, 28800, 5, 10, {}, 0, 0, None).describe().startswith("1:02:05/8:00:00 cand 5/10; quick 0 full 0;")
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=100, highlight=False))
+    monkeypatch.delenv("TERM", raising=False)
+    line = ui.StatusLine()
+    line.update("status: one")
+    ui.line("  verified  cfg-1: passed")
+    line.update("status: two")
+    line.close()
+    out = buf.getvalue()
+    assert "cfg-1: passed" in out and "status: two" in out  # drawn live, then cleared (transient)
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=False))
+    printed = []
+    monkeypatch.setattr(ui, "line", lambda text, style=None: printed.append(text))
+    plain = ui.StatusLine(plain_every_s=60)
+    plain.update("status: a")
+    plain.update("status: b")  # within the minute: not printed
+    assert printed == ["status: a"]
+    plain.close()
