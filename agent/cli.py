@@ -47,6 +47,8 @@ def _check_files(paths: List[str]) -> List[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making "
                                                                   "them wrong.")
+    from .. import __version__
+    p.add_argument("--version", action="version", version=f"kernel-agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser("sanitize", help="run the sanitizer on candidate files")
@@ -146,6 +148,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         ui.error("interrupted")
         return 130
+    except BrokenPipeError:  # `kernel-agent show RUN | head`: the reader has all it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that flushing stdout at exit does not fail again
+        return 0
     except Exception as e:  # noqa: BLE001 - one line, not a traceback wall
         if os.environ.get("KERNEL_AGENT_DEBUG"):
             raise

@@ -121,10 +121,16 @@ def register(sub) -> None:
     register_review(sub, command)
 
 
-def _ledger(args):
+def _ledger(args, read: bool = False):
+    """The ledger of `--ledger` / KERNEL_AGENT_LEDGER / runs/ledger.db. `read`: a command that only reads
+    it refuses a path that does not exist (a typo would otherwise create an empty ledger there)."""
     from ..harness.ledger import Ledger
     from .cli import default_ledger
-    return Ledger(args.ledger or default_ledger())
+    path = args.ledger or default_ledger()
+    if read and not os.path.exists(path):
+        raise _usage(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
+                     f"another)")
+    return Ledger(path)
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -366,13 +372,16 @@ def print_bench(doc) -> None:
 
 @command("history")
 def cmd_history(args) -> int:
+    from .cli import _check_op
     from .review import history
-    return history(args, _ledger(args))
+    if args.op:
+        _check_op(args.op)
+    return history(args, _ledger(args, read=True))
 
 
 @command("show")
 def cmd_show(args) -> int:
-    led = _ledger(args)
+    led = _ledger(args, read=True)
     what = args.what
     if re.fullmatch(r"c?\d+", what):
         return _show_candidate(led, int(what.lstrip("c")), args)

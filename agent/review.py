@@ -122,7 +122,7 @@ def speedup_trend(led, op: str, runs) -> List[Dict[str, Any]]:
 
 def cmd_report(args) -> int:
     from .commands import _ledger
-    led = _ledger(args)
+    led = _ledger(args, read=True)
     run = led.get_run(args.run)
     if run is None:
         from .errors import UsageError

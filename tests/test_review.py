@@ -173,9 +173,40 @@ def test_bench_without_a_gpu_says_so_and_exits_nonzero():
     (["demote", "--op", "matmul", "--bucket", "nope", "--reason", "x", "--gpu", "cpu"], "nothing serves"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    Ledger(tmp_path / "l.db").close()
     r = _run(args + ["--ledger", str(tmp_path / "l.db")])
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["history"], "no ledger at"),
+    (["show", "r-nope"], "no ledger at"),
+    (["report", "r-nope"], "no ledger at"),
+    (["history", "--op", "banana"], "unknown op 'banana'"),
+])
+def test_read_commands_refuse_a_ledger_that_is_not_there_and_an_unknown_op(tmp_path, args, needle):
+    """A mistyped --ledger on a command that only reads must not create an empty ledger and its folders."""
+    path = tmp_path / "typo" / "l.db"
+    r = _run(args + ["--ledger", str(path)])
+    assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert not (tmp_path / "typo").exists()
+
+
+def test_version_and_a_closed_pipe(tmp_path):
+    from kernel_agent import __version__
+    r = _run(["--version"])
+    assert r.returncode == 0 and r.stdout.strip() == f"kernel-agent {__version__}"
+    led = Ledger(tmp_path / "l.db")
+    for i in range(1500):  # more than a pipe holds (64 KiB), so the writer meets the closed end
+        led.start_run({}, {}, "search", ["matmul"], None, {})
+    led.close()
+    p = subprocess.Popen(CLI + ["history", "--ledger", str(tmp_path / "l.db"), "--limit", "1500"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # `| head -1`
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == "", err
 
 
 def test_a_ledger_from_a_newer_version_is_refused_not_touched(tmp_path):
