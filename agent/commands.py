@@ -213,18 +213,24 @@ def _run(args, events, ledger_path: str) -> int:
 
 
 def _check_endpoint(model) -> None:
-    """Fail early, in one line, when the endpoint cannot be reached at all."""
+    """Fail early, in one line, when the endpoint cannot be used at all: whenever a model is configured
+    (without a URL the client goes to OpenAI's API, which needs a key)."""
     import urllib.parse
     import socket
-    if not model.base_url:
-        return
-    u = urllib.parse.urlparse(model.base_url)
+    url = model.base_url or OPENAI_DEFAULT_URL
+    if not model.base_url and not model.api_key:
+        raise _usage(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
+                     f"OPENAI_API_KEY for {OPENAI_DEFAULT_URL}")
+    u = urllib.parse.urlparse(url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise _usage(f"bad endpoint URL {model.base_url!r}")
+        raise _usage(f"bad endpoint URL {url!r}")
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
-        raise _usage(f"cannot reach the model endpoint {model.base_url}: {e.strerror or e}")
+        raise _usage(f"cannot reach the model endpoint {url}: {e.strerror or e}")
+
+
+OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes without a base URL
 
 
 def _run_events(args):

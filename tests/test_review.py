@@ -239,3 +239,11 @@ def test_trend_judges_small_kernels_on_graph_times_and_the_incumbents_best(tmp_p
     [t] = speedup_trend(led, "matmul", [led.get_run(run.id)])
     assert t["speedup"] == pytest.approx(0.0434 / 0.0420)  # not 0.0509 / 0.0600 nor 0.0870 / 0.0600
     led.close()
+
+
+def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_") and k != "KERNEL_AGENT_MODEL"}
+    r = subprocess.run(CLI + ["run", "--model", "x", "--ledger", str(tmp_path / "l.db")], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, env=env)
+    assert r.returncode == 2 and "no endpoint" in r.stderr and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert not (tmp_path / "l.db").exists()  # nothing was recorded
