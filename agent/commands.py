@@ -34,11 +34,11 @@ def _duration(text: str) -> float:
 
 
 def _ops(text: str) -> List[str]:
-    from ..harness.ops import OPS
-    ops = list(OPS) if text in ("all", "") else [o.strip() for o in text.split(",") if o.strip()]
+    from .cli import OP_NAMES
+    ops = list(OP_NAMES) if text in ("all", "") else [o.strip() for o in text.split(",") if o.strip()]
     for o in ops:
-        if o not in OPS:
-            raise _usage(f"unknown op {o!r}; expected one of {', '.join(OPS)} (or all)")
+        if o not in OP_NAMES:
+            raise _usage(f"unknown op {o!r}; expected one of {', '.join(OP_NAMES)} (or all)")
     return ops
 
 
@@ -150,6 +150,10 @@ def _interrupt_on_signals() -> None:
 @command("run")
 def cmd_run(args) -> int:
     from .cli import default_ledger
+    # the flags alone are checked before torch is imported (seconds), so a usage error comes at once
+    _ops(args.ops)
+    if args.time_limit:
+        _duration(str(args.time_limit))
     _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
     events = _run_events(args)
@@ -180,7 +184,11 @@ def _run(args, events, ledger_path: str) -> int:
         if v is None:
             v = file_run.get(key)
         if v is not None:
-            setattr(cfg, attr, conv(v))
+            try:
+                setattr(cfg, attr, conv(v))
+            except (TypeError, ValueError):
+                raise _usage(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
+                             f"got {v!r}") from None
     tl = args.time_limit or file_run.get("time_limit")
     if tl:
         cfg.time_limit_s = _duration(str(tl))

@@ -247,3 +247,23 @@ def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path
                        text=True, cwd=ROOT, timeout=300, env=env)
     assert r.returncode == 2 and "no endpoint" in r.stderr and r.stderr.count("\n") == 1, r.stdout + r.stderr
     assert not (tmp_path / "l.db").exists()  # nothing was recorded
+
+
+def test_usage_errors_come_before_torch_is_imported():
+    from kernel_agent.agent.cli import OP_NAMES
+    from kernel_agent.harness.ops import OPS
+    assert tuple(OPS) == OP_NAMES
+    code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, 'torch' in sys.modules)")
+    for args in (["run", "--ops", "conv2d"], ["run", "--time-limit", "soon"], ["history", "--op", "banana"]):
+        r = subprocess.run([sys.executable, "-c", code] + args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.stdout.split() == ["2", "False"], (args, r.stdout, r.stderr)
+
+
+def test_internal_errors_do_not_leak_into_usage_errors(tmp_path):
+    cfg = tmp_path / "ka.toml"
+    cfg.write_text('[run]\ncandidates = "ten"\n')
+    r = _run(["run", "--config", str(cfg), "--ledger", str(tmp_path / "l.db")])
+    assert r.returncode == 2 and "candidates: expected an integer, got 'ten'" in r.stderr, r.stderr
+    r = _run(["run", "--ops", "matmul", "--shapes", "matmul:1,2", "--ledger", str(tmp_path / "l.db")])
+    assert r.returncode == 2 and "missing K (fields: M, N, K)" in r.stderr and "__init__" not in r.stderr, r.stderr

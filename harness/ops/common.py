@@ -247,10 +247,12 @@ class Op:
                                  f"{', '.join(names)}")
             f = names[k]
             values[k] = v.lower() in ("1", "true", "yes") if f.type in ("bool", bool) else int(v)
-        try:
-            return self.shape_cls(**values)
-        except TypeError as e:
-            raise ValueError(f"{self.name}: incomplete shape {text!r} ({e})") from None
+        missing = [f.name for f in fields if f.name not in values and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"{self.name}: incomplete shape {text!r}: missing {', '.join(missing)} (fields: "
+                             f"{', '.join(f.name for f in fields)})")
+        return self.shape_cls(**values)
 
     def shape_strategy(self):
         """A hypothesis strategy of interpreter-sized shapes (odd sizes, 1, block sizes +-1)."""
