@@ -33,6 +33,11 @@ from .interp import GuardPause, Instrumentation, Watched
 from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
 
 
+def cases_n(n: int) -> str:
+    """'1 case', '3 cases'."""
+    return f"{n} case{'' if n == 1 else 's'}"
+
+
 class CheckFailed(Exception):
     """Raised inside a check with the one-line explanation of the failure."""
 
@@ -399,7 +404,7 @@ def check_bounds(subject: Subject, s: Settings) -> str:
     cases = tiny_cases(subject.op, s.bounds_shapes, s.bounds_layouts, seed=subject.seed(31))
     for case in cases:
         _run_or_fail(subject, case)
-    return f"every active load and store stayed inside its tensor on {len(cases)} cases " \
+    return f"every active load and store stayed inside its tensor on {cases_n(len(cases))} " \
            f"(inputs read-only, unowned cache slots unread)"
 
 
@@ -419,7 +424,7 @@ def check_coverage(subject: Subject, s: Settings) -> str:
                 idx = tuple(int(j) for j in torch.isnan(t).nonzero()[0].tolist())
                 raise CheckFailed(f"{subject.op.output_names[i]}{list(idx)} is NaN (the first sentinel, or a NaN "
                                   f"the kernel produced); reproduce: {case.describe()}")
-    return f"outputs identical under two allocation sentinels, none left ({len(cases)} cases)"
+    return f"outputs identical under two allocation sentinels, none left ({cases_n(len(cases))})"
 
 
 def check_inputs_unchanged(subject: Subject, s: Settings) -> str:
@@ -431,7 +436,7 @@ def check_inputs_unchanged(subject: Subject, s: Settings) -> str:
                               f"{case.describe()}")
         if not r.ok:
             raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()}")
-    return f"every input's storage bitwise unchanged ({len(cases)} cases)"
+    return f"every input's storage bitwise unchanged ({cases_n(len(cases))})"
 
 
 def _same_shapes(a: Case, b: Case) -> bool:
@@ -483,7 +488,7 @@ def check_order(subject: Subject, s: Settings) -> str:
                 raise CheckFailed(f"running the grid's programs in {order} order changed "
                                   f"{subject.op.output_names[i]}{list(idx)} from {va} to {vb} (programs depend on "
                                   f"each other: a race on the GPU); reproduce: {case.describe()}")
-    return f"bitwise identical under {', '.join(s.orders)} program order ({len(cases)} cases)"
+    return f"bitwise identical under {', '.join(s.orders)} program order ({cases_n(len(cases))})"
 
 
 def _perturb_positions(t: torch.Tensor, readable: Optional[torch.Tensor], n: int, gen: torch.Generator):
@@ -517,7 +522,7 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
             out = _run_or_fail(subject, case).out
             _compare_or_fail(subject, case, out, f"after changing {name}{list(pos)}: ")
             done += 1
-    return f"output follows the reference after {done} single-element changes (first, last, random)"
+    return f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} (first, last, random)"
 
 
 def _draw_case(op: Op, data, big: bool = False) -> Case:
@@ -611,7 +616,7 @@ def check_error_budget(subject: Subject, s: Settings) -> str:
                               f"baseline's {err_b:.3g}, floor {floor:g}): reduced precision?; reproduce: "
                               f"{case.describe()}")
         worst = max(worst, err_c / allowed)
-    return f"error within the budget on {len(combos)} cases (worst {worst:.0%} of the allowance)"
+    return f"error within the budget on {cases_n(len(combos))} (worst {worst:.0%} of the allowance)"
 
 
 def check_near_serving(subject: Subject, s: Settings) -> str:
@@ -659,7 +664,7 @@ def check_fpsan(subject: Subject, s: Settings) -> str:
             return subject.fpsan_detail + "; the extended numeric suite decides"
         tested += 1
     subject.fpsan_equivalent = True
-    subject.fpsan_detail = f"bitwise identical to the baseline under FpSan on {tested} cases"
+    subject.fpsan_detail = f"bitwise identical to the baseline under FpSan on {cases_n(tested)}"
     return subject.fpsan_detail + ": computes the same symbolic function"
 
 

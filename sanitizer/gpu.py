@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
-from .checks import (CheckFailed, Subject, _describe_exception, _Skip, baseline_fn, check_load, check_static,
+from .checks import (CheckFailed, cases_n, Subject, _describe_exception, _Skip, baseline_fn, check_load, check_static,
                      first_difference, outputs, run_case)
 from .executor import Executor, ExecutorError
 from .static_gate import check_source
@@ -93,7 +93,7 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         del case, ref, out
         subject.fn.reset()
         torch.cuda.empty_cache()
-    return f"{n} cases on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) " \
+    return f"{cases_n(n)} on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) " \
            f"match the reference; worst error {worst:.0%} of the budget"
 
 
