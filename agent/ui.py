@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Iterable, List, Optional, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -51,12 +52,7 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
           justify: Optional[Sequence[str]] = None) -> None:
     rows = [[("" if v is None else str(v)) for v in r] for r in rows]
     if is_tty():
-        t = Table(title=title, title_justify="left", show_lines=False)
-        for i, c in enumerate(columns):
-            t.add_column(c, justify=(justify[i] if justify else "left"), overflow="fold")
-        for r in rows:
-            t.add_row(*r)
-        console().print(t)
+        _rich_table(title, list(columns), rows, justify)
         return
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     if title:
@@ -73,6 +69,48 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
     for r in rows:
         sys.stdout.write(fmt(r) + "\n")
     sys.stdout.flush()
+
+
+def fit_columns(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> List[Optional[int]]:
+    """Column widths for a table `width` characters wide, one line per row: a column of single tokens
+    (ids, numbers, times) keeps its full width; a text column shrinks, to no less than 12 characters (its
+    cells are then cut with an ellipsis); columns that still do not fit are dropped (None), text columns
+    first, from the right, never the first column."""
+    gap = 2  # between columns
+    natural = [max([len(c)] + [len(r[i]) for r in rows if i < len(r)]) for i, c in enumerate(columns)]
+    text = [any(" " in r[i] for r in rows if i < len(r)) for i in range(len(columns))]
+    widths: List[Optional[int]] = list(natural)
+
+    def total() -> int:
+        shown = [w for w in widths if w is not None]
+        return sum(shown) + gap * (len(shown) - 1)
+    for i in sorted((i for i in range(len(columns)) if text[i]), key=lambda i: -natural[i]):
+        if total() <= width:
+            break
+        widths[i] = max(min(natural[i], 12), natural[i] - (total() - width))
+    # text columns go first (they were cut already), then the others, from the right
+    for i in [i for i in range(len(columns) - 1, 0, -1) if text[i]] + \
+            [i for i in range(len(columns) - 1, 0, -1) if not text[i]]:
+        if total() <= width:
+            break
+        widths[i] = None
+    return widths
+
+
+def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: Optional[Sequence[str]]) -> None:
+    widths = fit_columns(columns, rows, console().width)
+    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+              padding=(0, 1, 0, 1), collapse_padding=True)
+    shown = [i for i, w in enumerate(widths) if w is not None]
+    for i in shown:
+        t.add_column(columns[i], justify=(justify[i] if justify else "left"), no_wrap=True, overflow="ellipsis",
+                     width=widths[i], min_width=widths[i])
+    for r in rows:
+        t.add_row(*[r[i] if i < len(r) else "" for i in shown])
+    console().print(t)
+    hidden = [columns[i] for i, w in enumerate(widths) if w is None]
+    if hidden:
+        console().print(f"(not shown at this width: {', '.join(hidden)})", style="dim", markup=False)
 
 
 class Progress:

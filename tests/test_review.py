@@ -267,3 +267,27 @@ def test_internal_errors_do_not_leak_into_usage_errors(tmp_path):
     assert r.returncode == 2 and "candidates: expected an integer, got 'ten'" in r.stderr, r.stderr
     r = _run(["run", "--ops", "matmul", "--shapes", "matmul:1,2", "--ledger", str(tmp_path / "l.db")])
     assert r.returncode == 2 and "missing K (fields: M, N, K)" in r.stderr and "__init__" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_terminal_tables_fit_the_width_and_never_cut_an_id(monkeypatch, width):
+    import io
+    from rich.console import Console
+    from kernel_agent.agent import ui
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=width, color_system=None,
+                                                highlight=False))
+    monkeypatch.delenv("TERM", raising=False)
+    rows = [["r20261201-225306-6fc2", "finished", "2026-12-01 22:53", "search",
+             "matmul, attention, decode_attention, quantize_kv", "12", "0", "NVIDIA H200"],
+            ["r20261201-225410-1631", "finished", "2026-12-01 22:54", "search", "quantize_kv", "4", "0", "cpu"]]
+    ui.table("runs", ["run", "status", "started", "proposer", "ops", "candidates", "promoted", "gpu"], rows)
+    lines = buf.getvalue().splitlines()
+    assert all(len(ln) <= width for ln in lines)
+    body = [ln for ln in lines if ln.startswith("r2026")]
+    assert len(body) == 2  # one line per row: nothing folded
+    assert body[0].split()[0] == "r20261201-225306-6fc2" and "finished" in body[0]
+    if width >= 120:
+        assert "not shown" not in buf.getvalue() and "NVIDIA H200" in body[0]
+    else:
+        assert "not shown at this width" in buf.getvalue()
