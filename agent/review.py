@@ -140,10 +140,11 @@ def write_report(led, run, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     summary = led.run_summary(run.id)
     v = run.versions
+    stack = ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
+                                                            ("driver", "driver"), ("python", "python")) if v.get(key))
     lines = [f"# kernel-agent run `{run.id}`", "",
              f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
-             f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; torch {v.get('torch')}, triton "
-             f"{v.get('triton')}, CUDA {v.get('cuda')}, driver {v.get('driver')}, python {v.get('python')}",
+             f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
              f"- candidates: {summary.get('candidates', 0)} "
              f"({', '.join(f'{k} {n}' for k, n in sorted(summary.get('candidates_by_status', {}).items()))})",
              ""]
@@ -153,6 +154,9 @@ def write_report(led, run, out_dir: str) -> str:
     plots = _plots(led, run, out_dir)
     if plots:
         lines += ["## Speedup", ""] + [f"![{alt}]({os.path.basename(p)})" for alt, p in plots] + [""]
+    elif led.bench_results(run_id=run.id) and not _have_matplotlib():
+        lines += ["(No plots: they need matplotlib, `pip install -e '.[report]'`.)", ""]
+    lines += _candidate_table(led, run)
     promos = led.promotions(run_id=run.id)
     if not promos:
         lines += ["No kernel was promoted in this run.", ""]
@@ -207,6 +211,41 @@ def write_report(led, run, out_dir: str) -> str:
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _candidate_table(led, run) -> List[str]:
+    """Every candidate the run proposed, with its verdict (one line each; a replay says so)."""
+    cands = led.candidates(run_id=run.id)
+    if not cands:
+        return []
+    replayed = {p.candidate_id for p in led.proposals(run_id=run.id) if p.duplicate}
+    lines = ["## Candidates", "", "| # | op | label | status | verdict |", "|---:|---|---|---|---|"]
+    for c in cands:
+        v = c.verdict or {}
+        failed = next((x for x in v.get("checks", []) if x.get("status") == "failed"), None)
+        if failed:  # a check's detail can carry the candidate's own text: quoted as data
+            why = f"{_md_word(failed.get('name'))}: {quote_untrusted(failed.get('detail', ''), 160, markdown=True)}"
+        elif v.get("error"):
+            why = quote_untrusted(v["error"], 160, markdown=True)
+        elif c.status == "proposed":
+            why = "not judged yet (`kernel-agent run --resume` finishes it)"
+        else:
+            n = sum(1 for x in v.get("checks", []) if x.get("status") == "passed")
+            eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
+                c.fpsan_equivalent]
+            why = f"passed {n} checks; {eq}" + ("; benchmarked" if c.status in ("benchmarked", "promoted") else "")
+        if c.id in replayed:
+            why = f"judged by an earlier run: {why}"
+        lines.append(f"| {c.id} | {_md_word(c.op)} | {_md_word(c.label or '')} | {_md_word(c.status)} | {why} |")
+    return lines + [""]
 
 
 def _md_word(text) -> str:

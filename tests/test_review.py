@@ -291,3 +291,26 @@ def test_terminal_tables_fit_the_width_and_never_cut_an_id(monkeypatch, width):
         assert "not shown" not in buf.getvalue() and "NVIDIA H200" in body[0]
     else:
         assert "not shown at this width" in buf.getvalue()
+
+
+def test_a_cpu_run_report_lists_every_candidate_with_its_verdict(tmp_path):
+    led = Ledger(tmp_path / "l.db")
+    run = led.start_run({}, {"torch": "2.13.0+cpu", "triton": "3.9.0", "cuda": None, "python": "3.11.7"}, "search",
+                        ["quantize_kv"], None, {})
+    ok, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-8-4")
+    led.set_candidate_status(ok.id, "verified", verdict={"checks": [{"name": "bounds", "status": "passed"}] * 3},
+                             fpsan_equivalent=True)
+    bad, _ = led.add_candidate("quantize_kv", "x = 2\n", "search", run.id, label="cfg-1-1")
+    led.set_candidate_status(bad.id, "rejected", verdict={"checks": [
+        {"name": "bounds", "status": "failed", "detail": "store `out[9]` past the end | of the tensor"}]})
+    run2 = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    led.add_candidate("quantize_kv", "x = 1\n", "search", run2.id, label="cfg-8-4")  # replayed by a later run
+    md = open(write_report(led, led.get_run(run.id), str(tmp_path / "r"))).read()
+    assert "CUDA None" not in md and "driver None" not in md and "torch 2.13.0+cpu" in md
+    assert f"| {ok.id} | quantize_kv | cfg-8-4 | verified | passed 3 checks; FpSan-equivalent |" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith(f"| {bad.id} |"))
+    assert "rejected" in row and "bounds:" in row
+    assert row.replace("\\|", "").count("|") == 6  # the candidate's text cannot add cells (its pipe is escaped)
+    md2 = open(write_report(led, led.get_run(run2.id), str(tmp_path / "r2"))).read()
+    assert "judged by an earlier run: passed 3 checks" in md2
+    led.close()
