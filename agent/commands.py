@@ -467,6 +467,13 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
                                         fromfile=old_label, tofile=new_label, n=3))
 
 
+def _count(items) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
 def _show_candidate(led, cid: int, args) -> int:
     c = led.candidate(cid)
     if c is None:
@@ -485,9 +492,23 @@ def _show_candidate(led, cid: int, args) -> int:
             style="bold")
     checks = led.checks(cid)
     if checks:
-        ui.table("checks", ["mode", "check", "result", "time", "detail"],
-                 [[k.mode, k.name, ui.STATUS_MARK.get(k.status, k.status), f"{k.duration_s:.1f}s", k.detail[:140]]
-                  for k in checks])
+        # one row per check, from the most thorough mode that ran it (the quick stage repeats the full
+        # stage's checks on fewer cases), and one line per mode with its totals
+        rank = {"quick": 0, "full": 1, "gpu": 2}
+        best: Dict[str, Any] = {}
+        for k in checks:
+            if k.name not in best or rank.get(k.mode, 0) >= rank.get(best[k.name].mode, 0):
+                best[k.name] = k
+        order = list(dict.fromkeys(k.name for k in checks))
+        by_mode: Dict[str, List[Any]] = {}
+        for k in checks:
+            by_mode.setdefault(k.mode, []).append(k)
+        totals = "; ".join(f"{mode}: " + ", ".join(f"{n} {ui.STATUS_MARK.get(st, st)}" for st, n in sorted(
+            _count(k.status for k in ks).items())) + f" in {sum(k.duration_s for k in ks):.1f}s"
+                           for mode, ks in by_mode.items())
+        ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
+                 [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
+                   best[n].detail[:140]] for n in order])
     bench = led.bench_results(candidate_id=cid)
     if bench:
         ui.table("timings", ["shape", "kernel", "dtype", "gpu", "median ms", "spread", "of ceiling"],

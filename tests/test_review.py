@@ -314,3 +314,20 @@ def test_a_cpu_run_report_lists_every_candidate_with_its_verdict(tmp_path):
     md2 = open(write_report(led, led.get_run(run2.id), str(tmp_path / "r2"))).read()
     assert "judged by an earlier run: passed 3 checks" in md2
     led.close()
+
+
+def test_show_lists_each_check_once_from_its_most_thorough_mode(tmp_path):
+    db = tmp_path / "l.db"
+    led = Ledger(db)
+    run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-8-4")
+    led.record_checks(c.id, "quick", [{"name": "bounds", "status": "passed", "detail": "on 2 cases", "duration_s": 0.1},
+                                      {"name": "fpsan", "status": "passed", "detail": "quick fpsan", "duration_s": 0.2}])
+    led.record_checks(c.id, "full", [{"name": "bounds", "status": "failed", "detail": "store past the end",
+                                      "duration_s": 0.3}])
+    led.close()
+    r = _run(["show", str(c.id), "--ledger", str(db)])
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["quick"], ["full"])]
+    assert [(x[0], x[1], x[2]) for x in rows] == [("full", "bounds", "FAIL"), ("quick", "fpsan", "ok")]
+    assert "quick: 2 ok in 0.3s; full: 1 FAIL in 0.3s" in r.stdout
