@@ -94,7 +94,8 @@ def cmd_sanitize(args) -> int:
     total = len(args.files) * (2 if gpu else 1)
     with ui.Progress(f"sanitize {args.op} ({mode}{' + gpu' if gpu else ''})", total) as prog:
         def done(v):
-            if not args.json:
+            # one file without a terminal: the report below says the same, so no progress line too
+            if not args.json and (total > 1 or ui.is_tty()):
                 prog.advance(f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, "
                              f"{v.duration_s:.0f}s)")
         verdicts = run_many(args.files, args.op, mode, jobs=args.jobs, timeout_s=args.timeout,
