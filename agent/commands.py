@@ -514,10 +514,14 @@ def _show_candidate(led, cid: int, args) -> int:
         ui.table("timings", ["shape", "kernel", "dtype", "gpu", "median ms", "spread", "of ceiling"],
                  [[b.shape_key, b.label, b.dtype, b.gpu_name, f"{b.median_ms:.4f}", f"±{b.spread_ms:.4f}",
                    f"{b.fraction_of_ceiling:.0%}" if b.fraction_of_ceiling else ""] for b in bench])
-    plabel, psrc = parent_source(led, c)
-    diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
-    ui.line(f"diff against {plabel}:", style="bold")
-    sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
+    unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
+    if unusable:  # no source came back: a diff would show the whole parent deleted
+        ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
+    else:
+        plabel, psrc = parent_source(led, c)
+        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
+        ui.line(f"diff against {plabel}:", style="bold")
+        sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
     for m in led.model_calls(candidate_id=cid):
         ui.line(f"model exchange: {m.model}, {m.prompt_tokens}+{m.completion_tokens} tokens, {m.latency_s:.1f}s"
                 + (f", error: {m.error}" if m.error else ""), style="bold")

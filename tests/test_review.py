@@ -331,3 +331,17 @@ def test_show_lists_each_check_once_from_its_most_thorough_mode(tmp_path):
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["quick"], ["full"])]
     assert [(x[0], x[1], x[2]) for x in rows] == [("full", "bounds", "FAIL"), ("quick", "fpsan", "ok")]
     assert "quick: 2 ok in 0.3s; full: 1 FAIL in 0.3s" in r.stdout
+
+
+def test_show_of_an_unusable_reply_shows_no_diff(tmp_path):
+    db = tmp_path / "l.db"
+    led = Ledger(db)
+    run = led.start_run({}, {}, "model", ["quantize_kv"], None, {})
+    c, _ = led.add_candidate("quantize_kv", "# unusable model reply (r1, model call 1): no code block\n", "model",
+                             run.id, label="r1")
+    led.set_candidate_status(c.id, "rejected", verdict={"passed": False, "error": "no code block", "checks": [
+        {"name": "reply", "status": "failed", "passed": False, "detail": "no code block"}]})
+    led.close()
+    r = _run(["show", str(c.id), "--ledger", str(db)])
+    assert r.returncode == 0 and "no source: the model's reply was unusable (no code block)" in r.stdout
+    assert "diff against" not in r.stdout and "\n-" not in r.stdout
