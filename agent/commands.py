@@ -130,7 +130,7 @@ def _ledger(args, read: bool = False):
     if read and not os.path.exists(path):
         raise _usage(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
                      f"another)")
-    return Ledger(path)
+    return Ledger(path, read_only=read)
 
 
 # -- run ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import os
 import sqlite3
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -329,7 +330,12 @@ def _check_fields(what: str, fields: Mapping[str, Any], required: Sequence[str],
 # opening a file safely
 
 
-def _inspect_existing(path: Path, shown: str) -> None:
+def _writable_dir(path: Path) -> bool:
+    """Whether SQLite may create the ledger's side files (-wal, -shm) beside it."""
+    return os.access(path.resolve().parent, os.W_OK)
+
+
+def _inspect_existing(path: Path, shown: str, immutable: bool = False) -> None:
     """Refuse a file that is not a ledger of this schema version, before SQLAlchemy
     (which would set the journal mode and create tables) touches it."""
     if path.is_dir():
@@ -337,7 +343,8 @@ def _inspect_existing(path: Path, shown: str) -> None:
     if not path.exists() or path.stat().st_size == 0:
         return
     try:
-        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro"), uri=True,
+                               timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as e:
         raise LedgerError(f"ledger {shown} cannot be opened: {e}") from None
     try:
@@ -371,20 +378,28 @@ def _inspect_existing(path: Path, shown: str) -> None:
                           f"start a new ledger)")
 
 
-def _make_engine(path: Path, begin: str) -> Engine:
+def _make_engine(path: Path, begin: str, read_only: str = "") -> Engine:
     """An engine whose transactions start with `begin` ('BEGIN' or 'BEGIN IMMEDIATE').
 
     The sqlite3 driver's own transaction handling is switched off (isolation_level =
-    None) so that SQLAlchemy's begin hook decides how a transaction starts."""
-    engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
+    None) so that SQLAlchemy's begin hook decides how a transaction starts. `read_only`:
+    SQLite URI parameters ('mode=ro', or 'immutable=1' where the folder is not writable, so
+    that a WAL ledger on read-only media can be read)."""
+    if read_only:
+        uri = f"{path.resolve().as_uri()}?{read_only}"
+        engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S,
+                                                                             check_same_thread=False))
+    else:
+        engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, connection_record) -> None:
         dbapi_connection.isolation_level = None
         cur = dbapi_connection.cursor()
         try:
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            if not read_only:
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             cur.execute("PRAGMA foreign_keys=ON")
         finally:
@@ -431,10 +446,17 @@ def row_time(rows: Sequence[BenchResult]) -> Callable[[BenchResult], float]:
 class Ledger:
     """The run ledger in one SQLite file. Safe to open from several processes."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
         self._shown = str(path)
-        _inspect_existing(self.path, self._shown)
+        _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path))
+        if read_only:  # reads an existing ledger, even on read-only media; writes fail
+            if not self.path.is_file():
+                raise LedgerError(f"no ledger at {self._shown}")
+            params = "immutable=1" if not _writable_dir(self.path) else "mode=ro"
+            self._write_engine = self._read_engine = _make_engine(self.path, "BEGIN", params)
+            self._write = self._read = sessionmaker(self._read_engine, expire_on_commit=False)
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:

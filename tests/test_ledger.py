@@ -396,3 +396,26 @@ def test_candidate_type_is_detached_and_readable_after_close(tmp_path):
     c, _ = lg.add_candidate("quantize_kv", SRC, "search", r.id)
     lg.close()
     assert isinstance(c, Candidate) and c.op == "quantize_kv" and c.source == SRC
+
+
+@pytest.mark.parametrize("media_writable", [True, False])
+def test_a_ledger_opened_read_only_is_read_and_not_changed(tmp_path, monkeypatch, media_writable):
+    """Read commands open the ledger read-only (SQLite's immutable mode where its folder cannot be
+    written, as on read-only media): they read it whole and cannot change it."""
+    from kernel_agent.harness import ledger as ledger_mod
+    db = tmp_path / "l.db"
+    led = Ledger(db)
+    run = led.start_run({}, {}, "search", ["matmul"], None, {})
+    led.add_candidate("matmul", "x = 1\n", "search", run.id, label="a")
+    led.close()
+    before = db.read_bytes()
+    monkeypatch.setattr(ledger_mod, "_writable_dir", lambda p: media_writable)
+    ro = Ledger(db, read_only=True)
+    assert [r.id for r in ro.runs()] == [run.id] and [c.label for c in ro.candidates(run_id=run.id)] == ["a"]
+    with pytest.raises(Exception):
+        ro.start_run({}, {}, "search", ["matmul"], None, {})
+    ro.close()
+    assert db.read_bytes() == before
+    with pytest.raises(LedgerError):
+        Ledger(tmp_path / "missing.db", read_only=True)
+    assert not (tmp_path / "missing.db").exists()
