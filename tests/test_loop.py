@@ -646,3 +646,25 @@ def test_the_live_status_line(monkeypatch):
     plain.update("status: b")  # within the minute: not printed
     assert printed == ["status: a"]
     plain.close()
+
+
+def test_a_second_run_on_the_same_ledger_judges_only_new_candidates(tmp_path):
+    """Two consecutive default-style runs of the built-in search on one ledger: the second replays
+    what the first judged (free) and judges as many new candidates as its budget."""
+    db = tmp_path / "l.db"
+    args = ["run", "--ops", "quantize_kv", "--candidates", "1", "--per-round", "1", "--ledger", str(db),
+            "--candidates-dir", str(tmp_path / "c")]
+    first = _run(args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = _run(args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    led = Ledger(str(db))
+    r1, r2 = sorted(led.runs(), key=lambda r: r.started_at)
+    judged1 = {c.id for c in led.candidates(run_id=r1.id)}
+    props2 = led.proposals(run_id=r2.id)
+    new2 = [p.candidate_id for p in props2 if not p.duplicate]
+    assert len(judged1) == 1 and len(new2) == 1 and not judged1 & set(new2)
+    assert [p.candidate_id for p in props2 if p.duplicate] == list(judged1)  # replayed, not judged again
+    assert led.candidate(new2[0]).status == "verified" and led.candidate(new2[0]).first_run_id == r2.id
+    assert "replayed" in second.stdout and "1 of them judged by earlier runs" in second.stdout
+    led.close()
