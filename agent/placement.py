@@ -203,6 +203,7 @@ class LocalPlacement:
                     else:
                         self._shared[gpu] -= 1
                 self._log.append(TaskSpan(task.kind, resource, t0, time.time(), gpu))
+                self._release_if_idle()
 
     def log(self) -> List[TaskSpan]:
         """Every task run so far."""
@@ -210,17 +211,24 @@ class LocalPlacement:
             return list(self._log)
 
     def stop(self) -> None:
-        """No new task starts; every running child is killed (their tasks return failed results)."""
+        """No new task starts; every running child is killed (their tasks return failed results).
+        Children are refused process-wide only until this placement's last task has returned: a task
+        that passed its start check races no kill, and nothing else in the process stays blocked."""
         from ..sanitizer import runner
-        self.stopped = True
-        runner.stop_all()
+        with self._lock:
+            self.stopped = True
+            runner.stop_all()
+            self._release_if_idle()
+
+    def _release_if_idle(self) -> None:
+        """(under the lock) After a stop, once no task of this placement runs, children may start again."""
+        if self.stopped and not any(self._running.values()):
+            from ..sanitizer import runner
+            runner.resume_starting()
 
     def close(self, wait: bool = True) -> None:
-        from ..sanitizer import runner
         self._cpu.shutdown(wait=wait, cancel_futures=True)
         self._gpu.shutdown(wait=wait, cancel_futures=True)
-        if self.stopped:
-            runner.resume_starting()
 
 
 def describe(placement: LocalPlacement) -> str:
