@@ -1,6 +1,7 @@
 """Subcommands beyond `sanitize`: registered on the parser and dispatched by agent/cli.py."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import json
@@ -467,13 +468,6 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
                                         fromfile=old_label, tofile=new_label, n=3))
 
 
-def _count(items) -> Dict[str, int]:
-    out: Dict[str, int] = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
-    return out
-
-
 def _show_candidate(led, cid: int, args) -> int:
     c = led.candidate(cid)
     if c is None:
@@ -504,7 +498,7 @@ def _show_candidate(led, cid: int, args) -> int:
         for k in checks:
             by_mode.setdefault(k.mode, []).append(k)
         totals = "; ".join(f"{mode}: " + ", ".join(f"{n} {ui.STATUS_MARK.get(st, st)}" for st, n in sorted(
-            _count(k.status for k in ks).items())) + f" in {sum(k.duration_s for k in ks):.1f}s"
+            collections.Counter(k.status for k in ks).items())) + f" in {sum(k.duration_s for k in ks):.1f}s"
                            for mode, ks in by_mode.items())
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",

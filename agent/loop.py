@@ -288,7 +288,7 @@ class Loop:
         self.bench_start_s: List[float] = []  # each benchmark child's start (sandbox, imports, ceilings)
         self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
         self.best_gain: Optional[float] = None
-        # (op, bucket) -> proposals in a row that an earlier run had judged (a proposer stuck on them is stopped)
+        # (op, bucket) -> proposals in a row repeating a source this process already saw (a stuck proposer is stopped)
         self.duplicate_streak: Dict[Tuple[str, str], int] = {}
         self._history_loaded: Set[Tuple[str, str]] = set()
         self.session_hashes: Set[str] = set()  # sources proposed since this process started
