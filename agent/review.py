@@ -6,8 +6,10 @@ import os
 import re
 import sys
 from collections import defaultdict
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
+from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, TrendPoint, best_per_bucket, best_result,
+                               candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
 from ..sanitizer.verdict import fence_for, quote_untrusted
 from . import ui
 
@@ -48,9 +50,11 @@ def history(args, led) -> int:
                             "candidates": s.get("candidates", 0), "by_status": s.get("candidates_by_status", {}),
                             "promotions": len(s.get("promotions", []))})
     if args.leaderboard:
-        doc["leaderboard"] = led.leaderboard(args.op)
+        board = led.leaderboard(args.op)
+        doc["leaderboard"] = board.to_json()
     if args.trend:
-        doc["trend"] = speedup_trend(led, args.op, runs)
+        trend = speedup_trend(led, args.op, runs)
+        doc["trend"] = [t.to_json() for t in trend]
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
@@ -61,60 +65,39 @@ def history(args, led) -> int:
                r["by_status"].get("benchmarked", 0), r["promotions"]] for r in doc["runs"]],
              justify=["left"] * 6 + ["right"] * 5)
     if args.leaderboard:
-        rows = [[e.get("bucket"), e.get("shape_key"), e.get("dtype"), e.get("gpu_name"),
-                 f"#{e.get('candidate_id')} {e.get('label') or ''}".strip(), _f(e.get("best_ms")),
-                 _f(e.get("baseline_ms")), _x(e.get("speedup")), _f(e.get("anchor_ms")), e.get("clock", "")]
-                for e in doc["leaderboard"]]
-        ui.table(f"leaderboard: {args.op}", ["bucket", "shape", "dtype", "gpu", "best", "ms", "baseline ms",
-                                             "speedup", "anchor ms", "timed by"], rows)
+        rows = [[e.figure.bucket, e.figure.shape_key, f"#{e.figure.candidate_id} {e.label or ''}".strip(),
+                 fmt_ms(e.figure.kernel_ms), _short_label(e.figure.incumbent_label), fmt_ms(e.figure.incumbent_ms),
+                 fmt_x(e.figure.speedup), CLOCK_WORDS[e.figure.clock], fmt_ms(e.figure.anchor_ms),
+                 e.figure.dtype, e.figure.gpu_name] for e in board.entries]
+        ui.table(f"leaderboard: {args.op} (candidates faster than the incumbent timed beside them)",
+                 ["bucket", "shape", "candidate", "ms", "over", "its ms", "speedup", "clock", "anchor ms", "dtype",
+                  "gpu"], rows)
+        if board.unbeaten:
+            ui.line(f"no candidate beat its incumbent at: {'; '.join(board.unbeaten)}")
     if args.trend:
-        ui.table(f"speedup trend: {args.op}", ["run", "started", "best speedup over the baseline"],
-                 [[t["run"], t["started"][:16], _x(t["speedup"])] for t in doc["trend"]])
+        ui.table(f"speedup trend: {args.op} (each run's best candidate, geometric mean over its bucket's shapes)",
+                 ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
+                 [[t.run_id, t.started_at.isoformat()[:16].replace("T", " "), f"#{t.best.candidate_id}", t.best.bucket,
+                   fmt_x(t.speedup), _short_label(t.best.incumbent_label), t.best.clocks.replace("event", "events")]
+                  for t in trend])
     return 0
 
 
-def _f(x) -> str:
-    return f"{x:.4f}" if isinstance(x, (int, float)) else ""
+def _short_label(label) -> str:
+    """An incumbent's label for a narrow column: a serving kernel's file name is in the JSON output."""
+    if label is None:
+        return "mixed"
+    return "serving" if label.startswith("serving:") else label
 
 
-def _x(x) -> str:
-    return f"{x:.3f}x" if isinstance(x, (int, float)) else ""
-
-
-def _is_incumbent(b) -> bool:
-    return b.label in ("baseline", "incumbent") or b.label.startswith("serving:")
-
-
-def judged_times(rows) -> Dict[tuple, Callable[[Any], float]]:
-    """Per (op, shape, dtype): how to read a row's time (`ledger.row_time`, as the promotion rule does)."""
-    from ..harness.ledger import row_time
-    groups: Dict[tuple, list] = defaultdict(list)
-    for b in rows:
-        groups[(b.op, b.shape_key, b.dtype)].append(b)
-    return {k: row_time(g) for k, g in groups.items()}
-
-
-def speedup_trend(led, op: str, runs) -> List[Dict[str, Any]]:
-    """Per run (oldest first): the best geometric-mean speedup of a candidate over the incumbent measured in it
-    (the incumbent's best time per shape)."""
+def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
+    """Per run (oldest first) that judged a candidate of `op`: its best candidate, by the geometric mean
+    of the judged figures over its bucket's shapes (each over the incumbent timed beside it)."""
     out = []
     for r in sorted(runs, key=lambda r: r.started_at):
-        rows = [b for b in led.bench_results(run_id=r.id, op=op) if not b.implausible]
-        t = judged_times(rows)
-        base: Dict[tuple, float] = {}
-        for b in rows:
-            if _is_incumbent(b):
-                k = (b.op, b.shape_key, b.dtype)
-                base[k] = min(base.get(k, float("inf")), t[k](b))
-        best: Dict[int, List[float]] = defaultdict(list)
-        for b in rows:
-            k = (b.op, b.shape_key, b.dtype)
-            if b.label == "candidate" and k in base:
-                best[b.candidate_id].append(base[k] / t[k](b))
-        if best:
-            import math
-            sp = max(math.exp(sum(math.log(x) for x in v) / len(v)) for v in best.values())
-            out.append({"run": r.id, "started": r.started_at.isoformat(), "speedup": sp})
+        best = best_result(candidate_results(led.figures(op=op, run_id=r.id)))
+        if best is not None:
+            out.append(TrendPoint(r.id, r.started_at, best))
     return out
 
 
@@ -134,11 +117,12 @@ def cmd_report(args) -> int:
 
 
 def write_report(led, run, out_dir: str) -> str:
-    from ..harness.ledger import row_clock, row_ms, row_spread
     from .commands import unified_diff
     from .search import baseline_source
     os.makedirs(out_dir, exist_ok=True)
     summary = led.run_summary(run.id)
+    # every figure below (tables, headlines, plots) is one of these: harness/figures.py
+    results = candidate_results(led.figures(run_id=run.id))
     v = run.versions
     stack = ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
                                                             ("driver", "driver"), ("python", "python")) if v.get(key))
@@ -151,43 +135,47 @@ def write_report(led, run, out_dir: str) -> str:
     if summary.get("failed_checks"):
         lines += ["Rejections by the check that caught them: " +
                   ", ".join(f"`{k}` {n}" for k, n in sorted(summary["failed_checks"].items())), ""]
-    plots = _plots(led, run, out_dir)
+    for name in _STALE_PLOTS:  # plots an earlier version wrote here would sit beside the new ones
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+    plots = _plots(run, results, out_dir, led.promotions(run_id=run.id))
     if plots:
         lines += ["## Speedup", ""] + [f"![{alt}]({os.path.basename(p)})" for alt, p in plots] + [""]
-    elif led.bench_results(run_id=run.id) and not _have_matplotlib():
+    elif results and not _have_matplotlib():
         lines += ["(No plots: they need matplotlib, `pip install -e '.[report]'`.)", ""]
-    lines += _candidate_table(led, run)
+    lines += _candidate_table(led, run, results)
+    lines += _results_table(results)
     promos = led.promotions(run_id=run.id)
     if not promos:
         lines += ["No kernel was promoted in this run.", ""]
-    for pr in promos:
+    for pr in sorted(promos, key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
+        res = next((r for r in results if r.candidate_id == pr.candidate_id and (r.op, r.bucket, r.dtype, r.gpu_name)
+                    == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)), None)
+        what = 'the baseline' if pr.replaced_candidate_id is None else f'candidate #{pr.replaced_candidate_id}'
+        if res is not None and res.speedup is not None:
+            n = len(res.figures)
+            head = (f"Replaces {what}: **{fmt_x(res.speedup)}** ({fmt_saved(res.speedup)}), the geometric mean over "
+                    f"{n} shape{'s' if n != 1 else ''} of the speedups below, on {_clock_phrase(res.clocks)}; "
+                    f"the rule's noise {pr.spread:.1%}.")
+        else:  # no benchmark of it in this run (a promotion by hand, say): the rule's record
+            head = (f"Replaces {what}: {fmt_saved(1 / (1 - pr.gain)) if pr.gain < 1 else ''} as the rule recorded it "
+                    f"(noise {pr.spread:.1%}); no benchmark of it in this run.")
         lines += [f"## Promoted: `{pr.op}` bucket `{pr.bucket}`, {pr.dtype}, {pr.gpu_name}", "",
-                  f"{pr.reason}", "",
-                  f"Replaces {'the baseline' if pr.replaced_candidate_id is None else f'candidate #{pr.replaced_candidate_id}'}: "
-                  f"{pr.old_ms:.4f} ms -> {pr.new_ms:.4f} ms ({pr.gain:+.1%}, noise {pr.spread:.1%})."
-                  + (" Demoted later: " + (pr.demote_reason or "") if pr.demoted_at else ""), ""]
+                  f"The rule: {pr.reason}", "",
+                  head + (" Demoted later: " + (pr.demote_reason or "") if pr.demoted_at else ""), ""]
         if c is None:
             continue
-        # the figures the rule judged: CUDA-graph replays where every kernel of the shape has them
-        lines += ["### Timings", "", "| shape | dtype | kernel | ms | spread ms | timed by | vs anchor | of ceiling |",
-                  "|---|---|---|---:|---:|---|---:|---:|"]
-        rows = [b for b in led.bench_results(run_id=run.id, op=pr.op) if b.bucket == pr.bucket and b.dtype == pr.dtype
-                and b.candidate_id in (None, c.id)]  # not the rows timed beside another candidate
-        by_shape: Dict[str, list] = {}
-        for b in rows:
-            by_shape.setdefault(b.shape_key, []).append(b)
-        for shape, group in by_shape.items():
-            clock = row_clock(group)
-            anchor = next((row_ms(b, clock) for b in group if b.label.startswith("anchor")), None)
-            for b in group:
-                who = f"candidate #{c.id}" if b.label == "candidate" else b.label
-                ms, spread = row_ms(b, clock), row_spread(b, clock)
-                ratio = f"{anchor / ms:.2f}x" if anchor else ""
-                frac = f"{b.fraction_of_ceiling:.0%} ({b.ceiling_kind}, events)" if b.fraction_of_ceiling else ""
-                lines.append(f"| {shape} | {b.dtype} | {who} | {ms:.4f} | "
-                             f"{f'{spread:.4f}' if spread is not None else ''} | "
-                             f"{'graph' if clock == 'graph' else 'events'} | {ratio} | {frac} |")
+        if res is not None:
+            lines += ["### Timings", "",
+                      "Each shape: the candidate against the incumbent timed beside it, on the clock the rule judged "
+                      "them by; speedup = incumbent ms / candidate ms, vs anchor = anchor ms / kernel ms (the torch "
+                      "anchor of the same benchmark), of ceiling: the kernel's fraction of the measured hardware "
+                      "ceiling at that time.", "",
+                      "| shape | kernel | ms | spread ms | clock | speedup | vs anchor | of ceiling |",
+                      "|---|---|---:|---:|---|---:|---:|---:|"]
+            for f in res.figures:
+                lines += _timing_rows(f, c.id)
         eq = {True: "**FpSan-equivalent** to the baseline (bitwise identical under the payload algebra)",
               False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
               None: "FpSan equivalence undecided"}[c.fpsan_equivalent]
@@ -221,11 +209,52 @@ def _have_matplotlib() -> bool:
         return False
 
 
-def _candidate_table(led, run) -> List[str]:
+def _timing_rows(f, cid: int) -> List[str]:
+    """One shape of a promoted candidate's benchmark: the incumbent, the candidate and the anchor, each
+    on the clock its comparison uses (the anchor on events where it has no graph time)."""
+    rows = []
+    for who, name in ((f.incumbent, None), (f.kernel, f"candidate #{cid}"), (f.anchor, None)):
+        if who is None:
+            continue
+        clock = f.anchor_clock if who is f.anchor else f.clock
+        speed = fmt_x(f.speedup) if who is f.kernel else ""
+        ratio = fmt_x(f.anchor_ratio(who)) if who is not f.anchor else ""
+        frac = who.fraction(clock)
+        rows.append(f"| {f.shape_key} | {name or _md_word(who.label, extra=':')} | {fmt_ms(who.ms(clock))} | "
+                    f"{fmt_spread(who.spread_ms(clock))} | {CLOCK_WORDS[clock]} | {speed} | {ratio} | "
+                    f"{f'{frac:.0%} ({who.ceiling_kind})' if frac else ''} |")
+    return rows
+
+
+def _clock_phrase(clocks: str) -> str:
+    return " and ".join(CLOCK_PHRASES[c] for c in clocks.split("+"))
+
+
+def _results_table(results) -> List[str]:
+    """Every benchmark of a candidate in the run, with the figures it was judged on."""
+    if not results:
+        return []
+    lines = ["## Benchmarks", "",
+             "Each candidate over the incumbent timed beside it: per shape incumbent ms -> candidate ms (speedup), "
+             "and the geometric mean of the speedups over the shapes timed.", "",
+             "| # | op | bucket | over | speedup | per shape | clock |", "|---:|---|---|---|---:|---|---|"]
+    for r in sorted(results, key=lambda r: r.candidate_id):
+        shapes = "; ".join(f"{f.shape_key}: {fmt_ms(f.incumbent_ms)} -> {fmt_ms(f.kernel_ms)} ({fmt_x(f.speedup)})"
+                           if f.incumbent is not None else f"{f.shape_key}: {fmt_ms(f.kernel_ms)} (no incumbent)"
+                           for f in r.figures)
+        lines.append(f"| {r.candidate_id} | {_md_word(r.op)} | {_md_word(r.bucket)} | "
+                     f"{_md_word(_short_label(r.incumbent_label))} | {fmt_x(r.speedup)} | {shapes}"
+                     f"{' (implausible: a time above a measured ceiling; left out of the plots and the trend)' if r.implausible else ''} | "
+                     f"{r.clocks.replace('event', 'events')} |")
+    return lines + [""]
+
+
+def _candidate_table(led, run, results=()) -> List[str]:
     """Every candidate the run proposed, with its verdict (one line each; a replay says so)."""
     cands = led.candidates(run_id=run.id)
     if not cands:
         return []
+    speedups = {r.candidate_id: r for r in results}
     replayed = {p.candidate_id for p in led.proposals(run_id=run.id) if p.duplicate}
     lines = ["## Candidates", "", "| # | op | label | status | verdict |", "|---:|---|---|---|---|"]
     for c in cands:
@@ -242,22 +271,31 @@ def _candidate_table(led, run) -> List[str]:
             eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
                 c.fpsan_equivalent]
             why = f"passed {n} checks; {eq}" + ("; benchmarked" if c.status in ("benchmarked", "promoted") else "")
+            r = speedups.get(c.id)
+            if r is not None and r.speedup is not None:
+                why += f": {fmt_x(r.speedup)} over {_md_word(_short_label(r.incumbent_label))}"
         if c.id in replayed:
             why = f"judged by an earlier run: {why}"
         lines.append(f"| {c.id} | {_md_word(c.op)} | {_md_word(c.label or '')} | {_md_word(c.status)} | {why} |")
     return lines + [""]
 
 
-def _md_word(text) -> str:
-    """A name recorded by the sanitizer (check, mode, status), shown bare when it is a plain word."""
+def _md_word(text, extra: str = "") -> str:
+    """A name recorded by the sanitizer (check, mode, status) or a benchmark label (extra=':'), shown bare
+    when it is a plain word."""
     t = str(text or "")
-    return t if re.fullmatch(r"[A-Za-z0-9_.+-]{1,60}", t) else quote_untrusted(t, 60, markdown=True)
+    return t if re.fullmatch(rf"[A-Za-z0-9_.+{extra}-]{{1,80}}", t) else quote_untrusted(t, 80, markdown=True)
 
 
-def _plots(led, run, out_dir: str):
-    """speedup per shape (best candidate over the baseline) and best time over the run; needs matplotlib."""
-    rows = led.bench_results(run_id=run.id)
-    if not rows:
+_STALE_PLOTS = ("best_time.png",)
+
+
+def _plots(run, results, out_dir: str, promotions=()):
+    """speedup.png: per shape, the run's best candidate of each bucket over the incumbent timed beside it
+    (and the torch anchor over the same incumbent); progress.png: each judged candidate's speedup over
+    the run. Both read the judged figures (`results`); they need matplotlib."""
+    best = best_per_bucket(results)
+    if not best:
         return []
     try:
         import matplotlib
@@ -265,60 +303,58 @@ def _plots(led, run, out_dir: str):
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    rows = [b for b in rows if not b.implausible]
-    t = judged_times(rows)  # graph replays for small kernels, as the rule judges them
-    base: Dict[tuple, float] = {}
-    anchor: Dict[tuple, float] = {}
-    for b in rows:  # each one's best time in the run
-        key = (b.op, b.shape_key, b.dtype)
-        table = base if _is_incumbent(b) else anchor if b.label.startswith("anchor") else None
-        if table is not None:
-            table[key] = min(table.get(key, float("inf")), t[key](b))
-    best: Dict[tuple, float] = {}
-    timeline: Dict[tuple, List[tuple]] = defaultdict(list)
-    for b in sorted(rows, key=lambda b: b.id):
-        key = (b.op, b.shape_key, b.dtype)
-        if b.label != "candidate":
-            continue
-        best[key] = min(best.get(key, float("inf")), t[key](b))
-        timeline[key].append((b.created_at, best[key]))
-    keys = [k for k in best if k in base]
+    figs = [(r, f) for r in best.values() for f in r.figures]
     out = []
-    if keys:
-        fig, ax = plt.subplots(figsize=(max(6.0, 2.4 * len(keys)), 4.5))
-        labels = [f"{k[0]}\n" + "\n".join(",".join(k[1].split(",")[i:i + 3]) for i in range(0, len(k[1].split(",")), 3))
-                  for k in keys]
-        sp = [base[k] / best[k] for k in keys]
-        an = [base[k] / anchor[k] if k in anchor else 0 for k in keys]
-        x = range(len(keys))
-        ax.bar([i - 0.2 for i in x], sp, width=0.4, label="best candidate / incumbent")
-        ax.bar([i + 0.2 for i in x], an, width=0.4, label="torch anchor / incumbent", alpha=0.6)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("speedup over the incumbent (higher is better)")
-        ax.set_title(f"run {run.id}: speedup per shape")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = os.path.join(out_dir, "speedup.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        out.append(("speedup per shape", p))
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for k in keys:
-            pts = timeline[k]
-            t0 = pts[0][0]
-            ax.step([(t - t0).total_seconds() / 60 for t, _ in pts], [base[k] / ms for _, ms in pts], where="post",
-                    label=f"{k[0]} {k[1]}")
-        ax.set_xlabel("minutes into the run")
-        ax.set_ylabel("best speedup so far")
-        ax.set_title("best time over the run")
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        p = os.path.join(out_dir, "best_time.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        out.append(("best time over the run", p))
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(figs)), 5.0))
+    x = list(range(len(figs)))
+    sp = [f.speedup for _, f in figs]
+    an = [f.anchor_speedup for _, f in figs]
+    bars = ax.bar([i - 0.2 for i in x], sp, width=0.4, label="best candidate of the bucket / incumbent")
+    abars = ax.bar([i + 0.2 for i in x], [a or 0.0 for a in an], width=0.4, alpha=0.6,
+                   label="torch anchor / the same incumbent")
+    for b, val in list(zip(bars, sp)) + list(zip(abars, an)):
+        if val:
+            ax.annotate(fmt_x(val), (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                        fontsize=7, xytext=(0, 2), textcoords="offset points")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{r.op} {r.bucket}\n{f.shape_key}\n#{r.candidate_id} over {_short_label(f.incumbent_label)}, "
+                        f"{CLOCK_WORDS[f.clock]}" for r, f in figs], fontsize=7)
+    ax.set_ylabel("speedup over the incumbent (higher is better)")
+    ax.set_ylim(0, max([v for v in sp + an if v] + [1.0]) * 1.15)
+    ax.set_title(f"run {run.id}: speedup per shape of each bucket's best candidate", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    fig.tight_layout()
+    p = os.path.join(out_dir, "speedup.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    out.append(("speedup per shape", p))
+
+    judged = [r for r in results if r.speedup is not None and not r.implausible and r.started_at is not None]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for key in sorted({(r.op, r.bucket) for r in judged}):
+        rs = [r for r in judged if (r.op, r.bucket) == key]
+        mins = [(r.started_at - run.started_at).total_seconds() / 60 for r in rs]
+        ax.plot(mins, [r.speedup for r in rs], "o", label=f"{key[0]} {key[1]}")
+        for m, r in zip(mins, rs):
+            ax.annotate(f"#{r.candidate_id}", (m, r.speedup), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for pr in promotions:  # from here on the bucket's candidates are timed beside the promoted kernel
+        m = (pr.created_at - run.started_at).total_seconds() / 60
+        ax.axvline(m, color="g", lw=0.8, ls=":")
+        ax.annotate(f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it", (m, 1.0), fontsize=6,
+                    color="g", xytext=(3, -22), textcoords="offset points")
+    ax.axhline(1.0, color="k", lw=0.8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + 0.05 * (hi - lo))
+    ax.set_xlabel("minutes into the run (when the benchmark was recorded)")
+    ax.set_ylabel("speedup over the incumbent timed beside it")
+    ax.set_title("each judged candidate: geometric mean over its bucket's shapes", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    p = os.path.join(out_dir, "progress.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    out.append(("each candidate's speedup over the run", p))
     return out
 
 
@@ -333,7 +369,7 @@ def cmd_gate(args) -> int:
     from .cli import _cuda_available
     d = args.serving_dir or str(serving.serving_dir())
     manifest = serving.load_manifest(d)
-    entries = manifest.get("entries", [])
+    entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own
     now = versions()
     stale = []
     for e in entries:

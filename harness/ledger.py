@@ -49,6 +49,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from . import figures as _figures
+
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 
@@ -416,24 +418,9 @@ def _make_engine(path: Path, begin: str, read_only: str = "") -> Engine:
 # the ledger
 
 
-def row_clock(rows: Sequence[BenchResult]) -> str:
-    """How benchmark rows compared with each other (one shape) are read: 'graph', the CUDA-graph replay
-    times, where every row has one (small kernels, as the promotion rule judges them), else 'event'."""
-    return "graph" if all(r.graph_ms for r in rows) else "event"
-
-
-def row_ms(row: BenchResult, clock: str) -> float:
-    return row.graph_ms if clock == "graph" else row.median_ms
-
-
-def row_spread(row: BenchResult, clock: str) -> Optional[float]:
-    return (row.extra or {}).get("graph_spread_ms") if clock == "graph" else row.spread_ms
-
-
-def _fastest_reading(row: BenchResult) -> float:
-    """A row's graph replay time if it has one, else its event time: for choosing the fastest of rows
-    (see Ledger.leaderboard), not for comparing two figures."""
-    return row.graph_ms or row.median_ms
+# The one reading of recorded rows lives in harness/figures.py (the promotion rule's clock choice);
+# these names stay importable from here for the loop.
+row_clock, row_ms, row_spread = _figures.row_clock, _figures.row_ms, _figures.row_spread
 
 
 def row_time(rows: Sequence[BenchResult]) -> Callable[[BenchResult], float]:
@@ -808,58 +795,38 @@ class Ledger:
             return list(s.scalars(q.order_by(Promotion.created_at.desc(), Promotion.id.desc())))
 
     # -- views for people -----------------------------------------------------------------
-    def leaderboard(self, op: str, dtype: str | None = None) -> list[dict]:
-        """Per (bucket, shape_key, dtype, gpu_name): the fastest benchmarked candidate
-        (status 'benchmarked' or 'promoted'; implausible timings are ignored) against the
-        baseline for the same shape, dtype and GPU. When a kernel was timed several
-        times, its best time counts, for the baseline too (so the speedup is not
-        flattered by one slow baseline run). speedup = baseline_ms / best_ms. The best is
-        chosen on each row's CUDA-graph replay time where it has one, else its event time: rows
-        without graph times took over GRAPH_BELOW_MS by events, slower than any row with one, so
-        the order is the event order wherever it can be trusted. The figures shown are CUDA-graph
-        replay times where the best, the baseline and the anchor all have one (small kernels, as
-        the promotion rule judges them: `clock` 'graph'), else event times."""
-        good = ("benchmarked", "promoted")
-        q = (select(BenchResult, Candidate.label, Candidate.status)
-             .join(Candidate, Candidate.id == BenchResult.candidate_id)
-             .where(BenchResult.op == op, BenchResult.label == "candidate", BenchResult.implausible.is_(False),
-                    Candidate.status.in_(good)))
-        # the baseline and the anchors, timed on their own (`bench`) or beside a candidate
-        bq = select(BenchResult).where(BenchResult.op == op, BenchResult.label != "candidate",
-                                       BenchResult.implausible.is_(False))
-        if dtype is not None:
-            q = q.where(BenchResult.dtype == dtype)
-            bq = bq.where(BenchResult.dtype == dtype)
-        cands: dict[tuple, list[tuple[BenchResult, Optional[str], str]]] = {}
-        others: dict[tuple, list[BenchResult]] = {}
+    def figures(self, op: str | None = None, run_id: str | None = None, candidate_id: int | None = None,
+                judged_only: bool = True) -> list[_figures.JudgedFigure]:
+        """The judged figures (harness/figures.py) of the candidates' benchmarks, in the order recorded:
+        each candidate at each shape against the incumbent and the anchor timed beside it. judged_only:
+        only candidates whose benchmark stands (status 'benchmarked' or 'promoted'; one rejected
+        afterwards, say by a GPU check, is not a result)."""
+        q = select(BenchResult).where(BenchResult.candidate_id.is_not(None))
+        if judged_only:
+            q = q.join(Candidate, Candidate.id == BenchResult.candidate_id).where(
+                Candidate.status.in_(_figures.JUDGED_STATUSES))
+        if op is not None:
+            q = q.where(BenchResult.op == op)
+        if run_id is not None:
+            q = q.where(BenchResult.run_id == run_id)
+        if candidate_id is not None:
+            q = q.where(BenchResult.candidate_id == candidate_id)
         with self._read() as s:
-            for row, label, status in s.execute(q):
-                cands.setdefault((row.bucket, row.shape_key, row.dtype, row.gpu_name), []).append((row, label, status))
-            for row in s.scalars(bq):
-                others.setdefault((row.bucket, row.shape_key, row.dtype, row.gpu_name), []).append(row)
-        out = []
-        for key in sorted(cands):
-            row, label, status = min(cands[key], key=lambda x: _fastest_reading(x[0]))
-            bases = [r for r in others.get(key, []) if r.label == "baseline"]
-            ancs = [r for r in others.get(key, []) if r.label.startswith("anchor")]
-            graph = bool(row.graph_ms) and all(not g or any(r.graph_ms for r in g) for g in (bases, ancs))
-            clock = "graph" if graph else "event"
+            return _figures.judged_figures(s.scalars(q.order_by(BenchResult.id)))
 
-            def t(r: BenchResult) -> float:
-                return row_ms(r, clock)
-            base = min((r for r in bases if r.graph_ms or not graph), key=t, default=None)
-            anc = min((r for r in ancs if r.graph_ms or not graph), key=t, default=None)
-            out.append({
-                "op": op, "bucket": key[0], "shape_key": key[1], "dtype": key[2], "gpu_name": key[3],
-                "candidate_id": row.candidate_id, "label": label, "status": status, "clock": clock,
-                "best_ms": t(row), "spread_ms": row_spread(row, clock),
-                "fraction_of_ceiling": row.fraction_of_ceiling, "ceiling_kind": row.ceiling_kind,
-                "baseline_ms": t(base) if base is not None else None,
-                "speedup": (t(base) / t(row)) if base is not None and t(row) > 0 else None,
-                "anchor": anc.label if anc is not None else None,
-                "anchor_ms": t(anc) if anc is not None else None,
-            })
-        return out
+    def leaderboard(self, op: str, dtype: str | None = None) -> _figures.Leaderboard:
+        """Per (bucket, shape_key, dtype, gpu_name): the judged figure (see `figures`) with the highest
+        speedup over the incumbent timed beside it, among the figures that beat it (speedup above
+        1.000x as printed); candidates slower than their incumbent are not on the board, and the
+        shapes where no candidate beat it are listed as `unbeaten`. Implausible timings are left
+        out. A speedup over a promoted kernel is over that kernel, not carried through to the
+        baseline: the entry names its incumbent."""
+        figs = [f for f in self.figures(op=op) if dtype is None or f.dtype == dtype]
+        ids = {f.candidate_id for f in figs}
+        with self._read() as s:
+            labels = {cid: (label, status) for cid, label, status in s.execute(
+                select(Candidate.id, Candidate.label, Candidate.status).where(Candidate.id.in_(ids)))}
+        return _figures.leaderboard(op, figs, labels)
 
     def run_summary(self, run_id: str) -> dict:
         """What a run did, for `show` and reports: candidates by status, failed checks by

@@ -198,77 +198,85 @@ def test_promotions_active_and_demote(led):
     assert not any(p["active"] for p in summary["promotions"])
 
 
-def test_leaderboard_picks_fastest_benchmarked_candidate(led):
+def _benchmark(lg: Ledger, cid, run_id, cand_ms, inc_ms, anchor_ms=None, shape_key="T=4,H=2,D=16",
+               dtype="float16", inc_label="baseline", graph=(None, None, None), **kw) -> None:
+    """One benchmark as the loop records it: the incumbent, the candidate and the anchor under the
+    candidate's id. graph: (candidate, incumbent, anchor) CUDA-graph times, None for none."""
+    for label, ms, g in ((inc_label, inc_ms, graph[1]), ("candidate", cand_ms, graph[0]),
+                         ("anchor:torch.compile", anchor_ms, graph[2])):
+        if ms is not None:
+            _bench(lg, ms, candidate_id=cid, label=label, run_id=run_id, shape_key=shape_key, dtype=dtype,
+                   graph_ms=g, extra={"graph_spread_ms": g * 0.01} if g else None,
+                   **(kw if label == "candidate" else {}))
+
+
+def test_leaderboard_shows_the_candidates_that_beat_the_incumbent_timed_beside_them(led):
     r = _run(led)
     fast, _ = led.add_candidate("quantize_kv", SRC + "# fast\n", "search", r.id, label="fast")
     slow, _ = led.add_candidate("quantize_kv", SRC + "# slow\n", "search", r.id, label="slow")
     bad, _ = led.add_candidate("quantize_kv", SRC + "# wrong\n", "search", r.id, label="wrong")
-    for c in (fast, slow):
+    odd, _ = led.add_candidate("quantize_kv", SRC + "# odd\n", "search", r.id, label="odd")
+    for c in (fast, slow, odd):
         led.set_candidate_status(c.id, "benchmarked")
     led.set_candidate_status(bad.id, "rejected")  # fastest of all, but rejected
-    _bench(led, 1.0)  # baseline, shape A
-    _bench(led, 1.2)  # a slower baseline repetition: the best baseline time counts
-    _bench(led, 0.5, candidate_id=fast.id)
-    _bench(led, 0.8, candidate_id=slow.id)
-    _bench(led, 0.1, candidate_id=bad.id)
-    _bench(led, 0.05, candidate_id=slow.id, implausible=True)  # above a ceiling: ignored
-    # shape B: the slow one wins there, and there is no baseline row
-    _bench(led, 2.0, candidate_id=fast.id, shape_key="T=8,H=2,D=16")
-    _bench(led, 1.5, candidate_id=slow.id, shape_key="T=8,H=2,D=16")
+    _bench(led, 0.4)  # a baseline timed on its own (`bench`): beside no candidate, so no figure's incumbent
+    _benchmark(led, fast.id, r.id, 0.5, 1.0, anchor_ms=0.7)
+    _benchmark(led, slow.id, r.id, 0.8, 1.2)
+    _benchmark(led, bad.id, r.id, 0.1, 1.0)
+    _benchmark(led, odd.id, r.id, 0.05, 1.0, implausible=True)  # above a ceiling: ignored
+    # shape B: every candidate is slower than its incumbent there
+    _benchmark(led, fast.id, r.id, 2.0, 1.9, shape_key="T=8,H=2,D=16")
+    _benchmark(led, slow.id, r.id, 2.5, 1.9, shape_key="T=8,H=2,D=16")
     # another dtype
-    _bench(led, 2.0, dtype="float32")
-    _bench(led, 1.0, candidate_id=fast.id, dtype="float32")
+    _benchmark(led, fast.id, r.id, 1.0, 2.0, dtype="float32")
 
     board = led.leaderboard("quantize_kv", dtype="float16")
-    by_shape = {row["shape_key"]: row for row in board}
-    assert set(by_shape) == {"T=4,H=2,D=16", "T=8,H=2,D=16"}
-    a = by_shape["T=4,H=2,D=16"]
-    assert a["candidate_id"] == fast.id and a["label"] == "fast" and a["best_ms"] == 0.5
-    assert a["baseline_ms"] == 1.0 and a["speedup"] == pytest.approx(2.0)
-    b = by_shape["T=8,H=2,D=16"]
-    assert b["candidate_id"] == slow.id and b["baseline_ms"] is None and b["speedup"] is None
+    [a] = board.entries
+    assert a.figure.shape_key == "T=4,H=2,D=16" and a.figure.candidate_id == fast.id and a.label == "fast"
+    assert (a.figure.kernel_ms, a.figure.incumbent_ms, a.figure.anchor_ms) == (0.5, 1.0, 0.7)
+    assert a.figure.speedup == pytest.approx(2.0) and a.figure.clock == "event"
+    assert board.unbeaten == ("tsmall-d16 T=8,H=2,D=16 float16 NVIDIA H200",)
     everything = led.leaderboard("quantize_kv")
-    assert {(row["dtype"], row["shape_key"]) for row in everything} == {
-        ("float16", "T=4,H=2,D=16"), ("float16", "T=8,H=2,D=16"), ("float32", "T=4,H=2,D=16")}
-    f32 = [row for row in everything if row["dtype"] == "float32"][0]
-    assert f32["speedup"] == pytest.approx(2.0)
-    assert led.leaderboard("matmul") == []
+    assert {(e.figure.dtype, e.figure.shape_key) for e in everything.entries} == {
+        ("float16", "T=4,H=2,D=16"), ("float32", "T=4,H=2,D=16")}
+    assert led.leaderboard("matmul").entries == ()
+    doc = everything.to_json()  # what `history --leaderboard --json` prints
+    assert doc["entries"][0]["speedup"] == pytest.approx(2.0) and doc["entries"][0]["incumbent"] == "baseline"
 
 
-def test_leaderboard_with_the_incumbent_and_anchor_timed_beside_a_candidate(led):
-    """The loop stores a benchmark's incumbent and anchor rows under the candidate: they are neither the
-    candidate's time nor lost as the baseline's."""
-    r = _run(led)
-    c, _ = led.add_candidate("quantize_kv", SRC + "# c\n", "search", r.id, label="c")
-    led.set_candidate_status(c.id, "benchmarked")
-    _bench(led, 0.9, candidate_id=c.id, run_id=r.id)
-    _bench(led, 1.0, candidate_id=c.id, run_id=r.id, label="baseline")
-    _bench(led, 0.7, candidate_id=c.id, run_id=r.id, label="anchor:torch.compile")  # faster, but not a candidate
-    [row] = led.leaderboard("quantize_kv")
-    assert row["best_ms"] == 0.9 and row["baseline_ms"] == 1.0 and row["anchor_ms"] == 0.7
-
-
-def test_leaderboard_reads_graph_times_when_a_slow_candidate_has_none(led):
-    """A candidate slow enough to have no CUDA-graph time (timed by events only) does not push the shape's
-    board onto event times: the small kernels are compared on graph replays, as the rule judged them."""
+def test_leaderboard_reads_graph_times_per_figure_not_per_shape(led):
+    """A candidate slow enough to have no CUDA-graph time puts only its own figure on events; the small
+    kernels are compared on graph replays, as the rule judged them."""
     r = _run(led)
     fast, _ = led.add_candidate("quantize_kv", SRC + "# fast\n", "search", r.id, label="fast")
     slow, _ = led.add_candidate("quantize_kv", SRC + "# slow\n", "search", r.id, label="slow")
     for c in (fast, slow):
         led.set_candidate_status(c.id, "benchmarked")
-    _bench(led, 0.090, candidate_id=fast.id, graph_ms=0.050)  # event time inflated by launch overhead
-    _bench(led, 0.300, candidate_id=slow.id)  # over the graph threshold: event time only
-    _bench(led, 0.095, label="baseline", graph_ms=0.055)
-    _bench(led, 0.060, label="anchor:torch.compile", graph_ms=0.040)
-    [row] = led.leaderboard("quantize_kv")
-    assert row["clock"] == "graph" and row["candidate_id"] == fast.id and row["best_ms"] == 0.050
-    assert row["baseline_ms"] == 0.055 and row["anchor_ms"] == 0.040
-    assert row["speedup"] == pytest.approx(0.055 / 0.050)
-    # a baseline known only by events puts the shape on events: no speedup across two clocks
-    _bench(led, 0.080, candidate_id=None, label="baseline", shape_key="T=8,H=2,D=16")
-    _bench(led, 0.090, candidate_id=fast.id, graph_ms=0.050, shape_key="T=8,H=2,D=16")
-    row = next(x for x in led.leaderboard("quantize_kv") if x["shape_key"] == "T=8,H=2,D=16")
-    assert row["clock"] == "event" and row["best_ms"] == 0.090 and row["speedup"] == pytest.approx(0.080 / 0.090)
+    # event times inflated by launch overhead: by events the fast one is slower than its incumbent
+    _benchmark(led, fast.id, r.id, 0.090, 0.085, anchor_ms=0.060, graph=(0.050, 0.055, 0.040))
+    _benchmark(led, slow.id, r.id, 0.300, 0.095, graph=(None, 0.055, None))
+    [row] = led.leaderboard("quantize_kv").entries
+    assert row.figure.clock == "graph" and row.figure.candidate_id == fast.id and row.figure.kernel_ms == 0.050
+    assert row.figure.incumbent_ms == 0.055 and row.figure.anchor_ms == 0.040
+    assert row.figure.speedup == pytest.approx(0.055 / 0.050)
+    slow_fig = next(f for f in led.figures() if f.candidate_id == slow.id)
+    assert slow_fig.clock == "event" and slow_fig.speedup == pytest.approx(0.095 / 0.300)
+
+
+def test_leaderboard_compares_a_candidate_with_its_own_benchmark_after_a_promotion(led):
+    """After a promotion the incumbent is the promoted kernel: a later candidate is judged against it,
+    the promoted kernel keeps the speedup over the baseline it was timed beside."""
+    r = _run(led)
+    first, _ = led.add_candidate("quantize_kv", SRC + "# first\n", "search", r.id, label="first")
+    later, _ = led.add_candidate("quantize_kv", SRC + "# later\n", "search", r.id, label="later")
+    for c in (first, later):
+        led.set_candidate_status(c.id, "benchmarked")
+    _benchmark(led, first.id, r.id, 0.90, 1.00)
+    _benchmark(led, later.id, r.id, 0.95, 0.90, inc_label="serving:quantize_kv__x.py")
+    [row] = led.leaderboard("quantize_kv").entries
+    assert row.figure.candidate_id == first.id and row.figure.speedup == pytest.approx(1.0 / 0.9)
+    assert {f.candidate_id: f.incumbent_label for f in led.figures()} == {
+        first.id: "baseline", later.id: "serving:quantize_kv__x.py"}
 
 
 def test_newer_or_older_schema_version_is_refused(tmp_path):

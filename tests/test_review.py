@@ -100,9 +100,8 @@ def _ledger_with_a_promotion(tmp_path):
                                          "duration_s": 0.2}])
     led.set_candidate_status(cand.id, "verified", verdict={"passed": True, "fpsan_detail": "bitwise identical"},
                              fpsan_equivalent=True)
-    for label, cid, ms in (("baseline", None, 0.0570), ("candidate", cand.id, 0.0500),
-                           ("anchor:torch.compile", None, 0.0691)):
-        led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="quantize_kv", shape_key="T=65536,H=8,D=128",
+    for label, ms in (("baseline", 0.0570), ("candidate", 0.0500), ("anchor:torch.compile", 0.0691)):
+        led.record_bench(run_id=run.id, candidate_id=cand.id, label=label, op="quantize_kv", shape_key="T=65536,H=8,D=128",
                          bucket="tlarge-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms, spread_ms=0.0001,
                          n_samples=5, fraction_of_ceiling=0.84, ceiling_kind="memory")
     led.set_candidate_status(cand.id, "benchmarked")
@@ -117,10 +116,10 @@ def test_report_is_pull_request_ready(tmp_path):
     path = write_report(led, run, str(tmp_path / "report"))
     md = open(path).read()
     for needle in (f"# kernel-agent run `{run.id}`", "## Promoted: `quantize_kv`", "| T=65536,H=8,D=128 |",
-                   "1.38x", "**FpSan-equivalent**", "| full | fpsan | passed |", "```diff",
+                   "| 1.140x | 1.382x |", "Replaces the baseline: **1.140x** (12.3% less time)", "**FpSan-equivalent**", "| full | fpsan | passed |", "```diff",
                    "eviction_policy=\"evict_first\"", "torch 2.11.0", "![speedup per shape](speedup.png)"):
         assert needle in md, needle
-    for png in ("speedup.png", "best_time.png"):
+    for png in ("speedup.png", "progress.png"):
         with open(tmp_path / "report" / png, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -129,15 +128,16 @@ def test_report_timings_are_the_judged_graph_times_of_small_kernels(tmp_path):
     """Small kernels were judged on CUDA-graph replays: the report shows those, not the event times the
     host's launch overhead inflates (on the H200 an event reading once showed a promoted kernel slower)."""
     led, run, cand = _ledger_with_a_promotion(tmp_path)
-    for label, cid, ev, gr in (("baseline", None, 0.1183, 0.0699), ("candidate", cand.id, 0.1366, 0.0657),
-                               ("anchor:torch.compile", None, 0.0536, 0.0573)):
-        led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="quantize_kv", shape_key="T=1024,H=8,D=128",
+    for label, ev, gr in (("baseline", 0.1183, 0.0699), ("candidate", 0.1366, 0.0657),
+                          ("anchor:torch.compile", 0.0536, 0.0573)):
+        led.record_bench(run_id=run.id, candidate_id=cand.id, label=label, op="quantize_kv", shape_key="T=1024,H=8,D=128",
                          bucket="tlarge-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ev,
                          spread_ms=0.02, n_samples=5, graph_ms=gr, extra={"graph_spread_ms": 0.0004})
     md = open(write_report(led, run, str(tmp_path / "report"))).read()
-    assert f"| T=1024,H=8,D=128 | bfloat16 | candidate #{cand.id} | 0.0657 | 0.0004 | graph |" in md
-    assert "| T=1024,H=8,D=128 | bfloat16 | baseline | 0.0699 | 0.0004 | graph |" in md
-    assert "| T=65536,H=8,D=128 | bfloat16 | baseline | 0.0570 | 0.0001 | events |" in md  # no graph rows there
+    assert f"| T=1024,H=8,D=128 | candidate #{cand.id} | 0.06570 | 0.00040 | graph | 1.064x |" in md
+    assert "| T=1024,H=8,D=128 | baseline | 0.06990 | 0.00040 | graph |" in md
+    assert "| T=65536,H=8,D=128 | baseline | 0.05700 | 0.00010 | events |" in md  # no graph rows there
+    assert "on CUDA-event times and CUDA-graph replay times" in md  # the headline names both clocks
 
 
 def test_report_history_and_show_commands(tmp_path):
@@ -147,12 +147,19 @@ def test_report_history_and_show_commands(tmp_path):
     assert r.returncode == 0 and (tmp_path / "rep" / "report.md").exists()
     h = _run(["history", "--ledger", db, "--op", "quantize_kv", "--leaderboard", "--trend", "--json"])
     doc = json.loads(h.stdout)
-    assert doc["runs"][0]["id"] == run.id and doc["leaderboard"][0]["speedup"] == pytest.approx(0.057 / 0.05, 1e-3)
+    [entry] = doc["leaderboard"]["entries"]
+    assert doc["runs"][0]["id"] == run.id and entry["speedup"] == pytest.approx(0.057 / 0.05, 1e-3)
+    assert entry["clock"] == "event" and entry["incumbent"] == "baseline" and entry["candidate_id"] == cand.id
     assert doc["trend"][0]["speedup"] == pytest.approx(0.057 / 0.05, 1e-3)
+    assert doc["trend"][0]["candidate_id"] == cand.id
     plain = _run(["history", "--ledger", db, "--status", "finished"])
     assert plain.returncode == 0 and "runs (0)" in plain.stdout  # the run is still 'running'
     s = _run(["show", run.id, "--ledger", db])
     assert s.returncode == 0 and "evict-first" in s.stdout and "promoted" in s.stdout
+    assert "1.140x over baseline (events)" in s.stdout  # the figure the report and the leaderboard show
+    c = _run(["show", str(cand.id), "--ledger", db, "--json"])
+    [fig] = json.loads(c.stdout)["figures"]
+    assert (fig["kernel_ms"], fig["incumbent_ms"], fig["clock"]) == (0.05, 0.057, "event")
 
 
 # -- error paths ---------------------------------------------------------------------------
@@ -224,20 +231,22 @@ def test_a_ledger_from_a_newer_version_is_refused_not_touched(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
-def test_trend_judges_small_kernels_on_graph_times_and_the_incumbents_best(tmp_path):
+def test_trend_judges_small_kernels_on_graph_times_and_the_incumbent_beside_them(tmp_path):
     from kernel_agent.agent.review import speedup_trend
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["matmul"], "NVIDIA H200", {})
     cand, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
+    led.set_candidate_status(cand.id, "benchmarked")
     # event times polluted by host launch overhead; the graph replays tell the truth
     for label, cid, ms, graph in (("baseline", cand.id, 0.0870, 0.0434), ("baseline", None, 0.0509, 0.0436),
                                   ("candidate", cand.id, 0.0600, 0.0420), ("anchor:torch.matmul", cand.id, 0.0445,
                                                                           0.0339)):
         led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
                          bucket="m1-klarge", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms,
-                         spread_ms=0.0002, n_samples=5, graph_ms=graph)
+                         spread_ms=0.0002, n_samples=5, graph_ms=graph, extra={"graph_spread_ms": 0.0002})
     [t] = speedup_trend(led, "matmul", [led.get_run(run.id)])
-    assert t["speedup"] == pytest.approx(0.0434 / 0.0420)  # not 0.0509 / 0.0600 nor 0.0870 / 0.0600
+    assert t.speedup == pytest.approx(0.0434 / 0.0420)  # not 0.0509 / 0.0600 nor 0.0870 / 0.0600
+    assert t.best.candidate_id == cand.id and t.best.clocks == "graph"
     led.close()
 
 
