@@ -63,18 +63,33 @@ def register(sub) -> None:
     r.add_argument("--shapes", help="target shapes: serving (default), near_serving, or explicit: 'a,b,c;...' for "
                                     "one op, 'op:a,b,c;op:...' for several (ops not named keep serving shapes)")
     r.add_argument("--seed", type=int, help="seed of the search proposer")
+    r.add_argument("--target-model", metavar="CONFIG",
+                   help="target the op calls of this model's decode step (a preset such as llama-3-8b, or a JSON "
+                        "config; see `bench --model`), each bucket weighted by its share of the step")
+    r.add_argument("--target-points", metavar="BxCTX,...",
+                   help="batch x context points of --target-model's step (default 32x8192)")
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
     r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
     r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
     r.add_argument("--ledger", default=None, help="SQLite ledger (default runs/ledger.db)")
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
-    b = sub.add_parser("bench", help="time kernels on the GPU against the incumbent and the torch anchor")
-    b.add_argument("--op", required=True, help="an op, or all")
+    b = sub.add_parser("bench", help="time kernels on the GPU against the incumbent and the torch anchor, or a "
+                                      "model's decode step (--model)")
+    b.add_argument("--op", help="an op, or all (required unless --model)")
     b.add_argument("files", nargs="*", metavar="FILE", help="candidate files (default: the baseline only)")
     b.add_argument("--shapes", default="serving", help="serving | tiny | explicit shapes 'a,b,c;d,e,f'")
     b.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print the JSON document instead of the tables")
+    b.add_argument("--model", metavar="CONFIG", help="time one decode step of a model: a preset (llama-3-8b, "
+                                                     "llama-3-70b-tp8, qwen2.5-7b, mistral-7b) or a JSON config file")
+    b.add_argument("--batch", type=int, help="--model: sequences per step (default 32)")
+    b.add_argument("--context", type=int, help="--model: tokens per sequence (default 8192)")
+    b.add_argument("--points", help="--model: several BATCHxCONTEXT points, e.g. 32x8192,8x32768,64x2048")
+    b.add_argument("--kv", help="--model: KV cache modes, bf16 and/or int8 (default bf16,int8)")
+    b.add_argument("--stacks", help="--model: torch, baseline, serving and/or hybrid (cuBLAS matmuls with the "
+                                    "baseline attention) (default torch,baseline,serving)")
+    b.add_argument("--seed", type=int, default=0, help="--model: seed of the random weights, cache and input")
     b.add_argument("--out", help="also write the JSON document to this file")
     b.add_argument("--ledger", default=None, help="record the results in this ledger (default runs/ledger.db)")
     b.add_argument("--no-ledger", action="store_true")
@@ -120,6 +135,8 @@ def register(sub) -> None:
 
     from .review import register as register_review
     register_review(sub, command)
+    from .serving_cmd import register as register_serving
+    register_serving(sub, command)
 
 
 def _ledger(args, read: bool = False):
@@ -198,11 +215,28 @@ def _run(args, events, ledger_path: str) -> int:
     if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
         raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
+    target_model = args.target_model or file_run.get("target_model")
+    points = args.target_points or file_run.get("target_points")
+    if target_model:
+        if args.shapes or "shapes" in file_run:
+            raise _usage("--target-model chooses the shapes: leave out --shapes")
+        from ..harness.model_step import ModelConfigError, load_model_config, parse_points
+        try:
+            cfg.target_model = load_model_config(str(target_model)).to_json()
+            if points:
+                parse_points(str(points))
+                cfg.target_points = str(points)
+        except ModelConfigError as e:
+            raise _usage(str(e)) from None
+    elif points:
+        raise _usage("--target-points needs --target-model")
     from .loop import targets_for
     try:
-        targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
+        targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
     except ValueError as e:
-        raise _usage(f"--shapes: {e}")
+        raise _usage(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
+    if cfg.target_model:  # the run's ops are those the step calls
+        cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
     if args.candidates_dir:
         cfg.candidates_dir = args.candidates_dir
     model = ModelConfig.resolve(args.model, args.base_url, args.config)
@@ -289,6 +323,14 @@ def _print_run_summary(summary: Dict[str, Any], args) -> int:
 
 @command("bench")
 def cmd_bench(args) -> int:
+    if args.model:
+        return _bench_model(args)
+    model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
+                                  ("--kv", args.kv), ("--stacks", args.stacks)) if v is not None]
+    if model_flags:
+        raise _usage(f"{', '.join(model_flags)}: only with --model")
+    if not args.op:
+        raise _usage("bench: give --op (an op, or all) or --model")
     from ..harness.bench import NoGPU, load_ceilings, merge_processes, require_gpu, resolve_shapes, with_reported_times
     from ..harness.bench_worker import run_bench_isolated
     from ..harness.ops import get_op
@@ -383,6 +425,92 @@ def print_bench(doc) -> None:
         ui.line(f"error: {e}", style="red")
 
 
+# -- bench --model ---------------------------------------------------------------------------------
+
+def _bench_model(args) -> int:
+    """`bench --model CONFIG`: one decode step of a model per stack and KV cache (harness/model_step.py)."""
+    # the flags and the config are checked before torch is imported: a usage error comes at once
+    from ..harness.model_step import KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names, \
+        parse_points
+    if args.op:
+        raise _usage("bench: give --op or --model, not both")
+    if args.files:
+        raise _usage("bench --model takes no candidate FILE (it times the baselines and the serving set)")
+    if args.points and (args.batch is not None or args.context is not None):
+        raise _usage("bench --model: give --points, or --batch and --context, not both")
+    try:
+        cfg = load_model_config(args.model)
+        if args.points:
+            points = parse_points(args.points)
+        else:
+            batch = 32 if args.batch is None else args.batch
+            context = 8192 if args.context is None else args.context
+            if batch < 1 or context < 1:
+                raise ModelConfigError(f"--batch and --context must be at least 1, got {batch} and {context}")
+            points = [Point(batch, context)]
+        stacks = parse_names(args.stacks or "torch,baseline,serving", STACKS, "--stacks")
+        kv_modes = parse_names(args.kv or ",".join(KV_MODES), KV_MODES, "--kv")
+    except ModelConfigError as e:
+        raise _usage(str(e))
+    if args.out and os.path.isdir(args.out):
+        raise _usage(f"--out {args.out}: is a folder; give a file path")
+    from .cli import _cuda_available
+    if not _cuda_available():
+        ui.error("bench --model needs a CUDA GPU")
+        return 2
+    from ..harness.model_step import run_model_bench
+    to_stdout = args.json
+    log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
+    result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
+    doc = result.to_json()
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+    if to_stdout:
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        print_model_bench(result)
+    return 0
+
+
+KV_LABEL = {"bf16": "bf16", "int8": "int8 (quantize_kv)"}
+
+
+def print_model_bench(result) -> None:
+    """The step table (ms/step, tokens/s, vs torch), the op shares, what served each op in the serving
+    stack, and the int8 cache's accuracy."""
+    cfg = result.config
+    tp = f", tensor parallel {cfg.tp} (one GPU's shard; all-reduces not timed)" if cfg.tp > 1 else ""
+    ui.line(f"{cfg.name}: decode step of {cfg.layers} layers (hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} "
+            f"KV heads, D {cfg.head_dim}, MLP {cfg.intermediate}{tp}) on {result.gpu}; one layer as a CUDA graph, "
+            f"x {cfg.layers}", style="bold")
+    rows = []
+    for p in result.points:
+        for t in p.timings:
+            kv = "bf16 (reference)" if t.stack == "torch" else KV_LABEL[t.kv]
+            rows.append([f"B={p.batch} ctx={p.context}", t.stack, kv, f"{t.step_ms:.2f}", f"{t.tokens_per_s:,.0f}",
+                         f"{t.vs_torch:.3f}x" if t.vs_torch is not None else ""])
+    ui.table("", ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch"], rows,
+             justify=["left", "left", "left", "right", "right", "right"])
+    labels = ["qkv", "quantize_kv", "attention", "o", "gate_up", "down", "other"]
+    shown = [lb for lb in labels if any(lb in t.shares for p in result.points for t in p.timings)]
+    rows = [[f"B={p.batch} ctx={p.context}", t.stack, t.kv] + [f"{t.shares[lb]:.1%}" if lb in t.shares else ""
+                                                              for lb in shown]
+            for p in result.points for t in p.timings]
+    ui.table("share of each op in the step (each op call timed alone; other: norms, SiLU, residuals, cache writes)",
+             ["point", "stack", "KV"] + shown, rows, justify=["left"] * 3 + ["right"] * len(shown))
+    served = [[f"B={p.batch} ctx={p.context}", s.kv, s.label, s.op, s.bucket, s.implementation]
+              for p in result.points for s in p.served]
+    if served:
+        ui.table("what served each op in the serving stack", ["point", "KV", "call", "op", "bucket", "served by"],
+                 served)
+    for p in result.points:
+        if p.accuracy is not None:
+            ui.line(f"B={p.batch} ctx={p.context}: {p.accuracy.describe()}")
+
+
 # -- history and show --------------------------------------------------------------------------
 
 @command("history")
@@ -421,11 +549,13 @@ def _show_run(led, run, args) -> int:
     ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
             f"python {v.get('python')}")
     rows = []
+    from ..harness.figures import candidate_results
+    results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     for c in cands:
         verdict = c.verdict or {}
         first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == "failed"), None)
         why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
-        timing = _best_timing(led, c.id)
+        timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
     ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
@@ -435,11 +565,20 @@ def _show_run(led, run, args) -> int:
     return 0
 
 
-def _best_timing(led, cid) -> str:
-    rows = [b for b in led.bench_results(candidate_id=cid) if b.label == "candidate"]
-    if not rows:
+def _short_incumbent(label) -> str:
+    """An incumbent's label for a narrow column (a serving kernel's file name is in --json)."""
+    if label is None:
+        return "none"
+    return "serving" if label.startswith("serving:") else label
+
+
+def _timing_words(result) -> str:
+    """A candidate's judged speedup in a run (harness/figures.py), as the report and history show it."""
+    if result is None or result.speedup is None:
         return ""
-    return "; ".join(f"{b.shape_key}: {b.median_ms:.4f}ms" for b in rows[:2])
+    from ..harness.figures import fmt_x
+    return f"{fmt_x(result.speedup)} over {_short_incumbent(result.incumbent_label or 'mixed')} " \
+           f"({result.clocks.replace('event', 'events')})"
 
 
 def _cand_json(led, c) -> Dict[str, Any]:
@@ -448,9 +587,8 @@ def _cand_json(led, c) -> Dict[str, Any]:
             "verdict": c.verdict,
             "checks": [{"name": k.name, "status": k.status, "detail": k.detail, "mode": k.mode}
                        for k in led.checks(c.id)],
-            "bench": [{"label": b.label, "shape": b.shape_key, "dtype": b.dtype, "median_ms": b.median_ms,
-                       "spread_ms": b.spread_ms, "fraction_of_ceiling": b.fraction_of_ceiling}
-                      for b in led.bench_results(candidate_id=c.id)]}
+            # every benchmark of it, judged or not (a candidate rejected after timing shows its figures too)
+            "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)]}
 
 
 def parent_source(led, c) -> tuple:
@@ -503,11 +641,14 @@ def _show_candidate(led, cid: int, args) -> int:
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
                    best[n].detail[:140]] for n in order])
-    bench = led.bench_results(candidate_id=cid)
-    if bench:
-        ui.table("timings", ["shape", "kernel", "dtype", "gpu", "median ms", "spread", "of ceiling"],
-                 [[b.shape_key, b.label, b.dtype, b.gpu_name, f"{b.median_ms:.4f}", f"±{b.spread_ms:.4f}",
-                   f"{b.fraction_of_ceiling:.0%}" if b.fraction_of_ceiling else ""] for b in bench])
+    figs = led.figures(candidate_id=cid, judged_only=False)
+    if figs:
+        from ..harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
+        ui.table("timings (against the incumbent timed beside it)",
+                 ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
+                 [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
+                   _short_incumbent(f.incumbent_label), fmt_ms(f.incumbent_ms), fmt_x(f.speedup), CLOCK_WORDS[f.clock],
+                   f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else ""] for f in figs])
     unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
     if unusable:  # no source came back: a diff would show the whole parent deleted
         ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
@@ -576,7 +717,7 @@ def cmd_promote(args) -> int:
         by_bucket.setdefault(op.bucket(s), []).append(s)
     promoted_any = False
     for bucket, bshapes in by_bucket.items():
-        entry = serving.lookup(args.op, bucket, args.dtype, gname)
+        entry = serving.promoted(args.op, bucket, args.dtype, gname)
         inc_file = os.path.join(serving.serving_dir(), entry["file"]) if entry else None
         spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
                 "kernels": [{"label": "incumbent", "file": inc_file},

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..harness import serving
+from ..harness.dispatch import measured_choices, record_choices
 from ..harness.env import versions
 from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import get_op
@@ -75,6 +76,10 @@ class RunConfig:
     compute_sanitizer: bool = True
     gpus: Optional[int] = None  # GPUs used for evaluation (default: every visible one)
     candidates_dir: str = os.path.join("kernels", "candidates")
+    # a model's decode step (harness.model_step.ModelConfig fields) whose op calls are the targets, each
+    # bucket weighted by its share of the step, at these points ('BATCHxCONTEXT,...')
+    target_model: Optional[Dict[str, Any]] = None
+    target_points: str = "32x8192"
 
     def to_json(self) -> Dict[str, Any]:
         d = asdict(self)
@@ -93,6 +98,7 @@ class Target:
     op: str
     bucket: str
     shapes: List[Shape]
+    weight: float = 1.0  # the share of proposals it gets (its share of a model's decode step; else equal)
 
 
 @dataclass
@@ -244,7 +250,44 @@ def run_shapes(op_name: str, spec: str, ops: Sequence[str]) -> List[Shape]:
     return [op.parse_shape(p) for p in mine] if mine else op.shapes("serving")
 
 
+def weighted_pick(weights: Sequence[float], asked: Sequence[int], exhausted: Set[int], start: int) -> Optional[int]:
+    """The next target to ask the proposer for: of those not exhausted, the one furthest behind its weight
+    (fewest requests per unit of weight), ties in turn from `start`. With equal weights this is
+    round-robin; a bucket with twice the share of a model's step gets twice the proposals."""
+    n = len(weights)
+    live = [i for i in ((start + k) % n for k in range(n)) if i not in exhausted]
+    if not live:
+        return None
+    return min(live, key=lambda j: (asked[j] + 1) / max(weights[j], 1e-9))
+
+
+def model_targets(cfg: RunConfig) -> List[Target]:
+    """The buckets a model's decode step calls (both KV modes, at every point of `target_points`), each
+    weighted by its roofline share of the step (harness.model_step.step_op_calls), heaviest first; ops
+    outside `cfg.ops` are left out."""
+    from ..harness.model_step import KV_MODES, ModelConfig, parse_points, step_op_calls
+    model = ModelConfig.from_mapping(cfg.target_model or {})
+    points = parse_points(cfg.target_points)
+    shapes: Dict[Tuple[str, str], List[Shape]] = {}
+    weight: Dict[Tuple[str, str], float] = collections.defaultdict(float)
+    for point in points:
+        for kv in KV_MODES:
+            for call in step_op_calls(model, point.batch, point.context, kv, cfg.dtype):
+                if call.op not in cfg.ops:
+                    continue
+                key = (call.op, call.bucket)
+                if call.shape not in shapes.setdefault(key, []):
+                    shapes[key].append(call.shape)
+                weight[key] += call.share / (len(points) * len(KV_MODES))
+    if not shapes:
+        raise ValueError(f"the decode step of {model.name} calls none of the ops {', '.join(cfg.ops)}")
+    keys = sorted(shapes, key=lambda k: -weight[k])
+    return [Target(op, bucket, shapes[(op, bucket)], weight[(op, bucket)]) for op, bucket in keys]
+
+
 def targets_for(cfg: RunConfig) -> List[Target]:
+    if cfg.target_model:
+        return model_targets(cfg)
     per_op = []
     for name in cfg.ops:
         op = get_op(name)
@@ -296,7 +339,7 @@ class Loop:
     # -- incumbents -------------------------------------------------------------------
     def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
         """(label, file or None for the baseline, source)."""
-        entry = serving.lookup(t.op, t.bucket, self.cfg.dtype, self.gpu_name)
+        entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name)
         if entry:
             path = os.path.join(serving.serving_dir(), entry["file"])
             if os.path.exists(path):
@@ -520,6 +563,7 @@ class Loop:
             self.raced_out += 1
         for res in doc.get("results", []):
             record_shape_result(self.ledger, self.run_id, res, cid, inc_label)
+        self._choose_serving(t)
         j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
         self.judged.add(cid)
         if j.error:
@@ -548,6 +592,16 @@ class Loop:
             return False
         w.judgement = j
         return True
+
+    def _choose_serving(self, t: Target) -> None:
+        """Every benchmark times the incumbent beside torch: where torch serves the op's contract, the faster
+        of the two serves the bucket from now on (harness.dispatch)."""
+        if not get_op(t.op).torch_label:
+            return
+        for c, entry in record_choices(measured_choices(self.ledger, ops=[t.op], bucket=t.bucket,
+                                                        dtype=self.cfg.dtype, gpu=self.gpu_name), led=self.ledger):
+            if entry is not None and entry.get("measured_at"):
+                self.events.note(f"{t.op} {t.bucket}: {c.reason}; it serves the bucket")
 
     def _record_promotion_checks(self, w: Work, v) -> bool:
         """compute-sanitizer memcheck / initcheck / racecheck (and the device suite) before a kernel enters
@@ -610,6 +664,7 @@ class _Stream:
         self.noted_exhausted: Set[Tuple[str, str]] = set()
         self.last_status = 0.0
         self.next_target = 0
+        self.asked = [0] * len(self.targets)  # proposal requests per target: weighted turns (see _pick)
         self.proposing: Optional[Future] = None
         self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
         self.idle_asks = 0
@@ -708,13 +763,8 @@ class _Stream:
         lp, budget = self.loop, self.budget
         if self.proposing is not None or budget.exhausted(lp._tokens()) or not self._want_more():
             return
-        n_targets = len(self.targets)
-        for _ in range(n_targets):
-            i = self.next_target
-            self.next_target = (self.next_target + 1) % n_targets
-            if i not in self.exhausted:
-                break
-        else:
+        i = self._pick()
+        if i is None:
             return
         t = self.targets[i]
         n = lp.cfg.per_round
@@ -723,6 +773,13 @@ class _Stream:
         ctx = lp.context(t)
         self.proposing_for = (t, ctx, i)
         self.proposing = lp._proposer_thread.submit(lp.proposer.propose, ctx, n)
+
+    def _pick(self) -> Optional[int]:
+        i = weighted_pick([t.weight for t in self.targets], self.asked, self.exhausted, self.next_target)
+        if i is not None:
+            self.asked[i] += 1
+            self.next_target = (i + 1) % len(self.targets)
+        return i
 
     def _proposed(self, proposals: List[Proposal]) -> None:
         lp = self.loop
@@ -898,6 +955,9 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
                     f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
                     f"{cfg.time_limit_s:.0f}s"
                     + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
+    if cfg.target_model and not resume:
+        events.note(f"targets: the decode step of {cfg.target_model.get('name')} at {cfg.target_points}, by share: "
+                    + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets))
     events.note(f"evaluating with {describe(loop.placement)}")
     # the budget counts what this run proposed that no earlier run had judged (replays are free)
     budget = Budget(cfg, sum(1 for p in ledger.proposals(run_id=run_id) if not p.duplicate), elapsed_before)

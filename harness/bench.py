@@ -173,32 +173,18 @@ class Contender:
     fn: Callable  # called with the case's arguments
     kernel_names: Sequence[str] = ()  # Triton kernels that must be seen running ('' for anchors)
     is_anchor: bool = False
+    serves: bool = False  # an anchor that is also a servable implementation of the contract (Op.torch_impl)
 
 
 def anchor_for(op: Op, case: Case) -> Contender:
-    """The torch anchor of each op: cuBLAS, SDPA, SDPA over the gathered cache, torch.compile."""
-    import torch.nn.functional as F
-    a = case.args
-    if op.name == "matmul":
-        return Contender("anchor:torch.matmul", lambda **kw: torch.matmul(kw["a"], kw["b"]), is_anchor=True)
-    if op.name == "attention":
-        gqa = a["q"].shape[1] != a["k"].shape[1]
-        return Contender("anchor:sdpa", lambda **kw: F.scaled_dot_product_attention(
-            kw["q"], kw["k"], kw["v"], is_causal=kw["causal"], scale=kw.get("sm_scale"), enable_gqa=gqa),
-            is_anchor=True)
+    """The torch anchor of each op: its torch implementation (cuBLAS, SDPA, torch.compile), which the
+    serving set may also serve, or for the paged decodes SDPA over the cache gathered ahead of time."""
+    impl = op.torch_impl()
+    if impl is not None:
+        return Contender(op.torch_label, lambda **kw: impl(**kw), is_anchor=True, serves=True)
     if op.name in ("decode_attention", "decode_attention_int8"):
         return _sdpa_decode_anchor(op, case)
-    if op.name == "quantize_kv":
-        compiled = torch.compile(_quantize_eager, dynamic=False)
-        return Contender("anchor:torch.compile", lambda **kw: compiled(kw["x"]), is_anchor=True)
-    raise ValueError(op.name)
-
-
-def _quantize_eager(x):
-    xf = x.float()
-    scale = xf.abs().amax(-1) / 127.0
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.clamp(torch.round(xf / safe[..., None]), -127, 127).to(torch.int8), scale
+    raise ValueError(f"{op.name} has no torch anchor")
 
 
 def _sdpa_decode_anchor(op: Op, case: Case) -> Contender:
@@ -250,6 +236,7 @@ class Measurement:
     fraction_of_ceiling: Optional[float] = None
     ceiling_kind: Optional[str] = None
     implausible: bool = False
+    serves: bool = False  # the anchor is a servable implementation: a promotion must beat it too
     note: str = ""
     error: str = ""
 
@@ -410,7 +397,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         xs = rounds[c.label]
         med = balanced_median(xs, positions[c.label])
         m = Measurement(c.label, med, _spread(xs, med), len(xs), xs, positions=positions[c.label],
-                        within_spread_ms=_iqr_half(xs))
+                        within_spread_ms=_iqr_half(xs), serves=c.serves)
         m.tflops = flops / med / 1e9
         m.tbps = nbytes_min / med / 1e9
         m.ceiling_kind = bound

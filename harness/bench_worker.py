@@ -90,14 +90,13 @@ def main(argv=None) -> int:
 
 
 def refused_here(res: dict) -> str:
-    """Why the promotion rule refuses the candidate on this shape alone (bench.ShapeResult JSON), or ''."""
-    from .promotion import judged_pair, refused_at_shape
-    ms = {m["label"]: m for m in res["measurements"]}
-    c, inc = ms.get("candidate"), ms.get("incumbent")
-    if not c or not inc or c.get("error") or inc.get("error"):
+    """Why the promotion rule refuses the candidate on this shape alone (bench.ShapeResult JSON), or ''.
+    Held against the same reference as the rule: the incumbent, or torch where it serves and is faster."""
+    from .promotion import reference_words, refused_at_shape, shape_pair
+    pair, _ = shape_pair(res["measurements"])
+    if pair is None:
         return ""  # an error is judged as an error, with every shape's
-    tc, ti, _ = judged_pair(c, inc)
-    d = refused_at_shape(tc, ti, res["shape"])
+    d = refused_at_shape(pair.candidate, pair.reference, res["shape"], reference_words([pair.reference_label]))
     return d.reason if d else ""
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 DEFAULT_MARGIN = 0.02
 MIN_SAMPLES = 3
@@ -103,10 +103,10 @@ def decide(candidate: Timing, incumbent: Timing, sanitizer_passed: bool, implaus
     return Decision(promote, gain, noise, reason)
 
 
-def refused_at_shape(cand: Timing, inc: Timing, name: str) -> Optional[Decision]:
+def refused_at_shape(cand: Timing, inc: Timing, name: str, against: str = "the incumbent") -> Optional[Decision]:
     """The refusal one shape alone decides for the whole bucket (too few samples, invalid times, or
     slower beyond its own noise), or None. A benchmark may stop timing at such a shape: the other
-    shapes cannot change the verdict."""
+    shapes cannot change the verdict. `against`: what `inc` is, in words."""
     refused = _gate(cand, inc, True, False)
     if refused:
         return Decision(False, math.nan, math.nan, f"{refused} (on {name})")
@@ -114,15 +114,16 @@ def refused_at_shape(cand: Timing, inc: Timing, name: str) -> Optional[Decision]
     noise = (cand.spread_ms + inc.spread_ms) / inc.median_ms
     if gain < -noise:
         return Decision(False, gain, noise,
-                        f"not promoted: {_pct(-gain)} slower than the incumbent on {name} "
+                        f"not promoted: {_pct(-gain)} slower than {against} on {name} "
                         f"({_ms(inc.median_ms)} ms -> {_ms(cand.median_ms)} ms), beyond the noise {_pct(noise)}")
     return None
 
 
 def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_passed: bool,
                        implausible: bool = False, margin: float = DEFAULT_MARGIN,
-                       labels: Optional[Sequence[str]] = None) -> Decision:
-    """The rule for a bucket timed on several shapes: each pair is (candidate, incumbent).
+                       labels: Optional[Sequence[str]] = None, against: str = "the incumbent") -> Decision:
+    """The rule for a bucket timed on several shapes: each pair is (candidate, reference), the
+    reference being what serves the shape now (`against` names it in the reason).
 
     Refused when any shape is slower beyond its own noise (a bucket-wide win must not
     hide a regression on a shape someone serves), otherwise judged on the geometric
@@ -139,7 +140,7 @@ def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_pas
     log_ratios = []
     noises = []
     for name, (cand, inc) in zip(names, per_shape):
-        refused = refused_at_shape(cand, inc, name)
+        refused = refused_at_shape(cand, inc, name, against)
         if refused:
             return refused
         noise = (cand.spread_ms + inc.spread_ms) / inc.median_ms
@@ -148,7 +149,7 @@ def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_pas
     gain = 1.0 - math.exp(sum(log_ratios) / len(log_ratios))
     noise = sum(noises) / len(noises)
     n = len(per_shape)
-    head = f"{_faster_or_slower(gain, 'the incumbent')} (geometric mean over {n} shape{'s' if n != 1 else ''})"
+    head = f"{_faster_or_slower(gain, against)} (geometric mean over {n} shape{'s' if n != 1 else ''})"
     threshold = f"the mean noise {_pct(noise)} + margin {_pct(margin)}"
     if gain > noise + margin:
         return Decision(True, gain, noise, f"{head}, above {threshold}, and no shape slower beyond its noise")
@@ -160,27 +161,78 @@ def graph_timed(m: Dict[str, Any]) -> bool:
     return bool(m.get("graph_ms")) and m.get("graph_spread_ms") is not None and len(m.get("graph_rounds") or []) >= 3
 
 
+def clock_of(graph_timed_flags: Iterable[bool]) -> str:
+    """The clock on which kernels compared with each other are read: 'graph' (CUDA-graph replays)
+    where every one of them has graph times, else 'event'. The one choice the rule and every figure
+    shown of it (harness/figures.py) make."""
+    flags = list(graph_timed_flags)
+    return "graph" if flags and all(flags) else "event"
+
+
 def judged_pair(candidate: Dict[str, Any], incumbent: Dict[str, Any]) -> Tuple[Timing, Timing, str]:
     """The figures a promotion is judged on, from two benchmark measurements (bench.Measurement JSON):
     (candidate, incumbent, 'graph' | 'event'). The CUDA-graph replay times where both have graph
     rounds (small kernels, whose event times carry host launch overhead), else the event times."""
-    if graph_timed(candidate) and graph_timed(incumbent):
+    if clock_of((graph_timed(candidate), graph_timed(incumbent))) == "graph":
         return (Timing(candidate["graph_ms"], candidate["graph_spread_ms"], len(candidate["graph_rounds"])),
                 Timing(incumbent["graph_ms"], incumbent["graph_spread_ms"], len(incumbent["graph_rounds"])), "graph")
     return (Timing(candidate["median_ms"], candidate["spread_ms"], candidate["n"]),
             Timing(incumbent["median_ms"], incumbent["spread_ms"], incumbent["n"]), "event")
 
 
+@dataclass(frozen=True)
+class ShapePair:
+    """One shape of a benchmark as the rule reads it: the candidate against the reference, the faster of
+    the incumbent and a servable torch anchor (Op.torch_impl: the serving set would dispatch to it), on
+    one clock. reference: the reference's label ('incumbent' or 'anchor:<name>')."""
+
+    candidate: Timing
+    reference: Timing
+    clock: str  # 'graph' | 'event'
+    reference_label: str
+
+
+def shape_pair(measurements: Sequence[Dict[str, Any]]) -> Tuple[Optional[ShapePair], str]:
+    """(the pair, '') for one shape's measurements (bench.Measurement JSON), or (None, why not). A torch
+    anchor counts only where it serves (`serves`) and was timed without error: a candidate is promoted
+    only when it beats what a serving stack would otherwise run."""
+    ms = {m["label"]: m for m in measurements}
+    c, inc = ms.get("candidate"), ms.get("incumbent")
+    if not c or not inc or c.get("error") or inc.get("error"):
+        return None, (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
+    ref, ref_label = inc, "incumbent"
+    torch_m = next((m for m in measurements if m.get("serves") and not m.get("error")), None)
+    if torch_m is not None:
+        t_inc, t_torch, _ = judged_pair(inc, torch_m)
+        if t_torch.median_ms < t_inc.median_ms:
+            ref, ref_label = torch_m, torch_m["label"]
+    tc, tr, clock = judged_pair(c, ref)
+    return ShapePair(tc, tr, clock, ref_label), ""
+
+
+def reference_words(labels: Sequence[str]) -> str:
+    """What a candidate was held against, in words, from the reference labels of its shapes."""
+    torch_labels = sorted({x for x in labels if x != "incumbent"})
+    if not torch_labels:
+        return "the incumbent"
+    name = ", ".join(x.split(":", 1)[-1] for x in torch_labels)
+    if len(torch_labels) == len(set(labels)) and "incumbent" not in labels:
+        return f"torch ({name})"
+    return f"the faster of the incumbent and torch ({name}) per shape"
+
+
 @dataclass
 class Judgement:
-    """The rule applied to one benchmark of a candidate against the incumbent over a bucket's shapes.
-    error: why the benchmark cannot be judged ('' when it can; then `decision` is set)."""
+    """The rule applied to one benchmark of a candidate over a bucket's shapes, against the reference of
+    each shape (see ShapePair). error: why the benchmark cannot be judged ('' when it can; then
+    `decision` is set)."""
 
     error: str = ""
     decision: Optional[Decision] = None
-    pairs: List[Tuple[Timing, Timing]] = field(default_factory=list)  # judged (candidate, incumbent) per shape
+    pairs: List[Tuple[Timing, Timing]] = field(default_factory=list)  # judged (candidate, reference) per shape
     kinds: List[str] = field(default_factory=list)  # 'graph' | 'event' per shape
     shapes: List[str] = field(default_factory=list)
+    references: List[str] = field(default_factory=list)  # the reference's label per shape
     fraction_of_ceiling: Optional[float] = None  # the candidate's, mean over the shapes
 
     @property
@@ -189,35 +241,40 @@ class Judgement:
 
     @property
     def incumbent_ms(self) -> float:
+        """The mean time of what the candidate was held against (the incumbent, or torch where it is faster)."""
         return sum(i.median_ms for _, i in self.pairs) / len(self.pairs)
+
+    @property
+    def against(self) -> str:
+        return reference_words(self.references)
 
 
 def judge_benchmark(doc: Dict[str, Any], shapes: Sequence[str], margin: float = DEFAULT_MARGIN) -> Judgement:
     """Judge a benchmark document (bench_worker output: 'results' of ShapeResult JSON with the labels
-    'candidate' and 'incumbent', and 'error') over `shapes`, the bucket's shape keys. A failed
-    measurement or a missing shape makes the benchmark unusable, not a refusal on timings."""
+    'candidate', 'incumbent' and the anchor, and 'error') over `shapes`, the bucket's shape keys. A
+    failed measurement or a missing shape makes the benchmark unusable, not a refusal on timings."""
     j = Judgement()
     fractions = []
     implausible = False
     for res in doc.get("results", []):
-        ms = {m["label"]: m for m in res["measurements"]}
-        c, inc = ms.get("candidate"), ms.get("incumbent")
-        if not c or not inc or c.get("error") or inc.get("error"):
-            err = (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
+        pair, err = shape_pair(res["measurements"])
+        if pair is None:
             j.error = j.error or f"{res['shape']}: {err}"
             continue
+        c = next(m for m in res["measurements"] if m["label"] == "candidate")
         implausible = implausible or bool(c.get("implausible"))
         fractions.append(c.get("fraction_of_ceiling") or 0.0)
-        tc, ti, kind = judged_pair(c, inc)
-        j.pairs.append((tc, ti))
-        j.kinds.append(kind)
+        j.pairs.append((pair.candidate, pair.reference))
+        j.kinds.append(pair.clock)
         j.shapes.append(res["shape"])
+        j.references.append(pair.reference_label)
     raced = bool(doc.get("raced_out")) and bool(j.pairs)  # stopped at a shape slower beyond the noise
     j.error = doc.get("error") or j.error or ("" if len(j.pairs) == len(shapes) or raced else "benchmark incomplete")
     if j.error:
         return j
     j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None
-    d = decide_over_shapes(j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes)
+    d = decide_over_shapes(j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes,
+                           against=j.against)
     if raced and d.promote:  # cannot happen with the rule as it is: a raced-out shape refuses
         j.error = "the benchmark stopped early at a shape the rule does not refuse"
         return j
@@ -230,5 +287,6 @@ def judge_benchmark(doc: Dict[str, Any], shapes: Sequence[str], margin: float = 
     return j
 
 
-__all__ = ["Timing", "Decision", "decide", "decide_over_shapes", "judged_pair", "Judgement", "judge_benchmark",
+__all__ = ["Timing", "Decision", "decide", "decide_over_shapes", "clock_of", "judged_pair", "ShapePair", "shape_pair",
+           "reference_words", "Judgement", "judge_benchmark",
            "DEFAULT_MARGIN", "MIN_SAMPLES"]

@@ -1,15 +1,24 @@
 """The serving kernel set: promoted kernels, their manifest, and the API a serving stack calls.
 
-Layout (DESIGN section 6): the folder `kernels/serving/` holds `manifest.json` and one
-kernel file per promoted (op, shape bucket, dtype, GPU), named
-`<op>__<bucket>__<dtype>__<gpu-slug>.py`. Each file is a complete candidate: it
-defines a function named after the op with the op's contract signature. Promotion
-writes the set (`install`, `remove`); CI re-verifies it; a serving stack only reads
-it, through `get`:
+Layout: the folder `kernels/serving/` holds `manifest.json` and one kernel file per promoted
+(op, shape bucket, dtype, GPU), named `<op>__<bucket>__<dtype>__<gpu-slug>.py`. Each file is a
+complete candidate: it defines a function named after the op with the op's contract signature.
+
+Each (op, bucket, dtype, GPU) is served by the fastest trusted implementation of three:
+  - "kernel": a promoted kernel (it beat the other two when it was promoted);
+  - "baseline": the project's baseline kernel;
+  - "torch": the op's torch implementation (Op.torch_impl: cuBLAS, SDPA, torch.compile), trusted
+    without sanitizing because it is the reference library.
+A manifest entry records the choice for its key with the measurements behind it (`set_choice`,
+from the benchmarks in the ledger). A key without an entry takes the choice that won most of the
+op's measured buckets on that GPU (else on any GPU; else the baseline): the committed manifest is
+the committed bench. Promotion writes the set (`install`, `remove`); CI re-verifies its kernels; a
+serving stack only reads it, through `get`:
 
     from kernel_agent.harness import serving
     quantize_kv = serving.get("quantize_kv")
-    x_q, scale = quantize_kv(x)          # the promoted kernel for x's bucket, or the baseline
+    x_q, scale = quantize_kv(x)          # the fastest trusted implementation for x's bucket
+    quantize_kv.resolve(x)               # which one, and why
 
 Writes are atomic (a temporary file, then os.replace), so a reader never sees half a
 kernel or half a manifest. The manifest is sorted, so promotions diff cleanly in pull
@@ -29,6 +38,7 @@ import re
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -37,9 +47,11 @@ from ..sanitizer.static_gate import check_source
 from .ops import DTYPE_NAMES, DTYPES, get_op
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: entries carry `impl` (version 1 held promoted kernels only, and is still read)
+READABLE_VERSIONS = (1, 2)
 ENV_DIR = "KERNEL_AGENT_SERVING_DIR"
-BASELINE = "baseline"
+KERNEL, BASELINE, TORCH = "kernel", "baseline", "torch"
+IMPLS = (KERNEL, BASELINE, TORCH)
 
 
 class ServingError(Exception):
@@ -122,10 +134,22 @@ def load_manifest(dir: str | Path | None = None) -> dict:
         raise ServingError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise ServingError(f"{path} is not a serving manifest (expected an object with an 'entries' list)")
-    if data.get("version") != MANIFEST_VERSION:
+    if data.get("version") not in READABLE_VERSIONS:
         raise ServingError(f"{path} has manifest version {data.get('version')!r}; this kernel-agent reads "
-                           f"version {MANIFEST_VERSION}")
+                           f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+    for e in data["entries"]:
+        if not isinstance(e, dict):
+            raise ServingError(f"{path}: a manifest entry is not an object")
+        e.setdefault("impl", KERNEL)  # version 1
+        if e["impl"] not in IMPLS:
+            raise ServingError(f"{path}: entry {e.get('op')}/{e.get('bucket')} has impl {e['impl']!r}; expected "
+                               f"one of {', '.join(IMPLS)}")
     return data
+
+
+def kernel_entries(manifest: dict) -> list[dict]:
+    """The entries of promoted kernels (each names its file)."""
+    return [e for e in manifest["entries"] if e.get("impl", KERNEL) == KERNEL]
 
 
 def _write_manifest(dir: Path, manifest: dict) -> None:
@@ -145,6 +169,12 @@ def lookup(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = 
         if _same_key(e, op, bucket, dtype, gpu):
             return e
     return None
+
+
+def promoted(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> dict | None:
+    """The promoted kernel's entry for this key, or None (the key is served by the baseline or torch)."""
+    e = lookup(op, bucket, dtype, gpu, dir)
+    return e if e is not None and e.get("impl", KERNEL) == KERNEL else None
 
 
 def _defines_function(source: str, name: str) -> bool:
@@ -174,7 +204,7 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
     text = source if source.endswith("\n") else source + "\n"
     _atomic_write(d / name, text)
     entry = {
-        "op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "file": name,
+        "op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "impl": KERNEL, "file": name,
         "source_hash": source_hash(text), "candidate_id": candidate_id,
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gain": float(gain), "reason": reason, "versions": dict(versions or {}), "shapes": list(shapes),
@@ -187,9 +217,58 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
     return entry
 
 
+def set_choice(op: str, bucket: str, dtype: str, gpu: str, impl: str, reason: str, measured: dict,
+               dir: str | Path | None = None, replace_kernel: Optional[int] = None) -> Optional[dict]:
+    """Record that (op, bucket, dtype, gpu) is served by `impl` ('baseline' or 'torch'), with the
+    measurements that chose it (`measured`: the times compared, their clock and shapes), and return the
+    entry. A promoted kernel is replaced only when `replace_kernel` is its candidate id (the measurement
+    compared torch with that very kernel): else None, and nothing changes. The manifest is rewritten
+    only when the choice changes."""
+    spec = get_op(op)
+    if impl not in (BASELINE, TORCH):
+        raise ValueError(f"set_choice: impl {impl!r}; expected {BASELINE!r} or {TORCH!r}")
+    if impl == TORCH and spec.torch_impl() is None:
+        raise ServingError(f"{op} has no torch implementation to serve")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    d = _dir(dir)
+    manifest = load_manifest(d)
+    old = next((e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)), None)
+    if old is not None and old.get("impl", KERNEL) == KERNEL and (
+            replace_kernel is None or old.get("candidate_id") != replace_kernel):
+        return None
+    entry = {"op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "impl": impl, "reason": reason,
+             "measured": dict(measured)}
+    if old is not None and {k: old.get(k) for k in entry} == entry:
+        return old
+    entry["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    manifest["entries"] = [e for e in manifest["entries"] if not _same_key(e, op, bucket, dtype, gpu)] + [entry]
+    _write_manifest(d, manifest)
+    _delete_orphans(d, manifest, [old] if old is not None else [])
+    return entry
+
+
+def default_choice(op: str, dtype: str, gpu: str, entries: Sequence[dict]) -> tuple[str, str]:
+    """(impl, why) for a key that nothing was measured for: the choice that won most of the op's
+    measured buckets in this dtype on this GPU, else on any GPU, else the baseline."""
+    spec = get_op(op)
+    if spec.torch_impl() is None:
+        return BASELINE, f"{op} has no torch implementation; the baseline serves where nothing was promoted"
+    chosen = [e for e in entries if e.get("op") == op and e.get("dtype") == dtype and e.get("impl") in (BASELINE, TORCH)]
+    here = [e for e in chosen if gpu_slug(str(e.get("gpu", ""))) == gpu_slug(gpu)]
+    pool, where = (here, f"on {gpu}") if here else (chosen, "on other GPUs")
+    n_torch = sum(1 for e in pool if e["impl"] == TORCH)
+    if not pool:
+        return BASELINE, f"nothing measured for {op} {dtype}: the baseline"
+    impl = TORCH if n_torch * 2 > len(pool) else BASELINE
+    return impl, (f"this bucket was not measured; {'torch' if impl == TORCH else 'the baseline'} was faster in "
+                  f"{n_torch if impl == TORCH else len(pool) - n_torch} of the {len(pool)} measured {op} {dtype} "
+                  f"buckets {where}")
+
+
 def remove(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> bool:
     """Take (op, bucket, dtype, gpu) out of the serving set (calls fall back to the
-    baseline). False when there was no such entry."""
+    default choice). False when there was no such entry."""
     d = _dir(dir)
     manifest = load_manifest(d)
     old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
@@ -286,8 +365,22 @@ def _device_gpu_name(first: Any) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """Which implementation serves a call, and why. impl: 'kernel' | 'baseline' | 'torch'; file: the
+    promoted kernel's file name (impl 'kernel' only); why: the recorded reason or the default's."""
+
+    impl: str
+    why: str
+    file: Optional[str] = None
+
+    def __str__(self) -> str:
+        return self.file if self.impl == KERNEL and self.file else self.impl
+
+
 class Dispatcher:
-    """Calls the promoted kernel for each call's (bucket, dtype, GPU), or the baseline.
+    """Calls the fastest trusted implementation for each call's (bucket, dtype, GPU): the promoted
+    kernel, the baseline or the op's torch implementation, as the manifest records (see the module).
 
     Accepts exactly the op's arguments (positional or by keyword) and passes them on
     unchanged. The manifest is re-read when its file changes (one stat per call), and
@@ -308,6 +401,8 @@ class Dispatcher:
         self._table: dict[tuple[str, str, str], dict] = {}
         self._fns: dict[tuple[str, str], Callable] = {}
         self._baseline: Optional[Callable] = None
+        self._entries: list[dict] = []
+        self._defaults: dict[tuple[str, str], tuple[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"<serving dispatcher {self.op} dir={str(self.dir)!r}>"
@@ -353,6 +448,8 @@ class Dispatcher:
             manifest = load_manifest(self.dir) if stamp is not None else _empty_manifest()
             self._table = {(e["bucket"], e["dtype"], gpu_slug(str(e["gpu"]))): e
                            for e in manifest["entries"] if e.get("op") == self.op}
+            self._entries = list(manifest["entries"])
+            self._defaults = {}
             self._stamp = stamp
 
     def _entry(self, bucket: str, dtype: str, gpu: str) -> Optional[dict]:
@@ -383,27 +480,46 @@ class Dispatcher:
             self._baseline = baseline(self.op)
         return self._baseline
 
+    def _torch_fn(self) -> Callable:
+        fn = self._spec.torch_impl()
+        if fn is None:  # a hand-edited manifest: set_choice refuses this
+            raise ServingError(f"the serving manifest chooses torch for {self.op}, which has no torch implementation")
+        return fn
+
     # -- the API ----------------------------------------------------------------------
-    def resolve(self, *args: Any, **kwargs: Any) -> str:
-        """Which kernel a call with these arguments would run: its file name, or 'baseline'."""
-        entry = self._entry(*self.key(*args, **kwargs))
-        return entry["file"] if entry is not None else BASELINE
+    def _resolve_key(self, bucket: str, dtype: str, gpu: str) -> tuple[Resolution, Optional[dict]]:
+        entry = self._entry(bucket, dtype, gpu)
+        if entry is not None:
+            impl = entry.get("impl", KERNEL)
+            return Resolution(impl, entry.get("reason", ""), entry.get("file") if impl == KERNEL else None), entry
+        key = (dtype, gpu_slug(gpu))
+        if key not in self._defaults:
+            self._defaults[key] = default_choice(self.op, dtype, gpu, self._entries)
+        return Resolution(*self._defaults[key]), None
+
+    def resolve(self, *args: Any, **kwargs: Any) -> Resolution:
+        """Which implementation a call with these arguments would run, and why."""
+        return self._resolve_key(*self.key(*args, **kwargs))[0]
 
     def kernel_for(self, *args: Any, **kwargs: Any) -> Callable:
         """The function a call with these arguments would run."""
-        entry = self._entry(*self.key(*args, **kwargs))
-        return self._load(entry) if entry is not None else self._baseline_fn()
+        r, entry = self._resolve_key(*self.key(*args, **kwargs))
+        if r.impl == KERNEL:
+            return self._load(entry)
+        return self._torch_fn() if r.impl == TORCH else self._baseline_fn()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.kernel_for(*args, **kwargs)(*args, **kwargs)
 
 
 def get(op: str, gpu: str | None = None, dir: str | Path | None = None) -> Dispatcher:
-    """The serving entry point: a callable with `op`'s signature that runs the promoted
-    kernel for each call's shape bucket, dtype and GPU, and the baseline otherwise.
+    """The serving entry point: a callable with `op`'s signature that runs, for each call's shape
+    bucket, dtype and GPU, the fastest trusted implementation (a promoted kernel, the baseline or
+    torch; `resolve` says which and why).
     `gpu` pins the GPU name (default: the device of the call); `dir` the serving set."""
     return Dispatcher(op, gpu=gpu, dir=dir)
 
 
-__all__ = ["ServingError", "Dispatcher", "get", "serving_dir", "load_manifest", "install", "remove", "lookup",
-           "load_kernel_file", "baseline", "gpu_slug", "kernel_file_name", "source_hash", "MANIFEST_NAME"]
+__all__ = ["ServingError", "Dispatcher", "Resolution", "get", "serving_dir", "load_manifest", "kernel_entries",
+           "install", "set_choice", "default_choice", "remove", "lookup", "promoted", "load_kernel_file", "baseline",
+           "gpu_slug", "kernel_file_name", "source_hash", "MANIFEST_NAME", "KERNEL", "BASELINE", "TORCH"]

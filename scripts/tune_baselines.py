@@ -37,8 +37,10 @@ CONFIGS = {
     },
     "attention": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
                   (128, 64, 8, 4), (128, 32, 4, 4)],
-    "decode_attention": [(s, bn, w, st) for s in (1, 2, 4, 8) for bn in (32, 64, 128) for (w, st) in ((4, 3), (4, 2))],
-    "decode_attention_int8": [(s, bn, w, st) for s in (1, 2, 4) for bn in (128, 256) for (w, st) in ((4, 3), (8, 3))],
+    "decode_attention": [(s, bn, w, st) for s in (1, 2, 4, 8, 16) for bn in (32, 64, 128)
+                         for (w, st) in ((4, 3), (4, 2), (4, 4), (8, 3))],
+    "decode_attention_int8": [(s, bn, w, st) for s in (1, 2, 4, 5, 8, 16) for bn in (64, 128, 256)
+                              for (w, st) in ((4, 3), (8, 3), (4, 2))],
     "quantize_kv": [(8, 4), (16, 4), (32, 4), (64, 8), (32, 8), (16, 2), (4, 4), (64, 4)],
 }
 
@@ -48,6 +50,14 @@ def configs_for(op, shape):
     if op == "matmul":
         return c["m16"] if shape.M <= 16 else c["m64"] if shape.M <= 64 else c["large"]
     return c
+
+
+def own_config_first(op_name, shape, base_config_fn):
+    """The baseline's own config for the shape, then the sweep's (the BASE line compares them)."""
+    from kernel_agent.agent.search import config_args
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = tuple(base_config_fn(*config_args(op_name, shape, dev)))
+    return [base] + [c for c in configs_for(op_name, shape) if tuple(c) != base]
 
 
 def neighbour_configs(op_name, shape, base_config_fn):
@@ -125,7 +135,7 @@ def main():
             t_anchor = triton.testing.do_bench(anchor(op_name, case), warmup=25, rep=100, return_mode="median")
             best = None
             for cfg in (neighbour_configs(op_name, shape, original) if args.neighbours
-                        else configs_for(op_name, shape)):
+                        else own_config_first(op_name, shape, original)):
                 mod._config = lambda *a, cfg=cfg, **k: cfg
                 try:
                     out = case.call(fn)
@@ -144,9 +154,9 @@ def main():
                 if err is None and (best is None or ms < best["ms"]):
                     best = row
             mod._config = original
-            b = rows_base(rows, op_name, shape) if args.neighbours else None
+            b = rows_base(rows, op_name, shape)
             if best and b:
-                print(f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best neighbour "
+                print(f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best "
                       f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)", flush=True)
             if best:
                 print(f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "

@@ -128,17 +128,48 @@ def test_serving_dispatches_to_an_installed_kernel_and_its_results_pass(tmp_path
                             dir=tmp_path / "serving")
     fn = serving.get("quantize_kv", dir=tmp_path / "serving")
     case = QUANT.make_case(QSHAPE, torch.bfloat16, seed=3, device="cuda")
-    assert fn.resolve(**case.args) == entry["file"]
+    assert str(fn.resolve(**case.args)) == entry["file"]
     assert QUANT.compare(fn(**case.args), case.args, QUANT.reference(case.args, torch.float32)).ok
     fp16 = QUANT.make_case(QSHAPE, torch.float16, seed=3, device="cuda")
-    assert fn.resolve(**fp16.args) == "baseline"  # no fp16 entry: the baseline serves it
+    assert str(fn.resolve(**fp16.args)) == "baseline"  # no fp16 entry: the baseline serves it
     assert QUANT.compare(fn(**fp16.args), fp16.args, QUANT.reference(fp16.args, torch.float32)).ok
+
+
+# (op, shape) per op with a torch implementation: a serving-style call of each bucket kind
+DISPATCH_CASES = [("matmul", "32,4096,6144"), ("matmul", "8,14336,4096"), ("attention", "1,8,2,512,128,causal"),
+                  ("quantize_kv", "32,8,128")]
+
+
+@pytest.mark.parametrize("op_name,shape", DISPATCH_CASES)
+def test_serving_get_passes_the_differential_check_for_each_choice(tmp_path, op_name, shape):
+    """Whichever implementation a bucket is dispatched to (a promoted kernel, the baseline, torch), the
+    output of serving.get passes the op's differential check against the reference."""
+    op = get_op(op_name)
+    gpu = torch.cuda.get_device_name()
+    s = op.parse_shape(shape)
+    bucket = op.bucket(s)
+    seen = set()
+    for impl in ("kernel", "baseline", "torch"):
+        d = tmp_path / impl
+        if impl == "kernel":  # a promoted kernel: the baseline's source under another name
+            serving.install(op_name, bucket, "bfloat16", gpu, baseline_source(op_name) + "\n# promoted\n", 1, 0.1,
+                            "test", {}, dir=d)
+        else:
+            serving.set_choice(op_name, bucket, "bfloat16", gpu, impl, "test", {}, dir=d)
+        fn = serving.get(op_name, dir=d)
+        for seed in (0, 1):
+            case = op.make_case(s, torch.bfloat16, seed=seed, device="cuda")
+            assert fn.resolve(**case.args).impl == impl
+            cmp = op.compare(fn(**case.args), case.args)
+            assert cmp.ok, f"{op_name} {shape} served by {impl}: {cmp.describe()}"
+        seen.add(fn.kernel_for(**case.args))
+    assert len(seen) == 3  # three different functions served
 
 
 def test_the_committed_serving_set_serves_its_kernels_correctly():
     d = os.path.join(ROOT, "kernels", "serving")
     gpu = torch.cuda.get_device_name()
-    entries = [e for e in serving.load_manifest(d)["entries"] if e["gpu"] == gpu]
+    entries = [e for e in serving.kernel_entries(serving.load_manifest(d)) if e["gpu"] == gpu]
     if not entries:
         pytest.skip(f"no committed serving kernels for {gpu}")
     for e in entries:
@@ -150,7 +181,7 @@ def test_the_committed_serving_set_serves_its_kernels_correctly():
         assert shapes and all(op.bucket(s) == e["bucket"] for s in shapes), e
         for s in shapes:
             case = op.make_case(s, torch.bfloat16, seed=11, device="cuda")
-            assert fn.resolve(**case.args) == e["file"]
+            assert str(fn.resolve(**case.args)) == e["file"]
             out = fn(**case.args)
             assert op.compare(out, case.args, op.reference(case.args, torch.float32)).ok
             del case, out
@@ -278,3 +309,46 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
     assert doc.get("error") and "static gate" in doc["log"]  # the benchmark loads kernels through the gate
     listener.close()
     assert not got and not leak.exists()
+
+
+# -- the model decode step (bench --model) ---------------------------------------------------------
+
+def test_the_model_step_times_every_stack_and_kv_mode():
+    from kernel_agent.harness.model_step import KV_MODES, PRESETS, STACKS, Point, run_model_bench
+    cfg = PRESETS["llama-3-8b"]
+    result = run_model_bench(cfg, [Point(4, 1024)], STACKS, KV_MODES)
+    [p] = result.points
+    rows = {(t.stack, t.kv): t for t in p.timings}
+    # torch once (the bf16 reference of both modes), every other stack in both modes
+    assert set(rows) == {("torch", "bf16")} | {(s, kv) for s in STACKS[1:] for kv in KV_MODES}
+    assert rows[("torch", "bf16")].vs_torch == 1.0
+    for t in p.timings:
+        assert 0.005 < t.layer_ms < 20 and t.step_ms == t.layer_ms * cfg.layers and len(t.rounds) >= 7
+        assert t.tokens_per_s == pytest.approx(4 / (t.step_ms / 1e3))
+        assert t.vs_torch == pytest.approx(rows[("torch", "bf16")].layer_ms / t.layer_ms)
+        ops = {"qkv", "attention", "o", "gate_up", "down"} | ({"quantize_kv"} if t.kv == "int8" else set())
+        assert set(t.op_ms) == ops and set(t.shares) == ops | {"other"}
+        # each op alone takes part of the layer, and together they take most of it
+        assert all(0 < t.shares[o] < 1 for o in ops) and 0.5 < sum(t.shares[o] for o in ops) < 1.3
+    assert [(s.kv, s.label) for s in p.served][:5] == [("bf16", lb) for lb in ("qkv", "attention", "o", "gate_up",
+                                                                              "down")]
+    assert 1e-4 < p.accuracy.attn_rel_error < 0.05 and 0 < p.accuracy.hidden_rel_error < p.accuracy.attn_rel_error
+    assert p.accuracy.stack == "serving" and p.accuracy.bf16_attn_floor < p.accuracy.attn_rel_error
+
+
+def test_bench_model_prints_the_tables_and_writes_the_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+    cfg = tmp_path / "small.json"
+    cfg.write_text(json.dumps({"name": "small", "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2,
+                               "head_dim": 64, "intermediate": 1024}))
+    out = tmp_path / "model.json"
+    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--model", str(cfg), "--points",
+                        "2x256,4x600", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "vs torch" in r.stdout and "share of each op" in r.stdout and "int8 KV cache" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["config"]["name"] == "small" and [(p["batch"], p["context"]) for p in doc["points"]] == [(2, 256),
+                                                                                                        (4, 600)]
+    assert all(len(p["timings"]) == 5 and p["op_calls"]["int8"] for p in doc["points"])

@@ -327,10 +327,11 @@ def test_run_rejects_zero_gpus(tmp_path):
     assert r.returncode == 2 and "--gpus must be at least 1" in r.stderr and "Traceback" not in r.stderr
 
 
-def _fake_gpu(tmp_path, monkeypatch, candidate_ms):
+def _fake_gpu(tmp_path, monkeypatch, candidate_ms, anchor=("anchor:torch", 0.9, False)):
     """Replace the loop's device children by fakes: sanitizer GPU checks pass, benchmarks report
     `candidate_ms(op, file)` for the candidate against 1.0 ms for the baseline (0.8 for a promoted
-    incumbent). Returns the log of (stage, GPU) leases."""
+    incumbent) and the anchor (label, ms, whether it serves; one that serves is recorded under its real
+    bucket). Returns the log of (stage, GPU) leases."""
     import threading
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.harness import bench_worker
@@ -347,9 +348,13 @@ def _fake_gpu(tmp_path, monkeypatch, candidate_ms):
                 seen.append(("gpu", env["CUDA_VISIBLE_DEVICES"]))
         return Verdict(path, op, mode, checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])])
 
-    def m(label, ms):
+    def m(label, ms, serves=False):
         return {"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "rounds": [ms] * 5, "tbps": 1.0,
-                "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": ""}
+                "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": "",
+                "serves": serves}
+
+    def bucket(op, key):
+        return OPS[op].bucket(OPS[op].parse_shape(key)) if anchor[2] else "b"
 
     def fake_bench(spec, timeout_s=900.0, env=None):
         with lock:
@@ -357,8 +362,8 @@ def _fake_gpu(tmp_path, monkeypatch, candidate_ms):
             ms = candidate_ms(spec["op"], spec["kernels"][1]["file"])
         time.sleep(0.2)  # long enough for two targets' benchmarks to overlap, each on a GPU of its own
         inc = 1.0 if spec["kernels"][0]["file"] is None else 0.8
-        res = [{"op": spec["op"], "shape": key, "bucket": "b", "dtype": spec["dtype"], "gpu": "Fake GPU",
-                "measurements": [m("incumbent", inc), m("candidate", ms), m("anchor:torch", 0.9)]}
+        res = [{"op": spec["op"], "shape": key, "bucket": bucket(spec["op"], key), "dtype": spec["dtype"],
+                "gpu": "Fake GPU", "measurements": [m("incumbent", inc), m("candidate", ms), m(*anchor)]}
                for key in spec["shapes"]]
         return {"results": res, "error": None}
 
@@ -667,4 +672,59 @@ def test_a_second_run_on_the_same_ledger_judges_only_new_candidates(tmp_path):
     assert [p.candidate_id for p in props2 if p.duplicate] == list(judged1)  # replayed, not judged again
     assert led.candidate(new2[0]).status == "verified" and led.candidate(new2[0]).first_run_id == r2.id
     assert "replayed" in second.stdout and "1 of them judged by earlier runs" in second.stdout
+    led.close()
+
+
+def test_targets_are_picked_in_proportion_to_their_weight():
+    from kernel_agent.agent.loop import weighted_pick
+
+    def picks(weights, n, exhausted=()):
+        asked, start, out = [0] * len(weights), 0, []
+        for _ in range(n):
+            i = weighted_pick(weights, asked, set(exhausted), start)
+            if i is None:
+                break
+            asked[i] += 1
+            start = (i + 1) % len(weights)
+            out.append(i)
+        return out
+    assert picks([1.0, 1.0, 1.0], 6) == [0, 1, 2, 0, 1, 2]  # equal weights: round-robin
+    got = picks([0.6, 0.3, 0.1], 100)
+    assert [got.count(i) for i in range(3)] == [60, 30, 10]
+    assert set(picks([0.6, 0.3, 0.1], 10, exhausted={0})) == {1, 2}
+    assert picks([1.0, 1.0], 3, exhausted={0, 1}) == []
+
+
+def test_a_model_step_sets_the_targets_and_their_weights():
+    from kernel_agent.agent.loop import RunConfig, targets_for
+    from kernel_agent.harness.model_step import PRESETS
+    cfg = RunConfig(target_model=PRESETS["llama-3-8b"].to_json(), target_points="32x8192")
+    ts = targets_for(cfg)
+    assert [t.weight for t in ts] == sorted((t.weight for t in ts), reverse=True)
+    assert abs(sum(t.weight for t in ts) - 1.0) < 1e-9
+    by = {(t.op, t.bucket): t for t in ts}
+    mm = by[("matmul", "m64-klarge")]  # QKV, O, gate/up and down at M = 32, one bucket
+    assert {s.key() for s in mm.shapes} == {"M=32,N=6144,K=4096", "M=32,N=4096,K=4096", "M=32,N=28672,K=4096",
+                                            "M=32,N=4096,K=14336"}
+    assert ("decode_attention", "c8k-g4-d128") in by and ("decode_attention_int8", "c8k-g4-d128") in by
+    cfg.ops = ["decode_attention"]
+    assert [(t.op, t.bucket) for t in targets_for(cfg)] == [("decode_attention", "c8k-g4-d128")]
+
+
+def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serves_torch(tmp_path, monkeypatch):
+    """With cuBLAS faster than the baseline, a candidate 15% faster than the baseline but slower than
+    cuBLAS is not promoted, and the benchmark leaves the bucket to torch in the serving set."""
+    from kernel_agent.harness import serving
+    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
+    notes = []
+    lp.events.note = notes.append
+    _stream(lp, targets[:1], budget, 2)
+    assert lp.stats["benchmarked"] == 2 and lp.stats["promoted"] == 0
+    reasons = [a.summary for a in lp.attempts[("matmul", targets[0].bucket)]]
+    assert all("slower than torch (torch.matmul)" in r for r in reasons), reasons
+    entries = serving.load_manifest()["entries"]
+    assert [(e["bucket"], e["impl"]) for e in entries] == [(targets[0].bucket, "torch")]
+    assert any("it serves the bucket" in n for n in notes)
     led.close()

@@ -56,14 +56,14 @@ def test_serving_dir_default_and_override(sdir, monkeypatch):
 
 
 def test_manifest_round_trip(sdir):
-    assert serving.load_manifest() == {"version": 1, "entries": []}  # missing file: empty set
+    assert serving.load_manifest() == {"version": 2, "entries": []}  # missing file: empty set
     entry = _install(shapes=["T=4,H=2,D=16"])
     assert entry["file"] == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
     assert (sdir / entry["file"]).read_text() == VARIANT_SRC
     manifest = serving.load_manifest()
-    assert manifest["version"] == 1 and manifest["entries"] == [entry]
+    assert manifest["version"] == 2 and manifest["entries"] == [entry]
     assert json.loads((sdir / "manifest.json").read_text()) == manifest
-    assert set(entry) == {"op", "bucket", "dtype", "gpu", "file", "source_hash", "candidate_id", "promoted_at",
+    assert set(entry) == {"op", "bucket", "dtype", "gpu", "impl", "file", "source_hash", "candidate_id", "promoted_at",
                           "gain", "reason", "versions", "shapes"}
     assert entry["shapes"] == ["T=4,H=2,D=16"]  # what it was judged on, for review and the GPU check
     assert entry["source_hash"] == serving.source_hash(VARIANT_SRC) and entry["candidate_id"] == 7
@@ -92,8 +92,8 @@ def test_bad_manifest_is_an_error(sdir):
     (sdir / "manifest.json").write_text("{not json")
     with pytest.raises(serving.ServingError, match="not valid JSON"):
         serving.load_manifest()
-    (sdir / "manifest.json").write_text('{"version": 2, "entries": []}')
-    with pytest.raises(serving.ServingError, match="version 2"):
+    (sdir / "manifest.json").write_text('{"version": 3, "entries": []}')
+    with pytest.raises(serving.ServingError, match="version 3"):
         serving.load_manifest()
 
 
@@ -109,14 +109,14 @@ def test_get_dispatches_by_bucket_dtype_and_gpu(sdir):
     assert fn.__name__ == OP
     case = _case()  # T=4, H=2, D=16: bucket tsmall-d16
     x = case.args["x"]
-    assert fn.resolve(x) == entry["file"]
-    assert fn.resolve(x=x) == entry["file"]
-    assert fn.resolve(_case("4,2,32").args["x"]) == "baseline"  # another bucket
-    assert fn.resolve(_case(dtype=torch.float16).args["x"]) == "baseline"  # another dtype
-    assert serving.get(OP, gpu="NVIDIA A100").resolve(x) == "baseline"  # another GPU
-    assert serving.get(OP, gpu="nvidia-h200").resolve(x) == entry["file"]
+    assert str(fn.resolve(x)) == entry["file"]
+    assert str(fn.resolve(x=x)) == entry["file"]
+    assert str(fn.resolve(_case("4,2,32").args["x"])) == "baseline"  # another bucket
+    assert str(fn.resolve(_case(dtype=torch.float16).args["x"])) == "baseline"  # another dtype
+    assert str(serving.get(OP, gpu="NVIDIA A100").resolve(x)) == "baseline"  # another GPU
+    assert str(serving.get(OP, gpu="nvidia-h200").resolve(x)) == entry["file"]
     if not torch.cuda.is_available():
-        assert serving.get(OP).resolve(x) == "baseline"  # default GPU name here is 'cpu'
+        assert str(serving.get(OP).resolve(x)) == "baseline"  # default GPU name here is 'cpu'
 
     out = fn(x)
     ref = serving.baseline(OP)(x)
@@ -131,7 +131,7 @@ def test_get_dispatches_by_bucket_dtype_and_gpu(sdir):
 def test_dispatch_falls_back_to_baseline_and_matches(sdir):
     fn = serving.get(OP, gpu=GPU)
     case = _case(seed=3)
-    assert fn.resolve(**case.args) == "baseline"
+    assert str(fn.resolve(**case.args)) == "baseline"
     assert fn.kernel_for(**case.args) is serving.baseline(OP)
     out = case.call(fn)  # a serving-style call by keyword
     assert get_op(OP).compare(out, case.args).ok
@@ -142,14 +142,14 @@ def test_remove_falls_back(sdir):
     _install(dtype="float16")
     fn = serving.get(OP, gpu=GPU)
     x = _case().args["x"]
-    assert fn.resolve(x) == entry["file"]
+    assert str(fn.resolve(x)) == entry["file"]
     fn(x)  # loaded and cached
     assert serving.remove(OP, "tsmall-d16", "float32", GPU) is True
     assert serving.remove(OP, "tsmall-d16", "float32", GPU) is False
     assert not (sdir / entry["file"]).exists()
     assert [e["dtype"] for e in serving.load_manifest()["entries"]] == ["float16"]
     # the same dispatcher sees the manifest change
-    assert fn.resolve(x) == "baseline"
+    assert str(fn.resolve(x)) == "baseline"
     assert get_op(OP).compare(fn(x), {"x": x}).ok
 
 
@@ -213,10 +213,10 @@ def test_other_ops_bind_keyword_arguments(sdir):
     assert bucket_causal != bucket_full
     src = (Path(serving.__file__).resolve().parents[1] / "kernels" / "baseline" / "attention.py").read_text()
     entry = serving.install("attention", bucket_causal, "float32", GPU, src, 1, 0.1, "test", {})
-    assert fn.resolve(q, k, v, True) == entry["file"]
-    assert fn.resolve(q, k, v, causal=True) == entry["file"]
-    assert fn.resolve(q, k, v) == "baseline"
-    assert fn.resolve(q=q, k=k, v=v, causal=False, sm_scale=0.5) == "baseline"
+    assert str(fn.resolve(q, k, v, True)) == entry["file"]
+    assert str(fn.resolve(q, k, v, causal=True)) == entry["file"]
+    assert str(fn.resolve(q, k, v)) == "baseline"
+    assert str(fn.resolve(q=q, k=k, v=v, causal=False, sm_scale=0.5)) == "baseline"
 
 
 def test_dispatch_finds_a_promoted_decode_kernel_from_the_block_table_capacity(tmp_path, monkeypatch):
@@ -232,4 +232,4 @@ def test_dispatch_finds_a_promoted_decode_kernel_from_the_block_table_capacity(t
         src = f.read()
     serving.install("decode_attention_int8", op.bucket(shape), "float32", "cpu", src, 1, 0.1, "test", {})
     fn = serving.get("decode_attention_int8", gpu="cpu")
-    assert fn.resolve(**case.args) != "baseline"
+    assert str(fn.resolve(**case.args)) != "baseline"

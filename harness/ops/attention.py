@@ -44,6 +44,15 @@ def attention_reference(q, k, v, causal: bool, sm_scale, precision):
     return torch.softmax(scores, dim=-1) @ v
 
 
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    sm_scale: float | None = None) -> torch.Tensor:
+    """The contract through torch SDPA (flash or memory-efficient kernels where they apply); GQA by
+    SDPA's own head grouping, which maps query head h to kv head h // (Hq // Hkv) as the contract does."""
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=sm_scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
 class Attention(Op):
     name = "attention"
     contract = CONTRACT
@@ -51,6 +60,10 @@ class Attention(Op):
     optional_args = ("causal", "sm_scale")
     shape_cls = AttentionShape
     anchor_name = "torch SDPA"
+    torch_label = "anchor:sdpa"
+
+    def torch_impl(self):
+        return torch_attention
 
     def shape_suites(self):
         S = AttentionShape

@@ -218,6 +218,10 @@ class Op:
     distributions: Tuple[Distribution, ...] = STANDARD_DISTRIBUTIONS
     shape_cls: type = Shape
     anchor_name: str = ""
+    # The label of the torch anchor when it is also a servable implementation of the contract (see
+    # torch_impl); "" when the anchor only times an ideal the contract cannot serve (a paged cache
+    # gathered ahead of time).
+    torch_label: str = ""
 
     # -- shapes -------------------------------------------------------------------------
     def shapes(self, suite: str) -> List[Shape]:
@@ -319,6 +323,14 @@ class Op:
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return TOLERANCES[dtype]
+
+    # -- the torch implementation ---------------------------------------------------------
+    def torch_impl(self) -> Optional[Callable[..., Any]]:
+        """A function with the op's signature that computes the contract with torch alone (cuBLAS, SDPA,
+        torch.compile), or None where torch has no such function. It is trusted without sanitizing: it is
+        the reference library. The serving set dispatches to it where it is the fastest, the benchmark
+        times it as the anchor, and a promotion must beat it."""
+        return None
 
     # -- cost model ---------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:

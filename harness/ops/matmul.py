@@ -14,6 +14,11 @@ CONTRACT = """matmul(a, b) -> c
   c: new [M, N] tensor, dtype of a; float32 accumulation."""
 
 
+def torch_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The contract through cuBLAS (any strides; the output is a new tensor of a's dtype)."""
+    return torch.matmul(a, b)
+
+
 @dataclass(frozen=True)
 class MatmulShape(Shape):
     M: int
@@ -28,6 +33,10 @@ class Matmul(Op):
     output_names = ("c",)
     shape_cls = MatmulShape
     anchor_name = "torch.matmul (cuBLAS)"
+    torch_label = "anchor:torch.matmul"
+
+    def torch_impl(self):
+        return torch_matmul
 
     def shape_suites(self):
         S = MatmulShape

@@ -17,6 +17,28 @@ CONTRACT = """quantize_kv(x) -> (x_q, scale)
   satisfies |x_q * scale - x| <= scale / 2 (plus float32 slack)."""
 
 
+def quantize_eager(x: torch.Tensor):
+    """The contract in eager torch: scale = row max / 127 in float32, codes rounded and clamped."""
+    xf = x.float()
+    scale = xf.abs().amax(-1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.clamp(torch.round(xf / safe[..., None]), -127, 127).to(torch.int8), scale
+
+
+_compiled_quantize = None
+
+
+def torch_quantize_kv(x: torch.Tensor):
+    """The contract through torch.compile of the eager quantizer on a GPU (one fused kernel; compiled on
+    the first call), the eager quantizer elsewhere."""
+    global _compiled_quantize
+    if not x.is_cuda:
+        return quantize_eager(x)
+    if _compiled_quantize is None:
+        _compiled_quantize = torch.compile(quantize_eager)
+    return _compiled_quantize(x)
+
+
 @dataclass(frozen=True)
 class QuantizeShape(Shape):
     T: int
@@ -31,6 +53,10 @@ class QuantizeKV(Op):
     output_names = ("x_q", "scale")
     shape_cls = QuantizeShape
     anchor_name = "torch.compile of the eager quantizer"
+    torch_label = "anchor:torch.compile"
+
+    def torch_impl(self):
+        return torch_quantize_kv
     distributions = (
         Distribution("normal", "standard normal values"),
         Distribution("large", "magnitudes near the dtype's maximum"),
