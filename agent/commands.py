@@ -306,8 +306,8 @@ def _print_run_summary(summary: Dict[str, Any], args) -> int:
     if summary.get("duplicates"):
         ui.line(f"{summary['duplicates']} of them judged by earlier runs: replayed from the ledger, not judged again "
                 f"and not counted against the budget")
-    if summary.get("failed_checks"):
-        ui.table("rejections by check", ["check", "candidates"], sorted(summary["failed_checks"].items()),
+    if summary.get("checks_failed"):
+        ui.table("rejections by check", ["check", "candidates"], sorted(summary["checks_failed"].items()),
                  justify=["left", "right"])
     if not summary.get("benchmarked"):
         ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")

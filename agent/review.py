@@ -132,9 +132,9 @@ def write_report(led, run, out_dir: str) -> str:
              f"- candidates: {summary.get('candidates', 0)} "
              f"({', '.join(f'{k} {n}' for k, n in sorted(summary.get('candidates_by_status', {}).items()))})",
              ""]
-    if summary.get("failed_checks"):
+    if summary.get("checks_failed"):
         lines += ["Rejections by the check that caught them: " +
-                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary["failed_checks"].items())), ""]
+                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary["checks_failed"].items())), ""]
     for name in _STALE_PLOTS:  # plots an earlier version wrote here would sit beside the new ones
         if os.path.exists(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))

@@ -28,7 +28,9 @@ def cmd_dispatch(args) -> int:
     from ..harness import serving
     from ..harness.dispatch import measured_choices, record_choices
     from .commands import _ledger
-    led = _ledger(args, read=not args.write)
+    led = _ledger(args, read=True)
+    if args.write:  # a demotion is recorded in the ledger: open it for writing, once it is known to exist
+        led = _ledger(args)
     choices = measured_choices(led, ops=[args.op] if args.op else None, dtype=args.dtype, gpu=args.gpu,
                                dir=args.serving_dir)
     written: Dict[tuple, Any] = {}

@@ -193,3 +193,26 @@ def test_rows_of_one_shape_pair_only_within_one_benchmark(led):
     _row(led, run, "baseline", "16,8192,8192", 0.05, 0.04, cid=None)
     _row(led, run, "anchor:torch.matmul", "16,8192,8192", 0.05, 0.03, cid=cand.id)  # beside a candidate
     assert choices_from_rows(led.bench_results()) == []
+
+
+def test_the_dispatch_command_shows_and_writes_the_choices(led, tmp_path, capsys):
+    from kernel_agent.agent.cli import main
+    run = _run(led)
+    _side_by_side(led, run, "16,8192,8192", 0.0345, 0.0334)
+    _side_by_side(led, run, "1,8192,8192", 0.0300, 0.0344)
+    sdir = tmp_path / "serving"
+    argv = ["dispatch", "--ledger", str(tmp_path / "ledger.db"), "--serving-dir", str(sdir)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "m16-klarge" in out and "torch" in out and "m1-klarge" in out and "(default)" in out
+    assert not (sdir / "manifest.json").exists()  # without --write nothing is written
+    assert main(argv + ["--write"]) == 0
+    assert {e["bucket"]: e["impl"] for e in serving.load_manifest(sdir)["entries"]} == {
+        "m16-klarge": "torch", "m1-klarge": "baseline"}
+    capsys.readouterr()
+    assert main(argv + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {d["bucket"]: (d["measured_faster"], d["manifest"]) for d in doc} == {
+        "m16-klarge": ("torch", "torch"), "m1-klarge": ("baseline", "baseline")}
+    assert main(["dispatch", "--ledger", str(tmp_path / "missing.db"), "--write"]) == 2
+    assert not (tmp_path / "missing.db").exists()

@@ -354,3 +354,23 @@ def test_show_of_an_unusable_reply_shows_no_diff(tmp_path):
     r = _run(["show", str(c.id), "--ledger", str(db)])
     assert r.returncode == 0 and "no source: the model's reply was unusable (no code block)" in r.stdout
     assert "diff against" not in r.stdout and "\n-" not in r.stdout
+
+
+def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, capsys):
+    """run_summary's failed checks by name are what the summary after a run and the report print."""
+    import argparse
+    from kernel_agent.agent.commands import _print_run_summary
+    from kernel_agent.agent.review import write_report
+    led = Ledger(tmp_path / "l.db")
+    run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    for i, check in enumerate(("bounds", "bounds", "coverage")):
+        c, _ = led.add_candidate("quantize_kv", f"def quantize_kv(x):\n    return {i}\n", "search", run.id)
+        led.record_checks(c.id, "full", [{"name": check, "status": "failed", "detail": "x", "duration_s": 0.1}])
+        led.set_candidate_status(c.id, "rejected")
+    summary = led.run_summary(run.id)
+    assert summary["checks_failed"] == {"bounds": 2, "coverage": 1}
+    _print_run_summary(summary, argparse.Namespace(json=False))
+    out = capsys.readouterr().out
+    assert "rejections by check" in out and "bounds" in out and "coverage" in out
+    text = open(write_report(led, run, str(tmp_path / "report"))).read()
+    assert "Rejections by the check that caught them: `bounds` 2, `coverage` 1" in text
