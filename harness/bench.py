@@ -1,4 +1,4 @@
-"""GPU benchmarking (DESIGN.md section 4).
+"""GPU benchmarking: the protocol every timing of kernel-agent follows.
 
 Protocol, per (op, shape, dtype):
   * every kernel is first checked against the reference on the device, and the
@@ -13,36 +13,33 @@ Protocol, per (op, shape, dtype):
     of its round medians) is under 1% of its median, or the round limit, and at least until every
     kernel has been timed at every position of the order;
   * a kernel's time (`median_ms`, `graph_ms`) is its position-balanced median: the median of its
-    rounds at each position of the order, averaged over the positions. Why: on the H200 a
-    power-hungry kernel is timed up to 10% slower right after itself than right after another
-    kernel (SDPA's causal prefill: rounds of 0.93-0.96 ms and 1.03-1.06 ms, alternating with its
-    position), so the plain median of eight rounds, four from each mode, landed on either mode:
-    1.05 ms in one session and 0.96 ms in the next (results/h200/bench_run8.json, bench_run9.json).
-    Averaging over positions gives every kernel of a shape the same mix of predecessors;
+    rounds at each position of the order, averaged over the positions. Why: a power-hungry kernel
+    is timed slower right after itself than right after another kernel, so a plain median lands on
+    either mode from one session to the next; averaging over positions gives every kernel of a
+    shape the same mix of predecessors;
   * a kernel's spread (`spread_ms`, what the promotion rule compares on) is the within-run
-    spread, but never less than REPRO_FLOOR of the median: the round medians of one process share its allocations and clocks, and on the
-    H200 the medians of one kernel in two processes differed by up to 0.3% where the
-    within-run spread said 0.02% (results/h200/bench_run3.json and bench_run4.json);
+    spread, but never less than REPRO_FLOOR of the median: the round medians of one process share
+    its allocations and clocks, and two processes differ by more than one process's rounds show;
   * small kernels (< 200 us) are also timed as CUDA-graph replays, as a serving stack
     runs them, in interleaved rounds of their own with a median and spread; for them the
     graph time is the one judged (`promotion.judged_pair`): their event time includes whatever of
-    the host's launch overhead the L2 flush does not hide, and on the H200 one baseline
-    read 0.107 ms by events and 0.044 ms by graph replay while another benchmark compiled
-    on the same host;
+    the host's launch overhead the L2 flush does not hide, which another process on the same host
+    can inflate severalfold;
   * the spread above says how far another process's rounds would fall; a figure meant for another
-    run, another day or another GPU of the same model (bench's "reported" column, the run-to-run
-    agreement of results/FOUNDATION.md) also carries RUN_TO_RUN_FLOOR (CHOSEN_BY_TIMING_FLOOR for
-    torch.compile, whose kernel configs each process picks by timing): between sessions on the H200
-    the same kernel moved by up to 5.7% (compute-bound) and 3.7% (memory-bound), far more than any
-    one run's rounds show. The promotion rule does not use it: candidate and incumbent are
+    run, another day or another GPU of the same model (bench's "reported" column) also carries
+    RUN_TO_RUN_FLOOR (CHOSEN_BY_TIMING_FLOOR for torch.compile, whose kernel configs each process
+    picks by timing): clocks under power and thermal limits differ between sessions far more than
+    any one run's rounds show. The promotion rule does not use it: candidate and incumbent are
     interleaved in one process, so what moves between sessions moves both alike;
-  * the GPU is brought up from its idle clocks (345 MHz on the H200) before any timing;
+  * the GPU is brought up from its idle clocks before any timing;
   * the device is synchronized around every measurement, and the wall time of a
     synchronized batch of calls is compared with the event time: work hidden on another
     stream or deferred past the events shows up as a gap and marks the result
     implausible, as does a rate above the measured ceilings (by events, and by graph replays
     for the compute ceiling, and the memory one for data too large for L2) and a graph capture
     that finds work forked onto another stream and never joined back.
+
+The measurements behind each of these choices and constants are in results/h200/protocol_evidence.md.
 """
 from __future__ import annotations
 
@@ -64,25 +61,18 @@ REL_SPREAD_TARGET = 0.01
 MIN_ROUNDS, MAX_ROUNDS = 3, 8
 GRAPH_BELOW_MS = 0.2
 PLAUSIBLE_MARGIN = 1.05  # over twice the copy rate: a memory-bound kernel reads and writes at most that
-# Over 1.25x the measured matmul rate is implausible. Why so much headroom: clocks vary with power,
-# and on the H200 cuBLAS measured up to 11% above the ceiling measured minutes earlier (and a Triton
-# baseline 6% above, flagged implausible under a 5% margin);
-# the bugs this catches (an empty or skipped launch, work hidden from the events) are off by far more.
+# Over 1.25x the measured matmul rate is implausible. Why so much headroom: clocks vary with power, so a
+# kernel can beat a ceiling measured minutes earlier by several percent; the bugs this catches (an
+# empty or skipped launch, work hidden from the events) are off by far more.
 COMPUTE_PLAUSIBLE = 1.25
 REPRO_FLOOR = 0.005  # the least relative spread reported (see the module docstring)
-# The least relative spread of a figure reported for another run, by what bounds the kernel. Set from
-# runs 3-7 on the H200 and checked by runs 8-12, each on a machine of its own (results/h200/
-# bench_run*.json; see results/FOUNDATION.md): runs 10-12 agree pairwise on every judged figure. Over
-# runs 3-12 (position-balanced) compute-bound kernels (matmul, prefill attention) moved by up to 5.7%
-# between sessions (two anchors against the earliest session, just past the floor), memory-bound ones
-# (decode, quantize) by up to 3.7%; clocks under power and thermal limits differ from one session
-# (and one GPU) to the next.
+# The least relative spread of a figure reported for another run, by what bounds the kernel: how far
+# one kernel moved between sessions on separate machines.
 RUN_TO_RUN_FLOOR = {"compute": 0.05, "memory": 0.04}
 # Kernels whose code each new process picks by timing, with the least relative spread of their reported
-# figure. torch.compile benchmarks near-tied Inductor configs at the first call: on the H200, eight fresh
-# processes served quantize_kv's anchor with XBLOCK 32 (0.0616-0.0618 ms) or XBLOCK 8 (0.0654-0.0658 ms),
-# 6.5% apart, and bench runs 10 and 11 got one each (results/h200/compile_anchor_check.txt, by
-# scripts/compile_anchor_check.py). Inductor's deterministic mode would pin the slower one.
+# figure: torch.compile benchmarks near-tied Inductor configs at the first call, so two processes can
+# serve the same anchor with configs several percent apart. Inductor's deterministic mode would pin the
+# slower one.
 CHOSEN_BY_TIMING_FLOOR = {"anchor:torch.compile": 0.07}
 GRAPH_ROUNDS = 5
 WARM_S = 0.3

@@ -1,4 +1,4 @@
-"""The run ledger: every step of every run, in one SQLite file (DESIGN section 6).
+"""The run ledger: every step of every run, in one SQLite file (docs/ARCHITECTURE.md lists its tables).
 
 Why SQLite through the SQLAlchemy typed ORM: an overnight run is a single process
 (plus a `history` reader now and then), the ledger must survive a killed process, and

@@ -1,4 +1,4 @@
-"""The promotion rule (DESIGN section 4).
+"""The promotion rule.
 
 A candidate replaces the incumbent for one (op, shape bucket, dtype, GPU) only when
 its gain is larger than the measured spread of both timings plus a safety margin.

@@ -1,4 +1,4 @@
-"""FpSan's payload algebra, in numpy (DESIGN.md section 3; Triton's implementation, 3.8+).
+"""FpSan's payload algebra, in numpy (the README's sanitizer section; Triton's implementation, 3.8+).
 
 Every floating-point value is mapped by a bijection `embed` to an integer "payload" of
 the same width, and arithmetic is replaced by ring arithmetic on payloads modulo 2^w.

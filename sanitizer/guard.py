@@ -1,7 +1,7 @@
 """The run-time guard on a candidate's host code.
 
 A TorchFunctionMode sees every torch call the candidate's Python wrapper makes. It lets
-through what DESIGN.md section 2 allows (allocation with torch.empty*, reading shapes,
+through what the candidate language allows (sanitizer/static_gate.py) (allocation with torch.empty*, reading shapes,
 strides and dtypes, and views that alias their input), fills every allocation with a
 sentinel (so an element no kernel writes shows up in the coverage check, and a kernel
 that reads a workspace before writing it shows up too), and stops anything else with a

@@ -1,6 +1,6 @@
 """The static gate: what a candidate file may contain, decided on its syntax tree.
 
-DESIGN.md section 2: a candidate may use torch on the host to allocate outputs, read
+The candidate language: a candidate may use torch on the host to allocate outputs, read
 shapes and strides, compute grids and make views; it may not compute on tensor data with
 torch, mutate inputs, keep state between calls, start threads or streams, do I/O, or use
 ctypes, inline assembly, libdevice or @triton.autotune. What the sanitizer cannot verify

@@ -210,7 +210,7 @@ class Op:
     """Base class for an op definition. Subclasses fill in the class attributes and methods."""
 
     name: str = ""
-    contract: str = ""  # the signature block of DESIGN section 2, shown to models and in errors
+    contract: str = ""  # the op's signature block, shown to models and in errors
     arg_names: Tuple[str, ...] = ()  # positional parameters, in order
     optional_args: Tuple[str, ...] = ()  # keyword parameters with defaults
     output_names: Tuple[str, ...] = ("o",)
