@@ -18,11 +18,9 @@ import os
 import sys
 from typing import List, Optional
 
+from ..harness.ops import NAMES as OP_NAMES  # the registry's names load without torch: usage errors come at once
 from . import ui
 
-# The op names, known without importing torch, so that a usage error is reported at once
-# (tests check them against the op registry).
-OP_NAMES = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
 OPS_HELP = ", ".join(OP_NAMES)
 
 

@@ -1,16 +1,17 @@
 """The built-in proposer: a search over launch configurations plus safe source rewrites.
 
 It needs no network, so `kernel-agent run` works out of the box. Every baseline keeps
-its launch configuration in one host function, `_config(...)`, returning a tuple. A
-variant is the incumbent (the serving kernel of the bucket when one is promoted and it
-keeps a `_config`, otherwise the baseline) with that function renamed and a new
-`_config` that returns a different tuple wherever the old one would return the tuple
-the target shapes use: the kernels are untouched, so a variant is as correct as its
+its launch configuration in one host function, `_config(...)`, returning a tuple; the
+op says which tuples there are (Op.tuning_space) and how its baseline calls `_config`
+(Op.config_args). A variant is the incumbent (the serving kernel of the bucket when one
+is promoted and it keeps a `_config`, otherwise the baseline) with that function renamed
+and a new `_config` that returns a different tuple wherever the old one would return the
+tuple the target shapes use: the kernels are untouched, so a variant is as correct as its
 parent (and the sanitizer still checks it). The search is a hill climb: start from the
 incumbent's tuple, propose untried neighbours (one field changed, within what the
 hardware can hold), and move to the best measured one. When a variant is promoted it
-becomes the incumbent and the climb continues from it. Memory-bound ops also get one
-source rewrite: an evict-first cache hint on the streaming loads.
+becomes the incumbent and the climb continues from it. Ops that stream their inputs
+(Op.streaming) also get one source rewrite: an evict-first cache hint on those loads.
 """
 from __future__ import annotations
 
@@ -18,76 +19,25 @@ import ast
 import importlib
 import inspect
 import itertools
-import math
 import os
 import random
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..harness.ops import get_op
 from ..harness.ops.common import Shape
+from ..harness.ops.tuning import Space
 from .proposal import Proposal, ProposeContext, Proposer
-
-SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (232448 minus headroom)
-
-
-@dataclass(frozen=True)
-class Space:
-    fields: Tuple[str, ...]
-    values: Tuple[Tuple[int, ...], ...]
-    valid: Callable[[Tuple[int, ...], Shape], bool]
-
-
-def _matmul_ok(c, shape) -> bool:
-    bm, bn, bk, gm, split, warps, stages = c
-    return (bm * bk + bk * bn) * 2 * stages <= SMEM_LIMIT and bm * bn <= 256 * 256 and (split == 1 or shape.M <= 256)
-
-
-def _attention_ok(c, shape) -> bool:
-    bm, bn, warps, stages = c
-    return bm % bn == 0 and (bm * shape.D + 2 * bn * shape.D * max(stages - 1, 1)) * 2 <= SMEM_LIMIT
-
-
-def _decode_ok(c, shape) -> bool:
-    splits, bn, warps, stages = c
-    return 2 * bn * shape.D * 2 * max(stages - 1, 1) <= SMEM_LIMIT
-
-
-SPACES: Dict[str, Space] = {
-    "matmul": Space(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"),
-                    ((16, 32, 64, 128, 256), (32, 64, 128, 256), (32, 64, 128, 256), (1, 4, 8, 16), (1, 2, 4),
-                     (2, 4, 8), (2, 3, 4, 5)), _matmul_ok),
-    "attention": Space(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
-                       ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)), _attention_ok),
-    "decode_attention": Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
-                              ((1, 2, 4, 8, 16), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)), _decode_ok),
-    "decode_attention_int8": Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
-                                   ((1, 2, 4, 8, 16), (32, 64, 128, 256), (2, 4, 8), (1, 2, 3, 4)), _decode_ok),
-    "quantize_kv": Space(("BLOCK_R", "num_warps"), ((4, 8, 16, 32, 64, 128), (1, 2, 4, 8)), lambda c, s: True),
-}
-STREAMING_OPS = ("decode_attention", "decode_attention_int8", "quantize_kv")
-
-
-def config_args(op_name: str, shape, device) -> tuple:
-    """How each baseline wrapper calls its `_config` for a shape."""
-    if op_name == "matmul":
-        return (shape.M, shape.N, shape.K, device)
-    if op_name == "attention":
-        return (shape.S, shape.D, shape.causal)
-    if op_name in ("decode_attention", "decode_attention_int8"):
-        return (shape.B, shape.Hkv, (math.ceil(shape.ctx / shape.block_size) + 1) * shape.block_size, device)
-    if op_name == "quantize_kv":
-        return (shape.D,)
-    raise ValueError(op_name)
 
 
 def baseline_config(op_name: str, shape) -> tuple:
     mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return tuple(mod._config(*config_args(op_name, shape, device)))
+    return tuple(mod._config(*get_op(op_name).config_args(shape, device)))
 
 
 def baseline_source(op_name: str) -> str:
@@ -112,7 +62,7 @@ def source_config(op_name: str, source: str, shape) -> tuple:
             f.write(source)
         fn = load_kernel_file(path, op_name)
         cfg = sys.modules[fn.__module__]._config
-        return tuple(cfg(*config_args(op_name, shape, device)))
+        return tuple(cfg(*get_op(op_name).config_args(shape, device)))
 
 
 def with_config(source: str, old: tuple, new: tuple, bucket: str, space: Space) -> str:
@@ -221,8 +171,7 @@ class SearchProposer(Proposer):
         self.state[key] = new
         return new
 
-    def _neighbours(self, op: str, st: _OpState) -> List[tuple]:
-        space = SPACES[op]
+    def _neighbours(self, space: Space, st: _OpState) -> List[tuple]:
         out = [c for c in one_field_neighbours(space, st.best_cfg, st.shapes) if c not in st.tried]
         # two fields at once, when single steps are exhausted
         if not out:
@@ -239,18 +188,21 @@ class SearchProposer(Proposer):
         return out
 
     def propose(self, ctx: ProposeContext, n: int) -> List[Proposal]:
+        op = get_op(ctx.op)
+        space = op.tuning_space
+        if space is None:  # nothing to tune, and no `_config` the climb could start from
+            return []
         st = self._state(ctx)
-        space = SPACES[ctx.op]
         src = st.source
         props: List[Proposal] = []
-        if ctx.op in STREAMING_OPS and not st.evict_tried:
+        if op.streaming and not st.evict_tried:
             st.evict_tried = True
             try:
                 props.append(Proposal(ctx.op, with_evict_first(src), "evict-first", "search",
                                       note="evict_first cache hint on the streaming loads"))
             except ValueError:
                 pass
-        for cfg in self._neighbours(ctx.op, st):
+        for cfg in self._neighbours(space, st):
             if len(props) >= n:
                 break
             st.tried.add(cfg)

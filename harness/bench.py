@@ -168,41 +168,15 @@ class Contender:
 
 def anchor_for(op: Op, case: Case) -> Contender:
     """The torch anchor of each op: its torch implementation (cuBLAS, SDPA, torch.compile), which the
-    serving set may also serve, or for the paged decodes SDPA over the cache gathered ahead of time."""
+    serving set may also serve, or else what the op names as its benchmark anchor (Op.bench_anchor: for
+    the paged decodes, SDPA over the cache gathered ahead of time)."""
     impl = op.torch_impl()
     if impl is not None:
         return Contender(op.torch_label, lambda **kw: impl(**kw), is_anchor=True, serves=True)
-    if op.name in ("decode_attention", "decode_attention_int8"):
-        return _sdpa_decode_anchor(op, case)
-    raise ValueError(f"{op.name} has no torch anchor")
-
-
-def _sdpa_decode_anchor(op: Op, case: Case) -> Contender:
-    """SDPA on the cache gathered into contiguous [B, Hkv, L, D] ahead of time (gather not timed). For the
-    int8 op the gathered cache is dequantized to the query's dtype: the anchor is bf16/fp16 SDPA decode."""
-    import torch.nn.functional as F
-    from .ops.paged import gather_tokens
-    a = case.args
-    lens = [int(x) for x in a["seq_lens"].tolist()]
-    if len(set(lens)) != 1:
-        raise ValueError("the SDPA decode anchor needs equal sequence lengths (serving shapes)")
-    L, B, dt = lens[0], a["q"].shape[0], a["q"].dtype
-
-    def gathered(name, scale):
-        xs = []
-        for b in range(B):
-            x = gather_tokens(a[name], a["block_table"], b, L)
-            if scale:
-                x = x.float() * gather_tokens(a[scale], a["block_table"], b, L)[..., None]
-            xs.append(x.to(dt))
-        return torch.stack(xs).permute(0, 2, 1, 3).contiguous()
-
-    int8 = op.name.endswith("int8")
-    k = gathered("k_cache", "k_scale" if int8 else None)
-    v = gathered("v_cache", "v_scale" if int8 else None)
-    gqa = a["q"].shape[1] != k.shape[1]
-    return Contender("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
-        kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :], is_anchor=True)
+    anchor = op.bench_anchor(case)
+    if anchor is None:
+        raise ValueError(f"{op.name} has no torch anchor")
+    return Contender(anchor.label, anchor.fn, is_anchor=True)
 
 
 # -- measurement -----------------------------------------------------------------------------

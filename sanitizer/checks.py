@@ -594,8 +594,8 @@ def check_differential(subject: Subject, s: Settings) -> str:
 
 def check_error_budget(subject: Subject, s: Settings) -> str:
     op = subject.op
-    if op.name == "quantize_kv":
-        raise _Skip("not applicable: quantize_kv is checked exactly by its contract (every code within half a step)")
+    if op.exact_check:
+        raise _Skip(f"not applicable: {op.name} is checked exactly by its contract ({op.exact_check})")
     worst = 0.0
     combos = [(torch.float32, "normal"), (torch.float16, "outliers"), (torch.float16, "normal"),
               (torch.float32, "large")][: s.budget_cases]

@@ -21,7 +21,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, installed or not
 
-ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
 TARGETS = {"first benchmark": "<= 120 s", "judged per GPU-hour": ">= 120", "GPU busy after 3 min": ">= 70%",
            "past the limit": "<= 15 s"}
 
@@ -83,11 +82,11 @@ def report(ledger_path: str, run_id: str) -> dict:
 def sanitize_baselines() -> dict:
     """Full sanitizer on each baseline in a child process, one at a time (wall seconds and the checks' sum)."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from kernel_agent.harness.ops import get_op  # noqa: F401  (fails early on a broken install)
+    from kernel_agent.harness.ops import NAMES, OPS  # noqa: F401  (OPS loads every op: fails early on a broken install)
     from kernel_agent.sanitizer import runner
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
-    for op in ALL_OPS:
+    for op in NAMES:
         path = os.path.join(root, "kernels", "baseline", f"{op}.py")
         t0 = time.time()
         v = runner.run_isolated(path, op, "full")

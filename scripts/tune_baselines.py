@@ -21,20 +21,24 @@ import time
 import torch
 import triton
 
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.bench import anchor_for
+from kernel_agent.harness.ops import NAMES, get_op
 
+# The hand-picked sweeps that chose each baseline's `_config`, kept as the record of how kernels/baseline
+# were tuned. An op without one is swept over its own config, or with --neighbours over the search's space.
+MATMUL_SWEEPS = {
+    "large": [(128, 256, 64, 8, 1, 8, 3), (128, 256, 64, 8, 1, 8, 4), (256, 128, 64, 8, 1, 8, 3),
+              (128, 128, 64, 8, 1, 4, 4), (128, 128, 64, 8, 1, 8, 4), (128, 256, 32, 8, 1, 8, 4),
+              (128, 256, 64, 4, 1, 8, 4), (128, 256, 64, 16, 1, 8, 4), (256, 128, 64, 8, 1, 8, 4),
+              (128, 128, 128, 8, 1, 8, 3), (256, 128, 64, 16, 1, 8, 4)],
+    "m16": [(16, 64, 128, 1, 1, 4, 4), (16, 64, 128, 1, 2, 4, 4), (16, 64, 128, 1, 4, 4, 4),
+            (16, 32, 256, 1, 1, 4, 4), (16, 128, 128, 1, 2, 4, 4), (16, 64, 256, 1, 2, 4, 3),
+            (16, 32, 128, 1, 2, 2, 5)],
+    "m64": [(64, 64, 128, 1, 1, 4, 4), (64, 64, 128, 1, 2, 4, 4), (64, 128, 64, 1, 1, 4, 4),
+            (64, 128, 128, 1, 2, 8, 3), (64, 64, 256, 1, 2, 4, 3), (64, 32, 128, 1, 2, 4, 4)],
+}
 CONFIGS = {
-    "matmul": {
-        "large": [(128, 256, 64, 8, 1, 8, 3), (128, 256, 64, 8, 1, 8, 4), (256, 128, 64, 8, 1, 8, 3),
-                  (128, 128, 64, 8, 1, 4, 4), (128, 128, 64, 8, 1, 8, 4), (128, 256, 32, 8, 1, 8, 4),
-                  (128, 256, 64, 4, 1, 8, 4), (128, 256, 64, 16, 1, 8, 4), (256, 128, 64, 8, 1, 8, 4),
-                  (128, 128, 128, 8, 1, 8, 3), (256, 128, 64, 16, 1, 8, 4)],
-        "m16": [(16, 64, 128, 1, 1, 4, 4), (16, 64, 128, 1, 2, 4, 4), (16, 64, 128, 1, 4, 4, 4),
-                (16, 32, 256, 1, 1, 4, 4), (16, 128, 128, 1, 2, 4, 4), (16, 64, 256, 1, 2, 4, 3),
-                (16, 32, 128, 1, 2, 2, 5)],
-        "m64": [(64, 64, 128, 1, 1, 4, 4), (64, 64, 128, 1, 2, 4, 4), (64, 128, 64, 1, 1, 4, 4),
-                (64, 128, 128, 1, 2, 8, 3), (64, 64, 256, 1, 2, 4, 3), (64, 32, 128, 1, 2, 4, 4)],
-    },
+    "matmul": lambda shape: MATMUL_SWEEPS["m16" if shape.M <= 16 else "m64" if shape.M <= 64 else "large"],
     "attention": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
                   (128, 64, 8, 4), (128, 32, 4, 4)],
     "decode_attention": [(s, bn, w, st) for s in (1, 2, 4, 8, 16) for bn in (32, 64, 128)
@@ -45,64 +49,25 @@ CONFIGS = {
 }
 
 
-def configs_for(op, shape):
-    c = CONFIGS[op]
-    if op == "matmul":
-        return c["m16"] if shape.M <= 16 else c["m64"] if shape.M <= 64 else c["large"]
-    return c
+def configs_for(op_name, shape):
+    c = CONFIGS.get(op_name, [])
+    return c(shape) if callable(c) else c
 
 
 def own_config_first(op_name, shape, base_config_fn):
     """The baseline's own config for the shape, then the sweep's (the BASE line compares them)."""
-    from kernel_agent.agent.search import config_args
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    base = tuple(base_config_fn(*config_args(op_name, shape, dev)))
+    base = tuple(base_config_fn(*get_op(op_name).config_args(shape, dev)))
     return [base] + [c for c in configs_for(op_name, shape) if tuple(c) != base]
 
 
 def neighbour_configs(op_name, shape, base_config_fn):
     """The baseline's config for the shape first, then the one-field changes the search may propose."""
-    from kernel_agent.agent.search import SPACES, config_args, one_field_neighbours
+    from kernel_agent.agent.search import one_field_neighbours
+    op = get_op(op_name)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    base = tuple(base_config_fn(*config_args(op_name, shape, dev)))
-    return [base] + one_field_neighbours(SPACES[op_name], base, [shape])
-
-
-def anchor(op_name, case):
-    a = case.args
-    if op_name == "matmul":
-        return lambda: torch.matmul(a["a"], a["b"])
-    if op_name == "attention":
-        return lambda: torch.nn.functional.scaled_dot_product_attention(
-            a["q"], a["k"], a["v"], is_causal=a["causal"], enable_gqa=a["q"].shape[1] != a["k"].shape[1])
-    if op_name in ("decode_attention", "decode_attention_int8"):
-        from kernel_agent.harness.ops.paged import gather_tokens
-        B = a["q"].shape[0]
-        L = int(a["seq_lens"][0])
-        dt = a["q"].dtype
-
-        def gathered(name, scale=None):
-            xs = []
-            for b in range(B):
-                x = gather_tokens(a[name], a["block_table"], b, L)
-                if scale is not None:
-                    x = x.float() * gather_tokens(a[scale], a["block_table"], b, L)[..., None]
-                xs.append(x.to(dt))
-            return torch.stack(xs).permute(0, 2, 1, 3).contiguous()  # [B, Hkv, L, D]
-        k = gathered("k_cache", "k_scale" if op_name.endswith("int8") else None)
-        v = gathered("v_cache", "v_scale" if op_name.endswith("int8") else None)
-        q = a["q"][:, :, None, :]
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
-    if op_name == "quantize_kv":
-        def eager(x):
-            xf = x.float()
-            amax = xf.abs().amax(-1)
-            scale = amax / 127.0
-            safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-            return torch.clamp(torch.round(xf / safe[..., None]), -127, 127).to(torch.int8), scale
-        compiled = torch.compile(eager)
-        return lambda: compiled(a["x"])
-    raise ValueError(op_name)
+    base = tuple(base_config_fn(*op.config_args(shape, dev)))
+    return [base] + one_field_neighbours(op.tuning_space, base, [shape])
 
 
 def rows_base(rows, op_name, shape):
@@ -112,7 +77,7 @@ def rows_base(rows, op_name, shape):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ops", default="matmul,attention,decode_attention,decode_attention_int8,quantize_kv")
+    ap.add_argument("--ops", default=",".join(NAMES))
     ap.add_argument("--out", default="tune.json")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shapes", default="", help="only serving shapes whose key contains this text")
@@ -132,7 +97,9 @@ def main():
             case = op.make_case(shape, dtype, seed=0, device="cuda")
             t0 = time.time()
             ref = op.reference(case.args, torch.float32)
-            t_anchor = triton.testing.do_bench(anchor(op_name, case), warmup=25, rep=100, return_mode="median")
+            anchor = anchor_for(op, case)  # the benchmark's: the torch implementation, else the op's bench_anchor
+            t_anchor = triton.testing.do_bench(lambda: anchor.fn(**case.args), warmup=25, rep=100,
+                                               return_mode="median")
             best = None
             for cfg in (neighbour_configs(op_name, shape, original) if args.neighbours
                         else own_config_first(op_name, shape, original)):

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from kernel_agent.agent.search import SPACES, baseline_config, baseline_source, with_config
+from kernel_agent.agent.search import baseline_config, baseline_source, with_config
 from kernel_agent.harness import serving
 from kernel_agent.harness.bench import Contender, balanced_median, benchmark_shape, load_ceilings
 from kernel_agent.harness.bench_worker import run_bench_isolated
@@ -93,7 +93,7 @@ def _variant_file(tmp_path, name, cfg):
     base = baseline_config("quantize_kv", QSHAPE)
     path = tmp_path / f"{name}.py"
     path.write_text(with_config(baseline_source("quantize_kv"), base, cfg, QUANT.bucket(QSHAPE),
-                                SPACES["quantize_kv"]))
+                                QUANT.tuning_space))
     return str(path)
 
 

@@ -1,8 +1,9 @@
 """The built-in search proposer: variants stack on the incumbent, and the climb follows promotions."""
+import pytest
+import torch
 
 from kernel_agent.agent.proposal import ProposeContext
-from kernel_agent.agent.search import (SPACES, SearchProposer, baseline_config, baseline_source, source_config,
-                                       with_config)
+from kernel_agent.agent.search import SearchProposer, baseline_config, baseline_source, source_config, with_config
 from kernel_agent.harness.ops import get_op
 
 OP = get_op("quantize_kv")
@@ -17,8 +18,8 @@ def test_variant_of_a_variant_keeps_both_overrides():
     base = baseline_config("quantize_kv", SHAPE)
     one = base[:1] + (base[1] * 2,)
     two = (base[0] * 2,) + one[1:]
-    first = with_config(baseline_source("quantize_kv"), base, one, "b", SPACES["quantize_kv"])
-    second = with_config(first, one, two, "b", SPACES["quantize_kv"])
+    first = with_config(baseline_source("quantize_kv"), base, one, "b", OP.tuning_space)
+    second = with_config(first, one, two, "b", OP.tuning_space)
     assert "_config_base1" in second and "_TUNED_TO1" in second
     assert source_config("quantize_kv", first, SHAPE) == one
     assert source_config("quantize_kv", second, SHAPE) == two
@@ -50,3 +51,24 @@ def test_an_incumbent_without_a_config_falls_back_to_the_baseline():
     src = "import torch\n\ndef quantize_kv(x):\n    return x\n"
     props = SearchProposer().propose(_ctx(src, "serving:hand.py"), 2)
     assert props and all("def _config_base(" in p.source for p in props if p.label.startswith("cfg-"))
+
+
+# The first proposals of a fresh climb at each op's first serving shape, on a host without a GPU (the
+# baselines' _config reads the GPU's SM count): the op's tuning space, config_args and streaming flag
+# together decide them.
+FIRST_PROPOSALS = {
+    "matmul": ["cfg-32-256-64-8-1-8-4", "cfg-128-256-64-8-1-2-4", "cfg-128-256-64-16-1-8-4", "cfg-128-128-64-8-1-8-4"],
+    "attention": ["cfg-128-128-4-3", "cfg-128-64-8-3", "cfg-128-32-8-3", "cfg-128-128-8-2"],
+    "decode_attention": ["evict-first", "cfg-4-64-4-3", "cfg-1-64-4-1", "cfg-1-64-8-3"],
+    "quantize_kv": ["evict-first", "cfg-128-4", "cfg-8-4", "cfg-32-1"],
+    "decode_attention_int8": ["evict-first", "cfg-1-128-4-1", "cfg-1-128-4-2", "cfg-4-128-4-3"],
+}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the baselines' configs depend on the GPU's SM count")
+@pytest.mark.parametrize("name", list(FIRST_PROPOSALS))
+def test_the_first_proposals_of_each_op_are_unchanged(name):
+    op = get_op(name)
+    shape = op.shapes("serving")[0]
+    ctx = ProposeContext(name, op.bucket(shape), "bfloat16", [shape], baseline_source(name))
+    assert [p.label for p in SearchProposer(seed=0).propose(ctx, 4)] == FIRST_PROPOSALS[name]

@@ -29,8 +29,9 @@ def test_every_correct_file_is_in_the_language(path):
 
 
 def test_search_variants_of_the_baselines_stay_in_the_language():
-    from kernel_agent.agent.search import SPACES, baseline_source, with_config, with_evict_first
-    for op, space in SPACES.items():
+    from kernel_agent.agent.search import baseline_source, with_config, with_evict_first
+    from kernel_agent.harness.ops import OPS
+    for op, space in ((name, o.tuning_space) for name, o in OPS.items()):
         src = baseline_source(op)
         cfg = tuple(v[0] for v in space.values)
         other = tuple(v[-1] for v in space.values)
@@ -38,7 +39,7 @@ def test_search_variants_of_the_baselines_stay_in_the_language():
         twice = with_config(once, other, cfg, "b", space)
         for s in (once, twice):
             assert check_source(s, op).passed, (op, check_source(s, op).describe())
-    for op in ("quantize_kv", "decode_attention"):
+    for op in (name for name, o in OPS.items() if o.streaming):
         evict = with_evict_first(baseline_source(op))
         assert check_source(evict, op).passed, check_source(evict, op).describe()
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, Mapping
 import torch
 
 from .common import Op, Shape, fill
+from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
   q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; Hq % Hkv == 0 and query head h reads
@@ -23,6 +24,12 @@ class AttentionShape(Shape):
     S: int
     D: int
     causal: bool = False
+
+
+def _fits(c, shape) -> bool:
+    """BLOCK_M a multiple of BLOCK_N; the query tile and the pipelined K and V tiles in shared memory."""
+    bm, bn, warps, stages = c
+    return bm % bn == 0 and (bm * shape.D + 2 * bn * shape.D * max(stages - 1, 1)) * 2 <= SMEM_LIMIT
 
 
 def attention_reference(q, k, v, causal: bool, sm_scale, precision):
@@ -61,9 +68,14 @@ class Attention(Op):
     shape_cls = AttentionShape
     anchor_name = "torch SDPA"
     torch_label = "anchor:sdpa"
+    tuning_space = Space(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+                         ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)), _fits)
 
     def torch_impl(self):
         return torch_attention
+
+    def config_args(self, shape: AttentionShape, device) -> tuple:
+        return (shape.S, shape.D, shape.causal)
 
     def shape_suites(self):
         S = AttentionShape

@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+
+if TYPE_CHECKING:
+    from .tuning import Space
 
 DTYPES: Dict[str, torch.dtype] = {
     "float16": torch.float16,
@@ -185,6 +188,13 @@ def strided_like(x: torch.Tensor, gen: torch.Generator, pad_value: float = float
     return out
 
 
+class Anchor(NamedTuple):
+    """A torch computation the benchmark times beside the kernels: `fn` takes the case's arguments."""
+
+    label: str  # 'anchor:<name>'
+    fn: Callable[..., Any]
+
+
 @dataclass
 class Case:
     """One concrete invocation: the inputs and how they were made (for reproduction)."""
@@ -222,6 +232,16 @@ class Op:
     # torch_impl); "" when the anchor only times an ideal the contract cannot serve (a paged cache
     # gathered ahead of time).
     torch_label: str = ""
+    # What the built-in search tunes: the launch-configuration space of the baseline's `_config` (see
+    # tuning.py and config_args). None: the search has nothing to propose for the op.
+    tuning_space: Optional["Space"] = None
+    # The op reads its large inputs exactly once (a paged cache, a tensor to quantize): the search then also
+    # proposes an evict-first cache hint on those loads, so that they do not push reusable lines out of L2.
+    streaming: bool = False
+    # What the contract's own check demands when that check is exact (compare() decides correctness outright,
+    # and output_error has nothing to measure): the error budget against the baseline then does not apply.
+    # "" for ops compared within a tolerance of the float64 reference.
+    exact_check: str = ""
 
     # -- shapes -------------------------------------------------------------------------
     def shapes(self, suite: str) -> List[Shape]:
@@ -331,6 +351,18 @@ class Op:
         the reference library. The serving set dispatches to it where it is the fastest, the benchmark
         times it as the anchor, and a promotion must beat it."""
         return None
+
+    def bench_anchor(self, case: Case) -> Optional[Anchor]:
+        """For an op without a torch implementation (torch_impl is None): what the benchmark times as the torch
+        anchor of `case`, an ideal torch computes only after preparing the inputs outside the timing (a paged
+        cache gathered ahead of time). None where the op has no such anchor."""
+        return None
+
+    # -- the built-in search ----------------------------------------------------------------
+    def config_args(self, shape: Shape, device) -> tuple:
+        """The arguments the baseline's wrapper (kernels/baseline/<name>.py) passes its `_config` for
+        `shape` on `device`: the search calls `_config` with them to find the tuple a shape uses."""
+        raise NotImplementedError
 
     # -- cost model ---------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:

@@ -6,8 +6,9 @@ from typing import Any, Dict
 import torch
 
 from .common import fill
-from .paged import DecodeShape, PagedDecodeOp, garbage_fill, make_paged_layout, owned_from_args, paged_reference, \
-    slot_readable
+from .paged import DecodeShape, PagedDecodeOp, decode_config_fits, garbage_fill, make_paged_layout, owned_from_args, \
+    paged_reference, slot_readable
+from .tuning import Space
 
 CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,
                       seq_lens, sm_scale=None) -> o
@@ -31,6 +32,8 @@ class DecodeAttentionInt8(PagedDecodeOp):
     arg_names = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_table", "seq_lens")
     optional_args = ("sm_scale",)
     anchor_name = "torch SDPA over the gathered bf16/fp16 cache"
+    tuning_space = Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
+                         ((1, 2, 4, 8, 16), (32, 64, 128, 256), (2, 4, 8), (1, 2, 3, 4)), decode_config_fits)
 
     def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
         self._check_heads(shape)

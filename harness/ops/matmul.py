@@ -8,6 +8,7 @@ from typing import Any, Dict, Mapping
 import torch
 
 from .common import Op, Shape, fill
+from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """matmul(a, b) -> c
   a: [M, K], b: [K, N], same dtype: float16 | bfloat16 | float32; any strides.
@@ -26,6 +27,12 @@ class MatmulShape(Shape):
     K: int
 
 
+def _fits(c, shape) -> bool:
+    """Two operand tiles per stage in shared memory, a bounded accumulator, split-K only for short M."""
+    bm, bn, bk, gm, split, warps, stages = c
+    return (bm * bk + bk * bn) * 2 * stages <= SMEM_LIMIT and bm * bn <= 256 * 256 and (split == 1 or shape.M <= 256)
+
+
 class Matmul(Op):
     name = "matmul"
     contract = CONTRACT
@@ -34,9 +41,15 @@ class Matmul(Op):
     shape_cls = MatmulShape
     anchor_name = "torch.matmul (cuBLAS)"
     torch_label = "anchor:torch.matmul"
+    tuning_space = Space(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"),
+                         ((16, 32, 64, 128, 256), (32, 64, 128, 256), (32, 64, 128, 256), (1, 4, 8, 16), (1, 2, 4),
+                          (2, 4, 8), (2, 3, 4, 5)), _fits)
 
     def torch_impl(self):
         return torch_matmul
+
+    def config_args(self, shape: MatmulShape, device) -> tuple:
+        return (shape.M, shape.N, shape.K, device)
 
     def shape_suites(self):
         S = MatmulShape

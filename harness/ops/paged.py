@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import torch
+import torch.nn.functional as F
 
 from .attention import attention_reference
-from .common import Op, Shape
+from .common import Anchor, Case, Op, Shape
+from .tuning import SMEM_LIMIT
 
 # Ids no cache has: below zero, at the end, far past the end, and huge.
 def _invalid_ids(num_blocks: int):
@@ -154,10 +156,18 @@ def decode_shape_suites():
     }
 
 
+def decode_config_fits(c, shape: DecodeShape) -> bool:
+    """The pipelined K and V tiles of a (NUM_SPLITS, BLOCK_N, num_warps, num_stages) config in shared memory."""
+    splits, bn, warps, stages = c
+    return 2 * bn * shape.D * 2 * max(stages - 1, 1) <= SMEM_LIMIT
+
+
 class PagedDecodeOp(Op):
-    """What decode_attention and decode_attention_int8 share: shapes, buckets, the cost model's tokens."""
+    """What decode_attention and decode_attention_int8 share: shapes, buckets, the cost model's tokens, the
+    baselines' `_config` arguments and the benchmark's anchor."""
 
     shape_cls = DecodeShape
+    streaming = True  # every cached token is read once per call
 
     def shape_suites(self):
         return decode_shape_suites()
@@ -177,6 +187,36 @@ class PagedDecodeOp(Op):
 
     def flops(self, shape):
         return decode_flops(shape)
+
+    def config_args(self, shape: DecodeShape, device) -> tuple:
+        # the wrapper passes the block table's capacity: ctx rounded up to whole blocks, plus the spare column
+        return (shape.B, shape.Hkv, (math.ceil(shape.ctx / shape.block_size) + 1) * shape.block_size, device)
+
+    def bench_anchor(self, case: Case) -> Optional[Anchor]:
+        """SDPA on the cache gathered into contiguous [B, Hkv, L, D] ahead of time (gather not timed). A cache of
+        codes with scales (k_scale, v_scale) is dequantized to the query's dtype: the anchor is then bf16/fp16
+        SDPA decode."""
+        a = case.args
+        lens = [int(x) for x in a["seq_lens"].tolist()]
+        if len(set(lens)) != 1:
+            raise ValueError("the SDPA decode anchor needs equal sequence lengths (serving shapes)")
+        L, B, dt = lens[0], a["q"].shape[0], a["q"].dtype
+
+        def gathered(name, scale):
+            xs = []
+            for b in range(B):
+                x = gather_tokens(a[name], a["block_table"], b, L)
+                if scale:
+                    x = x.float() * gather_tokens(a[scale], a["block_table"], b, L)[..., None]
+                xs.append(x.to(dt))
+            return torch.stack(xs).permute(0, 2, 1, 3).contiguous()
+
+        scaled = "k_scale" in self.arg_names
+        k = gathered("k_cache", "k_scale" if scaled else None)
+        v = gathered("v_cache", "v_scale" if scaled else None)
+        gqa = a["q"].shape[1] != k.shape[1]
+        return Anchor("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
+            kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :])
 
     @staticmethod
     def tokens(shape: DecodeShape) -> float:

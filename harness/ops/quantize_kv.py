@@ -8,6 +8,7 @@ from typing import Any, Dict, Mapping
 import torch
 
 from .common import Comparison, Distribution, Op, Shape, fill
+from .tuning import Space
 
 CONTRACT = """quantize_kv(x) -> (x_q, scale)
   x: [T, H, D] float16 | bfloat16 | float32. scale: float32 [T, H] =
@@ -54,6 +55,10 @@ class QuantizeKV(Op):
     shape_cls = QuantizeShape
     anchor_name = "torch.compile of the eager quantizer"
     torch_label = "anchor:torch.compile"
+    # the kernel stages nothing in shared memory (one load, one reduction per row), so every pair is valid
+    tuning_space = Space(("BLOCK_R", "num_warps"), ((4, 8, 16, 32, 64, 128), (1, 2, 4, 8)), lambda c, s: True)
+    streaming = True
+    exact_check = "every code within half a step"
 
     def torch_impl(self):
         return torch_quantize_kv
@@ -64,6 +69,9 @@ class QuantizeKV(Op):
         Distribution("equal_rows", "every row holds one repeated value (every element hits +-127)"),
         Distribution("zero_rows", "a third of the rows are all zero (scale 0, no NaN)"),
     )
+
+    def config_args(self, shape: QuantizeShape, device) -> tuple:
+        return (shape.D,)
 
     def shape_suites(self):
         S = QuantizeShape
