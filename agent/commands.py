@@ -71,6 +71,9 @@ def register(sub) -> None:
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
     r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
     r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
+    r.add_argument("--in-place", action="store_true",
+                   help="write promotions into the serving folder as it is (default, where git tracks it: commits "
+                        "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true")
     r.add_argument("--ledger", default=None, help="SQLite ledger (default runs/ledger.db)")
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
@@ -124,6 +127,9 @@ def register(sub) -> None:
     p.add_argument("--reason", default="", help="why (recorded with the promotion)")
     p.add_argument("--margin", type=float, default=0.02)
     p.add_argument("--ledger", default=None)
+    p.add_argument("--in-place", action="store_true",
+                   help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
+                        "kernel-agent/<run>, the checkout untouched)")
 
     d = sub.add_parser("demote", help="remove a kernel from the serving set")
     d.add_argument("--op", required=True)
@@ -135,6 +141,10 @@ def register(sub) -> None:
 
     from .review import register as register_review
     register_review(sub, command)
+    from .pr import register as register_pr
+    register_pr(sub, command)
+    from .ci_templates import register as register_ci
+    register_ci(sub, command)
     from .serving_cmd import register as register_serving
     register_serving(sub, command)
 
@@ -186,6 +196,8 @@ def _run(args, events, ledger_path: str) -> int:
     from .loop import RunConfig, run_loop
     from .model import ModelConfig, load_config
     if args.resume:
+        if args.in_place:
+            raise _usage("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
         limit = _duration(str(args.time_limit)) if args.time_limit else None
         summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit)
         return _print_run_summary(summary, args)
@@ -215,6 +227,10 @@ def _run(args, events, ledger_path: str) -> int:
     if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
         raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
+    in_place = args.in_place or file_run.get("in_place", False)
+    if not isinstance(in_place, bool):
+        raise _usage(f"in_place: expected true or false, got {in_place!r}")
+    cfg.in_place = in_place
     target_model = args.target_model or file_run.get("target_model")
     points = args.target_points or file_run.get("target_points")
     if target_model:
@@ -315,6 +331,8 @@ def _print_run_summary(summary: Dict[str, Any], args) -> int:
         ui.line(f"promoted {p['op']} {p['bucket']} {p['dtype']}: {p['reason']}", style="bold green")
     if summary.get("throughput_line"):
         ui.line(f"throughput: {summary['throughput_line']}")
+    if summary.get("serving_line"):
+        ui.line(summary["serving_line"])
     ui.line(f"details: kernel-agent show {summary['run_id']}")
     return 0
 
@@ -535,10 +553,13 @@ def cmd_show(args) -> int:
 
 
 def _show_run(led, run, args) -> int:
+    from .publish import recorded_target
     summary = led.run_summary(run.id)
     cands = led.candidates(run_id=run.id)
+    target = recorded_target(json.loads(run.notes) if (run.notes or "").startswith("{") else {})  # where it promoted
     if args.json:
         doc = {"run": summary, "config": run.config, "versions": run.versions,
+               "serving": target.to_json() if target is not None else None,
                "candidates": [_cand_json(led, c) for c in cands]}
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
@@ -562,6 +583,8 @@ def _show_run(led, run, args) -> int:
     for p in summary.get("promotions", []):
         ui.line(f"promoted: {p['op']} {p['bucket']} {p['dtype']} candidate #{p['candidate_id']}: {p['reason']}",
                 style="green")
+    if target is not None:
+        ui.line(target.describe() if run.status == "running" else target.outcome())
     return 0
 
 
@@ -674,7 +697,8 @@ def _show_candidate(led, cid: int, args) -> int:
 
 @command("promote")
 def cmd_promote(args) -> int:
-    """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, install."""
+    """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, and promote
+    through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place."""
     from ..harness import serving
     from ..harness.bench import NoGPU, record_shape_result, require_gpu, resolve_shapes
     from ..harness.bench_worker import run_bench_isolated
@@ -684,6 +708,7 @@ def cmd_promote(args) -> int:
     from ..sanitizer.runner import run_isolated
     from ..sanitizer.report import merge_gpu
     from .cli import _check_op
+    from .publish import PromotionRequest, plan_target, publish_promotion
     _check_op(args.op)
     if not os.path.isfile(args.file):
         raise _usage(f"no such file: {args.file}")
@@ -693,12 +718,14 @@ def cmd_promote(args) -> int:
         ui.error(str(e))
         return 2
     op = get_op(args.op)
+    plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = _ledger(args)
     with open(args.file) as f:
         source = f.read()
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
-                         "shapes": args.shapes, "reason": args.reason}, versions(), "manual", [args.op], gpu_name(), {})
+                         "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},
+                        versions(), "manual", [args.op], gpu_name(), {})
     cand, _ = led.add_candidate(args.op, source, "manual", run.id, path=os.path.abspath(args.file),
                                 label=os.path.basename(args.file))
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
@@ -715,38 +742,43 @@ def cmd_promote(args) -> int:
     by_bucket: Dict[str, list] = {}
     for s in shapes:
         by_bucket.setdefault(op.bucket(s), []).append(s)
+    target = plan.open(run.id)
+    ui.line(target.info.describe())
+    led.set_run_status(run.id, "running", notes=json.dumps({"serving": target.info.to_json()}))
     promoted_any = False
-    for bucket, bshapes in by_bucket.items():
-        entry = serving.promoted(args.op, bucket, args.dtype, gname)
-        inc_file = os.path.join(serving.serving_dir(), entry["file"]) if entry else None
-        spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
-                "kernels": [{"label": "incumbent", "file": inc_file},
-                            {"label": "candidate", "file": os.path.abspath(args.file)}]}
-        doc = run_bench_isolated(spec)
-        for res in doc.get("results", []):
-            record_shape_result(led, run.id, res, cand.id, "baseline" if inc_file is None else f"serving:{entry['file']}")
-        j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
-        if j.error:
-            ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
-            continue
-        for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
-            ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
-                    f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
-        decision = j.decision
-        if not decision.promote:
-            ui.line(f"{bucket}: not promoted: {decision.reason}", style="yellow")
-            continue
-        reason = decision.reason + (f"; {args.reason}" if args.reason else "")
-        new_ms, old_ms = j.candidate_ms, j.incumbent_ms
-        ver = versions()
-        inst = serving.install(args.op, bucket, args.dtype, gname, source, cand.id, decision.gain, reason, ver,
-                              shapes=list(j.shapes))
-        led.record_promotion(run_id=run.id, op=args.op, bucket=bucket, dtype=args.dtype, gpu_name=gname,
-                             candidate_id=cand.id, new_ms=new_ms, old_ms=old_ms, gain=decision.gain,
-                             spread=decision.spread, reason=reason, versions=ver)
-        ui.line(f"{bucket}: PROMOTED -> kernels/serving/{inst['file']}: {reason}", style="bold green")
-        promoted_any = True
-    led.set_run_status(run.id, "finished", finished=True)
+    try:
+        for bucket, bshapes in by_bucket.items():
+            entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
+            inc_file = os.path.join(target.dir, entry["file"]) if entry else None
+            spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
+                    "kernels": [{"label": "incumbent", "file": inc_file},
+                                {"label": "candidate", "file": os.path.abspath(args.file)}]}
+            doc = run_bench_isolated(spec)
+            for res in doc.get("results", []):
+                record_shape_result(led, run.id, res, cand.id,
+                                    "baseline" if inc_file is None else f"serving:{entry['file']}")
+            j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
+            if j.error:
+                ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
+                continue
+            for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
+                ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
+                        f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}"
+                        + (" (CUDA-graph replay)" if kind == "graph" else ""))
+            if not j.decision.promote:
+                ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
+                continue
+            done = publish_promotion(target, led, PromotionRequest(
+                run.id, args.op, bucket, args.dtype, gname, cand.id, os.path.basename(args.file), source, j,
+                args.margin, versions(), note=args.reason))
+            where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
+            ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}",
+                    style="bold green")
+            promoted_any = True
+    finally:
+        info = target.close()  # the worktree goes also when a benchmark fails with an exception
+    led.set_run_status(run.id, "finished", finished=True, notes=json.dumps({"serving": info.to_json()}))
+    ui.line(info.outcome())
     return 0 if promoted_any else 1
 
 

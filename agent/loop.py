@@ -15,7 +15,9 @@ proposer regenerates the same sequence and the loop replays the recorded outcome
 and a candidate interrupted half-way resumes at the first stage it has no result for.
 At the time limit the run stops hard: running children are killed and their candidates
 stay at the stage they reached, for a resume to finish.
-Candidate files are written to kernels/candidates/<run>/<op>/<bucket>/.
+Candidate files are written to kernels/candidates/<run>/<op>/<bucket>/. The serving set the run reads
+its incumbents from and promotes into is its serving target (agent/publish.py): in a git repository a
+branch of the run's own, through a worktree; else the serving folder in place.
 """
 from __future__ import annotations
 
@@ -30,16 +32,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..harness import serving
-from ..harness.dispatch import measured_choices, record_choices
+from ..harness.dispatch import measured_choices
 from ..harness.env import versions
 from ..harness.ledger import Ledger, hash_source
-from ..harness.ops import get_op
+from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
 from .placement import BenchTask, LocalPlacement, SanitizeTask, default_jobs, describe, occupied_fraction
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
+from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
+                      publish_choices, publish_promotion, recorded_target)
 
-ALL_OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
+ALL_OPS = NAMES  # the op registry, in its order
 # Every benchmark already checks the result on the device at each shape it times; the
 # full device suite (odd shapes, both dtypes) and compute-sanitizer run before a promotion.
 GPU_QUICK_CHECKS = ("determinism",)
@@ -80,6 +84,8 @@ class RunConfig:
     # bucket weighted by its share of the step, at these points ('BATCHxCONTEXT,...')
     target_model: Optional[Dict[str, Any]] = None
     target_points: str = "32x8192"
+    # write the serving folder in place even where git tracks it (default: a branch of the run's own)
+    in_place: bool = False
 
     def to_json(self) -> Dict[str, Any]:
         d = asdict(self)
@@ -304,8 +310,11 @@ def targets_for(cfg: RunConfig) -> List[Target]:
 
 class Loop:
     def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, proposer: Proposer, events: RunEvents,
-                 gpu: bool, gpu_name: str, placement: Optional[LocalPlacement] = None):
+                 gpu: bool, gpu_name: str, placement: Optional[LocalPlacement] = None,
+                 target: Optional[ServingTarget] = None):
         self.cfg = cfg
+        # the one serving set this run reads and writes (promotions and dispatch choices alike)
+        self.target = target or ServingTarget.in_place(serving.serving_dir())
         self.ledger = ledger
         self.run_id = run_id
         self.proposer = proposer
@@ -339,9 +348,9 @@ class Loop:
     # -- incumbents -------------------------------------------------------------------
     def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
         """(label, file or None for the baseline, source)."""
-        entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name)
+        entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name, dir=self.target.dir)
         if entry:
-            path = os.path.join(serving.serving_dir(), entry["file"])
+            path = os.path.join(self.target.dir, entry["file"])
             if os.path.exists(path):
                 with open(path) as f:
                     return f"serving:{entry['file']}", path, f.read()
@@ -598,8 +607,9 @@ class Loop:
         of the two serves the bucket from now on (harness.dispatch)."""
         if not get_op(t.op).torch_label:
             return
-        for c, entry in record_choices(measured_choices(self.ledger, ops=[t.op], bucket=t.bucket,
-                                                        dtype=self.cfg.dtype, gpu=self.gpu_name), led=self.ledger):
+        choices = measured_choices(self.ledger, ops=[t.op], bucket=t.bucket, dtype=self.cfg.dtype, gpu=self.gpu_name,
+                                   dir=self.target.dir)
+        for c, entry in publish_choices(self.target, self.ledger, choices):
             if entry is not None and entry.get("measured_at"):
                 self.events.note(f"{t.op} {t.bucket}: {c.reason}; it serves the bucket")
 
@@ -614,20 +624,16 @@ class Loop:
         return True
 
     def _promote(self, w: Work) -> None:
-        t, p, cid, j = w.target, w.proposal, w.cid, w.judgement
-        decision = j.decision
+        t, p, j = w.target, w.proposal, w.judgement
         with open(w.path) as f:
             source = f.read()
-        v = versions()
-        entry = serving.install(t.op, t.bucket, self.cfg.dtype, self.gpu_name, source, cid, decision.gain,
-                                decision.reason, v, shapes=[s.key() for s in t.shapes])
-        self.ledger.record_promotion(run_id=self.run_id, op=t.op, bucket=t.bucket, dtype=self.cfg.dtype,
-                                     gpu_name=self.gpu_name, candidate_id=cid, new_ms=j.candidate_ms,
-                                     old_ms=j.incumbent_ms, gain=decision.gain, spread=decision.spread,
-                                     reason=decision.reason, versions_json=json.dumps(v))
+        done = publish_promotion(self.target, self.ledger, PromotionRequest(
+            self.run_id, t.op, t.bucket, self.cfg.dtype, self.gpu_name, w.cid, p.label, source, j, self.cfg.margin,
+            versions()))
         self.stats["promoted"] += 1
         self.incumbent_ms[(t.op, t.bucket)] = j.candidate_ms
-        self.events.candidate(p.label, "promoted", f"{decision.reason} -> {entry['file']}")
+        where = f" ({self.target.info.branch} {done.commit[:10]})" if done.commit else ""
+        self.events.candidate(p.label, "promoted", f"{done.reason} -> {done.entry['file']}{where}")
 
     def throughput(self) -> Throughput:
         log = self.placement.log()
@@ -924,6 +930,7 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
     gpu = gpu_available()
     from ..harness.env import gpu_name as _gpu_name
     gname = (_gpu_name() or "cpu") if gpu else "cpu"
+    previous: Optional[TargetInfo] = None
     if resume:
         run = ledger.get_run(resume)
         if run is None:
@@ -934,74 +941,112 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         if time_limit_s is not None:
             cfg.time_limit_s = elapsed_before + time_limit_s
         run_id = resume
+        previous = recorded_target(progress)
+        plan = plan_target(in_place=cfg.in_place, writes=gpu)
     else:
+        # decided before the ledger records the run, so that a serving target that cannot be used (git
+        # missing) is an error that leaves no run behind
+        plan = plan_target(in_place=cfg.in_place, writes=gpu)
         run = ledger.start_run(cfg.to_json(), versions(), cfg.proposer, list(cfg.ops), gname if gpu else None,
                                {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s,
                                 "token_budget": cfg.token_budget})
         run_id = run.id
         elapsed_before = 0.0
         progress = {}
-    loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname, placement)
-    targets = targets_for(cfg)
-    pending = loop.pending_works(targets) if resume else []
-    if resume:
-        if run.status == "finished" and not pending:
-            raise ValueError(f"run {resume} already finished; nothing to resume")
-        ledger.set_run_status(resume, "running", finished=False)
-        events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already recorded"
-                    + (f", {len(pending)} to finish" if pending else ""))
-    else:
-        events.note(f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
-                    f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
-                    f"{cfg.time_limit_s:.0f}s"
-                    + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
-    if cfg.target_model and not resume:
-        events.note(f"targets: the decode step of {cfg.target_model.get('name')} at {cfg.target_points}, by share: "
-                    + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets))
-    events.note(f"evaluating with {describe(loop.placement)}")
-    # the budget counts what this run proposed that no earlier run had judged (replays are free)
-    budget = Budget(cfg, sum(1 for p in ledger.proposals(run_id=run_id) if not p.duplicate), elapsed_before)
-    left = cfg.time_limit_s - elapsed_before
-    if resume and pending and time_limit_s is None:
-        left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
-    loop.deadline = time.time() + max(0.0, left)
-
-    sessions: List[Dict[str, Any]] = list(progress.get("sessions", []))
-
-    def notes(session: Optional[Dict[str, Any]] = None) -> str:
-        """The run's progress for a resume, and how each session (the run, then each resume) used the machine."""
-        d = {"elapsed_s": round(budget.elapsed(), 1), "tokens": loop._tokens(), "sessions": sessions}
-        if session is not None:
-            d["stop"] = session["stop"]
-            d["sessions"] = sessions + [session]
-        return json.dumps(d)
-
     try:
-        stop_reason = loop.stream(targets, budget, pending)
-    except KeyboardInterrupt:
-        ledger.set_run_status(run_id, "interrupted", finished=False, notes=notes())
-        events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
+        target = plan.open(run_id, previous)
+    except PublishError:
+        if not resume:
+            ledger.set_run_status(run_id, "failed")
         raise
+    try:
+        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname, placement,
+                    target)
+        targets = targets_for(cfg)
+        pending = loop.pending_works(targets) if resume else []
+        if resume:
+            if run.status == "finished" and not pending:
+                raise ValueError(f"run {resume} already finished; nothing to resume")
+            ledger.set_run_status(resume, "running", finished=False)
+            events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already "
+                        f"recorded" + (f", {len(pending)} to finish" if pending else ""))
+        else:
+            events.note(f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
+                        f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
+                        f"{cfg.time_limit_s:.0f}s"
+                        + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
+        if target.info.mode != NONE:  # (without a GPU the line above already says that nothing is promoted)
+            events.note(target.info.describe())
+        if cfg.target_model and not resume:
+            events.note(f"targets: the decode step of {cfg.target_model.get('name')} at {cfg.target_points}, by "
+                        f"share: " + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets))
+        events.note(f"evaluating with {describe(loop.placement)}")
+        # the budget counts what this run proposed that no earlier run had judged (replays are free)
+        budget = Budget(cfg, sum(1 for p in ledger.proposals(run_id=run_id) if not p.duplicate), elapsed_before)
+        left = cfg.time_limit_s - elapsed_before
+        if resume and pending and time_limit_s is None:
+            left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
+        loop.deadline = time.time() + max(0.0, left)
+
+        sessions: List[Dict[str, Any]] = list(progress.get("sessions", []))
+
+        def serving_record() -> TargetInfo:
+            """Where the run's serving-set changes went (a session without a GPU keeps an earlier one's branch)."""
+            return previous if target.info.mode == NONE and previous is not None else target.info
+
+        def notes(session: Optional[Dict[str, Any]] = None) -> str:
+            """The run's progress for a resume, how each session (the run, then each resume) used the machine,
+            and its serving target."""
+            d = {"elapsed_s": round(budget.elapsed(), 1), "tokens": loop._tokens(), "sessions": sessions,
+                 "serving": serving_record().to_json()}
+            if session is not None:
+                d["stop"] = session["stop"]
+                d["sessions"] = sessions + [session]
+            return json.dumps(d)
+
+        # recorded now, so that `show` names the branch while the run is going and after a kill
+        ledger.set_run_status(run_id, "running", finished=False, notes=notes())
+        try:
+            stop_reason = loop.stream(targets, budget, pending)
+        except KeyboardInterrupt:
+            _end_target(target, events)
+            ledger.set_run_status(run_id, "interrupted", finished=False, notes=notes())
+            events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
+            raise
+        finally:
+            loop.placement.close(wait=False)
+            loop._proposer_thread.shutdown(wait=False, cancel_futures=True)
+        _end_target(target, events)
+        if loop.stats["unjudged"]:
+            stop_reason = (f"{stop_reason}; " if stop_reason else "") + \
+                f"{loop.stats['unjudged']} candidate(s) left unjudged at the time limit (kept in the ledger)"
+        th = loop.throughput()
+        session = dict(asdict(th), resumed=bool(resume), n_gpus=len(loop.placement.gpus),
+                       cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
+                       past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.stats["unjudged"],
+                       stop=stop_reason)
+        ledger.set_run_status(run_id, "finished", finished=True, notes=notes(session))
+        summary = ledger.run_summary(run_id)
+        summary["stop_reason"] = stop_reason
+        summary["gpu"] = gname if gpu else None
+        summary["benchmarked"] = gpu
+        summary["throughput"] = session
+        summary["throughput_line"] = th.describe(len(loop.placement.gpus))
+        summary["serving"] = serving_record().to_json()
+        summary["serving_line"] = serving_record().outcome()
+        ledger.close()
+        return summary
     finally:
-        loop.placement.close(wait=False)
-        loop._proposer_thread.shutdown(wait=False, cancel_futures=True)
-    if loop.stats["unjudged"]:
-        stop_reason = (f"{stop_reason}; " if stop_reason else "") + \
-            f"{loop.stats['unjudged']} candidate(s) left unjudged at the time limit (kept in the ledger)"
-    th = loop.throughput()
-    session = dict(asdict(th), resumed=bool(resume), n_gpus=len(loop.placement.gpus),
-                   cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
-                   past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.stats["unjudged"],
-                   stop=stop_reason)
-    ledger.set_run_status(run_id, "finished", finished=True, notes=notes(session))
-    summary = ledger.run_summary(run_id)
-    summary["stop_reason"] = stop_reason
-    summary["gpu"] = gname if gpu else None
-    summary["benchmarked"] = gpu
-    summary["throughput"] = session
-    summary["throughput_line"] = th.describe(len(loop.placement.gpus))
-    ledger.close()
-    return summary
+        _end_target(target, events)  # (a finished or interrupted run has ended it already)
+
+
+def _end_target(target: ServingTarget, events: RunEvents) -> None:
+    """Close the serving target. Its commits are already on the branch: a worktree that cannot be removed
+    is said, not a reason to fail the run."""
+    try:
+        target.close()
+    except PublishError as e:
+        events.note(f"the run's worktree was not removed: {e}")
 
 
 def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:

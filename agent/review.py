@@ -6,10 +6,11 @@ import os
 import re
 import sys
 from collections import defaultdict
-from typing import Any, Dict, List
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
-from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, TrendPoint, best_per_bucket, best_result,
-                               candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
+from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
+                               best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
 from ..sanitizer.verdict import fence_for, quote_untrusted
 from . import ui
 
@@ -117,8 +118,6 @@ def cmd_report(args) -> int:
 
 
 def write_report(led, run, out_dir: str) -> str:
-    from .commands import unified_diff
-    from .search import baseline_source
     os.makedirs(out_dir, exist_ok=True)
     summary = led.run_summary(run.id)
     # every figure below (tables, headlines, plots) is one of these: harness/figures.py
@@ -148,57 +147,116 @@ def write_report(led, run, out_dir: str) -> str:
     promos = led.promotions(run_id=run.id)
     if not promos:
         lines += ["No kernel was promoted in this run.", ""]
-    for pr in sorted(promos, key=lambda p: p.id):
+    for pk in promoted_kernels(led, run, results):
+        lines += promotion_header(pk)
+        if pk.candidate is None:
+            continue
+        lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+# -- the sections of one promoted kernel: shared by `report` and `pr` (agent/pr.py) -----------------
+
+@dataclass(frozen=True)
+class PromotedKernel:
+    """A promotion of the run with what its sections show. candidate: the promoted candidate (None for a
+    promotion without one in the ledger); result: its benchmark in the run as judged (harness/figures.py;
+    None when the run did not time it, a promotion by hand say); replaced: what it replaces, as a label
+    and source (the replaced candidate, else the op's baseline file) for the diff."""
+
+    promotion: Any
+    candidate: Optional[Any]
+    result: Optional[CandidateResult]
+    replaced_label: str
+    replaced_source: str
+
+    @property
+    def replaced_what(self) -> str:
+        pr = self.promotion
+        return "the baseline" if pr.replaced_candidate_id is None else f"candidate #{pr.replaced_candidate_id}"
+
+
+def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedKernel]:
+    """The run's promotions in the order they were made, each with its judged result from `results`."""
+    from .search import baseline_source
+    out = []
+    for pr in sorted(led.promotions(run_id=run.id), key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
         res = next((r for r in results if r.candidate_id == pr.candidate_id and (r.op, r.bucket, r.dtype, r.gpu_name)
                     == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)), None)
-        what = 'the baseline' if pr.replaced_candidate_id is None else f'candidate #{pr.replaced_candidate_id}'
-        if res is not None and res.speedup is not None:
-            n = len(res.figures)
-            head = (f"Replaces {what}: **{fmt_x(res.speedup)}** ({fmt_saved(res.speedup)}), the geometric mean over "
-                    f"{n} shape{'s' if n != 1 else ''} of the speedups below, on {_clock_phrase(res.clocks)}; "
-                    f"the rule's noise {pr.spread:.1%}.")
-        else:  # no benchmark of it in this run (a promotion by hand, say): the rule's record
-            head = (f"Replaces {what}: {fmt_saved(1 / (1 - pr.gain)) if pr.gain < 1 else ''} as the rule recorded it "
-                    f"(noise {pr.spread:.1%}); no benchmark of it in this run.")
-        lines += [f"## Promoted: `{pr.op}` bucket `{pr.bucket}`, {pr.dtype}, {pr.gpu_name}", "",
-                  f"The rule: {pr.reason}", "",
-                  head + (" Demoted later: " + (pr.demote_reason or "") if pr.demoted_at else ""), ""]
-        if c is None:
-            continue
-        if res is not None:
-            lines += ["### Timings", "",
-                      "Each shape: the candidate against the incumbent timed beside it, on the clock the rule judged "
-                      "them by; speedup = incumbent ms / candidate ms, vs anchor = anchor ms / kernel ms (the torch "
-                      "anchor of the same benchmark), of ceiling: the kernel's fraction of the measured hardware "
-                      "ceiling at that time.", "",
-                      "| shape | kernel | ms | spread ms | clock | speedup | vs anchor | of ceiling |",
-                      "|---|---|---:|---:|---|---:|---:|---:|"]
-            for f in res.figures:
-                lines += _timing_rows(f, c.id)
-        eq = {True: "**FpSan-equivalent** to the baseline (bitwise identical under the payload algebra)",
-              False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
-              None: "FpSan equivalence undecided"}[c.fpsan_equivalent]
-        lines += ["", "### Sanitizer verdict", "", eq + ".", ""]
-        # check details and FpSan's detail can carry the candidate's own messages: quoted as data
-        if (c.verdict or {}).get("fpsan_detail"):
-            lines += [f"> FpSan: {quote_untrusted(c.verdict['fpsan_detail'], 400, markdown=True)}", ""]
-        lines += ["| mode | check | result | detail |", "|---|---|---|---|"]
-        for k in led.checks(c.id):
-            detail = quote_untrusted(k.detail, 160, markdown=True) if k.detail else ""
-            lines.append(f"| {_md_word(k.mode)} | {_md_word(k.name)} | {_md_word(k.status)} | {detail} |")
         old = led.candidate(pr.replaced_candidate_id) if pr.replaced_candidate_id else None
         if old is not None:
             olabel, osrc = f"candidate #{old.id}", old.source
         else:
             olabel, osrc = f"kernels/baseline/{pr.op}.py", baseline_source(pr.op)
-        diff = unified_diff(olabel, osrc, f"candidate #{c.id} ({c.label})", c.source)
-        fence = fence_for(diff)  # the candidate's source may hold backticks: the block must outlast them
-        lines += ["", f"### Diff against {olabel}", "", f"{fence}diff", diff.rstrip() or "(identical)", fence, ""]
-    path = os.path.join(out_dir, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return path
+        out.append(PromotedKernel(pr, c, res, olabel, osrc))
+    return out
+
+
+def promotion_header(pk: PromotedKernel) -> List[str]:
+    """The heading, the rule's decision and the headline speedup over what it replaces."""
+    pr, res = pk.promotion, pk.result
+    if res is not None and res.speedup is not None:
+        n = len(res.figures)
+        head = (f"Replaces {pk.replaced_what}: **{fmt_x(res.speedup)}** ({fmt_saved(res.speedup)}), the geometric "
+                f"mean over {n} shape{'s' if n != 1 else ''} of the speedups below, on {_clock_phrase(res.clocks)}; "
+                f"the rule's noise {pr.spread:.1%}.")
+    else:  # no benchmark of it in this run (a promotion by hand, say): the rule's record
+        head = (f"Replaces {pk.replaced_what}: {fmt_saved(1 / (1 - pr.gain)) if pr.gain < 1 else ''} as the rule "
+                f"recorded it (noise {pr.spread:.1%}); no benchmark of it in this run.")
+    return [f"## Promoted: `{pr.op}` bucket `{pr.bucket}`, {pr.dtype}, {pr.gpu_name}", "",
+            f"The rule: {pr.reason}", "",
+            head + (" Demoted later: " + (pr.demote_reason or "") if pr.demoted_at else ""), ""]
+
+
+def timings_section(pk: PromotedKernel) -> List[str]:
+    """Per shape: the incumbent, the candidate and the torch anchor timed side by side, clock named."""
+    if pk.result is None or pk.candidate is None:
+        return []
+    lines = ["### Timings", "",
+             "Each shape: the candidate against the incumbent timed beside it, on the clock the rule judged "
+             "them by; speedup = incumbent ms / candidate ms, vs anchor = anchor ms / kernel ms (the torch "
+             "anchor of the same benchmark), of ceiling: the kernel's fraction of the measured hardware "
+             "ceiling at that time.", "",
+             "| shape | kernel | ms | spread ms | clock | speedup | vs anchor | of ceiling |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    for f in pk.result.figures:
+        lines += _timing_rows(f, pk.candidate.id)
+    return lines
+
+
+def verdict_section(led, pk: PromotedKernel) -> List[str]:
+    """FpSan equivalence in words, FpSan's own detail, and every check the candidate passed."""
+    c = pk.candidate
+    if c is None:
+        return []
+    eq = {True: "**FpSan-equivalent** to the baseline (bitwise identical under the payload algebra)",
+          False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
+          None: "FpSan equivalence undecided"}[c.fpsan_equivalent]
+    lines = ["", "### Sanitizer verdict", "", eq + ".", ""]
+    # check details and FpSan's detail can carry the candidate's own messages: quoted as data
+    if (c.verdict or {}).get("fpsan_detail"):
+        lines += [f"> FpSan: {quote_untrusted(c.verdict['fpsan_detail'], 400, markdown=True)}", ""]
+    lines += ["| mode | check | result | detail |", "|---|---|---|---|"]
+    for k in led.checks(c.id):
+        detail = quote_untrusted(k.detail, 160, markdown=True) if k.detail else ""
+        lines.append(f"| {_md_word(k.mode)} | {_md_word(k.name)} | {_md_word(k.status)} | {detail} |")
+    return lines
+
+
+def diff_section(pk: PromotedKernel) -> List[str]:
+    """The unified diff against what it replaces (a configuration change is a few lines of `_config`)."""
+    from .commands import unified_diff
+    c = pk.candidate
+    if c is None:
+        return []
+    diff = unified_diff(pk.replaced_label, pk.replaced_source, f"candidate #{c.id} ({c.label})", c.source)
+    fence = fence_for(diff)  # the candidate's source may hold backticks: the block must outlast them
+    return ["", f"### Diff against {pk.replaced_label}", "", f"{fence}diff", diff.rstrip() or "(identical)", fence,
+            ""]
 
 
 def _have_matplotlib() -> bool:

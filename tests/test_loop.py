@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kernel_agent.agent.model import ReplyError, extract_source
-from kernel_agent.agent.search import baseline_source, with_config, SPACES
+from kernel_agent.agent.search import baseline_source, with_config
 from kernel_agent.harness.ops import OPS
 from kernel_agent.harness.ledger import Ledger
 
@@ -53,7 +53,7 @@ def _fenced(text):
 
 def _script(tmp_path):
     base = baseline_source("quantize_kv")
-    variant = with_config(base, (32, 4), (16, 2), "tsmall-d128", SPACES["quantize_kv"])
+    variant = with_config(base, (32, 4), (16, 2), "tsmall-d128", OPS["quantize_kv"].tuning_space)
     oob = base.replace("tl.store(scale_ptr + rows, scale, mask=row_mask)",
                        "tl.store(scale_ptr + rows, scale, mask=rows <= R)")
     assert oob != base
@@ -550,7 +550,7 @@ def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
     for label, ms, graph in (("candidate", 0.0900, 0.0400), ("baseline", 0.0500, 0.0440), ("anchor:torch", 0.04, 0.03)):
         led.record_bench(run_id=run.id, candidate_id=c.id, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
                          bucket="m1-klarge", dtype="bfloat16", gpu_name="Fake GPU", median_ms=ms, spread_ms=0.0002,
-                         n_samples=5, graph_ms=graph)
+                         n_samples=5, graph_ms=graph, extra={"graph_spread_ms": 0.0002})
     assert lp._bench_ms(c.id) == 0.0400 and lp._bench_ms(c.id, incumbent=True) == 0.0440
     led.close()
 
