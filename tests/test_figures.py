@@ -3,19 +3,16 @@
 import math
 import os
 import re
-import shutil
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
 
 from kernel_agent.harness import figures as F
-from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.promotion import judged_pair
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-H200 = os.path.join(ROOT, "results", "h200", "search")
-RUN = "r20261130-160429-f59c"  # the committed H200 run that promoted candidate #33
+from committed_h200 import H200, RUN, copied_ledger, table_rows
+
 T0 = datetime(2026, 11, 30, 16, 0, tzinfo=timezone.utc)
 
 
@@ -95,23 +92,9 @@ def test_a_bucket_is_summed_up_by_the_geometric_mean_and_the_best_result_wins():
 
 # -- the committed H200 run: table, plots, trend and leaderboard agree figure by figure ----------------
 
-def _table_rows(md: str, header: str):
-    """The rows of the markdown table that follows `header`, as lists of cells."""
-    lines = md[md.index(header):].splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
-    rows = []
-    for ln in lines[start + 2:]:
-        if not ln.startswith("|"):
-            break
-        rows.append([c.strip() for c in ln.strip("|").split("|")])
-    return rows
-
-
 @pytest.fixture
 def h200(tmp_path):
-    db = tmp_path / "ledger.db"
-    shutil.copy(os.path.join(H200, "ledger.db"), db)
-    led = Ledger(db, read_only=True)
+    led, _ = copied_ledger(tmp_path)
     yield led
     led.close()
 
@@ -140,7 +123,7 @@ def test_the_committed_h200_report_agrees_with_its_plots_trend_and_leaderboard(h
 
     # the table of the promoted kernel: every speedup recomputes from the printed times
     [pr] = h200.promotions(run_id=RUN)
-    rows = _table_rows(md, "### Timings")
+    rows = table_rows(md, "### Timings")
     table = {}
     for shape in ("M=128,N=8192,K=8192", "M=256,N=4096,K=14336"):
         inc = next(r for r in rows if r[0] == shape and r[1] == "baseline")
@@ -167,7 +150,7 @@ def test_the_committed_h200_report_agrees_with_its_plots_trend_and_leaderboard(h
     # the leaderboard: only winners; each entry is the figure the report prints for that candidate
     board = h200.leaderboard("matmul")
     assert board.entries and all(e.figure.speedup > 1 for e in board.entries)
-    bench_rows = {r[0]: r for r in _table_rows(md, "## Benchmarks")}
+    bench_rows = {r[0]: r for r in table_rows(md, "## Benchmarks")}
     for e in board.entries:
         f = e.figure
         if f.bucket != "m256-klarge":

@@ -16,10 +16,10 @@ from kernel_agent.harness import figures as F
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.serving import kernel_file_name
 
+from committed_h200 import H200, RUN, copied_ledger, table_rows
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
-H200 = os.path.join(ROOT, "results", "h200", "search")
-RUN = "r20261130-160429-f59c"  # promoted candidate #33 (matmul m256-klarge)
 MODEL_STEP = os.path.join(ROOT, "results", "h200", "model_step", "model_step.json")
 INT8 = os.path.join(ROOT, "kernels", "serving", "decode_attention_int8__c8k-g4-d128__bfloat16__nvidia-h200.py")
 
@@ -29,23 +29,10 @@ def _cli(args, cwd=ROOT, env=None):
                           env=dict(os.environ, **(env or {})))
 
 
-def _table_rows(md: str, header: str):
-    lines = md[md.index(header):].splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
-    rows = []
-    for ln in lines[start + 2:]:
-        if not ln.startswith("|"):
-            break
-        rows.append([c.strip() for c in ln.strip("|").split("|")])
-    return rows
-
-
 @pytest.fixture
 def h200(tmp_path):
-    db = tmp_path / "ledger.db"
-    shutil.copy(os.path.join(H200, "ledger.db"), db)
-    led = Ledger(db, read_only=True)
-    yield led, str(db)
+    led, db = copied_ledger(tmp_path)
+    yield led, db
     led.close()
 
 
@@ -69,8 +56,8 @@ def test_pr_body_holds_each_part_with_the_figures_of_report_and_show(h200, tmp_p
     assert "**FpSan-equivalent** to the baseline" in md and "| full | fpsan | passed |" in md
     assert "| gpu | memcheck | passed |" in md
     # the timings against the incumbent and the anchor, each row naming its clock: the report's rows exactly
-    rows = _table_rows(md, "### Timings")
-    assert rows == _table_rows(report, "### Timings")
+    rows = table_rows(md, "### Timings")
+    assert rows == table_rows(report, "### Timings")
     assert {r[1] for r in rows} == {"baseline", f"candidate #{cid}", "anchor:torch.matmul"}
     assert {r[4] for r in rows} == {"graph"}
     # ... and the figures `show` prints for the candidate, shape by shape
@@ -156,7 +143,7 @@ def test_pr_shows_the_decode_step_effect_that_bench_model_measured(tmp_path):
     t = {(x["stack"], x["kv"]): x for x in p["timings"]}
     serving, base, torch_t = t[("serving", "int8")], t[("baseline", "int8")], t[("torch", "bf16")]
     layers = doc["config"]["layers"]
-    row = next(r for r in _table_rows(md, "### Decode step") if r[:2] == ["32x8192", "int8"])
+    row = next(r for r in table_rows(md, "### Decode step") if r[:2] == ["32x8192", "int8"])
     assert row[2] == "attention"  # the call the promoted file served
     assert row[3] == f"{serving['op_ms']['attention'] * layers:.3f}"
     assert row[4] == f"{base['op_ms']['attention'] * layers:.3f}"
