@@ -337,7 +337,8 @@ class Loop:
         self.t_start = time.time()
         self.first_benchmark_at: Optional[float] = None
         self.judged: Set[int] = set()
-        self.bench_start_s: List[float] = []  # each benchmark child's start (sandbox, imports, ceilings)
+        # each benchmark child's phases: start (sandbox, imports, ceilings), compile, wait for the GPU alone
+        self.bench_phases: Dict[str, List[float]] = {"start": [], "compile": [], "wait": []}
         self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
         self.best_gain: Optional[float] = None
         # (op, bucket) -> proposals in a row repeating a source this process already saw (a stuck proposer is stopped)
@@ -566,8 +567,10 @@ class Loop:
         inc_label = "baseline" if inc_file is None else f"serving:{os.path.basename(inc_file)}"
         if doc.get("ceilings"):
             self.ceilings = doc["ceilings"]
-        if isinstance(doc.get("phases"), dict) and "start_s" in doc["phases"]:
-            self.bench_start_s.append(float(doc["phases"]["start_s"]))
+        phases = doc.get("phases") if isinstance(doc.get("phases"), dict) else {}
+        for name, key in (("start", "start_s"), ("compile", "prepare_s"), ("wait", "wait_s")):
+            if isinstance(phases.get(key), (int, float)):
+                self.bench_phases[name].append(float(phases[key]))
         if doc.get("raced_out"):
             self.raced_out += 1
         for res in doc.get("results", []):
@@ -646,8 +649,9 @@ class Loop:
         for span in log:
             by_stage.setdefault(span.kind, []).append(span.end - span.start)
         th.stage_s = {k: statistics.median(v) for k, v in by_stage.items()}
-        if self.bench_start_s:  # how much of a benchmark is its child starting
-            th.stage_s["bench start"] = statistics.median(self.bench_start_s)
+        for name, xs in self.bench_phases.items():  # where a benchmark's time goes
+            if xs:
+                th.stage_s[f"bench {name}"] = statistics.median(xs)
         if self.placement.gpus and end - self.t_start > 180:
             th.gpu_busy_fraction = occupied_fraction(log, self.t_start + 180, end, self.placement.gpus)
         return th
@@ -735,16 +739,18 @@ class _Stream:
 
     def _gpu_task(self, stage: str, w: Work):
         if stage == "gpu":
-            return SanitizeTask(w.path, w.target.op, "gpu", GPU_QUICK_CHECKS)
+            return SanitizeTask(w.path, w.target.op, "gpu", GPU_QUICK_CHECKS, gated=True)
         if stage == "bench":
             return self.loop._bench_task(w)
-        return SanitizeTask(w.path, w.target.op, "gpu", GPU_PROMOTION_CHECKS, stage="promote")
+        return SanitizeTask(w.path, w.target.op, "gpu", GPU_PROMOTION_CHECKS, stage="promote", gated=True)
 
     def _start(self) -> None:
         """Hand queued stages to free slots: GPU work first (the scarce resource), promotion checks before
         benchmarks before GPU checks; then the CPU's."""
         order = {"promote": 0, "bench": 1, "gpu": 2}
-        held = False  # an exclusive task is waiting for its GPU: let the shared ones drain
+        # An ungated benchmark waiting for its GPU: let the shared tasks drain (a gated one starts in a
+        # shared slot, and the placement drains the GPU for its timing).
+        held = False
         for item in sorted(self.gpu_queue, key=lambda it: order[it[0]]):
             stage, w = item
             key = (w.target.op, w.target.bucket)
@@ -754,7 +760,7 @@ class _Stream:
             if held and not task.exclusive:
                 break
             if not self.placement.can_start(task):
-                held = held or task.exclusive
+                held = held or (task.exclusive and not getattr(task, "gated", False))
                 continue
             self.gpu_queue.remove(item)
             if stage == "bench":

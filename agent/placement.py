@@ -6,10 +6,14 @@ other machines; its result is a Verdict or a benchmark document. `LocalPlacement
 in child processes of this machine (sanitizer/runner.py, harness/bench_worker.py):
 
 - CPU tasks (the interpreter's sanitizer stages) on `cpu_slots` threads, each driving one judge;
-- GPU tasks on the visible GPUs. A benchmark has its GPU to itself: two kernels sharing a GPU would
-  time each other. GPU checks (correctness, not timing) share a GPU with each other, up to
+- GPU tasks on the visible GPUs. A benchmark's timing has its GPU to itself: two kernels sharing a
+  GPU would time each other. GPU checks (correctness, not timing) share a GPU with each other, up to
   `checks_per_gpu` at once: most of a check's time is its processes starting and compiling, not
-  the GPU, so they overlap well; none starts beside a benchmark.
+  the GPU, so they overlap well. Tasks are gated (sanitizer/lease.py): a child starts, imports and
+  loads before it holds any of the GPU, then asks for a shared lease, and a benchmark later for the
+  GPU alone; from that request on no lease is granted there, and the timing begins once the tasks
+  on the GPU have ended. So a child's seconds of starting hold nothing, and a benchmark's compiling
+  does not keep the checks off the GPU.
 
 `stop()` is the hard stop: no task starts after it, and every running child is killed at once.
 """
@@ -20,7 +24,9 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from ..sanitizer.lease import OnReady
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class SanitizeTask:
     mode: str
     checks: Optional[Tuple[str, ...]] = None
     stage: str = ""  # what the run calls this task (default: the mode)
+    gated: bool = False  # gpu mode: the judge starts without the GPU and asks for it (sanitizer/lease.py)
 
     @property
     def resource(self) -> str:
@@ -52,6 +59,7 @@ class BenchTask:
     resource: str = "gpu"
     kind: str = "bench"
     exclusive: bool = True  # a timing has its GPU to itself
+    gated: bool = True  # it starts without the GPU, compiles sharing it, and has it alone only to time
 
 
 Task = Union[SanitizeTask, BenchTask]
@@ -114,45 +122,95 @@ def threads_per_child(jobs: int, cores: Optional[int] = None) -> int:
     return max(1, cores // max(1, jobs))
 
 
-def run_task(task: Task, env: Optional[Dict[str, str]] = None) -> Any:
-    """Run one task in this machine's child processes (looked up at call time: tests put fakes there)."""
+def run_task(task: Task, env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None) -> Any:
+    """Run one task in this machine's child processes (looked up at call time: tests put fakes there).
+    `on_ready`: a gated task's requests for the GPU (sanitizer/lease.py)."""
     if isinstance(task, SanitizeTask):
         from ..sanitizer import runner
+        if on_ready is not None:
+            return runner.run_isolated(task.path, task.op, task.mode, checks=task.checks, env=env, on_ready=on_ready)
         return runner.run_isolated(task.path, task.op, task.mode, checks=task.checks, env=env)
     from ..harness import bench_worker
+    if on_ready is not None:
+        return bench_worker.run_bench_isolated(task.spec, env=env, on_ready=on_ready)
     return bench_worker.run_bench_isolated(task.spec, env=env)
 
 
 class LocalPlacement:
     """Tasks on this machine: `cpu_slots` CPU tasks at once, and on each GPU in `gpus`
-    (CUDA_VISIBLE_DEVICES entries) either one exclusive task or up to `checks_per_gpu` shared ones."""
+    (CUDA_VISIBLE_DEVICES entries) either one task alone or up to `checks_per_gpu` sharing it.
+
+    A gated task (sanitizer/lease.py) is admitted before it holds the GPU: its child starts, imports
+    and loads without it, then asks for a shared lease ("gpu"), and a benchmark later for the GPU alone
+    ("alone"). Up to `2 * checks_per_gpu` gated tasks are admitted per GPU (those starting overlap with
+    those on the GPU), and one benchmark: two waiting to time alone would wait on each other. From a
+    request for the GPU alone until the timing ends no lease is granted on that GPU, so the tasks on it
+    drain and none joins the timing."""
 
     def __init__(self, cpu_slots: int, gpus: Sequence[str] = (), threads: Optional[int] = None,
                  checks_per_gpu: int = GPU_CHECKS_PER_GPU):
         self.cpu_slots = max(1, cpu_slots)
         self.gpus = list(gpus)
         self.checks_per_gpu = max(1, checks_per_gpu)
+        self.admitted_per_gpu = 2 * self.checks_per_gpu
         self.threads = threads or threads_per_child(self.cpu_slots)
         self._cpu = ThreadPoolExecutor(max_workers=self.cpu_slots, thread_name_prefix="ka-cpu")
-        self._gpu = ThreadPoolExecutor(max_workers=max(1, len(self.gpus) * self.checks_per_gpu),
+        self._gpu = ThreadPoolExecutor(max_workers=max(1, len(self.gpus) * (self.admitted_per_gpu + 1)),
                                        thread_name_prefix="ka-gpu")
-        self._lock = threading.Lock()
-        self._shared = {g: 0 for g in self.gpus}  # GPU -> checks running on it
-        self._exclusive = {g: False for g in self.gpus}  # GPU -> a benchmark is running on it
+        self._lock = threading.Condition()  # notified whenever a lease comes back
+        self._shared = {g: 0 for g in self.gpus}  # GPU -> shared leases (checks, benchmarks compiling)
+        self._alone = {g: False for g in self.gpus}  # GPU -> a task has it alone (a timing)
+        self._admitted = {g: 0 for g in self.gpus}  # GPU -> gated tasks admitted, leased or not yet
+        self._benches = {g: 0 for g in self.gpus}  # GPU -> gated benchmarks admitted (at most one)
+        self._draining = {g: False for g in self.gpus}  # GPU -> a timing waits for it: no lease is granted
         self._running = {"cpu": 0, "gpu": 0}
         self._log: List[TaskSpan] = []  # every task run so far
         self.stopped = False
 
     def _gpu_for(self, task: Task) -> Optional[str]:
-        """A GPU that can take `task` now (call under the lock)."""
+        """A GPU that can take `task` now (call under the lock): for a gated task, the admitted GPU with
+        the fewest tasks; otherwise the first that can lease it at once."""
+        if getattr(task, "gated", False):
+            free = [g for g in self.gpus if self._admitted[g] < self.admitted_per_gpu
+                    and not (task.exclusive and self._benches[g])]
+            return min(free, key=lambda g: (self._admitted[g] + self._shared[g], self.gpus.index(g)), default=None)
         for g in self.gpus:
-            if self._exclusive[g]:
+            if self._alone[g] or self._draining[g]:
                 continue
-            if task.exclusive and self._shared[g] == 0:
+            if task.exclusive and self._shared[g] == 0 and not self._benches[g]:
                 return g
             if not task.exclusive and self._shared[g] < self.checks_per_gpu:
                 return g
         return None
+
+    def _lease(self, gpu: str, phase: str, still_wanted: Callable[[], bool]) -> bool:
+        """A gated task on `gpu` asks for `phase`: "gpu" waits for a shared lease, "alone" turns the
+        task's shared lease into the GPU alone once the others have drained. False when the placement
+        stops or the task no longer waits (its lease, if any, stays as it was)."""
+        with self._lock:
+            if phase == "gpu":
+                while self._alone[gpu] or self._draining[gpu] or self._shared[gpu] >= self.checks_per_gpu:
+                    if self.stopped or not still_wanted():
+                        return False
+                    self._lock.wait(0.1)
+                if self.stopped or not still_wanted():
+                    return False
+                self._shared[gpu] += 1
+                return True
+            self._draining[gpu] = True
+            try:
+                while self._shared[gpu] > 1 or self._alone[gpu]:
+                    if self.stopped or not still_wanted():
+                        return False
+                    self._lock.wait(0.1)
+                if self.stopped or not still_wanted():
+                    return False
+                self._shared[gpu] -= 1
+                self._alone[gpu] = True
+                return True
+            finally:
+                self._draining[gpu] = False
+                self._lock.notify_all()
 
     def can_start(self, task: Task) -> bool:
         """Whether `task` would start at once (a free CPU slot, or a GPU that can take it)."""
@@ -175,8 +233,11 @@ class LocalPlacement:
                 if gpu is None:
                     raise ValueError("no GPU can take this task now" if self.gpus else
                                      "a GPU task on a placement without GPUs")
-                if task.exclusive:
-                    self._exclusive[gpu] = True
+                if getattr(task, "gated", False):
+                    self._admitted[gpu] += 1
+                    self._benches[gpu] += int(task.exclusive)
+                elif task.exclusive:
+                    self._alone[gpu] = True
                 else:
                     self._shared[gpu] += 1
             self._running[resource] += 1
@@ -185,6 +246,17 @@ class LocalPlacement:
 
     def _run(self, task: Task, resource: str, gpu: Optional[str]) -> Any:
         t0 = time.time()
+        gated = gpu is not None and getattr(task, "gated", False)
+        granted: Dict[str, float] = {}  # phase -> when a gated task got it
+
+        def on_ready(phase: str, still_wanted: Callable[[], bool]) -> bool:
+            if phase == "alone" and not task.exclusive:
+                return False  # a check has no business timing
+            if self._lease(gpu, phase, still_wanted):
+                granted[phase] = time.time()
+                return True
+            return False
+
         try:
             if self.stopped:
                 raise ChildProcessError("stopped: no new task starts")
@@ -193,17 +265,35 @@ class LocalPlacement:
             if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
                 env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
-            return run_task(task, env)
+            return run_task(task, env, on_ready) if gated else run_task(task, env)
         finally:
             with self._lock:
+                end = time.time()
                 self._running[resource] -= 1
                 if gpu is not None:
-                    if task.exclusive:
-                        self._exclusive[gpu] = False
-                    else:
-                        self._shared[gpu] -= 1
-                self._log.append(TaskSpan(task.kind, resource, t0, time.time(), gpu))
+                    self._release(task, gpu, gated, granted)
+                # a gated task's whole span holds no GPU; its leased spans below do
+                self._log.append(TaskSpan(task.kind, resource, t0, end, None if gated else gpu))
+                if "gpu" in granted:
+                    self._log.append(TaskSpan(f"{task.kind} on gpu", resource, granted["gpu"], end, gpu))
+                if "alone" in granted:
+                    self._log.append(TaskSpan(f"{task.kind} alone", resource, granted["alone"], end, gpu))
+                self._lock.notify_all()
                 self._release_if_idle()
+
+    def _release(self, task: Task, gpu: str, gated: bool, granted: Dict[str, float]) -> None:
+        """(under the lock) Give back what `task` held on `gpu`."""
+        if gated:
+            self._admitted[gpu] -= 1
+            self._benches[gpu] -= int(task.exclusive)
+            if "alone" in granted:
+                self._alone[gpu] = False
+            elif "gpu" in granted:
+                self._shared[gpu] -= 1
+        elif task.exclusive:
+            self._alone[gpu] = False
+        else:
+            self._shared[gpu] -= 1
 
     def log(self) -> List[TaskSpan]:
         """Every task run so far."""

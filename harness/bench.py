@@ -299,6 +299,27 @@ def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], seed: int = 0) -> None:
+    """Compile every contender (and the anchor, torch.compile's included) on one shape by calling each
+    once: the part of a benchmark that needs the GPU but times nothing, so it may share the GPU with
+    correctness checks while the timing waits for the GPU alone. Failures are left for the timing to
+    report, which calls every contender again before it times anything."""
+    require_gpu()
+    probe = op.make_case(shape, dtype, seed=seed, device="cuda")
+    try:
+        every = list(contenders) + [anchor_for(op, probe)]
+    except ValueError:
+        every = list(contenders)
+    for c in every:
+        try:
+            c.fn(**probe.args)
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - benchmark_shape reports it, with the same call
+            pass
+    del probe
+    torch.cuda.empty_cache()
+
+
 def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
                     log: Optional[Callable[[str], None]] = None) -> ShapeResult:

@@ -18,6 +18,9 @@ import sys
 import time
 from typing import Dict, Optional
 
+from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
+
+
 
 def _contenders(spec: dict):
     """The kernels to time: candidate files through the static gate, the baseline from the package."""
@@ -59,21 +62,41 @@ def main(argv=None) -> int:
 
     from dataclasses import asdict
 
-    from .bench import Ceilings, benchmark_shape, measure_ceilings
+    from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape
     from .env import versions
     from .ops import dtype_from_name, get_op
     op = get_op(spec["op"])
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
-    ceilings = Ceilings(**spec["ceilings"]) if spec.get("ceilings") else measure_ceilings()
+    doc["phases"] = {}
+    gated = bool(spec.get("gated"))
+    if spec.get("ceilings"):
+        ceilings = Ceilings(**spec["ceilings"])
+    else:
+        if gated:  # the ceilings are a timing too: with the GPU alone (the first benchmark on a machine)
+            doc["phases"]["wait_gpu_s"] = round(wait_for_grant("gpu"), 2)
+            doc["phases"]["wait_s"] = round(wait_for_grant("alone"), 2)
+            gated = False
+        ceilings = measure_ceilings()
     doc["ceilings"] = asdict(ceilings)
     sandbox.arm_audit_hook(fatal=False)  # record only: a compiler probe Triton tolerates must not end a timing
     contenders = _contenders(spec)
     doc["sandbox_refused"] = sandbox.violations()
-    doc["phases"] = {"start_s": round(time.time() - t_start, 2)}
+    doc["phases"]["start_s"] = round(time.time() - t_start, 2)
+    dtype = dtype_from_name(spec.get("dtype", "bfloat16"))
+    if gated:
+        # Started and loaded without the GPU; compile beside other correctness work on it, then time
+        # only once the parent has given the GPU to this timing alone (sanitizer/lease.py).
+        doc["phases"]["wait_gpu_s"] = round(wait_for_grant("gpu"), 2)
+        t0 = time.time()
+        for key in spec["shapes"]:
+            prepare_shape(op, op.parse_shape(key), dtype, contenders, seed=spec.get("seed", 0))
+        doc["phases"]["prepare_s"] = round(time.time() - t0, 2)
+        flush()
+        doc["phases"]["wait_s"] = round(wait_for_grant("alone"), 2)
     for key in spec["shapes"]:
         t0 = time.time()
         shape = op.parse_shape(key)
-        res = benchmark_shape(op, shape, dtype_from_name(spec.get("dtype", "bfloat16")), contenders, ceilings,
+        res = benchmark_shape(op, shape, dtype, contenders, ceilings,
                               seed=spec.get("seed", 0), log=lambda s: print(s, flush=True))
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
@@ -100,11 +123,15 @@ def refused_here(res: dict) -> str:
     return d.reason if d else ""
 
 
-def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None) -> dict:
+def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None,
+                       on_ready: Optional[OnReady] = None) -> dict:
     """Run one benchmark spec in a sandboxed child process (`env`: variables it may see on top of the
     allowlist, e.g. the GPU it may use); a crash or hang comes back as {'error': ...}, and Ctrl-C takes
     the child down at once. The child reads copies of the kernel files inside its scratch directory and
-    writes its results there; the ceilings are measured by the first child and cached here."""
+    writes its results there; the ceilings are measured by the first child and cached here.
+
+    With `on_ready`, the benchmark is gated (sanitizer/lease.py): the child starts and loads its kernels
+    without the GPU, asks for phase "gpu" to compile them, and for phase "alone" to time them."""
     import shutil
 
     from ..sanitizer import sandbox
@@ -112,7 +139,7 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
     from .bench import Ceilings, ceilings_path
     scratch = sandbox.make_scratch("ka-bench-")
     try:
-        spec = dict(spec, kernels=[dict(k) for k in spec["kernels"]])
+        spec = dict(spec, kernels=[dict(k) for k in spec["kernels"]], gated=on_ready is not None)
         for i, k in enumerate(spec["kernels"]):
             if k.get("file"):
                 copy = os.path.join(scratch, f"kernel{i}.py")
@@ -136,8 +163,11 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
         # torch.compile (an anchor) compiles in this process: the sandbox refuses its worker processes
         child_env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         t0 = time.time()
-        rc, log = run_tracked([sys.executable, "-m", "kernel_agent.harness.bench_worker", "--spec", sp, "--out", out],
-                              timeout_s, env=child_env, cwd=scratch)
+        cmd = [sys.executable, "-m", "kernel_agent.harness.bench_worker", "--spec", sp, "--out", out]
+        if on_ready is None:
+            rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=scratch)
+        else:
+            rc, log = run_gated(cmd, timeout_s, child_env, scratch, on_ready)
         doc: Dict = {"results": [], "error": None}
         if os.path.exists(out):
             try:

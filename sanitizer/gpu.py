@@ -224,8 +224,11 @@ GPU_CHECK_NAMES = [n for n, _ in GPU_CHECKS]
 
 def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutcome], None]] = None,
                  on_start: Optional[Callable[[str], None]] = None, only: Optional[List[str]] = None,
-                 seed_base: int = 0, deadline: Optional[float] = None, skip_gate: bool = False) -> Verdict:
-    """The GPU checks: judged here, with the candidate in a sandboxed executor on the device."""
+                 seed_base: int = 0, deadline: Optional[float] = None, skip_gate: bool = False,
+                 before_gpu: Optional[Callable[[], None]] = None) -> Verdict:
+    """The GPU checks: judged here, with the candidate in a sandboxed executor on the device.
+    `before_gpu`: called once, after the static gate and the load (which need no GPU) and before the
+    first check that runs on the device (a gated child waits there for its GPU lease)."""
     op = get_op(op_name)
     with open(path) as f:
         source = f.read()
@@ -248,6 +251,9 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
             elif failed:
                 outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
             else:
+                if before_gpu is not None and name not in ("static_gate", "load"):
+                    before_gpu()
+                    before_gpu = None
                 if on_start:
                     on_start(name)
                 t0 = time.time()

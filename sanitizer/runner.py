@@ -74,11 +74,12 @@ def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str
 def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[float] = None,
                  keep_going: bool = False, env: Optional[dict] = None,
                  checks: Optional[Sequence[str]] = None, seed: Optional[int] = None,
-                 skip_gate: bool = False) -> Verdict:
+                 skip_gate: bool = False, on_ready=None) -> Verdict:
     """Judge one file in a child process (the judge, which runs the candidate in a sandboxed executor of
     its own); always returns a Verdict. `env`: variables for the children on top of the allowlist (e.g.
     the GPU they may see). `seed`: the inputs' seed base (default: a secret one per call). `skip_gate`:
-    tests only, to show that the layers behind the static gate hold on their own."""
+    tests only, to show that the layers behind the static gate hold on their own. `on_ready` (gpu mode):
+    the judge starts without the GPU and asks for it through this (sanitizer/lease.py)."""
     from . import sandbox
     timeout_s = timeout_s or DEFAULT_TIMEOUT[mode]
     path = os.path.abspath(path)
@@ -97,10 +98,16 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
             cmd += ["--seed", str(int(seed))]
         if skip_gate:
             cmd.append("--skip-gate")
+        if on_ready is not None and mode == "gpu":
+            cmd.append("--gpu-lease")
         child_env = sandbox.env_for(tmp, env)
         if mode != "gpu":
             child_env["TRITON_INTERPRET"] = "1"
-        rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)
+        if "--gpu-lease" in cmd:
+            from .lease import run_gated
+            rc, log = run_gated(cmd, timeout_s, child_env, tmp, on_ready)
+        else:
+            rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)
         timed_out = rc is None
         elapsed = time.time() - t0
         doc = None

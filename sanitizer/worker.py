@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="the base of every input seed (default: a secret one)")
     ap.add_argument("--deadline", type=float, default=0.0, help="epoch seconds by which the candidate is judged")
     ap.add_argument("--skip-gate", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gpu-lease", action="store_true",
+                    help="gpu mode: ask the parent for the GPU before the first check on it (sanitizer/lease.py)")
     args = ap.parse_args(argv)
     _die_with_parent()
     only = [c for c in args.checks.split(",") if c] or None
@@ -80,8 +82,10 @@ def main(argv=None) -> int:
     try:
         if args.mode == "gpu":
             from .gpu import sanitize_gpu
+            from .lease import wait_for_grant
             verdict: Verdict = sanitize_gpu(args.file, args.op, on_check=on_check, on_start=on_start, only=only,
-                                            seed_base=seed_base, deadline=deadline, skip_gate=args.skip_gate)
+                                            seed_base=seed_base, deadline=deadline, skip_gate=args.skip_gate,
+                                            before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None)
         else:
             from .checks import sanitize_file
             verdict = sanitize_file(args.file, args.op, args.mode, on_check=on_check, on_start=on_start,

@@ -352,3 +352,32 @@ def test_bench_model_prints_the_tables_and_writes_the_json(tmp_path):
     assert doc["config"]["name"] == "small" and [(p["batch"], p["context"]) for p in doc["points"]] == [(2, 256),
                                                                                                         (4, 600)]
     assert all(len(p["timings"]) == 5 and p["op_calls"]["int8"] for p in doc["points"])
+
+
+def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the child compiles before it times
+    """The GPU lease on the device: a gated benchmark asks for the GPU to compile, then for the GPU
+    alone, and times exactly as an ungated one; a gated GPU check asks once, for a shared lease. A
+    benchmark refused the GPU alone never times: it waits until its time limit."""
+    import time
+    from kernel_agent.sanitizer.runner import run_isolated
+    asked = []
+
+    def grant_late(phase, still_wanted):
+        asked.append(phase)
+        time.sleep(0.5)  # the parent makes it wait: the child must not go on meanwhile
+        return still_wanted()
+
+    spec = {"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0,
+            "kernels": [{"label": "incumbent", "file": None}]}
+    doc = run_bench_isolated(spec, on_ready=grant_late)
+    assert doc.get("error") is None and asked == ["gpu", "alone"], doc.get("log", "")[-800:]
+    phases = doc["phases"]
+    assert phases["wait_gpu_s"] >= 0.45 and phases["wait_s"] >= 0.45 and phases["prepare_s"] > 0
+    [res] = doc["results"]
+    assert [m.get("error") for m in res["measurements"] if m["label"] == "incumbent"] in ([None], [""])
+    asked.clear()
+    v = run_isolated(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py"), "quantize_kv", "gpu",
+                     checks=("determinism",), timeout_s=300, on_ready=grant_late)
+    assert v.passed and asked == ["gpu"], [c.to_json() for c in v.checks]
+    refused = run_bench_isolated(spec, timeout_s=30, on_ready=lambda phase, still_wanted: phase == "gpu")
+    assert refused.get("error", "").startswith("benchmark timed out") and not refused["results"]

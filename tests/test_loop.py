@@ -284,10 +284,10 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
     monkeypatch.setattr(runner, "run_isolated", fake_sanitize)
     pl = LocalPlacement(3, ["3", "5"], threads=2, checks_per_gpu=2)
     check = SanitizeTask("f.py", "matmul", "gpu", ("determinism",))
-    futs = [pl.submit(BenchTask({"n": 0}))]  # GPU 3, alone
+    futs = [pl.submit(BenchTask({"n": 0}, gated=False))]  # GPU 3, alone from its start
     assert BenchTask({"n": 1}).exclusive and not check.exclusive and pl.can_start(check)
     futs += [pl.submit(check), pl.submit(check)]  # both on GPU 5
-    assert not pl.can_start(check) and not pl.can_start(BenchTask({"n": 1}))
+    assert not pl.can_start(check) and not pl.can_start(BenchTask({"n": 1}, gated=False))
     with pytest.raises(ValueError):
         pl.submit(check)
     futs.append(pl.submit(SanitizeTask("f.py", "matmul", "quick")))  # the CPU is not the GPUs' business
@@ -296,7 +296,7 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
     assert futs[0].result()["n"] == 0 and [f.result() for f in futs[1:3]] == ["5", "5"]
     assert all(kinds == ["bench"] for kinds in seen if "bench" in kinds)  # a timing was alone on its GPU
     assert max(len(kinds) for kinds in seen) == 2  # two checks shared GPU 5
-    assert pl.can_start(BenchTask({"n": 1})) and pl.running("gpu") == 0  # every lease came back
+    assert pl.can_start(BenchTask({"n": 1}, gated=False)) and pl.running("gpu") == 0  # every lease came back
     assert cpu_env[0]["OMP_NUM_THREADS"] == "2"
     assert sorted(span.kind for span in pl.log()) == ["bench", "gpu", "gpu", "quick"]
     assert {span.gpu for span in pl.log() if span.kind == "gpu"} == {"5"}
@@ -304,6 +304,137 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
     with pytest.raises(ChildProcessError):
         pl.submit(BenchTask({"n": 9})).result()
     pl.close()
+
+
+def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone(monkeypatch):
+    """Gated tasks are admitted before they hold the GPU; a check's lease is shared; a benchmark (one
+    per GPU) compiles on a shared lease beside the checks, and when it asks for the GPU alone no lease
+    is granted there until the checks on it have ended and its timing is over; nothing runs beside the
+    timing. The spans say what held the GPU when, and every lease comes back."""
+    import threading
+    from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask, occupied_fraction
+    from kernel_agent.harness import bench_worker
+    from kernel_agent.sanitizer import runner
+    lock = threading.Lock()
+    on_gpu: list = []
+    seen: list = []
+    ev = {k: threading.Event() for k in ("compiled", "ask_alone", "a", "c", "d_started", "d")}
+
+    def enter(kind):
+        with lock:
+            on_gpu.append(kind)
+            seen.append(sorted(on_gpu))
+
+    def leave(kind):
+        with lock:
+            on_gpu.remove(kind)
+
+    def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
+        assert on_ready("gpu", lambda: True)
+        enter("compile")
+        ev["compiled"].set()
+        ev["ask_alone"].wait(5)
+        leave("compile")
+        granted = on_ready("alone", lambda: True)
+        if granted:
+            enter("timing")
+            leave("timing")
+        return {"results": [], "error": None, "granted": granted}
+
+    def fake_check(path, op, mode="full", checks=None, env=None, on_ready=None):
+        if path == "d":
+            ev["d_started"].set()  # started (imports) while the GPU drains: it waits for its lease
+        assert on_ready("gpu", lambda: True)
+        assert not on_ready("alone", lambda: True)  # a check never gets the GPU alone
+        enter(f"check {path}")
+        ev[path].wait(5)
+        leave(f"check {path}")
+        return path
+
+    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
+    monkeypatch.setattr(runner, "run_isolated", fake_check)
+    pl = LocalPlacement(1, ["0"], threads=1, checks_per_gpu=3)
+    check = lambda name: SanitizeTask(name, "matmul", "gpu", gated=True)  # noqa: E731
+    fa = pl.submit(check("a"))
+    fb = pl.submit(BenchTask({"n": 0}))
+    assert not pl.can_start(BenchTask({"n": 1}))  # one benchmark per GPU
+    fc = pl.submit(check("c"))
+    assert ev["compiled"].wait(5)
+    ev["ask_alone"].set()  # compiled: it asks for the GPU alone and waits for checks a and c
+    ev["a"].set()
+    assert fa.result(5) == "a"
+    fd = pl.submit(check("d"))  # admitted (a child may start), but no lease while the GPU drains
+    assert ev["d_started"].wait(5)
+    time.sleep(0.3)
+    assert "check d" not in {k for kinds in seen for k in kinds}
+    assert "timing" not in {k for kinds in seen for k in kinds}  # check c still holds its lease
+    ev["c"].set()
+    assert fb.result(5)["granted"] and fc.result(5) == "c"
+    ev["d"].set()
+    assert fd.result(5) == "d"
+    assert ["check a", "check c", "compile"] in seen  # it compiled beside both checks
+    assert all(kinds == ["timing"] for kinds in seen if "timing" in kinds)  # and timed alone
+    spans = pl.log()
+    alone = next(s for s in spans if s.kind == "bench alone")
+    d_lease = next(s for s in spans if s.kind == "gpu on gpu" and s.start >= alone.start)
+    assert alone.start >= max(s.end for s in spans if s.kind == "gpu on gpu" and s.start < alone.start)
+    assert d_lease.start >= alone.end  # check d's lease came after the timing
+    assert {s.gpu for s in spans if s.kind in ("gpu", "bench")} == {None}  # whole spans hold no GPU
+    assert 0 < occupied_fraction(spans, min(s.start for s in spans), max(s.end for s in spans), ["0"]) <= 1
+    assert pl.can_start(BenchTask({"n": 1}, gated=False)) and pl.running("gpu") == 0  # every lease came back
+    pl.close()
+
+
+def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop(monkeypatch):
+    import threading
+    from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
+    from kernel_agent.harness import bench_worker
+    from kernel_agent.sanitizer import runner
+    check_go, asked = threading.Event(), threading.Event()
+
+    def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
+        assert on_ready("gpu", lambda: True)
+        asked.set()
+        return {"granted": on_ready("alone", lambda: True)}
+
+    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
+    monkeypatch.setattr(runner, "run_isolated", lambda *a, **k: check_go.wait(5))
+    monkeypatch.setattr(runner, "stop_all", lambda: None)
+    pl = LocalPlacement(1, ["0"], threads=1)
+    fcheck = pl.submit(SanitizeTask("a", "matmul", "gpu"))  # ungated: it holds its lease from the start
+    fb = pl.submit(BenchTask({"n": 0}))
+    assert asked.wait(5)
+    time.sleep(0.2)
+    assert not fb.done()  # waits for the check
+    pl.stop()
+    assert fb.result(5) == {"granted": False}
+    check_go.set()
+    fcheck.result(5)
+    pl.close()
+
+
+def test_the_gated_child_goes_on_only_once_the_parent_grants_each_phase(tmp_path):
+    """The parent side of the lease with a stand-in child: the child asks for each phase in turn and
+    goes on only when granted; refused, it waits until its time limit kills it."""
+    import sys
+    from kernel_agent.sanitizer.lease import run_gated
+    child = [sys.executable, "-c", "from kernel_agent.sanitizer.lease import wait_for_grant\n"
+             "wait_for_grant('gpu'); print('compiled', flush=True)\nwait_for_grant('alone'); print('timed')"]
+    calls = []
+
+    def grant(phase, still_wanted):
+        calls.append((phase, still_wanted()))
+        return True
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    (tmp_path / "granted").mkdir()
+    rc, log = run_gated(child, 60, env, str(tmp_path / "granted"), grant)
+    assert rc == 0 and "timed" in log and calls == [("gpu", True), ("alone", True)]
+    (tmp_path / "refused").mkdir()
+    t0 = time.time()
+    rc, log = run_gated(child, 8, env, str(tmp_path / "refused"),
+                        lambda phase, still_wanted: phase == "gpu")
+    assert rc is None and "compiled" in log and "timed" not in log and time.time() - t0 < 30
 
 
 def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
@@ -342,8 +473,9 @@ def _fake_gpu(tmp_path, monkeypatch, candidate_ms, anchor=("anchor:torch", 0.9, 
     monkeypatch.setattr(loop_mod, "visible_gpus", lambda limit=None: ["0", "1"])
     seen, lock = [], threading.Lock()
 
-    def fake_sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None):
+    def fake_sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None, on_ready=None):
         if mode == "gpu":
+            assert on_ready is not None and on_ready("gpu", lambda: True)  # the loop's GPU checks are gated
             with lock:
                 seen.append(("gpu", env["CUDA_VISIBLE_DEVICES"]))
         return Verdict(path, op, mode, checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])])
@@ -356,7 +488,8 @@ def _fake_gpu(tmp_path, monkeypatch, candidate_ms, anchor=("anchor:torch", 0.9, 
     def bucket(op, key):
         return OPS[op].bucket(OPS[op].parse_shape(key)) if anchor[2] else "b"
 
-    def fake_bench(spec, timeout_s=900.0, env=None):
+    def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
+        assert on_ready("gpu", lambda: True) and on_ready("alone", lambda: True)
         with lock:
             seen.append(("bench", env["CUDA_VISIBLE_DEVICES"]))
             ms = candidate_ms(spec["op"], spec["kernels"][1]["file"])
@@ -594,7 +727,9 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
     seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
     events = []
 
-    def sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None):
+    def sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None, on_ready=None):
+        if on_ready is not None:
+            assert on_ready("gpu", lambda: True)
         events.append((mode, "start", os.path.basename(path), time.time()))
         bad = mode == "gpu" and "evict-first" in path
         if mode == "full":
