@@ -94,6 +94,47 @@ def test_pr_body_holds_each_part_with_the_figures_of_report_and_show(h200, tmp_p
         assert "Plots to attach (beside this file): `speedup.png`" in md
 
 
+PR_EXAMPLE = os.path.join(ROOT, "results", "h200", "pr_example")
+PR_EXAMPLE_RUN = "r20261202-051203-138e"
+
+
+def test_the_committed_h200_pull_request_is_what_pr_writes_and_agrees_with_show_and_report(tmp_path):
+    """The example of a real run on the H200 (results/h200/pr_example/): the body written there is the
+    body this version writes from the committed ledger (the diff, against the baseline file as it is
+    now, aside), its figures are those of `show` and `report`, and its branch is the run's."""
+    db = tmp_path / "ledger.db"
+    shutil.copy(os.path.join(PR_EXAMPLE, "ledger.db"), db)
+    led = Ledger(db, read_only=True)
+    try:
+        run = led.get_run(PR_EXAMPLE_RUN)
+        pr = write_pr(led, run, str(tmp_path / "pr"))
+        md = open(pr.body_path).read()
+        report = open(write_report(led, run, str(tmp_path / "report"))).read()
+        [promo] = led.promotions(run_id=PR_EXAMPLE_RUN)
+    finally:
+        led.close()
+    committed = open(os.path.join(PR_EXAMPLE, "pr", "pr.md")).read()
+
+    def without_diff(text):
+        return re.sub(r"### Diff against .*?```diff.*?```", "", text, flags=re.S)
+    assert without_diff(md) == without_diff(committed)
+    assert pr.branch.mode == "branch" and pr.branch.branch == f"kernel-agent/{PR_EXAMPLE_RUN}" and pr.branch.commits == 1
+    with open(os.path.join(PR_EXAMPLE, "branch.txt")) as f:
+        commit_msg = f.read()
+    assert f"Promote candidate #{promo.candidate_id} for decode_attention_int8 clong-g4-d128" in commit_msg
+    rows = table_rows(committed, "### Timings")
+    assert rows == table_rows(report, "### Timings")
+    cand = next(r for r in rows if r[1] == f"candidate #{promo.candidate_id}")
+    base = next(r for r in rows if r[1] == "baseline")
+    assert (cand[2], base[2], cand[5], cand[6]) == ("0.2443", "0.2653", "1.086x", "1.049x")
+    with open(os.path.join(PR_EXAMPLE, "show.txt")) as f:
+        show = f.read()
+    assert f"{promo.candidate_id}   decode_attention_int8  cfg-16-128-4-3  promoted     equiv  1.086x over baseline" in show
+    rule = ("7.9% faster than the incumbent (geometric mean over 1 shape), above the mean noise 1.0% + margin 2.0%, "
+            "and no shape slower beyond its noise")
+    assert rule in committed and rule in show and rule in report and rule in commit_msg
+
+
 def test_the_extracted_kernel_command_gives_the_judged_source(h200, tmp_path):
     """The reproduce block's first command must give the source the ledger judged, byte for byte."""
     led, db = h200
