@@ -74,7 +74,8 @@ def register(sub) -> None:
     r.add_argument("--in-place", action="store_true",
                    help="write promotions into the serving folder as it is (default, where git tracks it: commits "
                         "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true")
-    r.add_argument("--ledger", default=None, help="SQLite ledger (default runs/ledger.db)")
+    r.add_argument("--ledger", default=None,
+                   help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL")
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
     b = sub.add_parser("bench", help="time kernels on the GPU against the incumbent and the torch anchor, or a "
@@ -152,10 +153,10 @@ def register(sub) -> None:
 def _ledger(args, read: bool = False):
     """The ledger of `--ledger` / KERNEL_AGENT_LEDGER / runs/ledger.db. `read`: a command that only reads
     it refuses a path that does not exist (a typo would otherwise create an empty ledger there)."""
-    from ..harness.ledger import Ledger
+    from ..harness.ledger import Ledger, server_url, sqlite_path
     from .cli import default_ledger
     path = args.ledger or default_ledger()
-    if read and not os.path.exists(path):
+    if read and server_url(path) is None and not os.path.exists(sqlite_path(path)):
         raise _usage(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
                      f"another)")
     return Ledger(path, read_only=read)

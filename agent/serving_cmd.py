@@ -14,7 +14,8 @@ def register(sub, command) -> None:
     d.add_argument("--op", default=None, help="one op (default: every op with a torch implementation)")
     d.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     d.add_argument("--gpu", default=None, help="one GPU name (default: every GPU in the ledger)")
-    d.add_argument("--ledger", default=None, help="SQLite ledger (default runs/ledger.db)")
+    d.add_argument("--ledger", default=None,
+                   help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL")
     d.add_argument("--serving-dir", default=None, help="serving set folder (default kernels/serving)")
     d.add_argument("--write", action="store_true", help="record the choices in the serving manifest")
     d.add_argument("--json", action="store_true")

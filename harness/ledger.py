@@ -1,4 +1,5 @@
-"""The run ledger: every step of every run, in one SQLite file (docs/ARCHITECTURE.md lists its tables).
+"""The run ledger: every step of every run, in one SQLite file or a PostgreSQL database
+(docs/ARCHITECTURE.md lists its tables).
 
 Why SQLite through the SQLAlchemy typed ORM: an overnight run is a single process
 (plus a `history` reader now and then), the ledger must survive a killed process, and
@@ -13,6 +14,13 @@ people browse it with ordinary tools. So:
 - The schema version lives in the `meta` table. A database written by another
   version, or a file that is not a ledger at all, is refused with `LedgerError`
   before anything is written to it (not even the journal mode).
+
+A ledger shared by several machines lives in PostgreSQL (`Ledger("postgresql://...")`, with the
+`postgres` extra's driver). The same rules hold there: the schema version is checked before anything
+is written, each recording method is one short transaction, and writers are serialized as SQLite
+serializes them: every write transaction first takes one transaction-scoped advisory lock, so two
+drivers recording at once queue instead of racing a read-then-write (a run id, a source's first
+proposal). Readers take no lock.
 
 Times are stored as naive UTC and come back as timezone-aware UTC datetimes.
 Objects returned by `Ledger` are detached from their session (no lazy loading; read
@@ -44,8 +52,9 @@ from sqlalchemy import (
     func,
     select,
 )
-from sqlalchemy.engine import URL, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -53,6 +62,9 @@ from . import figures as _figures
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
+# The advisory lock every write transaction of a PostgreSQL ledger takes first (any constant will do,
+# as long as every kernel-agent uses the same one): "kaledger" in ASCII, a positive signed 64-bit key.
+WRITE_LOCK_KEY = int.from_bytes(b"kaledger", "big")
 
 RUN_STATUSES = ("running", "finished", "interrupted", "failed")
 CANDIDATE_STATUSES = ("proposed", "rejected", "verified", "benchmarked", "promoted")
@@ -365,18 +377,91 @@ def _inspect_existing(path: Path, shown: str, immutable: bool = False) -> None:
             raise LedgerError(f"ledger {shown} has an unreadable meta table ({e})") from None
     finally:
         conn.close()
-    if row is None:
+    _check_version(None if row is None else row[0], shown)
+
+
+def server_url(location: str | Path) -> URL | None:
+    """The SQLAlchemy URL of a ledger on a database server, or None for a file (a path, or a
+    `sqlite:///PATH` URL, which names a file too). A plain `postgresql://` URL gets the psycopg (3)
+    driver, the one the `postgres` extra installs."""
+    text = str(location)
+    if "://" not in text:
+        return None
+    try:
+        url = make_url(text)
+    except ArgumentError as e:
+        raise LedgerError(f"ledger {text!r} is not a database URL: {e}") from None
+    if url.get_backend_name() == "sqlite":
+        return None
+    if url.get_backend_name() != "postgresql":
+        raise LedgerError(f"ledger {url.render_as_string(hide_password=True)}: a ledger is a SQLite file or a "
+                          f"PostgreSQL database (postgresql://...), not {url.get_backend_name()}")
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def sqlite_path(location: str | Path) -> Path:
+    """The file of a SQLite ledger given as a path or as a sqlite:/// URL."""
+    text = str(location)
+    if text.startswith("sqlite:"):
+        database = make_url(text).database
+        if not database or database == ":memory:":
+            raise LedgerError(f"ledger {text!r}: a ledger must be a file (sqlite:///PATH)")
+        return Path(database)
+    return Path(location)
+
+
+def _server_engines(url: URL, shown: str, read_only: bool) -> tuple[Engine, Engine]:
+    """(write engine, read engine) of a PostgreSQL ledger. Every write transaction first takes the
+    ledger's advisory lock; a read-only ledger's sessions are read-only on the server too."""
+    try:
+        read = create_engine(url, pool_pre_ping=True)
+        if read_only:
+            read = read.execution_options(postgresql_readonly=True)
+            return read, read
+        write = create_engine(url, pool_pre_ping=True)
+    except (ArgumentError, NoSuchModuleError, ImportError) as e:
+        raise LedgerError(f"ledger {shown} cannot be opened: {e} (a PostgreSQL ledger needs its driver: "
+                          f"pip install 'kernel-agent[postgres]')") from None
+
+    @event.listens_for(write, "begin")
+    def _take_write_lock(conn) -> None:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+    return write, read
+
+
+def _inspect_server(engine: Engine, shown: str) -> None:
+    """What `_inspect_existing` does for a file, for a database on a server: refuse a database that
+    holds other tables than a ledger's, or a ledger of another schema version, before writing to it."""
+    try:
+        with engine.connect() as conn:
+            tables = set(sa_inspect(conn).get_table_names())
+            if not tables:
+                return
+            if "meta" not in tables:
+                raise LedgerError(f"ledger {shown} holds tables but no kernel-agent ledger (no meta table); "
+                                  f"refusing to modify it")
+            row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
+    except DBAPIError as e:
+        raise LedgerError(f"ledger {shown} cannot be opened: {str(e.orig).strip().splitlines()[0]}") from None
+    _check_version(row, shown)
+
+
+def _check_version(value: str | None, shown: str) -> None:
+    if value is None:
         raise LedgerError(f"ledger {shown} has no schema version; refusing to modify it")
     try:
-        version = int(row[0])
+        version = int(value)
     except (TypeError, ValueError):
-        raise LedgerError(f"ledger {shown} has an invalid schema version {row[0]!r}") from None
+        raise LedgerError(f"ledger {shown} has an invalid schema version {value!r}") from None
     if version > SCHEMA_VERSION:
         raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
                           f"{SCHEMA_VERSION} (upgrade kernel-agent)")
     if version < SCHEMA_VERSION:
         raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
-                          f"{SCHEMA_VERSION} (the ledger is older: run `kernel-agent` with --migrate or "
+                          f"{SCHEMA_VERSION} (the ledger is older, and this version has no migration from it: "
                           f"start a new ledger)")
 
 
@@ -431,10 +516,17 @@ def row_time(rows: Sequence[BenchResult]) -> Callable[[BenchResult], float]:
 
 
 class Ledger:
-    """The run ledger in one SQLite file. Safe to open from several processes."""
+    """The run ledger in one SQLite file, or in a PostgreSQL database (a `postgresql://` URL). Safe to
+    open from several processes, and for a database from several machines."""
 
     def __init__(self, path: str | Path, read_only: bool = False):
-        self.path = Path(path)
+        self.url = server_url(path)
+        if self.url is not None:
+            self.path = None
+            self._shown = make_url(str(path)).render_as_string(hide_password=True)  # as the user wrote it
+            self._open_server(read_only)
+            return
+        self.path = sqlite_path(path)
         self._shown = str(path)
         _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path))
         if read_only:  # reads an existing ledger, even on read-only media; writes fail
@@ -458,10 +550,35 @@ class Ledger:
             self.close()
             raise LedgerError(f"ledger {self._shown} cannot be initialised: {e.orig}") from None
 
+    def _open_server(self, read_only: bool) -> None:
+        self._write_engine, self._read_engine = _server_engines(self.url, self._shown, read_only)
+        self._write = sessionmaker(self._write_engine, expire_on_commit=False)
+        self._read = sessionmaker(self._read_engine, expire_on_commit=False)
+        try:
+            _inspect_server(self._read_engine, self._shown)
+            if read_only:
+                with self._read_engine.connect() as conn:
+                    if "meta" not in sa_inspect(conn).get_table_names():
+                        raise LedgerError(f"no ledger in {self._shown}")
+                return
+            self._init_schema()
+        except DBAPIError as e:
+            self.close()
+            raise LedgerError(f"ledger {self._shown} cannot be initialised: "
+                              f"{str(e.orig).strip().splitlines()[0]}") from None
+        except LedgerError:
+            self.close()
+            raise
+
+    @property
+    def location(self) -> str:
+        """Where the ledger is, as a user names it (a server's password hidden)."""
+        return self._shown
+
     def _init_schema(self) -> None:
         with self._write_engine.begin() as conn:
-            # BEGIN IMMEDIATE: a second process initialising the same new file waits here,
-            # then finds the tables (checkfirst) and the version row already in place.
+            # BEGIN IMMEDIATE (a server: the write lock): a second process initialising the same new
+            # ledger waits here, then finds the tables (checkfirst) and the version row in place.
             Base.metadata.create_all(conn, checkfirst=True)
             row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
             if row is None:
@@ -533,7 +650,7 @@ class Ledger:
         `until` bound the start time (a bare date as `until` includes that whole day)."""
         q = select(Run)
         if op is not None:
-            q = q.where(func.instr("," + Run.ops + ",", f",{op},") > 0)
+            q = q.where(("," + Run.ops + ",").contains(f",{op},", autoescape=True))
         if status is not None:
             q = q.where(Run.status == status)
         if since is not None:
@@ -886,7 +1003,8 @@ class Ledger:
 
 
 __all__ = [
-    "SCHEMA_VERSION", "LedgerError", "Ledger", "hash_source", "Base", "Meta", "Run", "Candidate", "Proposal",
+    "SCHEMA_VERSION", "LedgerError", "Ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta", "Run",
+    "Candidate", "Proposal",
     "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
     "CHECK_STATUSES", "CHECK_MODES",
 ]

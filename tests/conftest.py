@@ -21,3 +21,30 @@ def _no_test_leaves_children_refused():
     if runner._stopping.is_set():
         runner.resume_starting()
         pytest.fail("this test left the sanitizer runner refusing new children (a stop without its release)")
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server for the session (the pgserver package's binaries, in a temporary folder),
+    as a function that creates a fresh database and returns its URL. Skipped where pgserver or the
+    psycopg driver is not installed (requirements-dev.txt installs both)."""
+    pgserver = pytest.importorskip("pgserver", reason="PostgreSQL ledger tests need pgserver")
+    pytest.importorskip("psycopg", reason="PostgreSQL ledger tests need psycopg")
+    import itertools
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    server = pgserver.get_server(str(tmp_path_factory.mktemp("postgres")), cleanup_mode="stop")
+    base = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    counter = itertools.count()
+
+    def new_database() -> str:
+        name = f"ledger_{next(counter)}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        return base.set(database=name).render_as_string(hide_password=False)
+
+    yield new_database
+    admin.dispose()
+    server.cleanup()

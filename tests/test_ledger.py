@@ -20,9 +20,13 @@ from kernel_agent.harness.ledger import (
 SRC = "import triton\n\ndef quantize_kv(x):\n    return x\n"
 
 
-@pytest.fixture
-def led(tmp_path):
-    lg = Ledger(tmp_path / "runs" / "ledger.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def led(request, tmp_path):
+    """A new ledger: a SQLite file, and the same tests again on a PostgreSQL server."""
+    if request.param == "postgresql":
+        lg = Ledger(request.getfixturevalue("postgres")())
+    else:
+        lg = Ledger(tmp_path / "runs" / "ledger.db")
     yield lg
     lg.close()
 
@@ -42,7 +46,15 @@ def _bench(lg: Ledger, median, candidate_id=None, label=None, shape_key="T=4,H=2
     return lg.record_bench(**fields)
 
 
-def test_schema_created_with_version_and_wal(tmp_path, led):
+def test_schema_created_with_version_and_wal(tmp_path):
+    led = Ledger(tmp_path / "runs" / "ledger.db")
+    try:
+        _check_schema_and_wal(tmp_path, led)
+    finally:
+        led.close()
+
+
+def _check_schema_and_wal(tmp_path, led):
     path = tmp_path / "runs" / "ledger.db"
     assert path.is_file()  # parent folder created
     con = sqlite3.connect(path)
