@@ -213,8 +213,8 @@ def _cluster_placement(args, file_config: Dict[str, Any]):
         placement = RayPlacement(str(address), gpu_model=section.get("gpu_model"))
     except ValueError as e:
         raise _usage(f"--cluster: {e}") from None
-    except ConnectionError as e:
-        raise _usage(f"--cluster {address}: cannot connect: {e}") from None
+    except (ConnectionError, RuntimeError) as e:
+        raise _usage(f"--cluster {address}: {e}") from None
     ui.line(f"cluster: {placement.describe()}", style="bold")
     return placement
 

@@ -229,6 +229,7 @@ class RayPlacement:
         self._closed = False
         self._shape = self._read_shape()
         self.gpu_name: Optional[str] = self._probe_gpu_name() if self._shape.gpus else None
+        self._remote = ray.remote(execute_on_node)
         self._watcher = threading.Thread(target=self._watch, name="ka-ray-watch", daemon=True)
         self._watcher.start()
 
@@ -273,7 +274,10 @@ class RayPlacement:
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
             raise RuntimeError("no GPU of the cluster answered within 300 s (all busy?)") from None
-        return name or (f"NVIDIA {self._shape.gpu_model}" if self._shape.gpu_model else None)
+        if not name:  # every result would then be refused: say why now
+            raise RuntimeError("a GPU node of the cluster sees no CUDA device (TRITON_INTERPRET=1 in the "
+                               "environment of its `ray start`?)")
+        return name
 
     def describe(self) -> str:
         s = self._shape
@@ -307,7 +311,7 @@ class RayPlacement:
             if task.resource == "gpu" and not self._shape.gpus:
                 raise ValueError("a GPU task on a cluster without GPUs of the run's model")
             sources = task_sources(task)
-            remote = self._ray.remote(execute_on_node)
+            remote = self._remote
             if task.resource == "gpu":
                 ref = remote.options(**self._gpu_options()).remote(task, sources, 1)
             else:

@@ -107,8 +107,11 @@ def cluster():
     os.makedirs(c.node2_tmp)
     c.gpu_log = os.path.join(c.dir, "gpu.log")
     try:
+        # a dead node is noticed after 5 missed health checks a second apart (default 3 s apart): the killed
+        # node's stage comes back sooner; a slow but live node still answers, each check waits 10 s
         c.start("head", ["--head", "--port", str(c.port), "--num-cpus", "1", "--num-gpus", "0",
-                         "--include-dashboard=false", "--temp-dir", c.dir])
+                         "--include-dashboard=false", "--temp-dir", c.dir],
+                env={"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"})
         c.wait_for(1)
         c.start("node2", ["--address", c.address, "--num-cpus", "1", "--num-gpus", "0"], env={"TMPDIR": c.node2_tmp})
         c.wait_for(2)
@@ -124,8 +127,10 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def gpu_node(cluster):
-    """A node (after the second is gone) that declares one H200 (Ray's accelerator type resource); its GPU tasks are the fakes of
-    tests/ray_fake_gpu.py. Connected to from this process for the duration of the test."""
+    """A node (once the second is gone) that declares one H200 (Ray's accelerator type resource); its GPU
+    tasks are the fakes of tests/ray_fake_gpu.py."""
+    if "node2" in cluster.nodes:  # (the run's test, which kills it, was not run)
+        cluster.kill("node2")
     cluster.start("gpu", ["--address", cluster.address, "--num-cpus", "1", "--num-gpus", "1",
                           "--resources", json.dumps({"accelerator_type:H200": 1})],
                   env={"KERNEL_AGENT_RAY_RUNNER": "ray_fake_gpu", "PYTHONPATH": os.path.join(ROOT, "tests"),
