@@ -916,7 +916,7 @@ class _Stream:
                 works.setdefault(w.cid, w)
         return list(works.values())
 
-    def _hard_stop(self) -> None:
+    def _hard_stop(self, why: str = "time limit reached") -> None:
         lp = self.loop
         left = self._unjudged()
         self.placement.stop()
@@ -925,7 +925,7 @@ class _Stream:
         self.running.clear()
         if left:
             lp.stats["unjudged"] += len(left)
-            lp.events.note(f"time limit reached: stopped {len(left)} candidate(s) in flight "
+            lp.events.note(f"{why}: stopped {len(left)} candidate(s) in flight "
                            f"({', '.join(w.proposal.label for w in left[:4])}{', ...' if len(left) > 4 else ''}); "
                            f"they stay at the stage they reached: `kernel-agent run --resume {lp.run_id}` finishes "
                            f"them")
@@ -944,6 +944,10 @@ class _Stream:
                 self._start()
                 waiting = list(self.running) + ([self.proposing] if self.proposing else [])
                 if not waiting:
+                    if self.gpu_queue and not self.cpu_queue and not self.placement.gpus:
+                        # the cluster lost its last GPU (of the run's model): nothing queued can ever start
+                        self._hard_stop("no GPU is left")
+                        return "no GPU is left to judge on"
                     if self.cpu_queue or self.gpu_queue:
                         continue  # startable now (a target became free)
                     stop = self.budget.exhausted(lp._tokens())

@@ -760,7 +760,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     """A task whose machine went away (a cluster node that died) comes back as TaskLost: the loop runs that
     stage again instead of judging the candidate on it, and each candidate is judged once: every check and
     benchmark recorded once, nothing rejected. A stage lost more often than the loop retries is left
-    unjudged, at the stage it reached, for a resume."""
+    unjudged, at the stage it reached, for a resume; so is a stage that needs a GPU once none is left."""
     from collections import Counter
     from concurrent.futures import Future
     from kernel_agent.agent import loop as loop_mod
@@ -798,6 +798,23 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     assert len(third) == 1 and third[0].status == "proposed" and led.checks(third[0].id) == []
     assert lost["quick"] == 2 + loop_mod.TASK_LOST_RETRIES and lp.stats["unjudged"] == 1
     assert any("left at that stage" in n and "--resume" in n for n in notes)
+
+    always_lost.clear()  # a fourth whose benchmark loses the last GPU: the stream ends, it stays verified
+    real_gpus = list(lp.placement.gpus)
+
+    def losing_the_gpus(task):
+        if task.kind == "bench":
+            lp.placement.gpus = []
+            fut = Future()
+            fut.set_result(TaskLost("node lost (NodeDiedError)"))
+            return fut
+        return submit(task)
+    monkeypatch.setattr(lp.placement, "submit", losing_the_gpus)
+    assert _stream(lp, targets[:1], budget, 1) == "no GPU is left to judge on"
+    fourth = led.candidates(run_id=run.id)[-1]
+    assert fourth.status == "verified" and lp.stats["unjudged"] == 2
+    assert any(n.startswith("no GPU is left: stopped 1 candidate(s)") for n in notes)
+    lp.placement.gpus = real_gpus
     led.close()
 
 
