@@ -215,7 +215,8 @@ def _cluster_placement(args, file_config: Dict[str, Any]):
         raise _usage(f"--cluster: {e}") from None
     except (ConnectionError, RuntimeError) as e:
         raise _usage(f"--cluster {address}: {e}") from None
-    ui.line(f"cluster: {placement.describe()}", style="bold")
+    if not args.json:  # (stdout holds only the summary document with --json)
+        ui.line(f"cluster: {placement.describe()}", style="bold")
     return placement
 
 
