@@ -4,6 +4,7 @@ else), a short `kernel-agent run --cluster` on its CPUs with one node killed mid
 on a third node that declares a GPU which tests/ray_fake_gpu.py stands in for."""
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -84,6 +85,7 @@ class Cluster:
             ray.shutdown()
         for name in list(self.nodes):
             self.kill(name)
+        shutil.rmtree(self.dir, ignore_errors=True)  # the nodes' logs and session files
 
 
 def _processes_under(path):
@@ -117,12 +119,12 @@ def cluster():
         c.wait_for(2)
         yield c
     finally:
-        c.stop()
         for pid in _processes_under(c.node2_tmp):  # judges orphaned by the killed node (they run in sessions of their own)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        c.stop()
 
 
 @pytest.fixture(scope="module")
