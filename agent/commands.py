@@ -71,6 +71,9 @@ def register(sub) -> None:
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
     r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
     r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
+    r.add_argument("--cluster", metavar="ADDRESS",
+                   help="evaluate on a Ray cluster: auto, ray://HOST:PORT or HOST:PORT (or [cluster] address in "
+                        "--config); needs kernel-agent[cluster]. Default: this machine")
     r.add_argument("--in-place", action="store_true",
                    help="write promotions into the serving folder as it is (default, where git tracks it: commits "
                         "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true")
@@ -193,16 +196,44 @@ def cmd_run(args) -> int:
             args._status_line.close()  # a live line left open would swallow the error that ended the run
 
 
+def _cluster_placement(args, file_config: Dict[str, Any]):
+    """The Ray placement of `--cluster` / the config's [cluster] section, or None: this machine's."""
+    section = file_config.get("cluster", {})
+    if not isinstance(section, dict):
+        raise _usage("[cluster] in the config must be a section")
+    address = args.cluster or section.get("address")
+    if not address:
+        return None
+    if args.jobs is not None or args.gpus is not None:
+        raise _usage("--jobs and --gpus size this machine's placement; on a cluster its resources do")
+    try:
+        from .ray_placement import RayPlacement
+    except ImportError:
+        raise _usage("--cluster needs Ray: pip install 'kernel-agent[cluster]'") from None
+    try:
+        placement = RayPlacement(str(address), gpu_model=section.get("gpu_model"))
+    except ValueError as e:
+        raise _usage(f"--cluster: {e}") from None
+    except (ConnectionError, RuntimeError) as e:
+        raise _usage(f"--cluster {address}: {e}") from None
+    if not args.json:  # (stdout holds only the summary document with --json)
+        ui.line(f"cluster: {placement.describe()}", style="bold")
+    return placement
+
+
 def _run(args, events, ledger_path: str) -> int:
     from .loop import RunConfig, run_loop
     from .model import ModelConfig, load_config
+    file_config: Dict[str, Any] = load_config(args.config) if args.config else {}
     if args.resume:
         if args.in_place:
             raise _usage("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
         limit = _duration(str(args.time_limit)) if args.time_limit else None
-        summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit)
+        placement = _cluster_placement(args, file_config)
+        summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit,
+                           placement=placement)
         return _print_run_summary(summary, args)
-    file_run: Dict[str, Any] = load_config(args.config).get("run", {}) if args.config else {}
+    file_run: Dict[str, Any] = file_config.get("run", {})
     cfg = RunConfig()
     if "ops" in file_run:
         cfg.ops = _ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
@@ -268,7 +299,7 @@ def _run(args, events, ledger_path: str) -> int:
         _check_endpoint(model)
     else:
         cfg.proposer = "search"
-    summary = run_loop(cfg, ledger_path, events=events)
+    summary = run_loop(cfg, ledger_path, events=events, placement=_cluster_placement(args, file_config))
     return _print_run_summary(summary, args)
 
 

@@ -38,7 +38,7 @@ from ..harness.ledger import Ledger, hash_source
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
-from .placement import BenchTask, LocalPlacement, SanitizeTask, default_jobs, describe, occupied_fraction
+from .placement import BenchTask, LocalPlacement, SanitizeTask, TaskLost, default_jobs, describe, occupied_fraction
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
                       publish_choices, publish_promotion, recorded_target)
@@ -59,6 +59,9 @@ PIPELINE_PER_GPU = 6
 DUPLICATE_STREAK_LIMIT = 25
 # Earlier runs' candidates for a target that a new run's prompts mention.
 HISTORY_ATTEMPTS = 8
+# Times one stage of one candidate is queued again after the machine running it went away (a cluster
+# node died) before the run leaves the candidate at that stage for a resume.
+TASK_LOST_RETRIES = 3
 # How long the hard stop waits for killed children to be reaped before the run ends anyway.
 STOP_GRACE_S = 8.0
 
@@ -678,6 +681,7 @@ class _Stream:
         self.proposing: Optional[Future] = None
         self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
         self.idle_asks = 0
+        self.lost: Dict[Tuple[int, str], int] = {}  # (cid, stage) -> times its task was lost with its machine
 
     # -- capacity -------------------------------------------------------------------------
     def _want_more(self) -> bool:
@@ -822,6 +826,8 @@ class _Stream:
         lp = self.loop
         stage, what, task = self.running.pop(fut)
         result = fut.result()
+        if isinstance(result, TaskLost):  # not a result about the candidate: run the stage again
+            return self._requeue(stage, what, result.reason)
         if stage in ("quick", "full", "gpu"):
             works = self.sharing.pop((what[0].cid if isinstance(what, list) else what.cid, stage))
             live = [w for w in works if not w.rejected]
@@ -848,6 +854,40 @@ class _Stream:
             lp._promote(w)
         self.busy_targets.discard(key)
         self._leave(w)
+
+    def _requeue(self, stage: str, what: Any, reason: str) -> None:
+        """A stage whose task was lost with its machine goes back to the front of its queue (nothing was
+        recorded for it); after TASK_LOST_RETRIES losses the candidate is left at the stage it reached,
+        unjudged, for a resume."""
+        lp = self.loop
+        works: List[Work] = what if isinstance(what, list) else [what]
+        w0 = works[0]
+        key = (w0.cid, stage)
+        sanitizer = stage in ("quick", "full", "gpu")
+        sharing = self.sharing.get(key, works) if sanitizer else works
+        n = self.lost[key] = self.lost.get(key, 0) + 1
+        if all(w.rejected for w in sharing):  # rejected meanwhile by the stage beside it: nothing to redo
+            self.sharing.pop(key, None)
+            return
+        if n > TASK_LOST_RETRIES:
+            if sanitizer:
+                self.sharing.pop(key, None)
+            self.busy_targets.discard((w0.target.op, w0.target.bucket))
+            lp.stats["unjudged"] += 1
+            lp.events.note(f"{w0.proposal.label} {stage}: {reason}, {n} times: left at that stage; "
+                           f"`kernel-agent run --resume {lp.run_id}` finishes it")
+            for w in sharing:
+                if not w.rejected:
+                    w.rejected = True  # nothing more runs for it in this session (a stage beside it only records)
+                    self._leave(w)
+            return
+        lp.events.note(f"{w0.proposal.label} {stage}: {reason}; queued again")
+        if stage in ("quick", "full"):
+            self.cpu_queue.appendleft((stage, what))
+            return
+        if stage == "bench":  # started again when its target is free, as any benchmark
+            self.busy_targets.discard((w0.target.op, w0.target.bucket))
+        self.gpu_queue.appendleft((stage, w0))
 
     def _status(self) -> None:
         now = time.time()
@@ -876,7 +916,7 @@ class _Stream:
                 works.setdefault(w.cid, w)
         return list(works.values())
 
-    def _hard_stop(self) -> None:
+    def _hard_stop(self, why: str = "time limit reached") -> None:
         lp = self.loop
         left = self._unjudged()
         self.placement.stop()
@@ -885,7 +925,7 @@ class _Stream:
         self.running.clear()
         if left:
             lp.stats["unjudged"] += len(left)
-            lp.events.note(f"time limit reached: stopped {len(left)} candidate(s) in flight "
+            lp.events.note(f"{why}: stopped {len(left)} candidate(s) in flight "
                            f"({', '.join(w.proposal.label for w in left[:4])}{', ...' if len(left) > 4 else ''}); "
                            f"they stay at the stage they reached: `kernel-agent run --resume {lp.run_id}` finishes "
                            f"them")
@@ -904,6 +944,10 @@ class _Stream:
                 self._start()
                 waiting = list(self.running) + ([self.proposing] if self.proposing else [])
                 if not waiting:
+                    if self.gpu_queue and not self.cpu_queue and not self.placement.gpus:
+                        # the cluster lost its last GPU (of the run's model): nothing queued can ever start
+                        self._hard_stop("no GPU is left")
+                        return "no GPU is left to judge on"
                     if self.cpu_queue or self.gpu_queue:
                         continue  # startable now (a target became free)
                     stop = self.budget.exhausted(lp._tokens())
@@ -933,9 +977,12 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
     least enough to finish what it left in flight)."""
     events = events or RunEvents()
     ledger = Ledger(ledger_path)
-    gpu = gpu_available()
-    from ..harness.env import gpu_name as _gpu_name
-    gname = (_gpu_name() or "cpu") if gpu else "cpu"
+    if getattr(placement, "remote", False):  # a cluster: its GPUs are the run's, not this machine's
+        gpu, gname = bool(placement.gpus), (placement.gpu_name or "cpu") if placement.gpus else "cpu"
+    else:
+        gpu = gpu_available()
+        from ..harness.env import gpu_name as _gpu_name
+        gname = (_gpu_name() or "cpu") if gpu else "cpu"
     previous: Optional[TargetInfo] = None
     if resume:
         run = ledger.get_run(resume)

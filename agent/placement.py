@@ -65,6 +65,15 @@ class BenchTask:
 Task = Union[SanitizeTask, BenchTask]
 
 
+@dataclass(frozen=True)
+class TaskLost:
+    """The result of a task that did not finish because the machine it ran on went away (a cluster node
+    died or was removed): it says nothing about the candidate, so the loop queues the task again
+    instead of judging the candidate on it."""
+
+    reason: str
+
+
 GPU_CHECKS_PER_GPU = 3
 
 
@@ -322,6 +331,8 @@ class LocalPlacement:
 
 
 def describe(placement: LocalPlacement) -> str:
+    if hasattr(placement, "describe"):  # a cluster's placement says what it chose itself
+        return placement.describe()
     gpus = f"{len(placement.gpus)} GPU{'s' if len(placement.gpus) != 1 else ''} ({', '.join(placement.gpus)})" \
         if placement.gpus else "no GPU"
     return (f"{placement.cpu_slots} sanitizer process{'es' if placement.cpu_slots != 1 else ''} "
@@ -329,6 +340,6 @@ def describe(placement: LocalPlacement) -> str:
             f"cores), {gpus}")
 
 
-__all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "LocalPlacement", "run_task", "default_jobs",
+__all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "TaskLost", "LocalPlacement", "run_task", "default_jobs",
                       "GPU_CHECKS_PER_GPU", "TaskSpan", "occupied_fraction",
                       "threads_per_child", "usable_cores", "describe"]

@@ -756,6 +756,68 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
     led.close()
 
 
+def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path, monkeypatch):
+    """A task whose machine went away (a cluster node that died) comes back as TaskLost: the loop runs that
+    stage again instead of judging the candidate on it, and each candidate is judged once: every check and
+    benchmark recorded once, nothing rejected. A stage lost more often than the loop retries is left
+    unjudged, at the stage it reached, for a resume; so is a stage that needs a GPU once none is left."""
+    from collections import Counter
+    from concurrent.futures import Future
+    from kernel_agent.agent import loop as loop_mod
+    from kernel_agent.agent.placement import TaskLost
+    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    notes = []
+    lp.events = loop_mod.RunEvents(note=notes.append)
+    submit, lost = lp.placement.submit, Counter()
+    always_lost = set()  # task kinds whose every task is lost
+
+    def losing_submit(task):
+        if lost[task.kind] < 1 or task.kind in always_lost:  # the first of each kind goes down with its node
+            lost[task.kind] += 1
+            fut = Future()
+            fut.set_result(TaskLost("node lost (NodeDiedError)"))
+            return fut
+        return submit(task)
+    monkeypatch.setattr(lp.placement, "submit", losing_submit)
+    _stream(lp, targets[:1], budget, 2)
+    cands = led.candidates(run_id=run.id)
+    assert len(cands) == 2 and {c.status for c in cands} == {"benchmarked"}
+    assert lost == Counter({"quick": 1, "full": 1, "gpu": 1, "bench": 1})
+    assert sum("queued again" in n for n in notes) == 4
+    for c in cands:
+        checks = Counter((x.mode, x.name) for x in led.checks(c.id))
+        assert set(checks) >= {("quick", "static_gate"), ("full", "static_gate"), ("gpu", "determinism")}
+        assert max(checks.values()) == 1
+    assert [s for s, _ in seen].count("bench") == 2 and lp.stats["rejected"] == 0
+
+    always_lost.add("quick")  # a third candidate whose quick stage is lost every time
+    _stream(lp, targets[:1], budget, 1)
+    third = [c for c in led.candidates(run_id=run.id) if c.id not in {c.id for c in cands}]
+    assert len(third) == 1 and third[0].status == "proposed" and led.checks(third[0].id) == []
+    assert lost["quick"] == 2 + loop_mod.TASK_LOST_RETRIES and lp.stats["unjudged"] == 1
+    assert any("left at that stage" in n and "--resume" in n for n in notes)
+
+    always_lost.clear()  # a fourth whose benchmark loses the last GPU: the stream ends, it stays verified
+    real_gpus = list(lp.placement.gpus)
+
+    def losing_the_gpus(task):
+        if task.kind == "bench":
+            lp.placement.gpus = []
+            fut = Future()
+            fut.set_result(TaskLost("node lost (NodeDiedError)"))
+            return fut
+        return submit(task)
+    monkeypatch.setattr(lp.placement, "submit", losing_the_gpus)
+    assert _stream(lp, targets[:1], budget, 1) == "no GPU is left to judge on"
+    fourth = led.candidates(run_id=run.id)[-1]
+    assert fourth.status == "verified" and lp.stats["unjudged"] == 2
+    assert any(n.startswith("no GPU is left: stopped 1 candidate(s)") for n in notes)
+    lp.placement.gpus = real_gpus
+    led.close()
+
+
 def test_the_live_status_line(monkeypatch):
     """What the status line says, and that on a terminal it is drawn in place below the printed lines
     (transient: gone once the run ends) while elsewhere it is a plain line at most once a minute."""
