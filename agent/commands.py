@@ -1,9 +1,8 @@
-"""Subcommands beyond `sanitize`: registered on the parser and dispatched by agent/cli.py."""
+"""`run`, `bench`, `history`, `show`, `promote` and `demote`: their parsers and handlers (agent/cli.py dispatches)."""
 from __future__ import annotations
 
 import collections
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -11,39 +10,19 @@ import sys
 from typing import Any, Dict, List
 
 from . import ui
-
-COMMANDS: Dict[str, Any] = {}
-
-
-def command(name):
-    def deco(fn):
-        COMMANDS[name] = fn
-        return fn
-    return deco
-
-
-def _usage(msg: str):
-    from .errors import UsageError
-    return UsageError(msg)
-
-
-def _duration(text: str) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
-    if not m:
-        raise _usage(f"bad duration {text!r}: use e.g. 90s, 30m, 8h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def _ops(text: str) -> List[str]:
-    from .cli import OP_NAMES
-    ops = list(OP_NAMES) if text in ("all", "") else [o.strip() for o in text.split(",") if o.strip()]
-    for o in ops:
-        if o not in OP_NAMES:
-            raise _usage(f"unknown op {o!r}; expected one of {', '.join(OP_NAMES)} (or all)")
-    return ops
+from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
+                         parse_duration, parse_ops)
+from .review import history, parent_source, unified_diff
 
 
 def register(sub) -> None:
+    _add_run_parser(sub)
+    _add_bench_parser(sub)
+    _add_ledger_view_parsers(sub)
+    _add_serving_change_parsers(sub)
+
+
+def _add_run_parser(sub) -> None:
     r = sub.add_parser("run", help="the overnight loop: propose, sanitize, benchmark, promote")
     r.add_argument("--ops", default="all", help="comma list of ops, or all (default)")
     r.add_argument("--proposer", choices=["auto", "search", "model"], default="auto",
@@ -77,6 +56,9 @@ def register(sub) -> None:
     r.add_argument("--ledger", default=None, help="SQLite ledger (default runs/ledger.db)")
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
+
+
+def _add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="time kernels on the GPU against the incumbent and the torch anchor, or a "
                                       "model's decode step (--model)")
     b.add_argument("--op", help="an op, or all (required unless --model)")
@@ -101,6 +83,9 @@ def register(sub) -> None:
                    help="time each shape in this many processes, one after the other, and report a spread that "
                         "includes the differences between them (default 1)")
 
+
+
+def _add_ledger_view_parsers(sub) -> None:
     h = sub.add_parser("history", help="runs, filters, per-op leaderboards, speedup trend")
     h.add_argument("--op")
     h.add_argument("--status", choices=["running", "finished", "interrupted", "failed"])
@@ -119,6 +104,9 @@ def register(sub) -> None:
     s.add_argument("--json", action="store_true")
     s.add_argument("--source", action="store_true", help="print the candidate's whole source")
 
+
+
+def _add_serving_change_parsers(sub) -> None:
     p = sub.add_parser("promote", help="promote a candidate file into the serving set by the rule (GPU)")
     p.add_argument("--op", required=True)
     p.add_argument("file")
@@ -139,26 +127,6 @@ def register(sub) -> None:
     d.add_argument("--reason", required=True)
     d.add_argument("--ledger", default=None)
 
-    from .review import register as register_review
-    register_review(sub, command)
-    from .pr import register as register_pr
-    register_pr(sub, command)
-    from .ci_templates import register as register_ci
-    register_ci(sub, command)
-    from .serving_cmd import register as register_serving
-    register_serving(sub, command)
-
-
-def _ledger(args, read: bool = False):
-    """The ledger of `--ledger` / KERNEL_AGENT_LEDGER / runs/ledger.db. `read`: a command that only reads
-    it refuses a path that does not exist (a typo would otherwise create an empty ledger there)."""
-    from ..harness.ledger import Ledger
-    from .cli import default_ledger
-    path = args.ledger or default_ledger()
-    if read and not os.path.exists(path):
-        raise _usage(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
-                     f"another)")
-    return Ledger(path, read_only=read)
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -177,11 +145,10 @@ def _interrupt_on_signals() -> None:
 
 @command("run")
 def cmd_run(args) -> int:
-    from .cli import default_ledger
     # the flags alone are checked before torch is imported (seconds), so a usage error comes at once
-    _ops(args.ops)
+    parse_ops(args.ops)
     if args.time_limit:
-        _duration(str(args.time_limit))
+        parse_duration(str(args.time_limit))
     _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
     events = _run_events(args)
@@ -197,16 +164,16 @@ def _run(args, events, ledger_path: str) -> int:
     from .model import ModelConfig, load_config
     if args.resume:
         if args.in_place:
-            raise _usage("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
-        limit = _duration(str(args.time_limit)) if args.time_limit else None
+            raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
+        limit = parse_duration(str(args.time_limit)) if args.time_limit else None
         summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit)
         return _print_run_summary(summary, args)
     file_run: Dict[str, Any] = load_config(args.config).get("run", {}) if args.config else {}
     cfg = RunConfig()
     if "ops" in file_run:
-        cfg.ops = _ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
+        cfg.ops = parse_ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
     if args.ops != "all" or "ops" not in file_run:
-        cfg.ops = _ops(args.ops)
+        cfg.ops = parse_ops(args.ops)
     for key, attr, conv in (("candidates", "max_candidates", int), ("per_round", "per_round", int),
                             ("tokens", "token_budget", int), ("jobs", "jobs", int), ("dtype", "dtype", str),
                             ("shapes", "bench_shapes", str), ("seed", "seed", int), ("gpus", "gpus", int)):
@@ -217,25 +184,25 @@ def _run(args, events, ledger_path: str) -> int:
             try:
                 setattr(cfg, attr, conv(v))
             except (TypeError, ValueError):
-                raise _usage(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
+                raise UsageError(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
                              f"got {v!r}") from None
     tl = args.time_limit or file_run.get("time_limit")
     if tl:
-        cfg.time_limit_s = _duration(str(tl))
+        cfg.time_limit_s = parse_duration(str(tl))
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
     if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
-        raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
+        raise UsageError("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     in_place = args.in_place or file_run.get("in_place", False)
     if not isinstance(in_place, bool):
-        raise _usage(f"in_place: expected true or false, got {in_place!r}")
+        raise UsageError(f"in_place: expected true or false, got {in_place!r}")
     cfg.in_place = in_place
     target_model = args.target_model or file_run.get("target_model")
     points = args.target_points or file_run.get("target_points")
     if target_model:
         if args.shapes or "shapes" in file_run:
-            raise _usage("--target-model chooses the shapes: leave out --shapes")
+            raise UsageError("--target-model chooses the shapes: leave out --shapes")
         from ..harness.model_step import ModelConfigError, load_model_config, parse_points
         try:
             cfg.target_model = load_model_config(str(target_model)).to_json()
@@ -243,21 +210,21 @@ def _run(args, events, ledger_path: str) -> int:
                 parse_points(str(points))
                 cfg.target_points = str(points)
         except ModelConfigError as e:
-            raise _usage(str(e)) from None
+            raise UsageError(str(e)) from None
     elif points:
-        raise _usage("--target-points needs --target-model")
+        raise UsageError("--target-points needs --target-model")
     from .loop import targets_for
     try:
         targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
     except ValueError as e:
-        raise _usage(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
+        raise UsageError(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
     if cfg.target_model:  # the run's ops are those the step calls
         cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
     if args.candidates_dir:
         cfg.candidates_dir = args.candidates_dir
     model = ModelConfig.resolve(args.model, args.base_url, args.config)
     if args.proposer == "model" and model is None:
-        raise _usage("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
+        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
                      "--base-url and --model)")
     use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
     if use_model:
@@ -278,15 +245,15 @@ def _check_endpoint(model) -> None:
     import socket
     url = model.base_url or OPENAI_DEFAULT_URL
     if not model.base_url and not model.api_key:
-        raise _usage(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
+        raise UsageError(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
                      f"OPENAI_API_KEY for {OPENAI_DEFAULT_URL}")
     u = urllib.parse.urlparse(url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise _usage(f"bad endpoint URL {url!r}")
+        raise UsageError(f"bad endpoint URL {url!r}")
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
-        raise _usage(f"cannot reach the model endpoint {url}: {e.strerror or e}")
+        raise UsageError(f"cannot reach the model endpoint {url}: {e.strerror or e}")
 
 
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes without a base URL
@@ -346,20 +313,20 @@ def cmd_bench(args) -> int:
     model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
                                   ("--kv", args.kv), ("--stacks", args.stacks)) if v is not None]
     if model_flags:
-        raise _usage(f"{', '.join(model_flags)}: only with --model")
+        raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
-        raise _usage("bench: give --op (an op, or all) or --model")
+        raise UsageError("bench: give --op (an op, or all) or --model")
     from ..harness.bench import NoGPU, load_ceilings, merge_processes, require_gpu, resolve_shapes, with_reported_times
     from ..harness.bench_worker import run_bench_isolated
     from ..harness.ops import get_op
-    ops = _ops(args.op)
+    ops = parse_ops(args.op)
     for f in args.files:
         if not os.path.isfile(f):
-            raise _usage(f"no such file: {f}")
+            raise UsageError(f"no such file: {f}")
     if args.files and len(ops) > 1:
-        raise _usage("candidate files need a single --op")
+        raise UsageError("candidate files need a single --op")
     if args.processes < 1:
-        raise _usage("--processes must be at least 1")
+        raise UsageError("--processes must be at least 1")
     try:
         require_gpu()
     except NoGPU as e:
@@ -373,7 +340,7 @@ def cmd_bench(args) -> int:
         try:
             shapes = resolve_shapes(op, args.shapes)
         except ValueError as e:
-            raise _usage(str(e))
+            raise UsageError(str(e))
         kernels = [{"label": "baseline", "file": None}] + [
             {"label": f"candidate:{os.path.basename(f)}", "file": os.path.abspath(f)} for f in args.files]
         with ui.Progress(f"bench {name}", len(shapes)) as prog:
@@ -397,7 +364,7 @@ def cmd_bench(args) -> int:
                     os.replace(args.out + ".tmp", args.out)
                 prog.advance(f"{name} {s.key()}")
     if doc.get("run_id"):
-        _ledger(args).set_run_status(doc["run_id"], "finished", finished=True)
+        open_ledger(args).set_run_status(doc["run_id"], "finished", finished=True)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
@@ -407,10 +374,10 @@ def cmd_bench(args) -> int:
 
 def _record_bench_doc(args, doc, results) -> None:
     from ..harness.env import versions
-    led = _ledger(args)
+    led = open_ledger(args)
     if not doc.get("run_id"):
         run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
-                            versions(), "bench", _ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
+                            versions(), "bench", parse_ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
         doc["run_id"] = run.id
     from ..harness.bench import record_shape_result
     for res in results:
@@ -451,11 +418,11 @@ def _bench_model(args) -> int:
     from ..harness.model_step import KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names, \
         parse_points
     if args.op:
-        raise _usage("bench: give --op or --model, not both")
+        raise UsageError("bench: give --op or --model, not both")
     if args.files:
-        raise _usage("bench --model takes no candidate FILE (it times the baselines and the serving set)")
+        raise UsageError("bench --model takes no candidate FILE (it times the baselines and the serving set)")
     if args.points and (args.batch is not None or args.context is not None):
-        raise _usage("bench --model: give --points, or --batch and --context, not both")
+        raise UsageError("bench --model: give --points, or --batch and --context, not both")
     try:
         cfg = load_model_config(args.model)
         if args.points:
@@ -469,11 +436,10 @@ def _bench_model(args) -> int:
         stacks = parse_names(args.stacks or "torch,baseline,serving", STACKS, "--stacks")
         kv_modes = parse_names(args.kv or ",".join(KV_MODES), KV_MODES, "--kv")
     except ModelConfigError as e:
-        raise _usage(str(e))
+        raise UsageError(str(e))
     if args.out and os.path.isdir(args.out):
-        raise _usage(f"--out {args.out}: is a folder; give a file path")
-    from .cli import _cuda_available
-    if not _cuda_available():
+        raise UsageError(f"--out {args.out}: is a folder; give a file path")
+    if not cuda_available():
         ui.error("bench --model needs a CUDA GPU")
         return 2
     from ..harness.model_step import run_model_bench
@@ -533,22 +499,20 @@ def print_model_bench(result) -> None:
 
 @command("history")
 def cmd_history(args) -> int:
-    from .cli import _check_op
-    from .review import history
     if args.op:
-        _check_op(args.op)
-    return history(args, _ledger(args, read=True))
+        check_op(args.op)
+    return history(args, open_ledger(args, read=True))
 
 
 @command("show")
 def cmd_show(args) -> int:
-    led = _ledger(args, read=True)
+    led = open_ledger(args, read=True)
     what = args.what
     if re.fullmatch(r"c?\d+", what):
         return _show_candidate(led, int(what.lstrip("c")), args)
     run = led.get_run(what)
     if run is None:
-        raise _usage(f"no run or candidate {what!r} in the ledger")
+        raise UsageError(f"no run or candidate {what!r} in the ledger")
     return _show_run(led, run, args)
 
 
@@ -614,25 +578,10 @@ def _cand_json(led, c) -> Dict[str, Any]:
             "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)]}
 
 
-def parent_source(led, c) -> tuple:
-    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
-    if c.parent_id:
-        p = led.candidate(c.parent_id)
-        if p:
-            return f"candidate #{p.id}", p.source
-    from .search import baseline_source
-    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
-
-
-def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=old_label, tofile=new_label, n=3))
-
-
 def _show_candidate(led, cid: int, args) -> int:
     c = led.candidate(cid)
     if c is None:
-        raise _usage(f"no candidate {cid} in the ledger")
+        raise UsageError(f"no candidate {cid} in the ledger")
     if args.json:
         doc = _cand_json(led, c)
         doc["source"] = c.source
@@ -707,11 +656,10 @@ def cmd_promote(args) -> int:
     from ..harness.promotion import judge_benchmark
     from ..sanitizer.runner import run_isolated
     from ..sanitizer.report import merge_gpu
-    from .cli import _check_op
     from .publish import PromotionRequest, plan_target, publish_promotion
-    _check_op(args.op)
+    check_op(args.op)
     if not os.path.isfile(args.file):
-        raise _usage(f"no such file: {args.file}")
+        raise UsageError(f"no such file: {args.file}")
     try:
         require_gpu()
     except NoGPU as e:
@@ -719,7 +667,7 @@ def cmd_promote(args) -> int:
         return 2
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
-    led = _ledger(args)
+    led = open_ledger(args)
     with open(args.file) as f:
         source = f.read()
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
@@ -786,10 +734,9 @@ def cmd_promote(args) -> int:
 def cmd_demote(args) -> int:
     from ..harness import serving
     from ..harness.env import gpu_name
-    from .cli import _check_op
-    _check_op(args.op)
+    check_op(args.op)
     gname = args.gpu or gpu_name() or "cpu"
-    led = _ledger(args)
+    led = open_ledger(args)
     removed = serving.remove(args.op, args.bucket, args.dtype, gname)
     promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)
     if promo is None:
@@ -800,6 +747,6 @@ def cmd_demote(args) -> int:
     if promo is not None:
         led.demote(promo.id, args.reason)
     if not removed and promo is None:
-        raise _usage(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
+        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
     ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; the baseline serves it now")
     return 0

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
 from . import ui
-from .errors import UsageError
+from .cli_common import UsageError, command, default_ledger, open_ledger
 from .review import (PromotedKernel, _md_word, _plots, diff_section, promoted_kernels, promotion_header,
                      timings_section, verdict_section)
 
@@ -34,7 +34,7 @@ BODY = "pr.md"
 SUGGESTED_POINTS = ("32x8192", "8x32768", "64x2048", "1x8192", "8x8192", "16x8192", "128x8192", "256x8192")
 
 
-def register(sub, command) -> None:
+def register(sub) -> None:
     p = sub.add_parser("pr", help="pull-request body (markdown) and plots for a run's promotions; --open opens it")
     p.add_argument("run", help="run id")
     p.add_argument("--out", default=None, help="output folder (default runs/<run>/pr)")
@@ -483,9 +483,7 @@ def _shell(cmd: Sequence[str]) -> str:
 
 
 def cmd_pr(args) -> int:
-    from .cli import default_ledger
-    from .commands import _ledger
-    led = _ledger(args, read=True)
+    led = open_ledger(args, read=True)
     run = led.get_run(args.run)
     if run is None:
         raise UsageError(f"no run {args.run!r} in the ledger")

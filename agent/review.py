@@ -1,6 +1,7 @@
 """The surfaces reviewers touch: `history`, `report` (pull-request markdown + plots) and `gate` (CI)."""
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -13,9 +14,10 @@ from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, Tren
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
 from ..sanitizer.verdict import fence_for, quote_untrusted
 from . import ui
+from .cli_common import UsageError, command, cuda_available, open_ledger
 
 
-def register(sub, command) -> None:
+def register(sub) -> None:
     r = sub.add_parser("report", help="pull-request-ready markdown summary of a run (with PNG plots)")
     r.add_argument("run", help="run id")
     r.add_argument("--out", default=None, help="output folder (default runs/<run>/report)")
@@ -39,7 +41,6 @@ def register(sub, command) -> None:
 
 def history(args, led) -> int:
     if (args.leaderboard or args.trend) and not args.op:
-        from .errors import UsageError
         raise UsageError("--leaderboard and --trend need --op")
     runs = led.runs(op=args.op, status=args.status, since=args.since, until=args.until, proposer=args.proposer,
                     limit=args.limit)
@@ -105,11 +106,9 @@ def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
 # -- report ------------------------------------------------------------------------------------
 
 def cmd_report(args) -> int:
-    from .commands import _ledger
-    led = _ledger(args, read=True)
+    led = open_ledger(args, read=True)
     run = led.get_run(args.run)
     if run is None:
-        from .errors import UsageError
         raise UsageError(f"no run {args.run!r} in the ledger")
     out = args.out or os.path.join("runs", run.id, "report")
     path = write_report(led, run, out)
@@ -181,7 +180,7 @@ class PromotedKernel:
 
 def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedKernel]:
     """The run's promotions in the order they were made, each with its judged result from `results`."""
-    from .search import baseline_source
+    from .search import baseline_source  # here: the search imports torch, and the command line must not before it checks flags
     out = []
     for pr in sorted(led.promotions(run_id=run.id), key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
@@ -249,7 +248,6 @@ def verdict_section(led, pk: PromotedKernel) -> List[str]:
 
 def diff_section(pk: PromotedKernel) -> List[str]:
     """The unified diff against what it replaces (a configuration change is a few lines of `_config`)."""
-    from .commands import unified_diff
     c = pk.candidate
     if c is None:
         return []
@@ -258,6 +256,21 @@ def diff_section(pk: PromotedKernel) -> List[str]:
     return ["", f"### Diff against {pk.replaced_label}", "", f"{fence}diff", diff.rstrip() or "(identical)", fence,
             ""]
 
+
+
+def parent_source(led, c) -> tuple:
+    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
+    if c.parent_id:
+        p = led.candidate(c.parent_id)
+        if p:
+            return f"candidate #{p.id}", p.source
+    from .search import baseline_source  # here: the search imports torch, and the command line must not before it checks flags
+    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
+
+
+def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=old_label, tofile=new_label, n=3))
 
 def _have_matplotlib() -> bool:
     try:
@@ -424,7 +437,6 @@ def cmd_gate(args) -> int:
     from ..sanitizer.report import merge_gpu, write_junit
     from ..sanitizer.runner import run_many
     from ..sanitizer.verdict import Verdict
-    from .cli import _cuda_available
     d = args.serving_dir or str(serving.serving_dir())
     manifest = serving.load_manifest(d)
     entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own
@@ -448,7 +460,7 @@ def cmd_gate(args) -> int:
         from ..harness.ops import OPS
         for op in OPS:
             items.append((op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")))
-    gpu = args.gpu == "on" or (args.gpu == "auto" and _cuda_available())
+    gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
     mode = "quick" if args.quick else "full"
     verdicts: List[Verdict] = []
     with ui.Progress(f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}", len(items)) as prog:

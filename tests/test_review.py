@@ -259,7 +259,7 @@ def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path
 
 
 def test_usage_errors_come_before_torch_is_imported():
-    from kernel_agent.agent.cli import OP_NAMES
+    from kernel_agent.agent.cli_common import OP_NAMES
     from kernel_agent.harness.ops import OPS
     assert tuple(OPS) == OP_NAMES
     code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
