@@ -23,7 +23,7 @@ def _contenders(spec: dict):
     """The kernels to time: candidate files through the static gate, the baseline from the package."""
     import inspect
 
-    from ..sanitizer.checks import baseline_fn, load_module
+    from ..sanitizer.execution import baseline_fn, load_module
     from ..sanitizer.static_gate import check_source
     from .bench import Contender
     out = []
@@ -108,7 +108,7 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
     import shutil
 
     from ..sanitizer import sandbox
-    from ..sanitizer.runner import run_tracked
+    from ..sanitizer.isolation import run_tracked
     from .bench import Ceilings, ceilings_path
     scratch = sandbox.make_scratch("ka-bench-")
     try:
