@@ -9,6 +9,7 @@ import re
 import sys
 from typing import Any, Dict, List
 
+from ..harness.ledger import CandidateStatus, RunSummary
 from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
@@ -274,37 +275,35 @@ def _run_events(args):
                      status=lambda st: live.update(f"status: {st.describe()}"))
 
 
-def _print_run_summary(summary: Dict[str, Any], args) -> int:
+def _print_run_summary(summary: RunSummary, args) -> int:
     if getattr(args, "_status_line", None) is not None:
         args._status_line.close()
     if args.json:
-        sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
         return 0
-    counts = summary.get("candidates_by_status", {})
-    ui.line(f"run {summary['run_id']} {summary.get('status')}: {summary.get('stop_reason') or ''}", style="bold")
+    counts, session = summary.candidates_by_status, summary.session
+    ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
     ui.table("", ["proposed", "rejected", "verified", "benchmarked", "promoted", "tokens", "wall"],
-             [[summary.get("candidates", 0), counts.get("rejected", 0), counts.get("verified", 0),
-               counts.get("benchmarked", 0), counts.get("promoted", 0), summary.get("tokens", 0),
-               f"{summary.get('wall_s') or 0:.0f}s"]], justify=["right"] * 7)
-    if summary.get("duplicates"):
-        ui.line(f"{summary['duplicates']} of them judged by earlier runs: replayed from the ledger, not judged again "
+             [[summary.candidates, counts[CandidateStatus.REJECTED], counts[CandidateStatus.VERIFIED],
+               counts[CandidateStatus.BENCHMARKED], counts[CandidateStatus.PROMOTED], summary.model.total_tokens,
+               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 7)
+    if summary.duplicates:
+        ui.line(f"{summary.duplicates} of them judged by earlier runs: replayed from the ledger, not judged again "
                 f"and not counted against the budget")
-    if summary.get("checks_failed"):
-        ui.table("rejections by check", ["check", "candidates"], sorted(summary["checks_failed"].items()),
+    if summary.checks_failed:
+        ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])
-    if not summary.get("benchmarked"):
+    if not (session and session.benchmarked):
         ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")
-    for p in summary.get("promotions", []):
-        ui.line(f"promoted {p['op']} {p['bucket']} {p['dtype']}: {p['reason']}", style="bold green")
-    if summary.get("throughput_line"):
-        ui.line(f"throughput: {summary['throughput_line']}")
-    if summary.get("serving_line"):
-        ui.line(summary["serving_line"])
-    ui.line(f"details: kernel-agent show {summary['run_id']}")
+    for p in summary.promotions:
+        ui.line(f"promoted {p.op} {p.bucket} {p.dtype}: {p.reason}", style="bold green")
+    if session and session.throughput_line:
+        ui.line(f"throughput: {session.throughput_line}")
+    if session and session.serving_line:
+        ui.line(session.serving_line)
+    ui.line(f"details: kernel-agent show {summary.run_id}")
     return 0
 
-
-# -- bench -------------------------------------------------------------------------------------
 
 @command("bench")
 def cmd_bench(args) -> int:
@@ -522,7 +521,7 @@ def _show_run(led, run, args) -> int:
     cands = led.candidates(run_id=run.id)
     target = recorded_target(json.loads(run.notes) if (run.notes or "").startswith("{") else {})  # where it promoted
     if args.json:
-        doc = {"run": summary, "config": run.config, "versions": run.versions,
+        doc = {"run": summary.to_json(), "config": run.config, "versions": run.versions,
                "serving": target.to_json() if target is not None else None,
                "candidates": [_cand_json(led, c) for c in cands]}
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
@@ -544,8 +543,8 @@ def _show_run(led, run, args) -> int:
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
     ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
-    for p in summary.get("promotions", []):
-        ui.line(f"promoted: {p['op']} {p['bucket']} {p['dtype']} candidate #{p['candidate_id']}: {p['reason']}",
+    for p in summary.promotions:
+        ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
     if target is not None:
         ui.line(target.describe() if run.status == "running" else target.outcome())

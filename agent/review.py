@@ -49,8 +49,8 @@ def history(args, led) -> int:
         s = led.run_summary(r.id)
         doc["runs"].append({"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
                             "started": r.started_at.isoformat(), "gpu": r.gpu_name,
-                            "candidates": s.get("candidates", 0), "by_status": s.get("candidates_by_status", {}),
-                            "promotions": len(s.get("promotions", []))})
+                            "candidates": s.candidates, "by_status": s.candidates_by_status,
+                            "promotions": len(s.promotions)})
     if args.leaderboard:
         board = led.leaderboard(args.op)
         doc["leaderboard"] = board.to_json()
@@ -127,12 +127,12 @@ def write_report(led, run, out_dir: str) -> str:
     lines = [f"# kernel-agent run `{run.id}`", "",
              f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
              f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
-             f"- candidates: {summary.get('candidates', 0)} "
-             f"({', '.join(f'{k} {n}' for k, n in sorted(summary.get('candidates_by_status', {}).items()))})",
+             f"- candidates: {summary.candidates} "
+             f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
              ""]
-    if summary.get("checks_failed"):
+    if summary.checks_failed:
         lines += ["Rejections by the check that caught them: " +
-                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary["checks_failed"].items())), ""]
+                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary.checks_failed.items())), ""]
     for name in _STALE_PLOTS:  # plots an earlier version wrote here would sit beside the new ones
         if os.path.exists(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))

@@ -368,7 +368,7 @@ def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, caps
         led.record_checks(c.id, "full", [{"name": check, "status": "failed", "detail": "x", "duration_s": 0.1}])
         led.set_candidate_status(c.id, "rejected")
     summary = led.run_summary(run.id)
-    assert summary["checks_failed"] == {"bounds": 2, "coverage": 1}
+    assert summary.checks_failed == {"bounds": 2, "coverage": 1}
     _print_run_summary(summary, argparse.Namespace(json=False))
     out = capsys.readouterr().out
     assert "rejections by check" in out and "bounds" in out and "coverage" in out
