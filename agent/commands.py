@@ -9,7 +9,8 @@ import re
 import sys
 from typing import Any, Dict, List
 
-from ..harness.ledger import CandidateStatus, RunSummary
+from ..harness.ledger import CandidateStatus, RunStatus, RunSummary
+from ..sanitizer.report import merge_gpu
 from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
@@ -161,16 +162,51 @@ def cmd_run(args) -> int:
 
 
 def _run(args, events, ledger_path: str) -> int:
-    from .loop import RunConfig, run_loop
-    from .model import ModelConfig, load_config
+    from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
     if args.resume:
         if args.in_place:
             raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
         limit = parse_duration(str(args.time_limit)) if args.time_limit else None
         summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit)
         return _print_run_summary(summary, args)
+    summary = run_loop(_run_config(args), ledger_path, events=events)
+    return _print_run_summary(summary, args)
+
+
+def _run_config(args):
+    """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
+    here, before anything is recorded."""
+    from .loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
+    from .model import ModelConfig, load_config
     file_run: Dict[str, Any] = load_config(args.config).get("run", {}) if args.config else {}
     cfg = RunConfig()
+    _apply_budget_and_flags(args, file_run, cfg)
+    _apply_target_model(args, file_run, cfg)
+    try:
+        targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
+    except ValueError as e:
+        raise UsageError(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
+    if cfg.target_model:  # the run's ops are those the step calls
+        cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
+    if args.candidates_dir:
+        cfg.candidates_dir = args.candidates_dir
+    model = ModelConfig.resolve(args.model, args.base_url, args.config)
+    if args.proposer == "model" and model is None:
+        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
+                         "--base-url and --model)")
+    use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
+    if use_model:
+        cfg.proposer = "model"
+        cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
+                                                    "max_retries", "concurrency")}
+        _check_endpoint(model)
+    else:
+        cfg.proposer = "search"
+    return cfg
+
+
+def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
+    """Ops, budgets, shapes and where promotions go, each from its flag, else from the config file."""
     if "ops" in file_run:
         cfg.ops = parse_ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
     if args.ops != "all" or "ops" not in file_run:
@@ -186,7 +222,7 @@ def _run(args, events, ledger_path: str) -> int:
                 setattr(cfg, attr, conv(v))
             except (TypeError, ValueError):
                 raise UsageError(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
-                             f"got {v!r}") from None
+                                 f"got {v!r}") from None
     tl = args.time_limit or file_run.get("time_limit")
     if tl:
         cfg.time_limit_s = parse_duration(str(tl))
@@ -199,12 +235,16 @@ def _run(args, events, ledger_path: str) -> int:
     if not isinstance(in_place, bool):
         raise UsageError(f"in_place: expected true or false, got {in_place!r}")
     cfg.in_place = in_place
+
+
+def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
+    """`--target-model` / `--target-points`: the op calls of a model's decode step instead of the serving shapes."""
     target_model = args.target_model or file_run.get("target_model")
     points = args.target_points or file_run.get("target_points")
     if target_model:
         if args.shapes or "shapes" in file_run:
             raise UsageError("--target-model chooses the shapes: leave out --shapes")
-        from ..harness.model_step import ModelConfigError, load_model_config, parse_points
+        from ..harness.model_step import ModelConfigError, load_model_config, parse_points  # here: torch, as above
         try:
             cfg.target_model = load_model_config(str(target_model)).to_json()
             if points:
@@ -214,29 +254,6 @@ def _run(args, events, ledger_path: str) -> int:
             raise UsageError(str(e)) from None
     elif points:
         raise UsageError("--target-points needs --target-model")
-    from .loop import targets_for
-    try:
-        targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
-    except ValueError as e:
-        raise UsageError(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
-    if cfg.target_model:  # the run's ops are those the step calls
-        cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
-    if args.candidates_dir:
-        cfg.candidates_dir = args.candidates_dir
-    model = ModelConfig.resolve(args.model, args.base_url, args.config)
-    if args.proposer == "model" and model is None:
-        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
-                     "--base-url and --model)")
-    use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
-    if use_model:
-        cfg.proposer = "model"
-        cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
-                                                    "max_retries", "concurrency")}
-        _check_endpoint(model)
-    else:
-        cfg.proposer = "search"
-    summary = run_loop(cfg, ledger_path, events=events)
-    return _print_run_summary(summary, args)
 
 
 def _check_endpoint(model) -> None:
@@ -315,8 +332,7 @@ def cmd_bench(args) -> int:
         raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
         raise UsageError("bench: give --op (an op, or all) or --model")
-    from ..harness.bench import NoGPU, load_ceilings, merge_processes, require_gpu, resolve_shapes, with_reported_times
-    from ..harness.bench_worker import run_bench_isolated
+    from ..harness.bench import NoGPU, load_ceilings, require_gpu, resolve_shapes  # here: torch, after the flags
     from ..harness.ops import get_op
     ops = parse_ops(args.op)
     for f in args.files:
@@ -344,31 +360,38 @@ def cmd_bench(args) -> int:
             {"label": f"candidate:{os.path.basename(f)}", "file": os.path.abspath(f)} for f in args.files]
         with ui.Progress(f"bench {name}", len(shapes)) as prog:
             for s in shapes:
-                spec = {"op": name, "shapes": [s.key()], "dtype": args.dtype, "kernels": kernels, "seed": 0}
-                outs = [run_bench_isolated(spec) for _ in range(args.processes)]
-                doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
-                errors = [o["error"] for o in outs if o.get("error")]
-                if errors:
-                    doc["errors"].append(f"{name} {s.key()}: {errors[0]}")
-                good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
-                n = min(len(o.get("results", [])) for o in good)
-                results = [with_reported_times(merge_processes([o["results"][i] for o in good])) for i in range(n)]
-                doc["results"] += results
-                if not args.no_ledger:
-                    _record_bench_doc(args, doc, results)
-                if args.out:  # after every shape: a cut-short run keeps what it measured
-                    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-                    with open(args.out + ".tmp", "w") as f:
-                        json.dump(doc, f, indent=1)
-                    os.replace(args.out + ".tmp", args.out)
+                _bench_one_shape(args, name, s.key(), kernels, doc)
                 prog.advance(f"{name} {s.key()}")
     if doc.get("run_id"):
-        open_ledger(args).set_run_status(doc["run_id"], "finished", finished=True)
+        open_ledger(args).set_run_status(doc["run_id"], RunStatus.FINISHED, finished=True)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         print_bench(doc)
     return 1 if doc["errors"] else 0
+
+
+def _bench_one_shape(args, name: str, shape_key: str, kernels: List[Dict[str, Any]], doc: Dict[str, Any]) -> None:
+    """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
+    from ..harness.bench import merge_processes, with_reported_times
+    from ..harness.bench_worker import run_bench_isolated  # at call time: tests replace the child
+    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0}
+    outs = [run_bench_isolated(spec) for _ in range(args.processes)]
+    doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
+    errors = [o["error"] for o in outs if o.get("error")]
+    if errors:
+        doc["errors"].append(f"{name} {shape_key}: {errors[0]}")
+    good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
+    n = min(len(o.get("results", [])) for o in good)
+    results = [with_reported_times(merge_processes([o["results"][i] for o in good])) for i in range(n)]
+    doc["results"] += results
+    if not args.no_ledger:
+        _record_bench_doc(args, doc, results)
+    if args.out:  # after every shape: a cut-short run keeps what it measured
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
 
 
 def _record_bench_doc(args, doc, results) -> None:
@@ -593,7 +616,28 @@ def _show_candidate(led, cid: int, args) -> int:
         c.fpsan_equivalent]
     ui.line(f"candidate #{c.id} {c.label} [{c.op}, {c.status}] by {c.proposer}; {eq}; hash {c.source_hash[:12]}",
             style="bold")
-    checks = led.checks(cid)
+    _print_checks(led.checks(cid))
+    figs = led.figures(candidate_id=cid, judged_only=False)
+    if figs:
+        from ..harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
+        ui.table("timings (against the incumbent timed beside it)",
+                 ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
+                 [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
+                   _short_incumbent(f.incumbent_label), fmt_ms(f.incumbent_ms), fmt_x(f.speedup), CLOCK_WORDS[f.clock],
+                   f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else ""] for f in figs])
+    unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
+    if unusable:  # no source came back: a diff would show the whole parent deleted
+        ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
+    else:
+        plabel, psrc = parent_source(led, c)
+        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
+        ui.line(f"diff against {plabel}:", style="bold")
+        sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
+    _print_model_exchanges(led.model_calls(candidate_id=cid))
+    return 0
+
+
+def _print_checks(checks) -> None:
     if checks:
         # one row per check, from the most thorough mode that ran it (the quick stage repeats the full
         # stage's checks on fewer cases), and one line per mode with its totals
@@ -612,23 +656,10 @@ def _show_candidate(led, cid: int, args) -> int:
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
                    best[n].detail[:140]] for n in order])
-    figs = led.figures(candidate_id=cid, judged_only=False)
-    if figs:
-        from ..harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
-        ui.table("timings (against the incumbent timed beside it)",
-                 ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
-                 [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
-                   _short_incumbent(f.incumbent_label), fmt_ms(f.incumbent_ms), fmt_x(f.speedup), CLOCK_WORDS[f.clock],
-                   f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else ""] for f in figs])
-    unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
-    if unusable:  # no source came back: a diff would show the whole parent deleted
-        ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
-    else:
-        plabel, psrc = parent_source(led, c)
-        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
-        ui.line(f"diff against {plabel}:", style="bold")
-        sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
-    for m in led.model_calls(candidate_id=cid):
+
+
+def _print_model_exchanges(calls) -> None:
+    for m in calls:
         ui.line(f"model exchange: {m.model}, {m.prompt_tokens}+{m.completion_tokens} tokens, {m.latency_s:.1f}s"
                 + (f", error: {m.error}" if m.error else ""), style="bold")
         try:
@@ -638,7 +669,6 @@ def _show_candidate(led, cid: int, args) -> int:
             user = m.prompt
         sys.stdout.write("--- prompt (user) ---\n" + user[:3000] + ("\n[...]\n" if len(user) > 3000 else "\n"))
         sys.stdout.write("--- reply ---\n" + (m.response or "(none)")[:3000] + "\n")
-    return 0
 
 
 # -- promote / demote --------------------------------------------------------------------------
@@ -647,15 +677,11 @@ def _show_candidate(led, cid: int, args) -> int:
 def cmd_promote(args) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, and promote
     through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place."""
-    from ..harness import serving
-    from ..harness.bench import NoGPU, record_shape_result, require_gpu, resolve_shapes
-    from ..harness.bench_worker import run_bench_isolated
+    from ..harness.bench import NoGPU, require_gpu, resolve_shapes  # here: torch, after the flags
     from ..harness.env import gpu_name, versions
     from ..harness.ops import get_op
-    from ..harness.promotion import judge_benchmark
-    from ..sanitizer.runner import run_isolated
-    from ..sanitizer.report import merge_gpu
-    from .publish import PromotionRequest, plan_target, publish_promotion
+    from ..sanitizer.runner import run_isolated  # at call time: tests replace the judge
+    from .publish import plan_target
     check_op(args.op)
     if not os.path.isfile(args.file):
         raise UsageError(f"no such file: {args.file}")
@@ -679,11 +705,11 @@ def cmd_promote(args) -> int:
     v = merge_gpu(run_isolated(args.file, args.op, "full"), run_isolated(args.file, args.op, "gpu"))
     led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
-        led.set_candidate_status(cand.id, "rejected", verdict=v.to_json())
-        led.set_run_status(run.id, "finished", finished=True)
+        led.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=v.to_json())
+        led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
         ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
         return 1
-    led.set_candidate_status(cand.id, "verified", verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent)
+    led.set_candidate_status(cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent)
     gname = gpu_name()
     shapes = resolve_shapes(op, args.shapes)
     by_bucket: Dict[str, list] = {}
@@ -691,42 +717,51 @@ def cmd_promote(args) -> int:
         by_bucket.setdefault(op.bucket(s), []).append(s)
     target = plan.open(run.id)
     ui.line(target.info.describe())
-    led.set_run_status(run.id, "running", notes=json.dumps({"serving": target.info.to_json()}))
+    led.set_run_status(run.id, RunStatus.RUNNING, notes=json.dumps({"serving": target.info.to_json()}))
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
-            inc_file = os.path.join(target.dir, entry["file"]) if entry else None
-            spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
-                    "kernels": [{"label": "incumbent", "file": inc_file},
-                                {"label": "candidate", "file": os.path.abspath(args.file)}]}
-            doc = run_bench_isolated(spec)
-            for res in doc.get("results", []):
-                record_shape_result(led, run.id, res, cand.id,
-                                    "baseline" if inc_file is None else f"serving:{entry['file']}")
-            j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
-            if j.error:
-                ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
-                continue
-            for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
-                ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
-                        f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}"
-                        + (" (CUDA-graph replay)" if kind == "graph" else ""))
-            if not j.decision.promote:
-                ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
-                continue
-            done = publish_promotion(target, led, PromotionRequest(
-                run.id, args.op, bucket, args.dtype, gname, cand.id, os.path.basename(args.file), source, j,
-                args.margin, versions(), note=args.reason))
-            where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
-            ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}",
-                    style="bold green")
-            promoted_any = True
+            promoted_any = _promote_bucket(args, led, run.id, cand.id, source, target, gname, bucket, bshapes) \
+                or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
-    led.set_run_status(run.id, "finished", finished=True, notes=json.dumps({"serving": info.to_json()}))
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
     ui.line(info.outcome())
     return 0 if promoted_any else 1
+
+
+def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname: str, bucket: str, bshapes) -> bool:
+    """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
+    from ..harness import serving  # here: torch, after the flags
+    from ..harness.bench import record_shape_result
+    from ..harness.bench_worker import run_bench_isolated  # at call time: tests replace the child
+    from ..harness.env import versions
+    from ..harness.promotion import judge_benchmark
+    from .publish import PromotionRequest, publish_promotion
+    entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
+    inc_file = os.path.join(target.dir, entry["file"]) if entry else None
+    spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
+            "kernels": [{"label": "incumbent", "file": inc_file},
+                        {"label": "candidate", "file": os.path.abspath(args.file)}]}
+    doc = run_bench_isolated(spec)
+    for res in doc.get("results", []):
+        record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{entry['file']}")
+    j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
+    if j.error:
+        ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
+        return False
+    for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
+        ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
+                f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
+    if not j.decision.promote:
+        ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
+        return False
+    done = publish_promotion(target, led, PromotionRequest(
+        run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,
+        versions(), note=args.reason))
+    where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
+    ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}", style="bold green")
+    return True
 
 
 @command("demote")

@@ -919,6 +919,7 @@ class _Stream:
             raise
 
 
+# long: a run's setup, streaming session and summary in order; it still builds its own ledger and devices
 def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
              proposer: Optional[Proposer] = None, time_limit_s: Optional[float] = None,
              placement: Optional[LocalPlacement] = None) -> RunSummary:

@@ -8,13 +8,16 @@ import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
-from ..sanitizer.verdict import fence_for, quote_untrusted
+from ..kernels import baseline as kernels_baseline
+from ..sanitizer.report import merge_gpu, write_junit
+from ..sanitizer.runner import run_many
+from ..sanitizer.verdict import Verdict, fence_for, quote_untrusted
 from . import ui
-from .cli_common import UsageError, command, cuda_available, open_ledger
+from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
 
 
 def register(sub) -> None:
@@ -374,8 +377,11 @@ def _plots(run, results, out_dir: str, promotions=()):
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    return [_speedup_plot(plt, run, best, out_dir), _progress_plot(plt, run, results, promotions, out_dir)]
+
+
+def _speedup_plot(plt, run, best, out_dir: str) -> Tuple[str, str]:
     figs = [(r, f) for r in best.values() for f in r.figures]
-    out = []
     fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(figs)), 5.0))
     x = list(range(len(figs)))
     sp = [f.speedup for _, f in figs]
@@ -399,8 +405,10 @@ def _plots(run, results, out_dir: str, promotions=()):
     p = os.path.join(out_dir, "speedup.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
-    out.append(("speedup per shape", p))
+    return "speedup per shape", p
 
+
+def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, str]:
     judged = [r for r in results if r.speedup is not None and not r.implausible and r.started_at is not None]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for key in sorted({(r.op, r.bucket) for r in judged}):
@@ -425,18 +433,23 @@ def _plots(run, results, out_dir: str, promotions=()):
     p = os.path.join(out_dir, "progress.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
-    out.append(("each candidate's speedup over the run", p))
-    return out
+    return "each candidate's speedup over the run", p
 
 
 # -- gate --------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class GateItem:
+    """One kernel the gate re-verifies."""
+
+    op: str
+    label: str  # op/bucket/dtype/gpu for a serving kernel, op/baseline for a baseline
+    path: str
+
+
 def cmd_gate(args) -> int:
-    from ..harness import serving
+    from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
     from ..harness.env import versions
-    from ..sanitizer.report import merge_gpu, write_junit
-    from ..sanitizer.runner import run_many
-    from ..sanitizer.verdict import Verdict
     d = args.serving_dir or str(serving.serving_dir())
     manifest = serving.load_manifest(d)
     entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own
@@ -451,37 +464,14 @@ def cmd_gate(args) -> int:
             stale.append(e)
     if args.since_versions:
         entries = stale
-    items: List[tuple] = []  # (op, label, path)
-    for e in entries:
-        items.append((e["op"], f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}", os.path.join(d, e["file"])))
+    items = [GateItem(e["op"], f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}", os.path.join(d, e["file"]))
+             for e in entries]
     if not args.no_baselines and not args.since_versions:
-        import kernel_agent.kernels.baseline as kb
-        base_dir = os.path.dirname(kb.__file__)
-        from ..harness.ops import OPS
-        for op in OPS:
-            items.append((op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")))
+        base_dir = os.path.dirname(kernels_baseline.__file__)
+        items += [GateItem(op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")) for op in OP_NAMES]
     gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
     mode = "quick" if args.quick else "full"
-    verdicts: List[Verdict] = []
-    with ui.Progress(f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}", len(items)) as prog:
-        by_op: Dict[str, List[tuple]] = defaultdict(list)
-        for it in items:
-            by_op[it[0]].append(it)
-        for op, its in by_op.items():
-            missing = [it for it in its if not os.path.exists(it[2])]
-            for it in missing:
-                v = Verdict(it[2], op, mode, error=f"serving file missing: {it[2]}")
-                verdicts.append(v)
-                prog.advance(f"FAIL {it[1]}: file missing")
-            present = [it for it in its if os.path.exists(it[2])]
-            vs = run_many([it[2] for it in present], op, mode, jobs=args.jobs)
-            if gpu:
-                gs = run_many([it[2] for it in present], op, "gpu", jobs=1)
-                vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
-            for it, v in zip(present, vs):
-                v.file = it[2]
-                verdicts.append(v)
-                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {it[1]}: {v.summary()[:120]}")
+    verdicts = _judge_gate_items(items, mode, gpu, args.jobs)
     ok = all(v.passed for v in verdicts)
     md = _gate_markdown(verdicts, stale, now, mode + ("+gpu" if gpu else ""), d)
     if args.junit:
@@ -501,6 +491,30 @@ def cmd_gate(args) -> int:
         if not v.passed:
             ui.line(f"  FAIL {os.path.relpath(v.file)}: {v.summary()}", style="red")
     return 0 if ok else 1
+
+
+def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) -> List[Verdict]:
+    """A verdict per item, op by op: a missing file fails, the rest are sanitized (and GPU-checked)."""
+    verdicts: List[Verdict] = []
+    with ui.Progress(f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}", len(items)) as prog:
+        by_op: Dict[str, List[GateItem]] = defaultdict(list)
+        for it in items:
+            by_op[it.op].append(it)
+        for op, its in by_op.items():
+            for it in its:
+                if not os.path.exists(it.path):
+                    verdicts.append(Verdict(it.path, op, mode, error=f"serving file missing: {it.path}"))
+                    prog.advance(f"FAIL {it.label}: file missing")
+            present = [it for it in its if os.path.exists(it.path)]
+            vs = run_many([it.path for it in present], op, mode, jobs=jobs)
+            if gpu:
+                gs = run_many([it.path for it in present], op, "gpu", jobs=1)
+                vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
+            for it, v in zip(present, vs):
+                v.file = it.path
+                verdicts.append(v)
+                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {it.label}: {v.summary()[:120]}")
+    return verdicts
 
 
 def _gate_markdown(verdicts, stale, now, mode, d) -> str:

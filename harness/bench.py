@@ -299,6 +299,7 @@ def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+# long: the benchmark protocol for one shape (warm-up, interleaved rounds, graph replays, checks) read top to bottom
 def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
                     log: Optional[Callable[[str], None]] = None) -> ShapeResult:

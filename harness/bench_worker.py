@@ -100,6 +100,7 @@ def refused_here(res: dict) -> str:
     return d.reason if d else ""
 
 
+# long: one child's life in order: copy the files into scratch, write the spec, run it, read its results
 def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None) -> dict:
     """Run one benchmark spec in a sandboxed child process (`env`: variables it may see on top of the
     allowlist, e.g. the GPU it may use); a crash or hang comes back as {'error': ...}, and Ctrl-C takes

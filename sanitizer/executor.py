@@ -27,6 +27,7 @@ PROTOCOL = 1
 
 # -- the sandboxed side -----------------------------------------------------------------------
 
+# long: the sandboxed child in order: enter the sandbox, import, arm the audit hook, serve calls
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)

@@ -33,6 +33,7 @@ def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str
     return names
 
 
+# long: one judged file in order: start the judge, wait, read its verdict, or say how the child died
 def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[float] = None,
                  keep_going: bool = False, env: Optional[dict] = None,
                  checks: Optional[Sequence[str]] = None, seed: Optional[int] = None,
