@@ -9,7 +9,14 @@ import re
 import sys
 from typing import Any, Dict, List
 
+from ..harness import bench_worker, env
+from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, RunStatus, RunSummary
+from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names,
+                                  parse_points, run_model_bench)
+from ..harness.ops import get_op
+from ..harness.promotion import judge_benchmark
+from ..sanitizer import runner
 from ..sanitizer.report import merge_gpu
 from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
@@ -177,7 +184,7 @@ def _run_config(args):
     """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
     here, before anything is recorded."""
     from .loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
-    from .model import ModelConfig, load_config
+    from .model import ModelConfig, load_config  # here: as the loop
     file_run: Dict[str, Any] = load_config(args.config).get("run", {}) if args.config else {}
     cfg = RunConfig()
     _apply_budget_and_flags(args, file_run, cfg)
@@ -244,7 +251,6 @@ def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
     if target_model:
         if args.shapes or "shapes" in file_run:
             raise UsageError("--target-model chooses the shapes: leave out --shapes")
-        from ..harness.model_step import ModelConfigError, load_model_config, parse_points  # here: torch, as above
         try:
             cfg.target_model = load_model_config(str(target_model)).to_json()
             if points:
@@ -278,7 +284,7 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes
 
 
 def _run_events(args):
-    from .loop import RunEvents
+    from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
     if getattr(args, "json", False):
         return RunEvents()
     marks = {"rejected": "reject", "verified": "verified", "benchmarked": "bench", "promoted": "PROMOTED"}
@@ -333,7 +339,6 @@ def cmd_bench(args) -> int:
     if not args.op:
         raise UsageError("bench: give --op (an op, or all) or --model")
     from ..harness.bench import NoGPU, load_ceilings, require_gpu, resolve_shapes  # here: torch, after the flags
-    from ..harness.ops import get_op
     ops = parse_ops(args.op)
     for f in args.files:
         if not os.path.isfile(f):
@@ -373,10 +378,9 @@ def cmd_bench(args) -> int:
 
 def _bench_one_shape(args, name: str, shape_key: str, kernels: List[Dict[str, Any]], doc: Dict[str, Any]) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
-    from ..harness.bench import merge_processes, with_reported_times
-    from ..harness.bench_worker import run_bench_isolated  # at call time: tests replace the child
+    from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
     spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0}
-    outs = [run_bench_isolated(spec) for _ in range(args.processes)]
+    outs = [bench_worker.run_bench_isolated(spec) for _ in range(args.processes)]
     doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
     errors = [o["error"] for o in outs if o.get("error")]
     if errors:
@@ -395,19 +399,18 @@ def _bench_one_shape(args, name: str, shape_key: str, kernels: List[Dict[str, An
 
 
 def _record_bench_doc(args, doc, results) -> None:
-    from ..harness.env import versions
+    from ..harness.bench import record_shape_result  # here: torch, after the flags
     led = open_ledger(args)
     if not doc.get("run_id"):
         run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
-                            versions(), "bench", parse_ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
+                            env.versions(), "bench", parse_ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
         doc["run_id"] = run.id
-    from ..harness.bench import record_shape_result
     for res in results:
         record_shape_result(led, doc["run_id"], res)
 
 
 def print_bench(doc) -> None:
-    from ..harness.bench import reported_time
+    from ..harness.bench import reported_time  # here: torch, after the flags
     c = doc.get("ceilings") or {}
     if c:
         ui.line(f"{c.get('gpu')}: ceilings copy {c.get('copy_tbps')} TB/s, bf16 matmul {c.get('bf16_tflops')} TFLOP/s")
@@ -437,8 +440,6 @@ def print_bench(doc) -> None:
 def _bench_model(args) -> int:
     """`bench --model CONFIG`: one decode step of a model per stack and KV cache (harness/model_step.py)."""
     # the flags and the config are checked before torch is imported: a usage error comes at once
-    from ..harness.model_step import KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names, \
-        parse_points
     if args.op:
         raise UsageError("bench: give --op or --model, not both")
     if args.files:
@@ -464,7 +465,6 @@ def _bench_model(args) -> int:
     if not cuda_available():
         ui.error("bench --model needs a CUDA GPU")
         return 2
-    from ..harness.model_step import run_model_bench
     to_stdout = args.json
     log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
     result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
@@ -539,7 +539,7 @@ def cmd_show(args) -> int:
 
 
 def _show_run(led, run, args) -> int:
-    from .publish import recorded_target
+    from .publish import recorded_target  # here: publication imports the serving set, which imports torch
     summary = led.run_summary(run.id)
     cands = led.candidates(run_id=run.id)
     target = recorded_target(json.loads(run.notes) if (run.notes or "").startswith("{") else {})  # where it promoted
@@ -556,7 +556,6 @@ def _show_run(led, run, args) -> int:
     ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
             f"python {v.get('python')}")
     rows = []
-    from ..harness.figures import candidate_results
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     for c in cands:
         verdict = c.verdict or {}
@@ -585,7 +584,6 @@ def _timing_words(result) -> str:
     """A candidate's judged speedup in a run (harness/figures.py), as the report and history show it."""
     if result is None or result.speedup is None:
         return ""
-    from ..harness.figures import fmt_x
     return f"{fmt_x(result.speedup)} over {_short_incumbent(result.incumbent_label or 'mixed')} " \
            f"({result.clocks.replace('event', 'events')})"
 
@@ -619,7 +617,6 @@ def _show_candidate(led, cid: int, args) -> int:
     _print_checks(led.checks(cid))
     figs = led.figures(candidate_id=cid, judged_only=False)
     if figs:
-        from ..harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
         ui.table("timings (against the incumbent timed beside it)",
                  ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
                  [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
@@ -678,10 +675,7 @@ def cmd_promote(args) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, and promote
     through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place."""
     from ..harness.bench import NoGPU, require_gpu, resolve_shapes  # here: torch, after the flags
-    from ..harness.env import gpu_name, versions
-    from ..harness.ops import get_op
-    from ..sanitizer.runner import run_isolated  # at call time: tests replace the judge
-    from .publish import plan_target
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
     check_op(args.op)
     if not os.path.isfile(args.file):
         raise UsageError(f"no such file: {args.file}")
@@ -698,19 +692,20 @@ def cmd_promote(args) -> int:
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
                          "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},
-                        versions(), "manual", [args.op], gpu_name(), {})
+                        env.versions(), "manual", [args.op], env.gpu_name(), {})
     cand, _ = led.add_candidate(args.op, source, "manual", run.id, path=os.path.abspath(args.file),
                                 label=os.path.basename(args.file))
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
-    v = merge_gpu(run_isolated(args.file, args.op, "full"), run_isolated(args.file, args.op, "gpu"))
+    v = merge_gpu(runner.run_isolated(args.file, args.op, "full"), runner.run_isolated(args.file, args.op, "gpu"))
     led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
         led.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=v.to_json())
         led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
         ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
         return 1
-    led.set_candidate_status(cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent)
-    gname = gpu_name()
+    led.set_candidate_status(cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(),
+                             fpsan_equivalent=v.fpsan_equivalent)
+    gname = env.gpu_name()
     shapes = resolve_shapes(op, args.shapes)
     by_bucket: Dict[str, list] = {}
     for s in shapes:
@@ -733,17 +728,14 @@ def cmd_promote(args) -> int:
 def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname: str, bucket: str, bshapes) -> bool:
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
     from ..harness import serving  # here: torch, after the flags
-    from ..harness.bench import record_shape_result
-    from ..harness.bench_worker import run_bench_isolated  # at call time: tests replace the child
-    from ..harness.env import versions
-    from ..harness.promotion import judge_benchmark
-    from .publish import PromotionRequest, publish_promotion
+    from ..harness.bench import record_shape_result  # here: torch, after the flags
+    from .publish import PromotionRequest, publish_promotion  # here: as the serving set
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
     inc_file = os.path.join(target.dir, entry["file"]) if entry else None
     spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
             "kernels": [{"label": "incumbent", "file": inc_file},
                         {"label": "candidate", "file": os.path.abspath(args.file)}]}
-    doc = run_bench_isolated(spec)
+    doc = bench_worker.run_bench_isolated(spec)
     for res in doc.get("results", []):
         record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{entry['file']}")
     j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
@@ -758,7 +750,7 @@ def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname
         return False
     done = publish_promotion(target, led, PromotionRequest(
         run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,
-        versions(), note=args.reason))
+        env.versions(), note=args.reason))
     where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
     ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}", style="bold green")
     return True
@@ -766,10 +758,9 @@ def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname
 
 @command("demote")
 def cmd_demote(args) -> int:
-    from ..harness import serving
-    from ..harness.env import gpu_name
+    from ..harness import serving  # here: torch, after the flags
     check_op(args.op)
-    gname = args.gpu or gpu_name() or "cpu"
+    gname = args.gpu or env.gpu_name() or "cpu"
     led = open_ledger(args)
     removed = serving.remove(args.op, args.bucket, args.dtype, gname)
     promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)

@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..harness.env import versions
 from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
 from ..kernels import baseline as kernels_baseline
@@ -183,7 +184,7 @@ class PromotedKernel:
 
 def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedKernel]:
     """The run's promotions in the order they were made, each with its judged result from `results`."""
-    from .search import baseline_source  # here: the search imports torch, and the command line must not before it checks flags
+    from .search import baseline_source  # here: the search imports torch; flags are checked first
     out = []
     for pr in sorted(led.promotions(run_id=run.id), key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
@@ -267,7 +268,7 @@ def parent_source(led, c) -> tuple:
         p = led.candidate(c.parent_id)
         if p:
             return f"candidate #{p.id}", p.source
-    from .search import baseline_source  # here: the search imports torch, and the command line must not before it checks flags
+    from .search import baseline_source  # here: the search imports torch; flags are checked first
     return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
 
 
@@ -449,7 +450,6 @@ class GateItem:
 
 def cmd_gate(args) -> int:
     from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
-    from ..harness.env import versions
     d = args.serving_dir or str(serving.serving_dir())
     manifest = serving.load_manifest(d)
     entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own

@@ -25,8 +25,8 @@ def register(sub) -> None:
 def cmd_dispatch(args) -> int:
     if args.op:
         check_op(args.op)
-    from ..harness import serving
-    from ..harness.dispatch import measured_choices, record_choices
+    from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+    from ..harness.dispatch import measured_choices, record_choices  # here: as the serving set
     led = open_ledger(args, read=True)
     if args.write:  # a demotion is recorded in the ledger: open it for writing, once it is known to exist
         led = open_ledger(args)
