@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from . import ui
-from .cli import OP_NAMES
-from .errors import UsageError
+from .cli_common import OP_NAMES, UsageError, command
 
 WORKFLOW_PATH = os.path.join(".github", "workflows", "kernel-agent.yml")
 PRE_COMMIT_PATH = ".pre-commit-config.yaml"
@@ -191,7 +190,7 @@ def write_templates(root: str, force: bool = False, only: Optional[str] = None) 
     return chosen
 
 
-def register(sub, command) -> None:
+def register(sub) -> None:
     c = sub.add_parser("ci", help="CI templates: `ci init` writes a GitHub Actions workflow and pre-commit hooks")
     csub = c.add_subparsers(dest="ci_command", metavar="SUBCOMMAND")
     i = csub.add_parser("init", help="write .github/workflows/kernel-agent.yml and .pre-commit-config.yaml")

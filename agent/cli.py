@@ -14,40 +14,27 @@ Usage errors print one line and exit 2; failures of what was checked exit 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import List, Optional
 
-from ..harness.ops import NAMES as OP_NAMES  # the registry's names load without torch: usage errors come at once
-from . import ui
+from .. import __version__
+from ..harness.ledger import LedgerError
+from ..sanitizer.report import merge_gpu, verdicts_json, write_junit
+from ..sanitizer.runner import run_many
+from ..sanitizer.sandbox import host_protections
+from ..sanitizer.verdict import Verdict
+from . import ci_templates, commands, pr, review, serving_cmd, ui
+from .cli_common import COMMANDS, OPS_HELP, UsageError, check_files, check_op, command, cuda_available
 
-OPS_HELP = ", ".join(OP_NAMES)
-
-
-from .errors import UsageError  # noqa: E402  (re-exported)
-
-
-def default_ledger() -> str:
-    return os.environ.get("KERNEL_AGENT_LEDGER", os.path.join("runs", "ledger.db"))
-
-
-def _check_op(name: str) -> str:
-    if name not in OP_NAMES:
-        raise UsageError(f"unknown op {name!r}; expected one of {OPS_HELP}")
-    return name
-
-
-def _check_files(paths: List[str]) -> List[str]:
-    for p in paths:
-        if not os.path.isfile(p):
-            raise UsageError(f"no such file: {p}")
-    return paths
+# The command modules add their subcommands' parsers in this order (the order `--help` lists them).
+COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making "
                                                                   "them wrong.")
-    from .. import __version__
     p.add_argument("--version", action="version", version=f"kernel-agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -67,27 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sandbox", action="store_true",
                    help="print the protections the candidate sandbox has on this host and exit")
 
-    from .commands import register
-    register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return p
 
 
+@command("sanitize")
 def cmd_sanitize(args) -> int:
-    from ..sanitizer.report import merge_gpu, print_verdicts, write_junit
-    from ..sanitizer.runner import run_many
     if args.sandbox:
         return _print_sandbox()
     if not args.op:
         raise UsageError("sanitize: --op is required")
-    _check_op(args.op)
+    check_op(args.op)
     if not args.files:
         raise UsageError("sanitize: give at least one FILE (or --sandbox)")
-    _check_files(args.files)
+    check_files(args.files)
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     mode = "quick" if args.quick else "full"
-    gpu = args.gpu == "on" or (args.gpu == "auto" and _cuda_available())
-    if args.gpu == "on" and not _cuda_available():
+    gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
+    if args.gpu == "on" and not cuda_available():
         raise UsageError("--gpu on: no CUDA GPU on this machine")
     total = len(args.files) * (2 if gpu else 1)
     with ui.Progress(f"sanitize {args.op} ({mode}{' + gpu' if gpu else ''})", total) as prog:
@@ -110,8 +96,7 @@ def cmd_sanitize(args) -> int:
 
 def _print_sandbox() -> int:
     """What the sandbox around candidate code gives on this host (entered once, in a throwaway child)."""
-    from ..sanitizer.sandbox import host_protections
-    prot = host_protections(gpu=_cuda_available())
+    prot = host_protections(gpu=cuda_available())
     print("candidate sandbox on this host:")
     for line in prot.active:
         print(f"  + {line}")
@@ -120,17 +105,20 @@ def _print_sandbox() -> int:
     return 0 if prot.active and not prot.missing else 1
 
 
-def _cuda_available() -> bool:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
-
-
-COMMANDS = {"sanitize": cmd_sanitize}
+def print_verdicts(verdicts: List[Verdict], as_json: bool, op: str, mode: str) -> None:
+    """`sanitize`'s output: one JSON document, or per file a line and a table of its checks."""
+    if as_json:
+        sys.stdout.write(json.dumps(verdicts_json(verdicts, op, mode), indent=2) + "\n")
+        return
+    for v in verdicts:
+        mark = "PASS" if v.passed else "FAIL"
+        ui.line(f"{mark} {os.path.relpath(v.file)} [{v.op}, {v.mode}, {v.duration_s:.1f}s]: {v.summary()}",
+                style="bold green" if v.passed else "bold red")
+        ui.table("", ["check", "result", "time", "detail"],
+                 [[c.name, ui.STATUS_MARK[c.status], f"{c.duration_s:.1f}s", c.detail] for c in v.checks],
+                 justify=["left", "left", "right", "left"])
+    n_pass = sum(v.passed for v in verdicts)
+    ui.line(f"{n_pass}/{len(verdicts)} file(s) passed", style="bold")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -139,8 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    from .commands import COMMANDS as MORE
-    handler = COMMANDS.get(args.command) or MORE.get(args.command)
+    handler = COMMANDS[args.command]
     try:
         return handler(args)
     except UsageError as e:
@@ -156,7 +143,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # noqa: BLE001 - one line, not a traceback wall
         if os.environ.get("KERNEL_AGENT_DEBUG"):
             raise
-        from ..harness.ledger import LedgerError
         if isinstance(e, (LedgerError, ValueError, FileNotFoundError)):
             ui.error(str(e).splitlines()[0] if str(e) else type(e).__name__)
             return 2

@@ -1,49 +1,37 @@
-"""Subcommands beyond `sanitize`: registered on the parser and dispatched by agent/cli.py."""
+"""`run`, `bench`, `history`, `show`, `promote` and `demote`: their parsers and handlers (agent/cli.py dispatches)."""
 from __future__ import annotations
 
 import collections
 import dataclasses
-import difflib
 import json
 import os
 import re
 import sys
 from typing import Any, Dict, List
 
+from ..harness import bench_worker, env
+from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
+from ..harness.ledger import CandidateStatus, RunStatus, RunSummary
+from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names,
+                                  parse_points, run_model_bench)
+from ..harness.ops import get_op
+from ..harness.promotion import judge_benchmark
+from ..sanitizer import runner
+from ..sanitizer.report import merge_gpu
 from . import ui
-
-COMMANDS: Dict[str, Any] = {}
-
-
-def command(name):
-    def deco(fn):
-        COMMANDS[name] = fn
-        return fn
-    return deco
-
-
-def _usage(msg: str):
-    from .errors import UsageError
-    return UsageError(msg)
-
-
-def _duration(text: str) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
-    if not m:
-        raise _usage(f"bad duration {text!r}: use e.g. 90s, 30m, 8h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def _ops(text: str) -> List[str]:
-    from .cli import OP_NAMES
-    ops = list(OP_NAMES) if text in ("all", "") else [o.strip() for o in text.split(",") if o.strip()]
-    for o in ops:
-        if o not in OP_NAMES:
-            raise _usage(f"unknown op {o!r}; expected one of {', '.join(OP_NAMES)} (or all)")
-    return ops
+from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
+                         parse_duration, parse_ops)
+from .review import history, parent_source, unified_diff
 
 
 def register(sub) -> None:
+    _add_run_parser(sub)
+    _add_bench_parser(sub)
+    _add_ledger_view_parsers(sub)
+    _add_serving_change_parsers(sub)
+
+
+def _add_run_parser(sub) -> None:
     r = sub.add_parser("run", help="the overnight loop: propose, sanitize, benchmark, promote")
     r.add_argument("--ops", default="all", help="comma list of ops, or all (default)")
     r.add_argument("--proposer", choices=["auto", "search", "model"], default="auto",
@@ -81,6 +69,9 @@ def register(sub) -> None:
                    help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL")
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
+
+
+def _add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="time kernels on the GPU against the incumbent and the torch anchor, or a "
                                       "model's decode step (--model)")
     b.add_argument("--op", help="an op, or all (required unless --model)")
@@ -105,6 +96,9 @@ def register(sub) -> None:
                    help="time each shape in this many processes, one after the other, and report a spread that "
                         "includes the differences between them (default 1)")
 
+
+
+def _add_ledger_view_parsers(sub) -> None:
     h = sub.add_parser("history", help="runs, filters, per-op leaderboards, speedup trend")
     h.add_argument("--op")
     h.add_argument("--status", choices=["running", "finished", "interrupted", "failed"])
@@ -123,6 +117,9 @@ def register(sub) -> None:
     s.add_argument("--json", action="store_true")
     s.add_argument("--source", action="store_true", help="print the candidate's whole source")
 
+
+
+def _add_serving_change_parsers(sub) -> None:
     p = sub.add_parser("promote", help="promote a candidate file into the serving set by the rule (GPU)")
     p.add_argument("--op", required=True)
     p.add_argument("file")
@@ -143,26 +140,6 @@ def register(sub) -> None:
     d.add_argument("--reason", required=True)
     d.add_argument("--ledger", default=None)
 
-    from .review import register as register_review
-    register_review(sub, command)
-    from .pr import register as register_pr
-    register_pr(sub, command)
-    from .ci_templates import register as register_ci
-    register_ci(sub, command)
-    from .serving_cmd import register as register_serving
-    register_serving(sub, command)
-
-
-def _ledger(args, read: bool = False):
-    """The ledger of `--ledger` / KERNEL_AGENT_LEDGER / runs/ledger.db. `read`: a command that only reads
-    it refuses a path that does not exist (a typo would otherwise create an empty ledger there)."""
-    from ..harness.ledger import Ledger, server_url, sqlite_path
-    from .cli import default_ledger
-    path = args.ledger or default_ledger()
-    if read and server_url(path) is None and not os.path.exists(sqlite_path(path)):
-        raise _usage(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
-                     f"another)")
-    return Ledger(path, read_only=read)
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -181,11 +158,10 @@ def _interrupt_on_signals() -> None:
 
 @command("run")
 def cmd_run(args) -> int:
-    from .cli import default_ledger
     # the flags alone are checked before torch is imported (seconds), so a usage error comes at once
-    _ops(args.ops)
+    parse_ops(args.ops)
     if args.time_limit:
-        _duration(str(args.time_limit))
+        parse_duration(str(args.time_limit))
     _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
     events = _run_events(args)
@@ -200,45 +176,80 @@ def _cluster_placement(args, file_config: Dict[str, Any]):
     """The Ray placement of `--cluster` / the config's [cluster] section, or None: this machine's."""
     section = file_config.get("cluster", {})
     if not isinstance(section, dict):
-        raise _usage("[cluster] in the config must be a section")
+        raise UsageError("[cluster] in the config must be a section")
     address = args.cluster or section.get("address")
     if not address:
         return None
     if args.jobs is not None or args.gpus is not None:
-        raise _usage("--jobs and --gpus size this machine's placement; on a cluster its resources do")
+        raise UsageError("--jobs and --gpus size this machine's placement; on a cluster its resources do")
     try:
         from .ray_placement import RayPlacement
     except ImportError:
-        raise _usage("--cluster needs Ray: pip install 'kernel-agent[cluster]'") from None
+        raise UsageError("--cluster needs Ray: pip install 'kernel-agent[cluster]'") from None
     try:
         placement = RayPlacement(str(address), gpu_model=section.get("gpu_model"))
     except ValueError as e:
-        raise _usage(f"--cluster: {e}") from None
+        raise UsageError(f"--cluster: {e}") from None
     except (ConnectionError, RuntimeError) as e:
-        raise _usage(f"--cluster {address}: {e}") from None
+        raise UsageError(f"--cluster {address}: {e}") from None
     if not args.json:  # (stdout holds only the summary document with --json)
         ui.line(f"cluster: {placement.describe()}", style="bold")
     return placement
 
 
 def _run(args, events, ledger_path: str) -> int:
-    from .loop import RunConfig, run_loop
-    from .model import ModelConfig, load_config
+    from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
+    from .model import load_config  # here: as the loop
     file_config: Dict[str, Any] = load_config(args.config) if args.config else {}
     if args.resume:
         if args.in_place:
-            raise _usage("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
-        limit = _duration(str(args.time_limit)) if args.time_limit else None
-        placement = _cluster_placement(args, file_config)
+            raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
+        limit = parse_duration(str(args.time_limit)) if args.time_limit else None
         summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit,
-                           placement=placement)
+                           placement=_cluster_placement(args, file_config))
         return _print_run_summary(summary, args)
-    file_run: Dict[str, Any] = file_config.get("run", {})
+    cfg = _run_config(args, file_config.get("run", {}))
+    summary = run_loop(cfg, ledger_path, events=events, placement=_cluster_placement(args, file_config))
+    return _print_run_summary(summary, args)
+
+
+def _run_config(args, file_run: Dict[str, Any]):
+    """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
+    here, before anything is recorded."""
+    from .loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
+    from .model import ModelConfig  # here: as the loop
     cfg = RunConfig()
+    _apply_budget_and_flags(args, file_run, cfg)
+    _apply_target_model(args, file_run, cfg)
+    try:
+        targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
+    except ValueError as e:
+        raise UsageError(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
+    if cfg.target_model:  # the run's ops are those the step calls
+        cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
+    if args.candidates_dir:
+        cfg.candidates_dir = args.candidates_dir
+    model = ModelConfig.resolve(args.model, args.base_url, args.config)
+    if args.proposer == "model" and model is None:
+        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
+                         "--base-url and --model)")
+    use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
+    if use_model:
+        cfg.proposer = "model"
+        cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
+                                                    "max_retries", "concurrency")}
+        _check_endpoint(model)
+    else:
+        cfg.proposer = "search"
+    return cfg
+
+
+def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
+    """Ops, budgets, shapes and where promotions go, each from its flag, else from the config file."""
     if "ops" in file_run:
-        cfg.ops = _ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
+        cfg.ops = parse_ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
     if args.ops != "all" or "ops" not in file_run:
-        cfg.ops = _ops(args.ops)
+        cfg.ops = parse_ops(args.ops)
     for key, attr, conv in (("candidates", "max_candidates", int), ("per_round", "per_round", int),
                             ("tokens", "token_budget", int), ("jobs", "jobs", int), ("dtype", "dtype", str),
                             ("shapes", "bench_shapes", str), ("seed", "seed", int), ("gpus", "gpus", int)):
@@ -249,58 +260,38 @@ def _run(args, events, ledger_path: str) -> int:
             try:
                 setattr(cfg, attr, conv(v))
             except (TypeError, ValueError):
-                raise _usage(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
-                             f"got {v!r}") from None
+                raise UsageError(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
+                                 f"got {v!r}") from None
     tl = args.time_limit or file_run.get("time_limit")
     if tl:
-        cfg.time_limit_s = _duration(str(tl))
+        cfg.time_limit_s = parse_duration(str(tl))
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
     if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
-        raise _usage("--candidates, --per-round, --jobs and --gpus must be at least 1")
+        raise UsageError("--candidates, --per-round, --jobs and --gpus must be at least 1")
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     in_place = args.in_place or file_run.get("in_place", False)
     if not isinstance(in_place, bool):
-        raise _usage(f"in_place: expected true or false, got {in_place!r}")
+        raise UsageError(f"in_place: expected true or false, got {in_place!r}")
     cfg.in_place = in_place
+
+
+def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
+    """`--target-model` / `--target-points`: the op calls of a model's decode step instead of the serving shapes."""
     target_model = args.target_model or file_run.get("target_model")
     points = args.target_points or file_run.get("target_points")
     if target_model:
         if args.shapes or "shapes" in file_run:
-            raise _usage("--target-model chooses the shapes: leave out --shapes")
-        from ..harness.model_step import ModelConfigError, load_model_config, parse_points
+            raise UsageError("--target-model chooses the shapes: leave out --shapes")
         try:
             cfg.target_model = load_model_config(str(target_model)).to_json()
             if points:
                 parse_points(str(points))
                 cfg.target_points = str(points)
         except ModelConfigError as e:
-            raise _usage(str(e)) from None
+            raise UsageError(str(e)) from None
     elif points:
-        raise _usage("--target-points needs --target-model")
-    from .loop import targets_for
-    try:
-        targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
-    except ValueError as e:
-        raise _usage(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
-    if cfg.target_model:  # the run's ops are those the step calls
-        cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
-    if args.candidates_dir:
-        cfg.candidates_dir = args.candidates_dir
-    model = ModelConfig.resolve(args.model, args.base_url, args.config)
-    if args.proposer == "model" and model is None:
-        raise _usage("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
-                     "--base-url and --model)")
-    use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
-    if use_model:
-        cfg.proposer = "model"
-        cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
-                                                    "max_retries", "concurrency")}
-        _check_endpoint(model)
-    else:
-        cfg.proposer = "search"
-    summary = run_loop(cfg, ledger_path, events=events, placement=_cluster_placement(args, file_config))
-    return _print_run_summary(summary, args)
+        raise UsageError("--target-points needs --target-model")
 
 
 def _check_endpoint(model) -> None:
@@ -310,22 +301,22 @@ def _check_endpoint(model) -> None:
     import socket
     url = model.base_url or OPENAI_DEFAULT_URL
     if not model.base_url and not model.api_key:
-        raise _usage(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
+        raise UsageError(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
                      f"OPENAI_API_KEY for {OPENAI_DEFAULT_URL}")
     u = urllib.parse.urlparse(url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise _usage(f"bad endpoint URL {url!r}")
+        raise UsageError(f"bad endpoint URL {url!r}")
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
-        raise _usage(f"cannot reach the model endpoint {url}: {e.strerror or e}")
+        raise UsageError(f"cannot reach the model endpoint {url}: {e.strerror or e}")
 
 
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes without a base URL
 
 
 def _run_events(args):
-    from .loop import RunEvents
+    from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
     if getattr(args, "json", False):
         return RunEvents()
     marks = {"rejected": "reject", "verified": "verified", "benchmarked": "bench", "promoted": "PROMOTED"}
@@ -339,37 +330,35 @@ def _run_events(args):
                      status=lambda st: live.update(f"status: {st.describe()}"))
 
 
-def _print_run_summary(summary: Dict[str, Any], args) -> int:
+def _print_run_summary(summary: RunSummary, args) -> int:
     if getattr(args, "_status_line", None) is not None:
         args._status_line.close()
     if args.json:
-        sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
         return 0
-    counts = summary.get("candidates_by_status", {})
-    ui.line(f"run {summary['run_id']} {summary.get('status')}: {summary.get('stop_reason') or ''}", style="bold")
+    counts, session = summary.candidates_by_status, summary.session
+    ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
     ui.table("", ["proposed", "rejected", "verified", "benchmarked", "promoted", "tokens", "wall"],
-             [[summary.get("candidates", 0), counts.get("rejected", 0), counts.get("verified", 0),
-               counts.get("benchmarked", 0), counts.get("promoted", 0), summary.get("tokens", 0),
-               f"{summary.get('wall_s') or 0:.0f}s"]], justify=["right"] * 7)
-    if summary.get("duplicates"):
-        ui.line(f"{summary['duplicates']} of them judged by earlier runs: replayed from the ledger, not judged again "
+             [[summary.candidates, counts[CandidateStatus.REJECTED], counts[CandidateStatus.VERIFIED],
+               counts[CandidateStatus.BENCHMARKED], counts[CandidateStatus.PROMOTED], summary.model.total_tokens,
+               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 7)
+    if summary.duplicates:
+        ui.line(f"{summary.duplicates} of them judged by earlier runs: replayed from the ledger, not judged again "
                 f"and not counted against the budget")
-    if summary.get("checks_failed"):
-        ui.table("rejections by check", ["check", "candidates"], sorted(summary["checks_failed"].items()),
+    if summary.checks_failed:
+        ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])
-    if not summary.get("benchmarked"):
+    if not (session and session.benchmarked):
         ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")
-    for p in summary.get("promotions", []):
-        ui.line(f"promoted {p['op']} {p['bucket']} {p['dtype']}: {p['reason']}", style="bold green")
-    if summary.get("throughput_line"):
-        ui.line(f"throughput: {summary['throughput_line']}")
-    if summary.get("serving_line"):
-        ui.line(summary["serving_line"])
-    ui.line(f"details: kernel-agent show {summary['run_id']}")
+    for p in summary.promotions:
+        ui.line(f"promoted {p.op} {p.bucket} {p.dtype}: {p.reason}", style="bold green")
+    if session and session.throughput_line:
+        ui.line(f"throughput: {session.throughput_line}")
+    if session and session.serving_line:
+        ui.line(session.serving_line)
+    ui.line(f"details: kernel-agent show {summary.run_id}")
     return 0
 
-
-# -- bench -------------------------------------------------------------------------------------
 
 @command("bench")
 def cmd_bench(args) -> int:
@@ -378,20 +367,18 @@ def cmd_bench(args) -> int:
     model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
                                   ("--kv", args.kv), ("--stacks", args.stacks)) if v is not None]
     if model_flags:
-        raise _usage(f"{', '.join(model_flags)}: only with --model")
+        raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
-        raise _usage("bench: give --op (an op, or all) or --model")
-    from ..harness.bench import NoGPU, load_ceilings, merge_processes, require_gpu, resolve_shapes, with_reported_times
-    from ..harness.bench_worker import run_bench_isolated
-    from ..harness.ops import get_op
-    ops = _ops(args.op)
+        raise UsageError("bench: give --op (an op, or all) or --model")
+    from ..harness.bench import NoGPU, load_ceilings, require_gpu, resolve_shapes  # here: torch, after the flags
+    ops = parse_ops(args.op)
     for f in args.files:
         if not os.path.isfile(f):
-            raise _usage(f"no such file: {f}")
+            raise UsageError(f"no such file: {f}")
     if args.files and len(ops) > 1:
-        raise _usage("candidate files need a single --op")
+        raise UsageError("candidate files need a single --op")
     if args.processes < 1:
-        raise _usage("--processes must be at least 1")
+        raise UsageError("--processes must be at least 1")
     try:
         require_gpu()
     except NoGPU as e:
@@ -405,31 +392,15 @@ def cmd_bench(args) -> int:
         try:
             shapes = resolve_shapes(op, args.shapes)
         except ValueError as e:
-            raise _usage(str(e))
+            raise UsageError(str(e))
         kernels = [{"label": "baseline", "file": None}] + [
             {"label": f"candidate:{os.path.basename(f)}", "file": os.path.abspath(f)} for f in args.files]
         with ui.Progress(f"bench {name}", len(shapes)) as prog:
             for s in shapes:
-                spec = {"op": name, "shapes": [s.key()], "dtype": args.dtype, "kernels": kernels, "seed": 0}
-                outs = [run_bench_isolated(spec) for _ in range(args.processes)]
-                doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
-                errors = [o["error"] for o in outs if o.get("error")]
-                if errors:
-                    doc["errors"].append(f"{name} {s.key()}: {errors[0]}")
-                good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
-                n = min(len(o.get("results", [])) for o in good)
-                results = [with_reported_times(merge_processes([o["results"][i] for o in good])) for i in range(n)]
-                doc["results"] += results
-                if not args.no_ledger:
-                    _record_bench_doc(args, doc, results)
-                if args.out:  # after every shape: a cut-short run keeps what it measured
-                    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-                    with open(args.out + ".tmp", "w") as f:
-                        json.dump(doc, f, indent=1)
-                    os.replace(args.out + ".tmp", args.out)
+                _bench_one_shape(args, name, s.key(), kernels, doc)
                 prog.advance(f"{name} {s.key()}")
     if doc.get("run_id"):
-        _ledger(args).set_run_status(doc["run_id"], "finished", finished=True)
+        open_ledger(args).set_run_status(doc["run_id"], RunStatus.FINISHED, finished=True)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
@@ -437,20 +408,41 @@ def cmd_bench(args) -> int:
     return 1 if doc["errors"] else 0
 
 
+def _bench_one_shape(args, name: str, shape_key: str, kernels: List[Dict[str, Any]], doc: Dict[str, Any]) -> None:
+    """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
+    from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
+    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0}
+    outs = [bench_worker.run_bench_isolated(spec) for _ in range(args.processes)]
+    doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
+    errors = [o["error"] for o in outs if o.get("error")]
+    if errors:
+        doc["errors"].append(f"{name} {shape_key}: {errors[0]}")
+    good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
+    n = min(len(o.get("results", [])) for o in good)
+    results = [with_reported_times(merge_processes([o["results"][i] for o in good])) for i in range(n)]
+    doc["results"] += results
+    if not args.no_ledger:
+        _record_bench_doc(args, doc, results)
+    if args.out:  # after every shape: a cut-short run keeps what it measured
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+
 def _record_bench_doc(args, doc, results) -> None:
-    from ..harness.env import versions
-    led = _ledger(args)
+    from ..harness.bench import record_shape_result  # here: torch, after the flags
+    led = open_ledger(args)
     if not doc.get("run_id"):
         run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
-                            versions(), "bench", _ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
+                            env.versions(), "bench", parse_ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
         doc["run_id"] = run.id
-    from ..harness.bench import record_shape_result
     for res in results:
         record_shape_result(led, doc["run_id"], res)
 
 
 def print_bench(doc) -> None:
-    from ..harness.bench import reported_time
+    from ..harness.bench import reported_time  # here: torch, after the flags
     c = doc.get("ceilings") or {}
     if c:
         ui.line(f"{c.get('gpu')}: ceilings copy {c.get('copy_tbps')} TB/s, bf16 matmul {c.get('bf16_tflops')} TFLOP/s")
@@ -480,14 +472,12 @@ def print_bench(doc) -> None:
 def _bench_model(args) -> int:
     """`bench --model CONFIG`: one decode step of a model per stack and KV cache (harness/model_step.py)."""
     # the flags and the config are checked before torch is imported: a usage error comes at once
-    from ..harness.model_step import KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names, \
-        parse_points
     if args.op:
-        raise _usage("bench: give --op or --model, not both")
+        raise UsageError("bench: give --op or --model, not both")
     if args.files:
-        raise _usage("bench --model takes no candidate FILE (it times the baselines and the serving set)")
+        raise UsageError("bench --model takes no candidate FILE (it times the baselines and the serving set)")
     if args.points and (args.batch is not None or args.context is not None):
-        raise _usage("bench --model: give --points, or --batch and --context, not both")
+        raise UsageError("bench --model: give --points, or --batch and --context, not both")
     try:
         cfg = load_model_config(args.model)
         if args.points:
@@ -501,14 +491,12 @@ def _bench_model(args) -> int:
         stacks = parse_names(args.stacks or "torch,baseline,serving", STACKS, "--stacks")
         kv_modes = parse_names(args.kv or ",".join(KV_MODES), KV_MODES, "--kv")
     except ModelConfigError as e:
-        raise _usage(str(e))
+        raise UsageError(str(e))
     if args.out and os.path.isdir(args.out):
-        raise _usage(f"--out {args.out}: is a folder; give a file path")
-    from .cli import _cuda_available
-    if not _cuda_available():
+        raise UsageError(f"--out {args.out}: is a folder; give a file path")
+    if not cuda_available():
         ui.error("bench --model needs a CUDA GPU")
         return 2
-    from ..harness.model_step import run_model_bench
     to_stdout = args.json
     log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
     result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
@@ -565,32 +553,30 @@ def print_model_bench(result) -> None:
 
 @command("history")
 def cmd_history(args) -> int:
-    from .cli import _check_op
-    from .review import history
     if args.op:
-        _check_op(args.op)
-    return history(args, _ledger(args, read=True))
+        check_op(args.op)
+    return history(args, open_ledger(args, read=True))
 
 
 @command("show")
 def cmd_show(args) -> int:
-    led = _ledger(args, read=True)
+    led = open_ledger(args, read=True)
     what = args.what
     if re.fullmatch(r"c?\d+", what):
         return _show_candidate(led, int(what.lstrip("c")), args)
     run = led.get_run(what)
     if run is None:
-        raise _usage(f"no run or candidate {what!r} in the ledger")
+        raise UsageError(f"no run or candidate {what!r} in the ledger")
     return _show_run(led, run, args)
 
 
 def _show_run(led, run, args) -> int:
-    from .publish import recorded_target
+    from .publish import recorded_target  # here: publication imports the serving set, which imports torch
     summary = led.run_summary(run.id)
     cands = led.candidates(run_id=run.id)
     target = recorded_target(json.loads(run.notes) if (run.notes or "").startswith("{") else {})  # where it promoted
     if args.json:
-        doc = {"run": summary, "config": run.config, "versions": run.versions,
+        doc = {"run": summary.to_json(), "config": run.config, "versions": run.versions,
                "serving": target.to_json() if target is not None else None,
                "candidates": [_cand_json(led, c) for c in cands]}
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
@@ -602,7 +588,6 @@ def _show_run(led, run, args) -> int:
     ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
             f"python {v.get('python')}")
     rows = []
-    from ..harness.figures import candidate_results
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     for c in cands:
         verdict = c.verdict or {}
@@ -612,8 +597,8 @@ def _show_run(led, run, args) -> int:
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
     ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
-    for p in summary.get("promotions", []):
-        ui.line(f"promoted: {p['op']} {p['bucket']} {p['dtype']} candidate #{p['candidate_id']}: {p['reason']}",
+    for p in summary.promotions:
+        ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
     if target is not None:
         ui.line(target.describe() if run.status == "running" else target.outcome())
@@ -631,7 +616,6 @@ def _timing_words(result) -> str:
     """A candidate's judged speedup in a run (harness/figures.py), as the report and history show it."""
     if result is None or result.speedup is None:
         return ""
-    from ..harness.figures import fmt_x
     return f"{fmt_x(result.speedup)} over {_short_incumbent(result.incumbent_label or 'mixed')} " \
            f"({result.clocks.replace('event', 'events')})"
 
@@ -646,25 +630,10 @@ def _cand_json(led, c) -> Dict[str, Any]:
             "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)]}
 
 
-def parent_source(led, c) -> tuple:
-    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
-    if c.parent_id:
-        p = led.candidate(c.parent_id)
-        if p:
-            return f"candidate #{p.id}", p.source
-    from .search import baseline_source
-    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
-
-
-def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=old_label, tofile=new_label, n=3))
-
-
 def _show_candidate(led, cid: int, args) -> int:
     c = led.candidate(cid)
     if c is None:
-        raise _usage(f"no candidate {cid} in the ledger")
+        raise UsageError(f"no candidate {cid} in the ledger")
     if args.json:
         doc = _cand_json(led, c)
         doc["source"] = c.source
@@ -677,7 +646,27 @@ def _show_candidate(led, cid: int, args) -> int:
         c.fpsan_equivalent]
     ui.line(f"candidate #{c.id} {c.label} [{c.op}, {c.status}] by {c.proposer}; {eq}; hash {c.source_hash[:12]}",
             style="bold")
-    checks = led.checks(cid)
+    _print_checks(led.checks(cid))
+    figs = led.figures(candidate_id=cid, judged_only=False)
+    if figs:
+        ui.table("timings (against the incumbent timed beside it)",
+                 ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
+                 [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
+                   _short_incumbent(f.incumbent_label), fmt_ms(f.incumbent_ms), fmt_x(f.speedup), CLOCK_WORDS[f.clock],
+                   f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else ""] for f in figs])
+    unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
+    if unusable:  # no source came back: a diff would show the whole parent deleted
+        ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
+    else:
+        plabel, psrc = parent_source(led, c)
+        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
+        ui.line(f"diff against {plabel}:", style="bold")
+        sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
+    _print_model_exchanges(led.model_calls(candidate_id=cid))
+    return 0
+
+
+def _print_checks(checks) -> None:
     if checks:
         # one row per check, from the most thorough mode that ran it (the quick stage repeats the full
         # stage's checks on fewer cases), and one line per mode with its totals
@@ -696,23 +685,10 @@ def _show_candidate(led, cid: int, args) -> int:
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
                    best[n].detail[:140]] for n in order])
-    figs = led.figures(candidate_id=cid, judged_only=False)
-    if figs:
-        from ..harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
-        ui.table("timings (against the incumbent timed beside it)",
-                 ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
-                 [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
-                   _short_incumbent(f.incumbent_label), fmt_ms(f.incumbent_ms), fmt_x(f.speedup), CLOCK_WORDS[f.clock],
-                   f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else ""] for f in figs])
-    unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
-    if unusable:  # no source came back: a diff would show the whole parent deleted
-        ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
-    else:
-        plabel, psrc = parent_source(led, c)
-        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
-        ui.line(f"diff against {plabel}:", style="bold")
-        sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
-    for m in led.model_calls(candidate_id=cid):
+
+
+def _print_model_exchanges(calls) -> None:
+    for m in calls:
         ui.line(f"model exchange: {m.model}, {m.prompt_tokens}+{m.completion_tokens} tokens, {m.latency_s:.1f}s"
                 + (f", error: {m.error}" if m.error else ""), style="bold")
         try:
@@ -722,7 +698,6 @@ def _show_candidate(led, cid: int, args) -> int:
             user = m.prompt
         sys.stdout.write("--- prompt (user) ---\n" + user[:3000] + ("\n[...]\n" if len(user) > 3000 else "\n"))
         sys.stdout.write("--- reply ---\n" + (m.response or "(none)")[:3000] + "\n")
-    return 0
 
 
 # -- promote / demote --------------------------------------------------------------------------
@@ -731,19 +706,11 @@ def _show_candidate(led, cid: int, args) -> int:
 def cmd_promote(args) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, and promote
     through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place."""
-    from ..harness import serving
-    from ..harness.bench import NoGPU, record_shape_result, require_gpu, resolve_shapes
-    from ..harness.bench_worker import run_bench_isolated
-    from ..harness.env import gpu_name, versions
-    from ..harness.ops import get_op
-    from ..harness.promotion import judge_benchmark
-    from ..sanitizer.runner import run_isolated
-    from ..sanitizer.report import merge_gpu
-    from .cli import _check_op
-    from .publish import PromotionRequest, plan_target, publish_promotion
-    _check_op(args.op)
+    from ..harness.bench import NoGPU, require_gpu, resolve_shapes  # here: torch, after the flags
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
+    check_op(args.op)
     if not os.path.isfile(args.file):
-        raise _usage(f"no such file: {args.file}")
+        raise UsageError(f"no such file: {args.file}")
     try:
         require_gpu()
     except NoGPU as e:
@@ -751,77 +718,82 @@ def cmd_promote(args) -> int:
         return 2
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
-    led = _ledger(args)
+    led = open_ledger(args)
     with open(args.file) as f:
         source = f.read()
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
                          "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},
-                        versions(), "manual", [args.op], gpu_name(), {})
+                        env.versions(), "manual", [args.op], env.gpu_name(), {})
     cand, _ = led.add_candidate(args.op, source, "manual", run.id, path=os.path.abspath(args.file),
                                 label=os.path.basename(args.file))
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
-    v = merge_gpu(run_isolated(args.file, args.op, "full"), run_isolated(args.file, args.op, "gpu"))
+    v = merge_gpu(runner.run_isolated(args.file, args.op, "full"), runner.run_isolated(args.file, args.op, "gpu"))
     led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
-        led.set_candidate_status(cand.id, "rejected", verdict=v.to_json())
-        led.set_run_status(run.id, "finished", finished=True)
+        led.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=v.to_json())
+        led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
         ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
         return 1
-    led.set_candidate_status(cand.id, "verified", verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent)
-    gname = gpu_name()
+    led.set_candidate_status(cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(),
+                             fpsan_equivalent=v.fpsan_equivalent)
+    gname = env.gpu_name()
     shapes = resolve_shapes(op, args.shapes)
     by_bucket: Dict[str, list] = {}
     for s in shapes:
         by_bucket.setdefault(op.bucket(s), []).append(s)
     target = plan.open(run.id)
     ui.line(target.info.describe())
-    led.set_run_status(run.id, "running", notes=json.dumps({"serving": target.info.to_json()}))
+    led.set_run_status(run.id, RunStatus.RUNNING, notes=json.dumps({"serving": target.info.to_json()}))
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
-            inc_file = os.path.join(target.dir, entry["file"]) if entry else None
-            spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
-                    "kernels": [{"label": "incumbent", "file": inc_file},
-                                {"label": "candidate", "file": os.path.abspath(args.file)}]}
-            doc = run_bench_isolated(spec)
-            for res in doc.get("results", []):
-                record_shape_result(led, run.id, res, cand.id,
-                                    "baseline" if inc_file is None else f"serving:{entry['file']}")
-            j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
-            if j.error:
-                ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
-                continue
-            for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
-                ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
-                        f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}"
-                        + (" (CUDA-graph replay)" if kind == "graph" else ""))
-            if not j.decision.promote:
-                ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
-                continue
-            done = publish_promotion(target, led, PromotionRequest(
-                run.id, args.op, bucket, args.dtype, gname, cand.id, os.path.basename(args.file), source, j,
-                args.margin, versions(), note=args.reason))
-            where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
-            ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}",
-                    style="bold green")
-            promoted_any = True
+            promoted_any = _promote_bucket(args, led, run.id, cand.id, source, target, gname, bucket, bshapes) \
+                or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
-    led.set_run_status(run.id, "finished", finished=True, notes=json.dumps({"serving": info.to_json()}))
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
     ui.line(info.outcome())
     return 0 if promoted_any else 1
 
 
+def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname: str, bucket: str, bshapes) -> bool:
+    """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
+    from ..harness import serving  # here: torch, after the flags
+    from ..harness.bench import record_shape_result  # here: torch, after the flags
+    from .publish import PromotionRequest, publish_promotion  # here: as the serving set
+    entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
+    inc_file = os.path.join(target.dir, entry["file"]) if entry else None
+    spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
+            "kernels": [{"label": "incumbent", "file": inc_file},
+                        {"label": "candidate", "file": os.path.abspath(args.file)}]}
+    doc = bench_worker.run_bench_isolated(spec)
+    for res in doc.get("results", []):
+        record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{entry['file']}")
+    j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
+    if j.error:
+        ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
+        return False
+    for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
+        ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
+                f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
+    if not j.decision.promote:
+        ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
+        return False
+    done = publish_promotion(target, led, PromotionRequest(
+        run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,
+        env.versions(), note=args.reason))
+    where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
+    ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}", style="bold green")
+    return True
+
+
 @command("demote")
 def cmd_demote(args) -> int:
-    from ..harness import serving
-    from ..harness.env import gpu_name
-    from .cli import _check_op
-    _check_op(args.op)
-    gname = args.gpu or gpu_name() or "cpu"
-    led = _ledger(args)
+    from ..harness import serving  # here: torch, after the flags
+    check_op(args.op)
+    gname = args.gpu or env.gpu_name() or "cpu"
+    led = open_ledger(args)
     removed = serving.remove(args.op, args.bucket, args.dtype, gname)
     promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)
     if promo is None:
@@ -832,6 +804,6 @@ def cmd_demote(args) -> int:
     if promo is not None:
         led.demote(promo.id, args.reason)
     if not removed and promo is None:
-        raise _usage(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
+        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
     ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; the baseline serves it now")
     return 0

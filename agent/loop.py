@@ -34,7 +34,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tu
 from ..harness import serving
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
-from ..harness.ledger import Ledger, hash_source
+from ..harness.ledger import Ledger, RunSession, RunSummary, hash_source
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
@@ -969,9 +969,10 @@ class _Stream:
             raise
 
 
+# long: a run's setup, streaming session and summary in order; it still builds its own ledger and devices
 def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
              proposer: Optional[Proposer] = None, time_limit_s: Optional[float] = None,
-             placement: Optional[LocalPlacement] = None) -> Dict[str, Any]:
+             placement: Optional[LocalPlacement] = None) -> RunSummary:
     """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run.
     `time_limit_s` on a resume: the time it may take from now (default: what the run had left, and at
     least enough to finish what it left in flight)."""
@@ -1080,13 +1081,9 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
                        stop=stop_reason)
         ledger.set_run_status(run_id, "finished", finished=True, notes=notes(session))
         summary = ledger.run_summary(run_id)
-        summary["stop_reason"] = stop_reason
-        summary["gpu"] = gname if gpu else None
-        summary["benchmarked"] = gpu
-        summary["throughput"] = session
-        summary["throughput_line"] = th.describe(len(loop.placement.gpus))
-        summary["serving"] = serving_record().to_json()
-        summary["serving_line"] = serving_record().outcome()
+        summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
+                                     th.describe(len(loop.placement.gpus)), serving_record().to_json(),
+                                     serving_record().outcome())
         ledger.close()
         return summary
     finally:

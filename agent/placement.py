@@ -313,17 +313,17 @@ class LocalPlacement:
         """No new task starts; every running child is killed (their tasks return failed results).
         Children are refused process-wide only until this placement's last task has returned: a task
         that passed its start check races no kill, and nothing else in the process stays blocked."""
-        from ..sanitizer import runner
+        from ..sanitizer import isolation
         with self._lock:
             self.stopped = True
-            runner.stop_all()
+            isolation.stop_all()
             self._release_if_idle()
 
     def _release_if_idle(self) -> None:
         """(under the lock) After a stop, once no task of this placement runs, children may start again."""
         if self.stopped and not any(self._running.values()):
-            from ..sanitizer import runner
-            runner.resume_starting()
+            from ..sanitizer import isolation
+            isolation.resume_starting()
 
     def close(self, wait: bool = True) -> None:
         self._cpu.shutdown(wait=wait, cancel_futures=True)

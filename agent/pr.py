@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
+from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
-from .errors import UsageError
+from .cli_common import UsageError, command, default_ledger, open_ledger
 from .review import (PromotedKernel, _md_word, _plots, diff_section, promoted_kernels, promotion_header,
                      timings_section, verdict_section)
 
@@ -34,7 +35,7 @@ BODY = "pr.md"
 SUGGESTED_POINTS = ("32x8192", "8x32768", "64x2048", "1x8192", "8x8192", "16x8192", "128x8192", "256x8192")
 
 
-def register(sub, command) -> None:
+def register(sub) -> None:
     p = sub.add_parser("pr", help="pull-request body (markdown) and plots for a run's promotions; --open opens it")
     p.add_argument("run", help="run id")
     p.add_argument("--out", default=None, help="output folder (default runs/<run>/pr)")
@@ -160,7 +161,7 @@ def load_model_step(path: str) -> Dict[str, Any]:
 
 
 def step_measurement(doc: Dict[str, Any], pk: PromotedKernel) -> StepMeasurement:
-    from ..harness.serving import gpu_slug, kernel_file_name
+    from ..harness.serving import gpu_slug, kernel_file_name  # here: the serving set imports torch; flags come first
     pr = pk.promotion
     mine = kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
     same_gpu = gpu_slug(str(doc.get("gpu") or "")) == gpu_slug(pr.gpu_name)
@@ -204,7 +205,6 @@ class StepSuggestion:
 def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
     """The run's target model and points first (`run --target-model`), then each preset at
     SUGGESTED_POINTS: the first step that calls (op, bucket) of the promotion in bf16."""
-    from ..harness.model_step import PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
     pr = pk.promotion
     if pr.dtype != "bfloat16":  # the model step is bf16 throughout
         return StepSuggestion(None, None, None)
@@ -289,7 +289,6 @@ def step_section(run, pk: PromotedKernel, doc: Optional[Dict[str, Any]], doc_pat
 
 def _kv_mode_calling(op: str) -> str:
     """The KV cache mode whose decode step calls `op` (the first mode where both do, or none does)."""
-    from ..harness.model_step import KV_MODES, PRESETS, step_op_calls
     model = next(iter(PRESETS.values()))
     modes = [kv for kv in KV_MODES if any(c.op == op for c in step_op_calls(model, 32, 8192, kv))]
     return modes[0] if len(modes) == 1 else KV_MODES[0]
@@ -320,7 +319,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
         return False
     if branch.has_branch:
         return True  # the branch's commit of this promotion wrote it, and nothing later in the run replaced it
-    from ..harness.serving import kernel_file_name, serving_dir
+    from ..harness.serving import kernel_file_name, serving_dir  # here: as above
     pr = pk.promotion
     path = serving_dir() / kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
     try:
@@ -332,7 +331,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
 def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBranch, ledger_flag: str) -> List[str]:
     """The exact commands behind the sections above: the sanitizer's verdict, the benchmark's timings
     (the shapes judged, in order) and the ledger's record."""
-    from ..harness.serving import kernel_file_name
+    from ..harness.serving import kernel_file_name  # here: as above
     pr, c = pk.promotion, pk.candidate
     if c is None:
         return []
@@ -483,9 +482,7 @@ def _shell(cmd: Sequence[str]) -> str:
 
 
 def cmd_pr(args) -> int:
-    from .cli import default_ledger
-    from .commands import _ledger
-    led = _ledger(args, read=True)
+    led = open_ledger(args, read=True)
     run = led.get_run(args.run)
     if run is None:
         raise UsageError(f"no run {args.run!r} in the ledger")

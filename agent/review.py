@@ -1,21 +1,27 @@
 """The surfaces reviewers touch: `history`, `report` (pull-request markdown + plots) and `gate` (CI)."""
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from ..harness.env import versions
 from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
-from ..sanitizer.verdict import fence_for, quote_untrusted
+from ..kernels import baseline as kernels_baseline
+from ..sanitizer.report import merge_gpu, write_junit
+from ..sanitizer.runner import run_many
+from ..sanitizer.verdict import Verdict, fence_for, quote_untrusted
 from . import ui
+from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
 
 
-def register(sub, command) -> None:
+def register(sub) -> None:
     r = sub.add_parser("report", help="pull-request-ready markdown summary of a run (with PNG plots)")
     r.add_argument("run", help="run id")
     r.add_argument("--out", default=None, help="output folder (default runs/<run>/report)")
@@ -39,7 +45,6 @@ def register(sub, command) -> None:
 
 def history(args, led) -> int:
     if (args.leaderboard or args.trend) and not args.op:
-        from .errors import UsageError
         raise UsageError("--leaderboard and --trend need --op")
     runs = led.runs(op=args.op, status=args.status, since=args.since, until=args.until, proposer=args.proposer,
                     limit=args.limit)
@@ -48,8 +53,8 @@ def history(args, led) -> int:
         s = led.run_summary(r.id)
         doc["runs"].append({"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
                             "started": r.started_at.isoformat(), "gpu": r.gpu_name,
-                            "candidates": s.get("candidates", 0), "by_status": s.get("candidates_by_status", {}),
-                            "promotions": len(s.get("promotions", []))})
+                            "candidates": s.candidates, "by_status": s.candidates_by_status,
+                            "promotions": len(s.promotions)})
     if args.leaderboard:
         board = led.leaderboard(args.op)
         doc["leaderboard"] = board.to_json()
@@ -105,11 +110,9 @@ def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
 # -- report ------------------------------------------------------------------------------------
 
 def cmd_report(args) -> int:
-    from .commands import _ledger
-    led = _ledger(args, read=True)
+    led = open_ledger(args, read=True)
     run = led.get_run(args.run)
     if run is None:
-        from .errors import UsageError
         raise UsageError(f"no run {args.run!r} in the ledger")
     out = args.out or os.path.join("runs", run.id, "report")
     path = write_report(led, run, out)
@@ -128,12 +131,12 @@ def write_report(led, run, out_dir: str) -> str:
     lines = [f"# kernel-agent run `{run.id}`", "",
              f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
              f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
-             f"- candidates: {summary.get('candidates', 0)} "
-             f"({', '.join(f'{k} {n}' for k, n in sorted(summary.get('candidates_by_status', {}).items()))})",
+             f"- candidates: {summary.candidates} "
+             f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
              ""]
-    if summary.get("checks_failed"):
+    if summary.checks_failed:
         lines += ["Rejections by the check that caught them: " +
-                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary["checks_failed"].items())), ""]
+                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary.checks_failed.items())), ""]
     for name in _STALE_PLOTS:  # plots an earlier version wrote here would sit beside the new ones
         if os.path.exists(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
@@ -181,7 +184,7 @@ class PromotedKernel:
 
 def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedKernel]:
     """The run's promotions in the order they were made, each with its judged result from `results`."""
-    from .search import baseline_source
+    from .search import baseline_source  # here: the search imports torch; flags are checked first
     out = []
     for pr in sorted(led.promotions(run_id=run.id), key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
@@ -249,7 +252,6 @@ def verdict_section(led, pk: PromotedKernel) -> List[str]:
 
 def diff_section(pk: PromotedKernel) -> List[str]:
     """The unified diff against what it replaces (a configuration change is a few lines of `_config`)."""
-    from .commands import unified_diff
     c = pk.candidate
     if c is None:
         return []
@@ -258,6 +260,21 @@ def diff_section(pk: PromotedKernel) -> List[str]:
     return ["", f"### Diff against {pk.replaced_label}", "", f"{fence}diff", diff.rstrip() or "(identical)", fence,
             ""]
 
+
+
+def parent_source(led, c) -> tuple:
+    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
+    if c.parent_id:
+        p = led.candidate(c.parent_id)
+        if p:
+            return f"candidate #{p.id}", p.source
+    from .search import baseline_source  # here: the search imports torch; flags are checked first
+    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
+
+
+def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=old_label, tofile=new_label, n=3))
 
 def _have_matplotlib() -> bool:
     try:
@@ -361,8 +378,11 @@ def _plots(run, results, out_dir: str, promotions=()):
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    return [_speedup_plot(plt, run, best, out_dir), _progress_plot(plt, run, results, promotions, out_dir)]
+
+
+def _speedup_plot(plt, run, best, out_dir: str) -> Tuple[str, str]:
     figs = [(r, f) for r in best.values() for f in r.figures]
-    out = []
     fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(figs)), 5.0))
     x = list(range(len(figs)))
     sp = [f.speedup for _, f in figs]
@@ -386,8 +406,10 @@ def _plots(run, results, out_dir: str, promotions=()):
     p = os.path.join(out_dir, "speedup.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
-    out.append(("speedup per shape", p))
+    return "speedup per shape", p
 
+
+def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, str]:
     judged = [r for r in results if r.speedup is not None and not r.implausible and r.started_at is not None]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for key in sorted({(r.op, r.bucket) for r in judged}):
@@ -412,19 +434,22 @@ def _plots(run, results, out_dir: str, promotions=()):
     p = os.path.join(out_dir, "progress.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
-    out.append(("each candidate's speedup over the run", p))
-    return out
+    return "each candidate's speedup over the run", p
 
 
 # -- gate --------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class GateItem:
+    """One kernel the gate re-verifies."""
+
+    op: str
+    label: str  # op/bucket/dtype/gpu for a serving kernel, op/baseline for a baseline
+    path: str
+
+
 def cmd_gate(args) -> int:
-    from ..harness import serving
-    from ..harness.env import versions
-    from ..sanitizer.report import merge_gpu, write_junit
-    from ..sanitizer.runner import run_many
-    from ..sanitizer.verdict import Verdict
-    from .cli import _cuda_available
+    from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
     d = args.serving_dir or str(serving.serving_dir())
     manifest = serving.load_manifest(d)
     entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own
@@ -439,37 +464,14 @@ def cmd_gate(args) -> int:
             stale.append(e)
     if args.since_versions:
         entries = stale
-    items: List[tuple] = []  # (op, label, path)
-    for e in entries:
-        items.append((e["op"], f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}", os.path.join(d, e["file"])))
+    items = [GateItem(e["op"], f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}", os.path.join(d, e["file"]))
+             for e in entries]
     if not args.no_baselines and not args.since_versions:
-        import kernel_agent.kernels.baseline as kb
-        base_dir = os.path.dirname(kb.__file__)
-        from ..harness.ops import OPS
-        for op in OPS:
-            items.append((op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")))
-    gpu = args.gpu == "on" or (args.gpu == "auto" and _cuda_available())
+        base_dir = os.path.dirname(kernels_baseline.__file__)
+        items += [GateItem(op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")) for op in OP_NAMES]
+    gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
     mode = "quick" if args.quick else "full"
-    verdicts: List[Verdict] = []
-    with ui.Progress(f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}", len(items)) as prog:
-        by_op: Dict[str, List[tuple]] = defaultdict(list)
-        for it in items:
-            by_op[it[0]].append(it)
-        for op, its in by_op.items():
-            missing = [it for it in its if not os.path.exists(it[2])]
-            for it in missing:
-                v = Verdict(it[2], op, mode, error=f"serving file missing: {it[2]}")
-                verdicts.append(v)
-                prog.advance(f"FAIL {it[1]}: file missing")
-            present = [it for it in its if os.path.exists(it[2])]
-            vs = run_many([it[2] for it in present], op, mode, jobs=args.jobs)
-            if gpu:
-                gs = run_many([it[2] for it in present], op, "gpu", jobs=1)
-                vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
-            for it, v in zip(present, vs):
-                v.file = it[2]
-                verdicts.append(v)
-                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {it[1]}: {v.summary()[:120]}")
+    verdicts = _judge_gate_items(items, mode, gpu, args.jobs)
     ok = all(v.passed for v in verdicts)
     md = _gate_markdown(verdicts, stale, now, mode + ("+gpu" if gpu else ""), d)
     if args.junit:
@@ -489,6 +491,30 @@ def cmd_gate(args) -> int:
         if not v.passed:
             ui.line(f"  FAIL {os.path.relpath(v.file)}: {v.summary()}", style="red")
     return 0 if ok else 1
+
+
+def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) -> List[Verdict]:
+    """A verdict per item, op by op: a missing file fails, the rest are sanitized (and GPU-checked)."""
+    verdicts: List[Verdict] = []
+    with ui.Progress(f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}", len(items)) as prog:
+        by_op: Dict[str, List[GateItem]] = defaultdict(list)
+        for it in items:
+            by_op[it.op].append(it)
+        for op, its in by_op.items():
+            for it in its:
+                if not os.path.exists(it.path):
+                    verdicts.append(Verdict(it.path, op, mode, error=f"serving file missing: {it.path}"))
+                    prog.advance(f"FAIL {it.label}: file missing")
+            present = [it for it in its if os.path.exists(it.path)]
+            vs = run_many([it.path for it in present], op, mode, jobs=jobs)
+            if gpu:
+                gs = run_many([it.path for it in present], op, "gpu", jobs=1)
+                vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
+            for it, v in zip(present, vs):
+                v.file = it.path
+                verdicts.append(v)
+                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {it.label}: {v.summary()[:120]}")
+    return verdicts
 
 
 def _gate_markdown(verdicts, stale, now, mode, d) -> str:

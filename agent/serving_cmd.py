@@ -6,9 +6,10 @@ import sys
 from typing import Any, Dict, List
 
 from . import ui
+from .cli_common import check_op, command, open_ledger
 
 
-def register(sub, command) -> None:
+def register(sub) -> None:
     d = sub.add_parser("dispatch", help="which implementation (promoted kernel, baseline, torch) serves each "
                                         "bucket, from the ledger's benchmarks; --write records it")
     d.add_argument("--op", default=None, help="one op (default: every op with a torch implementation)")
@@ -23,15 +24,13 @@ def register(sub, command) -> None:
 
 
 def cmd_dispatch(args) -> int:
-    from .cli import _check_op
     if args.op:
-        _check_op(args.op)
-    from ..harness import serving
-    from ..harness.dispatch import measured_choices, record_choices
-    from .commands import _ledger
-    led = _ledger(args, read=True)
+        check_op(args.op)
+    from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+    from ..harness.dispatch import measured_choices, record_choices  # here: as the serving set
+    led = open_ledger(args, read=True)
     if args.write:  # a demotion is recorded in the ledger: open it for writing, once it is known to exist
-        led = _ledger(args)
+        led = open_ledger(args)
     choices = measured_choices(led, ops=[args.op] if args.op else None, dtype=args.dtype, gpu=args.gpu,
                                dir=args.serving_dir)
     written: Dict[tuple, Any] = {}

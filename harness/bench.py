@@ -320,6 +320,7 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
     torch.cuda.empty_cache()
 
 
+# long: the benchmark protocol for one shape (warm-up, interleaved rounds, graph replays, checks) read top to bottom
 def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
                     log: Optional[Callable[[str], None]] = None) -> ShapeResult:

@@ -26,7 +26,7 @@ def _contenders(spec: dict):
     """The kernels to time: candidate files through the static gate, the baseline from the package."""
     import inspect
 
-    from ..sanitizer.checks import baseline_fn, load_module
+    from ..sanitizer.execution import baseline_fn, load_module
     from ..sanitizer.static_gate import check_source
     from .bench import Contender
     out = []
@@ -41,6 +41,7 @@ def _contenders(spec: dict):
     return out
 
 
+# long: the benchmark child's life in order: sandbox, spec, ceilings, kernels, the GPU lease, each shape's timing
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape
     from .env import versions
     from .ops import dtype_from_name, get_op
-    op = get_op(spec["op"])
+    op, dtype = get_op(spec["op"]), dtype_from_name(spec.get("dtype", "bfloat16"))
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
     doc["phases"] = {}
     gated = bool(spec.get("gated"))
@@ -73,8 +74,7 @@ def main(argv=None) -> int:
         ceilings = Ceilings(**spec["ceilings"])
     else:
         if gated:  # the ceilings are a timing too: with the GPU alone (the first benchmark on a machine)
-            doc["phases"]["wait_gpu_s"] = round(wait_for_grant("gpu"), 2)
-            doc["phases"]["wait_s"] = round(wait_for_grant("alone"), 2)
+            _wait_for(("gpu", "wait_gpu_s"), ("alone", "wait_s"), phases=doc["phases"])
             gated = False
         ceilings = measure_ceilings()
     doc["ceilings"] = asdict(ceilings)
@@ -82,17 +82,16 @@ def main(argv=None) -> int:
     contenders = _contenders(spec)
     doc["sandbox_refused"] = sandbox.violations()
     doc["phases"]["start_s"] = round(time.time() - t_start, 2)
-    dtype = dtype_from_name(spec.get("dtype", "bfloat16"))
     if gated:
         # Started and loaded without the GPU; compile beside other correctness work on it, then time
         # only once the parent has given the GPU to this timing alone (sanitizer/lease.py).
-        doc["phases"]["wait_gpu_s"] = round(wait_for_grant("gpu"), 2)
+        _wait_for(("gpu", "wait_gpu_s"), phases=doc["phases"])
         t0 = time.time()
         for key in spec["shapes"]:
             prepare_shape(op, op.parse_shape(key), dtype, contenders, seed=spec.get("seed", 0))
         doc["phases"]["prepare_s"] = round(time.time() - t0, 2)
         flush()
-        doc["phases"]["wait_s"] = round(wait_for_grant("alone"), 2)
+        _wait_for(("alone", "wait_s"), phases=doc["phases"])
     for key in spec["shapes"]:
         t0 = time.time()
         shape = op.parse_shape(key)
@@ -112,6 +111,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def _wait_for(*requests, phases: Dict) -> None:
+    """Ask the parent for each (phase, key) in turn, recording the seconds waited under key."""
+    for phase, key in requests:
+        phases[key] = round(wait_for_grant(phase), 2)
+
+
 def refused_here(res: dict) -> str:
     """Why the promotion rule refuses the candidate on this shape alone (bench.ShapeResult JSON), or ''.
     Held against the same reference as the rule: the incumbent, or torch where it serves and is faster."""
@@ -123,6 +128,7 @@ def refused_here(res: dict) -> str:
     return d.reason if d else ""
 
 
+# long: one child's life in order: copy the files into scratch, write the spec, run it, read its results
 def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None,
                        on_ready: Optional[OnReady] = None) -> dict:
     """Run one benchmark spec in a sandboxed child process (`env`: variables it may see on top of the
@@ -135,7 +141,7 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
     import shutil
 
     from ..sanitizer import sandbox
-    from ..sanitizer.runner import run_tracked
+    from ..sanitizer.isolation import run_tracked
     from .bench import Ceilings, ceilings_path
     scratch = sandbox.make_scratch("ka-bench-")
     try:

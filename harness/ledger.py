@@ -33,9 +33,11 @@ import json
 import secrets
 import os
 import sqlite3
+from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta, timezone
+from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from sqlalchemy import (
     Boolean,
@@ -66,11 +68,113 @@ BUSY_TIMEOUT_S = 30.0
 # as long as every kernel-agent uses the same one): "kaledger" in ASCII, a positive signed 64-bit key.
 WRITE_LOCK_KEY = int.from_bytes(b"kaledger", "big")
 
-RUN_STATUSES = ("running", "finished", "interrupted", "failed")
-CANDIDATE_STATUSES = ("proposed", "rejected", "verified", "benchmarked", "promoted")
+
+
+class RunStatus(str, Enum):
+    """A run's status in the ledger; the member is the string stored and printed."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+    def __str__(self) -> str:  # f-strings and str() give the stored word, not RunStatus.RUNNING
+        return self.value
+
+
+class CandidateStatus(str, Enum):
+    """How far a candidate got: proposed, then rejected, or verified (sanitizer passed), benchmarked (timed and
+    judged), promoted (serving). The member is the string stored and printed."""
+
+    PROPOSED = "proposed"
+    REJECTED = "rejected"
+    VERIFIED = "verified"
+    BENCHMARKED = "benchmarked"
+    PROMOTED = "promoted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RUN_STATUSES = tuple(s.value for s in RunStatus)
+CANDIDATE_STATUSES = tuple(s.value for s in CandidateStatus)
 CHECK_STATUSES = ("passed", "failed", "skipped")
 CHECK_MODES = ("quick", "full", "gpu")
 CEILING_KINDS = ("compute", "memory")
+
+
+# --------------------------------------------------------------------------------------
+# what a run did: the record `run_summary` returns and the command line and reports read
+
+
+@dataclass(slots=True)
+class PromotionSummary:
+    id: int
+    op: str
+    bucket: str
+    dtype: str
+    gpu_name: str
+    candidate_id: Optional[int]
+    replaced_candidate_id: Optional[int]
+    new_ms: float
+    old_ms: float
+    gain: float
+    spread: float
+    reason: str
+    active: bool  # not demoted since
+
+
+@dataclass(slots=True)
+class ModelUsage:
+    calls: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    latency_s: float = 0.0
+
+
+@dataclass(slots=True)
+class RunSession:
+    """How the session of `kernel-agent run` that just ended went (the loop adds it; the ledger alone has none)."""
+
+    stop_reason: Optional[str]
+    gpu: Optional[str]  # the GPU's name, None when candidates were verified, not benchmarked
+    benchmarked: bool
+    throughput: Dict[str, Any]  # the figures kept in the run's notes (agent.loop.Throughput, as a dict)
+    throughput_line: str
+    serving: Dict[str, Any]  # where promotions went (agent.publish.TargetInfo.to_json())
+    serving_line: str
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What a run did, for the summary after a run, `show`, `history` and reports."""
+
+    run_id: str
+    status: RunStatus
+    proposer: str
+    ops: List[str]
+    gpu_name: Optional[str]
+    started_at: datetime
+    finished_at: Optional[datetime]
+    wall_s: Optional[float]
+    proposals: int
+    duplicates: int  # proposals of a source judged before: replayed, not judged again
+    candidates: int
+    candidates_by_status: Dict[str, int]  # every CandidateStatus, 0 where none
+    checks_failed: Dict[str, int]  # check name -> candidates it rejected, most first
+    bench_results: int
+    promotions: List[PromotionSummary]
+    model: ModelUsage
+    session: Optional[RunSession] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The document `run --json` and `show --json` print: the run's fields, then the session's."""
+        doc = asdict(self)
+        doc["status"] = self.status.value
+        session = doc.pop("session")
+        return {**doc, **(session or {})}
 
 
 class LedgerError(Exception):
@@ -209,7 +313,7 @@ class Candidate(Base):
     label: Mapped[Optional[str]] = mapped_column(String)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     first_run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"))
-    status: Mapped[str] = mapped_column(String, default="proposed", index=True)
+    status: Mapped[str] = mapped_column(String, default=CandidateStatus.PROPOSED.value, index=True)
     verdict_json: Mapped[Optional[str]] = mapped_column(Text)
     fpsan_equivalent: Mapped[Optional[bool]] = mapped_column(Boolean)
 
@@ -612,7 +716,7 @@ class Ledger:
         for _ in range(5):
             now = utcnow()
             run = Run(id=f"r{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}", started_at=now, finished_at=None,
-                      status="running", config_json=_dumps(config), versions_json=_dumps(versions),
+                      status=RunStatus.RUNNING, config_json=_dumps(config), versions_json=_dumps(versions),
                       gpu_name=gpu_name, proposer=proposer, ops=",".join(ops), budget_json=_dumps(budget),
                       notes=notes)
             try:
@@ -632,7 +736,7 @@ class Ledger:
         finished_at now; False clears it (a resumed run)."""
         _check_choice("run status", status, RUN_STATUSES)
         if finished is None:
-            finished = status != "running"
+            finished = status != RunStatus.RUNNING
         with self._write.begin() as s:
             run = s.get(Run, run_id)
             if run is None:
@@ -682,7 +786,7 @@ class Ledger:
             if new:
                 cand = Candidate(op=op, source_hash=h, source=source, path=path, parent_id=parent_id,
                                  proposer=proposer, label=label, created_at=now, first_run_id=run_id,
-                                 status="proposed")
+                                 status=CandidateStatus.PROPOSED)
                 s.add(cand)
                 s.flush()
             s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=not new))
@@ -860,7 +964,7 @@ class Ledger:
                 who = f"candidate {promo.candidate_id}" if promo.candidate_id is not None else "the baseline"
                 self._demote(s, old, f"replaced by {who} (promotion {promo.id})", promo.created_at)
             if promo.candidate_id is not None:
-                self._get_candidate(s, promo.candidate_id).status = "promoted"
+                self._get_candidate(s, promo.candidate_id).status = CandidateStatus.PROMOTED
         return promo
 
     @staticmethod
@@ -880,8 +984,8 @@ class Ledger:
         still = s.scalar(select(func.count(Promotion.id)).where(
             Promotion.candidate_id == promo.candidate_id, Promotion.demoted_at.is_(None)))
         cand = s.get(Candidate, promo.candidate_id)
-        if cand is not None and not still and cand.status == "promoted":
-            cand.status = "benchmarked"
+        if cand is not None and not still and cand.status == CandidateStatus.PROMOTED:
+            cand.status = CandidateStatus.BENCHMARKED
 
     def active_promotion(self, op: str, bucket: str, dtype: str, gpu_name: str) -> Promotion | None:
         """The newest promotion for this key that has not been demoted."""
@@ -945,7 +1049,7 @@ class Ledger:
                 select(Candidate.id, Candidate.label, Candidate.status).where(Candidate.id.in_(ids)))}
         return _figures.leaderboard(op, figs, labels)
 
-    def run_summary(self, run_id: str) -> dict:
+    def run_summary(self, run_id: str) -> RunSummary:
         """What a run did, for `show` and reports: candidates by status, failed checks by
         name, promotions, model usage and wall time."""
         run = self.get_run(run_id)
@@ -973,38 +1077,25 @@ class Ledger:
             ).where(ModelCall.run_id == run_id)).one()
             n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
             promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
-        end = run.finished_at or (utcnow() if run.status == "running" else None)
-        return {
-            "run_id": run.id,
-            "status": run.status,
-            "proposer": run.proposer,
-            "ops": run.op_list,
-            "gpu_name": run.gpu_name,
-            "started_at": run.started_at,
-            "finished_at": run.finished_at,
-            "wall_s": (end - run.started_at).total_seconds() if end is not None else None,
-            "proposals": int(n_prop),
-            "duplicates": int(n_dup),
-            "candidates": sum(by_status.values()),
-            "candidates_by_status": {st: by_status.get(st, 0) for st in CANDIDATE_STATUSES},
-            "checks_failed": failed,
-            "bench_results": int(n_bench or 0),
-            "promotions": [{
-                "id": p.id, "op": p.op, "bucket": p.bucket, "dtype": p.dtype, "gpu_name": p.gpu_name,
-                "candidate_id": p.candidate_id, "replaced_candidate_id": p.replaced_candidate_id,
-                "new_ms": p.new_ms, "old_ms": p.old_ms, "gain": p.gain, "spread": p.spread, "reason": p.reason,
-                "active": p.demoted_at is None,
-            } for p in promos],
-            "model": {
-                "calls": int(calls), "errors": int(errors), "prompt_tokens": int(ptok),
-                "completion_tokens": int(ctok), "total_tokens": int(ptok) + int(ctok), "latency_s": float(lat),
-            },
-        }
+        end = run.finished_at or (utcnow() if run.status == RunStatus.RUNNING else None)
+        return RunSummary(
+            run_id=run.id, status=RunStatus(run.status), proposer=run.proposer, ops=run.op_list, gpu_name=run.gpu_name,
+            started_at=run.started_at, finished_at=run.finished_at,
+            wall_s=(end - run.started_at).total_seconds() if end is not None else None,
+            proposals=int(n_prop), duplicates=int(n_dup), candidates=sum(by_status.values()),
+            candidates_by_status={st: by_status.get(st, 0) for st in CANDIDATE_STATUSES},
+            checks_failed=failed, bench_results=int(n_bench or 0),
+            promotions=[PromotionSummary(
+                id=p.id, op=p.op, bucket=p.bucket, dtype=p.dtype, gpu_name=p.gpu_name, candidate_id=p.candidate_id,
+                replaced_candidate_id=p.replaced_candidate_id, new_ms=p.new_ms, old_ms=p.old_ms, gain=p.gain,
+                spread=p.spread, reason=p.reason, active=p.demoted_at is None) for p in promos],
+            model=ModelUsage(calls=int(calls), errors=int(errors), prompt_tokens=int(ptok), completion_tokens=int(ctok),
+                             total_tokens=int(ptok) + int(ctok), latency_s=float(lat)))
 
 
 __all__ = [
-    "SCHEMA_VERSION", "LedgerError", "Ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta", "Run",
-    "Candidate", "Proposal",
+    "SCHEMA_VERSION", "LedgerError", "RunStatus", "CandidateStatus", "RunSummary", "RunSession", "PromotionSummary",
+    "ModelUsage", "Ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta", "Run", "Candidate", "Proposal",
     "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
     "CHECK_STATUSES", "CHECK_MODES",
 ]

@@ -689,6 +689,7 @@ def _interleaved(graphs: Sequence[Tuple[Any, Any]], rounds: int) -> Dict[Any, Tu
     return out
 
 
+# long: one decode-step point: build every stack and KV mode, check them against torch, time them, measure accuracy
 def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: Sequence[str], seed: int = 0,
               log: Callable[[str], None] = lambda s: None) -> PointResult:
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""

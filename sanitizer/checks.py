@@ -9,14 +9,9 @@ layout of the case, the first bad index, observed against expected.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import inspect
 import os
-import sys
 import time
-import traceback
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -25,25 +20,15 @@ import torch
 from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, Case, Op, round_to
 from . import static_gate
-from .fpsan import FpSanUnsupported
-from .guard import HostGuard
 from . import wire
+from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
-from .interp import GuardPause, Instrumentation, Watched
 from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
 
 
 def cases_n(n: int) -> str:
     """'1 case', '3 cases'."""
     return f"{n} case{'' if n == 1 else 's'}"
-
-
-class CheckFailed(Exception):
-    """Raised inside a check with the one-line explanation of the failure."""
-
-
-class TimedOut(CheckFailed):
-    """The candidate did not answer before the judge's deadline: the run ends with a timeout verdict."""
 
 
 @dataclass(frozen=True)
@@ -68,124 +53,6 @@ class Settings:
 QUICK = Settings(("contiguous", "strided"), 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12)
 FULL = Settings(("contiguous", "strided"), 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
 MODES = {"quick": QUICK, "full": FULL}
-
-
-# -- running a candidate on one case --------------------------------------------------
-
-@dataclass
-class RunResult:
-    out: Any = None
-    error: str = ""
-    bounds: List[str] = field(default_factory=list)
-    guard: List[str] = field(default_factory=list)
-    mutated: List[str] = field(default_factory=list)
-    launches: int = 0
-    fpsan_unsupported: List[str] = field(default_factory=list)
-    handle: int = 0  # the executor's number for this call (its outputs can be re-read while it keeps them)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.error or self.bounds or self.guard or self.mutated)
-
-    def problem(self) -> str:
-        if self.bounds:
-            return self.bounds[0]
-        if self.guard:
-            return "host code: " + self.guard[0]
-        if self.mutated:
-            return f"the candidate modified its input(s) {', '.join(self.mutated)}"
-        return self.error
-
-
-def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
-
-
-def _describe_exception(e: BaseException, path: str) -> str:
-    root = e
-    while root.__cause__ is not None:
-        root = root.__cause__
-    where = ""
-    for frame in reversed(traceback.extract_tb(root.__traceback__)):
-        if os.path.abspath(frame.filename) == os.path.abspath(path):
-            where = f" (candidate line {frame.lineno}: {frame.line.strip() if frame.line else ''})"
-            break
-    msg = str(root).strip().splitlines()[0] if str(root).strip() else ""
-    return f"{type(root).__name__}: {msg[:300]}{where}"
-
-
-def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.Tensor], path: str, *,
-                 device: str = "cpu", bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
-                 sentinel: int = 0) -> RunResult:
-    """Call fn on args under the interpreter hooks and the host-code guard (on a GPU: under the guard
-    alone), in the process that holds fn. What it returns is evidence for the judge, not a verdict."""
-    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
-    before = {k: _storage_bytes(v) for k, v in tensors.items()}
-    res = RunResult()
-    if device != "cpu":
-        guard = HostGuard(sentinel=-1)
-        launches = [0]
-        try:
-            with _counting_launches(launches), guard:
-                res.out = fn(**args)
-            torch.cuda.synchronize()
-        except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            if not guard.violations:
-                res.error = _describe_exception(e, path)
-        res.guard = list(guard.violations)
-        res.launches = launches[0]
-    else:
-        watched = [Watched(k, v, readable.get(k)) for k, v in tensors.items()] if bounds else \
-            [Watched(k, v, None) for k, v in tensors.items()]
-        inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched)
-        guard = HostGuard(sentinel=sentinel)
-        try:
-            with inst.active():
-                with guard:
-                    res.out = fn(**args)
-        except FpSanUnsupported as e:
-            res.fpsan_unsupported.append(str(e))
-        except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            inner = e
-            while inner.__cause__ is not None and not isinstance(inner, (FpSanUnsupported,)):
-                inner = inner.__cause__
-            if isinstance(inner, FpSanUnsupported):
-                res.fpsan_unsupported.append(str(inner))
-            elif not inst.violations and not guard.violations:
-                res.error = _describe_exception(e, path)
-        res.bounds = list(inst.violations)
-        res.guard = list(guard.violations)
-        res.launches = len(inst.launches)
-        res.fpsan_unsupported += inst.fpsan_unsupported
-    for k, v in tensors.items():
-        if not torch.equal(before[k], _storage_bytes(v)):
-            res.mutated.append(k)
-    return res
-
-
-@contextlib.contextmanager
-def _counting_launches(count: List[int]):
-    """On the device: count Triton launches, and let the launcher's own torch calls past the host-code
-    guard (in the interpreter, Instrumentation does both)."""
-    from triton.runtime.jit import JITFunction
-    original = JITFunction.run
-
-    def run(self, *args, **kwargs):
-        count[0] += 1
-        GuardPause.depth += 1
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            GuardPause.depth -= 1
-    JITFunction.run = run
-    try:
-        yield
-    finally:
-        JITFunction.run = original
 
 
 def run_case(subject: "Subject", fn: Any, case: Case, *, bounds: bool = True, order: str = "natural",
@@ -268,26 +135,6 @@ class Subject:
         return self.refs[key][1]
 
 
-def load_module(path: str, op_name: str):
-    """Import a candidate file under a unique module name; return its op function."""
-    name = f"ka_candidate_{op_name}_{uuid.uuid4().hex[:8]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise CheckFailed(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # triton.jit looks its functions up by module
-    spec.loader.exec_module(module)
-    fn = getattr(module, op_name, None)
-    if not callable(fn):
-        raise CheckFailed(f"the file defines no function `{op_name}`")
-    return fn
-
-
-def baseline_fn(op_name: str) -> Callable:
-    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
-    return getattr(mod, op_name)
-
-
 # -- case sets --------------------------------------------------------------------------
 
 def tiny_cases(op: Op, n: int, layouts: Sequence[str], dtypes=(torch.float32, torch.float16),
@@ -321,7 +168,7 @@ def _run_or_fail(subject: Subject, case: Case, **kw) -> RunResult:
 
 def check_static(subject: Subject, s: Settings) -> str:
     if subject.skip_gate:
-        raise _Skip("turned off (a test of the layers behind the gate)")
+        raise CheckSkipped("turned off (a test of the layers behind the gate)")
     g = static_gate.check_source(subject.source, subject.op.name)
     if not g.passed:
         raise CheckFailed(g.describe())
@@ -457,7 +304,7 @@ def check_no_state(subject: Subject, s: Settings) -> str:
     out1 = r1.out
     if not subject.op.compare(out1, x.args, subject.ref64(x)).ok:
         # already wrong on a fresh call: a numeric bug, not state; the numeric checks name it
-        raise _Skip("not judged: the first call already differs from the reference (left to the numeric checks)")
+        raise CheckSkipped("not judged: the first call already differs from the reference (left to the numeric checks)")
     z = op.make_case(other, torch.float32, seed=subject.seed(63))  # a different shape in between
     _compare_or_fail(subject, z, _run_or_fail(subject, z).out, "call on another shape: ")
     # fresh values in the same (recycled) buffers: a cache keyed on pointers or shapes answers stale
@@ -595,7 +442,7 @@ def check_differential(subject: Subject, s: Settings) -> str:
 def check_error_budget(subject: Subject, s: Settings) -> str:
     op = subject.op
     if op.exact_check:
-        raise _Skip(f"not applicable: {op.name} is checked exactly by its contract ({op.exact_check})")
+        raise CheckSkipped(f"not applicable: {op.name} is checked exactly by its contract ({op.exact_check})")
     worst = 0.0
     combos = [(torch.float32, "normal"), (torch.float16, "outliers"), (torch.float16, "normal"),
               (torch.float32, "large")][: s.budget_cases]
@@ -632,7 +479,7 @@ def check_near_serving(subject: Subject, s: Settings) -> str:
         "; ".join(sh.key() for sh in shapes)
 
 
-class _Skip(Exception):
+class CheckSkipped(Exception):
     pass
 
 
@@ -650,7 +497,7 @@ def check_fpsan(subject: Subject, s: Settings) -> str:
         unsupported = rc.fpsan_unsupported + rb.fpsan_unsupported
         if unsupported:
             subject.fpsan_equivalent = None
-            raise _Skip(f"FpSan could not run: {unsupported[0]}")
+            raise CheckSkipped(f"FpSan could not run: {unsupported[0]}")
         if not rc.ok:
             raise CheckFailed(f"under FpSan: {rc.problem()}; reproduce: {case.describe()}")
         d = first_difference(rc.out, rb.out)
@@ -683,7 +530,7 @@ def _hexbits(out, i, idx) -> str:
 
 def check_extended(subject: Subject, s: Settings) -> str:
     if getattr(subject, "fpsan_equivalent", None) is True:
-        raise _Skip("not needed: FpSan proved the candidate equivalent to the baseline")
+        raise CheckSkipped("not needed: FpSan proved the candidate equivalent to the baseline")
     n = _hypothesis_differential(subject, s.extended_examples, seed=subject.seed(131), big=True)
     return f"{n} extra examples with harsh values match the reference"
 
@@ -693,7 +540,7 @@ def check_sandbox(subject: Subject, s: Settings) -> str:
     that call's check; this catches the ones a candidate swallowed between calls)."""
     ex = subject.executor
     if ex is None or not ex.hello:
-        raise _Skip("the candidate's process never started")
+        raise CheckSkipped("the candidate's process never started")
     if ex.violations:
         raise CheckFailed(f"the sandbox refused {len(ex.violations)} action(s) of the candidate, the first: "
                           f"{ex.violations[0]}")
@@ -760,7 +607,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
                 with torch.no_grad():
                     detail = check(subject, settings)
                 outcome = CheckOutcome(name, PASSED, detail, time.time() - t0)
-            except _Skip as e:
+            except CheckSkipped as e:
                 outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
             except TimedOut as e:
                 outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
@@ -770,7 +617,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
             except CheckFailed as e:
                 outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
             except Exception as e:  # noqa: BLE001 - an unexpected error fails the check, with its reason
-                outcome = CheckOutcome(name, FAILED, _describe_exception(e, subject.path), time.time() - t0)
+                outcome = CheckOutcome(name, FAILED, describe_exception(e, subject.path), time.time() - t0)
             if isinstance(subject.fn, Executor) and outcome.status != FAILED:
                 try:
                     subject.fn.reset()  # the executor forgets the check's cases and outputs

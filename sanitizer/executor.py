@@ -27,6 +27,7 @@ PROTOCOL = 1
 
 # -- the sandboxed side -----------------------------------------------------------------------
 
+# long: the sandboxed child in order: enter the sandbox, import, arm the audit hook, serve calls
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
@@ -48,7 +49,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
     from . import wire
-    from .checks import execute_call, load_module
+    from .execution import execute_call, load_module
     from .guard import HostGuard  # noqa: F401
     from .static_gate import check_source
     if args.device == "cpu":
@@ -69,8 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fn = load_module(args.file, args.op)
         hello["signature"] = _signature(fn)
     except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
-        from .checks import _describe_exception
-        hello["load_error"] = _describe_exception(e, args.file)
+        from .execution import describe_exception
+        hello["load_error"] = describe_exception(e, args.file)
         hello["violations"] = evidence()
         wire.send(sock, hello)
         return 0
@@ -310,7 +311,7 @@ class Executor:
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU)."""
         import torch
         from . import wire
-        from .checks import RunResult
+        from .execution import RunResult
         if not hasattr(case, "_executor_id"):
             self._case_ids += 1
             case._executor_id = self._case_ids

@@ -26,8 +26,8 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
-from .checks import (CheckFailed, cases_n, Subject, _describe_exception, _Skip, baseline_fn, check_load, check_static,
-                     first_difference, outputs, run_case)
+from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, first_difference, outputs, run_case
+from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
 from .static_gate import check_source
 from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
@@ -142,7 +142,7 @@ def _tool_executor(subject: Subject, path: str, wrapper=(), env=None, tool_ports
 def check_native_fpsan(subject: Subject) -> str:
     import triton
     if _triton_version() < (3, 8):
-        raise _Skip(f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU "
+        raise CheckSkipped(f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU "
                     f"checks applies")
     env = {"TRITON_INSTRUMENTATION_MODE": "fpsan", "TRITON_FPSAN_HOMOMORPHIC_CASTS": "1"}
     import inspect
@@ -177,7 +177,7 @@ TOOL_PORT_BASE, TOOL_PORT_COUNT = 49152, 16  # compute-sanitizer's default base 
 def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     exe = find_compute_sanitizer()
     if not exe:
-        raise _Skip("compute-sanitizer is not installed on this machine")
+        raise CheckSkipped("compute-sanitizer is not installed on this machine")
     # the tool's front end talks to the process it wraps over TCP on loopback, on the first free port of
     # this range: the executor keeps the host's network and may connect to these ports alone
     wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5",
@@ -259,14 +259,14 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
                 t0 = time.time()
                 try:
                     outcome = CheckOutcome(name, PASSED, check(subject), time.time() - t0)
-                except _Skip as e:
+                except CheckSkipped as e:
                     outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
                 except CheckFailed as e:
                     outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
                 except ExecutorError as e:
                     outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
                 except Exception as e:  # noqa: BLE001
-                    outcome = CheckOutcome(name, FAILED, _describe_exception(e, subject.path), time.time() - t0)
+                    outcome = CheckOutcome(name, FAILED, describe_exception(e, subject.path), time.time() - t0)
                 failed = failed or outcome.status == FAILED
             verdict.checks.append(outcome)
             if on_check:

@@ -256,6 +256,7 @@ class Instrumentation:
         raise BoundsViolation(msg)
 
     # -- patching ----------------------------------------------------------------------
+    # long: installs every interpreter hook and restores each on exit; one place, so none is left behind
     @contextlib.contextmanager
     def active(self):
         interp = _interpreter()
@@ -411,6 +412,7 @@ def _payload(h, f: F.Format) -> np.ndarray:
     return F.embed(_bits(h.data, f), f)
 
 
+# long: a table of the interpreter's builder ops with their FpSan payload rules, one entry each
 def _fpsan_builder_ops(builder, inst: Instrumentation):
     interp = _interpreter()
     TH = interp.TensorHandle

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
+from .isolation import run_tracked
+
 PHASES = ("gpu", "alone")
 
 # on_ready(phase, still_wanted) -> granted: blocks until the phase is granted (True) or refused (False);
@@ -49,11 +51,10 @@ def wait_for_grant(phase: str, poll_s: float = 0.005) -> float:
 
 def run_gated(cmd: Sequence[str], timeout_s: float, env: dict, cwd: str,
               on_ready: OnReady) -> Tuple[Optional[int], str]:
-    """(parent side) `runner.run_tracked`, with a watcher that answers the child's requests in `cwd`
+    """(parent side) `isolation.run_tracked`, with a watcher that answers the child's requests in `cwd`
     through `on_ready`. The watcher has ended when this returns, so the caller's lease bookkeeping
     sees every grant that happened. A refused phase leaves the child waiting until its time limit, or
     until a stop kills it."""
-    from .runner import run_tracked
     child_done = threading.Event()
 
     def watch():

@@ -1,9 +1,9 @@
-"""Presenting verdicts: the terminal table, the JSON document, JUnit XML."""
+"""Verdicts as documents: one per file from its CPU and GPU runs, the JSON document, JUnit XML.
+
+The terminal table is the command line's (agent/cli.py)."""
 from __future__ import annotations
 
-import json
 import os
-import sys
 import xml.etree.ElementTree as ET
 from typing import List
 
@@ -22,22 +22,6 @@ def merge_gpu(cpu: Verdict, gpu: Verdict) -> Verdict:
 def verdicts_json(verdicts: List[Verdict], op: str, mode: str) -> dict:
     return {"op": op, "mode": mode, "passed": all(v.passed for v in verdicts),
             "files": [v.to_json() for v in verdicts]}
-
-
-def print_verdicts(verdicts: List[Verdict], as_json: bool, op: str, mode: str) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(verdicts_json(verdicts, op, mode), indent=2) + "\n")
-        return
-    from ..agent import ui
-    for v in verdicts:
-        mark = "PASS" if v.passed else "FAIL"
-        ui.line(f"{mark} {os.path.relpath(v.file)} [{v.op}, {v.mode}, {v.duration_s:.1f}s]: {v.summary()}",
-                style="bold green" if v.passed else "bold red")
-        ui.table("", ["check", "result", "time", "detail"],
-                 [[c.name, ui.STATUS_MARK[c.status], f"{c.duration_s:.1f}s", c.detail] for c in v.checks],
-                 justify=["left", "left", "right", "left"])
-    n_pass = sum(v.passed for v in verdicts)
-    ui.line(f"{n_pass}/{len(verdicts)} file(s) passed", style="bold")
 
 
 def write_junit(verdicts: List[Verdict], path: str) -> None:

@@ -353,6 +353,7 @@ def landlock_abi() -> int:
         return 0
 
 
+# long: the Landlock ruleset built syscall by syscall (ctypes); each rule beside the access it grants
 def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[int] = ()) -> None:
     libc = _c()
     abi = landlock_abi()

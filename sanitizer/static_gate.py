@@ -523,6 +523,7 @@ class _Gate:
         for st in stmts:
             self.stmt(st, s)
 
+    # long: the allowlist of statements, one branch per syntax node kind: the candidate language reads as one table
     def stmt(self, st: ast.stmt, s: _Scope) -> None:
         k = s.kernel
         if isinstance(st, ast.Assign):
@@ -627,6 +628,7 @@ class _Gate:
             self.bad(t, "structure", f"cannot assign to `{ast.unparse(t)[:60]}`")
 
     # -- expressions -----------------------------------------------------------------------
+    # long: the allowlist of expressions, one branch per syntax node kind: the candidate language reads as one table
     def expr(self, node: ast.AST, s: _Scope) -> None:
         k = s.kernel
         if isinstance(node, ast.Constant):

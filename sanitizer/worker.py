@@ -35,6 +35,7 @@ def _die_with_parent() -> None:
         pass
 
 
+# long: the judge's life in order: its arguments, the executor started early, the checks, the verdict
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", required=True)

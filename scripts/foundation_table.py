@@ -74,6 +74,7 @@ def load(path, rebalance=False):
     return doc
 
 
+# long: a one-off report script that prints its tables in the order of the issue it answers
 def main(out, run2_path=None, *more_paths, rebalance=False):
     out_path = os.path.join(out, "bench.json") if os.path.isdir(out) else out
     doc = load(out_path, rebalance)

@@ -17,9 +17,9 @@ def _no_test_leaves_children_refused():
     """A hard stop refuses new children process-wide while it kills; a test that left it so would fail
     every later test that starts a child, far from the cause. Name the test instead."""
     yield
-    from kernel_agent.sanitizer import runner
-    if runner._stopping.is_set():
-        runner.resume_starting()
+    from kernel_agent.sanitizer import isolation
+    if isolation._stopping.is_set():
+        isolation.resume_starting()
         pytest.fail("this test left the sanitizer runner refusing new children (a stop without its release)")
 
 

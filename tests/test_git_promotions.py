@@ -91,27 +91,27 @@ def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alon
 
     summary, notes, ledger_path = _run(tmp_path, monkeypatch, 3)
 
-    run_id = summary["run_id"]
+    run_id = summary.run_id
     branch = f"kernel-agent/{run_id}"
     assert _checkout(repo) == before
     assert f"promotions go to branch {branch} (worktree " in "\n".join(notes)
-    target = summary["serving"]
+    target = summary.session.serving
     assert target["mode"] == "branch" and target["branch"] == branch and target["base"] == before["head"]
-    promos = summary["promotions"]
+    promos = summary.promotions
     assert len(promos) == 3
     messages = _commits(repo, before["head"], branch)
     assert len(messages) == len(promos) == target["commits"]  # one commit per promotion
-    for p, msg in zip(sorted(promos, key=lambda p: p["id"]), messages):
-        assert msg.startswith(f"Promote candidate #{p['candidate_id']} for quantize_kv {p['bucket']} bfloat16")
-        assert f"Decision: {p['reason']}" in msg
-        assert f"gain {p['gain'] * 100:.1f}%, noise {p['spread'] * 100:.1f}%, margin 2.0%" in msg
-        assert "shapes: " in msg and f"kernel-agent show {p['candidate_id']}" in msg
+    for p, msg in zip(sorted(promos, key=lambda p: p.id), messages):
+        assert msg.startswith(f"Promote candidate #{p.candidate_id} for quantize_kv {p.bucket} bfloat16")
+        assert f"Decision: {p.reason}" in msg
+        assert f"gain {p.gain * 100:.1f}%, noise {p.spread * 100:.1f}%, margin 2.0%" in msg
+        assert "shapes: " in msg and f"kernel-agent show {p.candidate_id}" in msg
     # the branch holds the promoted kernels and the committed set beside them
     entries = json.loads(_git(repo, "show", f"{branch}:kernels/serving/manifest.json"))["entries"]
     promoted = {(e["bucket"], e["candidate_id"]) for e in entries if e.get("gpu") == "Fake GPU"}
     last = {}
-    for p in sorted(promos, key=lambda p: p["id"]):
-        last[p["bucket"]] = p["candidate_id"]
+    for p in sorted(promos, key=lambda p: p.id):
+        last[p.bucket] = p.candidate_id
     assert promoted == set(last.items())
     committed = json.loads(_git(repo, "show", "HEAD:kernels/serving/manifest.json"))["entries"]
     assert [e for e in entries if e.get("gpu") != "Fake GPU"] == committed
@@ -215,11 +215,11 @@ def test_in_place_writes_the_working_tree_and_says_so(tmp_path, monkeypatch, rep
     summary, notes, _ = _run(tmp_path, monkeypatch, 1, in_place=True)
     d = str((repo / "kernels" / "serving").resolve())
     assert f"promotions are written in place to {d} (--in-place)" in notes
-    assert summary["serving"]["mode"] == "in_place" and summary["promotions"]
+    assert summary.session.serving["mode"] == "in_place" and summary.promotions
     assert not _git(repo, "branch", "--list", "kernel-agent/*")
     assert _git(repo, "rev-parse", "HEAD") == head
     assert "kernels/serving/manifest.json" in _git(repo, "status", "--porcelain")
-    cid = summary["promotions"][0]["candidate_id"]
+    cid = summary.promotions[0].candidate_id
     assert any(e.get("candidate_id") == cid for e in serving.load_manifest(d)["entries"])
 
 
@@ -228,8 +228,8 @@ def test_outside_git_the_serving_set_is_written_in_place_and_the_run_says_so(tmp
     _serve_from(monkeypatch, d)
     summary, notes, _ = _run(tmp_path, monkeypatch, 1)
     assert f"promotions are written in place to {d.resolve()} (not in a git repository)" in notes
-    assert summary["serving_line"].startswith(f"serving set: written in place to {d.resolve()}")
-    cid = summary["promotions"][0]["candidate_id"]
+    assert summary.session.serving_line.startswith(f"serving set: written in place to {d.resolve()}")
+    cid = summary.promotions[0].candidate_id
     assert any(e.get("candidate_id") == cid for e in serving.load_manifest(d)["entries"])
 
 

@@ -234,7 +234,7 @@ def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
         summary = run_loop(cfg, str(tmp_path / "ledger.db"))
     finally:
         os.environ.pop("KERNEL_AGENT_SERVING_DIR", None)
-    assert summary["benchmarked"] and summary["gpu"] == torch.cuda.get_device_name()
+    assert summary.session.benchmarked and summary.session.gpu == torch.cuda.get_device_name()
     led = Ledger(str(tmp_path / "ledger.db"))
     cands = led.candidates()
     assert len(cands) == 2 and all(c.status in ("benchmarked", "promoted", "rejected") for c in cands)

@@ -13,6 +13,7 @@ from kernel_agent.harness.ledger import (
     Candidate,
     Ledger,
     LedgerError,
+    ModelUsage,
     Run,
     hash_source,
 )
@@ -149,11 +150,11 @@ def test_checks_and_model_calls_round_trip(led):
     assert [m.id for m in led.model_calls(candidate_id=c.id)] == [call]
 
     summary = led.run_summary(r.id)
-    assert summary["model"] == {"calls": 2, "errors": 1, "prompt_tokens": 220, "completion_tokens": 300,
-                                "total_tokens": 520, "latency_s": 32.5}
-    assert summary["checks_failed"] == {"bounds": 1}
-    assert summary["candidates_by_status"]["proposed"] == 1 and summary["proposals"] == 1
-    assert summary["wall_s"] is not None and summary["wall_s"] >= 0
+    assert summary.model == ModelUsage(calls=2, errors=1, prompt_tokens=220, completion_tokens=300, total_tokens=520,
+                                       latency_s=32.5)
+    assert summary.checks_failed == {"bounds": 1}
+    assert summary.candidates_by_status["proposed"] == 1 and summary.proposals == 1
+    assert summary.wall_s is not None and summary.wall_s >= 0
 
 
 def test_bench_round_trip(led):
@@ -206,8 +207,8 @@ def test_promotions_active_and_demote(led):
     with pytest.raises(LedgerError):
         led.demote(12345, "nope")
     summary = led.run_summary(r.id)
-    assert [p["id"] for p in summary["promotions"]] == [p1.id, p2.id]
-    assert not any(p["active"] for p in summary["promotions"])
+    assert [p.id for p in summary.promotions] == [p1.id, p2.id]
+    assert not any(p.active for p in summary.promotions)
 
 
 def _benchmark(lg: Ledger, cid, run_id, cand_ms, inc_ms, anchor_ms=None, shape_key="T=4,H=2,D=16",

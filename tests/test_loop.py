@@ -389,7 +389,7 @@ def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop(monkeypatch):
     import threading
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
     from kernel_agent.harness import bench_worker
-    from kernel_agent.sanitizer import runner
+    from kernel_agent.sanitizer import isolation, runner
     check_go, asked = threading.Event(), threading.Event()
 
     def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
@@ -399,7 +399,7 @@ def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop(monkeypatch):
 
     monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
     monkeypatch.setattr(runner, "run_isolated", lambda *a, **k: check_go.wait(5))
-    monkeypatch.setattr(runner, "stop_all", lambda: None)
+    monkeypatch.setattr(isolation, "stop_all", lambda: None)
     pl = LocalPlacement(1, ["0"], threads=1)
     fcheck = pl.submit(SanitizeTask("a", "matmul", "gpu"))  # ungated: it holds its lease from the start
     fb = pl.submit(BenchTask({"n": 0}))

@@ -167,9 +167,9 @@ def test_every_allowance_is_still_used():
 
 
 def test_the_op_list_comes_from_the_registry():
-    from kernel_agent.agent import cli, loop
+    from kernel_agent.agent import cli_common, loop
     assert tuple(OPS) == NAMES
-    assert cli.OP_NAMES is NAMES and loop.ALL_OPS is NAMES
+    assert cli_common.OP_NAMES is NAMES and loop.ALL_OPS is NAMES
     # every op module of harness/ops (a module defining OP) is registered, under its own name
     modules = {p.stem for p in (ROOT / "harness" / "ops").glob("*.py")
                if any(isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in s.targets)

@@ -259,7 +259,7 @@ def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path
 
 
 def test_usage_errors_come_before_torch_is_imported():
-    from kernel_agent.agent.cli import OP_NAMES
+    from kernel_agent.agent.cli_common import OP_NAMES
     from kernel_agent.harness.ops import OPS
     assert tuple(OPS) == OP_NAMES
     code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
@@ -368,7 +368,7 @@ def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, caps
         led.record_checks(c.id, "full", [{"name": check, "status": "failed", "detail": "x", "duration_s": 0.1}])
         led.set_candidate_status(c.id, "rejected")
     summary = led.run_summary(run.id)
-    assert summary["checks_failed"] == {"bounds": 2, "coverage": 1}
+    assert summary.checks_failed == {"bounds": 2, "coverage": 1}
     _print_run_summary(summary, argparse.Namespace(json=False))
     out = capsys.readouterr().out
     assert "rejections by check" in out and "bounds" in out and "coverage" in out

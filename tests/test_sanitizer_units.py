@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_agent.sanitizer import runner
+from kernel_agent.sanitizer import isolation, runner
 from kernel_agent.sanitizer.guard import GuardViolation, HostGuard
 from kernel_agent.sanitizer.interp import Instrumentation, Watched
 from kernel_agent.sanitizer.static_gate import check_source
@@ -178,7 +178,7 @@ def test_a_crash_is_a_verdict_naming_the_running_check(tmp_path, monkeypatch):
 
     def fake_popen(cmd, *a, **kw):
         return real_popen([sys.executable, str(crasher)] + cmd[3:], *a, **kw)
-    monkeypatch.setattr(runner.subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(isolation.subprocess, "Popen", fake_popen)
     v = runner.run_isolated(os.path.join(BASELINE, "matmul.py"), "matmul", "quick", timeout_s=60)
     assert not v.passed and "SIGSEGV" in v.error and "`bounds`" in v.error
     assert [c.name for c in v.checks] == ["static_gate", "bounds"]
@@ -263,19 +263,18 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
     import signal
     import threading
     import time
-    from kernel_agent.sanitizer import runner
     exits = []
 
     def item(i):
         for _ in range(3):
-            exits.append(runner.run_tracked([sys.executable, "-c", "import time; time.sleep(20)"], 60)[0])
+            exits.append(isolation.run_tracked([sys.executable, "-c", "import time; time.sleep(20)"], 60)[0])
 
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C
     t0 = time.time()
     with pytest.raises(KeyboardInterrupt):
-        runner.map_tracked(item, [0, 1, 2, 3], 2)
+        isolation.map_tracked(item, [0, 1, 2, 3], 2)
     assert time.time() - t0 < 10
     # the first child of the two running items, killed; no second child, no third item
-    assert exits == [-signal.SIGKILL] * 2 and not runner._live
-    assert not runner._stopping.is_set()  # the next call starts children again
-    assert runner.run_tracked([sys.executable, "-c", "print('ok')"], 60) == (0, "ok\n")
+    assert exits == [-signal.SIGKILL] * 2 and not isolation._live
+    assert not isolation._stopping.is_set()  # the next call starts children again
+    assert isolation.run_tracked([sys.executable, "-c", "print('ok')"], 60) == (0, "ok\n")

@@ -1,0 +1,167 @@
+"""Running a candidate's function on one case, in the process that holds it: the evidence a judge reads.
+
+The executor (the sandboxed process that imports a candidate) calls `execute_call` for each of the judge's
+calls; the judge (checks.py) calls it directly for the trusted baseline. The benchmark child loads kernels with
+`load_module` and `baseline_fn` too. Nothing here decides a verdict.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List
+
+import torch
+
+from .fpsan import FpSanUnsupported
+from .guard import HostGuard
+from .interp import GuardPause, Instrumentation, Watched
+
+
+class CheckFailed(Exception):
+    """Raised inside a check with the one-line explanation of the failure."""
+
+
+class TimedOut(CheckFailed):
+    """The candidate did not answer before the judge's deadline: the run ends with a timeout verdict."""
+
+
+@dataclass
+class RunResult:
+    out: Any = None
+    error: str = ""
+    bounds: List[str] = field(default_factory=list)
+    guard: List[str] = field(default_factory=list)
+    mutated: List[str] = field(default_factory=list)
+    launches: int = 0
+    fpsan_unsupported: List[str] = field(default_factory=list)
+    handle: int = 0  # the executor's number for this call (its outputs can be re-read while it keeps them)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.error or self.bounds or self.guard or self.mutated)
+
+    def problem(self) -> str:
+        if self.bounds:
+            return self.bounds[0]
+        if self.guard:
+            return "host code: " + self.guard[0]
+        if self.mutated:
+            return f"the candidate modified its input(s) {', '.join(self.mutated)}"
+        return self.error
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
+
+
+def describe_exception(e: BaseException, path: str) -> str:
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    where = ""
+    for frame in reversed(traceback.extract_tb(root.__traceback__)):
+        if os.path.abspath(frame.filename) == os.path.abspath(path):
+            where = f" (candidate line {frame.lineno}: {frame.line.strip() if frame.line else ''})"
+            break
+    msg = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    return f"{type(root).__name__}: {msg[:300]}{where}"
+
+
+def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.Tensor], path: str, *,
+                 device: str = "cpu", bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
+                 sentinel: int = 0) -> RunResult:
+    """Call fn on args under the interpreter hooks and the host-code guard (on a GPU: under the guard
+    alone), in the process that holds fn. What it returns is evidence for the judge, not a verdict."""
+    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: _storage_bytes(v) for k, v in tensors.items()}
+    res = RunResult()
+    if device != "cpu":
+        guard = HostGuard(sentinel=-1)
+        launches = [0]
+        try:
+            with _counting_launches(launches), guard:
+                res.out = fn(**args)
+            torch.cuda.synchronize()
+        except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            if not guard.violations:
+                res.error = describe_exception(e, path)
+        res.guard = list(guard.violations)
+        res.launches = launches[0]
+    else:
+        watched = [Watched(k, v, readable.get(k)) for k, v in tensors.items()] if bounds else \
+            [Watched(k, v, None) for k, v in tensors.items()]
+        inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched)
+        guard = HostGuard(sentinel=sentinel)
+        try:
+            with inst.active():
+                with guard:
+                    res.out = fn(**args)
+        except FpSanUnsupported as e:
+            res.fpsan_unsupported.append(str(e))
+        except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            inner = e
+            while inner.__cause__ is not None and not isinstance(inner, (FpSanUnsupported,)):
+                inner = inner.__cause__
+            if isinstance(inner, FpSanUnsupported):
+                res.fpsan_unsupported.append(str(inner))
+            elif not inst.violations and not guard.violations:
+                res.error = describe_exception(e, path)
+        res.bounds = list(inst.violations)
+        res.guard = list(guard.violations)
+        res.launches = len(inst.launches)
+        res.fpsan_unsupported += inst.fpsan_unsupported
+    for k, v in tensors.items():
+        if not torch.equal(before[k], _storage_bytes(v)):
+            res.mutated.append(k)
+    return res
+
+
+@contextlib.contextmanager
+def _counting_launches(count: List[int]):
+    """On the device: count Triton launches, and let the launcher's own torch calls past the host-code
+    guard (in the interpreter, Instrumentation does both)."""
+    from triton.runtime.jit import JITFunction
+    original = JITFunction.run
+
+    def run(self, *args, **kwargs):
+        count[0] += 1
+        GuardPause.depth += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            GuardPause.depth -= 1
+    JITFunction.run = run
+    try:
+        yield
+    finally:
+        JITFunction.run = original
+
+
+def load_module(path: str, op_name: str):
+    """Import a candidate file under a unique module name; return its op function."""
+    name = f"ka_candidate_{op_name}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CheckFailed(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # triton.jit looks its functions up by module
+    spec.loader.exec_module(module)
+    fn = getattr(module, op_name, None)
+    if not callable(fn):
+        raise CheckFailed(f"the file defines no function `{op_name}`")
+    return fn
+
+
+def baseline_fn(op_name: str) -> Callable:
+    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+    return getattr(mod, op_name)

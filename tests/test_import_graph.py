@@ -1,0 +1,281 @@
+"""Layers import downward only, and no modules import each other in a loop.
+
+The layer map is the table under "## Layers" in docs/ARCHITECTURE.md; this test reads it and keeps no copy.
+Every module under agent/, harness/, sanitizer/ and kernels/ is parsed with `ast` (imports at module level
+and inside functions alike, and `importlib.import_module` of a package path spelled as a literal) and
+mapped to its layer. An import from a lower layer into a higher one, or a cycle between modules, fails
+with the modules and layers named. A cycle between layers needs an upward import, so it fails as one.
+"""
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agent", "harness", "sanitizer", "kernels")
+NOT_CODE = ("kernels/candidates/",)  # files the tool judges (adversarial, possibly not even Python), not its code
+NAMESPACE = "kernel_agent."  # the installed name of the repository's folders (pyproject.toml)
+
+
+@dataclass(frozen=True)
+class Layer:
+    rank: int  # 1 is the bottom
+    name: str
+    paths: Tuple[str, ...]  # repository paths: a folder ends with "/", a module with ".py"
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # repository path of the importing module, e.g. "agent/cli.py"
+    imported: str
+    line: int
+
+
+def read_layers(architecture: str) -> List[Layer]:
+    """The rows of the table under "## Layers": | rank | layer | `path`, `path` | what it holds |."""
+    section = architecture.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].isdigit():
+            layers.append(Layer(int(cells[0]), cells[1], tuple(re.findall(r"`([^`]+)`", cells[2]))))
+    return layers
+
+
+def layer_of(path: str, layers: Sequence[Layer]) -> Optional[Layer]:
+    """The layer whose entry names `path` most precisely (the longest matching entry)."""
+    best, best_len = None, -1
+    for layer in layers:
+        for entry in layer.paths:
+            if (path == entry or (entry.endswith("/") and path.startswith(entry))) and len(entry) > best_len:
+                best, best_len = layer, len(entry)
+    return best
+
+
+def module_files(root: Path, packages: Sequence[str] = PACKAGES) -> Dict[str, str]:
+    """Dotted module name (as imported under the namespace, without it) -> repository path."""
+    modules = {}
+    for package in packages:
+        for file in sorted((root / package).rglob("*.py")):
+            rel = file.relative_to(root).as_posix()
+            if rel.startswith(NOT_CODE):
+                continue
+            dotted = rel[:-3].replace("/", ".")
+            modules[dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted] = rel
+    return modules
+
+
+def _type_checking_nodes(tree: ast.AST) -> set:
+    """Nodes under `if TYPE_CHECKING:`: they never run."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, (ast.Name, ast.Attribute)) and \
+                (getattr(node.test, "id", None) or getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            for stmt in node.body:
+                skipped |= {id(n) for n in ast.walk(stmt)}
+    return skipped
+
+
+def _literal_module(call: ast.Call) -> Optional[str]:
+    """`importlib.import_module("kernel_agent.x.y")` or `(f"kernel_agent.x.y.{name}")`: the literal part."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "import_module" and call.args):
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rstrip(".")
+    return None
+
+
+def _targets(node: ast.AST, dotted: str, is_package: bool, modules: Dict[str, str]) -> List[str]:
+    """The project modules an import statement (or a literal import_module call) loads."""
+    def known(name: str) -> Optional[str]:
+        while name and name not in modules:  # `kernel_agent.kernels.baseline.matmul` when only the package is known
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def strip(name: str) -> str:
+        return name[len(NAMESPACE):] if name.startswith(NAMESPACE) else ""
+
+    found: List[Optional[str]] = []
+    if isinstance(node, ast.Import):
+        found = [known(strip(a.name)) for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            parts = dotted.split(".") if is_package else dotted.split(".")[:-1]
+            parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        else:
+            base = strip(node.module or "")
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}" if base else alias.name
+            found.append(submodule if submodule in modules else known(base))
+    elif isinstance(node, ast.Call):
+        literal = _literal_module(node)
+        found = [known(strip(literal))] if literal else []
+    return [m for m in found if m and m != dotted]
+
+
+def imports(root: Path = ROOT, packages: Sequence[str] = PACKAGES) -> List[Import]:
+    modules = module_files(root, packages)
+    out = []
+    for dotted, rel in modules.items():
+        tree = ast.parse((root / rel).read_text(), filename=rel)
+        skipped = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            for target in _targets(node, dotted, rel.endswith("__init__.py"), modules):
+                out.append(Import(rel, modules[target], node.lineno))
+    return out
+
+
+def upward_imports(edges: Sequence[Import], layers: Sequence[Layer]) -> List[str]:
+    problems = []
+    for e in edges:
+        low, high = layer_of(e.importer, layers), layer_of(e.imported, layers)
+        if low is None or high is None:
+            continue  # reported by test_every_module_has_a_layer
+        if high.rank > low.rank:
+            problems.append(f"{e.importer}:{e.line} (layer {low.rank} {low.name}) imports {e.imported} "
+                            f"(layer {high.rank} {high.name}): a lower layer may not import a higher one")
+    return problems
+
+
+def cycles(edges: Sequence[Import]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as a sorted list."""
+    graph: Dict[str, set] = {}
+    for e in edges:
+        graph.setdefault(e.importer, set()).add(e.imported)
+        graph.setdefault(e.imported, set())
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: set = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def describe_cycle(component: Sequence[str], edges: Sequence[Import]) -> str:
+    inside = set(component)
+    links = sorted({f"{e.importer}:{e.line} -> {e.imported}" for e in edges
+                    if e.importer in inside and e.imported in inside})
+    return f"modules that import each other: {', '.join(component)} ({'; '.join(links)})"
+
+
+def project_layers() -> List[Layer]:
+    return read_layers((ROOT / "docs" / "ARCHITECTURE.md").read_text())
+
+
+# -- the checks on this repository --------------------------------------------------------------------
+
+def test_the_layer_table_is_read():
+    layers = project_layers()
+    assert [layer.rank for layer in layers] == list(range(1, len(layers) + 1)), "ranks run 1, 2, ... from the bottom"
+    assert [layer.name for layer in layers][:2] == ["ops", "kernels"] and layers[-1].name == "cli"
+    for layer in layers:
+        for entry in layer.paths:
+            assert (ROOT / entry).exists(), f"the layer table names {entry} (layer {layer.name}), which does not exist"
+
+
+def test_every_module_has_a_layer():
+    layers = project_layers()
+    missing = [rel for rel in module_files(ROOT).values() if layer_of(rel, layers) is None]
+    assert not missing, f"modules in no layer of docs/ARCHITECTURE.md: {missing}"
+
+
+def test_no_layer_imports_a_higher_one():
+    problems = upward_imports(imports(), project_layers())
+    assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_no_modules_import_each_other_in_a_loop():
+    edges = imports()
+    found = cycles(edges)
+    assert not found, "import cycles:\n" + "\n".join(describe_cycle(c, edges) for c in found)
+
+
+# -- the check itself, on a small tree that breaks each rule ----------------------------------------------
+
+TABLE = """# Architecture
+
+## Layers
+
+| rank | layer | modules | what |
+|---|---|---|---|
+| 1 | ops | `harness/ops/` | contracts |
+| 2 | harness | `harness/` | bench |
+| 3 | agent | `agent/` | loop |
+
+## Data
+"""
+
+
+def _tree(tmp_path: Path, files: Dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def test_the_check_names_an_upward_import_inside_a_function(tmp_path):
+    root = _tree(tmp_path, {
+        "harness/__init__.py": "", "harness/ops/__init__.py": "", "agent/__init__.py": "",
+        "harness/ops/common.py": "def f():\n    from ...agent import loop\n",
+        "harness/bench.py": "from .ops import common\n",
+        "agent/loop.py": "from kernel_agent.harness import bench\n",
+    })
+    edges = imports(root, ("agent", "harness"))
+    problems = upward_imports(edges, read_layers(TABLE))
+    assert problems == ["harness/ops/common.py:2 (layer 1 ops) imports agent/loop.py (layer 3 agent): "
+                        "a lower layer may not import a higher one"]
+    assert cycles(edges) == [["agent/loop.py", "harness/bench.py", "harness/ops/common.py"]]
+
+
+def test_the_check_finds_a_cycle_within_a_layer_and_skips_type_checking(tmp_path):
+    root = _tree(tmp_path, {
+        "agent/__init__.py": "",
+        "agent/cli.py": "from . import commands\n",
+        "agent/commands.py": "import importlib\nimportlib.import_module('kernel_agent.agent.cli')\n",
+        "agent/review.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .cli import main\n",
+    })
+    edges = imports(root, ("agent",))
+    assert not upward_imports(edges, read_layers(TABLE))
+    assert cycles(edges) == [["agent/cli.py", "agent/commands.py"]]
+    assert "agent/commands.py:2 -> agent/cli.py" in describe_cycle(cycles(edges)[0], edges)
+    assert not any(e.importer == "agent/review.py" for e in edges)
+
+
+def test_the_most_precise_entry_decides_the_layer():
+    layers = read_layers(TABLE)
+    assert layer_of("harness/ops/matmul.py", layers).name == "ops"
+    assert layer_of("harness/bench.py", layers).name == "harness"
+    assert layer_of("scripts/x.py", layers) is None
