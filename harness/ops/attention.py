@@ -11,9 +11,12 @@ from .common import Op, Shape, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
-  q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; Hq % Hkv == 0 and query head h reads
-  kv head h // (Hq // Hkv) (grouped-query attention). sm_scale defaults to
-  1/sqrt(D). causal: query i sees keys j <= i. o: new [B, Hq, S, D], dtype of q."""
+  q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; float16 | bfloat16 | float32; any
+  strides. Any head dim 1 <= D <= 256 (not only powers of two). Hq % Hkv == 0 and
+  query head h reads kv head h // (Hq // Hkv) (any GQA group, Hkv = 1 included).
+  sm_scale defaults to 1/sqrt(D) of the true D. causal: query i sees keys j <= i.
+  o: new [B, Hq, S, D], dtype of q. A shape outside these limits raises
+  ValueError naming the limit."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ from .common import Comparison, Distribution, Op, Shape, fill
 from .tuning import Space
 
 CONTRACT = """quantize_kv(x) -> (x_q, scale)
-  x: [T, H, D] float16 | bfloat16 | float32. scale: float32 [T, H] =
+  x: [T, H, D] float16 | bfloat16 | float32, any strides (a slice of a fused
+  QKV tensor, whose rows are further apart than D, included); any row length
+  1 <= D <= 4096, else ValueError naming the limit. scale: float32 [T, H] =
   max_d |x[t, h, d]| / 127. x_q: int8 [T, H, D] = x / scale rounded to nearest
   (either tie rule), clamped to [-127, 127]. A row whose max is 0 gives scale 0
   and x_q 0 (no NaN). Check: scale matches to float32 rounding; every element
