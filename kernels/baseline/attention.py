@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_HEAD_DIM = 256  # the contract's limit: one tile row of K and V per key must fit on chip
 
 @triton.jit
 def _attn_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -143,7 +142,7 @@ def attention(q, k, v, causal=False, sm_scale=None):
         raise ValueError("attention: k, v must be [B, Hkv, S, D] with the S and D of q")
     if Hkv < 1 or Hq % Hkv:
         raise ValueError("attention: Hq must be a multiple of Hkv")
-    if not 1 <= D <= MAX_HEAD_DIM:
+    if not 1 <= D <= 256:
         raise ValueError("attention: head dim D must be from 1 to 256 (the contract's limit)")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
