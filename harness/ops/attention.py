@@ -19,6 +19,11 @@ CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
   ValueError naming the limit."""
 
 
+# Head dims the property tests draw: models serve 80, 96 and 112 as well as powers of two, and 1, 8, 24
+# and 40 are below or between the 16-wide tiles a kernel pads to.
+HEAD_DIMS_DRAWN = (1, 8, 16, 24, 32, 40, 64, 80, 96, 112)
+
+
 @dataclass(frozen=True)
 class AttentionShape(Shape):
     B: int
@@ -85,13 +90,16 @@ class Attention(Op):
         return {
             "tiny": [S(1, 1, 1, 1, 16), S(1, 2, 1, 17, 16, True), S(2, 4, 2, 33, 32), S(1, 2, 2, 64, 64, True),
                      S(1, 3, 1, 47, 32, True), S(1, 1, 1, 129, 16)],
-            "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128)],
+            # a long causal row; MQA across a 256-key tile edge; the padded head dims, 80 to 128 and 256 wide
+            "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128), S(1, 3, 1, 150, 80),
+                             S(1, 2, 1, 257, 256, True)],
             "serving": [S(4, 32, 32, 4096, 128, False), S(4, 32, 32, 4096, 128, True),
                         S(4, 32, 8, 4096, 128, True)],
         }
 
     def shape_strategy(self):
-        """Interpreter-sized shapes: odd sequence lengths, GQA groups, causal and not."""
+        """Interpreter-sized shapes: odd sequence lengths, GQA groups (MQA too), causal and not, and head dims
+        that are not powers of two (a kernel pads them) among those that are."""
         from hypothesis import strategies as st
 
         @st.composite
@@ -100,7 +108,7 @@ class Attention(Op):
             group = draw(st.sampled_from([1, 2, 4]))
             return AttentionShape(draw(st.sampled_from([1, 2])), hkv * group, hkv,
                                   draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
-                                  draw(st.sampled_from([16, 32, 64])), draw(st.booleans()))
+                                  draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.booleans()))
         return shapes()
 
     def bucket(self, shape: AttentionShape) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from .attention import attention_reference
+from .attention import HEAD_DIMS_DRAWN, attention_reference
 from .common import Anchor, Case, Op, Shape
 from .tuning import SMEM_LIMIT
 
@@ -35,16 +35,18 @@ class DecodeShape(Shape):
 
 
 def decode_shape_strategy():
-    """Interpreter-sized paged caches: ragged lengths, page sizes 1..16, GQA groups."""
+    """Interpreter-sized paged caches: ragged lengths, GQA groups (MQA too), head dims and page sizes that
+    are not powers of two among those that are (SGLang pages hold 1 token; FlashInfer takes any size),
+    contexts on both sides of the 256-token steps at which the baselines add a split."""
     from hypothesis import strategies as st
 
     @st.composite
     def shapes(draw):
         hkv = draw(st.sampled_from([1, 2, 3]))
-        group = draw(st.sampled_from([1, 2, 4, 8]))
-        return DecodeShape(draw(st.sampled_from([1, 2, 3, 5])), hkv * group, hkv, draw(st.sampled_from([16, 32, 64])),
-                           draw(st.sampled_from([1, 2, 4, 8, 16])),
-                           draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257])), draw(st.booleans()))
+        group = draw(st.sampled_from([1, 2, 4, 5, 8]))
+        return DecodeShape(draw(st.sampled_from([1, 2, 3, 5])), hkv * group, hkv,
+                           draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24])),
+                           draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257, 520])), draw(st.booleans()))
     return shapes()
 
 
@@ -151,7 +153,11 @@ def decode_shape_suites():
     return {
         "tiny": [S(1, 1, 1, 16, 16, 1), S(2, 4, 2, 32, 16, 37, True), S(3, 2, 2, 16, 4, 23, True),
                  S(2, 8, 1, 64, 16, 64), S(1, 6, 3, 32, 8, 129, True)],
-        "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True)],
+        # the long context reaches the most splits; the batch of 33 the most programs. D = 96 in 6-token
+        # pages with MQA over 4100 tokens crosses every split count (1 to 16) the baselines' host code picks;
+        # one-token pages (SGLang's) with ragged lengths across three split counts
+        "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True),
+                         S(2, 8, 1, 96, 6, 4100, True), S(3, 4, 1, 64, 1, 700, True)],
         "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192)],
     }
 
