@@ -93,8 +93,9 @@ class Attention(Op):
             # a long causal row; MQA across a 256-key tile edge; the padded head dims, 80 to 128 and 256 wide
             "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128), S(1, 3, 1, 150, 80),
                              S(1, 2, 1, 257, 256, True)],
+            # D = 128 (Llama), and the head dims of smaller (64: Llama-3.2-1B) and larger (256: Gemma) models
             "serving": [S(4, 32, 32, 4096, 128, False), S(4, 32, 32, 4096, 128, True),
-                        S(4, 32, 8, 4096, 128, True)],
+                        S(4, 32, 8, 4096, 128, True), S(4, 32, 8, 4096, 64, True), S(4, 16, 8, 4096, 256, True)],
         }
 
     def shape_strategy(self):

@@ -55,7 +55,11 @@ def decode_bucket(shape: DecodeShape) -> str:
     # dispatcher sees only that capacity (reading seq_lens would cost a device sync).
     c = "c1k" if shape.ctx <= 1536 else "c8k" if shape.ctx <= 12288 else "clong"
     g = shape.Hq // max(shape.Hkv, 1)
-    return f"{c}-g{g}-d{shape.D}"
+    # Pages under 16 tokens are a bucket of their own: a token tile then gathers from several pages (one
+    # block-table entry per token at one-token pages), which a kernel tuned for whole pages may not suit.
+    # Pages of 16 tokens or more keep the names the serving set was measured under.
+    p = f"-p{shape.block_size}" if shape.block_size < 16 else ""
+    return f"{c}-g{g}-d{shape.D}{p}"
 
 
 def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[str, Any]:
@@ -158,7 +162,10 @@ def decode_shape_suites():
         # one-token pages (SGLang's) with ragged lengths across three split counts
         "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True),
                          S(2, 8, 1, 96, 6, 4100, True), S(3, 4, 1, 64, 1, 700, True)],
-        "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192)],
+        # 16-token pages at D = 128 (vLLM's default page, Llama), D = 64 and D = 96 (Phi-3), and one-token
+        # pages (SGLang's default)
+        "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192), S(32, 32, 8, 64, 16, 8192),
+                    S(32, 32, 32, 96, 16, 8192), S(32, 32, 8, 128, 1, 8192)],
     }
 
 

@@ -81,7 +81,8 @@ class QuantizeKV(Op):
             "tiny": [S(1, 1, 1), S(7, 3, 16), S(33, 2, 64), S(5, 1, 127), S(16, 8, 128), S(3, 5, 129)],
             # the many-rows cheat's shape; a 576-wide latent cache (MLA); the longest rows of the contract
             "near_serving": [S(4096, 8, 128), S(64, 2, 576), S(8, 2, 4096)],
-            "serving": [S(65536, 8, 128)],
+            # K or V rows of 8 heads of 128, and the 576-wide latent cache of multi-head latent attention
+            "serving": [S(65536, 8, 128), S(65536, 1, 576)],
         }
 
     def shape_strategy(self):
