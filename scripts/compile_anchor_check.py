@@ -19,7 +19,7 @@ import torch, triton.testing
 from kernel_agent.harness.bench import anchor_for, warm_gpu
 from kernel_agent.harness.ops import get_op
 op = get_op("quantize_kv")
-[shape] = [s for s in op.shapes("serving")]
+shape = op.shapes("serving")[0]  # T=65536, H=8, D=128: the shape this check was written for
 case = op.make_case(shape, torch.bfloat16, seed=0, device="cuda")
 deterministic = sys.argv[1] == "deterministic"
 with torch._inductor.config.patch(deterministic=deterministic):

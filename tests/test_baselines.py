@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from kernel_agent.harness.ops import OPS
-from kernel_agent.harness.ops.common import round_to
+from kernel_agent.harness.ops.common import LAYOUTS, round_to
 
 import mutants
 
@@ -26,7 +26,7 @@ def cases(draw, op):
     shape = draw(op.shape_strategy())
     mode = draw(st.sampled_from(["float32", "float16", "bfloat16-as-float32"]))
     dist = draw(st.sampled_from([d.name for d in op.distributions]))
-    layout = draw(st.sampled_from(["contiguous", "strided"]))
+    layout = draw(st.sampled_from(LAYOUTS))
     seed = draw(st.integers(0, 10_000))
     case = op.make_case(shape, torch.float16 if mode == "float16" else torch.float32, seed=seed, dist=dist,
                         layout=layout)

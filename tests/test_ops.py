@@ -36,11 +36,29 @@ def test_serving_shapes_are_the_specified_ones():
     assert "M=4096,N=4096,K=4096" in mm and "M=8192,N=8192,K=8192" in mm
     assert {s.M for s in get_op("matmul").shapes("serving")} >= {1, 16, 64}
     att = get_op("attention").shapes("serving")
-    assert {(s.B, s.Hq, s.S, s.D) for s in att} == {(4, 32, 4096, 128)}
-    assert any(s.causal for s in att) and any(not s.causal for s in att) and any(s.Hkv < s.Hq for s in att)
+    assert {(s.S, s.D) for s in att} == {(4096, 128), (4096, 64), (4096, 256)}
+    d128 = [s for s in att if s.D == 128]
+    assert {(s.B, s.Hq) for s in d128} == {(4, 32)}
+    assert any(s.causal for s in d128) and any(not s.causal for s in d128) and any(s.Hkv < s.Hq for s in d128)
     dec = get_op("decode_attention").shapes("serving")
-    assert all(s.B == 32 and s.ctx == 8192 and s.block_size == 16 for s in dec) and any(s.Hkv < s.Hq for s in dec)
-    assert get_op("quantize_kv").shapes("serving")[0].key() == "T=65536,H=8,D=128"
+    assert all(s.B == 32 and s.ctx == 8192 for s in dec) and any(s.Hkv < s.Hq for s in dec)
+    assert {(s.D, s.block_size) for s in dec} == {(128, 16), (64, 16), (96, 16), (128, 1)}
+    assert get_op("decode_attention_int8").shapes("serving") == dec
+    assert [s.key() for s in get_op("quantize_kv").shapes("serving")] == ["T=65536,H=8,D=128", "T=65536,H=1,D=576"]
+
+
+def test_new_serving_shapes_have_buckets_of_their_own():
+    """The head dims and the one-token pages are searched and dispatched apart from the D = 128, 16-token-page
+    buckets, whose names (those the serving set was measured under) do not change."""
+    buckets = {name: [get_op(name).bucket(s) for s in get_op(name).shapes("serving")]
+               for name in ("attention", "decode_attention", "quantize_kv")}
+    assert buckets["attention"] == ["full-s4k-d128", "causal-s4k-d128", "causal-s4k-d128", "causal-s4k-d64",
+                                    "causal-s4k-d256"]
+    assert buckets["decode_attention"] == ["c8k-g1-d128", "c8k-g4-d128", "c8k-g4-d64", "c8k-g1-d96", "c8k-g4-d128-p1"]
+    assert buckets["quantize_kv"] == ["tlarge-d128", "tlarge-d576"]
+    dec = get_op("decode_attention")
+    assert dec.bucket(dec.parse_shape("B=1,Hq=8,Hkv=1,D=80,block_size=6,ctx=700")) == "c1k-g8-d80-p6"
+    assert dec.bucket(dec.parse_shape("B=1,Hq=8,Hkv=1,D=80,block_size=32,ctx=700")) == "c1k-g8-d80"
 
 
 def test_matmul_reference_matches_numpy_in_float64():

@@ -11,9 +11,17 @@ from .common import Op, Shape, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
-  q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; Hq % Hkv == 0 and query head h reads
-  kv head h // (Hq // Hkv) (grouped-query attention). sm_scale defaults to
-  1/sqrt(D). causal: query i sees keys j <= i. o: new [B, Hq, S, D], dtype of q."""
+  q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; float16 | bfloat16 | float32; any
+  strides. Any head dim 1 <= D <= 256 (not only powers of two). Hq % Hkv == 0 and
+  query head h reads kv head h // (Hq // Hkv) (any GQA group, Hkv = 1 included).
+  sm_scale defaults to 1/sqrt(D) of the true D. causal: query i sees keys j <= i.
+  o: new [B, Hq, S, D], dtype of q. A shape outside these limits raises
+  ValueError naming the limit."""
+
+
+# Head dims the property tests draw: models serve 80, 96 and 112 as well as powers of two, and 1, 8, 24
+# and 40 are below or between the 16-wide tiles a kernel pads to.
+HEAD_DIMS_DRAWN = (1, 8, 16, 24, 32, 40, 64, 80, 96, 112)
 
 
 @dataclass(frozen=True)
@@ -82,13 +90,17 @@ class Attention(Op):
         return {
             "tiny": [S(1, 1, 1, 1, 16), S(1, 2, 1, 17, 16, True), S(2, 4, 2, 33, 32), S(1, 2, 2, 64, 64, True),
                      S(1, 3, 1, 47, 32, True), S(1, 1, 1, 129, 16)],
-            "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128)],
+            # a long causal row; MQA across a 256-key tile edge; the padded head dims, 80 to 128 and 256 wide
+            "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128), S(1, 3, 1, 150, 80),
+                             S(1, 2, 1, 257, 256, True)],
+            # D = 128 (Llama), and the head dims of smaller (64: Llama-3.2-1B) and larger (256: Gemma) models
             "serving": [S(4, 32, 32, 4096, 128, False), S(4, 32, 32, 4096, 128, True),
-                        S(4, 32, 8, 4096, 128, True)],
+                        S(4, 32, 8, 4096, 128, True), S(4, 32, 8, 4096, 64, True), S(4, 16, 8, 4096, 256, True)],
         }
 
     def shape_strategy(self):
-        """Interpreter-sized shapes: odd sequence lengths, GQA groups, causal and not."""
+        """Interpreter-sized shapes: odd sequence lengths, GQA groups (MQA too), causal and not, and head dims
+        that are not powers of two (a kernel pads them) among those that are."""
         from hypothesis import strategies as st
 
         @st.composite
@@ -97,7 +109,7 @@ class Attention(Op):
             group = draw(st.sampled_from([1, 2, 4]))
             return AttentionShape(draw(st.sampled_from([1, 2])), hkv * group, hkv,
                                   draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
-                                  draw(st.sampled_from([16, 32, 64])), draw(st.booleans()))
+                                  draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.booleans()))
         return shapes()
 
     def bucket(self, shape: AttentionShape) -> str:

@@ -188,6 +188,25 @@ def strided_like(x: torch.Tensor, gen: torch.Generator, pad_value: float = float
     return out
 
 
+def fused_slice_like(x: torch.Tensor, pad_value: float = float("nan")) -> torch.Tensor:
+    """The same values as `x` in the middle third of a tensor three times as wide in its last dim, as
+    K is a slice of a fused QKV projection: the last stride is 1 but rows are 3 * D apart, with foreign
+    values (`pad_value`) on both sides. A kernel that takes unit last stride to mean packed rows reads them."""
+    n = x.shape[-1] if x.dim() else 1
+    storage = torch.full((*x.shape[:-1], 3 * n), pad_value, dtype=x.dtype, device=x.device)
+    out = storage[..., n:2 * n]
+    out.copy_(x)
+    return out
+
+
+LAYOUTS = ("contiguous", "strided", "fused")
+
+
+def relaid(x: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
+    """`x`'s values in the view a layout names (strided_like, fused_slice_like)."""
+    return strided_like(x, gen) if layout == "strided" else fused_slice_like(x) if layout == "fused" else x
+
+
 class Anchor(NamedTuple):
     """A torch computation the benchmark times beside the kernels: `fn` takes the case's arguments."""
 
@@ -204,7 +223,7 @@ class Case:
     dtype: torch.dtype
     seed: int
     dist: str
-    layout: str  # "contiguous" | "strided"
+    layout: str  # "contiguous" | "strided" | "fused" (see LAYOUTS)
     args: Dict[str, Any]  # positional inputs in contract order, then keyword inputs
 
     def describe(self) -> str:
@@ -299,11 +318,11 @@ class Op:
             raise ValueError(f"{self.name}: unsupported dtype {dtype}")
         gen = generator(seed, device)
         args = self._make_args(shape, dtype, gen, dist, device)
-        if layout == "strided":
-            args = {k: (strided_like(v, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
+        if layout in ("strided", "fused"):
+            args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
                         and k not in self.keep_contiguous() else v) for k, v in args.items()}
         elif layout != "contiguous":
-            raise ValueError(f"unknown layout {layout!r}")
+            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
         return Case(self.name, shape, dtype, seed, dist, layout, args)
 
     def keep_contiguous(self) -> Tuple[str, ...]:

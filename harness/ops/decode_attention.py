@@ -12,12 +12,17 @@ from .tuning import Space
 
 CONTRACT = """decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None) -> o
   One new query token per sequence over a paged KV cache.
-  q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D];
+  q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; float16 |
+  bfloat16 | float32; any strides. Any head dim 1 <= D <= 256 and any block size
+  1 <= block_size <= 256 (neither needs to be a power of two). Hq % Hkv == 0,
+  query head h reads kv head h // (Hq // Hkv) (any GQA group, Hkv = 1 included).
   block_table: int32 [B, max_blocks]; seq_lens: int32 [B], 1 <= seq_lens[b] <=
-  max_blocks * block_size. Token t of sequence b lives at
-  cache[block_table[b, t // block_size], t % block_size]. Entries of block_table
-  past the blocks that seq_lens[b] needs are unspecified (tests fill them with
-  invalid block ids) and must not be dereferenced. o: new [B, Hq, D], dtype of q."""
+  max_blocks * block_size (up to 131072 at least, mixed freely in a batch).
+  Token t of sequence b lives at cache[block_table[b, t // block_size],
+  t % block_size]. Entries of block_table past the blocks that seq_lens[b] needs
+  are unspecified (tests fill them with invalid block ids) and must not be
+  dereferenced. sm_scale defaults to 1/sqrt(D) of the true D. o: new [B, Hq, D],
+  dtype of q. A shape outside these limits raises ValueError naming the limit."""
 
 
 class DecodeAttention(PagedDecodeOp):

@@ -12,9 +12,10 @@ from .tuning import Space
 
 CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,
                       seq_lens, sm_scale=None) -> o
-  As decode_attention, but k_cache, v_cache are int8 [num_blocks, block_size,
-  Hkv, D] and k_scale, v_scale are float32 [num_blocks, block_size, Hkv]; the
-  value used is cache * scale[..., None] in float32. o: dtype of q."""
+  As decode_attention (any D from 1 to 256, any block_size from 1 to 256, any
+  GQA group), but k_cache, v_cache are int8 [num_blocks, block_size, Hkv, D] and
+  k_scale, v_scale are float32 [num_blocks, block_size, Hkv]; the value used is
+  cache * scale[..., None] in float32. o: dtype of q."""
 
 
 def quantize_rows(x: torch.Tensor):

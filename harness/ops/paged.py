@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from .attention import attention_reference
+from .attention import HEAD_DIMS_DRAWN, attention_reference
 from .common import Anchor, Case, Op, Shape
 from .tuning import SMEM_LIMIT
 
@@ -35,16 +35,18 @@ class DecodeShape(Shape):
 
 
 def decode_shape_strategy():
-    """Interpreter-sized paged caches: ragged lengths, page sizes 1..16, GQA groups."""
+    """Interpreter-sized paged caches: ragged lengths, GQA groups (MQA too), head dims and page sizes that
+    are not powers of two among those that are (SGLang pages hold 1 token; FlashInfer takes any size),
+    contexts on both sides of the 256-token steps at which the baselines add a split."""
     from hypothesis import strategies as st
 
     @st.composite
     def shapes(draw):
         hkv = draw(st.sampled_from([1, 2, 3]))
-        group = draw(st.sampled_from([1, 2, 4, 8]))
-        return DecodeShape(draw(st.sampled_from([1, 2, 3, 5])), hkv * group, hkv, draw(st.sampled_from([16, 32, 64])),
-                           draw(st.sampled_from([1, 2, 4, 8, 16])),
-                           draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257])), draw(st.booleans()))
+        group = draw(st.sampled_from([1, 2, 4, 5, 8]))
+        return DecodeShape(draw(st.sampled_from([1, 2, 3, 5])), hkv * group, hkv,
+                           draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24])),
+                           draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257, 520])), draw(st.booleans()))
     return shapes()
 
 
@@ -53,7 +55,11 @@ def decode_bucket(shape: DecodeShape) -> str:
     # dispatcher sees only that capacity (reading seq_lens would cost a device sync).
     c = "c1k" if shape.ctx <= 1536 else "c8k" if shape.ctx <= 12288 else "clong"
     g = shape.Hq // max(shape.Hkv, 1)
-    return f"{c}-g{g}-d{shape.D}"
+    # Pages under 16 tokens are a bucket of their own: a token tile then gathers from several pages (one
+    # block-table entry per token at one-token pages), which a kernel tuned for whole pages may not suit.
+    # Pages of 16 tokens or more keep the names the serving set was measured under.
+    p = f"-p{shape.block_size}" if shape.block_size < 16 else ""
+    return f"{c}-g{g}-d{shape.D}{p}"
 
 
 def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[str, Any]:
@@ -151,8 +157,15 @@ def decode_shape_suites():
     return {
         "tiny": [S(1, 1, 1, 16, 16, 1), S(2, 4, 2, 32, 16, 37, True), S(3, 2, 2, 16, 4, 23, True),
                  S(2, 8, 1, 64, 16, 64), S(1, 6, 3, 32, 8, 129, True)],
-        "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True)],
-        "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192)],
+        # the long context reaches the most splits; the batch of 33 the most programs. D = 96 in 6-token
+        # pages with MQA over 4100 tokens crosses every split count (1 to 16) the baselines' host code picks;
+        # one-token pages (SGLang's) with ragged lengths across three split counts
+        "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True),
+                         S(2, 8, 1, 96, 6, 4100, True), S(3, 4, 1, 64, 1, 700, True)],
+        # 16-token pages at D = 128 (vLLM's default page, Llama), D = 64 and D = 96 (Phi-3), and one-token
+        # pages (SGLang's default)
+        "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192), S(32, 32, 8, 64, 16, 8192),
+                    S(32, 32, 32, 96, 16, 8192), S(32, 32, 8, 128, 1, 8192)],
     }
 
 

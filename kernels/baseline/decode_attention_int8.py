@@ -17,6 +17,15 @@ tile from shared memory one byte per instruction to build the MMA operand. Runni
 the dots in float16 (a variant tried) measured 37% slower; reading int32 words split
 into byte planes (tests/candidates/good/decode_attention_int8/byte_planes.py) measured
 11% faster and is the promoted serving kernel for these shapes.
+
+Any head dim D from 1 to 256: tiles are BLOCK_D = max(16, next power of two) wide (a
+tensor-core dot needs 16) and lanes d >= D load zeros, which add nothing to q.k and
+give zero output columns that are never stored; when D is already BLOCK_D (EVEN_D) no
+head-dim mask is emitted, so power-of-two shapes compile to the code they always had.
+sm_scale defaults to 1/sqrt(D) of the true D. Any block size from 1 to 256: the token
+tiles (BLOCK_N) do not depend on the page size, and each token finds its page and slot
+on its own (block_table[b, t // PAGE], t % PAGE); PAGE is a compile-time constant, so
+for power-of-two pages these are the shift and mask they always were.
 """
 import math
 
@@ -52,7 +61,8 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
                               stride_mb, stride_mh, stride_ms,
                               stride_ab, stride_ah, stride_as, stride_ad,
                               NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
+                              BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                              EVEN_D: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -62,22 +72,33 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
     hi = tl.minimum(lo + chunk, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_D
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
+    if EVEN_D:  # the head dim fills the tile: no lane masks to emit
+        hd_mask = h_mask[:, None]
+    else:
+        hd_mask = h_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=h_mask[:, None], other=0.0)
+                mask=hd_mask, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         live = offs_n < hi
+        if EVEN_D:
+            k_mask = live[None, :]
+            v_mask = live[:, None]
+        else:
+            k_mask = live[None, :] & d_mask[:, None]
+            v_mask = live[:, None] & d_mask[None, :]
         page = tl.load(bt_ptr + b * stride_btb + (offs_n // PAGE) * stride_btn, mask=live, other=0).to(tl.int64)
         slot = offs_n % PAGE
         k = tl.load(k_ptr + page[None, :] * stride_kb + slot[None, :] * stride_ks + kvh * stride_kh
-                    + offs_d[:, None] * stride_kd, mask=live[None, :], other=0)
+                    + offs_d[:, None] * stride_kd, mask=k_mask, other=0)
         k_s = tl.load(ks_ptr + page * stride_ksb + slot * stride_kss + kvh * stride_ksh, mask=live, other=0.0)
         qk = tl.dot(q, _codes_to(k, q.dtype))
         qk = tl.where(live[None, :], qk * (k_s * qk_scale)[None, :], float("-inf"))
@@ -87,7 +108,7 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
         alpha = tl.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
-                    + offs_d[None, :] * stride_vd, mask=live[:, None], other=0)
+                    + offs_d[None, :] * stride_vd, mask=v_mask, other=0)
         v_s = tl.load(vs_ptr + page * stride_vsb + slot * stride_vss + kvh * stride_vsh, mask=live, other=0.0)
         acc = acc * alpha[:, None]
         acc = tl.dot((p * v_s[None, :]).to(q.dtype), _codes_to(v, q.dtype), acc)
@@ -97,7 +118,7 @@ def _decode_int8_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_
     tl.store(m_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, m_i, mask=h_mask)
     tl.store(l_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, l_i, mask=h_mask)
     tl.store(acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :] * stride_ad,
-             acc, mask=h_mask[:, None])
+             acc, mask=hd_mask)
 
 
 @triton.jit
@@ -105,25 +126,34 @@ def _decode_int8_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr,
                                 stride_mb, stride_mh, stride_ms,
                                 stride_ab, stride_ah, stride_as, stride_ad,
                                 stride_ob, stride_oh, stride_od,
-                                NUM_SPLITS: tl.constexpr, HEAD_D: tl.constexpr):
+                                NUM_SPLITS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                           EVEN_D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_D
     base_m = m_ptr + b * stride_mb + h * stride_mh
     base_a = acc_ptr + b * stride_ab + h * stride_ah
     m_max = tl.load(base_m)
     for s in range(1, NUM_SPLITS):
         m_max = tl.maximum(m_max, tl.load(base_m + s * stride_ms))
     l_tot = 0.0
-    o = tl.zeros([HEAD_D], dtype=tl.float32)
+    o = tl.zeros([BLOCK_D], dtype=tl.float32)
     for s in range(NUM_SPLITS):  # fixed order: bitwise reproducible
         l_s = tl.load(l_ptr + b * stride_mb + h * stride_mh + s * stride_ms)
         # an empty split has m = -inf, l = 0, acc = 0: it adds exactly nothing
         w = tl.exp2(tl.load(base_m + s * stride_ms) - m_max)
         l_tot += w * l_s
-        o += w * tl.load(base_a + s * stride_as + offs_d * stride_ad)
+        if EVEN_D:
+            o += w * tl.load(base_a + s * stride_as + offs_d * stride_ad)
+        else:
+            o += w * tl.load(base_a + s * stride_as + offs_d * stride_ad, mask=d_mask, other=0.0)
     o = o / l_tot
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, o.to(o_ptr.dtype.element_ty))
+    if EVEN_D:
+        tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, o.to(o_ptr.dtype.element_ty))
+    else:
+        tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, o.to(o_ptr.dtype.element_ty),
+                 mask=d_mask)
 
 
 def _num_sms(device) -> int:
@@ -141,14 +171,22 @@ def _config(B, Hkv, max_ctx, device):
 
 def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, seq_lens, sm_scale=None):
     B, Hq, D = q.shape
-    _, page, Hkv, _ = k_cache.shape
-    assert k_cache.dtype == torch.int8 and v_cache.dtype == torch.int8, "decode_attention_int8: int8 caches"
-    assert Hq % Hkv == 0, "decode_attention_int8: Hq must be a multiple of Hkv"
-    assert D in (16, 32, 64, 128, 256), "decode_attention_int8: head dim must be a power of two in [16, 256]"
-    assert page & (page - 1) == 0, "decode_attention_int8: block_size must be a power of two"
+    if k_cache.dtype != torch.int8 or v_cache.dtype != torch.int8:
+        raise ValueError("decode_attention_int8: k_cache and v_cache must be int8")
+    if k_cache.dim() != 4 or k_cache.shape[3] != D or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError("decode_attention_int8: k_cache, v_cache must be [num_blocks, block_size, Hkv, D] "
+                         "with the D of q")
+    page, Hkv = k_cache.shape[1], k_cache.shape[2]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError("decode_attention_int8: Hq must be a multiple of Hkv")
+    if not 1 <= D <= 256:
+        raise ValueError("decode_attention_int8: head dim D must be from 1 to 256 (the contract's limit)")
+    if not 1 <= page <= 256:
+        raise ValueError("decode_attention_int8: block_size must be from 1 to 256 (the contract's limit)")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
+    block_d = max(16, triton.next_power_of_2(D))  # a tensor-core dot needs at least 16
     splits, block_n, warps, stages = _config(B, Hkv, block_table.shape[1] * page, q.device)
     if q.element_size() == 4:  # float32 tiles take twice the shared memory
         block_n, stages = min(block_n, 64), min(stages, 2)
@@ -168,10 +206,10 @@ def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, se
         m.stride(0), m.stride(1), m.stride(2),
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         NUM_SPLITS=splits, PAGE=page, BLOCK_N=block_n, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        HEAD_D=D, num_warps=warps, num_stages=stages)
+        HEAD_D=D, BLOCK_D=block_d, EVEN_D=block_d == D, num_warps=warps, num_stages=stages)
     _decode_int8_combine_kernel[(B, Hq)](
         m, l, acc, o, m.stride(0), m.stride(1), m.stride(2),
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         o.stride(0), o.stride(1), o.stride(2),
-        NUM_SPLITS=splits, HEAD_D=D, num_warps=4)
+        NUM_SPLITS=splits, HEAD_D=D, BLOCK_D=block_d, EVEN_D=block_d == D, num_warps=4)
     return o

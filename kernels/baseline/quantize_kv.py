@@ -4,6 +4,11 @@ Each program loads BLOCK_R rows of D elements once, takes the row max of |x|, an
 writes the int8 codes and the scale. Rounding is to nearest with ties away from zero
 (add +-0.5, then truncate): exact, and free of libdevice calls. A zero row gives
 scale 0 and codes 0.
+
+Any D from 1 to 4096: a row is one BLOCK_D = next power of two wide tile with lanes
+d >= D masked, so a long row (a 576-wide latent cache, 4096) is still read once; the
+rows of a program shrink as the row grows. Rows may sit inside a wider tensor (a
+slice of a fused QKV projection): every address is taken from the input's strides.
 """
 import torch
 import triton
@@ -40,8 +45,11 @@ def _config(D):
 
 
 def quantize_kv(x):
-    assert x.dim() == 3, "quantize_kv: x must be [T, H, D]"
+    if x.dim() != 3:
+        raise ValueError("quantize_kv: x must be [T, H, D]")
     T, H, D = x.shape
+    if not 1 <= D <= 4096:
+        raise ValueError("quantize_kv: row length D must be from 1 to 4096 (the contract's limit)")
     x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
     scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
     R = T * H

@@ -16,7 +16,8 @@ import triton.language as tl
 @triton.jit
 def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
                  sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, CAUSAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                 CAUSAL: tl.constexpr,
                  WINDOW: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -24,12 +25,13 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
     h = bh % Hq
     kvh = h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_D)
-    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd,
-                mask=offs_m[:, None] < S, other=0.0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_D
+    io_mask = (offs_m[:, None] < S) & d_mask[None, :]
+    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd, mask=io_mask, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = S
     if CAUSAL:
         hi = tl.minimum((start_m + 1) * BLOCK_M, S)
@@ -40,7 +42,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = offs_n < S
         k = tl.load(k_ptr + b * skb + kvh * skh + offs_n[None, :] * sks + offs_d[:, None] * skd,
-                    mask=kv_mask[None, :], other=0.0)
+                    mask=kv_mask[None, :] & d_mask[:, None], other=0.0)
         qk = tl.dot(q, k)
         valid = kv_mask[None, :]
         if CAUSAL:
@@ -53,18 +55,19 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = tl.load(v_ptr + b * svb + kvh * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
-                    mask=kv_mask[:, None], other=0.0)
+                    mask=kv_mask[:, None] & d_mask[None, :], other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     o = acc / l_i[:, None]
     tl.store(o_ptr + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod, o.to(o_ptr.dtype.element_ty),
-             mask=offs_m[:, None] < S)
+             mask=io_mask)
 
 
 def attention(q, k, v, causal=False, sm_scale=None):
     B, Hq, S, D = q.shape
     Hkv = k.shape[1]
-    assert Hq % Hkv == 0 and D in (16, 32, 64, 128, 256)
+    if Hq % Hkv or not 1 <= D <= 256:
+        raise ValueError("attention: Hq must be a multiple of Hkv and D from 1 to 256")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     o = torch.empty((B, Hq, S, D), device=q.device, dtype=q.dtype)
@@ -75,6 +78,7 @@ def attention(q, k, v, causal=False, sm_scale=None):
                        k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
                        o.stride(0), o.stride(1), o.stride(2), o.stride(3),
-                       BLOCK_M=BM, BLOCK_N=BN, HEAD_D=D, CAUSAL=bool(causal),
+                       BLOCK_M=BM, BLOCK_N=BN, HEAD_D=D,
+                       BLOCK_D=max(16, triton.next_power_of_2(D)), CAUSAL=bool(causal),
                        WINDOW=1024 if S >= 2048 else 0, num_warps=4, num_stages=2)
     return o

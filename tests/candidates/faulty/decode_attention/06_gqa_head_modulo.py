@@ -17,24 +17,27 @@ import triton.language as tl
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, qk_scale, GROUP,
                    sqb, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sbtb, sbtn, sob, soh, sod,
-                   PAGE: tl.constexpr, TILE: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
+                   PAGE: tl.constexpr, TILE: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HEAD_D)
-    offs_s = tl.arange(0, TILE)  # TILE = max(16, PAGE): slots past PAGE are masked
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, TILE)  # TILE = max(16, next power of two of PAGE): slots past PAGE are masked
+    d_mask = offs_d < HEAD_D
     h_mask = offs_h < GROUP
     heads = kvh + offs_h * tl.num_programs(1)
-    q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + offs_d[None, :] * sqd, mask=h_mask[:, None], other=0.0)
+    hd_mask = h_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + b * sqb + heads[:, None] * sqh + offs_d[None, :] * sqd, mask=hd_mask, other=0.0)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for p_idx in range(0, tl.cdiv(seq_len, PAGE)):
         page = tl.load(bt_ptr + b * sbtb + p_idx * sbtn).to(tl.int64)
         live = (offs_s < PAGE) & (p_idx * PAGE + offs_s < seq_len)
         k = tl.load(k_ptr + page * skb + offs_s[None, :] * sks + kvh * skh + offs_d[:, None] * skd,
-                    mask=live[None, :], other=0.0)
+                    mask=live[None, :] & d_mask[:, None], other=0.0)
         qk = tl.dot(q, k)
         qk = tl.where(live[None, :], qk * qk_scale, float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -43,19 +46,20 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, qk_scale, GROUP
         alpha = tl.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + page * svb + offs_s[:, None] * svs + kvh * svh + offs_d[None, :] * svd,
-                    mask=live[:, None], other=0.0)
+                    mask=live[:, None] & d_mask[None, :], other=0.0)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     o = acc / l_i[:, None]
     tl.store(o_ptr + b * sob + heads[:, None] * soh + offs_d[None, :] * sod, o.to(o_ptr.dtype.element_ty),
-             mask=h_mask[:, None])
+             mask=hd_mask)
 
 
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
-    assert Hq % Hkv == 0 and D in (16, 32, 64, 128, 256) and page & (page - 1) == 0
+    if Hq % Hkv or not 1 <= D <= 256 or not 1 <= page <= 256:
+        raise ValueError("decode_attention: Hq must be a multiple of Hkv, D and block_size from 1 to 256")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
@@ -67,5 +71,6 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         block_table.stride(0), block_table.stride(1), o.stride(0), o.stride(1), o.stride(2),
-        PAGE=page, TILE=max(16, page), BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_D=D, num_warps=4)
+        PAGE=page, TILE=max(16, triton.next_power_of_2(page)), BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
     return o
