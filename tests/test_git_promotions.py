@@ -63,7 +63,7 @@ def _commits(repo, base, branch):
 
 
 def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5):
-    """A whole `run_loop` over quantize_kv on two fake GPUs; every candidate is promoted (0.5 ms against
+    """A whole `run_loop` over quantize_kv's first serving bucket on two fake GPUs; every candidate is promoted (0.5 ms against
     1.0 for the baseline and 0.8 for a promoted incumbent). Returns (summary, notes, ledger path)."""
     serving_dir = os.environ[serving.ENV_DIR]
     _fake_gpu(tmp_path, monkeypatch, ms)
@@ -71,8 +71,9 @@ def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5
     monkeypatch.setattr(loop_mod, "gpu_available", lambda: True)
     from kernel_agent.harness import env
     monkeypatch.setattr(env, "gpu_name", lambda: "Fake GPU")
+    # one bucket (the first serving shape), so that each candidate is one promotion
     cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=candidates, jobs=2,
-                             candidates_dir=str(tmp_path / "cands"), bench_shapes="serving", in_place=in_place)
+                             candidates_dir=str(tmp_path / "cands"), bench_shapes="65536,8,128", in_place=in_place)
     notes = []
     path = str(tmp_path / "l.db")
     summary = loop_mod.run_loop(cfg, path, events=loop_mod.RunEvents(note=notes.append))
