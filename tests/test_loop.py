@@ -361,6 +361,10 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone(mo
     fc = pl.submit(check("c"))
     assert ev["compiled"].wait(5)
     ev["ask_alone"].set()  # compiled: it asks for the GPU alone and waits for checks a and c
+    deadline = time.time() + 5
+    while not pl._draining["0"] and time.time() < deadline:  # (the request is in: the GPU drains)
+        time.sleep(0.005)
+    assert pl._draining["0"]
     ev["a"].set()
     assert fa.result(5) == "a"
     fd = pl.submit(check("d"))  # admitted (a child may start), but no lease while the GPU drains
