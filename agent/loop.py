@@ -764,7 +764,7 @@ class _Stream:
             if held and not task.exclusive:
                 break
             if not self.placement.can_start(task):
-                held = held or (task.exclusive and not getattr(task, "gated", False))
+                held = held or (task.exclusive and not task.gated)
                 continue
             self.gpu_queue.remove(item)
             if stage == "bench":

@@ -179,7 +179,7 @@ class LocalPlacement:
     def _gpu_for(self, task: Task) -> Optional[str]:
         """A GPU that can take `task` now (call under the lock): for a gated task, the admitted GPU with
         the fewest tasks; otherwise the first that can lease it at once."""
-        if getattr(task, "gated", False):
+        if task.gated:
             free = [g for g in self.gpus if self._admitted[g] < self.admitted_per_gpu
                     and not (task.exclusive and self._benches[g])]
             return min(free, key=lambda g: (self._admitted[g] + self._shared[g], self.gpus.index(g)), default=None)
@@ -198,21 +198,14 @@ class LocalPlacement:
         stops or the task no longer waits (its lease, if any, stays as it was)."""
         with self._lock:
             if phase == "gpu":
-                while self._alone[gpu] or self._draining[gpu] or self._shared[gpu] >= self.checks_per_gpu:
-                    if self.stopped or not still_wanted():
-                        return False
-                    self._lock.wait(0.1)
-                if self.stopped or not still_wanted():
+                if not self._wait_until(lambda: not (self._alone[gpu] or self._draining[gpu]
+                                                     or self._shared[gpu] >= self.checks_per_gpu), still_wanted):
                     return False
                 self._shared[gpu] += 1
                 return True
             self._draining[gpu] = True
             try:
-                while self._shared[gpu] > 1 or self._alone[gpu]:
-                    if self.stopped or not still_wanted():
-                        return False
-                    self._lock.wait(0.1)
-                if self.stopped or not still_wanted():
+                if not self._wait_until(lambda: self._shared[gpu] <= 1 and not self._alone[gpu], still_wanted):
                     return False
                 self._shared[gpu] -= 1
                 self._alone[gpu] = True
@@ -220,6 +213,16 @@ class LocalPlacement:
             finally:
                 self._draining[gpu] = False
                 self._lock.notify_all()
+
+    def _wait_until(self, ready: Callable[[], bool], still_wanted: Callable[[], bool]) -> bool:
+        """(under the lock) Wait until `ready()`; False as soon as the placement stops or the task no
+        longer waits."""
+        while True:
+            if self.stopped or not still_wanted():
+                return False
+            if ready():
+                return True
+            self._lock.wait(0.1)
 
     def can_start(self, task: Task) -> bool:
         """Whether `task` would start at once (a free CPU slot, or a GPU that can take it)."""
@@ -242,7 +245,7 @@ class LocalPlacement:
                 if gpu is None:
                     raise ValueError("no GPU can take this task now" if self.gpus else
                                      "a GPU task on a placement without GPUs")
-                if getattr(task, "gated", False):
+                if task.gated:
                     self._admitted[gpu] += 1
                     self._benches[gpu] += int(task.exclusive)
                 elif task.exclusive:
@@ -255,7 +258,7 @@ class LocalPlacement:
 
     def _run(self, task: Task, resource: str, gpu: Optional[str]) -> Any:
         t0 = time.time()
-        gated = gpu is not None and getattr(task, "gated", False)
+        gated = gpu is not None and task.gated
         granted: Dict[str, float] = {}  # phase -> when a gated task got it
 
         def on_ready(phase: str, still_wanted: Callable[[], bool]) -> bool:

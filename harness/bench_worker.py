@@ -21,7 +21,6 @@ from typing import Dict, Optional
 from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
 
 
-
 def _contenders(spec: dict):
     """The kernels to time: candidate files through the static gate, the baseline from the package."""
     import inspect

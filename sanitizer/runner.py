@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Sequence
 
 from . import sandbox
 from .isolation import map_tracked, run_tracked, signal_name
-from .lease import run_gated
+from .lease import OnReady, run_gated
 from .verdict import FAILED, CheckOutcome, Verdict
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
@@ -38,7 +38,7 @@ def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str
 def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[float] = None,
                  keep_going: bool = False, env: Optional[dict] = None,
                  checks: Optional[Sequence[str]] = None, seed: Optional[int] = None,
-                 skip_gate: bool = False, on_ready=None) -> Verdict:
+                 skip_gate: bool = False, on_ready: Optional[OnReady] = None) -> Verdict:
     """Judge one file in a child process (the judge, which runs the candidate in a sandboxed executor of
     its own); always returns a Verdict. `env`: variables for the children on top of the allowlist (e.g.
     the GPU they may see). `seed`: the inputs' seed base (default: a secret one per call). `skip_gate`:
@@ -61,12 +61,13 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
             cmd += ["--seed", str(int(seed))]
         if skip_gate:
             cmd.append("--skip-gate")
-        if on_ready is not None and mode == "gpu":
+        gated = on_ready is not None and mode == "gpu"
+        if gated:
             cmd.append("--gpu-lease")
         child_env = sandbox.env_for(tmp, env)
         if mode != "gpu":
             child_env["TRITON_INTERPRET"] = "1"
-        if "--gpu-lease" in cmd:
+        if gated:
             rc, log = run_gated(cmd, timeout_s, child_env, tmp, on_ready)
         else:
             rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)
