@@ -107,7 +107,7 @@ def cluster():
     c = Cluster()
     c.node2_tmp = os.path.join(c.dir, "node2tmp")  # the second node's scratch: its tasks' files are under it
     os.makedirs(c.node2_tmp)
-    c.gpu_log = os.path.join(c.dir, "gpu.log")
+    c.gpu_log = os.path.join(c.dir, "fake_gpu_tasks.log")  # not gpu.log: that is the "gpu" node's own log
     try:
         # a dead node is noticed after 5 missed health checks a second apart (default 3 s apart): the killed
         # node's stage comes back sooner; a slow but live node still answers, each check waits 10 s
