@@ -8,6 +8,7 @@
     kernel-agent report    a pull-request-ready markdown summary of a run
     kernel-agent gate      re-verify the serving kernel set (CI)
     kernel-agent promote / demote   change the serving kernel set by hand
+    kernel-agent ledger upgrade     migrate an older ledger to this version's schema
 
 Usage errors print one line and exit 2; failures of what was checked exit 1.
 """
@@ -25,11 +26,11 @@ from ..sanitizer.report import merge_gpu, verdicts_json, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.sandbox import host_protections
 from ..sanitizer.verdict import Verdict
-from . import ci_templates, commands, pr, review, serving_cmd, ui
+from . import ci_templates, commands, ledger_cmd, pr, review, serving_cmd, ui
 from .cli_common import COMMANDS, OPS_HELP, UsageError, check_files, check_op, command, cuda_available
 
 # The command modules add their subcommands' parsers in this order (the order `--help` lists them).
-COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd)
+COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd, ledger_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

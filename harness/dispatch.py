@@ -150,9 +150,9 @@ def measured_choices(led: Ledger, ops: Optional[Sequence[str]] = None, bucket: O
     for name in names:
         if not get_op(name).torch_label:
             continue
-        rows += [r for r in led.bench_results(op=name)
-                 if (bucket is None or r.bucket == bucket) and (dtype is None or r.dtype == dtype)
-                 and (gpu is None or serving.gpu_slug(r.gpu_name or "") == serving.gpu_slug(gpu))]
+        # the bucket and dtype are selected by the ledger's (op, bucket, dtype) index; the GPU by its slug, here
+        rows += [r for r in led.bench_results(op=name, bucket=bucket, dtype=dtype)
+                 if gpu is None or serving.gpu_slug(r.gpu_name or "") == serving.gpu_slug(gpu)]
     return choices_from_rows(rows, promoted_kernels(dir))
 
 

@@ -11,9 +11,12 @@ people browse it with ordinary tools. So:
   process loses at most the step in progress. Write transactions start with
   `BEGIN IMMEDIATE`, so two writers queue on the busy timeout instead of failing on a
   lock upgrade halfway through.
-- The schema version lives in the `meta` table. A database written by another
-  version, or a file that is not a ledger at all, is refused with `LedgerError`
-  before anything is written to it (not even the journal mode).
+- The schema version lives in the `meta` table. A file that is not a ledger at all, or a
+  ledger of a newer version, is refused with `LedgerError` before anything is written to
+  it (not even the journal mode). An older ledger is read as it is where this version can
+  read it (read-only), and is written only once `upgrade_ledger` (`kernel-agent ledger
+  upgrade`) has migrated it: the steps and the rules they follow are in
+  harness/ledger_migrations.py.
 
 A ledger shared by several machines lives in PostgreSQL (`Ledger("postgresql://...")`, with the
 `postgres` extra's driver). The same rules hold there: the schema version is checked before anything
@@ -44,6 +47,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -61,8 +65,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.types import TypeDecorator
 
 from . import figures as _figures
+from . import ledger_migrations as _migrations
 
-SCHEMA_VERSION = 1
+# The version of the schema the models below create; an older ledger reaches it through the steps of
+# harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
+SCHEMA_VERSION = 2
+_migrations.check_registry(SCHEMA_VERSION)
 BUSY_TIMEOUT_S = 30.0
 # The advisory lock every write transaction of a PostgreSQL ledger takes first (any constant will do,
 # as long as every kernel-agent uses the same one): "kaledger" in ASCII, a positive signed 64-bit key.
@@ -371,12 +379,14 @@ class CheckResult(Base):
 
 class BenchResult(Base):
     __tablename__ = "bench_result"
+    # what serves a bucket is read from its rows after every benchmark (schema version 2's step says why)
+    __table_args__ = (Index("ix_bench_result_op_bucket_dtype", "op", "bucket", "dtype"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
     candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id"), index=True)
     label: Mapped[str] = mapped_column(String, default="candidate")
-    op: Mapped[str] = mapped_column(String, index=True)
+    op: Mapped[str] = mapped_column(String)
     shape_key: Mapped[str] = mapped_column(String)
     bucket: Mapped[str] = mapped_column(String)
     dtype: Mapped[str] = mapped_column(String)
@@ -453,13 +463,14 @@ def _writable_dir(path: Path) -> bool:
     return os.access(path.resolve().parent, os.W_OK)
 
 
-def _inspect_existing(path: Path, shown: str, immutable: bool = False) -> None:
-    """Refuse a file that is not a ledger of this schema version, before SQLAlchemy
-    (which would set the journal mode and create tables) touches it."""
+def _inspect_existing(path: Path, shown: str, immutable: bool = False, purpose: str = "write") -> Optional[int]:
+    """Refuse a file that is not a ledger this version may use for `purpose` ('write', 'read' or
+    'upgrade': see `_check_version`), before SQLAlchemy (which would set the journal mode and create
+    tables) touches it. Returns the ledger's schema version, None for a new or empty database."""
     if path.is_dir():
         raise LedgerError(f"ledger {shown} is a directory, not a SQLite database")
     if not path.exists() or path.stat().st_size == 0:
-        return
+        return None
     try:
         conn = sqlite3.connect(path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro"), uri=True,
                                timeout=BUSY_TIMEOUT_S)
@@ -471,7 +482,7 @@ def _inspect_existing(path: Path, shown: str, immutable: bool = False) -> None:
         except sqlite3.DatabaseError as e:
             raise LedgerError(f"ledger {shown} is not a SQLite database ({e})") from None
         if not tables:
-            return  # an empty database: ours to initialise
+            return None  # an empty database: ours to initialise
         if "meta" not in tables:
             raise LedgerError(f"ledger {shown} is a SQLite database but not a kernel-agent ledger "
                               f"(no meta table); refusing to modify it")
@@ -481,7 +492,7 @@ def _inspect_existing(path: Path, shown: str, immutable: bool = False) -> None:
             raise LedgerError(f"ledger {shown} has an unreadable meta table ({e})") from None
     finally:
         conn.close()
-    _check_version(None if row is None else row[0], shown)
+    return _check_version(None if row is None else row[0], shown, purpose)
 
 
 def server_url(location: str | Path) -> URL | None:
@@ -536,24 +547,29 @@ def _server_engines(url: URL, shown: str, read_only: bool) -> tuple[Engine, Engi
     return write, read
 
 
-def _inspect_server(engine: Engine, shown: str) -> None:
+def _inspect_server(engine: Engine, shown: str, purpose: str = "write") -> Optional[int]:
     """What `_inspect_existing` does for a file, for a database on a server: refuse a database that
-    holds other tables than a ledger's, or a ledger of another schema version, before writing to it."""
+    holds other tables than a ledger's, or a ledger this version may not use for `purpose`, before
+    writing to it. Returns the ledger's schema version, None for an empty database."""
     try:
         with engine.connect() as conn:
             tables = set(sa_inspect(conn).get_table_names())
             if not tables:
-                return
+                return None
             if "meta" not in tables:
                 raise LedgerError(f"ledger {shown} holds tables but no kernel-agent ledger (no meta table); "
                                   f"refusing to modify it")
             row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
     except DBAPIError as e:
         raise LedgerError(f"ledger {shown} cannot be opened: {str(e.orig).strip().splitlines()[0]}") from None
-    _check_version(row, shown)
+    return _check_version(row, shown, purpose)
 
 
-def _check_version(value: str | None, shown: str) -> None:
+def _check_version(value: str | None, shown: str, purpose: str = "write") -> int:
+    """The ledger's schema version, if this kernel-agent may use the ledger for `purpose`:
+    'write' needs the current version; 'read' also takes an older ledger whose pending migrations all
+    leave it readable (it is read as it is, not changed); 'upgrade' takes any version a chain of
+    migrations starts from. A newer ledger is refused for all three: its writer knows what changed."""
     if value is None:
         raise LedgerError(f"ledger {shown} has no schema version; refusing to modify it")
     try:
@@ -563,10 +579,18 @@ def _check_version(value: str | None, shown: str) -> None:
     if version > SCHEMA_VERSION:
         raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
                           f"{SCHEMA_VERSION} (upgrade kernel-agent)")
-    if version < SCHEMA_VERSION:
+    if version == SCHEMA_VERSION:
+        return version
+    if version < _migrations.OLDEST_VERSION:
         raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
                           f"{SCHEMA_VERSION} (the ledger is older, and this version has no migration from it: "
                           f"start a new ledger)")
+    if purpose == "upgrade":
+        return version
+    if purpose == "read" and all(m.reads_older for m in _migrations.pending(version, SCHEMA_VERSION)):
+        return version
+    raise LedgerError(f"ledger {shown} has schema version {version}, older than this kernel-agent's "
+                      f"{SCHEMA_VERSION}: upgrade it with `kernel-agent ledger upgrade --ledger {shown}`")
 
 
 def _make_engine(path: Path, begin: str, read_only: str = "") -> Engine:
@@ -604,6 +628,90 @@ def _make_engine(path: Path, begin: str, read_only: str = "") -> Engine:
 
 
 # --------------------------------------------------------------------------------------
+# upgrading an older ledger
+
+
+@dataclass(slots=True)
+class Upgrade:
+    """What `upgrade_ledger` did."""
+
+    location: str
+    from_version: int  # the version found
+    version: int  # the version the ledger is at now
+    reached: List[int]  # the versions this call's steps reached: empty when there was nothing left to do
+    backup: Optional[Path]  # the copy of a SQLite file taken before the first step
+
+
+def upgrade_ledger(location: str | Path, backup: bool = True) -> Upgrade:
+    """Migrate the ledger at `location` (a SQLite file or a PostgreSQL URL) to SCHEMA_VERSION, one step
+    per transaction under the ledger's write lock (harness/ledger_migrations.py). A SQLite file is first
+    copied to `<file>.v<version>.bak` (unless `backup` is False); a server's database is backed up by
+    whoever runs the server. A ledger already at the version is left as it is, a newer one refused."""
+    url = server_url(location)
+    if url is None:
+        return _upgrade_file(sqlite_path(location), str(location), backup)
+    shown = make_url(str(location)).render_as_string(hide_password=True)
+    write, read = _server_engines(url, shown, read_only=False)
+    try:
+        found = _inspect_server(read, shown, purpose="upgrade")
+        if found is None:
+            raise LedgerError(f"no ledger in {shown}")
+        reached = _migrations.migrate(write, SCHEMA_VERSION)
+        with read.connect() as conn:
+            now = _migrations.stored_version(conn)
+    except DBAPIError as e:
+        raise LedgerError(f"ledger {shown} cannot be upgraded: {str(e.orig).strip().splitlines()[0]}") from None
+    finally:
+        write.dispose()
+        read.dispose()
+    return Upgrade(shown, found, now, reached, None)
+
+
+def _upgrade_file(path: Path, shown: str, backup: bool) -> Upgrade:
+    if not path.is_file():
+        raise LedgerError(f"no ledger at {shown}")
+    found = _inspect_existing(path, shown, purpose="upgrade")
+    if found is None:
+        raise LedgerError(f"no ledger at {shown} (an empty database)")
+    copy = _backup_file(path, shown, found) if backup and found < SCHEMA_VERSION else None
+    engine = _make_engine(path, "BEGIN IMMEDIATE")
+    try:
+        reached = _migrations.migrate(engine, SCHEMA_VERSION)
+        with engine.connect() as conn:
+            now = _migrations.stored_version(conn)
+    except DBAPIError as e:
+        raise LedgerError(f"ledger {shown} cannot be upgraded: {e.orig}") from None
+    finally:
+        engine.dispose()
+    return Upgrade(shown, found, now, reached, copy)
+
+
+def _backup_file(path: Path, shown: str, version: int) -> Path:
+    """A copy of a SQLite ledger as it is before an upgrade, `<file>.v<version>.bak`, one file (no WAL
+    beside it). SQLite's backup API copies a consistent snapshot even while another process writes. The
+    copy is written under a temporary name and renamed, so a backup left by an earlier attempt is
+    replaced only by a complete one."""
+    dest = path.with_name(f"{path.name}.v{version}.bak")
+    part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+    try:
+        src = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+        try:
+            dst = sqlite3.connect(part)
+            try:
+                src.backup(dst)
+                dst.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        os.replace(part, dest)
+    except (OSError, sqlite3.Error) as e:
+        part.unlink(missing_ok=True)
+        raise LedgerError(f"ledger {shown}: cannot write its backup {dest} before upgrading ({e})") from None
+    return dest
+
+
+# --------------------------------------------------------------------------------------
 # the ledger
 
 
@@ -632,7 +740,8 @@ class Ledger:
             return
         self.path = sqlite_path(path)
         self._shown = str(path)
-        _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path))
+        _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path),
+                          purpose="read" if read_only else "write")
         if read_only:  # reads an existing ledger, even on read-only media; writes fail
             if not self.path.is_file():
                 raise LedgerError(f"no ledger at {self._shown}")
@@ -659,7 +768,7 @@ class Ledger:
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
         try:
-            _inspect_server(self._read_engine, self._shown)
+            _inspect_server(self._read_engine, self._shown, purpose="read" if read_only else "write")
             if read_only:
                 with self._read_engine.connect() as conn:
                     if "meta" not in sa_inspect(conn).get_table_names():
@@ -926,7 +1035,8 @@ class Ledger:
         return row
 
     def bench_results(self, candidate_id: int | None = None, run_id: str | None = None, op: str | None = None,
-                      label: str | None = None) -> list[BenchResult]:
+                      label: str | None = None, bucket: str | None = None,
+                      dtype: str | None = None) -> list[BenchResult]:
         q = select(BenchResult)
         if candidate_id is not None:
             q = q.where(BenchResult.candidate_id == candidate_id)
@@ -934,6 +1044,10 @@ class Ledger:
             q = q.where(BenchResult.run_id == run_id)
         if op is not None:
             q = q.where(BenchResult.op == op)
+        if bucket is not None:
+            q = q.where(BenchResult.bucket == bucket)
+        if dtype is not None:
+            q = q.where(BenchResult.dtype == dtype)
         if label is not None:
             q = q.where(BenchResult.label == label)
         with self._read() as s:
@@ -1095,7 +1209,7 @@ class Ledger:
 
 __all__ = [
     "SCHEMA_VERSION", "LedgerError", "RunStatus", "CandidateStatus", "RunSummary", "RunSession", "PromotionSummary",
-    "ModelUsage", "Ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta", "Run", "Candidate", "Proposal",
-    "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
+    "ModelUsage", "Ledger", "Upgrade", "upgrade_ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta",
+    "Run", "Candidate", "Proposal", "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
     "CHECK_STATUSES", "CHECK_MODES",
 ]

@@ -295,7 +295,8 @@ def test_leaderboard_compares_a_candidate_with_its_own_benchmark_after_a_promoti
 def test_newer_or_older_schema_version_is_refused(tmp_path):
     path = tmp_path / "ledger.db"
     Ledger(path).close()
-    for stored, hint in ((SCHEMA_VERSION + 1, "upgrade kernel-agent"), (SCHEMA_VERSION - 1, "start a new ledger")):
+    # (an older ledger this version can migrate: tests/test_ledger_migrations.py)
+    for stored, hint in ((SCHEMA_VERSION + 1, "upgrade kernel-agent"), (0, "start a new ledger")):
         con = sqlite3.connect(path)
         con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(stored),))
         con.commit()
