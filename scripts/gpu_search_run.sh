@@ -11,9 +11,12 @@ OUT=$1
 mkdir -p "$OUT"
 export KA=${KA:-/tmp/ka}
 rm -rf "$KA/serving"; mkdir -p "$KA"; cp -r kernels/serving "$KA/serving"
-if [ -n "${SEED_LEDGER:-}" ]; then cp "$SEED_LEDGER" "$KA/ledger.db"; fi
 export KERNEL_AGENT_LEDGER=$KA/ledger.db KERNEL_AGENT_SERVING_DIR=$KA/serving KERNEL_AGENT_CACHE=$KA/cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+# a committed ledger may be of an older schema: its copy is upgraded (the committed file stays as it is)
+if [ -n "${SEED_LEDGER:-}" ]; then
+  cp "$SEED_LEDGER" "$KA/ledger.db" && python3 -m kernel_agent.agent.cli ledger upgrade --no-backup || exit 1
+fi
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 echo "start $(date +%T)"
 # SIGINT past RUN_TIMEOUT: the run is then marked interrupted and resumable, as with Ctrl-C
