@@ -22,6 +22,7 @@ Also recorded: which kernels were launched (name and source file) and how many t
 from __future__ import annotations
 
 import contextlib
+import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -40,6 +41,13 @@ def _interpreter():
         import triton.runtime.interpreter as interp
         _interp = interp
     return _interp
+
+
+class _NothingToRestore:
+    """The scope of a language patch that was skipped (it was in place already)."""
+
+    def restore(self):
+        pass
 
 
 class BoundsViolation(Exception):
@@ -270,16 +278,39 @@ class Instrumentation:
 
         inst = self
         orig_call = interp.GridExecutor.__call__
+        launch: Dict[str, Any] = {"langs": None}  # the language modules patched for the launch in progress
 
         def grid_call(executor, *args, **kwargs):
             GuardPause.depth += 1  # from here on, torch calls are the sanitizer's and the interpreter's
+            launch["langs"] = set()
             try:
                 inst._begin_launch(executor.fn, args, kwargs)
                 return orig_call(executor, *args, **kwargs)
             finally:
+                launch["langs"] = None
                 GuardPause.depth -= 1
 
         patch(interp.GridExecutor, "__call__", grid_call)
+
+        # The interpreter patches triton.language again on every call of a device function (tl.cdiv, the
+        # combine functions of tl.sum and tl.max, a kernel's own helpers): the same patches the launch
+        # already made, at the cost of inspecting each module's members, a sixth of a check's time. Inside
+        # a launch, a call whose modules are all patched already is skipped; anything else patches as before.
+        orig_patch_lang = interp._patch_lang
+
+        def patch_lang(fn):
+            langs = {id(v) for v in fn.__globals__.values()
+                     if isinstance(v, types.ModuleType) and (v is interp.tl or v is interp.tl.core)}
+            done = launch["langs"]
+            if done and langs and langs <= done:
+                return _NothingToRestore()
+            scope = orig_patch_lang(fn)
+            if done is not None:
+                done.update(langs)
+            return scope
+
+        patch(interp, "_patch_lang", patch_lang)
+
 
         cls = type(builder)
         orig_masked_load = cls.create_masked_load
