@@ -143,6 +143,24 @@ def test_compare_rejects_a_wrong_output(name):
     assert "non-finite" in op.compare(nan, c.args).reason
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_matmul_bounds_each_element_by_its_own_sum_so_one_bad_element_of_many_fails(dtype):
+    """512 x 512: one element off by a few percent of the output's rms is 1 in 262144, which a cap on the
+    fraction of elements out of tolerance lets through; the per-element bound, sum_k |a_ik||b_kj|
+    times the accumulation's rounding, does not. The exact product of the inputs always passes."""
+    from kernel_agent.harness.ops.common import compare_tensor
+    op = get_op("matmul")
+    c = op.make_case(op.parse_shape("512,512,512"), dtype, seed=11)
+    ref64 = op.reference(c.args, torch.float64)
+    good = op.reference(c.args, torch.float32).to(dtype)  # rounded once: what a correct kernel returns
+    assert op.compare(good, c.args, ref64).ok
+    bad = good.clone()
+    bad[-1, -1] += 0.05 * float(ref64.pow(2).mean().sqrt())
+    assert compare_tensor(bad, ref64, op.tolerance(dtype)).ok  # the fraction cap misses it
+    r = op.compare(bad, c.args, ref64)
+    assert not r.ok and r.first_bad_index == (511, 511) and "1 element(s)" in r.reason
+
+
 def test_strided_layout_is_a_non_contiguous_view_with_the_same_values():
     op = get_op("attention")
     a = op.make_case(op.shapes("tiny")[2], torch.float32, seed=8)

@@ -1,10 +1,11 @@
 """Faulty matmul: accumulates the K tiles in float16 instead of float32.
 
 Each tile's dot product is exact-ish, but the running sum is rounded to fp16 after
-every tile (the contract says float32 accumulation). Within the element-wise
-tolerance on small K, but the error budget against the float64 reference fails.
+every tile (the contract says float32 accumulation): an error of 2^-11 per tile, where
+each matmul element's own bound allows 4*K*2^-24 of sum_k |a_ik||b_kj|. The first
+elements beyond it show up among the property-based examples: differential.
 """
-EXPECTED_CHECK = "error_budget"
+EXPECTED_CHECK = "differential"
 
 import torch
 import triton
