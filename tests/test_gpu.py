@@ -381,3 +381,14 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
     assert v.passed and asked == ["gpu"], [c.to_json() for c in v.checks]
     refused = run_bench_isolated(spec, timeout_s=30, on_ready=lambda phase, still_wanted: phase == "gpu")
     assert refused.get("error", "").startswith("benchmark timed out") and not refused["results"]
+
+
+def test_a_bf16_only_fault_that_the_cpu_checks_cannot_reach_fails_the_gpu_stage():
+    from kernel_agent.sanitizer.runner import run_isolated
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "candidates", "gpu_faulty", "matmul",
+                        "bf16_only_drops_the_partial_k_tile.py")
+    v = run_isolated(path, "matmul", "gpu", checks=("gpu_differential",), timeout_s=300)
+    failed = [c for c in v.checks if c.status == "failed"]
+    assert not v.passed and failed and failed[0].name == "gpu_differential" and "bfloat16" in failed[0].detail, \
+        v.summary()
+
