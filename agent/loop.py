@@ -38,7 +38,8 @@ from ..harness.ledger import Ledger, RunSession, RunSummary, hash_source
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
-from .placement import BenchTask, LocalPlacement, SanitizeTask, TaskLost, default_jobs, describe, occupied_fraction
+from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, TaskLost,
+                        default_jobs, describe, occupied_fraction)
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
                       publish_choices, publish_promotion, recorded_target)
@@ -131,11 +132,11 @@ class RunEvents:
 
     note: Callable[[str], None] = lambda s: None
     candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
-    status: Callable[["RunStatus"], None] = lambda st: None  # about once a second while the run streams
+    status: Callable[["LiveStatus"], None] = lambda st: None  # about once a second while the run streams
 
 
 @dataclass
-class RunStatus:
+class LiveStatus:
     """Where a streaming run stands: what each stage holds, the budget, and the best gain so far."""
 
     elapsed_s: float
@@ -179,26 +180,18 @@ class Budget:
         return None
 
 
-def gpu_available() -> bool:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    import torch
-    return torch.cuda.is_available()
+def placement_for(cfg: RunConfig, devices: Devices, evaluator: Optional[Evaluator] = None) -> LocalPlacement:
+    """This machine's placement for a run: the GPUs `devices` lends it (none without one) and sanitizer
+    processes for the rest, each task run by `evaluator` (default: this machine's children)."""
+    gpus = devices.visible(cfg.gpus) if devices.available() else []
+    return LocalPlacement(cfg.jobs or default_jobs(len(gpus)), gpus, evaluator=evaluator)
 
 
-def visible_gpus(limit: Optional[int] = None) -> List[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (at most `limit`)."""
-    import torch
-    n = torch.cuda.device_count()
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [x.strip() for x in env.split(",") if x.strip()][:n] if env else [str(i) for i in range(n)]
-    return ids[:limit] if limit else ids
-
-
-def placement_for(cfg: RunConfig, gpu: bool) -> LocalPlacement:
-    """This machine's placement for a run: the GPUs it may use and sanitizer processes for the rest."""
-    gpus = visible_gpus(cfg.gpus) if gpu else []
-    return LocalPlacement(cfg.jobs or default_jobs(len(gpus)), gpus)
+def devices_for(placement: Optional[Any]) -> Devices:
+    """The GPUs a run has: a cluster placement's own, else this machine's."""
+    if getattr(placement, "remote", False):
+        return ClusterDevices(placement)
+    return LocalDevices()
 
 
 @dataclass
@@ -313,8 +306,7 @@ def targets_for(cfg: RunConfig) -> List[Target]:
 
 class Loop:
     def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, proposer: Proposer, events: RunEvents,
-                 gpu: bool, gpu_name: str, placement: Optional[LocalPlacement] = None,
-                 target: Optional[ServingTarget] = None):
+                 gpu: bool, gpu_name: str, placement: LocalPlacement, target: Optional[ServingTarget] = None):
         self.cfg = cfg
         # the one serving set this run reads and writes (promotions and dispatch choices alike)
         self.target = target or ServingTarget.in_place(serving.serving_dir())
@@ -324,7 +316,7 @@ class Loop:
         self.events = events
         self.gpu = gpu
         self.gpu_name = gpu_name
-        self.placement = placement or placement_for(cfg, gpu)
+        self.placement = placement
         self.ceilings: Optional[Dict[str, Any]] = None
         self.attempts: Dict[Tuple[str, str], List[Attempt]] = {}
         self.incumbent_ms: Dict[Tuple[str, str], float] = {}
@@ -898,7 +890,7 @@ class _Stream:
         running: Dict[str, int] = {}
         for stage, _, _ in self.running.values():
             running[stage] = running.get(stage, 0) + 1
-        lp.events.status(RunStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
+        lp.events.status(LiveStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
                                    running, len(self.cpu_queue) + len(self.gpu_queue), len(lp.judged), lp.best_gain))
 
     def _unjudged(self) -> List[Work]:
@@ -969,21 +961,22 @@ class _Stream:
             raise
 
 
-# long: a run's setup, streaming session and summary in order; it still builds its own ledger and devices
+# long: a run's setup, streaming session and summary in order
 def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
              proposer: Optional[Proposer] = None, time_limit_s: Optional[float] = None,
-             placement: Optional[LocalPlacement] = None) -> RunSummary:
+             placement: Optional[LocalPlacement] = None, devices: Optional[Devices] = None,
+             evaluator: Optional[Evaluator] = None) -> RunSummary:
     """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run.
     `time_limit_s` on a resume: the time it may take from now (default: what the run had left, and at
-    least enough to finish what it left in flight)."""
+    least enough to finish what it left in flight). The collaborators left out are this machine's:
+    `proposer` the one `cfg` names (make_proposer), `devices` the GPUs (devices_for: a cluster
+    placement's, else this machine's), `placement` this machine's over them (placement_for), whose tasks
+    `evaluator` runs (default: sandboxed children)."""
     events = events or RunEvents()
     ledger = Ledger(ledger_path)
-    if getattr(placement, "remote", False):  # a cluster: its GPUs are the run's, not this machine's
-        gpu, gname = bool(placement.gpus), (placement.gpu_name or "cpu") if placement.gpus else "cpu"
-    else:
-        gpu = gpu_available()
-        from ..harness.env import gpu_name as _gpu_name
-        gname = (_gpu_name() or "cpu") if gpu else "cpu"
+    devices = devices or devices_for(placement)
+    gpu = devices.available()
+    gname = (devices.name() or "cpu") if gpu else "cpu"
     previous: Optional[TargetInfo] = None
     if resume:
         run = ledger.get_run(resume)
@@ -1014,8 +1007,8 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
             ledger.set_run_status(run_id, "failed")
         raise
     try:
-        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname, placement,
-                    target)
+        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname,
+                    placement or placement_for(cfg, devices, evaluator), target)
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
         if resume:
