@@ -38,8 +38,8 @@ from ..harness.ledger import Ledger, RunSession, RunSummary, hash_source
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
-from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, TaskLost,
-                        default_jobs, describe, occupied_fraction)
+from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
+                        TaskLost, default_jobs, describe, occupied_fraction)
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
                       publish_choices, publish_promotion, recorded_target)
@@ -109,6 +109,15 @@ class Target:
     bucket: str
     shapes: List[Shape]
     weight: float = 1.0  # the share of proposals it gets (its share of a model's decode step; else equal)
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """What a target's candidates are judged against: the kernel serving its bucket now."""
+
+    label: str  # "baseline", or "serving:<file>" for a promoted kernel
+    file: Optional[str]  # None for the baseline
+    source: str
 
 
 @dataclass
@@ -342,16 +351,16 @@ class Loop:
         self.session_hashes: Set[str] = set()  # sources proposed since this process started
 
     # -- incumbents -------------------------------------------------------------------
-    def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
-        """(label, file or None for the baseline, source)."""
+    def incumbent(self, t: Target) -> Incumbent:
+        """What serves the target now in the run's serving set: its promoted kernel, else the baseline."""
         entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name, dir=self.target.dir)
         if entry:
             path = os.path.join(self.target.dir, entry["file"])
             if os.path.exists(path):
                 with open(path) as f:
-                    return f"serving:{entry['file']}", path, f.read()
+                    return Incumbent(f"serving:{entry['file']}", path, f.read())
         from .search import baseline_source
-        return "baseline", None, baseline_source(t.op)
+        return Incumbent("baseline", None, baseline_source(t.op))
 
     def _history(self, t: Target) -> List[Attempt]:
         """What earlier runs judged for this target, oldest first (the prompt's 'earlier attempts', so a
@@ -376,8 +385,8 @@ class Loop:
         if key not in self._history_loaded:
             self._history_loaded.add(key)
             self.attempts[key] = self._history(t) + self.attempts.get(key, [])
-        label, _, source = self.incumbent(t)
-        return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, source, label,
+        inc = self.incumbent(t)
+        return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, inc.source, inc.label,
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
                               self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
 
@@ -548,7 +557,7 @@ class Loop:
             self._feedback(w.ctx, w.proposal, True, None)
 
     def _bench_task(self, w: Work) -> BenchTask:
-        _, inc_file, _ = self.incumbent(w.target)
+        inc_file = self.incumbent(w.target).file
         return BenchTask({"op": w.target.op, "shapes": [s.key() for s in w.target.shapes], "dtype": self.cfg.dtype,
                           "seed": 0, "race": True,
                           "kernels": [{"label": "incumbent", "file": inc_file}, {"label": "candidate", "file": w.path}]})
@@ -652,6 +661,45 @@ class Loop:
         return th
 
 
+@dataclass(frozen=True, eq=False)
+class Queued:
+    """A stage of one candidate waiting for a slot. A sanitizer stage (quick, full, gpu) is judged once for
+    all the works that share the candidate (_Stream.sharing holds them); a benchmark or the promotion checks
+    (bench, promote) hold the one work they are for. Compared by identity: each is one place in a queue."""
+
+    stage: str
+    work: Work
+
+
+@dataclass(frozen=True, eq=False)
+class Started:
+    """A stage handed to the placement: what was queued, and the task that runs it."""
+
+    queued: Queued
+    task: Task
+
+    @property
+    def stage(self) -> str:
+        return self.queued.stage
+
+    @property
+    def work(self) -> Work:
+        return self.queued.work
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The proposer's call in flight: for which target (and its index in the stream's targets), with what context."""
+
+    target: Target
+    ctx: ProposeContext
+    index: int
+
+
+# The order GPU stages start in: the promotion checks of a winner first, then benchmarks, then GPU checks.
+GPU_STAGE_ORDER = {"promote": 0, "bench": 1, "gpu": 2}
+
+
 class _Stream:
     """One streaming evaluation: the scheduler's state (what waits for which resource, what runs)."""
 
@@ -659,9 +707,9 @@ class _Stream:
         self.loop, self.targets, self.budget = loop, list(targets), budget
         self.placement = loop.placement
         self.gpu = loop.gpu and bool(self.placement.gpus)
-        self.cpu_queue: Deque[Tuple[str, List[Work]]] = collections.deque()  # (mode, works of one candidate)
-        self.gpu_queue: Deque[Tuple[str, Work]] = collections.deque()  # ('gpu' | 'bench' | 'promote', work)
-        self.running: Dict[Future, Tuple[str, Any, Any]] = {}  # future -> (stage, works or work, task)
+        self.cpu_queue: Deque[Queued] = collections.deque()  # quick, full
+        self.gpu_queue: Deque[Queued] = collections.deque()  # gpu, bench, promote
+        self.running: Dict[Future, Started] = {}
         self.sharing: Dict[Tuple[int, str], List[Work]] = {}  # (cid, mode) in queue or running -> its works
         self.busy_targets: Set[Tuple[str, str]] = set()  # one benchmark and promotion at a time per target
         self.in_pipeline = 0  # works admitted and not finished
@@ -671,7 +719,7 @@ class _Stream:
         self.next_target = 0
         self.asked = [0] * len(self.targets)  # proposal requests per target: weighted turns (see _pick)
         self.proposing: Optional[Future] = None
-        self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
+        self.proposing_for: Optional[Asked] = None
         self.idle_asks = 0
         self.lost: Dict[Tuple[int, str], int] = {}  # (cid, stage) -> times its task was lost with its machine
 
@@ -707,9 +755,9 @@ class _Stream:
             return
         self.sharing[key] = [w]
         if mode == "gpu":
-            self.gpu_queue.append(("gpu", w))
+            self.gpu_queue.append(Queued("gpu", w))
         else:
-            self.cpu_queue.append((mode, [w]))
+            self.cpu_queue.append(Queued(mode, w))
 
     def _after_sanitize(self, w: Work, mode: str) -> None:
         """The next stage of a candidate that passed `mode`. After the quick stage the full sanitizer (CPU)
@@ -727,7 +775,7 @@ class _Stream:
             self.loop.judged.add(w.cid)
             return self._leave(w)
         if {"full", "gpu"} <= w.passed:
-            self.gpu_queue.append(("bench", w))
+            self.gpu_queue.append(Queued("bench", w))
 
     def _leave(self, w: Work) -> None:
         self.in_pipeline -= 1
@@ -743,29 +791,28 @@ class _Stream:
     def _start(self) -> None:
         """Hand queued stages to free slots: GPU work first (the scarce resource), promotion checks before
         benchmarks before GPU checks; then the CPU's."""
-        order = {"promote": 0, "bench": 1, "gpu": 2}
         # An ungated benchmark waiting for its GPU: let the shared tasks drain (a gated one starts in a
         # shared slot, and the placement drains the GPU for its timing).
         held = False
-        for item in sorted(self.gpu_queue, key=lambda it: order[it[0]]):
-            stage, w = item
+        for item in sorted(self.gpu_queue, key=lambda q: GPU_STAGE_ORDER[q.stage]):
+            w = item.work
             key = (w.target.op, w.target.bucket)
-            if stage == "bench" and key in self.busy_targets:
+            if item.stage == "bench" and key in self.busy_targets:
                 continue  # judged against the incumbent the running one may replace: after it
-            task = self._gpu_task(stage, w)
+            task = self._gpu_task(item.stage, w)
             if held and not task.exclusive:
                 break
             if not self.placement.can_start(task):
                 held = held or (task.exclusive and not task.gated)
                 continue
             self.gpu_queue.remove(item)
-            if stage == "bench":
+            if item.stage == "bench":
                 self.busy_targets.add(key)
-            self.running[self.placement.submit(task)] = (stage, w, task)
+            self.running[self.placement.submit(task)] = Started(item, task)
         while self.cpu_queue and self.placement.running("cpu") < self.placement.cpu_slots:
-            mode, works = self.cpu_queue.popleft()
-            task = SanitizeTask(works[0].path, works[0].target.op, mode)
-            self.running[self.placement.submit(task)] = (mode, works, task)
+            item = self.cpu_queue.popleft()
+            task = SanitizeTask(item.work.path, item.work.target.op, item.stage)
+            self.running[self.placement.submit(task)] = Started(item, task)
 
     def _propose(self) -> None:
         lp, budget = self.loop, self.budget
@@ -779,7 +826,7 @@ class _Stream:
         if lp.cfg.max_candidates is not None:
             n = max(1, min(n, lp.cfg.max_candidates - budget.used))
         ctx = lp.context(t)
-        self.proposing_for = (t, ctx, i)
+        self.proposing_for = Asked(t, ctx, i)
         self.proposing = lp._proposer_thread.submit(lp.proposer.propose, ctx, n)
 
     def _pick(self) -> Optional[int]:
@@ -791,7 +838,8 @@ class _Stream:
 
     def _proposed(self, proposals: List[Proposal]) -> None:
         lp = self.loop
-        t, ctx, i = self.proposing_for
+        asked = self.proposing_for
+        t, ctx, i = asked.target, asked.ctx, asked.index
         self.proposing, self.proposing_for = None, None
         if not proposals:
             self._exhaust(i, "search space exhausted" if lp.proposer.name == "search" else
@@ -816,12 +864,13 @@ class _Stream:
 
     def _finished(self, fut: Future) -> None:
         lp = self.loop
-        stage, what, task = self.running.pop(fut)
+        started = self.running.pop(fut)
+        stage, w = started.stage, started.work
         result = fut.result()
         if isinstance(result, TaskLost):  # not a result about the candidate: run the stage again
-            return self._requeue(stage, what, result.reason)
+            return self._requeue(started.queued, result.reason)
         if stage in ("quick", "full", "gpu"):
-            works = self.sharing.pop((what[0].cid if isinstance(what, list) else what.cid, stage))
+            works = self.sharing.pop((w.cid, stage))
             live = [w for w in works if not w.rejected]
             if not live:  # rejected by the stage that ran beside this one: its checks are kept, nothing more
                 lp.ledger.record_checks(works[0].cid, stage, [asdict(c) for c in result.checks])
@@ -834,12 +883,11 @@ class _Stream:
                     w.rejected = True
                     self._leave(w)
             return
-        w: Work = what
         key = (w.target.op, w.target.bucket)
         if stage == "bench":
-            if lp._record_benchmark(w, task, result):
+            if lp._record_benchmark(w, started.task, result):
                 if lp.cfg.compute_sanitizer:
-                    self.gpu_queue.appendleft(("promote", w))  # the target stays busy until it is decided
+                    self.gpu_queue.appendleft(Queued("promote", w))  # the target stays busy until it is decided
                     return
                 lp._promote(w)
         elif stage == "promote" and lp._record_promotion_checks(w, result):
@@ -847,16 +895,15 @@ class _Stream:
         self.busy_targets.discard(key)
         self._leave(w)
 
-    def _requeue(self, stage: str, what: Any, reason: str) -> None:
+    def _requeue(self, item: Queued, reason: str) -> None:
         """A stage whose task was lost with its machine goes back to the front of its queue (nothing was
         recorded for it); after TASK_LOST_RETRIES losses the candidate is left at the stage it reached,
         unjudged, for a resume."""
         lp = self.loop
-        works: List[Work] = what if isinstance(what, list) else [what]
-        w0 = works[0]
+        stage, w0 = item.stage, item.work
         key = (w0.cid, stage)
         sanitizer = stage in ("quick", "full", "gpu")
-        sharing = self.sharing.get(key, works) if sanitizer else works
+        sharing = self.sharing.get(key, [w0]) if sanitizer else [w0]
         n = self.lost[key] = self.lost.get(key, 0) + 1
         if all(w.rejected for w in sharing):  # rejected meanwhile by the stage beside it: nothing to redo
             self.sharing.pop(key, None)
@@ -875,11 +922,11 @@ class _Stream:
             return
         lp.events.note(f"{w0.proposal.label} {stage}: {reason}; queued again")
         if stage in ("quick", "full"):
-            self.cpu_queue.appendleft((stage, what))
+            self.cpu_queue.appendleft(item)
             return
         if stage == "bench":  # started again when its target is free, as any benchmark
             self.busy_targets.discard((w0.target.op, w0.target.bucket))
-        self.gpu_queue.appendleft((stage, w0))
+        self.gpu_queue.appendleft(item)
 
     def _status(self) -> None:
         now = time.time()
@@ -888,21 +935,15 @@ class _Stream:
         self.last_status = now
         lp = self.loop
         running: Dict[str, int] = {}
-        for stage, _, _ in self.running.values():
-            running[stage] = running.get(stage, 0) + 1
+        for started in self.running.values():
+            running[started.stage] = running.get(started.stage, 0) + 1
         lp.events.status(LiveStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
                                    running, len(self.cpu_queue) + len(self.gpu_queue), len(lp.judged), lp.best_gain))
 
     def _unjudged(self) -> List[Work]:
         works: Dict[int, Work] = {}
-        for _, what, _ in self.running.values():
-            for w in (what if isinstance(what, list) else [what]):
-                works.setdefault(w.cid, w)
-        for _, ws in self.cpu_queue:
-            for w in ws:
-                works.setdefault(w.cid, w)
-        for _, w in self.gpu_queue:
-            works.setdefault(w.cid, w)
+        for item in [started.queued for started in self.running.values()] + list(self.cpu_queue) + list(self.gpu_queue):
+            works.setdefault(item.work.cid, item.work)
         for ws in self.sharing.values():
             for w in ws:
                 works.setdefault(w.cid, w)
