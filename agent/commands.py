@@ -18,6 +18,7 @@ from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..sanitizer import runner
 from ..sanitizer.report import merge_gpu
+from ..sanitizer.verdict import CheckStatus
 from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
@@ -319,11 +320,12 @@ def _run_events(args):
     from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
     if getattr(args, "json", False):
         return RunEvents()
-    marks = {"rejected": "reject", "verified": "verified", "benchmarked": "bench", "promoted": "PROMOTED"}
+    marks = {CandidateStatus.REJECTED: "reject", CandidateStatus.VERIFIED: "verified",
+             CandidateStatus.BENCHMARKED: "bench", CandidateStatus.PROMOTED: "PROMOTED"}
 
     def cand(label, status, detail):
         ui.line(f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
-                style={"promoted": "bold green", "rejected": "red"}.get(status))
+                style={CandidateStatus.PROMOTED: "bold green", CandidateStatus.REJECTED: "red"}.get(status))
     live = ui.StatusLine(plain_every_s=60.0)  # a live line on a terminal; a plain one a minute elsewhere
     args._status_line = live
     return RunEvents(note=lambda s: ui.line(s, style="bold"), candidate=cand,
@@ -591,7 +593,7 @@ def _show_run(led, run, args) -> int:
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     for c in cands:
         verdict = c.verdict or {}
-        first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == "failed"), None)
+        first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == CheckStatus.FAILED), None)
         why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
         timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
@@ -601,7 +603,7 @@ def _show_run(led, run, args) -> int:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
     if target is not None:
-        ui.line(target.describe() if run.status == "running" else target.outcome())
+        ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
     return 0
 
 

@@ -34,10 +34,11 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tu
 from ..harness import serving
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
-from ..harness.ledger import Ledger, RunSession, RunSummary, hash_source
+from ..harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
+from ..sanitizer.verdict import CheckStatus
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
                         TaskLost, default_jobs, describe, occupied_fraction)
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
@@ -63,6 +64,9 @@ HISTORY_ATTEMPTS = 8
 # Times one stage of one candidate is queued again after the machine running it went away (a cluster
 # node died) before the run leaves the candidate at that stage for a resume.
 TASK_LOST_RETRIES = 3
+# Candidates that passed the sanitizer (and were timed, where a GPU was), and those that were timed.
+TIMED = (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED)
+PASSED_SANITIZER = (CandidateStatus.VERIFIED,) + TIMED
 # How long the hard stop waits for killed children to be reaped before the run ends anyway.
 STOP_GRACE_S = 8.0
 
@@ -368,16 +372,16 @@ class Loop:
         out = []
         mine = set(self.known.values())
         for c in self.ledger.candidates(op=t.op):
-            if c.id in mine or c.status == "proposed" or not c.path or \
+            if c.id in mine or c.status == CandidateStatus.PROPOSED or not c.path or \
                     os.path.basename(os.path.dirname(c.path)) != t.bucket:
                 continue
-            passed = c.status in ("verified", "benchmarked", "promoted")
+            passed = c.status in PASSED_SANITIZER
             v = c.verdict or {}
-            failed = next((x for x in v.get("checks", []) if x.get("status") == "failed"), None)
+            failed = next((x for x in v.get("checks", []) if x.get("status") == CheckStatus.FAILED), None)
             why = (f"{failed['name']}: {failed.get('detail', '')}" if failed else v.get("error") or "rejected") \
                 if not passed else c.status
             out.append(Attempt(c.label or f"candidate-{c.id}", passed, f"{why} (an earlier run)"[:300],
-                               self._bench_ms(c.id) if c.status in ("benchmarked", "promoted") else None))
+                               self._bench_ms(c.id) if c.status in TIMED else None))
         return out[-HISTORY_ATTEMPTS:]
 
     def context(self, t: Target) -> ProposeContext:
@@ -442,7 +446,7 @@ class Loop:
     def _unfinished(self, status: str) -> bool:
         """Whether a recorded candidate still needs evaluating here: never judged, or verified without a
         GPU (or before a time limit) and this run has one. Its finished stages are not run again."""
-        return status == "proposed" or (self.gpu and status == "verified")
+        return status == CandidateStatus.PROPOSED or (self.gpu and status == CandidateStatus.VERIFIED)
 
     def pending_works(self, targets: Sequence[Target]) -> List[Work]:
         """The candidates a killed or stopped run recorded but never judged (whatever the proposer does next)."""
@@ -473,22 +477,22 @@ class Loop:
     def _record_unusable(self, p: Proposal) -> None:
         body = f"# unusable model reply ({p.label}, model call {p.model_call_id}): {p.rejected}\n"
         cand, _ = self.ledger.add_candidate(p.op, body, p.proposer, self.run_id, label=p.label)
-        verdict = {"passed": False, "error": p.rejected, "checks": [{"name": "reply", "status": "failed",
+        verdict = {"passed": False, "error": p.rejected, "checks": [{"name": "reply", "status": CheckStatus.FAILED,
                                                                      "passed": False, "detail": p.rejected}]}
-        self.ledger.record_checks(cand.id, "quick", [{"name": "reply", "status": "failed", "detail": p.rejected,
-                                                       "duration_s": 0.0}])
-        self.ledger.set_candidate_status(cand.id, "rejected", verdict=verdict)
+        self.ledger.record_checks(cand.id, "quick", [{"name": "reply", "status": CheckStatus.FAILED,
+                                                       "detail": p.rejected, "duration_s": 0.0}])
+        self.ledger.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=verdict)
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
         self.known[hash_source(body)] = cand.id
         self.stats["unusable_replies"] += 1
-        self.events.candidate(p.label, "rejected", p.rejected)
+        self.events.candidate(p.label, CandidateStatus.REJECTED, p.rejected)
 
     def _replay(self, ctx: ProposeContext, p: Proposal, cid: int) -> None:
         c = self.ledger.candidate(cid)
-        if c is None or c.status == "proposed":
+        if c is None or c.status == CandidateStatus.PROPOSED:
             return
-        passed = c.status in ("verified", "benchmarked", "promoted")
+        passed = c.status in PASSED_SANITIZER
         inc_ms = self._bench_ms(cid, incumbent=True)
         if inc_ms is not None:  # what the candidate was measured against, as the live path tells it first
             self._incumbent_time(ctx, inc_ms)
@@ -521,7 +525,7 @@ class Loop:
         """A stage this candidate already finished (a resume): True passed, False failed, None not run."""
         done = self.ledger.checks(cid, mode=mode)
         if done and (checks is None or {c.name for c in done} >= set(checks)):
-            return all(c.status != "failed" for c in done)
+            return all(c.status != CheckStatus.FAILED for c in done)
         return None
 
     def _record_verdict(self, works: Sequence[Work], mode: str, v) -> bool:
@@ -530,13 +534,13 @@ class Loop:
         self.ledger.record_checks(cid, mode, [asdict(c) for c in v.checks])
         if v.passed:
             if mode == "full":
-                self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
+                self.ledger.set_candidate_status(cid, CandidateStatus.VERIFIED, verdict=v.to_json(),
                                                  fpsan_equivalent=v.fpsan_equivalent)
             return True
-        self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
+        self.ledger.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=v.to_json())
         self.stats["rejected"] += 1
         self.judged.add(cid)
-        self.events.candidate(works[0].proposal.label, "rejected", f"{works[0].target.op} {mode}: {v.summary()}")
+        self.events.candidate(works[0].proposal.label, CandidateStatus.REJECTED, f"{works[0].target.op} {mode}: {v.summary()}")
         for w in works:
             self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
                 Attempt(w.proposal.label, False, v.summary()))
@@ -549,8 +553,8 @@ class Loop:
         c = self.ledger.candidate(w0.cid)
         eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
             c.fpsan_equivalent if c else None]
-        self.events.candidate(w0.proposal.label, "verified", f"{w0.target.op}: passed the full sanitizer ({eq}); not "
-                                                             f"benchmarked: no GPU")
+        self.events.candidate(w0.proposal.label, CandidateStatus.VERIFIED,
+                              f"{w0.target.op}: passed the full sanitizer ({eq}); not benchmarked: no GPU")
         for w in works:
             self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
                 Attempt(w.proposal.label, True, "verified, not benchmarked"))
@@ -583,14 +587,14 @@ class Loop:
         j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
         self.judged.add(cid)
         if j.error:
-            self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": j.error})
+            self.ledger.set_candidate_status(cid, CandidateStatus.REJECTED, verdict={"passed": False, "error": j.error})
             self.stats["rejected"] += 1
-            self.events.candidate(p.label, "rejected", f"benchmark: {j.error}")
+            self.events.candidate(p.label, CandidateStatus.REJECTED, f"benchmark: {j.error}")
             self._feedback(w.ctx, p, False, None)
             return False
         if self.first_benchmark_at is None:
             self.first_benchmark_at = time.time()
-        self.ledger.set_candidate_status(cid, "benchmarked")
+        self.ledger.set_candidate_status(cid, CandidateStatus.BENCHMARKED)
         self.stats["benchmarked"] += 1
         decision = j.decision
         if decision.gain == decision.gain and (self.best_gain is None or decision.gain > self.best_gain):
@@ -604,7 +608,7 @@ class Loop:
         self.attempts.setdefault((t.op, t.bucket), []).append(
             Attempt(p.label, True, decision.reason, j.candidate_ms, j.fraction_of_ceiling))
         if not decision.promote:
-            self.events.candidate(p.label, "benchmarked", decision.reason)
+            self.events.candidate(p.label, CandidateStatus.BENCHMARKED, decision.reason)
             return False
         w.judgement = j
         return True
@@ -625,8 +629,9 @@ class Loop:
         the serving set; True when they passed."""
         self.ledger.record_checks(w.cid, "gpu", [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS])
         if not v.passed:
-            self.ledger.set_candidate_status(w.cid, "rejected", verdict=v.to_json())
-            self.events.candidate(w.proposal.label, "benchmarked", f"faster, but not promoted: {v.summary()}")
+            self.ledger.set_candidate_status(w.cid, CandidateStatus.REJECTED, verdict=v.to_json())
+            self.events.candidate(w.proposal.label, CandidateStatus.BENCHMARKED,
+                                  f"faster, but not promoted: {v.summary()}")
             return False
         return True
 
@@ -640,7 +645,7 @@ class Loop:
         self.stats["promoted"] += 1
         self.incumbent_ms[(t.op, t.bucket)] = j.candidate_ms
         where = f" ({self.target.info.branch} {done.commit[:10]})" if done.commit else ""
-        self.events.candidate(p.label, "promoted", f"{done.reason} -> {done.entry['file']}{where}")
+        self.events.candidate(p.label, CandidateStatus.PROMOTED, f"{done.reason} -> {done.entry['file']}{where}")
 
     def throughput(self) -> Throughput:
         log = self.placement.log()
@@ -1045,7 +1050,7 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         target = plan.open(run_id, previous)
     except PublishError:
         if not resume:
-            ledger.set_run_status(run_id, "failed")
+            ledger.set_run_status(run_id, RunStatus.FAILED)
         raise
     try:
         loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname,
@@ -1053,9 +1058,9 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
         if resume:
-            if run.status == "finished" and not pending:
+            if run.status == RunStatus.FINISHED and not pending:
                 raise ValueError(f"run {resume} already finished; nothing to resume")
-            ledger.set_run_status(resume, "running", finished=False)
+            ledger.set_run_status(resume, RunStatus.RUNNING, finished=False)
             events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already "
                         f"recorded" + (f", {len(pending)} to finish" if pending else ""))
         else:
@@ -1093,12 +1098,12 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
             return json.dumps(d)
 
         # recorded now, so that `show` names the branch while the run is going and after a kill
-        ledger.set_run_status(run_id, "running", finished=False, notes=notes())
+        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes())
         try:
             stop_reason = loop.stream(targets, budget, pending)
         except KeyboardInterrupt:
             _end_target(target, events)
-            ledger.set_run_status(run_id, "interrupted", finished=False, notes=notes())
+            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes())
             events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
             raise
         finally:
@@ -1113,7 +1118,7 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
                        cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
                        past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.stats["unjudged"],
                        stop=stop_reason)
-        ledger.set_run_status(run_id, "finished", finished=True, notes=notes(session))
+        ledger.set_run_status(run_id, RunStatus.FINISHED, finished=True, notes=notes(session))
         summary = ledger.run_summary(run_id)
         summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
                                      th.describe(len(loop.placement.gpus)), serving_record().to_json(),

@@ -13,6 +13,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ..sanitizer.verdict import CheckStatus
+
 _console: Optional[Console] = None
 _err: Optional[Console] = None
 
@@ -188,4 +190,4 @@ class StatusLine:
             self._live = None
 
 
-STATUS_MARK = {"passed": "ok", "failed": "FAIL", "skipped": "skip"}
+STATUS_MARK = {CheckStatus.PASSED: "ok", CheckStatus.FAILED: "FAIL", CheckStatus.SKIPPED: "skip"}

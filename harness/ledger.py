@@ -60,6 +60,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from ..sanitizer.verdict import CheckStatus
 from . import figures as _figures
 
 SCHEMA_VERSION = 1
@@ -98,7 +99,7 @@ class CandidateStatus(str, Enum):
 
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 CANDIDATE_STATUSES = tuple(s.value for s in CandidateStatus)
-CHECK_STATUSES = ("passed", "failed", "skipped")
+CHECK_STATUSES = tuple(s.value for s in CheckStatus)
 CHECK_MODES = ("quick", "full", "gpu")
 CEILING_KINDS = ("compute", "memory")
 
@@ -366,7 +367,7 @@ class CheckResult(Base):
 
     @property
     def passed(self) -> bool:
-        return self.status == "passed"
+        return self.status == CheckStatus.PASSED
 
 
 class BenchResult(Base):
@@ -855,9 +856,9 @@ class Ledger:
             status = c.get("status")
             if status is None:
                 if c.get("skipped"):
-                    status = "skipped"
+                    status = CheckStatus.SKIPPED
                 elif "passed" in c:
-                    status = "passed" if c["passed"] else "failed"
+                    status = CheckStatus.PASSED if c["passed"] else CheckStatus.FAILED
             _check_choice(f"status of check {c.get('name')!r}", status, CHECK_STATUSES)
             rows.append(CheckResult(candidate_id=cid, name=str(c["name"]), status=status,
                                     detail=str(c.get("detail") or ""), duration_s=float(c.get("duration_s") or 0.0),
@@ -1066,7 +1067,7 @@ class Ledger:
             ).where(Proposal.run_id == run_id)).one()
             failed = {name: n for name, n in s.execute(
                 select(CheckResult.name, func.count(CheckResult.id))
-                .where(CheckResult.candidate_id.in_(proposed), CheckResult.status == "failed")
+                .where(CheckResult.candidate_id.in_(proposed), CheckResult.status == CheckStatus.FAILED.value)
                 .group_by(CheckResult.name).order_by(func.count(CheckResult.id).desc(), CheckResult.name))}
             calls, errors, ptok, ctok, lat = s.execute(select(
                 func.count(ModelCall.id),

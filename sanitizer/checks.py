@@ -23,7 +23,7 @@ from . import static_gate
 from . import wire
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
-from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
+from .verdict import CheckOutcome, CheckStatus, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -617,7 +617,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
         if only and name not in only and name not in ("static_gate", "load"):
             continue
         if failed and (fail_fast or name in ("runs",) or subject.fn is None):
-            outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
+            outcome = CheckOutcome(name, CheckStatus.SKIPPED, "not run: an earlier check failed")
         else:
             if on_start:
                 on_start(name)
@@ -625,25 +625,25 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
             try:
                 with torch.no_grad():
                     detail = check(subject, settings)
-                outcome = CheckOutcome(name, PASSED, detail, time.time() - t0)
+                outcome = CheckOutcome(name, CheckStatus.PASSED, detail, time.time() - t0)
             except CheckSkipped as e:
-                outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
+                outcome = CheckOutcome(name, CheckStatus.SKIPPED, str(e), time.time() - t0)
             except TimedOut as e:
-                outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
                 verdict.error = f"not verified: time limit ({time.time() - t_all:.0f}s) during check `{name}` (a " \
                                 f"hang, or too slow to check here)"
                 fail_fast = True
             except CheckFailed as e:
-                outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
             except Exception as e:  # noqa: BLE001 - an unexpected error fails the check, with its reason
-                outcome = CheckOutcome(name, FAILED, describe_exception(e, subject.path), time.time() - t0)
-            if isinstance(subject.fn, Executor) and outcome.status != FAILED:
+                outcome = CheckOutcome(name, CheckStatus.FAILED, describe_exception(e, subject.path), time.time() - t0)
+            if isinstance(subject.fn, Executor) and outcome.status != CheckStatus.FAILED:
                 try:
                     subject.fn.reset()  # the executor forgets the check's cases and outputs
                 except ExecutorError as e:
-                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
             subject.refs.clear()
-            if outcome.status == FAILED:
+            if outcome.status == CheckStatus.FAILED:
                 failed = True
                 if name in ("static_gate", "load"):
                     fail_fast = True  # nothing else can run meaningfully

@@ -30,7 +30,7 @@ from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, fi
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
 from .static_gate import check_source
-from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
+from .verdict import CheckOutcome, CheckStatus, Verdict
 
 GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -247,9 +247,9 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
     try:
         for name, check in steps:
             if name not in ("static_gate",) and not gpu:
-                outcome = CheckOutcome(name, SKIPPED, "no CUDA GPU on this machine")
+                outcome = CheckOutcome(name, CheckStatus.SKIPPED, "no CUDA GPU on this machine")
             elif failed:
-                outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
+                outcome = CheckOutcome(name, CheckStatus.SKIPPED, "not run: an earlier check failed")
             else:
                 if before_gpu is not None and name not in ("static_gate", "load"):
                     before_gpu()
@@ -258,16 +258,17 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
                     on_start(name)
                 t0 = time.time()
                 try:
-                    outcome = CheckOutcome(name, PASSED, check(subject), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.PASSED, check(subject), time.time() - t0)
                 except CheckSkipped as e:
-                    outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.SKIPPED, str(e), time.time() - t0)
                 except CheckFailed as e:
-                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
                 except ExecutorError as e:
-                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
                 except Exception as e:  # noqa: BLE001
-                    outcome = CheckOutcome(name, FAILED, describe_exception(e, subject.path), time.time() - t0)
-                failed = failed or outcome.status == FAILED
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, describe_exception(e, subject.path),
+                                           time.time() - t0)
+                failed = failed or outcome.status == CheckStatus.FAILED
             verdict.checks.append(outcome)
             if on_check:
                 on_check(outcome)

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 from . import sandbox
 from .isolation import map_tracked, run_tracked, signal_name
 from .lease import OnReady, run_gated
-from .verdict import FAILED, CheckOutcome, Verdict
+from .verdict import CheckOutcome, CheckStatus, Verdict
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 
@@ -86,7 +86,8 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         v.file = path
         missing = [n for n in expected_checks(mode, checks) if n not in {c.name for c in v.checks}]
         if missing:  # a verdict is complete only with every check of its mode, run, skipped or failed
-            v.checks.append(CheckOutcome("verdict", FAILED, f"incomplete verdict: no result for {', '.join(missing)}"))
+            v.checks.append(CheckOutcome("verdict", CheckStatus.FAILED,
+                                         f"incomplete verdict: no result for {', '.join(missing)}"))
         return v
     v = Verdict(path, op, mode, duration_s=elapsed)
     running = None
@@ -103,7 +104,7 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     else:
         last = tail[-1] if tail else ""
         reason = f"the sanitizer process exited with code {rc}{where}: {last[:300]}"
-    v.checks.append(CheckOutcome(running or "isolation", FAILED, reason, elapsed))
+    v.checks.append(CheckOutcome(running or "isolation", CheckStatus.FAILED, reason, elapsed))
     v.error = reason
     return v
 
