@@ -6,7 +6,10 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import socket
 import sys
+import urllib.parse
 from typing import Any, Dict, List
 
 from ..harness import bench_worker, env
@@ -149,7 +152,6 @@ def _interrupt_on_signals() -> None:
     """SIGINT and SIGTERM stop a run cleanly (marked interrupted, resumable), also when the process
     was started with SIGINT ignored (background jobs of a non-interactive shell: Python then installs
     no handler of its own) or is stopped by a service manager (SIGTERM)."""
-    import signal
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -184,7 +186,7 @@ def _cluster_placement(args, file_config: Dict[str, Any]):
     if args.jobs is not None or args.gpus is not None:
         raise UsageError("--jobs and --gpus size this machine's placement; on a cluster its resources do")
     try:
-        from .ray_placement import RayPlacement
+        from .ray_placement import RayPlacement  # optional extra: Ray, imported only for --cluster
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'kernel-agent[cluster]'") from None
     try:
@@ -298,8 +300,6 @@ def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
 def _check_endpoint(model) -> None:
     """Fail early, in one line, when the endpoint cannot be used at all: whenever a model is configured
     (without a URL the client goes to OpenAI's API, which needs a key)."""
-    import urllib.parse
-    import socket
     url = model.base_url or OPENAI_DEFAULT_URL
     if not model.base_url and not model.api_key:
         raise UsageError(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "

@@ -31,19 +31,22 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..harness import serving
+from ..harness import model_step, serving
+from ..harness.bench import record_shape_result
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
-from ..harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source
+from ..harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source, row_time
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
 from ..sanitizer.verdict import CheckStatus
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
                         TaskLost, default_jobs, describe, occupied_fraction)
+from .model import CallRecord, ModelConfig, ModelProposer
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
                       publish_choices, publish_promotion, recorded_target)
+from .search import SearchProposer, baseline_source
 
 ALL_OPS = NAMES  # the op registry, in its order
 # Every benchmark already checks the result on the device at each shape it times; the
@@ -280,20 +283,19 @@ def model_targets(cfg: RunConfig) -> List[Target]:
     """The buckets a model's decode step calls (both KV modes, at every point of `target_points`), each
     weighted by its roofline share of the step (harness.model_step.step_op_calls), heaviest first; ops
     outside `cfg.ops` are left out."""
-    from ..harness.model_step import KV_MODES, ModelConfig, parse_points, step_op_calls
-    model = ModelConfig.from_mapping(cfg.target_model or {})
-    points = parse_points(cfg.target_points)
+    model = model_step.ModelConfig.from_mapping(cfg.target_model or {})
+    points = model_step.parse_points(cfg.target_points)
     shapes: Dict[Tuple[str, str], List[Shape]] = {}
     weight: Dict[Tuple[str, str], float] = collections.defaultdict(float)
     for point in points:
-        for kv in KV_MODES:
-            for call in step_op_calls(model, point.batch, point.context, kv, cfg.dtype):
+        for kv in model_step.KV_MODES:
+            for call in model_step.step_op_calls(model, point.batch, point.context, kv, cfg.dtype):
                 if call.op not in cfg.ops:
                     continue
                 key = (call.op, call.bucket)
                 if call.shape not in shapes.setdefault(key, []):
                     shapes[key].append(call.shape)
-                weight[key] += call.share / (len(points) * len(KV_MODES))
+                weight[key] += call.share / (len(points) * len(model_step.KV_MODES))
     if not shapes:
         raise ValueError(f"the decode step of {model.name} calls none of the ops {', '.join(cfg.ops)}")
     keys = sorted(shapes, key=lambda k: -weight[k])
@@ -363,7 +365,6 @@ class Loop:
             if os.path.exists(path):
                 with open(path) as f:
                     return Incumbent(f"serving:{entry['file']}", path, f.read())
-        from .search import baseline_source
         return Incumbent("baseline", None, baseline_source(t.op))
 
     def _history(self, t: Target) -> List[Attempt]:
@@ -501,7 +502,6 @@ class Loop:
     def _bench_ms(self, cid: int, incumbent: bool = False) -> Optional[float]:
         """A candidate's recorded benchmark time, mean over its shapes (or the incumbent's, timed beside
         it), read as the live path judged it: graph replays where both had them (`ledger.row_time`)."""
-        from ..harness.ledger import row_time
         by_shape: Dict[str, list] = {}
         for b in self.ledger.bench_results(candidate_id=cid):
             if not b.label.startswith("anchor:"):
@@ -569,7 +569,6 @@ class Loop:
     def _record_benchmark(self, w: Work, task: BenchTask, doc: Dict[str, Any]) -> bool:
         """Record a benchmark and apply the rule; True when the candidate should be promoted (after the
         promotion checks)."""
-        from ..harness.bench import record_shape_result
         t, p, cid = w.target, w.proposal, w.cid
         inc_file = task.spec["kernels"][0]["file"]
         inc_label = "baseline" if inc_file is None else f"serving:{os.path.basename(inc_file)}"
@@ -1140,7 +1139,6 @@ def _end_target(target: ServingTarget, events: RunEvents) -> None:
 
 def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
     if cfg.proposer == "model":
-        from .model import CallRecord, ModelConfig, ModelProposer
         if not cfg.model:
             raise ValueError("the model proposer needs a model endpoint (--model / --base-url or OPENAI_* variables)")
         mc = dict(cfg.model)
@@ -1150,5 +1148,4 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
             return ledger.record_model_call(run_id, mc["model"], rec.prompt, rec.response, rec.prompt_tokens,
                                             rec.completion_tokens, rec.latency_s, rec.error)
         return ModelProposer(ModelConfig(**mc), on_call=on_call, token_budget=cfg.token_budget)
-    from .search import SearchProposer
     return SearchProposer(seed=cfg.seed)

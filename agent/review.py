@@ -280,7 +280,7 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
 
 def _have_matplotlib() -> bool:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - optional extra (report): whether the plots can be drawn
         return True
     except ImportError:
         return False
@@ -375,9 +375,9 @@ def _plots(run, results, out_dir: str, promotions=()):
     if not best:
         return []
     try:
-        import matplotlib
+        import matplotlib  # optional extra (report): without it there are no plots
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # after the backend is chosen: pyplot reads it when first imported
     except ImportError:
         return []
     return [_speedup_plot(plt, run, best, out_dir), _progress_plot(plt, run, results, promotions, out_dir)]

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import hypothesis
 import torch
+from hypothesis import HealthCheck, Phase, given, strategies as st
 
 from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, round_to
@@ -375,7 +377,6 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
 
 
 def _draw_case(op: Op, data, big: bool = False) -> Case:
-    from hypothesis import strategies as st
     shape = data.draw(op.shape_strategy(), label="shape")
     dtypes = [d for d in ("float32", "float16", "bfloat16-via-float32")
               if d.split("-")[0] in {DTYPE_NAMES[x] for x in op.dtypes}]
@@ -401,13 +402,10 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
 
 
 def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bool = False) -> int:
-    from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-    from hypothesis import seed as hseed
-
     count = [0]
 
-    @hseed(seed)
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+    @hypothesis.seed(seed)
+    @hypothesis.settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck), derandomize=False, print_blob=False)
     @given(st.data())
     def prop(data):

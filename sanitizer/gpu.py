@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import inspect
 import shutil
 import time
 from typing import Callable, List, Optional
@@ -117,7 +118,7 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
 
 
 def _triton_version():
-    import triton
+    import triton  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
     return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
 
 
@@ -140,12 +141,11 @@ def _tool_executor(subject: Subject, path: str, wrapper=(), env=None, tool_ports
 
 
 def check_native_fpsan(subject: Subject) -> str:
-    import triton
+    import triton  # deferred: as in _triton_version
     if _triton_version() < (3, 8):
         raise CheckSkipped(f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU "
                     f"checks applies")
     env = {"TRITON_INSTRUMENTATION_MODE": "fpsan", "TRITON_FPSAN_HOMOMORPHIC_CASTS": "1"}
-    import inspect
     cand = _tool_executor(subject, subject.path, env=env)
     base = _tool_executor(subject, inspect.getsourcefile(subject.baseline), env=env)
     try:
