@@ -40,9 +40,9 @@ from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
 from ..sanitizer.verdict import CheckStatus
+from .model import CallRecord, ModelConfig, ModelProposer
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
                         TaskLost, default_jobs, describe, occupied_fraction)
-from .model import CallRecord, ModelConfig, ModelProposer
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
                       publish_choices, publish_promotion, recorded_target)
