@@ -6,7 +6,10 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import socket
 import sys
+import urllib.parse
 from typing import Any, Dict, List
 
 from ..harness import bench_worker, env
@@ -18,6 +21,7 @@ from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..sanitizer import runner
 from ..sanitizer.report import merge_gpu
+from ..sanitizer.verdict import CheckStatus
 from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
@@ -148,7 +152,6 @@ def _interrupt_on_signals() -> None:
     """SIGINT and SIGTERM stop a run cleanly (marked interrupted, resumable), also when the process
     was started with SIGINT ignored (background jobs of a non-interactive shell: Python then installs
     no handler of its own) or is stopped by a service manager (SIGTERM)."""
-    import signal
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -183,7 +186,7 @@ def _cluster_placement(args, file_config: Dict[str, Any]):
     if args.jobs is not None or args.gpus is not None:
         raise UsageError("--jobs and --gpus size this machine's placement; on a cluster its resources do")
     try:
-        from .ray_placement import RayPlacement
+        from .ray_placement import RayPlacement  # optional extra: Ray, imported only for --cluster
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'kernel-agent[cluster]'") from None
     try:
@@ -297,8 +300,6 @@ def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
 def _check_endpoint(model) -> None:
     """Fail early, in one line, when the endpoint cannot be used at all: whenever a model is configured
     (without a URL the client goes to OpenAI's API, which needs a key)."""
-    import urllib.parse
-    import socket
     url = model.base_url or OPENAI_DEFAULT_URL
     if not model.base_url and not model.api_key:
         raise UsageError(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
@@ -319,11 +320,12 @@ def _run_events(args):
     from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
     if getattr(args, "json", False):
         return RunEvents()
-    marks = {"rejected": "reject", "verified": "verified", "benchmarked": "bench", "promoted": "PROMOTED"}
+    marks = {CandidateStatus.REJECTED: "reject", CandidateStatus.VERIFIED: "verified",
+             CandidateStatus.BENCHMARKED: "bench", CandidateStatus.PROMOTED: "PROMOTED"}
 
     def cand(label, status, detail):
         ui.line(f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
-                style={"promoted": "bold green", "rejected": "red"}.get(status))
+                style={CandidateStatus.PROMOTED: "bold green", CandidateStatus.REJECTED: "red"}.get(status))
     live = ui.StatusLine(plain_every_s=60.0)  # a live line on a terminal; a plain one a minute elsewhere
     args._status_line = live
     return RunEvents(note=lambda s: ui.line(s, style="bold"), candidate=cand,
@@ -591,7 +593,7 @@ def _show_run(led, run, args) -> int:
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     for c in cands:
         verdict = c.verdict or {}
-        first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == "failed"), None)
+        first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == CheckStatus.FAILED), None)
         why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
         timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
@@ -601,7 +603,7 @@ def _show_run(led, run, args) -> int:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
     if target is not None:
-        ui.line(target.describe() if run.status == "running" else target.outcome())
+        ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
     return 0
 
 

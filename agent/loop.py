@@ -31,17 +31,22 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..harness import serving
+from ..harness import model_step, serving
+from ..harness.bench import record_shape_result
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
-from ..harness.ledger import Ledger, RunSession, RunSummary, hash_source
+from ..harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source, row_time
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
-from .placement import BenchTask, LocalPlacement, SanitizeTask, TaskLost, default_jobs, describe, occupied_fraction
+from ..sanitizer.verdict import CheckStatus
+from .model import CallRecord, ModelConfig, ModelProposer
+from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
+                        TaskLost, default_jobs, describe, occupied_fraction)
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
                       publish_choices, publish_promotion, recorded_target)
+from .search import SearchProposer, baseline_source
 
 ALL_OPS = NAMES  # the op registry, in its order
 # Every benchmark already checks the result on the device at each shape it times; the
@@ -62,6 +67,9 @@ HISTORY_ATTEMPTS = 8
 # Times one stage of one candidate is queued again after the machine running it went away (a cluster
 # node died) before the run leaves the candidate at that stage for a resume.
 TASK_LOST_RETRIES = 3
+# Candidates that passed the sanitizer (and were timed, where a GPU was), and those that were timed.
+TIMED = (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED)
+PASSED_SANITIZER = (CandidateStatus.VERIFIED,) + TIMED
 # How long the hard stop waits for killed children to be reaped before the run ends anyway.
 STOP_GRACE_S = 8.0
 
@@ -110,6 +118,15 @@ class Target:
     weight: float = 1.0  # the share of proposals it gets (its share of a model's decode step; else equal)
 
 
+@dataclass(frozen=True)
+class Incumbent:
+    """What a target's candidates are judged against: the kernel serving its bucket now."""
+
+    label: str  # "baseline", or "serving:<file>" for a promoted kernel
+    file: Optional[str]  # None for the baseline
+    source: str
+
+
 @dataclass
 class Work:
     """One candidate being evaluated for one target (a source proposed for two buckets is one
@@ -131,11 +148,11 @@ class RunEvents:
 
     note: Callable[[str], None] = lambda s: None
     candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
-    status: Callable[["RunStatus"], None] = lambda st: None  # about once a second while the run streams
+    status: Callable[["LiveStatus"], None] = lambda st: None  # about once a second while the run streams
 
 
 @dataclass
-class RunStatus:
+class LiveStatus:
     """Where a streaming run stands: what each stage holds, the budget, and the best gain so far."""
 
     elapsed_s: float
@@ -179,26 +196,18 @@ class Budget:
         return None
 
 
-def gpu_available() -> bool:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    import torch
-    return torch.cuda.is_available()
+def placement_for(cfg: RunConfig, devices: Devices, evaluator: Optional[Evaluator] = None) -> LocalPlacement:
+    """This machine's placement for a run: the GPUs `devices` lends it (none without one) and sanitizer
+    processes for the rest, each task run by `evaluator` (default: this machine's children)."""
+    gpus = devices.visible(cfg.gpus) if devices.available() else []
+    return LocalPlacement(cfg.jobs or default_jobs(len(gpus)), gpus, evaluator=evaluator)
 
 
-def visible_gpus(limit: Optional[int] = None) -> List[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (at most `limit`)."""
-    import torch
-    n = torch.cuda.device_count()
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [x.strip() for x in env.split(",") if x.strip()][:n] if env else [str(i) for i in range(n)]
-    return ids[:limit] if limit else ids
-
-
-def placement_for(cfg: RunConfig, gpu: bool) -> LocalPlacement:
-    """This machine's placement for a run: the GPUs it may use and sanitizer processes for the rest."""
-    gpus = visible_gpus(cfg.gpus) if gpu else []
-    return LocalPlacement(cfg.jobs or default_jobs(len(gpus)), gpus)
+def devices_for(placement: Optional[Any]) -> Devices:
+    """The GPUs a run has: a cluster placement's own, else this machine's."""
+    if getattr(placement, "remote", False):
+        return ClusterDevices(placement)
+    return LocalDevices()
 
 
 @dataclass
@@ -274,20 +283,19 @@ def model_targets(cfg: RunConfig) -> List[Target]:
     """The buckets a model's decode step calls (both KV modes, at every point of `target_points`), each
     weighted by its roofline share of the step (harness.model_step.step_op_calls), heaviest first; ops
     outside `cfg.ops` are left out."""
-    from ..harness.model_step import KV_MODES, ModelConfig, parse_points, step_op_calls
-    model = ModelConfig.from_mapping(cfg.target_model or {})
-    points = parse_points(cfg.target_points)
+    model = model_step.ModelConfig.from_mapping(cfg.target_model or {})
+    points = model_step.parse_points(cfg.target_points)
     shapes: Dict[Tuple[str, str], List[Shape]] = {}
     weight: Dict[Tuple[str, str], float] = collections.defaultdict(float)
     for point in points:
-        for kv in KV_MODES:
-            for call in step_op_calls(model, point.batch, point.context, kv, cfg.dtype):
+        for kv in model_step.KV_MODES:
+            for call in model_step.step_op_calls(model, point.batch, point.context, kv, cfg.dtype):
                 if call.op not in cfg.ops:
                     continue
                 key = (call.op, call.bucket)
                 if call.shape not in shapes.setdefault(key, []):
                     shapes[key].append(call.shape)
-                weight[key] += call.share / (len(points) * len(KV_MODES))
+                weight[key] += call.share / (len(points) * len(model_step.KV_MODES))
     if not shapes:
         raise ValueError(f"the decode step of {model.name} calls none of the ops {', '.join(cfg.ops)}")
     keys = sorted(shapes, key=lambda k: -weight[k])
@@ -313,8 +321,7 @@ def targets_for(cfg: RunConfig) -> List[Target]:
 
 class Loop:
     def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, proposer: Proposer, events: RunEvents,
-                 gpu: bool, gpu_name: str, placement: Optional[LocalPlacement] = None,
-                 target: Optional[ServingTarget] = None):
+                 gpu: bool, gpu_name: str, placement: LocalPlacement, target: Optional[ServingTarget] = None):
         self.cfg = cfg
         # the one serving set this run reads and writes (promotions and dispatch choices alike)
         self.target = target or ServingTarget.in_place(serving.serving_dir())
@@ -324,7 +331,7 @@ class Loop:
         self.events = events
         self.gpu = gpu
         self.gpu_name = gpu_name
-        self.placement = placement or placement_for(cfg, gpu)
+        self.placement = placement
         self.ceilings: Optional[Dict[str, Any]] = None
         self.attempts: Dict[Tuple[str, str], List[Attempt]] = {}
         self.incumbent_ms: Dict[Tuple[str, str], float] = {}
@@ -350,16 +357,15 @@ class Loop:
         self.session_hashes: Set[str] = set()  # sources proposed since this process started
 
     # -- incumbents -------------------------------------------------------------------
-    def incumbent(self, t: Target) -> Tuple[str, Optional[str], str]:
-        """(label, file or None for the baseline, source)."""
+    def incumbent(self, t: Target) -> Incumbent:
+        """What serves the target now in the run's serving set: its promoted kernel, else the baseline."""
         entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name, dir=self.target.dir)
         if entry:
             path = os.path.join(self.target.dir, entry["file"])
             if os.path.exists(path):
                 with open(path) as f:
-                    return f"serving:{entry['file']}", path, f.read()
-        from .search import baseline_source
-        return "baseline", None, baseline_source(t.op)
+                    return Incumbent(f"serving:{entry['file']}", path, f.read())
+        return Incumbent("baseline", None, baseline_source(t.op))
 
     def _history(self, t: Target) -> List[Attempt]:
         """What earlier runs judged for this target, oldest first (the prompt's 'earlier attempts', so a
@@ -367,16 +373,16 @@ class Loop:
         out = []
         mine = set(self.known.values())
         for c in self.ledger.candidates(op=t.op):
-            if c.id in mine or c.status == "proposed" or not c.path or \
+            if c.id in mine or c.status == CandidateStatus.PROPOSED or not c.path or \
                     os.path.basename(os.path.dirname(c.path)) != t.bucket:
                 continue
-            passed = c.status in ("verified", "benchmarked", "promoted")
+            passed = c.status in PASSED_SANITIZER
             v = c.verdict or {}
-            failed = next((x for x in v.get("checks", []) if x.get("status") == "failed"), None)
+            failed = next((x for x in v.get("checks", []) if x.get("status") == CheckStatus.FAILED), None)
             why = (f"{failed['name']}: {failed.get('detail', '')}" if failed else v.get("error") or "rejected") \
                 if not passed else c.status
             out.append(Attempt(c.label or f"candidate-{c.id}", passed, f"{why} (an earlier run)"[:300],
-                               self._bench_ms(c.id) if c.status in ("benchmarked", "promoted") else None))
+                               self._bench_ms(c.id) if c.status in TIMED else None))
         return out[-HISTORY_ATTEMPTS:]
 
     def context(self, t: Target) -> ProposeContext:
@@ -384,8 +390,8 @@ class Loop:
         if key not in self._history_loaded:
             self._history_loaded.add(key)
             self.attempts[key] = self._history(t) + self.attempts.get(key, [])
-        label, _, source = self.incumbent(t)
-        return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, source, label,
+        inc = self.incumbent(t)
+        return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, inc.source, inc.label,
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
                               self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
 
@@ -441,7 +447,7 @@ class Loop:
     def _unfinished(self, status: str) -> bool:
         """Whether a recorded candidate still needs evaluating here: never judged, or verified without a
         GPU (or before a time limit) and this run has one. Its finished stages are not run again."""
-        return status == "proposed" or (self.gpu and status == "verified")
+        return status == CandidateStatus.PROPOSED or (self.gpu and status == CandidateStatus.VERIFIED)
 
     def pending_works(self, targets: Sequence[Target]) -> List[Work]:
         """The candidates a killed or stopped run recorded but never judged (whatever the proposer does next)."""
@@ -472,22 +478,22 @@ class Loop:
     def _record_unusable(self, p: Proposal) -> None:
         body = f"# unusable model reply ({p.label}, model call {p.model_call_id}): {p.rejected}\n"
         cand, _ = self.ledger.add_candidate(p.op, body, p.proposer, self.run_id, label=p.label)
-        verdict = {"passed": False, "error": p.rejected, "checks": [{"name": "reply", "status": "failed",
+        verdict = {"passed": False, "error": p.rejected, "checks": [{"name": "reply", "status": CheckStatus.FAILED,
                                                                      "passed": False, "detail": p.rejected}]}
-        self.ledger.record_checks(cand.id, "quick", [{"name": "reply", "status": "failed", "detail": p.rejected,
-                                                       "duration_s": 0.0}])
-        self.ledger.set_candidate_status(cand.id, "rejected", verdict=verdict)
+        self.ledger.record_checks(cand.id, "quick", [{"name": "reply", "status": CheckStatus.FAILED,
+                                                       "detail": p.rejected, "duration_s": 0.0}])
+        self.ledger.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=verdict)
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
         self.known[hash_source(body)] = cand.id
         self.stats["unusable_replies"] += 1
-        self.events.candidate(p.label, "rejected", p.rejected)
+        self.events.candidate(p.label, CandidateStatus.REJECTED, p.rejected)
 
     def _replay(self, ctx: ProposeContext, p: Proposal, cid: int) -> None:
         c = self.ledger.candidate(cid)
-        if c is None or c.status == "proposed":
+        if c is None or c.status == CandidateStatus.PROPOSED:
             return
-        passed = c.status in ("verified", "benchmarked", "promoted")
+        passed = c.status in PASSED_SANITIZER
         inc_ms = self._bench_ms(cid, incumbent=True)
         if inc_ms is not None:  # what the candidate was measured against, as the live path tells it first
             self._incumbent_time(ctx, inc_ms)
@@ -496,7 +502,6 @@ class Loop:
     def _bench_ms(self, cid: int, incumbent: bool = False) -> Optional[float]:
         """A candidate's recorded benchmark time, mean over its shapes (or the incumbent's, timed beside
         it), read as the live path judged it: graph replays where both had them (`ledger.row_time`)."""
-        from ..harness.ledger import row_time
         by_shape: Dict[str, list] = {}
         for b in self.ledger.bench_results(candidate_id=cid):
             if not b.label.startswith("anchor:"):
@@ -520,7 +525,7 @@ class Loop:
         """A stage this candidate already finished (a resume): True passed, False failed, None not run."""
         done = self.ledger.checks(cid, mode=mode)
         if done and (checks is None or {c.name for c in done} >= set(checks)):
-            return all(c.status != "failed" for c in done)
+            return all(c.status != CheckStatus.FAILED for c in done)
         return None
 
     def _record_verdict(self, works: Sequence[Work], mode: str, v) -> bool:
@@ -529,13 +534,13 @@ class Loop:
         self.ledger.record_checks(cid, mode, [asdict(c) for c in v.checks])
         if v.passed:
             if mode == "full":
-                self.ledger.set_candidate_status(cid, "verified", verdict=v.to_json(),
+                self.ledger.set_candidate_status(cid, CandidateStatus.VERIFIED, verdict=v.to_json(),
                                                  fpsan_equivalent=v.fpsan_equivalent)
             return True
-        self.ledger.set_candidate_status(cid, "rejected", verdict=v.to_json())
+        self.ledger.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=v.to_json())
         self.stats["rejected"] += 1
         self.judged.add(cid)
-        self.events.candidate(works[0].proposal.label, "rejected", f"{works[0].target.op} {mode}: {v.summary()}")
+        self.events.candidate(works[0].proposal.label, CandidateStatus.REJECTED, f"{works[0].target.op} {mode}: {v.summary()}")
         for w in works:
             self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
                 Attempt(w.proposal.label, False, v.summary()))
@@ -548,15 +553,15 @@ class Loop:
         c = self.ledger.candidate(w0.cid)
         eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
             c.fpsan_equivalent if c else None]
-        self.events.candidate(w0.proposal.label, "verified", f"{w0.target.op}: passed the full sanitizer ({eq}); not "
-                                                             f"benchmarked: no GPU")
+        self.events.candidate(w0.proposal.label, CandidateStatus.VERIFIED,
+                              f"{w0.target.op}: passed the full sanitizer ({eq}); not benchmarked: no GPU")
         for w in works:
             self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
                 Attempt(w.proposal.label, True, "verified, not benchmarked"))
             self._feedback(w.ctx, w.proposal, True, None)
 
     def _bench_task(self, w: Work) -> BenchTask:
-        _, inc_file, _ = self.incumbent(w.target)
+        inc_file = self.incumbent(w.target).file
         return BenchTask({"op": w.target.op, "shapes": [s.key() for s in w.target.shapes], "dtype": self.cfg.dtype,
                           "seed": 0, "race": True,
                           "kernels": [{"label": "incumbent", "file": inc_file}, {"label": "candidate", "file": w.path}]})
@@ -564,7 +569,6 @@ class Loop:
     def _record_benchmark(self, w: Work, task: BenchTask, doc: Dict[str, Any]) -> bool:
         """Record a benchmark and apply the rule; True when the candidate should be promoted (after the
         promotion checks)."""
-        from ..harness.bench import record_shape_result
         t, p, cid = w.target, w.proposal, w.cid
         inc_file = task.spec["kernels"][0]["file"]
         inc_label = "baseline" if inc_file is None else f"serving:{os.path.basename(inc_file)}"
@@ -582,14 +586,14 @@ class Loop:
         j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
         self.judged.add(cid)
         if j.error:
-            self.ledger.set_candidate_status(cid, "rejected", verdict={"passed": False, "error": j.error})
+            self.ledger.set_candidate_status(cid, CandidateStatus.REJECTED, verdict={"passed": False, "error": j.error})
             self.stats["rejected"] += 1
-            self.events.candidate(p.label, "rejected", f"benchmark: {j.error}")
+            self.events.candidate(p.label, CandidateStatus.REJECTED, f"benchmark: {j.error}")
             self._feedback(w.ctx, p, False, None)
             return False
         if self.first_benchmark_at is None:
             self.first_benchmark_at = time.time()
-        self.ledger.set_candidate_status(cid, "benchmarked")
+        self.ledger.set_candidate_status(cid, CandidateStatus.BENCHMARKED)
         self.stats["benchmarked"] += 1
         decision = j.decision
         if decision.gain == decision.gain and (self.best_gain is None or decision.gain > self.best_gain):
@@ -603,7 +607,7 @@ class Loop:
         self.attempts.setdefault((t.op, t.bucket), []).append(
             Attempt(p.label, True, decision.reason, j.candidate_ms, j.fraction_of_ceiling))
         if not decision.promote:
-            self.events.candidate(p.label, "benchmarked", decision.reason)
+            self.events.candidate(p.label, CandidateStatus.BENCHMARKED, decision.reason)
             return False
         w.judgement = j
         return True
@@ -624,8 +628,9 @@ class Loop:
         the serving set; True when they passed."""
         self.ledger.record_checks(w.cid, "gpu", [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS])
         if not v.passed:
-            self.ledger.set_candidate_status(w.cid, "rejected", verdict=v.to_json())
-            self.events.candidate(w.proposal.label, "benchmarked", f"faster, but not promoted: {v.summary()}")
+            self.ledger.set_candidate_status(w.cid, CandidateStatus.REJECTED, verdict=v.to_json())
+            self.events.candidate(w.proposal.label, CandidateStatus.BENCHMARKED,
+                                  f"faster, but not promoted: {v.summary()}")
             return False
         return True
 
@@ -639,7 +644,7 @@ class Loop:
         self.stats["promoted"] += 1
         self.incumbent_ms[(t.op, t.bucket)] = j.candidate_ms
         where = f" ({self.target.info.branch} {done.commit[:10]})" if done.commit else ""
-        self.events.candidate(p.label, "promoted", f"{done.reason} -> {done.entry['file']}{where}")
+        self.events.candidate(p.label, CandidateStatus.PROMOTED, f"{done.reason} -> {done.entry['file']}{where}")
 
     def throughput(self) -> Throughput:
         log = self.placement.log()
@@ -660,6 +665,45 @@ class Loop:
         return th
 
 
+@dataclass(frozen=True, eq=False)
+class Queued:
+    """A stage of one candidate waiting for a slot. A sanitizer stage (quick, full, gpu) is judged once for
+    all the works that share the candidate (_Stream.sharing holds them); a benchmark or the promotion checks
+    (bench, promote) hold the one work they are for. Compared by identity: each is one place in a queue."""
+
+    stage: str
+    work: Work
+
+
+@dataclass(frozen=True, eq=False)
+class Started:
+    """A stage handed to the placement: what was queued, and the task that runs it."""
+
+    queued: Queued
+    task: Task
+
+    @property
+    def stage(self) -> str:
+        return self.queued.stage
+
+    @property
+    def work(self) -> Work:
+        return self.queued.work
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The proposer's call in flight: for which target (and its index in the stream's targets), with what context."""
+
+    target: Target
+    ctx: ProposeContext
+    index: int
+
+
+# The order GPU stages start in: the promotion checks of a winner first, then benchmarks, then GPU checks.
+GPU_STAGE_ORDER = {"promote": 0, "bench": 1, "gpu": 2}
+
+
 class _Stream:
     """One streaming evaluation: the scheduler's state (what waits for which resource, what runs)."""
 
@@ -667,9 +711,9 @@ class _Stream:
         self.loop, self.targets, self.budget = loop, list(targets), budget
         self.placement = loop.placement
         self.gpu = loop.gpu and bool(self.placement.gpus)
-        self.cpu_queue: Deque[Tuple[str, List[Work]]] = collections.deque()  # (mode, works of one candidate)
-        self.gpu_queue: Deque[Tuple[str, Work]] = collections.deque()  # ('gpu' | 'bench' | 'promote', work)
-        self.running: Dict[Future, Tuple[str, Any, Any]] = {}  # future -> (stage, works or work, task)
+        self.cpu_queue: Deque[Queued] = collections.deque()  # quick, full
+        self.gpu_queue: Deque[Queued] = collections.deque()  # gpu, bench, promote
+        self.running: Dict[Future, Started] = {}
         self.sharing: Dict[Tuple[int, str], List[Work]] = {}  # (cid, mode) in queue or running -> its works
         self.busy_targets: Set[Tuple[str, str]] = set()  # one benchmark and promotion at a time per target
         self.in_pipeline = 0  # works admitted and not finished
@@ -679,7 +723,7 @@ class _Stream:
         self.next_target = 0
         self.asked = [0] * len(self.targets)  # proposal requests per target: weighted turns (see _pick)
         self.proposing: Optional[Future] = None
-        self.proposing_for: Optional[Tuple[Target, ProposeContext, int]] = None
+        self.proposing_for: Optional[Asked] = None
         self.idle_asks = 0
         self.lost: Dict[Tuple[int, str], int] = {}  # (cid, stage) -> times its task was lost with its machine
 
@@ -715,9 +759,9 @@ class _Stream:
             return
         self.sharing[key] = [w]
         if mode == "gpu":
-            self.gpu_queue.append(("gpu", w))
+            self.gpu_queue.append(Queued("gpu", w))
         else:
-            self.cpu_queue.append((mode, [w]))
+            self.cpu_queue.append(Queued(mode, w))
 
     def _after_sanitize(self, w: Work, mode: str) -> None:
         """The next stage of a candidate that passed `mode`. After the quick stage the full sanitizer (CPU)
@@ -735,7 +779,7 @@ class _Stream:
             self.loop.judged.add(w.cid)
             return self._leave(w)
         if {"full", "gpu"} <= w.passed:
-            self.gpu_queue.append(("bench", w))
+            self.gpu_queue.append(Queued("bench", w))
 
     def _leave(self, w: Work) -> None:
         self.in_pipeline -= 1
@@ -751,29 +795,28 @@ class _Stream:
     def _start(self) -> None:
         """Hand queued stages to free slots: GPU work first (the scarce resource), promotion checks before
         benchmarks before GPU checks; then the CPU's."""
-        order = {"promote": 0, "bench": 1, "gpu": 2}
         # An ungated benchmark waiting for its GPU: let the shared tasks drain (a gated one starts in a
         # shared slot, and the placement drains the GPU for its timing).
         held = False
-        for item in sorted(self.gpu_queue, key=lambda it: order[it[0]]):
-            stage, w = item
+        for item in sorted(self.gpu_queue, key=lambda q: GPU_STAGE_ORDER[q.stage]):
+            w = item.work
             key = (w.target.op, w.target.bucket)
-            if stage == "bench" and key in self.busy_targets:
+            if item.stage == "bench" and key in self.busy_targets:
                 continue  # judged against the incumbent the running one may replace: after it
-            task = self._gpu_task(stage, w)
+            task = self._gpu_task(item.stage, w)
             if held and not task.exclusive:
                 break
             if not self.placement.can_start(task):
                 held = held or (task.exclusive and not task.gated)
                 continue
             self.gpu_queue.remove(item)
-            if stage == "bench":
+            if item.stage == "bench":
                 self.busy_targets.add(key)
-            self.running[self.placement.submit(task)] = (stage, w, task)
+            self.running[self.placement.submit(task)] = Started(item, task)
         while self.cpu_queue and self.placement.running("cpu") < self.placement.cpu_slots:
-            mode, works = self.cpu_queue.popleft()
-            task = SanitizeTask(works[0].path, works[0].target.op, mode)
-            self.running[self.placement.submit(task)] = (mode, works, task)
+            item = self.cpu_queue.popleft()
+            task = SanitizeTask(item.work.path, item.work.target.op, item.stage)
+            self.running[self.placement.submit(task)] = Started(item, task)
 
     def _propose(self) -> None:
         lp, budget = self.loop, self.budget
@@ -787,7 +830,7 @@ class _Stream:
         if lp.cfg.max_candidates is not None:
             n = max(1, min(n, lp.cfg.max_candidates - budget.used))
         ctx = lp.context(t)
-        self.proposing_for = (t, ctx, i)
+        self.proposing_for = Asked(t, ctx, i)
         self.proposing = lp._proposer_thread.submit(lp.proposer.propose, ctx, n)
 
     def _pick(self) -> Optional[int]:
@@ -799,7 +842,8 @@ class _Stream:
 
     def _proposed(self, proposals: List[Proposal]) -> None:
         lp = self.loop
-        t, ctx, i = self.proposing_for
+        asked = self.proposing_for
+        t, ctx, i = asked.target, asked.ctx, asked.index
         self.proposing, self.proposing_for = None, None
         if not proposals:
             self._exhaust(i, "search space exhausted" if lp.proposer.name == "search" else
@@ -824,12 +868,13 @@ class _Stream:
 
     def _finished(self, fut: Future) -> None:
         lp = self.loop
-        stage, what, task = self.running.pop(fut)
+        started = self.running.pop(fut)
+        stage, w = started.stage, started.work
         result = fut.result()
         if isinstance(result, TaskLost):  # not a result about the candidate: run the stage again
-            return self._requeue(stage, what, result.reason)
+            return self._requeue(started.queued, result.reason)
         if stage in ("quick", "full", "gpu"):
-            works = self.sharing.pop((what[0].cid if isinstance(what, list) else what.cid, stage))
+            works = self.sharing.pop((w.cid, stage))
             live = [w for w in works if not w.rejected]
             if not live:  # rejected by the stage that ran beside this one: its checks are kept, nothing more
                 lp.ledger.record_checks(works[0].cid, stage, [asdict(c) for c in result.checks])
@@ -842,12 +887,11 @@ class _Stream:
                     w.rejected = True
                     self._leave(w)
             return
-        w: Work = what
         key = (w.target.op, w.target.bucket)
         if stage == "bench":
-            if lp._record_benchmark(w, task, result):
+            if lp._record_benchmark(w, started.task, result):
                 if lp.cfg.compute_sanitizer:
-                    self.gpu_queue.appendleft(("promote", w))  # the target stays busy until it is decided
+                    self.gpu_queue.appendleft(Queued("promote", w))  # the target stays busy until it is decided
                     return
                 lp._promote(w)
         elif stage == "promote" and lp._record_promotion_checks(w, result):
@@ -855,16 +899,15 @@ class _Stream:
         self.busy_targets.discard(key)
         self._leave(w)
 
-    def _requeue(self, stage: str, what: Any, reason: str) -> None:
+    def _requeue(self, item: Queued, reason: str) -> None:
         """A stage whose task was lost with its machine goes back to the front of its queue (nothing was
         recorded for it); after TASK_LOST_RETRIES losses the candidate is left at the stage it reached,
         unjudged, for a resume."""
         lp = self.loop
-        works: List[Work] = what if isinstance(what, list) else [what]
-        w0 = works[0]
+        stage, w0 = item.stage, item.work
         key = (w0.cid, stage)
         sanitizer = stage in ("quick", "full", "gpu")
-        sharing = self.sharing.get(key, works) if sanitizer else works
+        sharing = self.sharing.get(key, [w0]) if sanitizer else [w0]
         n = self.lost[key] = self.lost.get(key, 0) + 1
         if all(w.rejected for w in sharing):  # rejected meanwhile by the stage beside it: nothing to redo
             self.sharing.pop(key, None)
@@ -883,11 +926,11 @@ class _Stream:
             return
         lp.events.note(f"{w0.proposal.label} {stage}: {reason}; queued again")
         if stage in ("quick", "full"):
-            self.cpu_queue.appendleft((stage, what))
+            self.cpu_queue.appendleft(item)
             return
         if stage == "bench":  # started again when its target is free, as any benchmark
             self.busy_targets.discard((w0.target.op, w0.target.bucket))
-        self.gpu_queue.appendleft((stage, w0))
+        self.gpu_queue.appendleft(item)
 
     def _status(self) -> None:
         now = time.time()
@@ -896,21 +939,15 @@ class _Stream:
         self.last_status = now
         lp = self.loop
         running: Dict[str, int] = {}
-        for stage, _, _ in self.running.values():
-            running[stage] = running.get(stage, 0) + 1
-        lp.events.status(RunStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
+        for started in self.running.values():
+            running[started.stage] = running.get(started.stage, 0) + 1
+        lp.events.status(LiveStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
                                    running, len(self.cpu_queue) + len(self.gpu_queue), len(lp.judged), lp.best_gain))
 
     def _unjudged(self) -> List[Work]:
         works: Dict[int, Work] = {}
-        for _, what, _ in self.running.values():
-            for w in (what if isinstance(what, list) else [what]):
-                works.setdefault(w.cid, w)
-        for _, ws in self.cpu_queue:
-            for w in ws:
-                works.setdefault(w.cid, w)
-        for _, w in self.gpu_queue:
-            works.setdefault(w.cid, w)
+        for item in [started.queued for started in self.running.values()] + list(self.cpu_queue) + list(self.gpu_queue):
+            works.setdefault(item.work.cid, item.work)
         for ws in self.sharing.values():
             for w in ws:
                 works.setdefault(w.cid, w)
@@ -969,21 +1006,22 @@ class _Stream:
             raise
 
 
-# long: a run's setup, streaming session and summary in order; it still builds its own ledger and devices
+# long: a run's setup, streaming session and summary in order
 def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
              proposer: Optional[Proposer] = None, time_limit_s: Optional[float] = None,
-             placement: Optional[LocalPlacement] = None) -> RunSummary:
+             placement: Optional[LocalPlacement] = None, devices: Optional[Devices] = None,
+             evaluator: Optional[Evaluator] = None) -> RunSummary:
     """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run.
     `time_limit_s` on a resume: the time it may take from now (default: what the run had left, and at
-    least enough to finish what it left in flight)."""
+    least enough to finish what it left in flight). The collaborators left out are this machine's:
+    `proposer` the one `cfg` names (make_proposer), `devices` the GPUs (devices_for: a cluster
+    placement's, else this machine's), `placement` this machine's over them (placement_for), whose tasks
+    `evaluator` runs (default: sandboxed children)."""
     events = events or RunEvents()
     ledger = Ledger(ledger_path)
-    if getattr(placement, "remote", False):  # a cluster: its GPUs are the run's, not this machine's
-        gpu, gname = bool(placement.gpus), (placement.gpu_name or "cpu") if placement.gpus else "cpu"
-    else:
-        gpu = gpu_available()
-        from ..harness.env import gpu_name as _gpu_name
-        gname = (_gpu_name() or "cpu") if gpu else "cpu"
+    devices = devices or devices_for(placement)
+    gpu = devices.available()
+    gname = (devices.name() or "cpu") if gpu else "cpu"
     previous: Optional[TargetInfo] = None
     if resume:
         run = ledger.get_run(resume)
@@ -1011,17 +1049,17 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         target = plan.open(run_id, previous)
     except PublishError:
         if not resume:
-            ledger.set_run_status(run_id, "failed")
+            ledger.set_run_status(run_id, RunStatus.FAILED)
         raise
     try:
-        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname, placement,
-                    target)
+        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname,
+                    placement or placement_for(cfg, devices, evaluator), target)
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
         if resume:
-            if run.status == "finished" and not pending:
+            if run.status == RunStatus.FINISHED and not pending:
                 raise ValueError(f"run {resume} already finished; nothing to resume")
-            ledger.set_run_status(resume, "running", finished=False)
+            ledger.set_run_status(resume, RunStatus.RUNNING, finished=False)
             events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already "
                         f"recorded" + (f", {len(pending)} to finish" if pending else ""))
         else:
@@ -1059,12 +1097,12 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
             return json.dumps(d)
 
         # recorded now, so that `show` names the branch while the run is going and after a kill
-        ledger.set_run_status(run_id, "running", finished=False, notes=notes())
+        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes())
         try:
             stop_reason = loop.stream(targets, budget, pending)
         except KeyboardInterrupt:
             _end_target(target, events)
-            ledger.set_run_status(run_id, "interrupted", finished=False, notes=notes())
+            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes())
             events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
             raise
         finally:
@@ -1079,7 +1117,7 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
                        cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
                        past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.stats["unjudged"],
                        stop=stop_reason)
-        ledger.set_run_status(run_id, "finished", finished=True, notes=notes(session))
+        ledger.set_run_status(run_id, RunStatus.FINISHED, finished=True, notes=notes(session))
         summary = ledger.run_summary(run_id)
         summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
                                      th.describe(len(loop.placement.gpus)), serving_record().to_json(),
@@ -1101,7 +1139,6 @@ def _end_target(target: ServingTarget, events: RunEvents) -> None:
 
 def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
     if cfg.proposer == "model":
-        from .model import CallRecord, ModelConfig, ModelProposer
         if not cfg.model:
             raise ValueError("the model proposer needs a model endpoint (--model / --base-url or OPENAI_* variables)")
         mc = dict(cfg.model)
@@ -1111,5 +1148,4 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
             return ledger.record_model_call(run_id, mc["model"], rec.prompt, rec.response, rec.prompt_tokens,
                                             rec.completion_tokens, rec.latency_s, rec.error)
         return ModelProposer(ModelConfig(**mc), on_call=on_call, token_budget=cfg.token_budget)
-    from .search import SearchProposer
     return SearchProposer(seed=cfg.seed)

@@ -177,7 +177,7 @@ class ModelConfig:
 
 def load_config(path: str) -> Dict[str, Any]:
     """A TOML config file ([model] name, base_url, api_key...; [run] ops, budgets)."""
-    import tomllib
+    import tomllib  # deferred: in the standard library from Python 3.11; on 3.10 only a config file needs it
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such config file: {path}")
     with open(path, "rb") as f:
@@ -204,7 +204,7 @@ class ModelProposer(Proposer):
 
     def __init__(self, cfg: ModelConfig, on_call: Optional[Callable[[CallRecord], int]] = None,
                  token_budget: Optional[int] = None):
-        import openai
+        import openai  # deferred: the client loads only for a run that asks a model (search runs never do)
         self.cfg = cfg
         self.client = openai.OpenAI(base_url=cfg.base_url, api_key=cfg.api_key or "not-needed",
                                     timeout=cfg.timeout_s, max_retries=0)
@@ -214,7 +214,7 @@ class ModelProposer(Proposer):
         self.counter = 0
 
     def _call(self, messages: List[Dict[str, str]]) -> CallRecord:
-        import openai
+        import openai  # deferred: as in __init__ (loaded by then)
         prompt = json.dumps(messages)
         delay = 1.0
         last_error = None

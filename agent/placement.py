@@ -24,9 +24,13 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
+from ..harness import bench_worker
+from ..harness.env import gpu_name
+from ..sanitizer import isolation, runner
 from ..sanitizer.lease import OnReady
+from ..sanitizer.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -131,18 +135,97 @@ def threads_per_child(jobs: int, cores: Optional[int] = None) -> int:
     return max(1, cores // max(1, jobs))
 
 
-def run_task(task: Task, env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None) -> Any:
-    """Run one task in this machine's child processes (looked up at call time: tests put fakes there).
-    `on_ready`: a gated task's requests for the GPU (sanitizer/lease.py)."""
+class Evaluator(Protocol):
+    """What runs a task's child processes and stops them: the judge of a sanitizer stage, the benchmark
+    child. `ChildEvaluator` is this machine's; tests hand a placement a fake."""
+
+    def sanitize(self, path: str, op: str, mode: str, checks: Optional[Sequence[str]] = None,
+                 env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None) -> Verdict: ...
+
+    def bench(self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None,
+              on_ready: Optional[OnReady] = None) -> Dict[str, Any]: ...
+
+    def stop_all(self) -> None: ...
+
+    def resume_starting(self) -> None: ...
+
+
+class ChildEvaluator:
+    """Each task in sandboxed children of this process: the sanitizer's judge (sanitizer/runner.py) and
+    the benchmark child (harness/bench_worker.py), under the process-wide hard stop (sanitizer/isolation.py)."""
+
+    def sanitize(self, path: str, op: str, mode: str, checks: Optional[Sequence[str]] = None,
+                 env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None) -> Verdict:
+        return runner.run_isolated(path, op, mode, checks=checks, env=env, on_ready=on_ready)
+
+    def bench(self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None,
+              on_ready: Optional[OnReady] = None) -> Dict[str, Any]:
+        return bench_worker.run_bench_isolated(spec, env=env, on_ready=on_ready)
+
+    def stop_all(self) -> None:
+        isolation.stop_all()
+
+    def resume_starting(self) -> None:
+        isolation.resume_starting()
+
+
+def run_task(task: Task, env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None,
+             evaluator: Optional[Evaluator] = None) -> Any:
+    """Run one task through `evaluator` (default: this machine's children). `on_ready`: a gated task's
+    requests for the GPU (sanitizer/lease.py)."""
+    evaluator = evaluator or ChildEvaluator()
     if isinstance(task, SanitizeTask):
-        from ..sanitizer import runner
-        if on_ready is not None:
-            return runner.run_isolated(task.path, task.op, task.mode, checks=task.checks, env=env, on_ready=on_ready)
-        return runner.run_isolated(task.path, task.op, task.mode, checks=task.checks, env=env)
-    from ..harness import bench_worker
-    if on_ready is not None:
-        return bench_worker.run_bench_isolated(task.spec, env=env, on_ready=on_ready)
-    return bench_worker.run_bench_isolated(task.spec, env=env)
+        return evaluator.sanitize(task.path, task.op, task.mode, checks=task.checks, env=env, on_ready=on_ready)
+    return evaluator.bench(task.spec, env=env, on_ready=on_ready)
+
+
+class Devices(Protocol):
+    """The GPUs a run may use: whether it has any, their model's name, and their CUDA_VISIBLE_DEVICES
+    entries. `LocalDevices` asks this machine, `ClusterDevices` a cluster's placement; tests pass fakes."""
+
+    def available(self) -> bool: ...
+
+    def name(self) -> Optional[str]: ...
+
+    def visible(self, limit: Optional[int] = None) -> List[str]: ...
+
+
+class LocalDevices:
+    """This machine's GPUs, as torch sees them (none while Triton interprets: the run is on the CPU)."""
+
+    def available(self) -> bool:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return False
+        import torch  # deferred: the cluster nodes import placement and never ask which GPUs this machine has
+        return torch.cuda.is_available()
+
+    def name(self) -> Optional[str]:
+        return gpu_name()
+
+    def visible(self, limit: Optional[int] = None) -> List[str]:
+        """At most `limit` of the GPUs this process may use."""
+        import torch  # deferred: as in `available`
+        n = torch.cuda.device_count()
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x.strip() for x in env.split(",") if x.strip()][:n] if env else [str(i) for i in range(n)]
+        return ids[:limit] if limit else ids
+
+
+class ClusterDevices:
+    """A cluster placement's GPUs (agent/ray_placement.py): the run's GPUs are the cluster's, not this machine's."""
+
+    def __init__(self, placement: Any):
+        self.placement = placement
+
+    def available(self) -> bool:
+        return bool(self.placement.gpus)
+
+    def name(self) -> Optional[str]:
+        return self.placement.gpu_name if self.placement.gpus else None
+
+    def visible(self, limit: Optional[int] = None) -> List[str]:
+        gpus = list(self.placement.gpus)
+        return gpus[:limit] if limit else gpus
 
 
 class LocalPlacement:
@@ -157,7 +240,8 @@ class LocalPlacement:
     drain and none joins the timing."""
 
     def __init__(self, cpu_slots: int, gpus: Sequence[str] = (), threads: Optional[int] = None,
-                 checks_per_gpu: int = GPU_CHECKS_PER_GPU):
+                 checks_per_gpu: int = GPU_CHECKS_PER_GPU, evaluator: Optional[Evaluator] = None):
+        self.evaluator = evaluator or ChildEvaluator()
         self.cpu_slots = max(1, cpu_slots)
         self.gpus = list(gpus)
         self.checks_per_gpu = max(1, checks_per_gpu)
@@ -277,7 +361,7 @@ class LocalPlacement:
             if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
                 env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
-            return run_task(task, env, on_ready) if gated else run_task(task, env)
+            return run_task(task, env, on_ready if gated else None, self.evaluator)
         finally:
             with self._lock:
                 end = time.time()
@@ -316,17 +400,15 @@ class LocalPlacement:
         """No new task starts; every running child is killed (their tasks return failed results).
         Children are refused process-wide only until this placement's last task has returned: a task
         that passed its start check races no kill, and nothing else in the process stays blocked."""
-        from ..sanitizer import isolation
         with self._lock:
             self.stopped = True
-            isolation.stop_all()
+            self.evaluator.stop_all()
             self._release_if_idle()
 
     def _release_if_idle(self) -> None:
         """(under the lock) After a stop, once no task of this placement runs, children may start again."""
         if self.stopped and not any(self._running.values()):
-            from ..sanitizer import isolation
-            isolation.resume_starting()
+            self.evaluator.resume_starting()
 
     def close(self, wait: bool = True) -> None:
         self._cpu.shutdown(wait=wait, cancel_futures=True)
@@ -343,6 +425,7 @@ def describe(placement: LocalPlacement) -> str:
             f"cores), {gpus}")
 
 
-__all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "TaskLost", "LocalPlacement", "run_task", "default_jobs",
+__all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "TaskLost", "LocalPlacement", "run_task", "Evaluator",
+                      "ChildEvaluator", "Devices", "LocalDevices", "ClusterDevices", "default_jobs",
                       "GPU_CHECKS_PER_GPU", "TaskSpan", "occupied_fraction",
                       "threads_per_child", "usable_cores", "describe"]

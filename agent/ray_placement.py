@@ -35,6 +35,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
+import ray
+
+from ..harness.env import gpu_name
+from ..sanitizer.runner import DEFAULT_TIMEOUT
+from ..sanitizer.verdict import Verdict
+from . import placement
 from .placement import BenchTask, SanitizeTask, Task, TaskLost, TaskSpan
 
 # A module whose `run_task(task, env)` and `gpu_name()` the nodes use instead of this package's (set in
@@ -53,7 +59,6 @@ def _runner():
     name = os.environ.get(RUNNER_ENV)
     if name:
         return importlib.import_module(name)
-    from . import placement
     return placement
 
 
@@ -62,12 +67,10 @@ def node_gpu_name() -> Optional[str]:
     runner = _runner()
     if hasattr(runner, "gpu_name"):
         return runner.gpu_name()
-    from ..harness.env import gpu_name
     return gpu_name()
 
 
 def _gpu_slot() -> Optional[str]:
-    import ray
     ids = ray.get_gpu_ids()
     if not ids:
         return None
@@ -133,14 +136,12 @@ def _with_driver_paths(task: Task, result: Any) -> Any:
 def failed_result(task: Task, why: str) -> Any:
     """A failed result of the task's kind (a verdict, or a benchmark document), as a child's fault gives."""
     if isinstance(task, SanitizeTask):
-        from ..sanitizer.verdict import Verdict
         return Verdict(os.path.abspath(task.path), task.op, task.mode, error=why)
     return {"results": [], "error": why}
 
 
 def time_limit(task: Task) -> float:
     if isinstance(task, SanitizeTask):
-        from ..sanitizer.runner import DEFAULT_TIMEOUT
         return DEFAULT_TIMEOUT[task.mode] + TIME_LIMIT_SLACK_S
     return BENCH_TIMEOUT_S + TIME_LIMIT_SLACK_S
 
@@ -157,7 +158,6 @@ class Node:
 
 
 def cluster_nodes() -> List[Node]:
-    import ray
     nodes = []
     for n in ray.nodes():
         if not n.get("Alive"):
@@ -212,7 +212,6 @@ class RayPlacement:
 
     def __init__(self, address: Optional[str] = None, gpu_model: Optional[str] = None,
                  time_limits: Optional[Dict[str, float]] = None, poll_s: float = 0.2):
-        import ray
         self._ray = ray
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:

@@ -13,10 +13,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..harness.env import versions
 from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
+from ..harness.ledger import CandidateStatus
 from ..kernels import baseline as kernels_baseline
 from ..sanitizer.report import merge_gpu, write_junit
 from ..sanitizer.runner import run_many
-from ..sanitizer.verdict import Verdict, fence_for, quote_untrusted
+from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
 
@@ -67,8 +68,9 @@ def history(args, led) -> int:
     ui.table(f"runs ({len(runs)})", ["run", "status", "proposer", "ops", "started (UTC)", "gpu", "cands", "rejected",
                                      "verified", "bench", "promoted"],
              [[r["id"], r["status"], r["proposer"], r["ops"], r["started"][:16].replace("T", " "), r["gpu"] or "-",
-               r["candidates"], r["by_status"].get("rejected", 0), r["by_status"].get("verified", 0),
-               r["by_status"].get("benchmarked", 0), r["promotions"]] for r in doc["runs"]],
+               r["candidates"], r["by_status"].get(CandidateStatus.REJECTED, 0),
+               r["by_status"].get(CandidateStatus.VERIFIED, 0), r["by_status"].get(CandidateStatus.BENCHMARKED, 0),
+               r["promotions"]] for r in doc["runs"]],
              justify=["left"] * 6 + ["right"] * 5)
     if args.leaderboard:
         rows = [[e.figure.bucket, e.figure.shape_key, f"#{e.figure.candidate_id} {e.label or ''}".strip(),
@@ -278,7 +280,7 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
 
 def _have_matplotlib() -> bool:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - optional extra (report): whether the plots can be drawn
         return True
     except ImportError:
         return False
@@ -334,18 +336,18 @@ def _candidate_table(led, run, results=()) -> List[str]:
     lines = ["## Candidates", "", "| # | op | label | status | verdict |", "|---:|---|---|---|---|"]
     for c in cands:
         v = c.verdict or {}
-        failed = next((x for x in v.get("checks", []) if x.get("status") == "failed"), None)
+        failed = next((x for x in v.get("checks", []) if x.get("status") == CheckStatus.FAILED), None)
         if failed:  # a check's detail can carry the candidate's own text: quoted as data
             why = f"{_md_word(failed.get('name'))}: {quote_untrusted(failed.get('detail', ''), 160, markdown=True)}"
         elif v.get("error"):
             why = quote_untrusted(v["error"], 160, markdown=True)
-        elif c.status == "proposed":
+        elif c.status == CandidateStatus.PROPOSED:
             why = "not judged yet (`kernel-agent run --resume` finishes it)"
         else:
-            n = sum(1 for x in v.get("checks", []) if x.get("status") == "passed")
+            n = sum(1 for x in v.get("checks", []) if x.get("status") == CheckStatus.PASSED)
             eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
                 c.fpsan_equivalent]
-            why = f"passed {n} checks; {eq}" + ("; benchmarked" if c.status in ("benchmarked", "promoted") else "")
+            why = f"passed {n} checks; {eq}" + ("; benchmarked" if c.status in (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED) else "")
             r = speedups.get(c.id)
             if r is not None and r.speedup is not None:
                 why += f": {fmt_x(r.speedup)} over {_md_word(_short_label(r.incumbent_label))}"
@@ -373,9 +375,9 @@ def _plots(run, results, out_dir: str, promotions=()):
     if not best:
         return []
     try:
-        import matplotlib
+        import matplotlib  # optional extra (report): without it there are no plots
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # after the backend is chosen: pyplot reads it when first imported
     except ImportError:
         return []
     return [_speedup_plot(plt, run, best, out_dir), _progress_plot(plt, run, results, promotions, out_dir)]

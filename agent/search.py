@@ -23,6 +23,7 @@ import os
 import random
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +32,7 @@ import torch
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.ops.tuning import Space
+from ..harness.serving import load_kernel_file
 from .proposal import Proposal, ProposeContext, Proposer
 
 
@@ -53,8 +55,6 @@ def source_config(op_name: str, source: str, shape) -> tuple:
     """What a kernel source's `_config` returns for a shape. The source is imported from a
     temporary file (Triton reads kernels' source text); only promoted kernels and the
     baselines get here, both already through the sanitizer."""
-    import tempfile
-    from ..harness.serving import load_kernel_file
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory(prefix="ka-incumbent-") as d:
         path = os.path.join(d, f"{op_name}_incumbent.py")

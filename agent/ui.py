@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Iterable, List, Optional, Sequence
 
 from rich import box
 from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
+
+from ..sanitizer.verdict import CheckStatus
 
 _console: Optional[Console] = None
 _err: Optional[Console] = None
@@ -125,7 +131,6 @@ class Progress:
 
     def __enter__(self):
         if is_tty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
             self._rich = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[status]}"), console=console(), transient=False)
             self._rich.__enter__()
@@ -162,11 +167,8 @@ class StatusLine:
         self._last_plain = 0.0
 
     def update(self, text: str) -> None:
-        import time
         if is_tty():
             if self._live is None:
-                from rich.live import Live
-                from rich.text import Text
                 self._text = Text
                 self._live = Live(self._line(text), console=console(), transient=True, refresh_per_second=4,
                                   auto_refresh=True)
@@ -188,4 +190,4 @@ class StatusLine:
             self._live = None
 
 
-STATUS_MARK = {"passed": "ok", "failed": "FAIL", "skipped": "skip"}
+STATUS_MARK = {CheckStatus.PASSED: "ok", CheckStatus.FAILED: "FAIL", CheckStatus.SKIPPED: "skip"}

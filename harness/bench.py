@@ -119,7 +119,7 @@ def warm_gpu(seconds: float = WARM_S) -> None:
 
 
 def measure_ceilings() -> Ceilings:
-    import triton.testing
+    import triton.testing  # deferred: only a timing needs triton; the loop imports this module to record results
     require_gpu()
     warm_gpu(1.0)
     n = 1 << 30  # 1 GiB each way
@@ -290,7 +290,7 @@ def _beyond_ceilings(ms: float, flops: float, nbytes: float, ceilings: Ceilings,
 
 def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     """Names of the CUDA kernels one call runs (profiler), after a warm-up call."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # deferred: the profiler loads only for this diagnosis
     fn(**kwargs)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -325,7 +325,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
                     log: Optional[Callable[[str], None]] = None) -> ShapeResult:
     """Time every contender on one shape (see the module docstring for the protocol)."""
-    import triton.testing
+    import triton.testing  # deferred: as in measure_ceilings
     require_gpu()
     log = log or (lambda s: None)
     probe = op.make_case(shape, dtype, seed=seed, device="cuda")
@@ -437,7 +437,7 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
     """CUDA-graph replay times of the small kernels, interleaved round by round like the event rounds.
     A replay time faster than the ceilings allow (`too_fast`) marks the kernel implausible, as an
     event time does: work launched outside the captured streams is missing from the graph."""
-    import triton.testing
+    import triton.testing  # deferred: as in measure_ceilings
     live = []
     for c in small:
         try:  # warm up on a side stream, as graph capture requires

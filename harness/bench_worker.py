@@ -12,22 +12,27 @@ the other shapes cannot change that verdict, so they are not timed}.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
+import shutil
 import sys
 import time
+from dataclasses import asdict
 from typing import Dict, Optional
 
+from ..sanitizer import sandbox
+from ..sanitizer.isolation import run_tracked
 from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
+from ..sanitizer.static_gate import check_source
+from .env import versions
+from .promotion import reference_words, refused_at_shape, shape_pair
 
 
 def _contenders(spec: dict):
     """The kernels to time: candidate files through the static gate, the baseline from the package."""
-    import inspect
-
-    from ..sanitizer.execution import baseline_fn, load_module
-    from ..sanitizer.static_gate import check_source
-    from .bench import Contender
+    from ..sanitizer.execution import baseline_fn, load_module  # deferred: torch, loaded inside the child's sandbox
+    from .bench import Contender  # deferred: torch, loaded inside the child's sandbox
     out = []
     for k in spec["kernels"]:
         path = k.get("file") or inspect.getsourcefile(baseline_fn(spec["op"]))
@@ -48,7 +53,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t_start = time.time()
     # The candidates' code runs in this process: it is sandboxed before anything is read.
-    from ..sanitizer import sandbox
     sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=True)
     with open(args.spec) as f:
         spec = json.load(f)
@@ -60,11 +64,8 @@ def main(argv=None) -> int:
             json.dump(doc, f)
         os.replace(tmp, args.out)
 
-    from dataclasses import asdict
-
-    from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape
-    from .env import versions
-    from .ops import dtype_from_name, get_op
+    from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape  # deferred: torch, inside the sandbox
+    from .ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
     op, dtype = get_op(spec["op"]), dtype_from_name(spec.get("dtype", "bfloat16"))
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
     doc["phases"] = {}
@@ -119,7 +120,6 @@ def _wait_for(*requests, phases: Dict) -> None:
 def refused_here(res: dict) -> str:
     """Why the promotion rule refuses the candidate on this shape alone (bench.ShapeResult JSON), or ''.
     Held against the same reference as the rule: the incumbent, or torch where it serves and is faster."""
-    from .promotion import reference_words, refused_at_shape, shape_pair
     pair, _ = shape_pair(res["measurements"])
     if pair is None:
         return ""  # an error is judged as an error, with every shape's
@@ -137,11 +137,7 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
 
     With `on_ready`, the benchmark is gated (sanitizer/lease.py): the child starts and loads its kernels
     without the GPU, asks for phase "gpu" to compile them, and for phase "alone" to time them."""
-    import shutil
-
-    from ..sanitizer import sandbox
-    from ..sanitizer.isolation import run_tracked
-    from .bench import Ceilings, ceilings_path
+    from .bench import Ceilings, ceilings_path  # deferred: torch, loaded inside the child's sandbox
     scratch = sandbox.make_scratch("ka-bench-")
     try:
         spec = dict(spec, kernels=[dict(k) for k in spec["kernels"]], gated=on_ready is not None)

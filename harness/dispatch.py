@@ -22,7 +22,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import serving
 from .ledger import BenchResult, Ledger, row_clock, row_ms
-from .ops import get_op
+from .ops import NAMES, get_op
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,7 @@ def measured_choices(led: Ledger, ops: Optional[Sequence[str]] = None, bucket: O
                      dtype: Optional[str] = None, gpu: Optional[str] = None, dir=None) -> List[Choice]:
     """The choices the ledger's benchmarks support, optionally for some ops, one bucket, dtype or GPU,
     against the promoted kernels of the serving set in `dir`."""
-    from .ops import OPS
-    names = ops if ops is not None else [name for name, op in OPS.items() if op.torch_label]
+    names = ops if ops is not None else [name for name in NAMES if get_op(name).torch_label]
     rows: List[BenchResult] = []
     for name in names:
         if not get_op(name).torch_label:

@@ -1,6 +1,7 @@
 """Facts about the machine a result was measured on (recorded with every run and promotion)."""
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
@@ -20,20 +21,19 @@ def driver_version() -> Optional[str]:
 
 
 def gpu_name() -> Optional[str]:
-    import torch
+    import torch  # keeps the CLI's startup light: commands imports this module before its flags are checked
     if torch.cuda.is_available() and not _interpreting():
         return torch.cuda.get_device_name()
     return None
 
 
 def _interpreting() -> bool:
-    import os
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def versions() -> Dict[str, Optional[str]]:
-    import torch
-    import triton
+    import torch  # keeps the CLI's startup light (as in gpu_name)
+    import triton  # deferred: triton reads TRITON_INTERPRET when first imported; a version lookup must not fix it
     return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
             "driver": driver_version() if gpu_name() else None, "gpu": gpu_name(), "python": platform.python_version()}
 

@@ -64,6 +64,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from ..sanitizer.verdict import CheckStatus
 from . import figures as _figures
 from . import ledger_migrations as _migrations
 
@@ -106,7 +107,7 @@ class CandidateStatus(str, Enum):
 
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 CANDIDATE_STATUSES = tuple(s.value for s in CandidateStatus)
-CHECK_STATUSES = ("passed", "failed", "skipped")
+CHECK_STATUSES = tuple(s.value for s in CheckStatus)
 CHECK_MODES = ("quick", "full", "gpu")
 CEILING_KINDS = ("compute", "memory")
 
@@ -374,7 +375,7 @@ class CheckResult(Base):
 
     @property
     def passed(self) -> bool:
-        return self.status == "passed"
+        return self.status == CheckStatus.PASSED
 
 
 class BenchResult(Base):
@@ -964,9 +965,9 @@ class Ledger:
             status = c.get("status")
             if status is None:
                 if c.get("skipped"):
-                    status = "skipped"
+                    status = CheckStatus.SKIPPED
                 elif "passed" in c:
-                    status = "passed" if c["passed"] else "failed"
+                    status = CheckStatus.PASSED if c["passed"] else CheckStatus.FAILED
             _check_choice(f"status of check {c.get('name')!r}", status, CHECK_STATUSES)
             rows.append(CheckResult(candidate_id=cid, name=str(c["name"]), status=status,
                                     detail=str(c.get("detail") or ""), duration_s=float(c.get("duration_s") or 0.0),
@@ -1180,7 +1181,7 @@ class Ledger:
             ).where(Proposal.run_id == run_id)).one()
             failed = {name: n for name, n in s.execute(
                 select(CheckResult.name, func.count(CheckResult.id))
-                .where(CheckResult.candidate_id.in_(proposed), CheckResult.status == "failed")
+                .where(CheckResult.candidate_id.in_(proposed), CheckResult.status == CheckStatus.FAILED.value)
                 .group_by(CheckResult.name).order_by(func.count(CheckResult.id).desc(), CheckResult.name))}
             calls, errors, ptok, ctok, lat = s.execute(select(
                 func.count(ModelCall.id),

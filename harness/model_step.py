@@ -49,12 +49,15 @@ flags without paying for that import.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .env import gpu_name, versions
 
 if TYPE_CHECKING:
     import torch
@@ -260,10 +263,10 @@ def step_op_calls(cfg: ModelConfig, batch: int, context: int, kv: str = "bf16",
     dtype), with a roofline share of the step (NOMINAL_TBPS, NOMINAL_TFLOPS). Work that is no registry
     op (norms, SiLU, residuals, cache writes) is left out: it is the same in every stack and no kernel of
     this project can make it faster."""
-    from .ops import dtype_from_name, get_op
-    from .ops.matmul import MatmulShape
-    from .ops.paged import DecodeShape
-    from .ops.quantize_kv import QuantizeShape
+    from .ops import dtype_from_name, get_op  # keeps the CLI's startup light: commands imports this module (torch)
+    from .ops.matmul import MatmulShape  # keeps the CLI's startup light (torch)
+    from .ops.paged import DecodeShape  # keeps the CLI's startup light (torch)
+    from .ops.quantize_kv import QuantizeShape  # keeps the CLI's startup light (torch)
     if kv not in KV_MODES:
         raise ModelConfigError(f"unknown KV mode {kv!r}; expected one of {', '.join(KV_MODES)}")
     if batch < 1 or context < 1:
@@ -307,7 +310,7 @@ class LayerWeights:
 
 def make_weights(cfg: ModelConfig, dtype: "torch.dtype", device, seed: int = 0) -> LayerWeights:
     """Random weights scaled by 1/sqrt(fan-in), so activations stay of order one through the layer."""
-    import torch
+    import torch  # keeps the CLI's startup light (torch)
     g = torch.Generator(device=device)
     g.manual_seed(seed)
 
@@ -346,8 +349,8 @@ def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtyp
                   contiguous: bool = True, int8: bool = True) -> KVState:
     """Random K and V (standard normal, as the projections produce) for `batch` sequences of `context`
     tokens, in the paged layout, and as asked the contiguous copy and the int8 copy (the quantize_kv rule)."""
-    import torch
-    from .ops.decode_attention_int8 import quantize_rows
+    import torch  # keeps the CLI's startup light (torch)
+    from .ops.decode_attention_int8 import quantize_rows  # keeps the CLI's startup light (torch)
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     Hkv, D, page = cfg.shard_kv_heads, cfg.head_dim, cfg.page_size
@@ -373,7 +376,7 @@ def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtyp
 
 def rms_norm(x: "torch.Tensor", weight: "torch.Tensor", eps: float) -> "torch.Tensor":
     """Llama's RMSNorm: normalised in float32, rounded to x's dtype, then scaled."""
-    import torch
+    import torch  # keeps the CLI's startup light (torch)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
@@ -398,13 +401,12 @@ class RecordedCall:
 
 
 def _baseline_fn(op: str) -> Callable:
-    import importlib
     return getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{op}"), op)
 
 
 def _sdpa_decode(q, k_contig, v_contig):
     """SDPA of one query per sequence over the contiguous cache: q [B, Hq, D] -> [B, Hq, D]."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # keeps the CLI's startup light (torch)
     return F.scaled_dot_product_attention(q[:, :, None, :], k_contig, v_contig,
                                           enable_gqa=q.shape[1] != k_contig.shape[1])[:, :, 0, :]
 
@@ -416,7 +418,7 @@ class DecodeStep:
 
     def __init__(self, cfg: ModelConfig, stack: str, kv: str, weights: LayerWeights, state: KVState,
                  x: "torch.Tensor"):
-        import torch
+        import torch  # keeps the CLI's startup light (torch)
         if stack not in STACKS:
             raise ModelConfigError(f"unknown stack {stack!r}; expected one of {', '.join(STACKS)}")
         if kv not in KV_MODES:
@@ -430,7 +432,7 @@ class DecodeStep:
             raise ValueError("the int8 mode needs the int8 cache (make_kv_state(int8=True))")
         self.calls: List[RecordedCall] = []
         if stack == "serving":
-            from . import serving
+            from . import serving  # keeps the CLI's startup light (torch)
             self._fns = {op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv",
                                                         "decode_attention_int8")}
         else:
@@ -450,7 +452,7 @@ class DecodeStep:
         return call()
 
     def __call__(self) -> StepOutput:
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # keeps the CLI's startup light (torch)
         cfg, w, st, x = self.cfg, self.weights, self.state, self.x
         B = x.shape[0]
         Hq, Hkv, D, I = cfg.shard_heads, cfg.shard_kv_heads, cfg.head_dim, cfg.shard_intermediate
@@ -505,8 +507,8 @@ def reference_step(cfg: ModelConfig, weights: LayerWeights, state: KVState, x: "
                    precision: "torch.dtype" = None) -> StepOutput:
     """The function every stack computes, in `precision` (default float64) from the same weights, input
     and cache: the cached tokens are the paged bf16 cache's (the new token's K and V in `precision`)."""
-    import torch
-    from .ops.paged import gather_tokens
+    import torch  # keeps the CLI's startup light (torch)
+    from .ops.paged import gather_tokens  # keeps the CLI's startup light (torch)
     p = precision or torch.float64
     w = {f.name: getattr(weights, f.name).to(p) for f in dataclasses.fields(weights)}
     B = x.shape[0]
@@ -641,7 +643,7 @@ class ModelBenchResult:
 def _capture(fn: Callable[[], Any]):
     """A CUDA graph of one call of `fn`, after warm-up calls on a side stream (Triton compiles, cuBLAS
     picks its kernels, and the caching allocator settles before the capture, as graph capture needs)."""
-    import torch
+    import torch  # keeps the CLI's startup light (torch)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -658,7 +660,7 @@ def _capture(fn: Callable[[], Any]):
 
 def _replay_ms(graph, n: int) -> float:
     """Mean time of one replay over n back-to-back replays, by CUDA events."""
-    import torch
+    import torch  # keeps the CLI's startup light (torch)
     for _ in range(WARMUP_REPLAYS):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -674,7 +676,7 @@ def _interleaved(graphs: Sequence[Tuple[Any, Any]], rounds: int) -> Dict[Any, Tu
     """(key, graph) pairs timed round by round, the order rotating every round (harness.bench's rotation):
     per key (time, spread, rounds). The time is the position-balanced median when every key was timed at
     every position, else the plain median."""
-    from .bench import _rotation, _spread, balanced_median
+    from .bench import _rotation, _spread, balanced_median  # keeps the CLI's startup light (torch)
     reps = {key: max(10, min(500, int(ROUND_MS / max(_replay_ms(g, 3), 1e-3)))) for key, g in graphs}
     times: Dict[Any, List[float]] = {key: [] for key, _ in graphs}
     positions: Dict[Any, List[int]] = {key: [] for key, _ in graphs}
@@ -693,8 +695,8 @@ def _interleaved(graphs: Sequence[Tuple[Any, Any]], rounds: int) -> Dict[Any, Tu
 def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: Sequence[str], seed: int = 0,
               log: Callable[[str], None] = lambda s: None) -> PointResult:
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""
-    import torch
-    from .ops import get_op
+    import torch  # keeps the CLI's startup light (torch)
+    from .ops import get_op  # keeps the CLI's startup light (torch)
     dt = torch.bfloat16
     B = point.batch
     want_int8 = "int8" in kv_modes and any(s != "torch" for s in stacks)
@@ -731,7 +733,7 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
                 bucket = spec.bucket(spec.shape_of(dict(zip(spec.arg_names + spec.optional_args, call.args))))
                 served.append(Served(kv, label, op, bucket, impl))
     log(f"{cfg.name} B={B} ctx={point.context}: capturing and timing {len(timed)} layers")
-    from .bench import warm_gpu
+    from .bench import warm_gpu  # keeps the CLI's startup light (torch)
     layer_graphs = [(k, _capture(steps[k])) for k in timed]
     warm_gpu()
     layer = _interleaved(layer_graphs, max(LAYER_ROUNDS, len(layer_graphs)))
@@ -762,8 +764,7 @@ def run_model_bench(cfg: ModelConfig, points: Sequence[Point], stacks: Sequence[
                     kv_modes: Sequence[str] = KV_MODES, seed: int = 0,
                     log: Callable[[str], None] = lambda s: None) -> ModelBenchResult:
     """Every point's PointResult, on this process's CUDA GPU (harness.bench.NoGPU without one)."""
-    from .bench import require_gpu
-    from .env import gpu_name, versions
+    from .bench import require_gpu  # keeps the CLI's startup light (torch)
     require_gpu()
     for s in stacks:
         if s not in STACKS:

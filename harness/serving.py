@@ -43,6 +43,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import torch
+
+from .. import kernels as kernels_package
 from ..sanitizer.static_gate import check_source
 from .ops import DTYPE_NAMES, DTYPES, get_op
 
@@ -68,9 +71,7 @@ def serving_dir() -> Path:
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env)
-    import kernel_agent.kernels
-
-    return Path(kernel_agent.kernels.__file__).resolve().parent / "serving"
+    return Path(kernels_package.__file__).resolve().parent / "serving"
 
 
 def gpu_slug(gpu: str) -> str:
@@ -350,8 +351,6 @@ _gpu_names: dict[int, str] = {}
 def _device_gpu_name(first: Any) -> str:
     """The GPU the call runs on: the first tensor's CUDA device, else the current CUDA
     device, else 'cpu'. Cached per device (the driver call is not free)."""
-    import torch
-
     index: Optional[int] = None
     if isinstance(first, torch.Tensor) and first.is_cuda:
         index = first.device.index if first.device.index is not None else torch.cuda.current_device()

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import hypothesis
 import torch
+from hypothesis import HealthCheck, Phase, given, strategies as st
 
 from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, round_to
@@ -23,7 +25,7 @@ from . import static_gate
 from . import wire
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
-from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
+from .verdict import CheckOutcome, CheckStatus, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -375,7 +377,6 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
 
 
 def _draw_case(op: Op, data, big: bool = False) -> Case:
-    from hypothesis import strategies as st
     shape = data.draw(op.shape_strategy(), label="shape")
     dtypes = [d for d in ("float32", "float16", "bfloat16-via-float32")
               if d.split("-")[0] in {DTYPE_NAMES[x] for x in op.dtypes}]
@@ -401,13 +402,10 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
 
 
 def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bool = False) -> int:
-    from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-    from hypothesis import seed as hseed
-
     count = [0]
 
-    @hseed(seed)
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+    @hypothesis.seed(seed)
+    @hypothesis.settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck), derandomize=False, print_blob=False)
     @given(st.data())
     def prop(data):
@@ -604,20 +602,20 @@ def _judge_one(subject: Subject, name: str, check: Callable[[Subject, Settings],
     try:
         with torch.no_grad():
             detail = check(subject, settings)
-        outcome = CheckOutcome(name, PASSED, detail, time.time() - t0)
+        outcome = CheckOutcome(name, CheckStatus.PASSED, detail, time.time() - t0)
     except CheckSkipped as e:
-        outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
+        outcome = CheckOutcome(name, CheckStatus.SKIPPED, str(e), time.time() - t0)
     except TimedOut as e:
-        outcome, timed_out = CheckOutcome(name, FAILED, str(e), time.time() - t0), True
+        outcome, timed_out = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0), True
     except CheckFailed as e:
-        outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+        outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
     except Exception as e:  # noqa: BLE001 - an unexpected error fails the check, with its reason
-        outcome = CheckOutcome(name, FAILED, describe_exception(e, subject.path), time.time() - t0)
-    if isinstance(subject.fn, Executor) and outcome.status != FAILED:
+        outcome = CheckOutcome(name, CheckStatus.FAILED, describe_exception(e, subject.path), time.time() - t0)
+    if isinstance(subject.fn, Executor) and outcome.status != CheckStatus.FAILED:
         try:
             subject.fn.reset()  # the executor forgets the check's cases and outputs
         except ExecutorError as e:
-            outcome, timed_out = CheckOutcome(name, FAILED, str(e), time.time() - t0), e.timed_out
+            outcome, timed_out = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0), e.timed_out
     return outcome, timed_out
 
 
@@ -644,7 +642,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
         if only and name not in only and name not in ("static_gate", "load"):
             continue
         if failed and (fail_fast or name in ("runs",) or subject.fn is None):
-            outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
+            outcome = CheckOutcome(name, CheckStatus.SKIPPED, "not run: an earlier check failed")
         else:
             if on_start:
                 on_start(name)
@@ -654,7 +652,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
                                 f"hang, or too slow to check here)"
                 fail_fast = True
             subject.refs.clear()
-            if outcome.status == FAILED:
+            if outcome.status == CheckStatus.FAILED:
                 failed = True
                 if name in ("static_gate", "load"):
                     fail_fast = True  # nothing else can run meaningfully

@@ -130,7 +130,7 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
 def _counting_launches(count: List[int]):
     """On the device: count Triton launches, and let the launcher's own torch calls past the host-code
     guard (in the interpreter, Instrumentation does both)."""
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
     original = JITFunction.run
 
     def run(self, *args, **kwargs):

@@ -13,13 +13,17 @@ and what the sandbox refused. The judge decides; nothing the executor says is a 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import sandbox
 from .sandbox import REFUSED_EXIT
 
 PROTOCOL = 1
@@ -39,7 +43,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--skip-gate", action="store_true")
     ap.add_argument("--tool-ports", default="", help="FIRST-LAST: TCP ports of a wrapping tool's front end")
     args = ap.parse_args(argv)
-    from . import sandbox
     limits = sandbox.Limits(memory_bytes=int(args.memory_gib * (1 << 30)) or None,
                             cpu_seconds=args.cpu_seconds or None)
     first, _, last = args.tool_ports.partition("-")
@@ -48,12 +51,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          limits=limits, tool_ports=tool_ports)
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
-    from . import wire
-    from .execution import execute_call, load_module
-    from .guard import HostGuard  # noqa: F401
-    from .static_gate import check_source
+    from . import wire  # deferred: inside the sandbox
+    from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
+    from .guard import HostGuard  # noqa: F401 - deferred: inside the sandbox
+    from .static_gate import check_source  # deferred: inside the sandbox
     if args.device == "cpu":
-        import triton.runtime.interpreter  # noqa: F401
+        import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
     sandbox.arm_audit_hook()  # fatal: the first refused action ends this process (exit 86)
 
     def evidence() -> List[str]:
@@ -70,7 +73,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fn = load_module(args.file, args.op)
         hello["signature"] = _signature(fn)
     except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
-        from .execution import describe_exception
         hello["load_error"] = describe_exception(e, args.file)
         hello["violations"] = evidence()
         wire.send(sock, hello)
@@ -122,7 +124,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _signature(fn) -> List[List[Any]]:
-    import inspect
     return [[p.name, int(p.kind), p.default is not inspect.Parameter.empty] for p in
             inspect.signature(fn).parameters.values()]
 
@@ -130,7 +131,7 @@ def _signature(fn) -> List[List[Any]]:
 def _bind_tensors(req, tensors, cases, device):
     """The call's arguments: a new case, or the same buffers again with the judge's new contents
     (the judge reuses a case's tensors exactly where it did in one process: recycled buffers)."""
-    import torch
+    import torch  # deferred: the sandboxed side loads torch inside its sandbox (main)
     names = req["tensor_names"]
     case_id = str(req.get("case"))
     fresh = dict(zip(names, tensors[:len(names)]))  # already on the device, in the judge's exact layout
@@ -165,7 +166,6 @@ class Executor:
     def __init__(self, path: str, op: str, device: str = "cpu", deadline: Optional[float] = None,
                  skip_gate: bool = False, wrapper: Sequence[str] = (), env_extra: Optional[Dict[str, str]] = None,
                  tool_ports: Sequence[int] = ()):
-        from . import sandbox
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
         self.scratch = sandbox.make_scratch("ka-exec-")
@@ -201,7 +201,7 @@ class Executor:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Dict[str, Any]:
         """Wait for the executor to import the candidate; its hello names the sandbox and the signature."""
-        from . import wire
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         self.hello, _ = self._recv()
         self.violations = wire.strings(self.hello.get("violations"))
         return self.hello
@@ -209,7 +209,7 @@ class Executor:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                from . import wire
+                from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
                 self.sock.settimeout(1.0)
                 wire.send(self.sock, {"cmd": "exit"})
                 self.proc.wait(timeout=2)
@@ -221,14 +221,13 @@ class Executor:
         except subprocess.TimeoutExpired:
             pass
         self.sock.close()
-        import shutil
         shutil.rmtree(self.scratch, ignore_errors=True)
         shutil.rmtree(os.path.dirname(self.log_path), ignore_errors=True)
 
     def finish(self, timeout_s: float = 60.0):
         """Ask the executor to exit and wait for it; (exit code or None, the tail of its output). For the
         tools that wrap it (compute-sanitizer reports when the process ends)."""
-        from . import wire
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         try:
             self.sock.settimeout(5.0)
             wire.send(self.sock, {"cmd": "exit"})
@@ -261,10 +260,9 @@ class Executor:
             refused = next((ln for ln in reversed(lines) if ln.startswith("sandbox refused:")), "")
             return f"the sandbox refused an action of the candidate and ended it: {refused[17:].strip()[:200]!r}"
         if rc < 0 or rc >= 128:
-            import signal as _s
             sig = -rc if rc < 0 else rc - 128
             try:
-                name = _s.Signals(sig).name
+                name = signal.Signals(sig).name
             except ValueError:
                 name = f"signal {sig}"
             what = f"the candidate's process was killed by {name}"
@@ -275,7 +273,7 @@ class Executor:
     # -- calls -----------------------------------------------------------------------------
     def _recv(self, max_payload: int = 1 << 20):
         """The executor's next message; `max_payload` bounds what the judge will allocate for it."""
-        from . import wire
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         left = self.deadline - time.time()
         if left > 0:
             self.sock.settimeout(left)
@@ -288,14 +286,13 @@ class Executor:
         raise ExecutorError("the candidate did not answer within the time limit", timed_out=True)
 
     def kill(self) -> None:
-        import signal
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the outer process; the PID namespace takes the rest
         except (ProcessLookupError, PermissionError):
             pass
 
     def _send(self, header, tensors=()):
-        from . import wire
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         self.sock.settimeout(max(1.0, self.deadline - time.time()))
         try:
             wire.send(self.sock, header, tensors)
@@ -309,9 +306,9 @@ class Executor:
     def call(self, case, *, bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
              sentinel: int = 0, readable: Optional[Dict[str, Any]] = None, keep: bool = False):
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU)."""
-        import torch
-        from . import wire
-        from .execution import RunResult
+        import torch  # deferred: as wire
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+        from .execution import RunResult  # deferred: execution loads torch, as wire
         if not hasattr(case, "_executor_id"):
             self._case_ids += 1
             case._executor_id = self._case_ids
@@ -345,7 +342,7 @@ class Executor:
         return res
 
     def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
-        from . import wire
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         self._send({"cmd": "digests", "call": handle})
         reply, _ = self._recv()
         return wire.optional_list(reply.get("digests"))

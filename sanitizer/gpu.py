@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import inspect
 import shutil
 import time
 from typing import Callable, List, Optional
@@ -30,7 +31,7 @@ from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, fi
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
 from .static_gate import check_source
-from .verdict import FAILED, PASSED, SKIPPED, CheckOutcome, Verdict
+from .verdict import CheckOutcome, CheckStatus, Verdict
 
 GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -117,7 +118,7 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
 
 
 def _triton_version():
-    import triton
+    import triton  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
     return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
 
 
@@ -140,12 +141,11 @@ def _tool_executor(subject: Subject, path: str, wrapper=(), env=None, tool_ports
 
 
 def check_native_fpsan(subject: Subject) -> str:
-    import triton
+    import triton  # deferred: as in _triton_version
     if _triton_version() < (3, 8):
         raise CheckSkipped(f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU "
                     f"checks applies")
     env = {"TRITON_INSTRUMENTATION_MODE": "fpsan", "TRITON_FPSAN_HOMOMORPHIC_CASTS": "1"}
-    import inspect
     cand = _tool_executor(subject, subject.path, env=env)
     base = _tool_executor(subject, inspect.getsourcefile(subject.baseline), env=env)
     try:
@@ -247,9 +247,9 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
     try:
         for name, check in steps:
             if name not in ("static_gate",) and not gpu:
-                outcome = CheckOutcome(name, SKIPPED, "no CUDA GPU on this machine")
+                outcome = CheckOutcome(name, CheckStatus.SKIPPED, "no CUDA GPU on this machine")
             elif failed:
-                outcome = CheckOutcome(name, SKIPPED, "not run: an earlier check failed")
+                outcome = CheckOutcome(name, CheckStatus.SKIPPED, "not run: an earlier check failed")
             else:
                 if before_gpu is not None and name not in ("static_gate", "load"):
                     before_gpu()
@@ -258,16 +258,17 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
                     on_start(name)
                 t0 = time.time()
                 try:
-                    outcome = CheckOutcome(name, PASSED, check(subject), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.PASSED, check(subject), time.time() - t0)
                 except CheckSkipped as e:
-                    outcome = CheckOutcome(name, SKIPPED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.SKIPPED, str(e), time.time() - t0)
                 except CheckFailed as e:
-                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
                 except ExecutorError as e:
-                    outcome = CheckOutcome(name, FAILED, str(e), time.time() - t0)
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
                 except Exception as e:  # noqa: BLE001
-                    outcome = CheckOutcome(name, FAILED, describe_exception(e, subject.path), time.time() - t0)
-                failed = failed or outcome.status == FAILED
+                    outcome = CheckOutcome(name, CheckStatus.FAILED, describe_exception(e, subject.path),
+                                           time.time() - t0)
+                failed = failed or outcome.status == CheckStatus.FAILED
             verdict.checks.append(outcome)
             if on_check:
                 on_check(outcome)

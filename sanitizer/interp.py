@@ -38,7 +38,7 @@ _interp = None
 def _interpreter():
     global _interp
     if _interp is None:
-        import triton.runtime.interpreter as interp
+        import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
         _interp = interp
     return _interp
 
@@ -419,7 +419,7 @@ def _tensors_in(values: Iterable[Any]) -> List[torch.Tensor]:
 # -- FpSan in the interpreter ------------------------------------------------------------
 
 def _fmt_of(tt) -> Optional[F.Format]:
-    import triton.language as tl
+    import triton.language as tl  # deferred: as in _interpreter
     s = tt.scalar if hasattr(tt, "scalar") else tt
     if s == tl.float16:
         return F.fmt("fp16")
@@ -447,7 +447,7 @@ def _payload(h, f: F.Format) -> np.ndarray:
 def _fpsan_builder_ops(builder, inst: Instrumentation):
     interp = _interpreter()
     TH = interp.TensorHandle
-    import triton.language as tl
+    import triton.language as tl  # deferred: as in _interpreter
     cls = type(builder)
 
     def wrap(payload, f, tt):
@@ -619,7 +619,7 @@ def _fpsan_reduce_ops(interp):
             v = (np.max if is_max else np.min)(s, axis=self.axis, keepdims=self.keep_dims)
             val = self.to_tensor(F.unembed(np.asarray(v).view(F._UINT[f.w]), f).view(_NP_FLOAT[f.name]), inp.dtype)
         if idx_reduce_op is not None:
-            import triton.language as tl
+            import triton.language as tl  # deferred: as in _interpreter
             i = (np.argmax if is_max else np.argmin)(s, axis=self.axis, keepdims=self.keep_dims)
             idx = self.to_tensor(i, tl.int32)
         if val is not None and idx is not None:

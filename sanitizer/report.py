@@ -7,7 +7,7 @@ import os
 import xml.etree.ElementTree as ET
 from typing import List
 
-from .verdict import FAILED, SKIPPED, Verdict
+from .verdict import CheckStatus, Verdict
 
 
 def merge_gpu(cpu: Verdict, gpu: Verdict) -> Verdict:
@@ -28,14 +28,16 @@ def write_junit(verdicts: List[Verdict], path: str) -> None:
     root = ET.Element("testsuites", name="kernel-agent sanitize")
     for v in verdicts:
         suite = ET.SubElement(root, "testsuite", name=f"{v.op}: {os.path.relpath(v.file)}",
-                              tests=str(len(v.checks)), failures=str(sum(c.status == FAILED for c in v.checks)),
-                              skipped=str(sum(c.status == SKIPPED for c in v.checks)), time=f"{v.duration_s:.3f}")
+                              tests=str(len(v.checks)),
+                              failures=str(sum(c.status == CheckStatus.FAILED for c in v.checks)),
+                              skipped=str(sum(c.status == CheckStatus.SKIPPED for c in v.checks)),
+                              time=f"{v.duration_s:.3f}")
         for c in v.checks:
             case = ET.SubElement(suite, "testcase", classname=f"{v.op}.{os.path.basename(v.file)}", name=c.name,
                                  time=f"{c.duration_s:.3f}")
-            if c.status == FAILED:
+            if c.status == CheckStatus.FAILED:
                 ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail
-            elif c.status == SKIPPED:
+            elif c.status == CheckStatus.SKIPPED:
                 ET.SubElement(case, "skipped", message=c.detail[:500])
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

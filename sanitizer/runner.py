@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 from . import sandbox
 from .isolation import map_tracked, run_tracked, signal_name
 from .lease import OnReady, run_gated
-from .verdict import FAILED, CheckOutcome, Verdict
+from .verdict import CheckOutcome, CheckStatus, Verdict
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 
@@ -26,10 +26,10 @@ DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str]:
     """The checks a complete verdict of this mode holds (a verdict missing one fails)."""
     if mode == "gpu":
-        from .gpu import GPU_CHECK_NAMES
+        from .gpu import GPU_CHECK_NAMES  # keeps the CLI's startup light: the GPU checks load torch
         names = ["static_gate", "load"] + [n for n in GPU_CHECK_NAMES if not only or n in only]
     else:
-        from .checks import CHECK_NAMES
+        from .checks import CHECK_NAMES  # keeps the CLI's startup light: the checks load torch
         names = [n for n in CHECK_NAMES if not only or n in only or n in ("static_gate", "load")]
     return names
 
@@ -86,7 +86,8 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         v.file = path
         missing = [n for n in expected_checks(mode, checks) if n not in {c.name for c in v.checks}]
         if missing:  # a verdict is complete only with every check of its mode, run, skipped or failed
-            v.checks.append(CheckOutcome("verdict", FAILED, f"incomplete verdict: no result for {', '.join(missing)}"))
+            v.checks.append(CheckOutcome("verdict", CheckStatus.FAILED,
+                                         f"incomplete verdict: no result for {', '.join(missing)}"))
         return v
     v = Verdict(path, op, mode, duration_s=elapsed)
     running = None
@@ -103,7 +104,7 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     else:
         last = tail[-1] if tail else ""
         reason = f"the sanitizer process exited with code {rc}{where}: {last[:300]}"
-    v.checks.append(CheckOutcome(running or "isolation", FAILED, reason, elapsed))
+    v.checks.append(CheckOutcome(running or "isolation", CheckStatus.FAILED, reason, elapsed))
     v.error = reason
     return v
 

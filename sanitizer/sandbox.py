@@ -34,12 +34,16 @@ never silently assumed. `kernel-agent sanitize --sandbox` prints what this host 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import resource
+import shutil
 import signal
 import stat
+import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -205,7 +209,6 @@ def identity_plan() -> str:
         elif given in ("nobody", "root-without-capabilities"):
             _plan = given
         else:
-            import sysconfig
             paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
                      os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
             paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
@@ -332,7 +335,6 @@ def _drop_identity(scratch: str, prot: Protections) -> None:
 def readable_paths() -> List[str]:
     """What a sandboxed CPU run may read: the interpreter's prefixes and import paths, the package's own
     folders, and the system files of READABLE_SYSTEM."""
-    import sysconfig
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
     paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
@@ -573,8 +575,6 @@ def _finish(scratch: str, gpu: bool, prot: Protections) -> None:
 
 def host_protections(gpu: bool = False) -> Protections:
     """What `enter` gives on this host, found by entering it in a throwaway child."""
-    import json
-    import subprocess
     scratch = make_scratch()
     try:
         code = ("import json,sys; from kernel_agent.sanitizer import sandbox as s; p = s.enter(sys.argv[1], "
@@ -586,6 +586,5 @@ def host_protections(gpu: bool = False) -> Protections:
     except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
         return Protections([], [f"the sandbox could not be entered: {e}"])
     finally:
-        import shutil
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
-PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+class CheckStatus(str, Enum):
+    """How one check of a verdict ended; the member is the string stored in the ledger and the JSON."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # it could not run (no GPU, an earlier check failed, FpSan undecided): never a pass
+
+    def __str__(self) -> str:  # f-strings and str() give the stored word, not CheckStatus.PASSED
+        return self.value
 
 _MARKDOWN_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|"}
 
@@ -40,14 +50,17 @@ def fence_for(text: str) -> str:
 @dataclass
 class CheckOutcome:
     name: str
-    status: str  # passed | failed | skipped
+    status: CheckStatus  # (a stored word, as read back from JSON, is made a member)
     detail: str = ""
     duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.status = CheckStatus(self.status)
 
     @property
     def passed(self) -> Optional[bool]:
         """True / False, and None for a check that could not run (never reported as passed)."""
-        return None if self.status == SKIPPED else self.status == PASSED
+        return None if self.status == CheckStatus.SKIPPED else self.status == CheckStatus.PASSED
 
     def to_json(self) -> Dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "status": self.status, "detail": self.detail,
@@ -67,11 +80,11 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        return not self.error and bool(self.checks) and all(c.status != FAILED for c in self.checks)
+        return not self.error and bool(self.checks) and all(c.status != CheckStatus.FAILED for c in self.checks)
 
     @property
     def first_failure(self) -> Optional[CheckOutcome]:
-        return next((c for c in self.checks if c.status == FAILED), None)
+        return next((c for c in self.checks if c.status == CheckStatus.FAILED), None)
 
     def summary(self) -> str:
         if self.error:
@@ -81,7 +94,7 @@ class Verdict:
             return f"{f.name}: {f.detail}"
         eq = {True: "FpSan-equivalent to the baseline", False: "not structurally equivalent (passed the extended "
               "numeric suite)", None: "FpSan equivalence undecided"}[self.fpsan_equivalent]
-        return f"passed {sum(c.status == PASSED for c in self.checks)} checks; {eq}"
+        return f"passed {sum(c.status == CheckStatus.PASSED for c in self.checks)} checks; {eq}"
 
     def to_json(self) -> Dict[str, Any]:
         return {"file": self.file, "op": self.op, "mode": self.mode, "passed": self.passed,

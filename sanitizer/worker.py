@@ -10,11 +10,18 @@ one was running (sanitizer/runner.py); the candidate cannot write that file.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import secrets
+import signal
 import sys
 import time
+
+from .executor import Executor
+from .lease import wait_for_grant
+from .static_gate import check_source
+from .verdict import CheckOutcome, Verdict
 
 
 def _write(path: str, doc: dict) -> None:
@@ -27,15 +34,12 @@ def _write(path: str, doc: dict) -> None:
 def _die_with_parent() -> None:
     """If the parent is killed (even with SIGKILL), take this process down with it (Linux)."""
     try:
-        import ctypes
-        import signal
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
-# long: the judge's life in order: its arguments, the executor started early, the checks, the verdict
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", required=True)
@@ -62,14 +66,11 @@ def main(argv=None) -> int:
 
     # The candidate's process is started first, so that its imports overlap with this one's; it is
     # not started at all for a file that the static gate rejects.
-    from .executor import Executor
-    from .static_gate import check_source
     with open(args.file) as f:
         gate_ok = args.skip_gate or check_source(f.read(), args.op).passed
     executor = None
     if gate_ok and args.mode != "gpu":
         executor = Executor(args.file, args.op, "cpu", deadline=deadline, skip_gate=args.skip_gate)
-    from .verdict import CheckOutcome, Verdict
 
     def on_start(name: str):
         progress["running"] = name
@@ -82,13 +83,12 @@ def main(argv=None) -> int:
 
     try:
         if args.mode == "gpu":
-            from .gpu import sanitize_gpu
-            from .lease import wait_for_grant
+            from .gpu import sanitize_gpu  # deferred: torch and triton load after the executor has started
             verdict: Verdict = sanitize_gpu(args.file, args.op, on_check=on_check, on_start=on_start, only=only,
                                             seed_base=seed_base, deadline=deadline, skip_gate=args.skip_gate,
                                             before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None)
         else:
-            from .checks import sanitize_file
+            from .checks import sanitize_file  # deferred: after TRITON_INTERPRET is set, and the executor started
             verdict = sanitize_file(args.file, args.op, args.mode, on_check=on_check, on_start=on_start,
                                     fail_fast=False if args.keep_going else None, only=only, executor=executor,
                                     seed_base=seed_base, skip_gate=args.skip_gate)

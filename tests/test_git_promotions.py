@@ -66,17 +66,15 @@ def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5
     """A whole `run_loop` over quantize_kv's first serving bucket on two fake GPUs; every candidate is promoted (0.5 ms against
     1.0 for the baseline and 0.8 for a promoted incumbent). Returns (summary, notes, ledger path)."""
     serving_dir = os.environ[serving.ENV_DIR]
-    _fake_gpu(tmp_path, monkeypatch, ms)
+    gpu = _fake_gpu(tmp_path, monkeypatch, ms)
     _serve_from(monkeypatch, serving_dir)  # (the fake names a scratch folder of its own)
-    monkeypatch.setattr(loop_mod, "gpu_available", lambda: True)
-    from kernel_agent.harness import env
-    monkeypatch.setattr(env, "gpu_name", lambda: "Fake GPU")
     # one bucket (the first serving shape), so that each candidate is one promotion
     cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=candidates, jobs=2,
                              candidates_dir=str(tmp_path / "cands"), bench_shapes="65536,8,128", in_place=in_place)
     notes = []
     path = str(tmp_path / "l.db")
-    summary = loop_mod.run_loop(cfg, path, events=loop_mod.RunEvents(note=notes.append))
+    summary = loop_mod.run_loop(cfg, path, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices,
+                                evaluator=gpu)
     return summary, notes, path
 
 
@@ -129,16 +127,17 @@ def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alon
     assert f"serving set: branch {branch}, 3 commits" in capsys.readouterr().out.replace("\n", " ")
 
 
-def _branch_loop(tmp_path, led, target, run_id=None):
+def _branch_loop(tmp_path, led, target, gpu, run_id=None):
     cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=20,
                              candidates_dir=str(tmp_path / "cands"), bench_shapes="serving")
     run_id = run_id or led.start_run(cfg.to_json(), {}, "search", cfg.ops, "Fake GPU", {}).id
-    lp = loop_mod.Loop(cfg, led, run_id, SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU", target=target)
+    lp = loop_mod.Loop(cfg, led, run_id, SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU",
+                       loop_mod.placement_for(cfg, gpu.devices, gpu), target=target)
     return lp, run_id, loop_mod.targets_for(cfg)[:1], loop_mod.Budget(cfg, 0, 0.0)
 
 
 def test_each_promotion_adds_a_commit_and_a_resumed_run_continues_the_branch(tmp_path, monkeypatch, repo):
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)
     _serve_from(monkeypatch, repo / "kernels" / "serving")
     before = _checkout(repo)
     led = Ledger(str(tmp_path / "l.db"))
@@ -146,7 +145,7 @@ def test_each_promotion_adds_a_commit_and_a_resumed_run_continues_the_branch(tmp
     assert plan.mode == publish.BRANCH
     run = led.start_run({}, {}, "search", ["quantize_kv"], "Fake GPU", {})
     target = plan.open(run.id)
-    lp, run_id, targets, budget = _branch_loop(tmp_path, led, target, run.id)
+    lp, run_id, targets, budget = _branch_loop(tmp_path, led, target, gpu, run.id)
     branch = target.info.branch
     _stream(lp, targets, budget, 1)
     assert lp.stats["promoted"] == 1 and len(_commits(repo, before["head"], branch)) == 1
@@ -161,7 +160,7 @@ def test_each_promotion_adds_a_commit_and_a_resumed_run_continues_the_branch(tmp
     # a resume: the same branch from where it stood, from its first base
     again = publish.plan_target().open(run_id, previous=first)
     assert again.info.branch == branch and again.info.base == before["head"]
-    lp2, _, _, budget2 = _branch_loop(tmp_path, led, again, run_id)
+    lp2, _, _, budget2 = _branch_loop(tmp_path, led, again, gpu, run_id)
     _stream(lp2, targets, budget2, 1)
     assert again.close().commits == 3
     assert len(_commits(repo, before["head"], branch)) == 3
@@ -189,7 +188,7 @@ def test_a_worktree_left_by_a_killed_run_is_reused_without_what_it_did_not_commi
 def test_dispatch_choices_go_to_the_branch_too(tmp_path, monkeypatch, repo):
     """A benchmark that finds torch faster than the Triton side records the choice in the branch's
     manifest, as a commit of its own, and not in the working tree."""
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
     _serve_from(monkeypatch, repo / "kernels" / "serving")
     before = _checkout(repo)
     led = Ledger(str(tmp_path / "l.db"))
@@ -197,7 +196,8 @@ def test_dispatch_choices_go_to_the_branch_too(tmp_path, monkeypatch, repo):
     target = publish.plan_target().open(run.id)
     cfg = loop_mod.RunConfig(ops=["matmul"], per_round=1, max_candidates=20, candidates_dir=str(tmp_path / "cands"),
                              bench_shapes="serving")
-    lp = loop_mod.Loop(cfg, led, run.id, SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU", target=target)
+    lp = loop_mod.Loop(cfg, led, run.id, SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU",
+                       loop_mod.placement_for(cfg, gpu.devices, gpu), target=target)
     t = loop_mod.targets_for(cfg)[:1]
     _stream(lp, t, loop_mod.Budget(cfg, 0, 0.0), 1)
     assert lp.stats["benchmarked"] == 1 and lp.stats["promoted"] == 0

@@ -1,13 +1,19 @@
-"""Layers import downward only, and no modules import each other in a loop.
+"""Layers import downward only, no modules import each other in a loop, and an import inside a function
+says why it is there.
 
 The layer map is the table under "## Layers" in docs/ARCHITECTURE.md; this test reads it and keeps no copy.
 Every module under agent/, harness/, sanitizer/ and kernels/ is parsed with `ast` (imports at module level
 and inside functions alike, and `importlib.import_module` of a package path spelled as a literal) and
 mapped to its layer. An import from a lower layer into a higher one, or a cycle between modules, fails
 with the modules and layers named. A cycle between layers needs an upward import, so it fails as one.
+
+Imports belong at the top of a module; one inside a function of agent/, harness/ or sanitizer/ needs a
+comment on its line saying why (docs/ARCHITECTURE.md lists the reasons), and fails without one.
 """
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -191,6 +197,24 @@ def describe_cycle(component: Sequence[str], edges: Sequence[Import]) -> str:
     return f"modules that import each other: {', '.join(component)} ({'; '.join(links)})"
 
 
+EXPLAINED = ("agent", "harness", "sanitizer")  # where an import inside a function needs its reason beside it
+
+
+def unexplained_imports(source: str, rel: str) -> List[str]:
+    """Imports inside functions with no comment on any line of the statement."""
+    commented = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                 if tok.type == tokenize.COMMENT}
+    found: Dict[int, str] = {}
+    for fn in ast.walk(ast.parse(source, filename=rel)):  # outer functions first: the innermost names the import
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and \
+                    not commented.intersection(range(node.lineno, node.end_lineno + 1)):
+                found[node.lineno] = f"{rel}:{node.lineno} {fn.name}: {ast.unparse(node)}"
+    return [found[line] for line in sorted(found)]
+
+
 def project_layers() -> List[Layer]:
     return read_layers((ROOT / "docs" / "ARCHITECTURE.md").read_text())
 
@@ -221,6 +245,17 @@ def test_no_modules_import_each_other_in_a_loop():
     edges = imports()
     found = cycles(edges)
     assert not found, "import cycles:\n" + "\n".join(describe_cycle(c, edges) for c in found)
+
+
+def test_every_import_inside_a_function_says_why():
+    found = []
+    for package in EXPLAINED:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            rel = file.relative_to(ROOT).as_posix()
+            if not rel.startswith(NOT_CODE):
+                found += unexplained_imports(file.read_text(), rel)
+    assert not found, ("imports inside functions without a comment saying why (move each to the top of its "
+                       "module, or say why it stays):\n" + "\n".join(found))
 
 
 # -- the check itself, on a small tree that breaks each rule ----------------------------------------------
@@ -279,3 +314,17 @@ def test_the_most_precise_entry_decides_the_layer():
     assert layer_of("harness/ops/matmul.py", layers).name == "ops"
     assert layer_of("harness/bench.py", layers).name == "harness"
     assert layer_of("scripts/x.py", layers) is None
+
+
+def test_the_check_names_an_import_inside_a_function_without_a_reason():
+    source = ("import os\n\n"
+              "def light():\n"
+              "    import torch  # keeps the startup light\n"
+              "    from . import (wire,  # deferred: inside the sandbox\n"
+              "                   guard)\n\n"
+              "class Holder:\n"
+              "    def method(self):\n"
+              "        def inner():\n"
+              "            import json\n"
+              "        return inner\n")
+    assert unexplained_imports(source, "m.py") == ["m.py:11 inner: import json"]

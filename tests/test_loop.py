@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
 
 import pytest
 
@@ -21,6 +23,39 @@ from openai_stub import Stub
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 GOOD = os.path.join(ROOT, "tests", "candidates", "good", "quantize_kv", "evict_first_hint.py")
+
+
+@dataclass
+class FakeEvaluator:
+    """Stands in for a placement's children: `sanitize(path, op, mode, checks, env, on_ready)` answers as the
+    judge would and `bench(spec, env, on_ready)` as the benchmark child; a hard stop has no child to kill."""
+
+    sanitize: Callable = lambda path, op, mode, checks=None, env=None, on_ready=None: None
+    bench: Callable = lambda spec, env=None, on_ready=None: None
+    stops: int = 0
+
+    def stop_all(self):
+        self.stops += 1
+
+    def resume_starting(self):
+        pass
+
+
+@dataclass
+class FakeDevices:
+    """GPUs that are not there: `gpus` as CUDA_VISIBLE_DEVICES entries, each a `gpu_name`."""
+
+    gpus: List[str] = field(default_factory=lambda: ["0", "1"])
+    gpu_name: Optional[str] = "Fake GPU"
+
+    def available(self):
+        return bool(self.gpus)
+
+    def name(self):
+        return self.gpu_name
+
+    def visible(self, limit=None):
+        return self.gpus[:limit] if limit else list(self.gpus)
 
 
 def _run(args, env=None, timeout=900):
@@ -243,13 +278,11 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
 
 # -- evaluation spread over GPUs -------------------------------------------------------------
 
-def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
+def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one():
     """Timings never share a GPU (with each other or with a check); checks share one, up to the bound;
     a GPU task starts only when a GPU can take it, and every lease comes back."""
     import threading
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
-    from kernel_agent.harness import bench_worker
-    from kernel_agent.sanitizer import runner
     lock = threading.Lock()
     on_gpu = {"3": [], "5": []}  # GPU -> kinds running on it
     seen, cpu_env = [], []
@@ -264,14 +297,14 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
         with lock:
             on_gpu[dev].remove(kind)
 
-    def fake_bench(spec, timeout_s=900.0, env=None):
+    def fake_bench(spec, env=None, on_ready=None):
         dev = env["CUDA_VISIBLE_DEVICES"]
         enter(dev, "bench")
         release.wait(5)
         leave(dev, "bench")
         return {"results": [], "error": None, "n": spec["n"]}
 
-    def fake_sanitize(path, op, mode="full", checks=None, env=None):
+    def fake_sanitize(path, op, mode="full", checks=None, env=None, on_ready=None):
         if mode != "gpu":
             cpu_env.append(env)
             return mode
@@ -280,9 +313,7 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
         release.wait(5)
         leave(dev, "check")
         return dev
-    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
-    monkeypatch.setattr(runner, "run_isolated", fake_sanitize)
-    pl = LocalPlacement(3, ["3", "5"], threads=2, checks_per_gpu=2)
+    pl = LocalPlacement(3, ["3", "5"], threads=2, checks_per_gpu=2, evaluator=FakeEvaluator(fake_sanitize, fake_bench))
     check = SanitizeTask("f.py", "matmul", "gpu", ("determinism",))
     futs = [pl.submit(BenchTask({"n": 0}, gated=False))]  # GPU 3, alone from its start
     assert BenchTask({"n": 1}).exclusive and not check.exclusive and pl.can_start(check)
@@ -306,15 +337,13 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one(monkeypatch):
     pl.close()
 
 
-def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone(monkeypatch):
+def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone():
     """Gated tasks are admitted before they hold the GPU; a check's lease is shared; a benchmark (one
     per GPU) compiles on a shared lease beside the checks, and when it asks for the GPU alone no lease
     is granted there until the checks on it have ended and its timing is over; nothing runs beside the
     timing. The spans say what held the GPU when, and every lease comes back."""
     import threading
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask, occupied_fraction
-    from kernel_agent.harness import bench_worker
-    from kernel_agent.sanitizer import runner
     lock = threading.Lock()
     on_gpu: list = []
     seen: list = []
@@ -329,7 +358,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone(mo
         with lock:
             on_gpu.remove(kind)
 
-    def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
+    def fake_bench(spec, env=None, on_ready=None):
         assert on_ready("gpu", lambda: True)
         enter("compile")
         ev["compiled"].set()
@@ -351,9 +380,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone(mo
         leave(f"check {path}")
         return path
 
-    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
-    monkeypatch.setattr(runner, "run_isolated", fake_check)
-    pl = LocalPlacement(1, ["0"], threads=1, checks_per_gpu=3)
+    pl = LocalPlacement(1, ["0"], threads=1, checks_per_gpu=3, evaluator=FakeEvaluator(fake_check, fake_bench))
     check = lambda name: SanitizeTask(name, "matmul", "gpu", gated=True)  # noqa: E731
     fa = pl.submit(check("a"))
     fb = pl.submit(BenchTask({"n": 0}))
@@ -389,29 +416,25 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone(mo
     pl.close()
 
 
-def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop(monkeypatch):
+def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop():
     import threading
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
-    from kernel_agent.harness import bench_worker
-    from kernel_agent.sanitizer import isolation, runner
     check_go, asked = threading.Event(), threading.Event()
 
-    def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
+    def fake_bench(spec, env=None, on_ready=None):
         assert on_ready("gpu", lambda: True)
         asked.set()
         return {"granted": on_ready("alone", lambda: True)}
 
-    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
-    monkeypatch.setattr(runner, "run_isolated", lambda *a, **k: check_go.wait(5))
-    monkeypatch.setattr(isolation, "stop_all", lambda: None)
-    pl = LocalPlacement(1, ["0"], threads=1)
+    children = FakeEvaluator(lambda *a, **k: check_go.wait(5), fake_bench)
+    pl = LocalPlacement(1, ["0"], threads=1, evaluator=children)
     fcheck = pl.submit(SanitizeTask("a", "matmul", "gpu"))  # ungated: it holds its lease from the start
     fb = pl.submit(BenchTask({"n": 0}))
     assert asked.wait(5)
     time.sleep(0.2)
     assert not fb.done()  # waits for the check
     pl.stop()
-    assert fb.result(5) == {"granted": False}
+    assert fb.result(5) == {"granted": False} and children.stops == 1
     check_go.set()
     fcheck.result(5)
     pl.close()
@@ -462,60 +485,65 @@ def test_run_rejects_zero_gpus(tmp_path):
     assert r.returncode == 2 and "--gpus must be at least 1" in r.stderr and "Traceback" not in r.stderr
 
 
-def _fake_gpu(tmp_path, monkeypatch, candidate_ms, anchor=("anchor:torch", 0.9, False)):
-    """Replace the loop's device children by fakes: sanitizer GPU checks pass, benchmarks report
-    `candidate_ms(op, file)` for the candidate against 1.0 ms for the baseline (0.8 for a promoted
+class FakeGpu(FakeEvaluator):
+    """Two GPUs that are not there, and children that answer for them: sanitizer stages pass, benchmarks
+    report `candidate_ms(op, file)` for the candidate against 1.0 ms for the baseline (0.8 for a promoted
     incumbent) and the anchor (label, ms, whether it serves; one that serves is recorded under its real
-    bucket). Returns the log of (stage, GPU) leases."""
-    import threading
-    from kernel_agent.agent import loop as loop_mod
-    from kernel_agent.harness import bench_worker
-    from kernel_agent.sanitizer import runner
-    from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
+    bucket). `seen` logs each (stage, GPU) lease."""
 
-    monkeypatch.setenv("KERNEL_AGENT_SERVING_DIR", str(tmp_path / "serving"))
-    monkeypatch.setattr(loop_mod, "visible_gpus", lambda limit=None: ["0", "1"])
-    seen, lock = [], threading.Lock()
+    def __init__(self, candidate_ms, anchor=("anchor:torch", 0.9, False)):
+        import threading
+        super().__init__(self.sanitize_passes, self.bench_reports)
+        self.candidate_ms, self.anchor = candidate_ms, anchor
+        self.devices = FakeDevices(["0", "1"], "Fake GPU")
+        self.seen, self.lock = [], threading.Lock()
 
-    def fake_sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None, on_ready=None):
+    def sanitize_passes(self, path, op, mode="full", checks=None, env=None, on_ready=None):
+        from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
         if mode == "gpu":
             assert on_ready is not None and on_ready("gpu", lambda: True)  # the loop's GPU checks are gated
-            with lock:
-                seen.append(("gpu", env["CUDA_VISIBLE_DEVICES"]))
+            with self.lock:
+                self.seen.append(("gpu", env["CUDA_VISIBLE_DEVICES"]))
         return Verdict(path, op, mode, checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])])
 
-    def m(label, ms, serves=False):
-        return {"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "rounds": [ms] * 5, "tbps": 1.0,
-                "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": "",
-                "serves": serves}
-
-    def bucket(op, key):
-        return OPS[op].bucket(OPS[op].parse_shape(key)) if anchor[2] else "b"
-
-    def fake_bench(spec, timeout_s=900.0, env=None, on_ready=None):
+    def bench_reports(self, spec, env=None, on_ready=None):
         assert on_ready("gpu", lambda: True) and on_ready("alone", lambda: True)
-        with lock:
-            seen.append(("bench", env["CUDA_VISIBLE_DEVICES"]))
-            ms = candidate_ms(spec["op"], spec["kernels"][1]["file"])
+        with self.lock:
+            self.seen.append(("bench", env["CUDA_VISIBLE_DEVICES"]))
+            ms = self.candidate_ms(spec["op"], spec["kernels"][1]["file"])
         time.sleep(0.2)  # long enough for two targets' benchmarks to overlap, each on a GPU of its own
         inc = 1.0 if spec["kernels"][0]["file"] is None else 0.8
-        res = [{"op": spec["op"], "shape": key, "bucket": bucket(spec["op"], key), "dtype": spec["dtype"],
-                "gpu": "Fake GPU", "measurements": [m("incumbent", inc), m("candidate", ms), m(*anchor)]}
+        res = [{"op": spec["op"], "shape": key, "bucket": self._bucket(spec["op"], key), "dtype": spec["dtype"],
+                "gpu": "Fake GPU", "measurements": [_measured("incumbent", inc), _measured("candidate", ms),
+                                                    _measured(*self.anchor)]}
                for key in spec["shapes"]]
         return {"results": res, "error": None}
 
-    monkeypatch.setattr(runner, "run_isolated", fake_sanitize)
-    monkeypatch.setattr(bench_worker, "run_bench_isolated", fake_bench)
-    return seen
+    def _bucket(self, op, key):
+        return OPS[op].bucket(OPS[op].parse_shape(key)) if self.anchor[2] else "b"
 
 
-def _fake_loop(tmp_path, led, ops, proposer=None):
+def _measured(label, ms, serves=False):
+    return {"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "rounds": [ms] * 5, "tbps": 1.0,
+            "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": "", "serves": serves}
+
+
+def _fake_gpu(tmp_path, monkeypatch, candidate_ms, anchor=("anchor:torch", 0.9, False)):
+    """A FakeGpu for the loop, serving from a scratch folder of its own."""
+    monkeypatch.setenv("KERNEL_AGENT_SERVING_DIR", str(tmp_path / "serving"))
+    return FakeGpu(candidate_ms, anchor)
+
+
+def _fake_loop(tmp_path, led, ops, gpu, proposer=None, placement=None):
+    """A Loop over `ops` on the fake GPU; `placement` defaults to the one a run gets (agent.loop.placement_for)
+    over the fake's GPUs and children."""
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.search import SearchProposer
     cfg = loop_mod.RunConfig(ops=ops, per_round=2, max_candidates=20, candidates_dir=str(tmp_path / "cands"),
                              bench_shapes="near_serving")
     run = led.start_run(cfg.to_json(), {}, "search", cfg.ops, "Fake GPU", {})
-    lp = loop_mod.Loop(cfg, led, run.id, proposer or SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU")
+    lp = loop_mod.Loop(cfg, led, run.id, proposer or SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU",
+                       placement or loop_mod.placement_for(cfg, gpu.devices, gpu))
     return lp, run, loop_mod.targets_for(cfg), loop_mod.Budget(cfg, 0, 0.0)
 
 
@@ -531,11 +559,11 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     are built on it."""
     from kernel_agent.harness import serving
     fast = {}
-    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.8 if fast.setdefault(op, f) == f else 1.0)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.8 if fast.setdefault(op, f) == f else 1.0)
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv", "matmul"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv", "matmul"], gpu)
     _stream(lp, targets[:2], budget, 4)
-    assert {d for _, d in seen} == {"0", "1"}  # both GPUs lent
+    assert {d for _, d in gpu.seen} == {"0", "1"}  # both GPUs lent
     promos = [e for e in serving.load_manifest()["entries"]]
     assert sorted(e["op"] for e in promos) == ["matmul", "quantize_kv"] and lp.stats["promoted"] == 2
     for e in promos:  # the entry names the shapes it was judged on, all in its bucket
@@ -561,16 +589,16 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     again, their recorded times (and the incumbent's beside them) steer the climb."""
     from kernel_agent.agent.search import SearchProposer, baseline_config, source_config
     from kernel_agent.harness.ops import get_op
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)  # everything slower than the baseline
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)  # everything slower than the baseline
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
     _stream(lp, targets[:1], budget, 2)
     first = led.candidates(run_id=run.id)
     assert len(first) == 2 and {c.status for c in first} == {"benchmarked"}
     rows = led.bench_results(candidate_id=first[0].id)
     assert {b.label for b in rows} == {"candidate", "baseline", "anchor:torch"}  # timed side by side
     prop = SearchProposer()
-    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["matmul"], prop)
+    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["matmul"], gpu, prop)
     notes = []
     lp2.events.note = notes.append
     _stream(lp2, targets[:1], budget2, 2)  # a budget of 2 *new* candidates: replays cost nothing
@@ -597,9 +625,9 @@ def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkey
     a streak of them its target counts as exhausted, and the run says so."""
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.proposal import Proposal, Proposer
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
     _stream(lp, targets[:1], budget, 1)
     (judged,) = led.candidates(run_id=run.id)
 
@@ -610,7 +638,7 @@ def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkey
         def propose(self, ctx, n):
             Parrot.calls += 1
             return [Proposal("quantize_kv", judged.source, f"again-{Parrot.calls}", "parrot")]
-    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"], Parrot())
+    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"], gpu, Parrot())
     notes = []
     lp2.events.note = notes.append
     stop = _stream(lp2, targets[:1], budget2, 5)
@@ -627,9 +655,9 @@ def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_pa
     def slow(op, f):
         time.sleep(1.5)
         return 1.3
-    _fake_gpu(tmp_path, monkeypatch, slow)
+    gpu = _fake_gpu(tmp_path, monkeypatch, slow)
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
     lp.deadline = time.time() + 0.8
     t0 = time.time()
     stop = _stream(lp, targets[:1], budget, 2)  # two candidates for one target: timed one after the other
@@ -643,8 +671,8 @@ def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_pa
     assert len(led.candidates(run_id=run.id)) == 2
     # a later run with a GPU that proposes them again times them (their CPU stages not rerun)
     n_checks = {c.id: len([k for k in led.checks(c.id) if k.mode != "gpu"]) for c in first}
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
-    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"])
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
     _stream(lp2, targets[:1], budget2, 2)
     assert {led.candidate(c.id).status for c in first} == {"benchmarked"} and lp2.stats["benchmarked"] == 2
     assert {c.id: len([k for k in led.checks(c.id) if k.mode != "gpu"]) for c in first} == \
@@ -680,9 +708,9 @@ def test_run_refuses_shapes_without_ops_for_several_ops(tmp_path):
 def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
     """A small kernel's recorded benchmark is replayed with its graph replay times, as the live path fed
     them to the proposer, not with host-delayed event times."""
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
     c, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
     for label, ms, graph in (("candidate", 0.0900, 0.0400), ("baseline", 0.0500, 0.0440), ("anchor:torch", 0.04, 0.03)):
         led.record_bench(run_id=run.id, candidate_id=c.id, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
@@ -695,17 +723,16 @@ def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
 def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(tmp_path, monkeypatch):
     """int8 decode has several serving buckets and the search proposes the same evict-first rewrite for each:
     one candidate, one sanitizer run per stage, one benchmark per bucket."""
-    from kernel_agent.sanitizer import runner
-    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
     sanitized = []
-    fake = runner.run_isolated
+    passes = gpu.sanitize
 
     def counting(path, op, mode="full", **kw):
         sanitized.append((open(path).read(), mode))
-        return fake(path, op, mode, **kw)
-    monkeypatch.setattr(runner, "run_isolated", counting)
+        return passes(path, op, mode, **kw)
+    gpu.sanitize = counting
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"], gpu)
     lp.cfg.bench_shapes = "serving"
     from kernel_agent.agent.loop import targets_for
     both = targets_for(lp.cfg)
@@ -719,7 +746,7 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     assert len(cands) == 1 and cands[0].label == "evict-first"
     assert sorted(m for _, m in sanitized) == ["full", "gpu", "quick"]  # each stage once
     assert len([c for c in led.checks(cands[0].id) if c.mode == "quick"]) == 1
-    assert sum(1 for what, _ in seen if what == "bench") == len(both)  # timed against each bucket's incumbent
+    assert sum(1 for what, _ in gpu.seen if what == "bench") == len(both)  # timed against each bucket's incumbent
     led.close()
 
 
@@ -727,12 +754,11 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
     """After the quick stage the GPU checks start beside the full sanitizer; a candidate that fails
     them is rejected once (the full stage's checks, arriving later, are kept without changing that)
     and never benchmarked; one that passes both is benchmarked."""
-    from kernel_agent.sanitizer import runner
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
-    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
     events = []
 
-    def sanitize(path, op, mode="full", timeout_s=None, keep_going=False, env=None, checks=None, on_ready=None):
+    def sanitize(path, op, mode="full", checks=None, env=None, on_ready=None):
         if on_ready is not None:
             assert on_ready("gpu", lambda: True)
         events.append((mode, "start", os.path.basename(path), time.time()))
@@ -743,9 +769,9 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
         outcome = CheckOutcome("determinism", "failed", "run 2 differs") if bad else CheckOutcome(
             (checks or ["static_gate"])[0], "passed")
         return Verdict(path, op, mode, checks=[outcome])
-    monkeypatch.setattr(runner, "run_isolated", sanitize)
+    gpu.sanitize = sanitize
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
     _stream(lp, targets[:1], budget, 2)
     cands = {c.label: c for c in led.candidates(run_id=run.id)}
     assert set(cands) == {"evict-first", next(k for k in cands if k.startswith("cfg-"))}
@@ -753,7 +779,7 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
     assert bad.status == "rejected" and "determinism" in json.dumps(bad.verdict)
     assert {c.name for c in led.checks(bad.id, mode="full")} == {"static_gate"}  # kept, status unchanged
     assert good.status == "benchmarked" and lp.stats["rejected"] == 1 and lp.stats["benchmarked"] == 1
-    assert [s for s, _ in seen].count("bench") == 1
+    assert [s for s, _ in gpu.seen].count("bench") == 1
     for name in ("evict-first", os.path.basename(good.path)):  # the GPU check started before full ended
         t_gpu = next(t for m, e, n, t in events if m == "gpu" and e == "start" and n.startswith(name[:10]))
         t_full_end = next(t for m, e, n, t in events if m == "full" and e == "end" and n.startswith(name[:10]))
@@ -769,23 +795,36 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     from collections import Counter
     from concurrent.futures import Future
     from kernel_agent.agent import loop as loop_mod
-    from kernel_agent.agent.placement import TaskLost
-    seen = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
+    from kernel_agent.agent.placement import LocalPlacement, TaskLost, default_jobs
+
+    class LosingPlacement(LocalPlacement):
+        """Loses each task that `loses(task)` picks, as a cluster node that died would."""
+
+        def loses(self, task):
+            return False
+
+        def submit(self, task):
+            if self.loses(task):
+                fut = Future()
+                fut.set_result(TaskLost("node lost (NodeDiedError)"))
+                return fut
+            return super().submit(task)
+
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"])
+    placement = LosingPlacement(default_jobs(2), gpu.devices.gpus, evaluator=gpu)
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu, placement=placement)
     notes = []
     lp.events = loop_mod.RunEvents(note=notes.append)
-    submit, lost = lp.placement.submit, Counter()
+    lost = Counter()
     always_lost = set()  # task kinds whose every task is lost
 
-    def losing_submit(task):
+    def first_of_each_kind(task):
         if lost[task.kind] < 1 or task.kind in always_lost:  # the first of each kind goes down with its node
             lost[task.kind] += 1
-            fut = Future()
-            fut.set_result(TaskLost("node lost (NodeDiedError)"))
-            return fut
-        return submit(task)
-    monkeypatch.setattr(lp.placement, "submit", losing_submit)
+            return True
+        return False
+    placement.loses = first_of_each_kind
     _stream(lp, targets[:1], budget, 2)
     cands = led.candidates(run_id=run.id)
     assert len(cands) == 2 and {c.status for c in cands} == {"benchmarked"}
@@ -795,7 +834,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
         checks = Counter((x.mode, x.name) for x in led.checks(c.id))
         assert set(checks) >= {("quick", "static_gate"), ("full", "static_gate"), ("gpu", "determinism")}
         assert max(checks.values()) == 1
-    assert [s for s, _ in seen].count("bench") == 2 and lp.stats["rejected"] == 0
+    assert [s for s, _ in gpu.seen].count("bench") == 2 and lp.stats["rejected"] == 0
 
     always_lost.add("quick")  # a third candidate whose quick stage is lost every time
     _stream(lp, targets[:1], budget, 1)
@@ -807,14 +846,12 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     always_lost.clear()  # a fourth whose benchmark loses the last GPU: the stream ends, it stays verified
     real_gpus = list(lp.placement.gpus)
 
-    def losing_the_gpus(task):
+    def bench_loses_the_gpus(task):
         if task.kind == "bench":
             lp.placement.gpus = []
-            fut = Future()
-            fut.set_result(TaskLost("node lost (NodeDiedError)"))
-            return fut
-        return submit(task)
-    monkeypatch.setattr(lp.placement, "submit", losing_the_gpus)
+            return True
+        return False
+    placement.loses = bench_loses_the_gpus
     assert _stream(lp, targets[:1], budget, 1) == "no GPU is left to judge on"
     fourth = led.candidates(run_id=run.id)[-1]
     assert fourth.status == "verified" and lp.stats["unjudged"] == 2
@@ -829,11 +866,11 @@ def test_the_live_status_line(monkeypatch):
     import io
     from rich.console import Console
     from kernel_agent.agent import ui
-    from kernel_agent.agent.loop import RunStatus
-    st = RunStatus(125, 600, 3, None, {"quick": 1, "gpu": 2, "bench": 1}, 4, 7, 0.031)
+    from kernel_agent.agent.loop import LiveStatus
+    st = LiveStatus(125, 600, 3, None, {"quick": 1, "gpu": 2, "bench": 1}, 4, 7, 0.031)
     assert st.describe() == "2:05/10:00 cand 3; quick 1 full 0 gpu 2 bench 1; queued 4; judged 7; best +3.1%"
     assert len(st.describe()) <= 80
-    assert RunStatus(3725, 28800, 5, 10, {}, 0, 0, None).describe().startswith("1:02:05/8:00:00 cand 5/10; quick 0 full 0;")
+    assert LiveStatus(3725, 28800, 5, 10, {}, 0, 0, None).describe().startswith("1:02:05/8:00:00 cand 5/10; quick 0 full 0;")
     buf = io.StringIO()
     monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=100, highlight=False))
     monkeypatch.delenv("TERM", raising=False)
@@ -917,9 +954,9 @@ def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serv
     """With cuBLAS faster than the baseline, a candidate 15% faster than the baseline but slower than
     cuBLAS is not promoted, and the benchmark leaves the bucket to torch in the serving set."""
     from kernel_agent.harness import serving
-    _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
     led = Ledger(str(tmp_path / "l.db"))
-    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"])
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
     notes = []
     lp.events.note = notes.append
     _stream(lp, targets[:1], budget, 2)

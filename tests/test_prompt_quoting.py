@@ -7,7 +7,7 @@ from kernel_agent.agent.review import _gate_markdown, write_report
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from kernel_agent.sanitizer.static_gate import language_summary
-from kernel_agent.sanitizer.verdict import FAILED, CheckOutcome, Verdict, fence_for, quote_untrusted
+from kernel_agent.sanitizer.verdict import CheckOutcome, CheckStatus, Verdict, fence_for, quote_untrusted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = os.path.join(ROOT, "tests", "candidates", "good", "quantize_kv", "evict_first_hint.py")
@@ -110,7 +110,7 @@ def test_an_incumbent_with_backticks_stays_inside_its_code_block():
 # -- markdown reports ----------------------------------------------------------------------------
 
 def test_gate_markdown_quotes_failure_details_and_errors():
-    bad = Verdict("k1.py", "quantize_kv", "quick", checks=[CheckOutcome("runs", FAILED, HOSTILE)])
+    bad = Verdict("k1.py", "quantize_kv", "quick", checks=[CheckOutcome("runs", CheckStatus.FAILED, HOSTILE)])
     crashed = Verdict("k2.py", "quantize_kv", "quick", error="exited 1: <img src=x onerror=alert(1)>\n| x |")
     md = _gate_markdown([bad, crashed], [], {"torch": "t", "triton": "t", "driver": "d"}, "quick", "serving")
     rows = [ln for ln in md.splitlines() if ln.startswith("| `")]

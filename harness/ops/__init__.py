@@ -33,7 +33,7 @@ def __getattr__(attr: str) -> Any:
         globals()["OPS"] = ops
         return ops
     if attr in _FROM_COMMON:
-        from . import common
+        from . import common  # deferred: the shared types load torch; NAMES is known without it
         return getattr(common, attr)
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 

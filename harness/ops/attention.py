@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping
 
 import torch
+import torch.nn.functional as F
 
 from .common import Op, Shape, fill
 from .tuning import SMEM_LIMIT, Space
@@ -63,7 +64,6 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     sm_scale: float | None = None) -> torch.Tensor:
     """The contract through torch SDPA (flash or memory-efficient kernels where they apply); GQA by
     SDPA's own head grouping, which maps query head h to kv head h // (Hq // Hkv) as the contract does."""
-    import torch.nn.functional as F
     return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=sm_scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
@@ -101,7 +101,7 @@ class Attention(Op):
     def shape_strategy(self):
         """Interpreter-sized shapes: odd sequence lengths, GQA groups (MQA too), causal and not, and head dims
         that are not powers of two (a kernel pads them) among those that are."""
-        from hypothesis import strategies as st
+        from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
 
         @st.composite
         def shapes(draw):

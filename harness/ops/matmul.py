@@ -64,7 +64,7 @@ class Matmul(Op):
 
     def shape_strategy(self):
         """Interpreter-sized shapes for property tests: 1, primes, and block sizes +-1."""
-        from hypothesis import strategies as st
+        from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
         dim = st.sampled_from([1, 2, 3, 7, 13, 16, 17, 31, 32, 33, 63, 64, 65, 97, 127, 128, 129])
         return st.builds(MatmulShape, dim, dim, dim)
 

@@ -38,7 +38,7 @@ def decode_shape_strategy():
     """Interpreter-sized paged caches: ragged lengths, GQA groups (MQA too), head dims and page sizes that
     are not powers of two among those that are (SGLang pages hold 1 token; FlashInfer takes any size),
     contexts on both sides of the 256-token steps at which the baselines add a split."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
 
     @st.composite
     def shapes(draw):

@@ -90,7 +90,7 @@ class QuantizeKV(Op):
         them) in few of them: the interpreter's cost grows with the elements, and a row's reduction is what
         long rows test. The lengths reach every row tile (1 to 4096 lanes) and so every rows-per-program
         choice of the baseline's host code."""
-        from hypothesis import strategies as st
+        from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
 
         @st.composite
         def shapes(draw):
