@@ -4,7 +4,9 @@ candidate faults, on a CUDA device. Skipped on the CPU (CI); on a GPU machine:
     TRITON_INTERPRET=0 python -m pytest -q -m gpu tests/test_gpu.py
 """
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -383,12 +385,15 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
     assert refused.get("error", "").startswith("benchmark timed out") and not refused["results"]
 
 
-def test_a_bf16_only_fault_that_the_cpu_checks_cannot_reach_fails_the_gpu_stage():
-    from kernel_agent.sanitizer.runner import run_isolated
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "candidates", "gpu_faulty", "matmul",
-                        "bf16_only_drops_the_partial_k_tile.py")
-    v = run_isolated(path, "matmul", "gpu", checks=("gpu_differential",), timeout_s=300)
-    failed = [c for c in v.checks if c.status == "failed"]
-    assert not v.passed and failed and failed[0].name == "gpu_differential" and "bfloat16" in failed[0].detail, \
-        v.summary()
+GPU_FAULTY = sorted((Path(__file__).resolve().parent / "candidates" / "gpu_faulty").glob("*/*.py"))
 
+
+@pytest.mark.parametrize("path", GPU_FAULTY, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_faults_the_interpreter_cannot_reach_fail_the_gpu_check_they_name(path):
+    """tests/candidates/gpu_faulty/<op>/: faults only the GPU stage reaches (a bf16-only branch, sizes past
+    the interpreter's); each names the GPU check that must reject it."""
+    from kernel_agent.sanitizer.runner import run_isolated
+    expected = re.search(r'^EXPECTED_CHECK = "(\w+)"', path.read_text(), re.M).group(1)
+    v = run_isolated(str(path), path.parent.name, "gpu", checks=(expected,), timeout_s=300)
+    failed = [c for c in v.checks if c.status == "failed"]
+    assert not v.passed and failed and failed[0].name == expected, v.summary()
