@@ -4,9 +4,11 @@
         one row per session of the run (the run, then each `--resume`): time to the first benchmarked
         candidate, candidates judged (per GPU-hour), GPU occupancy after the first 3 minutes, how far
         past its time limit the session ended, what it left unjudged, median seconds per stage.
-    python scripts/throughput.py sanitize [--json OUT]
+    python scripts/throughput.py sanitize [--seed N] [--json OUT]
         the full sanitizer on each of the five baselines, one after another, as `kernel-agent run`
-        starts it (a sandboxed child), with its median: the CPU-side cost of one candidate.
+        starts it (a sandboxed child), with its median: the CPU-side cost of one candidate. The inputs
+        are drawn from a secret seed, as in a run, unless --seed fixes them (the same draws, so that two
+        versions of the sanitizer can be compared on equal work).
 
 scripts/gpu_throughput.sh runs the first on a GPU machine; the README's "Throughput" section quotes both.
 """
@@ -79,7 +81,7 @@ def report(ledger_path: str, run_id: str) -> dict:
     return doc
 
 
-def sanitize_baselines() -> dict:
+def sanitize_baselines(seed=None) -> dict:
     """Full sanitizer on each baseline in a child process, one at a time (wall seconds and the checks' sum)."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from kernel_agent.harness.ops import NAMES, OPS  # noqa: F401  (OPS loads every op: fails early on a broken install)
@@ -89,7 +91,7 @@ def sanitize_baselines() -> dict:
     for op in NAMES:
         path = os.path.join(root, "kernels", "baseline", f"{op}.py")
         t0 = time.time()
-        v = runner.run_isolated(path, op, "full")
+        v = runner.run_isolated(path, op, "full", seed=seed)
         wall = time.time() - t0
         checks = sum(c.duration_s or 0.0 for c in v.checks)
         rows.append({"op": op, "passed": v.passed, "wall_s": round(wall, 1), "checks_s": round(checks, 1),
@@ -99,7 +101,7 @@ def sanitize_baselines() -> dict:
     med = statistics.median(r["wall_s"] for r in rows)
     print(f"median full-sanitizer time per candidate over the five baselines: {med:.1f} s "
           f"({os.cpu_count()} cores; target <= 25 s)")
-    return {"baselines": rows, "median_wall_s": med, "cores": os.cpu_count()}
+    return {"baselines": rows, "median_wall_s": med, "cores": os.cpu_count(), "seed": seed}
 
 
 def main(argv=None) -> int:
@@ -111,8 +113,9 @@ def main(argv=None) -> int:
     r.add_argument("--json")
     s = sub.add_parser("sanitize")
     s.add_argument("--json")
+    s.add_argument("--seed", type=int, help="the inputs' seed base (default: a secret one per baseline, as in a run)")
     args = ap.parse_args(argv)
-    doc = report(args.ledger, args.run) if args.cmd == "report" else sanitize_baselines()
+    doc = report(args.ledger, args.run) if args.cmd == "report" else sanitize_baselines(args.seed)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
