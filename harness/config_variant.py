@@ -15,9 +15,10 @@ import importlib
 import inspect
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from .ops.tuning import Space
+if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
+    from .ops.tuning import Space
 
 
 def baseline_source(op_name: str) -> str:
@@ -63,7 +64,7 @@ def _fields_text(fields: Sequence[str], values: Sequence) -> str:
     return ", ".join(f"{f}={v}" for f, v in zip(fields, values))
 
 
-def with_config(source: str, old: tuple, new: tuple, bucket: str, space: Space) -> str:
+def with_config(source: str, old: tuple, new: tuple, bucket: str, space: "Space") -> str:
     """The source with `_config` overridden for the shapes that used `old`. A source that is
     itself a variant keeps its override; the new one is stacked on top under fresh names."""
     return apply_config(source, ConfigStep(bucket, tuple(space.fields), tuple(old), tuple(new)))
