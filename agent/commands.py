@@ -765,13 +765,13 @@ def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname
     from ..harness.bench import record_shape_result  # here: torch, after the flags
     from .publish import PromotionRequest, publish_promotion  # here: as the serving set
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
-    inc_file = os.path.join(target.dir, entry["file"]) if entry else None
+    inc_file = str(serving.entry_path(entry, target.dir)) if entry else None
     spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
             "kernels": [{"label": "incumbent", "file": inc_file},
                         {"label": "candidate", "file": os.path.abspath(args.file)}]}
     doc = bench_worker.run_bench_isolated(spec)
     for res in doc.get("results", []):
-        record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{entry['file']}")
+        record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}")
     j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
     if j.error:
         ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
@@ -786,8 +786,16 @@ def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname
         run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,
         env.versions(), note=args.reason))
     where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
-    ui.line(f"{bucket}: PROMOTED -> {target.shown(done.entry['file'])}{where}: {done.reason}", style="bold green")
+    ui.line(f"{bucket}: PROMOTED -> {_shown_entry(target, done.entry)}{where}: {done.reason}", style="bold green")
     return True
+
+
+def _shown_entry(target, entry) -> str:
+    """Where a reviewer finds a promoted kernel: its file, or the manifest entry of a configuration."""
+    if entry.get("file"):
+        return target.shown(entry["file"])
+    from ..harness import serving  # here: torch, after the flags
+    return f"{target.shown(serving.MANIFEST_NAME)} ({serving.describe_entry(entry)})"
 
 
 @command("demote")

@@ -361,10 +361,13 @@ class Loop:
         """What serves the target now in the run's serving set: its promoted kernel, else the baseline."""
         entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name, dir=self.target.dir)
         if entry:
-            path = os.path.join(self.target.dir, entry["file"])
-            if os.path.exists(path):
-                with open(path) as f:
-                    return Incumbent(f"serving:{entry['file']}", path, f.read())
+            try:
+                path = serving.entry_path(entry, self.target.dir)
+            except serving.ServingError as e:
+                # what cannot be served is no incumbent: the climb starts from the baseline, and says why
+                self.events.note(f"{t.op} {t.bucket}: {e}")
+            else:
+                return Incumbent(f"serving:{serving.entry_name(entry)}", str(path), path.read_text(encoding="utf-8"))
         return Incumbent("baseline", None, baseline_source(t.op))
 
     def _history(self, t: Target) -> List[Attempt]:
@@ -644,7 +647,8 @@ class Loop:
         self.stats["promoted"] += 1
         self.incumbent_ms[(t.op, t.bucket)] = j.candidate_ms
         where = f" ({self.target.info.branch} {done.commit[:10]})" if done.commit else ""
-        self.events.candidate(p.label, CandidateStatus.PROMOTED, f"{done.reason} -> {done.entry['file']}{where}")
+        self.events.candidate(p.label, CandidateStatus.PROMOTED,
+                              f"{done.reason} -> {serving.describe_entry(done.entry)}{where}")
 
     def throughput(self) -> Throughput:
         log = self.placement.log()

@@ -65,6 +65,7 @@ class RunBranch:
     commits: int = 0
     serving_dir: Optional[str] = None
     why: str = ""
+    configs: Tuple[int, ...] = ()  # candidates promoted as a configuration: no serving file of their own
 
     @property
     def has_branch(self) -> bool:
@@ -100,7 +101,8 @@ def run_branch(run) -> RunBranch:
     if isinstance(target, dict) and target.get("mode"):
         commits = target.get("commits") or 0
         if target["mode"] == "branch" and target.get("branch") and commits:
-            return RunBranch("branch", target["branch"], target.get("repo"), target.get("base"), int(commits))
+            return RunBranch("branch", target["branch"], target.get("repo"), target.get("base"), int(commits),
+                             configs=tuple(target.get("configs") or ()))
         if target["mode"] == "branch":  # a branch that received no commit is deleted again: nothing there
             return RunBranch("unrecorded", why="its branch received no commit")
         return RunBranch("in_place", serving_dir=target.get("serving_dir"), why=target.get("why") or "")
@@ -315,8 +317,8 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
     """Whether kernels/serving/ (on the run's branch, else in this checkout's serving set) holds the
     promoted kernel: not when a later promotion of the run replaced it or it was demoted; without a
     branch, only when the file there has the candidate's source."""
-    if later or pk.promotion.demoted_at is not None:
-        return False
+    if later or pk.promotion.demoted_at is not None or pk.promotion.candidate_id in branch.configs:
+        return False  # (a configuration is an entry of the manifest, rebuilt from its base: no file to name)
     if branch.has_branch:
         return True  # the branch's commit of this promotion wrote it, and nothing later in the run replaced it
     from ..harness.serving import kernel_file_name, serving_dir  # here: as above
@@ -342,10 +344,12 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
     if _serving_file_holds(pk, later, branch):
         kernel = serving_file
     else:
-        # the serving file holds what replaced it (a later promotion of the bucket, a demotion) or is gone
+        # the serving file holds what replaced it (a later promotion of the bucket, a demotion) or is gone, or
+        # the promotion is a configuration the manifest records without a file
         kernel = f"candidate-{c.id}.py"
-        lines += ["# the kernel as judged (the serving set no longer holds it), from the ledger",
-                  _extract(c.id, ledger_flag, kernel)]
+        held = ("the serving set records it as a configuration of its base, without a file"
+                if c.id in branch.configs else "the serving set no longer holds it")
+        lines += [f"# the kernel as judged ({held}), from the ledger", _extract(c.id, ledger_flag, kernel)]
     seed = _seed_of(led, c.id)
     lines += ["# the sanitizer verdict: full mode, and the GPU checks on a machine with a CUDA GPU"
               + ("" if seed is not None else " (inputs from a fresh secret seed)"),

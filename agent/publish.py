@@ -104,7 +104,8 @@ class TargetInfo:
     mode: 'branch' | 'in_place' | 'none'. serving_dir: the folder the run reads and writes (in branch
     mode the worktree's copy of the serving folder). source_dir: the serving folder the run was pointed
     at. why: what chose the mode, in words. Branch mode only: repo (the work tree's top level), branch,
-    worktree, base (the commit the branch started from), commits (on the branch since base)."""
+    worktree, base (the commit the branch started from), commits (on the branch since base). configs: the
+    candidates promoted as a configuration, recorded in the manifest without a kernel file of their own."""
 
     mode: str
     serving_dir: str
@@ -115,6 +116,7 @@ class TargetInfo:
     worktree: Optional[str] = None
     base: Optional[str] = None
     commits: int = 0
+    configs: Tuple[int, ...] = ()
 
     def describe(self) -> str:
         """The run's line about where promotions go."""
@@ -142,7 +144,9 @@ class TargetInfo:
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "TargetInfo":
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["configs"] = tuple(kw.get("configs") or ())
+        return cls(**kw)
 
 
 def recorded_target(notes: Dict[str, Any]) -> Optional[TargetInfo]:
@@ -348,8 +352,8 @@ class PromotionRequest:
 
 @dataclass(frozen=True)
 class Published:
-    """A promotion written: its manifest entry, the kernel file, the ledger's promotion id, and the
-    commit on the run's branch (None in place)."""
+    """A promotion written: its manifest entry, the kernel file (the manifest, for a configuration recorded
+    without a file of its own), the ledger's promotion id, and the commit on the run's branch (None in place)."""
 
     entry: Dict[str, Any]
     path: Path
@@ -362,14 +366,16 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
 
-def promotion_message(req: PromotionRequest, replaced: Optional[Dict[str, Any]], file: str) -> str:
+def promotion_message(req: PromotionRequest, replaced: Optional[Dict[str, Any]], file: str,
+                      config: Optional[str] = None) -> str:
     """The commit message of a promotion: the rule's decision (gain, noise, margin, shapes) and the
-    candidate, so that the branch's log reads as the night's verdicts."""
+    candidate, so that the branch's log reads as the night's verdicts. `config`: for a configuration
+    recorded in the manifest without a file, what it tunes and how (serving.describe_entry)."""
     j = req.judgement
     d = j.decision
     if d is None:
         raise ValueError(f"candidate #{req.candidate_id} has no decision of the rule")
-    was = (f"the promoted kernel {replaced['file']} (candidate #{replaced.get('candidate_id')})"
+    was = (f"the promoted kernel {serving.entry_name(replaced)} (candidate #{replaced.get('candidate_id')})"
            if replaced else "the baseline")
     clocks = sorted(set(j.kinds))
     lines = [
@@ -381,7 +387,7 @@ def promotion_message(req: PromotionRequest, replaced: Optional[Dict[str, Any]],
         f"time: {j.incumbent_ms:.4f} ms -> {j.candidate_ms:.4f} ms (mean over the shapes, against {j.against}; "
         f"{'/'.join(clocks)} clock)",
         f"shapes: {'; '.join(j.shapes)}",
-        f"file: {file}",
+        f"file: {file}" if config is None else f"configuration (in {file}): {config}",
         "versions: " + ", ".join(f"{k} {v}" for k, v in sorted(req.versions.items())),
         f"run: {req.run_id}; details: kernel-agent show {req.candidate_id}",
     ]
@@ -400,8 +406,13 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
     replaced = serving.promoted(req.op, req.bucket, req.dtype, req.gpu_name, dir=target.dir)
     entry = serving.install(req.op, req.bucket, req.dtype, req.gpu_name, req.source, req.candidate_id,
                             j.decision.gain, req.reason, req.versions, dir=target.dir, shapes=list(j.shapes))
-    path = target.dir / entry["file"]
-    sha = target.commit(promotion_message(req, replaced, target.shown(entry["file"])))
+    if entry.get("file"):
+        path, config = target.dir / entry["file"], None
+    else:  # a configuration: the manifest entry is the whole change
+        path, config = target.dir / serving.MANIFEST_NAME, serving.describe_entry(entry)
+    if config is not None:
+        target.info = dataclasses.replace(target.info, configs=(*target.info.configs, req.candidate_id))
+    sha = target.commit(promotion_message(req, replaced, target.shown(path.name), config))
     promo = ledger.record_promotion(run_id=req.run_id, op=req.op, bucket=req.bucket, dtype=req.dtype,
                                     gpu_name=req.gpu_name, candidate_id=req.candidate_id, new_ms=j.candidate_ms,
                                     old_ms=j.incumbent_ms, gain=j.decision.gain, spread=j.decision.spread,

@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..harness.config_variant import steps_over
 from ..harness.env import versions
 from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
@@ -253,14 +254,25 @@ def verdict_section(led, pk: PromotedKernel) -> List[str]:
 
 
 def diff_section(pk: PromotedKernel) -> List[str]:
-    """The unified diff against what it replaces (a configuration change is a few lines of `_config`)."""
+    """The unified diff against what it replaces (a configuration change is a few lines of `_config`), after
+    the configuration in a line when that is all the change is."""
     c = pk.candidate
     if c is None:
         return []
     diff = unified_diff(pk.replaced_label, pk.replaced_source, f"candidate #{c.id} ({c.label})", c.source)
     fence = fence_for(diff)  # the candidate's source may hold backticks: the block must outlast them
-    return ["", f"### Diff against {pk.replaced_label}", "", f"{fence}diff", diff.rstrip() or "(identical)", fence,
-            ""]
+    return ["", f"### Diff against {pk.replaced_label}", "", *config_lines(pk.replaced_source, c.source),
+            f"{fence}diff", diff.rstrip() or "(identical)", fence, ""]
+
+
+def config_lines(old: str, new: str) -> List[str]:
+    """A launch-configuration change in words, one line per `_config` override (none for a code change): the
+    serving set records such a promotion as its base and these lines, not as a copy of the file."""
+    steps = steps_over(old, new)
+    if not steps:
+        return []
+    return (["A launch configuration, recorded in the serving set as the kernel it tunes and this change "
+             "(no copy of the file):", ""] + [f"- `{s.describe()}`" for s in steps] + [""])
 
 
 
@@ -447,7 +459,23 @@ class GateItem:
 
     op: str
     label: str  # op/bucket/dtype/gpu for a serving kernel, op/baseline for a baseline
-    path: str
+    path: str  # what is judged: the file, or a promoted configuration rebuilt from its base
+    shown: str = ""  # the name in the summary when it is not `path` (a configuration has no file of its own)
+    error: str = ""  # why there is nothing to judge (a configuration whose base or hash no longer agrees)
+
+
+def serving_gate_item(d: str, e: Dict[str, Any]) -> GateItem:
+    """The gate's item for a kernel entry: its file, or its configuration rebuilt and checked against the
+    hash that was judged (serving.entry_path), which is a failure of its own when they disagree."""
+    from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+    label = f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}"
+    shown = os.path.join(d, serving.entry_name(e))
+    if not e.get("variant"):
+        return GateItem(e["op"], label, shown)
+    try:
+        return GateItem(e["op"], label, str(serving.entry_path(e, d)), shown)
+    except serving.ServingError as err:
+        return GateItem(e["op"], label, shown, shown, error=str(err))
 
 
 def cmd_gate(args) -> int:
@@ -466,8 +494,7 @@ def cmd_gate(args) -> int:
             stale.append(e)
     if args.since_versions:
         entries = stale
-    items = [GateItem(e["op"], f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}", os.path.join(d, e["file"]))
-             for e in entries]
+    items = [serving_gate_item(d, e) for e in entries]
     if not args.no_baselines and not args.since_versions:
         base_dir = os.path.dirname(kernels_baseline.__file__)
         items += [GateItem(op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")) for op in OP_NAMES]
@@ -475,7 +502,8 @@ def cmd_gate(args) -> int:
     mode = "quick" if args.quick else "full"
     verdicts = _judge_gate_items(items, mode, gpu, args.jobs)
     ok = all(v.passed for v in verdicts)
-    md = _gate_markdown(verdicts, stale, now, mode + ("+gpu" if gpu else ""), d)
+    md = _gate_markdown(verdicts, stale, now, mode + ("+gpu" if gpu else ""), d,
+                        [serving.describe_entry(e) for e in entries if e.get("variant")])
     if args.junit:
         write_junit(verdicts, args.junit)
     if args.summary:
@@ -504,22 +532,25 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
             by_op[it.op].append(it)
         for op, its in by_op.items():
             for it in its:
-                if not os.path.exists(it.path):
+                if it.error:
+                    verdicts.append(Verdict(it.shown or it.path, op, mode, error=it.error))
+                    prog.advance(f"FAIL {it.label}: {it.error}")
+                elif not os.path.exists(it.path):
                     verdicts.append(Verdict(it.path, op, mode, error=f"serving file missing: {it.path}"))
                     prog.advance(f"FAIL {it.label}: file missing")
-            present = [it for it in its if os.path.exists(it.path)]
+            present = [it for it in its if not it.error and os.path.exists(it.path)]
             vs = run_many([it.path for it in present], op, mode, jobs=jobs)
             if gpu:
                 gs = run_many([it.path for it in present], op, "gpu", jobs=1)
                 vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
             for it, v in zip(present, vs):
-                v.file = it.path
+                v.file = it.shown or it.path
                 verdicts.append(v)
                 prog.advance(f"{'PASS' if v.passed else 'FAIL'} {it.label}: {v.summary()[:120]}")
     return verdicts
 
 
-def _gate_markdown(verdicts, stale, now, mode, d) -> str:
+def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
     ok = all(v.passed for v in verdicts)
     lines = [f"## kernel-agent gate: {'passed' if ok else 'FAILED'}", "",
              f"Serving set `{d}`, sanitizer mode {mode}; torch {now.get('torch')}, triton {now.get('triton')}, "
@@ -533,5 +564,8 @@ def _gate_markdown(verdicts, stale, now, mode, d) -> str:
         lines.append(f"| `{os.path.relpath(v.file)}` | {'pass' if v.passed else '**FAIL**'} | {eq} | {why} |")
     if stale:
         lines += ["", "Measured under other versions (re-checked above; re-benchmark on the GPU to re-promote):"]
-        lines += [f"- `{e['file']}`: {', '.join(e['_stale'])}" for e in stale]
+        lines += [f"- `{e.get('file') or e['op'] + '/' + e['bucket']}`: {', '.join(e['_stale'])}" for e in stale]
+    if configs:
+        lines += ["", "Promoted configurations (no file: rebuilt from their base, checked against the judged hash):"]
+        lines += [f"- `{c}`" for c in configs]
     return "\n".join(lines) + "\n"

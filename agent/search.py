@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
 import itertools
 import os
 import random
-import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..harness.config_variant import baseline_source, has_config, with_config  # noqa: F401 (re-exported)
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.ops.tuning import Space
@@ -40,15 +39,6 @@ def baseline_config(op_name: str, shape) -> tuple:
     mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return tuple(mod._config(*get_op(op_name).config_args(shape, device)))
-
-
-def baseline_source(op_name: str) -> str:
-    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
-    return inspect.getsource(mod)
-
-
-def has_config(source: str) -> bool:
-    return re.search(r"^def _config\(", source, re.M) is not None
 
 
 def source_config(op_name: str, source: str, shape) -> tuple:
@@ -63,31 +53,6 @@ def source_config(op_name: str, source: str, shape) -> tuple:
         fn = load_kernel_file(path, op_name)
         cfg = sys.modules[fn.__module__]._config
         return tuple(cfg(*get_op(op_name).config_args(shape, device)))
-
-
-def with_config(source: str, old: tuple, new: tuple, bucket: str, space: Space) -> str:
-    """The source with `_config` overridden for the shapes that used `old`. A source that is
-    itself a variant keeps its override; the new one is stacked on top under fresh names."""
-    if not has_config(source):
-        raise ValueError("the source has no module-level `_config` function")
-    n = 0
-    while re.search(rf"\b(_config_base|_TUNED_FROM|_TUNED_TO){n or ''}\b", source):
-        n += 1
-    sfx = str(n or "")
-    renamed = re.sub(r"^def _config\(", f"def _config_base{sfx}(", source, flags=re.M)
-    desc = ", ".join(f"{f}={v}" for f, v in zip(space.fields, new))
-    return renamed.rstrip() + f'''
-
-
-# Launch configuration found by kernel-agent's search for bucket {bucket}: {desc}
-_TUNED_FROM{sfx} = {tuple(old)!r}
-_TUNED_TO{sfx} = {tuple(new)!r}
-
-
-def _config(*args):
-    cfg = tuple(_config_base{sfx}(*args))
-    return _TUNED_TO{sfx} if cfg == _TUNED_FROM{sfx} else cfg
-'''
 
 
 def with_evict_first(source: str, names: Sequence[str] = ("k", "v", "x")) -> str:

@@ -1,8 +1,11 @@
 """The serving kernel set: promoted kernels, their manifest, and the API a serving stack calls.
 
-Layout: the folder `kernels/serving/` holds `manifest.json` and one kernel file per promoted
-(op, shape bucket, dtype, GPU), named `<op>__<bucket>__<dtype>__<gpu-slug>.py`. Each file is a
-complete candidate: it defines a function named after the op with the op's contract signature.
+Layout: the folder `kernels/serving/` holds `manifest.json` and one kernel file per promoted code change
+for an (op, shape bucket, dtype, GPU), named `<op>__<bucket>__<dtype>__<gpu-slug>.py`. Each file is a
+complete candidate: it defines a function named after the op with the op's contract signature. A promoted
+launch configuration (the search's `_config` override, harness/config_variant.py) has no file: its entry
+records what it tuned (the baseline, or the promoted file it replaced) with that source's hash, and the
+configuration, and the kernel is rebuilt from them and checked against the hash that was judged.
 
 Each (op, bucket, dtype, GPU) is served by the fastest trusted implementation of three:
   - "kernel": a promoted kernel (it beat the other two when it was promoted);
@@ -47,11 +50,17 @@ import torch
 
 from .. import kernels as kernels_package
 from ..sanitizer.static_gate import check_source
+from .config_variant import ConfigStep, baseline_source, rebuild, split_config
 from .ops import DTYPE_NAMES, DTYPES, get_op
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 2  # 2: entries carry `impl` (version 1 held promoted kernels only, and is still read)
-READABLE_VERSIONS = (1, 2)
+# 2: entries carry `impl` (version 1 held promoted kernels only); 3: a kernel entry may be a configuration
+# (`variant`) instead of a file. All three are read. A set without such an entry is still written as version 2,
+# so that an older kernel-agent reading it is not refused a manifest it understands.
+MANIFEST_VERSION = 3
+PLAIN_VERSION = 2
+READABLE_VERSIONS = (1, 2, 3)
+BASE_BASELINE = "baseline"  # a variant's `base` when it tuned the op's baseline (else: a file of the set)
 ENV_DIR = "KERNEL_AGENT_SERVING_DIR"
 KERNEL, BASELINE, TORCH = "kernel", "baseline", "torch"
 IMPLS = (KERNEL, BASELINE, TORCH)
@@ -118,7 +127,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _empty_manifest() -> dict:
-    return {"version": MANIFEST_VERSION, "entries": []}
+    return {"version": PLAIN_VERSION, "entries": []}
 
 
 def load_manifest(dir: str | Path | None = None) -> dict:
@@ -145,7 +154,27 @@ def load_manifest(dir: str | Path | None = None) -> dict:
         if e["impl"] not in IMPLS:
             raise ServingError(f"{path}: entry {e.get('op')}/{e.get('bucket')} has impl {e['impl']!r}; expected "
                                f"one of {', '.join(IMPLS)}")
+        if e["impl"] == KERNEL:
+            _check_kernel_entry(path, e)
     return data
+
+
+def _check_kernel_entry(path: Path, e: dict) -> None:
+    """A kernel entry names its file or records a variant (its base, the base's hash, its configurations)."""
+    where = f"{path}: entry {e.get('op')}/{e.get('bucket')}"
+    v = e.get("variant")
+    if v is None:
+        if not isinstance(e.get("file"), str):
+            raise ServingError(f"{where} names no kernel file and records no variant")
+        return
+    if not (isinstance(v, dict) and isinstance(v.get("base"), str) and isinstance(v.get("base_hash"), str)
+            and isinstance(v.get("configs"), list) and v["configs"]):
+        raise ServingError(f"{where}: its variant needs base, base_hash and a non-empty configs list")
+    try:
+        for c in v["configs"]:
+            ConfigStep.from_json(c)
+    except ValueError as err:
+        raise ServingError(f"{where}: {err}") from None
 
 
 def kernel_entries(manifest: dict) -> list[dict]:
@@ -155,7 +184,8 @@ def kernel_entries(manifest: dict) -> list[dict]:
 
 def _write_manifest(dir: Path, manifest: dict) -> None:
     entries = sorted(manifest["entries"], key=lambda e: (e["op"], e["bucket"], e["dtype"], gpu_slug(e["gpu"])))
-    doc = {"version": MANIFEST_VERSION, "entries": entries}
+    version = MANIFEST_VERSION if any("variant" in e for e in entries) else PLAIN_VERSION
+    doc = {"version": version, "entries": entries}
     _atomic_write(dir / MANIFEST_NAME, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
@@ -190,8 +220,10 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
             reason: str, versions: dict, dir: str | Path | None = None, shapes: Sequence[str] = ()) -> dict:
     """Put `source` in the serving set for (op, bucket, dtype, gpu), replacing any entry
     for that key, and return the manifest entry. `shapes`: the shape keys it was judged on (a
-    reviewer, and a check of the serving set, find them there). The kernel file is written before
-    the manifest names it, so a reader never finds an entry without its file."""
+    reviewer, and a check of the serving set, find them there). A launch-configuration variant of the
+    baseline or of the kernel it replaces is recorded as that base and its configuration (`as_variant`);
+    anything else is written as a file, before the manifest names it, so a reader never finds an entry
+    without its file."""
     get_op(op)  # ValueError for an unknown op
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
@@ -201,21 +233,86 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
     if not gate.passed:
         raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
     d = _dir(dir)
-    name = kernel_file_name(op, bucket, dtype, gpu)
     text = source if source.endswith("\n") else source + "\n"
-    _atomic_write(d / name, text)
+    manifest = load_manifest(d)
+    old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
     entry = {
-        "op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "impl": KERNEL, "file": name,
+        "op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "impl": KERNEL,
         "source_hash": source_hash(text), "candidate_id": candidate_id,
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gain": float(gain), "reason": reason, "versions": dict(versions or {}), "shapes": list(shapes),
     }
-    manifest = load_manifest(d)
-    old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
+    variant = as_variant(op, text, [e for e in old if e.get("impl", KERNEL) == KERNEL], d)
+    if variant is not None:
+        entry["variant"] = variant
+    else:
+        entry["file"] = _free_file_name(manifest, kernel_file_name(op, bucket, dtype, gpu))
+        _atomic_write(d / entry["file"], text)
     manifest["entries"] = [e for e in manifest["entries"] if not _same_key(e, op, bucket, dtype, gpu)] + [entry]
     _write_manifest(d, manifest)
     _delete_orphans(d, manifest, old)
     return entry
+
+
+def as_variant(op: str, text: str, replaced: Sequence[dict], d: Path) -> Optional[dict]:
+    """The `variant` record of `text` when it is the search's configuration override (stacked any number of
+    times) of the op's baseline or of a kernel entry it replaces; else None (a code change: a whole file).
+    The text rebuilt from the record must equal `text`, so the record holds exactly what was judged."""
+    steps: list[ConfigStep] = []
+    current = text
+    while (found := split_config(current)) is not None:
+        current, step = found
+        steps.insert(0, step)
+        stored = _stored_base(op, source_hash(current), replaced, d)
+        if stored is None:
+            continue
+        base, base_hash, earlier = stored
+        variant = {"base": base, "base_hash": base_hash, "configs": [c.to_json() for c in [*earlier, *steps]]}
+        try:
+            if rebuild_variant(op, variant, d) == text:
+                return variant
+        except ServingError:
+            pass
+    return None
+
+
+def _stored_base(op: str, h: str, replaced: Sequence[dict], d: Path
+                 ) -> Optional[tuple[str, str, list[ConfigStep]]]:
+    """(base, its hash, configurations stacked on it before) when the set can rebuild a source of hash `h`:
+    the baseline, the file of the entry being replaced, or the variant being replaced (its own base)."""
+    if source_hash(baseline_source(op)) == h:
+        return BASE_BASELINE, h, []
+    for e in replaced:
+        if e.get("source_hash") != h:
+            continue
+        if "variant" in e:
+            v = e["variant"]
+            return v["base"], v["base_hash"], [ConfigStep.from_json(c) for c in v["configs"]]
+        if e.get("file") and (d / e["file"]).is_file():
+            return e["file"], h, []
+    return None
+
+
+def _free_file_name(manifest: dict, name: str) -> str:
+    """`name`, unless a variant of the set rebuilds from a file of that name (the entry being replaced
+    tuned it): then a name of its own, so that readers of the old manifest still find the base they hash."""
+    if name not in _base_files(manifest["entries"]):
+        return name
+    stem = name[:-3] if name.endswith(".py") else name
+    n = 2
+    while f"{stem}__{n}.py" in _base_files(manifest["entries"]) | _files(manifest["entries"]):
+        n += 1
+    return f"{stem}__{n}.py"
+
+
+def _base_files(entries: Sequence[dict]) -> set[str]:
+    return {e["variant"]["base"] for e in entries
+            if isinstance(e.get("variant"), dict) and e["variant"].get("base") not in (None, BASE_BASELINE)}
+
+
+def _files(entries: Sequence[dict]) -> set[str]:
+    """Every file the entries need: their own kernel files and the files their variants rebuild from."""
+    return {e["file"] for e in entries if e.get("file")} | _base_files(entries)
 
 
 def set_choice(op: str, bucket: str, dtype: str, gpu: str, impl: str, reason: str, measured: dict,
@@ -284,10 +381,9 @@ def remove(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = 
 def _delete_orphans(d: Path, manifest: dict, old: list[dict]) -> None:
     """Delete files of dropped entries that no remaining entry names (after the manifest
     stopped naming them, so no reader is sent to a missing file)."""
-    used = {e.get("file") for e in manifest["entries"]}
-    for e in old:
-        f = e.get("file")
-        if f and f not in used:
+    used = _files(manifest["entries"])
+    for f in _files(old):
+        if f not in used:
             try:
                 (d / f).unlink()
             except FileNotFoundError:
@@ -332,6 +428,93 @@ def load_kernel_file(path: str | Path, op: str) -> Callable:
     return fn
 
 
+def entry_name(entry: dict) -> str:
+    """The name a kernel entry is known by: its file, or for a variant the file it would have had."""
+    return entry.get("file") or kernel_file_name(entry["op"], entry["bucket"], entry["dtype"], str(entry["gpu"]))
+
+
+def variant_steps(entry: dict) -> list[ConfigStep]:
+    """The configurations of a variant entry, in the order they were stacked (empty for a file entry)."""
+    return [ConfigStep.from_json(c) for c in (entry.get("variant") or {}).get("configs", [])]
+
+
+def describe_entry(entry: dict) -> str:
+    """A kernel entry in a line: its file, or the base it tunes and its last configuration."""
+    v = entry.get("variant")
+    if not v:
+        return entry.get("file", "")
+    base = f"kernels/baseline/{entry['op']}.py" if v["base"] == BASE_BASELINE else v["base"]
+    steps = variant_steps(entry)
+    earlier = f" (over {len(steps) - 1} earlier)" if len(steps) > 1 else ""
+    return f"{entry_name(entry)}: {base} with {steps[-1].describe()}{earlier}"
+
+
+def rebuild_variant(op: str, variant: dict, dir: str | Path | None = None) -> str:
+    """The source a variant record stands for: its base (checked against the recorded hash) with its
+    configurations applied by the function the search wrote them with (harness/config_variant.py)."""
+    base = variant["base"]
+    if base == BASE_BASELINE:
+        where, text = f"the baseline of {op}", baseline_source(op)
+    else:
+        path = _dir(dir) / base
+        where = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ServingError(f"{path}, the base of a promoted configuration of {op}, is missing") from None
+    if source_hash(text) != variant["base_hash"]:
+        raise ServingError(f"{where} changed since a configuration of it was promoted (hash "
+                           f"{source_hash(text)[:12]}, recorded {str(variant['base_hash'])[:12]}); re-verify and "
+                           f"reinstall it")
+    try:
+        return rebuild(text, [ConfigStep.from_json(c) for c in variant["configs"]])
+    except ValueError as e:
+        raise ServingError(f"the promoted configuration of {op} cannot be applied to {where}: {e}") from None
+
+
+def entry_source(entry: dict, dir: str | Path | None = None) -> str:
+    """The source a kernel entry serves, checked against the `source_hash` the sanitizer and benchmark
+    judged: the file's text, or the variant rebuilt from its base. ServingError (one line) otherwise."""
+    name = entry_name(entry)
+    if entry.get("variant"):
+        text = rebuild_variant(entry["op"], entry["variant"], dir)
+        if source_hash(text) != entry.get("source_hash"):
+            raise ServingError(f"serving kernel {name} rebuilt from its base and configuration does not match its "
+                               f"manifest hash (configuration edited after promotion?); re-verify and reinstall it")
+        return text
+    path = _dir(dir) / entry["file"]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ServingError(f"serving kernel {path} named in the manifest is missing") from None
+    if entry.get("source_hash") and source_hash(text) != entry["source_hash"]:
+        raise ServingError(f"serving kernel {path} does not match its manifest hash "
+                           f"(edited after promotion?); re-verify and reinstall it")
+    return text
+
+
+_rebuilt_dir: Optional[Path] = None
+_rebuilt_lock = threading.Lock()
+
+
+def entry_path(entry: dict, dir: str | Path | None = None) -> Path:
+    """A file holding the entry's checked source, for what imports or judges kernels by path (Triton reads
+    a kernel's source from its file): the serving file itself, or the rebuilt variant written once per
+    process into a private temporary folder under the name the entry is known by."""
+    text = entry_source(entry, dir)
+    if not entry.get("variant"):
+        return _dir(dir) / entry["file"]
+    global _rebuilt_dir
+    with _rebuilt_lock:
+        if _rebuilt_dir is None:
+            _rebuilt_dir = Path(tempfile.mkdtemp(prefix="kernel-agent-serving-"))
+        folder = _rebuilt_dir / entry["source_hash"][:16]
+        path = folder / entry_name(entry)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            _atomic_write(path, text)
+    return path
+
+
 def baseline(op: str) -> Callable:
     """The baseline kernel of `op` (kernel_agent.kernels.baseline.<op>.<op>)."""
     get_op(op)  # ValueError for an unknown op
@@ -367,7 +550,8 @@ def _device_gpu_name(first: Any) -> str:
 @dataclass(frozen=True)
 class Resolution:
     """Which implementation serves a call, and why. impl: 'kernel' | 'baseline' | 'torch'; file: the
-    promoted kernel's file name (impl 'kernel' only); why: the recorded reason or the default's."""
+    promoted kernel's file name, or the name a promoted configuration is known by (`entry_name`; impl
+    'kernel' only); why: the recorded reason or the default's."""
 
     impl: str
     why: str
@@ -456,22 +640,14 @@ class Dispatcher:
         return self._table.get((bucket, dtype, gpu_slug(gpu)))
 
     def _load(self, entry: dict) -> Callable:
-        cache_key = (entry["file"], entry.get("source_hash", ""))
+        cache_key = (entry_name(entry), entry.get("source_hash", ""))
         fn = self._fns.get(cache_key)
         if fn is not None:
             return fn
         with self._lock:
             fn = self._fns.get(cache_key)
             if fn is None:
-                path = self.dir / entry["file"]
-                try:
-                    text = path.read_text(encoding="utf-8")
-                except FileNotFoundError:
-                    raise ServingError(f"serving kernel {path} named in the manifest is missing") from None
-                if entry.get("source_hash") and source_hash(text) != entry["source_hash"]:
-                    raise ServingError(f"serving kernel {path} does not match its manifest hash "
-                                       f"(edited after promotion?); re-verify and reinstall it")
-                fn = self._fns[cache_key] = load_kernel_file(path, self.op)
+                fn = self._fns[cache_key] = load_kernel_file(entry_path(entry, self.dir), self.op)
         return fn
 
     def _baseline_fn(self) -> Callable:
@@ -490,7 +666,7 @@ class Dispatcher:
         entry = self._entry(bucket, dtype, gpu)
         if entry is not None:
             impl = entry.get("impl", KERNEL)
-            return Resolution(impl, entry.get("reason", ""), entry.get("file") if impl == KERNEL else None), entry
+            return Resolution(impl, entry.get("reason", ""), entry_name(entry) if impl == KERNEL else None), entry
         key = (dtype, gpu_slug(gpu))
         if key not in self._defaults:
             self._defaults[key] = default_choice(self.op, dtype, gpu, self._entries)
@@ -520,5 +696,7 @@ def get(op: str, gpu: str | None = None, dir: str | Path | None = None) -> Dispa
 
 
 __all__ = ["ServingError", "Dispatcher", "Resolution", "get", "serving_dir", "load_manifest", "kernel_entries",
-           "install", "set_choice", "default_choice", "remove", "lookup", "promoted", "load_kernel_file", "baseline",
-           "gpu_slug", "kernel_file_name", "source_hash", "MANIFEST_NAME", "KERNEL", "BASELINE", "TORCH"]
+           "install", "as_variant", "set_choice", "default_choice", "remove", "lookup", "promoted", "load_kernel_file",
+           "baseline", "entry_name", "entry_source", "entry_path", "rebuild_variant", "variant_steps",
+           "describe_entry", "gpu_slug", "kernel_file_name", "source_hash", "MANIFEST_NAME", "KERNEL", "BASELINE",
+           "TORCH", "BASE_BASELINE"]

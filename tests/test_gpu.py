@@ -130,7 +130,7 @@ def test_serving_dispatches_to_an_installed_kernel_and_its_results_pass(tmp_path
                             dir=tmp_path / "serving")
     fn = serving.get("quantize_kv", dir=tmp_path / "serving")
     case = QUANT.make_case(QSHAPE, torch.bfloat16, seed=3, device="cuda")
-    assert str(fn.resolve(**case.args)) == entry["file"]
+    assert str(fn.resolve(**case.args)) == serving.entry_name(entry)
     assert QUANT.compare(fn(**case.args), case.args, QUANT.reference(case.args, torch.float32)).ok
     fp16 = QUANT.make_case(QSHAPE, torch.float16, seed=3, device="cuda")
     assert str(fn.resolve(**fp16.args)) == "baseline"  # no fp16 entry: the baseline serves it
@@ -183,7 +183,7 @@ def test_the_committed_serving_set_serves_its_kernels_correctly():
         assert shapes and all(op.bucket(s) == e["bucket"] for s in shapes), e
         for s in shapes:
             case = op.make_case(s, torch.bfloat16, seed=11, device="cuda")
-            assert str(fn.resolve(**case.args)) == e["file"]
+            assert str(fn.resolve(**case.args)) == serving.entry_name(e)
             out = fn(**case.args)
             assert op.compare(out, case.args, op.reference(case.args, torch.float32)).ok
             del case, out

@@ -92,8 +92,8 @@ def test_bad_manifest_is_an_error(sdir):
     (sdir / "manifest.json").write_text("{not json")
     with pytest.raises(serving.ServingError, match="not valid JSON"):
         serving.load_manifest()
-    (sdir / "manifest.json").write_text('{"version": 3, "entries": []}')
-    with pytest.raises(serving.ServingError, match="version 3"):
+    (sdir / "manifest.json").write_text('{"version": 4, "entries": []}')
+    with pytest.raises(serving.ServingError, match="version 4"):
         serving.load_manifest()
 
 
