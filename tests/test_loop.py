@@ -192,16 +192,20 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     proc = subprocess.Popen(CLI + SEARCH + ["--ledger", str(kill_db), "--candidates-dir", str(tmp_path / "kill")],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
-    while time.time() < deadline:  # wait until one candidate is finished and the next is in flight
-        time.sleep(0.5)
+    # kill once a stage has recorded its checks and a candidate is still unjudged: from the first quick
+    # verdict to the last full one is many seconds (two candidates judged side by side finish close
+    # together, so waiting for a judged candidate could miss the run's end)
+    while time.time() < deadline:
+        time.sleep(0.1)
         if kill_db.exists():
             try:
                 with sqlite3.connect(f"file:{kill_db}?mode=ro", uri=True) as con:
-                    done = con.execute("select count(*) from candidate where status != 'proposed'").fetchone()[0]
+                    checks = con.execute("select count(*) from check_result").fetchone()[0]
+                    pending = con.execute("select count(*) from candidate where status = 'proposed'").fetchone()[0]
                     total = con.execute("select count(*) from candidate").fetchone()[0]
             except sqlite3.Error:
                 continue
-            if done >= 1 and total >= 2:
+            if checks >= 1 and pending >= 1 and total >= 2:
                 break
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
