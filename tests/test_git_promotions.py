@@ -234,6 +234,29 @@ def test_outside_git_the_serving_set_is_written_in_place_and_the_run_says_so(tmp
     assert any(e.get("candidate_id") == cid for e in serving.load_manifest(d)["entries"])
 
 
+def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path, monkeypatch, repo):
+    """`run_loop` given its ledger and serving target: it writes them, not those the environment names (a
+    tracked folder, which would get a branch), and leaves the ledger open for whoever opened it."""
+    before = _checkout(repo)
+    handed = tmp_path / "handed"
+    shutil.copytree(os.path.join(ROOT, "kernels", "serving"), handed)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)
+    _serve_from(monkeypatch, repo / "kernels" / "serving")  # (the fake names a scratch folder of its own)
+    cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=1, jobs=2,
+                             candidates_dir=str(tmp_path / "cands"), bench_shapes="65536,8,128")
+    notes = []
+    led = Ledger(str(tmp_path / "l.db"))
+    summary = loop_mod.run_loop(cfg, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices,
+                                evaluator=gpu, ledger=led,
+                                serving_plan=publish.TargetPlan(publish.IN_PLACE, handed, "handed to the run"))
+    assert f"promotions are written in place to {handed} (handed to the run)" in notes
+    cid = summary.promotions[0].candidate_id
+    assert any(e.get("candidate_id") == cid for e in serving.load_manifest(handed)["entries"])
+    assert _checkout(repo) == before and not _git(repo, "branch", "--list", "kernel-agent/*")
+    assert led.run_summary(summary.run_id).promotions  # still open
+    led.close()
+
+
 def test_a_serving_folder_of_a_manifest_alone_commits_and_strays_stay_out(tmp_path, monkeypatch, repo):
     for f in (repo / "kernels" / "serving").glob("*.py"):
         _git(repo, "rm", "-q", str(f))
