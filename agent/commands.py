@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import urllib.parse
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..harness import bench_worker, env
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
@@ -19,12 +19,12 @@ from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, loa
                                   parse_points, run_model_bench)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
-from ..sanitizer import runner
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
 from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
+from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history, parent_source, unified_diff
 
 
@@ -705,18 +705,19 @@ def _print_model_exchanges(calls) -> None:
 # -- promote / demote --------------------------------------------------------------------------
 
 @command("promote")
-def cmd_promote(args) -> int:
+def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[Devices] = None) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, and promote
-    through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place."""
-    from ..harness.bench import NoGPU, require_gpu, resolve_shapes  # here: torch, after the flags
+    through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place.
+    The collaborators left out are this machine's, as for a run: `evaluator` runs the sanitizer and
+    benchmark children (sandboxed children), `devices` says whether there is a GPU and its name."""
+    from ..harness.bench import NO_GPU, resolve_shapes  # here: torch, after the flags
     from .publish import plan_target  # here: publication imports the serving set, which imports torch
+    evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
     if not os.path.isfile(args.file):
         raise UsageError(f"no such file: {args.file}")
-    try:
-        require_gpu()
-    except NoGPU as e:
-        ui.error(str(e))
+    if not devices.available():
+        ui.error(NO_GPU)
         return 2
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
@@ -726,11 +727,11 @@ def cmd_promote(args) -> int:
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
                          "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},
-                        env.versions(), "manual", [args.op], env.gpu_name(), {})
+                        env.versions(), "manual", [args.op], devices.name(), {})
     cand, _ = led.add_candidate(args.op, source, "manual", run.id, path=os.path.abspath(args.file),
                                 label=os.path.basename(args.file))
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
-    v = merge_gpu(runner.run_isolated(args.file, args.op, "full"), runner.run_isolated(args.file, args.op, "gpu"))
+    v = merge_gpu(evaluator.sanitize(args.file, args.op, "full"), evaluator.sanitize(args.file, args.op, "gpu"))
     led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
         led.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=v.to_json())
@@ -739,7 +740,7 @@ def cmd_promote(args) -> int:
         return 1
     led.set_candidate_status(cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(),
                              fpsan_equivalent=v.fpsan_equivalent)
-    gname = env.gpu_name()
+    gname = devices.name()
     shapes = resolve_shapes(op, args.shapes)
     by_bucket: Dict[str, list] = {}
     for s in shapes:
@@ -750,8 +751,8 @@ def cmd_promote(args) -> int:
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            promoted_any = _promote_bucket(args, led, run.id, cand.id, source, target, gname, bucket, bshapes) \
-                or promoted_any
+            promoted_any = _promote_bucket(args, led, evaluator, run.id, cand.id, source, target, gname, bucket,
+                                           bshapes) or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
@@ -759,7 +760,8 @@ def cmd_promote(args) -> int:
     return 0 if promoted_any else 1
 
 
-def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname: str, bucket: str, bshapes) -> bool:
+def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, source: str, target, gname: str,
+                    bucket: str, bshapes) -> bool:
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
     from ..harness import serving  # here: torch, after the flags
     from ..harness.bench import record_shape_result  # here: torch, after the flags
@@ -769,7 +771,7 @@ def _promote_bucket(args, led, run_id: str, cid: int, source: str, target, gname
     spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
             "kernels": [{"label": "incumbent", "file": inc_file},
                         {"label": "candidate", "file": os.path.abspath(args.file)}]}
-    doc = bench_worker.run_bench_isolated(spec)
+    doc = evaluator.bench(spec)
     for res in doc.get("results", []):
         record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}")
     j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)

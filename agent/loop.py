@@ -44,7 +44,7 @@ from .model import CallRecord, ModelConfig, ModelProposer
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
                         TaskLost, default_jobs, describe, occupied_fraction)
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
-from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, plan_target,
+from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target,
                       publish_choices, publish_promotion, recorded_target)
 from .search import SearchProposer, baseline_source
 
@@ -1011,38 +1011,46 @@ class _Stream:
 
 
 # long: a run's setup, streaming session and summary in order
-def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, events: Optional[RunEvents] = None,
-             proposer: Optional[Proposer] = None, time_limit_s: Optional[float] = None,
-             placement: Optional[LocalPlacement] = None, devices: Optional[Devices] = None,
-             evaluator: Optional[Evaluator] = None) -> RunSummary:
+def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional[str] = None,
+             events: Optional[RunEvents] = None, proposer: Optional[Proposer] = None,
+             time_limit_s: Optional[float] = None, placement: Optional[LocalPlacement] = None,
+             devices: Optional[Devices] = None, evaluator: Optional[Evaluator] = None,
+             ledger: Optional[Ledger] = None, serving_plan: Optional[TargetPlan] = None) -> RunSummary:
     """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run.
     `time_limit_s` on a resume: the time it may take from now (default: what the run had left, and at
     least enough to finish what it left in flight). The collaborators left out are this machine's:
+    `ledger` the one at `ledger_path` (opened and closed here; one handed in stays open for its owner),
     `proposer` the one `cfg` names (make_proposer), `devices` the GPUs (devices_for: a cluster
     placement's, else this machine's), `placement` this machine's over them (placement_for), whose tasks
-    `evaluator` runs (default: sandboxed children)."""
+    `evaluator` runs (default: sandboxed children), and `serving_plan` where promotions go (plan_target for
+    the run's configuration: a branch, in place, or nowhere without a GPU)."""
+    if ledger is None:
+        if ledger_path is None:
+            raise TypeError("run_loop needs a ledger or the path of one")
+        with Ledger(ledger_path) as own:  # opened here, so closed here however the run ends
+            return run_loop(cfg, None, resume, events, proposer, time_limit_s, placement, devices, evaluator,
+                            ledger=own, serving_plan=serving_plan)
     events = events or RunEvents()
-    ledger = Ledger(ledger_path)
     devices = devices or devices_for(placement)
     gpu = devices.available()
     gname = (devices.name() or "cpu") if gpu else "cpu"
     previous: Optional[TargetInfo] = None
+    run = ledger.get_run(resume) if resume else None
     if resume:
-        run = ledger.get_run(resume)
         if run is None:
-            raise ValueError(f"no run {resume!r} in {ledger_path}")
+            raise ValueError(f"no run {resume!r} in {ledger.shown}")
         cfg = RunConfig.from_json(run.config)
+    # decided before the ledger records a new run, so that a serving target that cannot be used (git
+    # missing) is an error that leaves no run behind
+    plan = serving_plan or plan_target(in_place=cfg.in_place, writes=gpu)
+    if resume:
         progress = json.loads(run.notes) if run.notes and run.notes.startswith("{") else {}
         elapsed_before = float(progress.get("elapsed_s", 0.0))
         if time_limit_s is not None:
             cfg.time_limit_s = elapsed_before + time_limit_s
         run_id = resume
         previous = recorded_target(progress)
-        plan = plan_target(in_place=cfg.in_place, writes=gpu)
     else:
-        # decided before the ledger records the run, so that a serving target that cannot be used (git
-        # missing) is an error that leaves no run behind
-        plan = plan_target(in_place=cfg.in_place, writes=gpu)
         run = ledger.start_run(cfg.to_json(), versions(), cfg.proposer, list(cfg.ops), gname if gpu else None,
                                {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s,
                                 "token_budget": cfg.token_budget})
@@ -1126,7 +1134,6 @@ def run_loop(cfg: RunConfig, ledger_path: str, resume: Optional[str] = None, eve
         summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
                                      th.describe(len(loop.placement.gpus)), serving_record().to_json(),
                                      serving_record().outcome())
-        ledger.close()
         return summary
     finally:
         _end_target(target, events)  # (a finished or interrupted run has ended it already)

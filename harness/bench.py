@@ -82,10 +82,13 @@ class NoGPU(Exception):
     """Benchmarks need a CUDA GPU; the interpreter's times are not GPU times."""
 
 
+NO_GPU = ("benchmarks need a CUDA GPU and none is available here (Triton interpreter times are not GPU times); "
+          "run `kernel-agent bench` on a GPU machine")
+
+
 def require_gpu() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        raise NoGPU("benchmarks need a CUDA GPU and none is available here (Triton interpreter times are not GPU "
-                    "times); run `kernel-agent bench` on a GPU machine")
+        raise NoGPU(NO_GPU)
 
 
 # -- ceilings ------------------------------------------------------------------------------

@@ -815,6 +815,11 @@ class Ledger:
     def __repr__(self) -> str:
         return f"Ledger({self._shown!r})"
 
+    @property
+    def shown(self) -> str:
+        """Where the ledger is, as the user named it (a database URL without its password), for messages."""
+        return self._shown
+
     def schema_version(self) -> int:
         with self._read() as s:
             return int(s.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one())

@@ -17,7 +17,7 @@ from kernel_agent.agent.search import SearchProposer
 from kernel_agent.harness import serving
 from kernel_agent.harness.ledger import Ledger
 
-from test_loop import GOOD, ROOT, _fake_gpu, _stream
+from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator, _fake_gpu, _measured, _stream
 
 
 def _git(repo, *args):
@@ -234,6 +234,29 @@ def test_outside_git_the_serving_set_is_written_in_place_and_the_run_says_so(tmp
     assert any(e.get("candidate_id") == cid for e in serving.load_manifest(d)["entries"])
 
 
+def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path, monkeypatch, repo):
+    """`run_loop` given its ledger and serving target: it writes them, not those the environment names (a
+    tracked folder, which would get a branch), and leaves the ledger open for whoever opened it."""
+    before = _checkout(repo)
+    handed = tmp_path / "handed"
+    shutil.copytree(os.path.join(ROOT, "kernels", "serving"), handed)
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)
+    _serve_from(monkeypatch, repo / "kernels" / "serving")  # (the fake names a scratch folder of its own)
+    cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=1, jobs=2,
+                             candidates_dir=str(tmp_path / "cands"), bench_shapes="65536,8,128")
+    notes = []
+    led = Ledger(str(tmp_path / "l.db"))
+    summary = loop_mod.run_loop(cfg, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices,
+                                evaluator=gpu, ledger=led,
+                                serving_plan=publish.TargetPlan(publish.IN_PLACE, handed, "handed to the run"))
+    assert f"promotions are written in place to {handed} (handed to the run)" in notes
+    cid = summary.promotions[0].candidate_id
+    assert any(e.get("candidate_id") == cid for e in serving.load_manifest(handed)["entries"])
+    assert _checkout(repo) == before and not _git(repo, "branch", "--list", "kernel-agent/*")
+    assert led.run_summary(summary.run_id).promotions  # still open
+    led.close()
+
+
 def test_a_serving_folder_of_a_manifest_alone_commits_and_strays_stay_out(tmp_path, monkeypatch, repo):
     for f in (repo / "kernels" / "serving").glob("*.py"):
         _git(repo, "rm", "-q", str(f))
@@ -262,34 +285,35 @@ def test_where_the_plan_sends_promotions(tmp_path, monkeypatch, repo):
     assert publish.plan_target(dir=tmp_path / "elsewhere").mode == publish.IN_PLACE
 
 
-def _fake_promote_children(monkeypatch):
-    """`kernel-agent promote`'s device work replaced: the GPU is there, the sanitizer passes, and the
-    candidate takes 0.5 ms against 1.0 ms for the incumbent."""
-    from kernel_agent.harness import bench, bench_worker, env
-    from kernel_agent.sanitizer import runner
+def _fake_promote_children():
+    """`kernel-agent promote`'s device work done by fakes: (evaluator, devices). The GPU is there, the
+    sanitizer passes, and the candidate takes 0.5 ms against 1.0 ms for the incumbent."""
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
-    monkeypatch.setattr(bench, "require_gpu", lambda: None)
-    monkeypatch.setattr(env, "gpu_name", lambda: "Fake GPU")
-    monkeypatch.setattr(runner, "run_isolated", lambda path, op, mode="full", **kw: Verdict(
-        path, op, mode, checks=[CheckOutcome("static_gate", "passed")]))
 
-    def m(label, ms):
-        return {"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "rounds": [ms] * 5, "tbps": 1.0,
-                "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": ""}
+    def bench(spec, env=None, on_ready=None):
+        return {"error": None, "results": [
+            {"op": spec["op"], "shape": k, "bucket": "b", "dtype": spec["dtype"], "gpu": "Fake GPU",
+             "measurements": [_measured("incumbent", 1.0), _measured("candidate", 0.5)]} for k in spec["shapes"]]}
 
-    monkeypatch.setattr(bench_worker, "run_bench_isolated", lambda spec, **kw: {"error": None, "results": [
-        {"op": spec["op"], "shape": k, "bucket": "b", "dtype": spec["dtype"], "gpu": "Fake GPU",
-         "measurements": [m("incumbent", 1.0), m("candidate", 0.5)]} for k in spec["shapes"]]})
+    evaluator = FakeEvaluator(lambda path, op, mode="full", checks=None, env=None, on_ready=None: Verdict(
+        path, op, mode, checks=[CheckOutcome("static_gate", "passed")]), bench)
+    return evaluator, FakeDevices(["0"], "Fake GPU")
+
+
+def _promote(argv, evaluator, devices):
+    """`kernel-agent promote ARGV` handed its collaborators."""
+    from kernel_agent.agent.cli import build_parser
+    from kernel_agent.agent.commands import cmd_promote
+    return cmd_promote(build_parser().parse_args(["promote"] + argv), evaluator=evaluator, devices=devices)
 
 
 @pytest.mark.parametrize("in_place", [False, True])
 def test_promote_by_hand_takes_the_same_path(tmp_path, monkeypatch, repo, capsys, in_place):
-    _fake_promote_children(monkeypatch)
+    evaluator, devices = _fake_promote_children()
     _serve_from(monkeypatch, repo / "kernels" / "serving")
     before = _checkout(repo)
-    from kernel_agent.agent.cli import main
-    rc = main(["promote", "--op", "quantize_kv", GOOD, "--shapes", "4096,8,128", "--ledger", str(tmp_path / "l.db"),
-               "--reason", "by hand"] + (["--in-place"] if in_place else []))
+    rc = _promote(["--op", "quantize_kv", GOOD, "--shapes", "4096,8,128", "--ledger", str(tmp_path / "l.db"),
+                   "--reason", "by hand"] + (["--in-place"] if in_place else []), evaluator, devices)
     out = capsys.readouterr().out.replace("\n", " ")
     assert rc == 0, out
     branches = _git(repo, "branch", "--list", "kernel-agent/*").split()
@@ -302,3 +326,11 @@ def test_promote_by_hand_takes_the_same_path(tmp_path, monkeypatch, repo, capsys
     (msg,) = _commits(repo, before["head"], branches[0])
     assert msg.startswith("Promote candidate #1 for quantize_kv ") and "; by hand" in msg
     assert "gain 50.0%, noise 0.2%, margin 2.0%" in msg and "shapes: T=4096,H=8,D=128" in msg
+
+
+def test_promote_without_a_gpu_records_nothing(tmp_path, monkeypatch, repo, capsys):
+    evaluator, _ = _fake_promote_children()
+    _serve_from(monkeypatch, repo / "kernels" / "serving")
+    rc = _promote(["--op", "quantize_kv", GOOD, "--ledger", str(tmp_path / "l.db")], evaluator, FakeDevices([], None))
+    assert rc == 2 and "benchmarks need a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "l.db").exists()
