@@ -271,8 +271,8 @@ def config_lines(old: str, new: str) -> List[str]:
     steps = steps_over(old, new)
     if not steps:
         return []
-    return (["A launch configuration, recorded in the serving set as the kernel it tunes and this change "
-             "(no copy of the file):", ""] + [f"- `{s.describe()}`" for s in steps] + [""])
+    return (["A launch-configuration change (the kernels are untouched):", ""]
+            + [f"- `{s.describe()}`" for s in steps] + [""])
 
 
 
