@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
+from .source_text import normalized_source
+
 if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
     from .ops.tuning import Space
 
@@ -113,7 +115,7 @@ _OVERRIDE = re.compile(
 def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
     """(the source it tuned, the step) when `source` is exactly what `apply_config` makes of some source,
     else None. The recovered source lost only the trailing blank lines `apply_config` strips (a hash of it,
-    harness.serving.source_hash, ignores them); regenerating from it gives `source` byte for byte."""
+    harness/source_text.py, ignores them); regenerating from it gives `source` byte for byte."""
     m = _OVERRIDE.search(source)
     if m is None:
         return None
@@ -139,23 +141,15 @@ def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
 
 def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
     """The configurations that make `new` out of `old` (in the order they were stacked) when `new` is `old`
-    with overrides only, else None. Texts compare as harness.serving.source_hash does: trailing whitespace
-    and trailing blank lines aside."""
+    with overrides only, else None. Texts compare normalised, as their hashes do (harness/source_text.py)."""
     steps: List[ConfigStep] = []
     current = new
     while (found := split_config(current)) is not None:
         current, step = found
         steps.insert(0, step)
-        if _normal(current) == _normal(old):
+        if normalized_source(current) == normalized_source(old):
             return steps
     return None
-
-
-def _normal(text: str) -> str:
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return "\n".join(lines)
 
 
 __all__ = ["ConfigStep", "with_config", "apply_config", "rebuild", "split_config", "steps_over", "baseline_source", "has_config"]

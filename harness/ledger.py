@@ -31,7 +31,6 @@ the foreign keys and ask the ledger again).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import os
@@ -65,6 +64,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.types import TypeDecorator
 
 from ..sanitizer.verdict import CheckStatus
+from .source_text import source_hash as hash_source  # the ledger's name for it (candidates are keyed by it)
 from . import figures as _figures
 from . import ledger_migrations as _migrations
 
@@ -192,15 +192,6 @@ class LedgerError(Exception):
 
 # --------------------------------------------------------------------------------------
 # helpers
-
-
-def hash_source(text: str) -> str:
-    """sha256 hex of a kernel source, normalised so that editors' whitespace habits
-    (trailing spaces, CRLF, trailing blank lines) do not make the same kernel "new"."""
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
 def utcnow() -> datetime:

@@ -31,7 +31,6 @@ op registry only.
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.util
 import itertools
@@ -52,6 +51,7 @@ from .. import kernels as kernels_package
 from ..sanitizer.static_gate import check_source
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
 from .ops import DTYPE_NAMES, DTYPES, get_op
+from .source_text import source_hash
 
 MANIFEST_NAME = "manifest.json"
 # 2: entries carry `impl` (version 1 held promoted kernels only); 3: a kernel entry may be a configuration
@@ -92,15 +92,6 @@ def gpu_slug(gpu: str) -> str:
 def kernel_file_name(op: str, bucket: str, dtype: str, gpu: str) -> str:
     safe_bucket = re.sub(r"[^A-Za-z0-9_.=-]+", "-", bucket)
     return f"{op}__{safe_bucket}__{dtype}__{gpu_slug(gpu)}.py"
-
-
-def source_hash(text: str) -> str:
-    """The same normalised hash as kernel_agent.harness.ledger.hash_source (kept here
-    so that serving does not import the database layer; a test keeps them equal)."""
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
 def _dir(dir: str | Path | None) -> Path:
