@@ -406,7 +406,7 @@ def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bo
 
     @hypothesis.seed(seed)
     @hypothesis.settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck), derandomize=False, print_blob=False)
+                         suppress_health_check=list(HealthCheck), derandomize=False, print_blob=False)
     @given(st.data())
     def prop(data):
         case = _draw_case(subject.op, data, big)

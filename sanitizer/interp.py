@@ -311,7 +311,6 @@ class Instrumentation:
 
         patch(interp, "_patch_lang", patch_lang)
 
-
         cls = type(builder)
         orig_masked_load = cls.create_masked_load
         orig_masked_store = cls.create_masked_store
