@@ -437,6 +437,15 @@ _PROMOTION_OPTIONAL = ("run_id", "candidate_id", "replaced_candidate_id", "reaso
                        "created_at")
 
 
+def _where_equal(q, model, **values: Any):
+    """`q` narrowed to the rows whose columns equal the given values; a value of None is no filter
+    (how every query method here takes its optional arguments)."""
+    for column, value in values.items():
+        if value is not None:
+            q = q.where(getattr(model, column) == value)
+    return q
+
+
 def _check_fields(what: str, fields: Mapping[str, Any], required: Sequence[str], optional: Sequence[str]) -> None:
     unknown = sorted(set(fields) - set(required) - set(optional))
     if unknown:
@@ -861,8 +870,7 @@ class Ledger:
         q = select(Run)
         if op is not None:
             q = q.where(("," + Run.ops + ",").contains(f",{op},", autoescape=True))
-        if status is not None:
-            q = q.where(Run.status == status)
+        q = _where_equal(q, Run, status=status, proposer=proposer)
         if since is not None:
             q = q.where(Run.started_at >= _to_utc(since))
         if until is not None:
@@ -870,8 +878,6 @@ class Ledger:
                 q = q.where(Run.started_at < _to_utc(until) + timedelta(days=1))
             else:
                 q = q.where(Run.started_at <= _to_utc(until))
-        if proposer is not None:
-            q = q.where(Run.proposer == proposer)
         q = q.order_by(Run.started_at.desc(), Run.id.desc())
         if limit is not None:
             q = q.limit(limit)
@@ -933,19 +939,12 @@ class Ledger:
         q = select(Candidate)
         if run_id is not None:
             q = q.where(Candidate.id.in_(select(Proposal.candidate_id).where(Proposal.run_id == run_id)))
-        if op is not None:
-            q = q.where(Candidate.op == op)
-        if status is not None:
-            q = q.where(Candidate.status == status)
+        q = _where_equal(q, Candidate, op=op, status=status)
         with self._read() as s:
             return list(s.scalars(q.order_by(Candidate.id)))
 
     def proposals(self, run_id: str | None = None, candidate_id: int | None = None) -> list[Proposal]:
-        q = select(Proposal)
-        if run_id is not None:
-            q = q.where(Proposal.run_id == run_id)
-        if candidate_id is not None:
-            q = q.where(Proposal.candidate_id == candidate_id)
+        q = _where_equal(select(Proposal), Proposal, run_id=run_id, candidate_id=candidate_id)
         with self._read() as s:
             return list(s.scalars(q.order_by(Proposal.id)))
 
@@ -974,9 +973,7 @@ class Ledger:
         return rows
 
     def checks(self, cid: int, mode: str | None = None) -> list[CheckResult]:
-        q = select(CheckResult).where(CheckResult.candidate_id == cid)
-        if mode is not None:
-            q = q.where(CheckResult.mode == mode)
+        q = _where_equal(select(CheckResult), CheckResult, candidate_id=cid, mode=mode)
         with self._read() as s:
             return list(s.scalars(q.order_by(CheckResult.id)))
 
@@ -1002,11 +999,7 @@ class Ledger:
             call.candidate_id = candidate_id
 
     def model_calls(self, run_id: str | None = None, candidate_id: int | None = None) -> list[ModelCall]:
-        q = select(ModelCall)
-        if run_id is not None:
-            q = q.where(ModelCall.run_id == run_id)
-        if candidate_id is not None:
-            q = q.where(ModelCall.candidate_id == candidate_id)
+        q = _where_equal(select(ModelCall), ModelCall, run_id=run_id, candidate_id=candidate_id)
         with self._read() as s:
             return list(s.scalars(q.order_by(ModelCall.id)))
 
@@ -1034,19 +1027,8 @@ class Ledger:
     def bench_results(self, candidate_id: int | None = None, run_id: str | None = None, op: str | None = None,
                       label: str | None = None, bucket: str | None = None,
                       dtype: str | None = None) -> list[BenchResult]:
-        q = select(BenchResult)
-        if candidate_id is not None:
-            q = q.where(BenchResult.candidate_id == candidate_id)
-        if run_id is not None:
-            q = q.where(BenchResult.run_id == run_id)
-        if op is not None:
-            q = q.where(BenchResult.op == op)
-        if bucket is not None:
-            q = q.where(BenchResult.bucket == bucket)
-        if dtype is not None:
-            q = q.where(BenchResult.dtype == dtype)
-        if label is not None:
-            q = q.where(BenchResult.label == label)
+        q = _where_equal(select(BenchResult), BenchResult, candidate_id=candidate_id, run_id=run_id, op=op,
+                         bucket=bucket, dtype=dtype, label=label)
         with self._read() as s:
             return list(s.scalars(q.order_by(BenchResult.id)))
 
@@ -1116,13 +1098,9 @@ class Ledger:
 
     def promotions(self, op: str | None = None, active_only: bool = False, run_id: str | None = None) -> list[Promotion]:
         """Promotions, newest first."""
-        q = select(Promotion)
-        if op is not None:
-            q = q.where(Promotion.op == op)
+        q = _where_equal(select(Promotion), Promotion, op=op, run_id=run_id)
         if active_only:
             q = q.where(Promotion.demoted_at.is_(None))
-        if run_id is not None:
-            q = q.where(Promotion.run_id == run_id)
         with self._read() as s:
             return list(s.scalars(q.order_by(Promotion.created_at.desc(), Promotion.id.desc())))
 
@@ -1137,12 +1115,7 @@ class Ledger:
         if judged_only:
             q = q.join(Candidate, Candidate.id == BenchResult.candidate_id).where(
                 Candidate.status.in_(_figures.JUDGED_STATUSES))
-        if op is not None:
-            q = q.where(BenchResult.op == op)
-        if run_id is not None:
-            q = q.where(BenchResult.run_id == run_id)
-        if candidate_id is not None:
-            q = q.where(BenchResult.candidate_id == candidate_id)
+        q = _where_equal(q, BenchResult, op=op, run_id=run_id, candidate_id=candidate_id)
         with self._read() as s:
             return _figures.judged_figures(s.scalars(q.order_by(BenchResult.id)))
 
