@@ -150,6 +150,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         ui.error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
                  f"(set KERNEL_AGENT_DEBUG=1 for the traceback)")
         return 1
+    finally:
+        for led in getattr(args, "_ledgers", ()):  # its connections (a PostgreSQL server counts them)
+            led.close()
 
 
 if __name__ == "__main__":

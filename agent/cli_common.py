@@ -38,7 +38,10 @@ def open_ledger(args, read: bool = False) -> Ledger:
     if read and server_url(path) is None and not os.path.exists(sqlite_path(path)):
         raise UsageError(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
                          f"another)")
-    return Ledger(path, read_only=read)
+    led = Ledger(path, read_only=read)
+    # kept on args so that `main` closes every ledger a command opened, whichever way the command ends
+    args.__dict__.setdefault("_ledgers", []).append(led)
+    return led
 
 
 def check_op(name: str) -> str:

@@ -443,3 +443,20 @@ def test_a_ledger_opened_read_only_is_read_and_not_changed(tmp_path, monkeypatch
     with pytest.raises(LedgerError):
         Ledger(tmp_path / "missing.db", read_only=True)
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_every_ledger_a_command_opens_is_closed_however_it_ends(tmp_path, monkeypatch, capsys):
+    """`main` closes the ledgers its command opened: after a command that succeeds and after one that fails
+    (on PostgreSQL each open engine holds server connections until then)."""
+    from kernel_agent.agent import cli
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as lg:
+        _run(lg)
+    closed = []
+    real_close = Ledger.close
+    monkeypatch.setattr(Ledger, "close", lambda self: (closed.append(self), real_close(self)))
+    assert cli.main(["history", "--ledger", str(path)]) == 0
+    assert len(closed) == 1
+    assert cli.main(["show", "r-no-such-run", "--ledger", str(path)]) != 0
+    assert len(closed) == 2 and closed[0] is not closed[1]
+    capsys.readouterr()
