@@ -25,7 +25,7 @@ from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
-from .review import history, parent_source, unified_diff
+from .review import config_lines, history, parent_source, unified_diff
 
 
 def register(sub) -> None:
@@ -662,6 +662,8 @@ def _show_candidate(led, cid: int, args) -> int:
     else:
         plabel, psrc = parent_source(led, c)
         diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
+        for line in filter(None, config_lines(psrc, c.source)):  # a configuration change says so before its diff
+            ui.line(line.replace("`", ""))
         ui.line(f"diff against {plabel}:", style="bold")
         sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
     _print_model_exchanges(led.model_calls(candidate_id=cid))

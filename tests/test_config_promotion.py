@@ -183,6 +183,25 @@ def test_reports_show_the_configuration_in_a_line():
     assert "_config for bucket" not in "\n".join(diff_section(code))
 
 
+def test_show_names_the_configuration_before_the_diff(tmp_path, capsys):
+    """`kernel-agent show CANDIDATE` says in a line what a configuration candidate changes, as the report
+    does; a code change gets no such line."""
+    from kernel_agent.agent import cli
+    from kernel_agent.harness.ledger import Ledger
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as led:
+        run = led.start_run({}, {}, "search", [OP], None, {})
+        cfg, _ = led.add_candidate(OP, CONFIG, "search", run.id, label="cfg")
+        code, _ = led.add_candidate(OP, CODE_CHANGE, "search", run.id, label="code")
+    capsys.readouterr()
+    assert cli.main(["show", str(cfg.id), "--ledger", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = f"_config for bucket {BUCKET}: {FROM!r} -> {TO!r}  [BLOCK_R={TO[0]}, num_warps={TO[1]}]"
+    assert line in out and out.index(line) < out.index("diff against")
+    assert cli.main(["show", str(code.id), "--ledger", str(path)]) == 0
+    assert "_config for bucket" not in capsys.readouterr().out
+
+
 def test_the_commit_and_the_pull_request_name_the_configuration_not_a_file(tmp_path):
     entry = _install(tmp_path, CONFIG, candidate_id=9)
     d = SimpleNamespace(reason="10.0% faster", gain=0.1, spread=0.01)
