@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from ..harness import bench_worker, env
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
-from ..harness.ledger import CandidateStatus, RunStatus, RunSummary
+from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
 from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names,
                                   parse_points, run_model_bench)
 from ..harness.ops import get_op
@@ -175,8 +175,9 @@ def cmd_run(args) -> int:
             args._status_line.close()  # a live line left open would swallow the error that ended the run
 
 
-def _cluster_placement(args, file_config: Dict[str, Any]):
-    """The Ray placement of `--cluster` / the config's [cluster] section, or None: this machine's."""
+def _cluster_section(args, file_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The cluster `--cluster` / the config's [cluster] section asks for (its section, with the address),
+    or None: this machine's placement. Checks the flags only; nothing is contacted."""
     section = file_config.get("cluster", {})
     if not isinstance(section, dict):
         raise UsageError("[cluster] in the config must be a section")
@@ -185,12 +186,20 @@ def _cluster_placement(args, file_config: Dict[str, Any]):
         return None
     if args.jobs is not None or args.gpus is not None:
         raise UsageError("--jobs and --gpus size this machine's placement; on a cluster its resources do")
+    return dict(section, address=str(address))
+
+
+def _cluster_placement(args, section: Optional[Dict[str, Any]]):
+    """The Ray placement of a `_cluster_section`, connected, or None for this machine's."""
+    if section is None:
+        return None
+    address = section["address"]
     try:
         from .ray_placement import RayPlacement  # optional extra: Ray, imported only for --cluster
     except ImportError:
         raise UsageError("--cluster needs Ray: pip install 'kernel-agent[cluster]'") from None
     try:
-        placement = RayPlacement(str(address), gpu_model=section.get("gpu_model"))
+        placement = RayPlacement(address, gpu_model=section.get("gpu_model"))
     except ValueError as e:
         raise UsageError(f"--cluster: {e}") from None
     except (ConnectionError, RuntimeError) as e:
@@ -204,15 +213,16 @@ def _run(args, events, ledger_path: str) -> int:
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
     from .model import load_config  # here: as the loop
     file_config: Dict[str, Any] = load_config(args.config) if args.config else {}
-    if args.resume:
-        if args.in_place:
-            raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
-        limit = parse_duration(str(args.time_limit)) if args.time_limit else None
-        summary = run_loop(RunConfig(), ledger_path, resume=args.resume, events=events, time_limit_s=limit,
-                           placement=_cluster_placement(args, file_config))
-        return _print_run_summary(summary, args)
-    cfg = _run_config(args, file_config.get("run", {}))
-    summary = run_loop(cfg, ledger_path, events=events, placement=_cluster_placement(args, file_config))
+    if args.resume and args.in_place:
+        raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
+    cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
+    limit = parse_duration(str(args.time_limit)) if args.resume and args.time_limit else None
+    cluster = _cluster_section(args, file_config)
+    # the ledger before the cluster: one this version cannot use (an older schema) is refused before a
+    # cluster is joined
+    with Ledger(ledger_path) as ledger:
+        summary = run_loop(cfg, resume=args.resume, events=events, time_limit_s=limit,
+                           placement=_cluster_placement(args, cluster), ledger=ledger)
     return _print_run_summary(summary, args)
 
 

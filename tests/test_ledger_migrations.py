@@ -261,6 +261,13 @@ def test_the_commands_on_a_version_1_ledger(tmp_path, capsys):
     assert run.returncode == 2 and len(err.splitlines()) == 1, err[-2000:]
     assert f"`kernel-agent ledger upgrade --ledger {path}`" in err
     assert path.read_bytes() == before
+    # on a cluster too, and before the cluster is contacted (nothing listens at that address)
+    run = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "run", "--ops", "quantize_kv", "--cluster",
+                          "127.0.0.1:9", "--ledger", str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    err = run.stderr.strip()
+    assert run.returncode == 2 and "kernel-agent ledger upgrade" in err and "cluster" not in err, err[-2000:]
+    assert path.read_bytes() == before
     assert cli.main(["ledger", "upgrade", "--ledger", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"upgraded from schema version 1 to {SCHEMA_VERSION}" in out and f"{path}.v1.bak" in out
