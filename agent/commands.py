@@ -12,7 +12,7 @@ import sys
 import urllib.parse
 from typing import Any, Dict, List, Optional
 
-from ..harness import bench_worker, env
+from ..harness import env
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
 from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names,
@@ -373,7 +373,9 @@ def _print_run_summary(summary: RunSummary, args) -> int:
 
 
 @command("bench")
-def cmd_bench(args) -> int:
+def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Devices] = None) -> int:
+    """Time the baseline, the anchor and candidate files per shape, each shape in `args.processes` benchmark
+    children (`evaluator`; default: sandboxed children of this process) on this machine's GPU (`devices`)."""
     if args.model:
         return _bench_model(args)
     model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
@@ -382,7 +384,8 @@ def cmd_bench(args) -> int:
         raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
         raise UsageError("bench: give --op (an op, or all) or --model")
-    from ..harness.bench import NoGPU, load_ceilings, require_gpu, resolve_shapes  # here: torch, after the flags
+    from ..harness.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
+    evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     ops = parse_ops(args.op)
     for f in args.files:
         if not os.path.isfile(f):
@@ -391,10 +394,8 @@ def cmd_bench(args) -> int:
         raise UsageError("candidate files need a single --op")
     if args.processes < 1:
         raise UsageError("--processes must be at least 1")
-    try:
-        require_gpu()
-    except NoGPU as e:
-        ui.error(str(e))
+    if not devices.available():
+        ui.error(NO_GPU)
         return 2
     if args.remeasure_ceilings:
         load_ceilings(remeasure=True)
@@ -409,7 +410,7 @@ def cmd_bench(args) -> int:
             {"label": f"candidate:{os.path.basename(f)}", "file": os.path.abspath(f)} for f in args.files]
         with ui.Progress(f"bench {name}", len(shapes)) as prog:
             for s in shapes:
-                _bench_one_shape(args, name, s.key(), kernels, doc)
+                _bench_one_shape(args, evaluator, name, s.key(), kernels, doc)
                 prog.advance(f"{name} {s.key()}")
     if doc.get("run_id"):
         open_ledger(args).set_run_status(doc["run_id"], RunStatus.FINISHED, finished=True)
@@ -420,11 +421,12 @@ def cmd_bench(args) -> int:
     return 1 if doc["errors"] else 0
 
 
-def _bench_one_shape(args, name: str, shape_key: str, kernels: List[Dict[str, Any]], doc: Dict[str, Any]) -> None:
+def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kernels: List[Dict[str, Any]],
+                     doc: Dict[str, Any]) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
     from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
     spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0}
-    outs = [bench_worker.run_bench_isolated(spec) for _ in range(args.processes)]
+    outs = [evaluator.bench(spec) for _ in range(args.processes)]
     doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
     errors = [o["error"] for o in outs if o.get("error")]
     if errors:
@@ -813,10 +815,12 @@ def _shown_entry(target, entry) -> str:
 
 
 @command("demote")
-def cmd_demote(args) -> int:
+def cmd_demote(args, devices: Optional[Devices] = None) -> int:
+    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted. The GPU is
+    `--gpu`, else this machine's (`devices`)."""
     from ..harness import serving  # here: torch, after the flags
     check_op(args.op)
-    gname = args.gpu or env.gpu_name() or "cpu"
+    gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
     led = open_ledger(args)
     removed = serving.remove(args.op, args.bucket, args.dtype, gname)
     promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)
