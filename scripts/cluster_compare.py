@@ -7,9 +7,9 @@ per node), and on this machine's own placement for reference: candidates judged 
 Each configuration runs the built-in search proposer with the same seed, ops and candidate cap on a
 ledger, candidates folder and serving set of its own (so nothing is replayed from another run and the
 repository's serving set is not touched). A cluster's nodes are started here with `ray start --block`,
-each in a process group of its own on free ports with a short --temp-dir under /tmp (as
-tests/test_ray_placement.py starts them), and stopped by killing those groups, never with `ray stop`
-(which would stop every Ray node of the machine). The cluster is up before its run starts: its start is
+each in a process group of its own on free ports (tests/local_ray_cluster.py, which the cluster tests
+start theirs with), and stopped by killing those groups, never with `ray stop` (which would stop every
+Ray node of the machine). The cluster is up before its run starts: its start is
 not measured. Nothing here needs a GPU: the sanitizer runs in Triton's interpreter.
 
 Printed: one row per configuration (nodes, CPUs, candidates judged, the run's wall seconds as the loop
@@ -25,8 +25,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,46 +32,29 @@ import time
 from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the local cluster the cluster tests start, shared with them
+from local_ray_cluster import LocalRayCluster  # noqa: E402
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 # the judges run Triton in its interpreter on every node, as on a CPU-only machine
 ENV = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1",
            PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _node_ports() -> List[str]:
-    """Every port a node listens on, free ones: the nodes share this machine with each other and with
-    other clusters."""
-    return ["--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-            "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
-            "--object-store-memory", str(100 * 1024 * 1024), "--disable-usage-stats"]
-
-
-class LocalCluster:
-    """A Ray cluster of `n` one-CPU nodes on this machine, each node the process group of its
-    `ray start --block`."""
+class LocalCluster(LocalRayCluster):
+    """A Ray cluster of `n` one-CPU nodes on this machine, up on entering and stopped on leaving. It is
+    watched from a child process: this one never joins it."""
 
     def __init__(self, n: int):
+        super().__init__(prefix="kacc", env=ENV)
         self.n = n
-        self.dir = tempfile.mkdtemp(prefix="kacc", dir="/tmp")  # short: Ray's socket paths must fit
-        self.address = f"127.0.0.1:{_free_port()}"
-        self.nodes: List[subprocess.Popen] = []
 
     def __enter__(self) -> "LocalCluster":
         try:
-            port = self.address.rsplit(":", 1)[1]
-            self._start("head", ["--head", "--port", port, "--include-dashboard=false", "--temp-dir", self.dir])
-            self._wait_for(1)
+            self.start_head(["--num-cpus", "1", "--num-gpus", "0"])
+            self.wait_for(1)
             for k in range(1, self.n):
-                self._start(f"node{k + 1}", ["--address", self.address])
-            self._wait_for(self.n)
+                self.start(f"node{k + 1}", ["--address", self.address, "--num-cpus", "1", "--num-gpus", "0"])
+            self.wait_for(self.n)
         except BaseException:
             self.stop()
             raise
@@ -81,36 +62,6 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    def _start(self, name: str, args: List[str]) -> None:
-        log = open(os.path.join(self.dir, f"{name}.log"), "w")
-        self.nodes.append(subprocess.Popen([RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "0"] + args
-                                           + _node_ports(), stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True, env=ENV))
-
-    def _wait_for(self, n: int, timeout: float = 120.0) -> None:
-        """Until `n` nodes are alive (asked from a child, so that this process never joins the cluster)."""
-        probe = ("import ray, sys\nray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-                 "print(sum(1 for node in ray.nodes() if node['Alive']))\n")
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            got = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True, env=ENV,
-                                 timeout=timeout)
-            if got.returncode == 0 and got.stdout.strip().splitlines()[-1:] == [str(n)]:
-                return
-            time.sleep(1.0)
-        with open(os.path.join(self.dir, "head.log")) as f:
-            raise RuntimeError(f"the cluster did not reach {n} nodes: {f.read()[-2000:]}")
-
-    def stop(self) -> None:
-        for proc in self.nodes:  # each node at once, as a machine that goes down: raylet, object store, workers
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        self.nodes = []
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_once(args, work: str, cluster: Optional[str]) -> Dict:

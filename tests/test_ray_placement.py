@@ -4,13 +4,10 @@ else), a short `kernel-agent run --cluster` on its CPUs with one node killed mid
 on a third node that declares a GPU which tests/ray_fake_gpu.py stands in for."""
 import json
 import os
-import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 
@@ -22,70 +19,10 @@ from kernel_agent.harness.ledger import Ledger
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kernel-agent[cluster]')")
 
 from kernel_agent.agent.ray_placement import Node, RayPlacement, choose_gpu_model  # noqa: E402
+from local_ray_cluster import LocalRayCluster  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _node_ports():
-    """Every port a node listens on, free ones: two nodes share this machine (and other clusters may run here)."""
-    return ["--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-            "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
-            "--object-store-memory", str(100 * 1024 * 1024), "--disable-usage-stats"]
-
-
-class Cluster:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="kar", dir="/tmp")  # short: Ray's socket paths must fit
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.nodes = {}  # name -> the `ray start --block` process, leader of the node's process group
-
-    def start(self, name, args, env=None):
-        log = open(os.path.join(self.dir, f"{name}.log"), "w")
-        self.nodes[name] = subprocess.Popen([RAY, "start", "--block"] + args + _node_ports(), stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True,
-                                            env=dict(os.environ, **(env or {})))
-
-    def wait_for(self, n, timeout=90, gpus=0):
-        """Until `n` nodes are alive, `gpus` GPUs among them (this process is connected to the cluster from
-        its first node on)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                if not ray.is_initialized():
-                    ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
-                alive = [node for node in ray.nodes() if node["Alive"]]
-                if len(alive) == n and sum(node["Resources"].get("GPU", 0) for node in alive) == gpus:
-                    return
-            except ConnectionError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"the cluster did not reach {n} nodes: " + open(os.path.join(self.dir, "head.log")).read()[-2000:])
-
-    def kill(self, name):
-        """The node goes down at once, as a machine that dies: its raylet, object store and workers."""
-        proc = self.nodes.pop(name)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-    def stop(self):
-        if ray.is_initialized():
-            ray.shutdown()
-        for name in list(self.nodes):
-            self.kill(name)
-        shutil.rmtree(self.dir, ignore_errors=True)  # the nodes' logs and session files
 
 
 def _processes_under(path):
@@ -104,19 +41,18 @@ def _processes_under(path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster()
+    c = LocalRayCluster()
     c.node2_tmp = os.path.join(c.dir, "node2tmp")  # the second node's scratch: its tasks' files are under it
     os.makedirs(c.node2_tmp)
     c.gpu_log = os.path.join(c.dir, "fake_gpu_tasks.log")  # not gpu.log: that is the "gpu" node's own log
     try:
         # a dead node is noticed after 5 missed health checks a second apart (default 3 s apart): the killed
         # node's stage comes back sooner; a slow but live node still answers, each check waits 10 s
-        c.start("head", ["--head", "--port", str(c.port), "--num-cpus", "1", "--num-gpus", "0",
-                         "--include-dashboard=false", "--temp-dir", c.dir],
-                env={"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"})
-        c.wait_for(1)
+        c.start_head(["--num-cpus", "1", "--num-gpus", "0"],
+                     env={"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"})
+        c.wait_for(1, timeout=90, connect=True)  # this process calls Ray itself: it joins the cluster
         c.start("node2", ["--address", c.address, "--num-cpus", "1", "--num-gpus", "0"], env={"TMPDIR": c.node2_tmp})
-        c.wait_for(2)
+        c.wait_for(2, timeout=90, connect=True)
         yield c
     finally:
         for pid in _processes_under(c.node2_tmp):  # judges orphaned by the killed node (they run in sessions of their own)
@@ -137,7 +73,7 @@ def gpu_node(cluster):
                           "--resources", json.dumps({"accelerator_type:H200": 1})],
                   env={"KERNEL_AGENT_RAY_RUNNER": "ray_fake_gpu", "PYTHONPATH": os.path.join(ROOT, "tests"),
                        "FAKE_GPU_LOG": cluster.gpu_log})
-    cluster.wait_for(2, gpus=1)  # (the second node, killed by the run's test, gone)
+    cluster.wait_for(2, gpus=1, timeout=90, connect=True)  # (the second node, killed by the run's test, gone)
     try:
         yield cluster
     finally:
