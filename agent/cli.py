@@ -151,7 +151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                  f"(set KERNEL_AGENT_DEBUG=1 for the traceback)")
         return 1
     finally:
-        for led in getattr(args, "_ledgers", ()):  # its connections (a PostgreSQL server counts them)
+        for led in getattr(args, "_ledgers", {}).values():  # its connections (a PostgreSQL server counts them)
             led.close()
 
 

@@ -38,10 +38,12 @@ def open_ledger(args, read: bool = False) -> Ledger:
     if read and server_url(path) is None and not os.path.exists(sqlite_path(path)):
         raise UsageError(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
                          f"another)")
-    led = Ledger(path, read_only=read)
-    # kept on args so that `main` closes every ledger a command opened, whichever way the command ends
-    args.__dict__.setdefault("_ledgers", []).append(led)
-    return led
+    # one ledger per command and mode, however often its steps ask (bench records after every shape), kept on
+    # args so that `main` closes it whichever way the command ends
+    opened = args.__dict__.setdefault("_ledgers", {})
+    if read not in opened:
+        opened[read] = Ledger(path, read_only=read)
+    return opened[read]
 
 
 def check_op(name: str) -> str:

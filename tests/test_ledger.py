@@ -460,3 +460,9 @@ def test_every_ledger_a_command_opens_is_closed_however_it_ends(tmp_path, monkey
     assert cli.main(["show", "r-no-such-run", "--ledger", str(path)]) != 0
     assert len(closed) == 2 and closed[0] is not closed[1]
     capsys.readouterr()
+    # within a command, every step that asks gets the one ledger it opened (bench asks after every shape)
+    from kernel_agent.agent.cli_common import open_ledger
+    args = cli.build_parser().parse_args(["history", "--ledger", str(path)])
+    assert open_ledger(args) is open_ledger(args) and open_ledger(args, read=True) is not open_ledger(args)
+    for led in args._ledgers.values():
+        real_close(led)
