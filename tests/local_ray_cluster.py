@@ -63,12 +63,12 @@ class LocalRayCluster:
         self.start("head", ["--head", "--port", str(self.port), "--include-dashboard=false", "--temp-dir", self.dir]
                    + list(args), env)
 
-    def alive(self, connect: bool = False) -> Optional[tuple]:
+    def alive(self, connect: bool = False, timeout: float = 120.0) -> Optional[tuple]:
         """(nodes alive, GPUs among them), or None while the cluster does not answer. connect: ask from this
         process, which then stays connected (a test that calls Ray itself); else from a child."""
         if not connect:
             got = subprocess.run([sys.executable, "-c", _PROBE, self.address], capture_output=True, text=True,
-                                 env=self.env, timeout=120)
+                                 env=self.env, timeout=timeout)
             last = got.stdout.split("\n")[-2:-1] if got.returncode == 0 else []
             return tuple(int(x) for x in last[0].split()) if last else None
         import ray  # deferred: only a caller that joins the cluster needs Ray in its own process
@@ -84,7 +84,7 @@ class LocalRayCluster:
         """Until `n` nodes are alive with `gpus` GPUs among them."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.alive(connect) == (n, gpus):
+            if self.alive(connect, timeout) == (n, gpus):
                 return
             time.sleep(0.5)
         with open(os.path.join(self.dir, "head.log")) as f:
