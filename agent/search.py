@@ -122,10 +122,14 @@ class SearchProposer(Proposer):
         source = ctx.incumbent_source if has_config(ctx.incumbent_source or "") else base_src
         if st is not None and st.source == source:
             return st
+        cfgs = None
+        if source != base_src:
+            try:
+                cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
+            except TypeError:  # its `_config` takes other arguments than the op passes now (an older kernel)
+                source = base_src  # the climb starts from the baseline: a variant of it would not run
         if source == base_src:
             cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
-        else:
-            cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
         base = sorted(cfgs)[0]
         new = _OpState(ctx.bucket, list(ctx.shapes), source, base, base, tried={base})
         if st is not None:  # the incumbent changed under the climb

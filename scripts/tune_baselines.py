@@ -7,6 +7,9 @@ were made.
 
     PYTHONPATH=. python3 scripts/tune_baselines.py [--ops matmul,attention] [--out results/tune.json]
 
+With --kernel FILE the configs of that kernel file (a promoted serving kernel with the same
+`_config` signature as its op's baseline) are swept instead of the baseline's: one op only.
+
 With --neighbours the configs are the baseline's own and every one-field change the built-in
 search may propose (agent/search.py); --shape-list times shapes outside the serving suite, e.g.
 --ops matmul --neighbours --shape-list '256,8192,8192;128,8192,8192': where a neighbour beats
@@ -82,15 +85,23 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shapes", default="", help="only serving shapes whose key contains this text")
     ap.add_argument("--shape-list", default="", help="explicit shapes 'a,b,c;d,e,f' instead of the serving suite")
+    ap.add_argument("--kernel", default="", help="sweep this kernel file's _config instead of the baseline's")
     ap.add_argument("--neighbours", action="store_true",
                     help="time the baseline config and the search's one-field neighbours of it")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    if args.kernel and "," in args.ops:
+        ap.error("--kernel sweeps one op's kernel file: name one op with --ops")
     rows = []
     for op_name in args.ops.split(","):
         op = get_op(op_name)
-        mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
-        fn = getattr(mod, op_name)
+        if args.kernel:
+            from kernel_agent.harness.serving import load_kernel_file
+            fn = load_kernel_file(args.kernel, op_name)
+            mod = sys.modules[fn.__module__]
+        else:
+            mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+            fn = getattr(mod, op_name)
         original = mod._config
         shapes = [op.parse_shape(t) for t in args.shape_list.split(";") if t.strip()] or op.shapes("serving")
         for shape in [s for s in shapes if args.shapes in s.key()]:

@@ -168,6 +168,21 @@ def test_serving_get_passes_the_differential_check_for_each_choice(tmp_path, op_
     assert len(seen) == 3  # three different functions served
 
 
+@pytest.mark.parametrize("D", [1, 40, 64, 80, 96, 112, 160, 192, 256])
+def test_paged_decode_baselines_at_any_head_dim_in_bfloat16(D):
+    """The bf16 code the interpreter cannot run, compiled: one tile or two (D = 40, 80, 96, 160, 192 take
+    two), masked or not, at page sizes 1 and 16, GQA and a ragged batch."""
+    import importlib
+    for op_name in ("decode_attention", "decode_attention_int8"):
+        op = get_op(op_name)
+        fn = getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}"), op_name)
+        for page in (1, 16):
+            shape = op.parse_shape(f"B=3,Hq=8,Hkv=2,D={D},block_size={page},ctx=700,ragged=1")
+            case = op.make_case(shape, torch.bfloat16, seed=D + page, device="cuda")
+            cmp = op.compare(case.call(fn), case.args)
+            assert cmp.ok, f"{op_name} D={D} page {page}: {cmp.describe()}"
+
+
 def test_the_committed_serving_set_serves_its_kernels_correctly():
     d = os.path.join(ROOT, "kernels", "serving")
     gpu = torch.cuda.get_device_name()

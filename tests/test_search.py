@@ -72,3 +72,19 @@ def test_the_first_proposals_of_each_op_are_unchanged(name):
     shape = op.shapes("serving")[0]
     ctx = ProposeContext(name, op.bucket(shape), "bfloat16", [shape], baseline_source(name))
     assert [p.label for p in SearchProposer(seed=0).propose(ctx, 4)] == FIRST_PROPOSALS[name]
+
+
+def test_an_incumbent_whose_config_takes_older_arguments_is_not_tuned_further():
+    # decode_attention's `_config` takes the head dim too; a kernel written before that takes four
+    # arguments, and a variant of it would fail when the op calls it with five
+    from pathlib import Path
+    op = get_op("decode_attention")
+    shape = op.parse_shape("2,4,2,96,16,300")
+    old = (Path(__file__).parent / "candidates/good/decode_attention/splits_per_64_tokens.py").read_text()
+    assert "def _config(B, Hkv, max_ctx, device):" in old
+    ctx = ProposeContext("decode_attention", op.bucket(shape), "bfloat16", [shape], old, "serving:old.py")
+    props = [p for p in SearchProposer(seed=0).propose(ctx, 3) if p.label.startswith("cfg-")]
+    assert props and all("def _head_tiles(" in p.source for p in props)  # variants of the baseline
+    base = baseline_config("decode_attention", shape)
+    assert all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), base)) == 1
+               for p in props)

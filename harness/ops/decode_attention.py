@@ -34,6 +34,10 @@ class DecodeAttention(PagedDecodeOp):
     tuning_space = Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
                          ((1, 2, 4, 8, 16), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)), decode_config_fits)
 
+    def config_args(self, shape: DecodeShape, device) -> tuple:
+        # the bf16 baseline's launch config depends on the head dim too: a token tile's bytes are BLOCK_N * D
+        return super().config_args(shape, device) + (shape.D,)
+
     def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
         self._check_heads(shape)
         layout = make_paged_layout(shape, gen, device)
