@@ -170,8 +170,8 @@ def test_serving_get_passes_the_differential_check_for_each_choice(tmp_path, op_
 
 @pytest.mark.parametrize("D", [1, 40, 64, 80, 96, 112, 160, 192, 256])
 def test_paged_decode_baselines_at_any_head_dim_in_bfloat16(D):
-    """The bf16 code the interpreter cannot run, compiled: one tile or two (D = 40, 80, 96, 160, 192 take
-    two), masked or not, at page sizes 1 and 16, GQA and a ragged batch."""
+    """The bf16 code the interpreter cannot run, compiled: head dims that fill their tile and head dims
+    padded to one (masked lanes), at page sizes 1 and 16, GQA and a ragged batch."""
     import importlib
     for op_name in ("decode_attention", "decode_attention_int8"):
         op = get_op(op_name)

@@ -84,7 +84,7 @@ def test_an_incumbent_whose_config_takes_older_arguments_is_not_tuned_further():
     assert "def _config(B, Hkv, max_ctx, device):" in old
     ctx = ProposeContext("decode_attention", op.bucket(shape), "bfloat16", [shape], old, "serving:old.py")
     props = [p for p in SearchProposer(seed=0).propose(ctx, 3) if p.label.startswith("cfg-")]
-    assert props and all("def _head_tiles(" in p.source for p in props)  # variants of the baseline
+    assert props and all("def _config_base(B, Hkv, max_ctx, device, D):" in p.source for p in props)  # of the baseline
     base = baseline_config("decode_attention", shape)
     assert all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), base)) == 1
                for p in props)

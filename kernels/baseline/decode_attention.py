@@ -8,14 +8,11 @@ Stage 2: program (b, query head) folds the splits together in split order, so th
 result is bitwise reproducible. Only tokens below seq_lens[b] are ever loaded, so
 block-table entries past a sequence's last page are never dereferenced.
 
-Any head dim D from 1 to 256: tiles are power-of-two wide, at least 16 (a tensor-core dot
-needs 16), and lanes d >= D load zeros, which add nothing to q.k and give zero output
-columns that are never stored. A head dim between two powers of two is covered by two
-tiles where that pads less than one (D = 96 as 64 + 32, D = 80 as 64 + 16, D = 192 as
-128 + 64): each score is then the sum of two dots and each output row two accumulators,
-so the kernel does 96 lanes of work at D = 96 instead of 128. When a tile is filled
-(EVEN_D, EVEN_D1) no head-dim mask is emitted, so power-of-two shapes compile to the
-code they always had. sm_scale defaults to 1/sqrt(D) of the true D. Any block size from 1 to 256: the token
+Any head dim D from 1 to 256: tiles are BLOCK_D = max(16, next power of two) wide (a
+tensor-core dot needs 16) and lanes d >= D load zeros, which add nothing to q.k and
+give zero output columns that are never stored; when D is already BLOCK_D (EVEN_D) no
+head-dim mask is emitted, so power-of-two shapes compile to the code they always had.
+sm_scale defaults to 1/sqrt(D) of the true D. Any block size from 1 to 256: the token
 tiles (BLOCK_N) do not depend on the page size, and each token finds its page and slot
 on its own (block_table[b, t // PAGE], t % PAGE); PAGE is a compile-time constant, so
 for power-of-two pages these are the shift and mask they always were.
@@ -37,9 +34,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, ac
                          stride_ab, stride_ah, stride_as, stride_ad,
                          NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         EVEN_D: tl.constexpr, HAS_D1: tl.constexpr, BLOCK_D1: tl.constexpr,
-                         EVEN_D1: tl.constexpr):
-    # head dims [0, BLOCK_D) are the first tile and, with HAS_D1, [BLOCK_D, BLOCK_D + BLOCK_D1) the second
+                         EVEN_D: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -59,21 +54,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, ac
         hd_mask = h_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=hd_mask, other=0.0)
-    # the second tile (without HAS_D1, BLOCK_D1 = 16 lanes that are never loaded or stored)
-    offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
-    d1_mask = offs_d1 < HEAD_D
-    if EVEN_D1:
-        hd1_mask = h_mask[:, None]
-    else:
-        hd1_mask = h_mask[:, None] & d1_mask[None, :]
-    if HAS_D1:
-        q1 = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d1[None, :] * stride_qd,
-                     mask=hd1_mask, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_H, BLOCK_D1], dtype=tl.float32)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_vh
     for start in range(lo, hi, BLOCK_N):
@@ -90,14 +74,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, ac
         k = tl.load(k_head + page[None, :] * stride_kb + slot[None, :] * stride_ks + offs_d[:, None] * stride_kd,
                     mask=k_mask, other=0.0)
         qk = tl.dot(q, k)
-        if HAS_D1:
-            if EVEN_D1:
-                k1_mask = live[None, :]
-            else:
-                k1_mask = live[None, :] & d1_mask[:, None]
-            k1 = tl.load(k_head + page[None, :] * stride_kb + slot[None, :] * stride_ks
-                         + offs_d1[:, None] * stride_kd, mask=k1_mask, other=0.0)
-            qk = tl.dot(q1, k1, qk)
         qk = tl.where(live[None, :], qk * qk_scale, float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_ij[:, None])
@@ -108,14 +84,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, ac
                     mask=v_mask, other=0.0)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
-        if HAS_D1:
-            if EVEN_D1:
-                v1_mask = live[:, None]
-            else:
-                v1_mask = live[:, None] & d1_mask[None, :]
-            v1 = tl.load(v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs
-                         + offs_d1[None, :] * stride_vd, mask=v1_mask, other=0.0)
-            acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * alpha[:, None])
         m_i = m_ij
 
     # an empty split (short sequence) stores m = -inf, l = 0 and acc = 0
@@ -123,9 +91,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, ac
     tl.store(l_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, l_i, mask=h_mask)
     tl.store(acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :] * stride_ad,
              acc, mask=hd_mask)
-    if HAS_D1:
-        tl.store(acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as
-                 + offs_d1[None, :] * stride_ad, acc1, mask=hd1_mask)
 
 
 @triton.jit
@@ -169,27 +134,16 @@ def _num_sms(device) -> int:
     return 132
 
 
-def _head_tiles(D):
-    """(BLOCK_D, BLOCK_D1): the widths of the one or two power-of-two tiles (each at least 16 lanes)
-    that cover head dim D; BLOCK_D1 = 0 when one tile pads no more than two would."""
-    one = max(16, triton.next_power_of_2(D))
-    first = max(16, triton.next_power_of_2(D) // (1 if triton.next_power_of_2(D) == D else 2))  # largest 2^k <= D
-    second = max(16, triton.next_power_of_2(D - first)) if D > first else 0
-    return (first, second) if second and first + second < one else (one, 0)
-
-
 def _config(B, Hkv, max_ctx, device, D):
     """(NUM_SPLITS, BLOCK_N, num_warps, num_stages): enough programs to fill the GPU twice over, the
     splits rounded up to a power of two, which a sweep on the H200 found faster at long contexts
-    (scripts/tune_baselines.py; results/h200/model_step/). A token tile as narrow as 64 lanes moves
-    half the bytes of the 128-lane tile the config was tuned at: it takes 128 tokens in 2 stages
-    instead (results/h200/shapes/tune/)."""
-    block_d, block_d1 = _head_tiles(D)
-    narrow = block_d + block_d1 <= 64
+    (scripts/tune_baselines.py; results/h200/model_step/). A head dim of 64 or less moves half the
+    bytes per token of the D = 128 the config was tuned at: 128-token tiles in 2 stages instead of 64 in
+    3 (a sweep at D = 64: results/h200/shapes/tune/)."""
     target = 2 * _num_sms(device)
     splits = triton.next_power_of_2(max(1, triton.cdiv(target, B * Hkv)))
     splits = max(1, min(splits, triton.cdiv(max_ctx, 256), 16))
-    return (splits, 128, 4, 2) if narrow else (splits, 64, 4, 3)
+    return (splits, 128, 4, 2) if D <= 64 else (splits, 64, 4, 3)
 
 
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
@@ -206,8 +160,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
-    block_d, block_d1 = _head_tiles(D)
-    combine_d = max(16, triton.next_power_of_2(D))  # the combine's one tile
+    block_d = max(16, triton.next_power_of_2(D))  # a tensor-core dot needs at least 16
     max_ctx = block_table.shape[1] * page
     splits, block_n, warps, stages = _config(B, Hkv, max_ctx, q.device, D)
     if q.element_size() == 4:  # float32 tiles take twice the shared memory
@@ -225,11 +178,10 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
         m.stride(0), m.stride(1), m.stride(2),
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         NUM_SPLITS=splits, PAGE=page, BLOCK_N=block_n, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        HEAD_D=D, BLOCK_D=block_d, EVEN_D=block_d <= D, HAS_D1=block_d1 > 0, BLOCK_D1=max(block_d1, 16),
-        EVEN_D1=block_d + block_d1 == D, num_warps=warps, num_stages=stages)
+        HEAD_D=D, BLOCK_D=block_d, EVEN_D=block_d == D, num_warps=warps, num_stages=stages)
     _decode_combine_kernel[(B, Hq)](
         m, l, acc, o, m.stride(0), m.stride(1), m.stride(2),
         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
         o.stride(0), o.stride(1), o.stride(2),
-        NUM_SPLITS=splits, HEAD_D=D, BLOCK_D=combine_d, EVEN_D=combine_d == D, num_warps=4)
+        NUM_SPLITS=splits, HEAD_D=D, BLOCK_D=block_d, EVEN_D=block_d == D, num_warps=4)
     return o
