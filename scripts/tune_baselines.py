@@ -78,6 +78,16 @@ def rows_base(rows, op_name, shape):
     return next((r for r in rows if r["op"] == op_name and r["shape"] == shape.key() and r["ok"]), None)
 
 
+def kernel_module(op_name, kernel_file=""):
+    """(module, function) of the kernel whose `_config` is swept: a kernel file, else the op's baseline."""
+    if kernel_file:
+        from kernel_agent.harness.serving import load_kernel_file
+        fn = load_kernel_file(kernel_file, op_name)
+        return sys.modules[fn.__module__], fn
+    mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
+    return mod, getattr(mod, op_name)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default=",".join(NAMES))
@@ -95,13 +105,7 @@ def main():
     rows = []
     for op_name in args.ops.split(","):
         op = get_op(op_name)
-        if args.kernel:
-            from kernel_agent.harness.serving import load_kernel_file
-            fn = load_kernel_file(args.kernel, op_name)
-            mod = sys.modules[fn.__module__]
-        else:
-            mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
-            fn = getattr(mod, op_name)
+        mod, fn = kernel_module(op_name, args.kernel)
         original = mod._config
         shapes = [op.parse_shape(t) for t in args.shape_list.split(";") if t.strip()] or op.shapes("serving")
         for shape in [s for s in shapes if args.shapes in s.key()]:
