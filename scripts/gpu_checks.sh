@@ -13,7 +13,8 @@
 # runs, the default, take two commands: RUNS=3, then RUNS=4).
 # SERVING_EXTRA: shapes the serving check adds to the serving suite (serving_check.py --extra).
 # RUNS: the numbers of the bench runs (default "3 4": bench_run3.json and bench_run4.json).
-# Usage: [STEPS="bench"] [BENCH_ARGS=...] [RUNS=...] bash scripts/gpu_checks.sh OUTDIR
+# OPS: the ops benched (default all), e.g. OPS=decode_attention,decode_attention_int8: about 80 s a run.
+# Usage: [STEPS="bench"] [BENCH_ARGS=...] [RUNS=...] [OPS=...] bash scripts/gpu_checks.sh OUTDIR
 set -u
 OUT=$1
 STEPS=${STEPS:-bench tests}
@@ -26,9 +27,13 @@ cat "$OUT/gpu.txt"
 echo "start $(date +%T)"
 if [[ " $STEPS " == *" bench "* ]]; then
   for i in ${RUNS:-3 4}; do
-    timeout "${BENCH_TIMEOUT:-540}" python3 -m kernel_agent.agent.cli bench --op all --shapes serving --no-ledger ${BENCH_ARGS:-} \
-      --out "$OUT/bench_run$i.json" > "$OUT/bench_run$i.txt" 2>&1
-    echo "bench run $i: exit $? ($(date +%T))"
+    rm -f "$OUT/bench_run$i.txt"
+    for op in $(echo "${OPS:-all}" | tr ',' ' '); do  # one op at a time: each writes its own JSON
+      out=$OUT/bench_run$i.json; [ "${OPS:-all}" = all ] || out=$OUT/bench_run${i}_$op.json
+      timeout "${BENCH_TIMEOUT:-540}" python3 -m kernel_agent.agent.cli bench --op "$op" --shapes serving --no-ledger \
+        ${BENCH_ARGS:-} --out "$out" >> "$OUT/bench_run$i.txt" 2>&1
+      echo "bench run $i ($op): exit $? ($(date +%T))"
+    done
   done
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
