@@ -102,6 +102,8 @@ class _OpState:
     tried: set = field(default_factory=set)
     evict_tried: bool = False
     pending: Dict[str, tuple] = field(default_factory=dict)  # label -> cfg
+    # the incumbent this climb is for: `source`, unless that could not be tuned and the baseline stood in
+    made_for: Optional[str] = None
 
 
 class SearchProposer(Proposer):
@@ -119,19 +121,19 @@ class SearchProposer(Proposer):
         key = (ctx.op, ctx.bucket)
         st = self.state.get(key)
         base_src = baseline_source(ctx.op)
-        source = ctx.incumbent_source if has_config(ctx.incumbent_source or "") else base_src
-        if st is not None and st.source == source:
+        incumbent = ctx.incumbent_source if has_config(ctx.incumbent_source or "") else base_src
+        if st is not None and st.made_for == incumbent:
             return st
-        cfgs = None
+        source, cfgs = incumbent, None
         if source != base_src:
             try:
                 cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
             except TypeError:  # its `_config` takes other arguments than the op passes now (an older kernel)
                 source = base_src  # the climb starts from the baseline: a variant of it would not run
-        if source == base_src:
+        if cfgs is None:
             cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
         base = sorted(cfgs)[0]
-        new = _OpState(ctx.bucket, list(ctx.shapes), source, base, base, tried={base})
+        new = _OpState(ctx.bucket, list(ctx.shapes), source, base, base, tried={base}, made_for=incumbent)
         if st is not None:  # the incumbent changed under the climb
             new.tried |= st.tried
             new.evict_tried = st.evict_tried

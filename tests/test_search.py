@@ -88,3 +88,24 @@ def test_an_incumbent_whose_config_takes_older_arguments_is_not_tuned_further():
     base = baseline_config("decode_attention", shape)
     assert all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), base)) == 1
                for p in props)
+
+
+def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monkeypatch):
+    # the climb that replaced an incumbent it cannot tune is the one for that incumbent: the next proposals
+    # continue it (from the best config measured) without importing the incumbent again
+    from pathlib import Path
+    from kernel_agent.agent import search
+    op = get_op("decode_attention")
+    shape = op.parse_shape("2,4,2,96,16,300")
+    old = (Path(__file__).parent / "candidates/good/decode_attention/splits_per_64_tokens.py").read_text()
+    ctx = ProposeContext("decode_attention", op.bucket(shape), "bfloat16", [shape], old, "serving:old.py")
+    prop = SearchProposer(seed=0)
+    first = [p for p in prop.propose(ctx, 3) if p.label.startswith("cfg-")]
+    prop.feedback(ctx, first[0], True, 0.5)  # the first variant measured fastest
+    loads = []
+    monkeypatch.setattr(search, "source_config", lambda *a: loads.append(a) or (_ for _ in ()).throw(TypeError()))
+    nxt = [p for p in prop.propose(ctx, 3) if p.label.startswith("cfg-")]
+    assert not loads
+    best = source_config("decode_attention", first[0].source, shape)
+    assert nxt and all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), best)) == 1
+                       for p in nxt)
