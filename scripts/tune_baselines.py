@@ -81,8 +81,11 @@ def rows_base(rows, op_name, shape):
 def kernel_module(op_name, kernel_file=""):
     """(module, function) of the kernel whose `_config` is swept: a kernel file, else the op's baseline."""
     if kernel_file:
-        from kernel_agent.harness.serving import load_kernel_file
-        fn = load_kernel_file(kernel_file, op_name)
+        from kernel_agent.harness.serving import ServingError, load_kernel_file
+        try:
+            fn = load_kernel_file(kernel_file, op_name)
+        except ServingError as e:  # a missing, refused or broken file: one line, not a traceback
+            sys.exit(f"tune_baselines.py: {e}")
         return sys.modules[fn.__module__], fn
     mod = importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}")
     return mod, getattr(mod, op_name)

@@ -3,6 +3,7 @@ candidate faults, on a CUDA device. Skipped on the CPU (CI); on a GPU machine:
 
     TRITON_INTERPRET=0 python -m pytest -q -m gpu tests/test_gpu.py
 """
+import importlib
 import os
 import re
 import shutil
@@ -172,7 +173,6 @@ def test_serving_get_passes_the_differential_check_for_each_choice(tmp_path, op_
 def test_paged_decode_baselines_at_any_head_dim_in_bfloat16(D):
     """The bf16 code the interpreter cannot run, compiled: head dims that fill their tile and head dims
     padded to one (masked lanes), at page sizes 1 and 16, GQA and a ragged batch."""
-    import importlib
     for op_name in ("decode_attention", "decode_attention_int8"):
         op = get_op(op_name)
         fn = getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{op_name}"), op_name)
