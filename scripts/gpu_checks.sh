@@ -13,7 +13,7 @@
 # runs, the default, take two commands: RUNS=3, then RUNS=4).
 # SERVING_EXTRA: shapes the serving check adds to the serving suite (serving_check.py --extra).
 # RUNS: the numbers of the bench runs (default "3 4": bench_run3.json and bench_run4.json).
-# OPS: the ops benched (default all), e.g. OPS=decode_attention,decode_attention_int8: about 80 s a run.
+# OPS: the ops benched (default all), e.g. OPS=decode_attention,decode_attention_int8: their serving shapes only.
 # Usage: [STEPS="bench"] [BENCH_ARGS=...] [RUNS=...] [OPS=...] bash scripts/gpu_checks.sh OUTDIR
 set -u
 OUT=$1
