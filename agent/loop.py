@@ -35,7 +35,7 @@ from ..harness import model_step, serving
 from ..harness.bench import record_shape_result
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
-from ..harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source, row_time
+from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source, row_time
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
@@ -355,6 +355,7 @@ class Loop:
         self.duplicate_streak: Dict[Tuple[str, str], int] = {}
         self._history_loaded: Set[Tuple[str, str]] = set()
         self.session_hashes: Set[str] = set()  # sources proposed since this process started
+        self.working: Set[Tuple[int, str, str]] = set()  # (candidate, op, bucket) given a work in this process
 
     # -- incumbents -------------------------------------------------------------------
     def incumbent(self, t: Target) -> Incumbent:
@@ -421,11 +422,13 @@ class Loop:
         self.session_hashes.add(h)
         if h in self.known:  # recorded by this run already (a resume, or a repeat)
             c = self.ledger.candidate(self.known[h])
-            if c is not None and self._unfinished(c.status):  # interrupted mid-evaluation: finish it
-                return Work(t, ctx, p, c.id, self._write(p, h, t))
+            # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
+            if c is not None and self._needs_work(c, t):
+                return self._work(t, ctx, p, c.id, self._write(p, h, t))
             if repeat:
                 self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
-            self._replay(ctx, p, self.known[h])
+            if c is not None and not self._unfinished(c.status):  # (one still in flight tells its own result)
+                self._replay(ctx, p, c.id)
             return None
         existing = self.ledger.find_candidate(p.op, p.source)
         path = self._write(p, h, t)
@@ -434,7 +437,7 @@ class Loop:
         self.known[h] = cand.id
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
-        if existing is not None and not self._unfinished(existing.status):
+        if existing is not None and not self._needs_work(existing, t):
             # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
             # so a run over a ledger that holds earlier runs still judges as many new candidates
             self.stats["duplicates"] += 1
@@ -445,12 +448,29 @@ class Loop:
         self.duplicate_streak[key] = 0
         budget.used += 1
         self.stats["proposed"] += 1
-        return Work(t, ctx, p, cand.id, path)
+        return self._work(t, ctx, p, cand.id, path)
+
+    def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> Work:
+        self.working.add((cid, t.op, t.bucket))
+        return Work(t, ctx, p, cid, path)
 
     def _unfinished(self, status: str) -> bool:
         """Whether a recorded candidate still needs evaluating here: never judged, or verified without a
         GPU (or before a time limit) and this run has one. Its finished stages are not run again."""
         return status == CandidateStatus.PROPOSED or (self.gpu and status == CandidateStatus.VERIFIED)
+
+    def _needs_work(self, c: Candidate, t: Target) -> bool:
+        """Whether candidate `c`, proposed for target `t`, needs a work there that this session has not
+        started: it is unfinished, or it was timed (its sanitizer stages are done, and the source is judged
+        once) but never at `t`'s shapes, where the benchmark against that bucket's incumbent is still owed."""
+        if (c.id, t.op, t.bucket) in self.working:
+            return False
+        if self._unfinished(c.status):
+            return True
+        if not self.gpu or c.status not in TIMED:
+            return False
+        timed_at = {b.shape_key for b in self.ledger.bench_results(candidate_id=c.id, op=t.op)}
+        return not timed_at >= {s.key() for s in t.shapes}
 
     def pending_works(self, targets: Sequence[Target]) -> List[Work]:
         """The candidates a killed or stopped run recorded but never judged (whatever the proposer does next)."""
@@ -464,7 +484,7 @@ class Loop:
             if t is None:
                 continue
             p = Proposal(c.op, c.source, c.label or f"candidate-{c.id}", c.proposer)
-            works.append(Work(t, self.context(t), p, c.id, self._write(p, c.source_hash, t)))
+            works.append(self._work(t, self.context(t), p, c.id, self._write(p, c.source_hash, t)))
         return works
 
     def _write(self, p: Proposal, h: str, t: Target) -> str:
@@ -596,7 +616,8 @@ class Loop:
             return False
         if self.first_benchmark_at is None:
             self.first_benchmark_at = time.time()
-        self.ledger.set_candidate_status(cid, CandidateStatus.BENCHMARKED)
+        if self.ledger.candidate(cid).status != CandidateStatus.PROMOTED:  # serving another bucket: it stays so
+            self.ledger.set_candidate_status(cid, CandidateStatus.BENCHMARKED)
         self.stats["benchmarked"] += 1
         decision = j.decision
         if decision.gain == decision.gain and (self.best_gain is None or decision.gain > self.best_gain):

@@ -726,10 +726,14 @@ def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
     led.close()
 
 
-def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(tmp_path, monkeypatch):
+@pytest.mark.parametrize("late", [False, True], ids=["while-in-flight", "after-it-was-timed"])
+def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(tmp_path, monkeypatch, late):
     """int8 decode has several serving buckets and the search proposes the same evict-first rewrite for each:
-    one candidate, one sanitizer run per stage, one benchmark per bucket."""
-    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    one candidate, one sanitizer run per stage, one benchmark per bucket; also when the later buckets' proposals
+    come only after the candidate was timed for the first (a slow proposer), where it was promoted."""
+    first = {}  # the first bucket's folder: the candidate wins there only
+    gpu = _fake_gpu(tmp_path, monkeypatch,
+                    lambda op, f: 0.5 if late and os.path.dirname(f) == first.setdefault(0, os.path.dirname(f)) else 1.3)
     sanitized = []
     passes = gpu.sanitize
 
@@ -746,13 +750,24 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     assert len(both) == len({int8.bucket(s) for s in int8.shapes("serving")}) >= 2
     lp.cfg.per_round = 1
     real = lp.proposer.propose
-    lp.proposer.propose = lambda ctx, n: [p for p in real(ctx, n) if p.label == "evict-first"]  # only it, per bucket
+
+    def propose(ctx, n):
+        if late and ctx.bucket != both[0].bucket:  # wait until the first bucket's benchmark was recorded
+            deadline = time.time() + 60
+            while not led.bench_results(run_id=run.id) and time.time() < deadline:
+                time.sleep(0.05)
+        return [p for p in real(ctx, n) if p.label == "evict-first"]  # only it, per bucket
+    lp.proposer.propose = propose
     assert _stream(lp, both, budget, 20) == "the proposer has nothing new to propose"
     cands = led.candidates(run_id=run.id)
     assert len(cands) == 1 and cands[0].label == "evict-first"
-    assert sorted(m for _, m in sanitized) == ["full", "gpu", "quick"]  # each stage once
+    promotion_checks = ["gpu"] if late else []  # compute-sanitizer before the one promotion
+    assert sorted(m for _, m in sanitized) == sorted(["full", "gpu", "quick"] + promotion_checks)  # each stage once
     assert len([c for c in led.checks(cands[0].id) if c.mode == "quick"]) == 1
     assert sum(1 for what, _ in gpu.seen if what == "bench") == len(both)  # timed against each bucket's incumbent
+    assert {b.shape_key for b in led.bench_results(candidate_id=cands[0].id)} == {s.key() for t in both for s in t.shapes}
+    if late:  # promoted in the first bucket, and timed but slower in the others, it stays "promoted"
+        assert lp.stats["promoted"] == 1 and led.candidate(cands[0].id).status == "promoted"
     led.close()
 
 
