@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping
 import torch
 import torch.nn.functional as F
 
-from .common import Op, Shape, fill
+from .common import ElementBound, Op, Shape, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
@@ -58,6 +58,54 @@ def attention_reference(q, k, v, causal: bool, sm_scale, precision):
         keep = torch.ones(S, Sk, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+# The relative error of one product q_d k_jd of a score, by input dtype: exact in float32 for 16-bit inputs;
+# float32 inputs may take TF32 dots, which round both operands to 11 significant bits.
+SCORE_PRODUCT_ROUNDING = {torch.bfloat16: 0.0, torch.float16: 0.0, torch.float32: 2.0 ** -10}
+# A kernel may round the probabilities to bfloat16 (or any finer type) for the P @ V dot, whatever the inputs.
+PROB_ROUNDING = 2.0 ** -8
+FP32_TERM = 4 * 2.0 ** -24  # per term of a float32 sum in any order (tensor cores may truncate), as for matmul
+FP16_UNDERFLOW = 2.0 ** -24  # float16's subnormal spacing: what a probability taken in float16 may lose
+
+
+def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_floor=None) -> torch.Tensor:
+    """What a correct kernel's rounding can move each element of softmax(q k^T * scale) @ v by, for one kv head:
+    q [G, S, D], k and v [Sk, D] in float64, `keep` a bool [S, Sk] mask of the keys each query sees (None: all),
+    `dtype` the inputs'. Returns float64 [G, S, D], the sum of:
+      - the scores: each carries an error up to E_j = (r + 4 D 2^-24) * scale * sum_d |q_d k_jd| (r: the
+        products' rounding, then float32 accumulation) + 4 * 2^-24 * (|s_j| + |max s|) (the max subtracted,
+        the exponent); with the normaliser, p_j moves by at most p_j * expm1(E_j + log sum_i p_i e^E_i), and
+        o_d by that times |v_jd - o_d| <= |v_jd| + |o_d|;
+      - the probabilities rounded for the P @ V dot (2^-8) and the float32 sums over Sk keys (of P @ V and
+        of the normaliser): (2^-8 + 4 Sk 2^-24) * (sum_j p_j |v_jd| + |o_d|);
+      - a probability that underflows float16 (a kernel may take P in float16): 2^-24 relative to the row's
+        largest, so 2^-24 * max_j p_j * sum_j |f_jd|, where f is v, or `v_floor` where a kernel multiplies
+        the probabilities by a factor before rounding them (int8 codes: |code| times the largest scale)."""
+    D, Sk = q.shape[-1], k.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * scale
+    conditioning = (q.abs() @ k.abs().transpose(-1, -2)) * abs(scale)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.softmax(s, -1)
+    o = p @ v
+    e = (SCORE_PRODUCT_ROUNDING[dtype] + FP32_TERM * D) * conditioning + FP32_TERM * (s.abs() + m.abs())
+    if keep is not None:
+        e = e.masked_fill(~keep, 0.0)
+    shift = torch.logsumexp(torch.log(p) + e, -1, keepdim=True)  # how far the normaliser can move, in log
+    moved = torch.where(p > 0, p * torch.expm1(e + shift), 0.0)  # (0 * inf where huge errors overflow expm1)
+    va = v.abs()
+    live = torch.ones_like(s) if keep is None else keep.to(s.dtype)
+    floor = va if v_floor is None else v_floor.abs()
+    return (moved @ va + moved.sum(-1, keepdim=True) * o.abs()
+            + (PROB_ROUNDING + FP32_TERM * Sk) * (p @ va + o.abs())
+            + FP16_UNDERFLOW * p.amax(-1, keepdim=True) * (live @ floor))
+
+
+# The factor on softmax_rounding_bound that an element may use: room for the products of small errors that
+# its sum of terms leaves out.
+SOFTMAX_BOUND_TOL = 2.0
 
 
 def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -135,6 +183,23 @@ class Attention(Op):
     def reference(self, args, precision=torch.float32):
         return attention_reference(args["q"], args["k"], args["v"], bool(args.get("causal", False)),
                                    args.get("sm_scale"), precision)
+
+    def element_bounds(self, args):
+        """Each output element against its own softmax's rounding (softmax_rounding_bound), one kv head and its
+        query group at a time (a [S, S] score matrix in float64 each), with the rms-based bound as well."""
+        q, k, v = (args[n].detach().to(torch.float64) for n in ("q", "k", "v"))
+        B, Hq, S, D = q.shape
+        Hkv = k.shape[1]
+        g = Hq // Hkv
+        sm_scale = args.get("sm_scale")
+        scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+        keep = torch.ones(S, S, dtype=torch.bool, device=q.device).tril() if args.get("causal") else None
+        cond = torch.empty_like(q)
+        for b in range(B):
+            for h in range(Hkv):
+                cond[b, h * g:(h + 1) * g] = softmax_rounding_bound(q[b, h * g:(h + 1) * g], k[b, h], v[b, h], scale,
+                                                                    keep, args["q"].dtype)
+        return ElementBound(cond, SOFTMAX_BOUND_TOL, "softmax rounding bound", with_rms=True)
 
     def flops(self, shape: AttentionShape) -> float:
         f = 4.0 * shape.B * shape.Hq * shape.S * shape.S * shape.D

@@ -7,7 +7,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import Op, Shape, fill
+from .common import ElementBound, Op, Shape, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """matmul(a, b) -> c
@@ -101,7 +101,7 @@ class Matmul(Op):
         element may exceed its bound, so one corrupted element of a large output fails."""
         a, b = args["a"].detach().to(torch.float64), args["b"].detach().to(torch.float64)
         tf32 = 2.0 ** -10 if self.output_dtype(args) == torch.float32 else 0.0
-        return a.abs() @ b.abs(), 4.0 * a.shape[1] * 2.0 ** -24 + tf32
+        return ElementBound(a.abs() @ b.abs(), 4.0 * a.shape[1] * 2.0 ** -24 + tf32, "sum|a||b|")
 
     def flops(self, shape: MatmulShape) -> float:
         return 2.0 * shape.M * shape.N * shape.K

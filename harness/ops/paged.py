@@ -14,8 +14,8 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from .attention import HEAD_DIMS_DRAWN, attention_reference
-from .common import Anchor, Case, Op, Shape
+from .attention import HEAD_DIMS_DRAWN, SOFTMAX_BOUND_TOL, attention_reference, softmax_rounding_bound
+from .common import Anchor, Case, ElementBound, Op, Shape
 from .tuning import SMEM_LIMIT
 
 # Ids no cache has: below zero, at the end, far past the end, and huge.
@@ -230,6 +230,33 @@ class PagedDecodeOp(Op):
         gqa = a["q"].shape[1] != k.shape[1]
         return Anchor("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
             kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :])
+
+    def element_bounds(self, args):
+        """Each output element against its own softmax's rounding over the sequence's gathered cache
+        (softmax_rounding_bound), with the rms-based bound as well. A cache of codes is bounded with its values
+        (codes times scales); a kernel may fold the value scales into the probabilities before rounding them,
+        so their underflow counts with the largest scale of the sequence's head."""
+        q = args["q"].detach().to(torch.float64)
+        B, Hq, D = q.shape
+        Hkv = args["k_cache"].shape[2]
+        g = Hq // Hkv
+        sm_scale = args.get("sm_scale")
+        scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+        scaled = "k_scale" in self.arg_names
+        cond = torch.empty_like(q)
+        for b, length in enumerate(int(x) for x in args["seq_lens"].tolist()):
+            k = gather_tokens(args["k_cache"], args["block_table"], b, length).to(torch.float64)  # [L, Hkv, D]
+            v = gather_tokens(args["v_cache"], args["block_table"], b, length).to(torch.float64)
+            floor = None
+            if scaled:
+                k_s = gather_tokens(args["k_scale"], args["block_table"], b, length).to(torch.float64)  # [L, Hkv]
+                v_s = gather_tokens(args["v_scale"], args["block_table"], b, length).to(torch.float64)
+                k, floor, v = k * k_s[..., None], v * v_s.amax(0)[None, :, None], v * v_s[..., None]
+            for h in range(Hkv):
+                cond[b, h * g:(h + 1) * g] = softmax_rounding_bound(
+                    q[b, h * g:(h + 1) * g, None, :], k[:, h], v[:, h], scale, None, args["q"].dtype,
+                    None if floor is None else floor[:, h])[:, 0, :]
+        return ElementBound(cond, SOFTMAX_BOUND_TOL, "softmax rounding bound", with_rms=True)
 
     @staticmethod
     def tokens(shape: DecodeShape) -> float:
