@@ -7,7 +7,7 @@ import torch
 
 from .common import fill
 from .paged import DecodeShape, PagedDecodeOp, decode_config_fits, garbage_fill, make_paged_layout, owned_from_args, \
-    paged_reference, slot_readable
+    slot_readable
 from .tuning import Space
 
 CONTRACT = """decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None) -> o
@@ -54,10 +54,6 @@ class DecodeAttention(PagedDecodeOp):
     def readable(self, args):
         owned = owned_from_args(args)
         return {"k_cache": slot_readable(owned, args["k_cache"]), "v_cache": slot_readable(owned, args["v_cache"])}
-
-    def reference(self, args, precision=torch.float32):
-        return paged_reference(args["q"], args["k_cache"], args["v_cache"], args["block_table"], args["seq_lens"],
-                               args.get("sm_scale"), precision)
 
     def bytes(self, shape: DecodeShape, dtype) -> float:
         e = torch.empty((), dtype=dtype).element_size()

@@ -7,7 +7,7 @@ import torch
 
 from .common import fill
 from .paged import DecodeShape, PagedDecodeOp, decode_config_fits, garbage_fill, make_paged_layout, owned_from_args, \
-    paged_reference, slot_readable
+    slot_readable
 from .tuning import Space
 
 CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,
@@ -58,10 +58,6 @@ class DecodeAttentionInt8(PagedDecodeOp):
     def readable(self, args):
         owned = owned_from_args(args)
         return {name: slot_readable(owned, args[name]) for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
-
-    def reference(self, args, precision=torch.float32):
-        return paged_reference(args["q"], args["k_cache"], args["v_cache"], args["block_table"], args["seq_lens"],
-                               args.get("sm_scale"), precision, args["k_scale"], args["v_scale"])
 
     def bytes(self, shape: DecodeShape, dtype) -> float:
         e = torch.empty((), dtype=dtype).element_size()

@@ -111,18 +111,28 @@ def gather_tokens(cache: torch.Tensor, block_table: torch.Tensor, b: int, length
     return cache[blocks, t % bs]
 
 
-def paged_reference(q, k_cache, v_cache, block_table, seq_lens, sm_scale, precision, k_scale=None, v_scale=None):
-    """Attention of one query per sequence over its gathered cache, in `precision`.
-    With scales, the cache is int8 and the value used is cache * scale[..., None]."""
+def gather_kv(args: Mapping[str, Any], b: int, length: int, precision):
+    """Sequence b's keys and values, [length, Hkv, D] in `precision`, from a paged op's arguments. A cache of
+    codes (with k_scale and v_scale) gives the values used, codes times scales; its value scales [length, Hkv]
+    come third (None for a plain cache)."""
+    k = gather_tokens(args["k_cache"], args["block_table"], b, length).to(precision)
+    v = gather_tokens(args["v_cache"], args["block_table"], b, length).to(precision)
+    if args.get("k_scale") is None:
+        return k, v, None
+    k_s = gather_tokens(args["k_scale"], args["block_table"], b, length).to(precision)
+    v_s = gather_tokens(args["v_scale"], args["block_table"], b, length).to(precision)
+    return k * k_s[..., None], v * v_s[..., None], v_s
+
+
+def paged_reference(args: Mapping[str, Any], precision):
+    """Attention of one query per sequence over its gathered cache, in `precision`, from a paged op's
+    arguments. With scales, the cache is int8 and the value used is cache * scale[..., None]."""
+    q, sm_scale = args["q"], args.get("sm_scale")
     B, Hq, D = q.shape
     out = torch.empty(B, Hq, D, dtype=precision, device=q.device)
-    lens = [int(x) for x in seq_lens.tolist()]
+    lens = [int(x) for x in args["seq_lens"].tolist()]
     for b in range(B):
-        k = gather_tokens(k_cache, block_table, b, lens[b]).to(precision)  # [L, Hkv, D]
-        v = gather_tokens(v_cache, block_table, b, lens[b]).to(precision)
-        if k_scale is not None:
-            k = k * gather_tokens(k_scale, block_table, b, lens[b]).to(precision)[..., None]
-            v = v * gather_tokens(v_scale, block_table, b, lens[b]).to(precision)[..., None]
+        k, v, _ = gather_kv(args, b, lens[b], precision)  # [L, Hkv, D]
         o = attention_reference(q[b][None, :, None, :], k.permute(1, 0, 2)[None], v.permute(1, 0, 2)[None],
                                 False, sm_scale if sm_scale is not None else 1.0 / math.sqrt(D), precision)
         out[b] = o[0, :, 0, :]
@@ -215,21 +225,15 @@ class PagedDecodeOp(Op):
             raise ValueError("the SDPA decode anchor needs equal sequence lengths (serving shapes)")
         L, B, dt = lens[0], a["q"].shape[0], a["q"].dtype
 
-        def gathered(name, scale):
-            xs = []
-            for b in range(B):
-                x = gather_tokens(a[name], a["block_table"], b, L)
-                if scale:
-                    x = x.float() * gather_tokens(a[scale], a["block_table"], b, L)[..., None]
-                xs.append(x.to(dt))
-            return torch.stack(xs).permute(0, 2, 1, 3).contiguous()
-
-        scaled = "k_scale" in self.arg_names
-        k = gathered("k_cache", "k_scale" if scaled else None)
-        v = gathered("v_cache", "v_scale" if scaled else None)
+        # float32 first: exact for a 16-bit cache, the dequantized values for codes
+        kvs = [gather_kv(a, b, L, torch.float32) for b in range(B)]
+        k, v = (torch.stack([x[i] for x in kvs]).to(dt).permute(0, 2, 1, 3).contiguous() for i in (0, 1))
         gqa = a["q"].shape[1] != k.shape[1]
         return Anchor("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
             kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :])
+
+    def reference(self, args, precision=torch.float32):
+        return paged_reference(args, precision)
 
     def element_bounds(self, args):
         """Each output element against its own softmax's rounding over the sequence's gathered cache
@@ -242,16 +246,13 @@ class PagedDecodeOp(Op):
         g = Hq // Hkv
         sm_scale = args.get("sm_scale")
         scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-        scaled = "k_scale" in self.arg_names
         cond = torch.empty_like(q)
         for b, length in enumerate(int(x) for x in args["seq_lens"].tolist()):
-            k = gather_tokens(args["k_cache"], args["block_table"], b, length).to(torch.float64)  # [L, Hkv, D]
-            v = gather_tokens(args["v_cache"], args["block_table"], b, length).to(torch.float64)
-            floor = None
-            if scaled:
-                k_s = gather_tokens(args["k_scale"], args["block_table"], b, length).to(torch.float64)  # [L, Hkv]
-                v_s = gather_tokens(args["v_scale"], args["block_table"], b, length).to(torch.float64)
-                k, floor, v = k * k_s[..., None], v * v_s.amax(0)[None, :, None], v * v_s[..., None]
+            k, v, v_s = gather_kv(args, b, length, torch.float64)  # [L, Hkv, D]
+            floor = None  # codes: each code times the largest value scale of its head
+            if v_s is not None:
+                codes = gather_tokens(args["v_cache"], args["block_table"], b, length).to(torch.float64)
+                floor = codes * v_s.amax(0)[None, :, None]
             for h in range(Hkv):
                 cond[b, h * g:(h + 1) * g] = softmax_rounding_bound(
                     q[b, h * g:(h + 1) * g, None, :], k[:, h], v[:, h], scale, None, args["q"].dtype,
