@@ -9,6 +9,7 @@
     kernel-agent gate      re-verify the serving kernel set (CI)
     kernel-agent promote / demote   change the serving kernel set by hand
     kernel-agent ledger upgrade     migrate an older ledger to this version's schema
+    kernel-agent serve     a read-only web view of the ledger (the [web] extra)
 
 Usage errors print one line and exit 2; failures of what was checked exit 1.
 """
@@ -26,11 +27,11 @@ from ..sanitizer.report import merge_gpu, verdicts_json, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.sandbox import host_protections
 from ..sanitizer.verdict import Verdict
-from . import ci_templates, commands, ledger_cmd, pr, review, serving_cmd, ui
+from . import ci_templates, commands, ledger_cmd, pr, review, serve_cmd, serving_cmd, ui
 from .cli_common import COMMANDS, OPS_HELP, UsageError, check_files, check_op, command, cuda_available
 
 # The command modules add their subcommands' parsers in this order (the order `--help` lists them).
-COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd, ledger_cmd)
+COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd, ledger_cmd, serve_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

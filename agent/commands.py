@@ -25,7 +25,9 @@ from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
-from .review import config_lines, history, parent_source, unified_diff
+from .review import history
+from .throughput import session_lines
+from .views import candidate_doc, config_lines, parent_source, run_doc, run_notes, unified_diff
 
 
 def register(sub) -> None:
@@ -109,9 +111,12 @@ def _add_ledger_view_parsers(sub) -> None:
     h.add_argument("--since", help="date, e.g. 2026-11-01")
     h.add_argument("--until")
     h.add_argument("--proposer")
+    h.add_argument("--gpu", help="runs on this GPU (its name as recorded, e.g. 'NVIDIA H200')")
     h.add_argument("--limit", type=int, default=20)
     h.add_argument("--leaderboard", action="store_true", help="per-op leaderboard (needs --op)")
     h.add_argument("--trend", action="store_true", help="best speedup per run over time (needs --op)")
+    h.add_argument("--serving", action="store_true",
+                   help="what serves each op and bucket by the ledger, and every promotion and demotion")
     h.add_argument("--ledger", default=None)
     h.add_argument("--json", action="store_true")
 
@@ -586,15 +591,12 @@ def cmd_show(args) -> int:
 
 def _show_run(led, run, args) -> int:
     from .publish import recorded_target  # here: publication imports the serving set, which imports torch
+    if args.json:
+        sys.stdout.write(json.dumps(run_doc(led, run), indent=2, default=str) + "\n")
+        return 0
     summary = led.run_summary(run.id)
     cands = led.candidates(run_id=run.id)
-    target = recorded_target(json.loads(run.notes) if (run.notes or "").startswith("{") else {})  # where it promoted
-    if args.json:
-        doc = {"run": summary.to_json(), "config": run.config, "versions": run.versions,
-               "serving": target.to_json() if target is not None else None,
-               "candidates": [_cand_json(led, c) for c in cands]}
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
-        return 0
+    target = recorded_target(run_notes(run))  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
     ui.line(f"run {run.id} [{run.status}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
             + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
@@ -616,6 +618,8 @@ def _show_run(led, run, args) -> int:
                 style="green")
     if target is not None:
         ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
+    for line in session_lines(run_notes(run)):
+        ui.line(f"throughput, {line}")
     return 0
 
 
@@ -634,27 +638,12 @@ def _timing_words(result) -> str:
            f"({result.clocks.replace('event', 'events')})"
 
 
-def _cand_json(led, c) -> Dict[str, Any]:
-    return {"id": c.id, "op": c.op, "label": c.label, "status": c.status, "proposer": c.proposer,
-            "fpsan_equivalent": c.fpsan_equivalent, "hash": c.source_hash, "parent_id": c.parent_id,
-            "verdict": c.verdict,
-            "checks": [{"name": k.name, "status": k.status, "detail": k.detail, "mode": k.mode}
-                       for k in led.checks(c.id)],
-            # every benchmark of it, judged or not (a candidate rejected after timing shows its figures too)
-            "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)]}
-
-
 def _show_candidate(led, cid: int, args) -> int:
     c = led.candidate(cid)
     if c is None:
         raise UsageError(f"no candidate {cid} in the ledger")
     if args.json:
-        doc = _cand_json(led, c)
-        doc["source"] = c.source
-        doc["model_calls"] = [{"model": m.model, "prompt": m.prompt, "response": m.response,
-                               "prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens,
-                               "latency_s": m.latency_s, "error": m.error} for m in led.model_calls(candidate_id=cid)]
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(candidate_doc(led, c), indent=2, default=str) + "\n")
         return 0
     eq = {True: "FpSan-equivalent to the baseline", False: "not structurally equivalent", None: "FpSan undecided"}[
         c.fpsan_equivalent]

@@ -47,6 +47,7 @@ from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target,
                       publish_choices, publish_promotion, recorded_target)
 from .search import SearchProposer, baseline_source
+from .throughput import Throughput
 
 ALL_OPS = NAMES  # the op registry, in its order
 # Every benchmark already checks the result on the device at each shape it times; the
@@ -208,36 +209,6 @@ def devices_for(placement: Optional[Any]) -> Devices:
     if getattr(placement, "remote", False):
         return ClusterDevices(placement)
     return LocalDevices()
-
-
-@dataclass
-class Throughput:
-    """How the run used the machine (from the placement's task log)."""
-
-    first_benchmark_s: Optional[float] = None  # from the start to the first finished benchmark
-    judged: int = 0  # candidates with a final verdict: rejected, benchmarked or promoted
-    gpu_busy_fraction: Optional[float] = None  # of the wall time after the first 3 minutes
-    stage_s: Dict[str, float] = field(default_factory=dict)  # median seconds per task of each stage
-    benchmarks: int = 0  # benchmark children run
-    raced_out: int = 0  # of which stopped early at a shape the rule refuses on its own
-    wall_s: float = 0.0
-
-    def per_gpu_hour(self, n_gpus: int) -> Optional[float]:
-        if not n_gpus or self.wall_s <= 0:
-            return None
-        return self.judged / (self.wall_s * n_gpus / 3600.0)
-
-    def describe(self, n_gpus: int) -> str:
-        parts = []
-        if self.first_benchmark_s is not None:
-            parts.append(f"first benchmark after {self.first_benchmark_s:.0f}s")
-        rate = self.per_gpu_hour(n_gpus)
-        parts.append(f"{self.judged} judged" + (f" ({rate:.0f} per GPU-hour)" if rate is not None else ""))
-        if self.gpu_busy_fraction is not None:
-            parts.append(f"GPU busy {self.gpu_busy_fraction:.0%} after the first 3 minutes")
-        if self.stage_s:
-            parts.append("median s per task: " + ", ".join(f"{k} {v:.1f}" for k, v in self.stage_s.items()))
-        return "; ".join(parts)
 
 
 SHAPE_SUITES = ("serving", "tiny", "near_serving")

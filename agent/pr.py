@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
 from .cli_common import UsageError, command, default_ledger, open_ledger
+from .views import extract_command, seed_of
 from .review import (PromotedKernel, _md_word, _plots, diff_section, promoted_kernels, promotion_header,
                      timings_section, verdict_section)
 
@@ -298,21 +298,6 @@ def _kv_mode_calling(op: str) -> str:
 
 # -- the commands that reproduce each figure and verdict ----------------------------------------------
 
-def _seed_of(led, cid: int) -> Optional[int]:
-    """The seed base the full sanitizer drew its inputs from, where its `load` check recorded it."""
-    for k in led.checks(cid, mode="full"):
-        m = re.search(r"seed base (\d+)", k.detail or "")
-        if k.name == "load" and m:
-            return int(m.group(1))
-    return None
-
-
-def _extract(cid: int, ledger_flag: str, dest: str) -> str:
-    """A command that writes candidate #cid's source, as the ledger holds it, to `dest`."""
-    return (f"kernel-agent show {cid} --json{ledger_flag} | python3 -c 'import json, sys; "
-            f"sys.stdout.write(json.load(sys.stdin)[\"source\"])' > {shlex.quote(dest)}")
-
-
 def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> bool:
     """Whether kernels/serving/ (on the run's branch, else in this checkout's serving set) holds the
     promoted kernel: not when a later promotion of the run replaced it or it was demoted; without a
@@ -349,8 +334,8 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
         kernel = f"candidate-{c.id}.py"
         held = ("the serving set records it as a configuration of its base, without a file"
                 if c.id in branch.configs else "the serving set no longer holds it")
-        lines += [f"# the kernel as judged ({held}), from the ledger", _extract(c.id, ledger_flag, kernel)]
-    seed = _seed_of(led, c.id)
+        lines += [f"# the kernel as judged ({held}), from the ledger", extract_command(c.id, ledger_flag, kernel)]
+    seed = seed_of(led, c.id)
     lines += ["# the sanitizer verdict: full mode, and the GPU checks on a machine with a CUDA GPU"
               + ("" if seed is not None else " (inputs from a fresh secret seed)"),
               f"kernel-agent sanitize --op {pr.op} {shlex.quote(kernel)}" + (f" --seed {seed}" if seed is not None
@@ -361,7 +346,7 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
         if pr.replaced_candidate_id is not None:  # the incumbent was a promoted kernel: time it beside this one
             inc = f"candidate-{pr.replaced_candidate_id}.py"
             lines += [f"# the incumbent it replaces, candidate #{pr.replaced_candidate_id}, from the ledger",
-                      _extract(pr.replaced_candidate_id, ledger_flag, inc)]
+                      extract_command(pr.replaced_candidate_id, ledger_flag, inc)]
             files.insert(0, inc)
         clocks = " and ".join(CLOCK_PHRASES[k] for k in pk.result.clocks.split("+"))
         lines += [f"# the timings ({pr.gpu_name}): beside the baseline and the torch anchor, interleaved; the "

@@ -1,7 +1,6 @@
 """The surfaces reviewers touch: `history`, `report` (pull-request markdown + plots) and `gate` (CI)."""
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -10,10 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..harness.config_variant import steps_over
 from ..harness.env import versions
-from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
-                               best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
+from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, best_per_bucket, candidate_results, fmt_ms,
+                               fmt_saved, fmt_spread, fmt_x)
 from ..harness.ledger import CandidateStatus
 from ..kernels import baseline as kernels_baseline
 from ..sanitizer.report import merge_gpu, write_junit
@@ -21,6 +19,7 @@ from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
+from .views import config_lines, history_data, parent_source, serving_doc, speedup_trend, unified_diff  # noqa: F401
 
 
 def register(sub) -> None:
@@ -48,21 +47,12 @@ def register(sub) -> None:
 def history(args, led) -> int:
     if (args.leaderboard or args.trend) and not args.op:
         raise UsageError("--leaderboard and --trend need --op")
-    runs = led.runs(op=args.op, status=args.status, since=args.since, until=args.until, proposer=args.proposer,
-                    limit=args.limit)
-    doc: Dict[str, Any] = {"runs": []}
-    for r in runs:
-        s = led.run_summary(r.id)
-        doc["runs"].append({"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
-                            "started": r.started_at.isoformat(), "gpu": r.gpu_name,
-                            "candidates": s.candidates, "by_status": s.candidates_by_status,
-                            "promotions": len(s.promotions)})
-    if args.leaderboard:
-        board = led.leaderboard(args.op)
-        doc["leaderboard"] = board.to_json()
-    if args.trend:
-        trend = speedup_trend(led, args.op, runs)
-        doc["trend"] = [t.to_json() for t in trend]
+    if getattr(args, "serving", False):
+        return _print_serving(serving_doc(led), args.json)
+    h = history_data(led, op=args.op, status=args.status, since=args.since, until=args.until, proposer=args.proposer,
+                     gpu=getattr(args, "gpu", None), limit=args.limit, leaderboard=args.leaderboard, trend=args.trend)
+    runs, board, trend = h.runs, h.board, h.trend
+    doc = h.to_json()
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
@@ -92,22 +82,29 @@ def history(args, led) -> int:
     return 0
 
 
+def _print_serving(doc: Dict[str, Any], as_json: bool) -> int:
+    """`history --serving`: what serves each bucket by the ledger's record, and the promotions and demotions."""
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        return 0
+    ui.table("serving set (by the ledger: promotions, and torch against the Triton side where both were timed)",
+             ["op", "bucket", "dtype", "gpu", "serves", "over baseline", "torch/it", "promoted in"],
+             [[b["op"], b["bucket"], b["dtype"], b["gpu"] or "-",
+               b["serves"] + (f" #{b['candidate_id']}" if b["candidate_id"] is not None else ""),
+               fmt_x(b["over_baseline"]), f"{b['vs_torch']:.3f}" if b["vs_torch"] else "", b["run_id"] or ""]
+              for b in doc["buckets"]])
+    for p in doc["promotions"]:
+        ui.line(f"{p['created_at'][:16].replace('T', ' ')} #{p['candidate_id']} {p['op']} {p['bucket']} {p['dtype']}: "
+                f"{p['reason']}" + (f"; demoted {p['demoted_at'][:16].replace('T', ' ')}: {p['demote_reason']}"
+                                    if p["demoted_at"] else ""))
+    return 0
+
+
 def _short_label(label) -> str:
     """An incumbent's label for a narrow column: a serving kernel's file name is in the JSON output."""
     if label is None:
         return "mixed"
     return "serving" if label.startswith("serving:") else label
-
-
-def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
-    """Per run (oldest first) that judged a candidate of `op`: its best candidate, by the geometric mean
-    of the judged figures over its bucket's shapes (each over the incumbent timed beside it)."""
-    out = []
-    for r in sorted(runs, key=lambda r: r.started_at):
-        best = best_result(candidate_results(led.figures(op=op, run_id=r.id)))
-        if best is not None:
-            out.append(TrendPoint(r.id, r.started_at, best))
-    return out
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -143,7 +140,7 @@ def write_report(led, run, out_dir: str) -> str:
     for name in _STALE_PLOTS:  # plots an earlier version wrote here would sit beside the new ones
         if os.path.exists(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
-    plots = _plots(run, results, out_dir, led.promotions(run_id=run.id))
+    plots = run_plots(led, run, out_dir)
     if plots:
         lines += ["## Speedup", ""] + [f"![{alt}]({os.path.basename(p)})" for alt, p in plots] + [""]
     elif results and not _have_matplotlib():
@@ -265,31 +262,6 @@ def diff_section(pk: PromotedKernel) -> List[str]:
             f"{fence}diff", diff.rstrip() or "(identical)", fence, ""]
 
 
-def config_lines(old: str, new: str) -> List[str]:
-    """A launch-configuration change in words, one line per `_config` override (none for a code change): the
-    serving set records such a promotion as its base and these lines, not as a copy of the file."""
-    steps = steps_over(old, new)
-    if not steps:
-        return []
-    return (["A launch-configuration change (the kernels are untouched):", ""]
-            + [f"- `{s.describe()}`" for s in steps] + [""])
-
-
-
-def parent_source(led, c) -> tuple:
-    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
-    if c.parent_id:
-        p = led.candidate(c.parent_id)
-        if p:
-            return f"candidate #{p.id}", p.source
-    from .search import baseline_source  # here: the search imports torch; flags are checked first
-    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
-
-
-def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=old_label, tofile=new_label, n=3))
-
 def _have_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401 - optional extra (report): whether the plots can be drawn
@@ -377,6 +349,12 @@ def _md_word(text, extra: str = "") -> str:
 
 
 _STALE_PLOTS = ("best_time.png",)
+
+
+def run_plots(led, run, out_dir: str):
+    """The plots of a run (`_plots`), from its judged figures and promotions: what `report` writes and the
+    web view shows."""
+    return _plots(run, candidate_results(led.figures(run_id=run.id)), out_dir, led.promotions(run_id=run.id))
 
 
 def _plots(run, results, out_dir: str, promotions=()):

@@ -864,13 +864,16 @@ class Ledger:
 
     def runs(self, op: str | None = None, status: str | None = None, since: datetime | date | str | None = None,
              until: datetime | date | str | None = None, proposer: str | None = None,
-             limit: int | None = 50) -> list[Run]:
+             limit: int | None = 50, gpu: str | None = None) -> list[Run]:
         """Runs, newest first. `op` matches runs whose op list includes it; `since` and
-        `until` bound the start time (a bare date as `until` includes that whole day)."""
+        `until` bound the start time (a bare date as `until` includes that whole day); `gpu` is the
+        GPU's name as recorded, '' for runs without one."""
         q = select(Run)
         if op is not None:
             q = q.where(("," + Run.ops + ",").contains(f",{op},", autoescape=True))
         q = _where_equal(q, Run, status=status, proposer=proposer)
+        if gpu is not None:
+            q = q.where(Run.gpu_name == gpu) if gpu else q.where(Run.gpu_name.is_(None))
         if since is not None:
             q = q.where(Run.started_at >= _to_utc(since))
         if until is not None:

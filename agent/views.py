@@ -1,0 +1,237 @@
+"""The documents the read commands print with `--json` (`history`, `show`) and the web view
+(`kernel-agent serve`, agent/web.py) serves: one reading of the ledger for both, so that a page and the
+command line never disagree. Nothing here has SQL of its own: it reads through harness/ledger.py, and
+every timing through harness/figures.py.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from ..harness.config_variant import steps_over
+from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
+from ..harness.ledger import Ledger, Run
+from ..sanitizer.verdict import CheckStatus
+from .throughput import session_lines
+
+
+def run_notes(run: Run) -> Dict[str, Any]:
+    """A run's notes as the loop wrote them (JSON), or {} for a run that recorded none."""
+    try:
+        notes = json.loads(run.notes) if (run.notes or "").startswith("{") else {}
+    except ValueError:
+        return {}
+    return notes if isinstance(notes, dict) else {}
+
+
+# -- history ------------------------------------------------------------------------------------
+
+def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
+    """Per run (oldest first) that judged a candidate of `op`: its best candidate, by the geometric mean
+    of the judged figures over its bucket's shapes (each over the incumbent timed beside it)."""
+    out = []
+    for r in sorted(runs, key=lambda r: r.started_at):
+        best = best_result(candidate_results(led.figures(op=op, run_id=r.id)))
+        if best is not None:
+            out.append(TrendPoint(r.id, r.started_at, best))
+    return out
+
+
+def run_row(led: Ledger, r: Run) -> Dict[str, Any]:
+    """One run as `history` lists it: its counts and each session's throughput line."""
+    s = led.run_summary(r.id)
+    return {"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
+            "started": r.started_at.isoformat(), "gpu": r.gpu_name, "candidates": s.candidates,
+            "by_status": s.candidates_by_status, "promotions": len(s.promotions),
+            "throughput": session_lines(run_notes(r))}
+
+
+@dataclass
+class History:
+    """What `history` shows: the runs that match its filters, and for one op its leaderboard and trend."""
+
+    runs: List[Run]
+    rows: List[Dict[str, Any]]
+    board: Optional[Leaderboard] = None
+    trend: Optional[List[TrendPoint]] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        doc: Dict[str, Any] = {"runs": self.rows}
+        if self.board is not None:
+            doc["leaderboard"] = self.board.to_json()
+        if self.trend is not None:
+            doc["trend"] = [t.to_json() for t in self.trend]
+        return doc
+
+
+def history_data(led: Ledger, op: Optional[str] = None, status: Optional[str] = None, since=None, until=None,
+                 proposer: Optional[str] = None, gpu: Optional[str] = None, limit: Optional[int] = 20,
+                 leaderboard: bool = False, trend: bool = False) -> History:
+    """The runs newest first (`Ledger.runs` filters them), and with `op` its leaderboard and trend."""
+    runs = led.runs(op=op, status=status, since=since, until=until, proposer=proposer, gpu=gpu, limit=limit)
+    return History(runs, [run_row(led, r) for r in runs], led.leaderboard(op) if leaderboard else None,
+                   speedup_trend(led, op, runs) if trend else None)
+
+
+# -- a run and a candidate ------------------------------------------------------------------------
+
+def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
+    """`show RUN --json`: the run's summary, configuration, versions, where it promoted, its candidates."""
+    from .publish import recorded_target  # here: publication imports the serving set, which imports torch
+    target = recorded_target(run_notes(run))
+    return {"run": led.run_summary(run.id).to_json(), "config": run.config, "versions": run.versions,
+            "serving": target.to_json() if target is not None else None,
+            "throughput": session_lines(run_notes(run)),
+            "candidates": [candidate_doc(led, c, full=False) for c in led.candidates(run_id=run.id)]}
+
+
+def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:
+    """`show C --json`: a candidate's verdict, checks (a failed one with the commands that reproduce it) and
+    every benchmark of it, judged or not; `full` adds its source, the diff against what it was derived from,
+    its promotions and demotions, and the model exchanges that produced it."""
+    doc = {"id": c.id, "op": c.op, "label": c.label, "status": c.status, "proposer": c.proposer,
+           "fpsan_equivalent": c.fpsan_equivalent, "hash": c.source_hash, "parent_id": c.parent_id,
+           "verdict": c.verdict,
+           "checks": [{"name": k.name, "status": k.status, "detail": k.detail, "mode": k.mode,
+                       "duration_s": k.duration_s} for k in led.checks(c.id)],
+           # every benchmark of it, judged or not (a candidate rejected after timing shows its figures too)
+           "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)]}
+    if not full:
+        return doc
+    for k in doc["checks"]:
+        k["reproduce"] = reproduce_check(led, c, k["mode"]) if k["status"] == CheckStatus.FAILED else None
+    unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
+    plabel, psrc = parent_source(led, c)
+    doc.update(source=c.source, diff_against=plabel,
+               diff=None if unusable else unified_diff(plabel, psrc, f"candidate #{c.id}", c.source),
+               config_change=[s.describe() for s in steps_over(psrc, c.source) or ()],
+               promotions=[promotion_doc(p) for p in led.promotions(op=c.op)
+                           if c.id in (p.candidate_id, p.replaced_candidate_id)],
+               model_calls=[{"model": m.model, "prompt": m.prompt, "response": m.response,
+                             "prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens,
+                             "latency_s": m.latency_s, "error": m.error} for m in led.model_calls(candidate_id=c.id)])
+    return doc
+
+
+def promotion_doc(p) -> Dict[str, Any]:
+    return {"id": p.id, "run_id": p.run_id, "op": p.op, "bucket": p.bucket, "dtype": p.dtype, "gpu": p.gpu_name,
+            "candidate_id": p.candidate_id, "replaced_candidate_id": p.replaced_candidate_id, "old_ms": p.old_ms,
+            "new_ms": p.new_ms, "gain": p.gain, "spread": p.spread, "reason": p.reason, "versions": p.versions,
+            "created_at": p.created_at.isoformat(), "active": p.active,
+            "demoted_at": p.demoted_at.isoformat() if p.demoted_at else None, "demote_reason": p.demote_reason}
+
+
+# -- the diff a candidate is shown with, and the commands that reproduce a verdict ---------------------
+
+def config_lines(old: str, new: str) -> List[str]:
+    """A launch-configuration change in words, one line per `_config` override (none for a code change): the
+    serving set records such a promotion as its base and these lines, not as a copy of the file."""
+    steps = steps_over(old, new)
+    if not steps:
+        return []
+    return (["A launch-configuration change (the kernels are untouched):", ""]
+            + [f"- `{s.describe()}`" for s in steps] + [""])
+
+
+def parent_source(led, c) -> tuple:
+    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
+    if c.parent_id:
+        p = led.candidate(c.parent_id)
+        if p:
+            return f"candidate #{p.id}", p.source
+    from .search import baseline_source  # here: the search imports torch; flags are checked first
+    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
+
+
+def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=old_label, tofile=new_label, n=3))
+
+
+def seed_of(led, cid: int, mode: str = "full") -> Optional[int]:
+    """The seed base the sanitizer (`mode`) drew its inputs from, where its `load` check recorded it."""
+    for k in led.checks(cid, mode=mode):
+        m = re.search(r"seed base (\d+)", k.detail or "")
+        if k.name == "load" and m:
+            return int(m.group(1))
+    return None
+
+
+def extract_command(cid: int, ledger_flag: str, dest: str) -> str:
+    """A command that writes candidate #cid's source, as the ledger holds it, to `dest`."""
+    return (f"kernel-agent show {cid} --json{ledger_flag} | python3 -c 'import json, sys; "
+            f"sys.stdout.write(json.load(sys.stdin)[\"source\"])' > {shlex.quote(dest)}")
+
+
+def reproduce_check(led: Ledger, c, mode: str) -> str:
+    """The commands that run the stage (`mode`) that failed a check again, on the same inputs where the
+    stage recorded its seed: the source out of the ledger, then the sanitizer."""
+    dest = f"candidate-{c.id}.py"
+    seed = seed_of(led, c.id, mode if mode != "gpu" else "full")
+    flags = {"quick": " --quick", "gpu": " --gpu on"}.get(mode, "")
+    return (extract_command(c.id, f" --ledger {shlex.quote(led.shown)}", dest) + "\n"
+            + f"kernel-agent sanitize --op {c.op} {dest}{flags}" + (f" --seed {seed}" if seed is not None else ""))
+
+
+# -- the serving set, as the ledger records it ----------------------------------------------------------
+
+def _geomean(xs: List[Optional[float]]) -> Optional[float]:
+    if not xs or any(x is None or x <= 0 for x in xs):
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _over_baseline(p, promos_by_candidate: Dict[int, Any]) -> Optional[float]:
+    """A promoted kernel's speedup over the baseline: its promotion's (old over new time), times that of the
+    promoted kernel it replaced, and so on down to the one that replaced the baseline."""
+    x, seen = 1.0, set()
+    while p is not None and p.id not in seen:
+        seen.add(p.id)
+        if not p.new_ms:
+            return None
+        x *= p.old_ms / p.new_ms
+        if p.replaced_candidate_id is None:
+            return x
+        p = promos_by_candidate.get(p.replaced_candidate_id)
+    return None
+
+
+def serving_doc(led: Ledger) -> Dict[str, Any]:
+    """`history --serving --json`: per (op, bucket, dtype, GPU) what serves it by the ledger's record (the
+    active promotion; torch or the baseline by the benchmarks that timed them side by side, as `dispatch`
+    chooses), its speedup over the baseline and against torch, the versions it was judged on; every
+    promotion and demotion, newest first; and per op each run's best candidate (`history --trend`)."""
+    from ..harness import serving  # here: the serving set imports torch; flags are checked first
+    from ..harness.dispatch import choices_from_rows  # here: as the serving set
+    promos = led.promotions()
+    active: Dict[tuple, Any] = {}
+    for p in promos:  # newest first: the newest active promotion of a key serves it
+        active.setdefault((p.op, p.bucket, p.dtype, serving.gpu_slug(p.gpu_name)), p)
+    by_candidate = {p.candidate_id: p for p in reversed(promos)}
+    choices = {(c.op, c.bucket, c.dtype, serving.gpu_slug(c.gpu or "")): c for c in choices_from_rows(
+        led.bench_results(), {k: p.candidate_id for k, p in active.items()})}
+    buckets = []
+    for key in sorted(set(active) | set(choices)):
+        p, ch = active.get(key), choices.get(key)
+        figs = [f for f in led.figures(candidate_id=p.candidate_id, run_id=p.run_id) if f.bucket == p.bucket] \
+            if p is not None else []
+        buckets.append({
+            "op": key[0], "bucket": key[1], "dtype": key[2], "gpu": p.gpu_name if p is not None else ch.gpu,
+            "serves": ch.impl if ch is not None else (serving.KERNEL if p is not None else serving.BASELINE),
+            "candidate_id": p.candidate_id if p is not None else None,
+            "over_baseline": _over_baseline(p, by_candidate) if p is not None else None,
+            # torch's time over the Triton side's: above 1 the Triton side is faster
+            "vs_torch": ch.ratio if ch is not None else _geomean([f.anchor_ratio() for f in figs]),
+            "torch_reason": ch.reason if ch is not None else None,
+            "versions": p.versions if p is not None else None,
+            "promoted_at": p.created_at.isoformat() if p is not None else None,
+            "run_id": p.run_id if p is not None else None, "reason": p.reason if p is not None else None})
+    runs = led.runs(limit=None)
+    ops = sorted({o for r in runs for o in r.op_list})
+    return {"buckets": buckets, "promotions": [promotion_doc(p) for p in promos],
+            "trend": {op: [t.to_json() for t in speedup_trend(led, op, runs)] for op in ops}}
