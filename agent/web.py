@@ -36,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from ..harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import RUN_STATUSES, Ledger, LedgerError
 from ..harness.ops import NAMES as OP_NAMES
+from . import publish  # noqa: F401 - what `show RUN` reads loads torch: once, before the first page asks
 from .review import run_plots
 from .views import candidate_doc, history_data, run_doc, serving_doc
 
