@@ -64,9 +64,10 @@ def browser():
 class Server:
     """`kernel-agent serve --port 0` over a ledger, as a user starts it; its URL from the line it prints."""
 
-    def __init__(self, ledger: str, *extra: str):
-        self.proc = subprocess.Popen(CLI + ["serve", "--ledger", str(ledger), "--port", "0", *extra], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def __init__(self, ledger: str, *extra: str, cwd: str = ROOT):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(CLI + ["serve", "--ledger", str(ledger), "--port", "0", *extra], cwd=cwd,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.first_line = self.proc.stdout.readline()
         m = re.search(r"(http://\S+/)", self.first_line)
         if m is None:
@@ -90,8 +91,8 @@ class Server:
 def serve():
     servers = []
 
-    def start(ledger, *extra):
-        servers.append(Server(ledger, *extra))
+    def start(ledger, *extra, cwd=ROOT):
+        servers.append(Server(ledger, *extra, cwd=cwd))
         return servers[-1]
     yield start
     for s in servers:
@@ -122,9 +123,12 @@ def _fits(page) -> None:
     assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
-def _shot(page, tmp_path, name: str) -> None:
-    """A full-page screenshot; under KERNEL_AGENT_SCREENSHOTS, kept there (docs/web/ is made this way)."""
-    page.screenshot(path=str(tmp_path / name), full_page=True)
+def _shot(page, tmp_path, name: str, max_height: int = 2400) -> None:
+    """A screenshot of the page's top `max_height` pixels; under KERNEL_AGENT_SCREENSHOTS, kept there
+    (docs/web/ is made this way)."""
+    height = min(max_height, page.evaluate("document.documentElement.scrollHeight"))
+    width = page.evaluate("window.innerWidth")
+    page.screenshot(path=str(tmp_path / name), full_page=True, clip={"x": 0, "y": 0, "width": width, "height": height})
     keep = os.environ.get("KERNEL_AGENT_SCREENSHOTS")
     if keep:
         os.makedirs(os.path.join(ROOT, keep), exist_ok=True)
@@ -185,7 +189,10 @@ def cpu_run(request, tmp_path_factory):
 # -- the committed H200 example: every view, the figures, the JSON -------------------------------------
 
 def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serve, tmp_path):
-    srv = serve(_copy(PR_EXAMPLE, tmp_path))
+    shown = os.path.relpath(PR_EXAMPLE, ROOT)  # a copy at the committed path, so that the pages name it
+    os.makedirs(tmp_path / os.path.dirname(shown))
+    shutil.copy(PR_EXAMPLE, tmp_path / shown)
+    srv = serve(shown, cwd=str(tmp_path))
     assert "127.0.0.1" in srv.first_line and "read-only" in srv.first_line and "this machine only" in srv.first_line
     page = _page(browser)
     page.goto(srv.url)
