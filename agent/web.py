@@ -25,6 +25,7 @@ from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, PythonLexer
+from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -211,12 +212,14 @@ def create_app(led: Ledger) -> Starlette:
 
     def error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 503)
-        detail = exc.detail if isinstance(exc, HTTPException) else f"the ledger cannot be read: {exc}"
+        detail = exc.detail if isinstance(exc, HTTPException) else \
+            f"the ledger cannot be read now: {str(getattr(exc, 'orig', exc)).splitlines()[0]}"
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": detail}, status_code=status)
         return view.page("error.html", status=status, message=detail)
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: error, LedgerError: error},
+    # a ledger that went away or is busy past its timeout: one line, status 503, never a traceback page
+    return Starlette(routes=routes, exception_handlers={HTTPException: error, LedgerError: error, DBAPIError: error},
                      middleware=[Middleware(SecurityHeaders)])
 
 

@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import pytest
@@ -228,14 +227,22 @@ def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serv
     assert page.errors == [] and small.errors == []
 
 
-def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser, serve, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def h200_search(browser, tmp_path_factory):
+    """One server over a copy of the committed H200 search ledger, shared by the tests that only read it."""
+    ledger = _copy(os.path.join(H200, "ledger.db"), tmp_path_factory.mktemp("h200_search"))
+    srv = Server(ledger)
+    yield ledger, srv
+    srv.stop()
+
+
+def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser, h200_search, tmp_path, capsys):
     from kernel_agent.agent.cli import main
-    ledger = _copy(os.path.join(H200, "ledger.db"), tmp_path)
+    ledger, srv = h200_search
     assert main(["report", H200_RUN, "--ledger", ledger, "--out", str(tmp_path / "report")]) == 0
     capsys.readouterr()
     assert main(["show", H200_RUN, "--ledger", ledger, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    srv = serve(ledger)
     page = _page(browser)
     page.goto(srv.url + f"runs/{H200_RUN}")
     _loaded(page)
@@ -255,10 +262,9 @@ def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser,
     assert compared >= 10
 
 
-def test_the_json_api_returns_what_the_command_line_prints(serve, tmp_path, capsys, browser):
+def test_the_json_api_returns_what_the_command_line_prints(browser, h200_search, capsys):
     from kernel_agent.agent.cli import main
-    ledger = _copy(os.path.join(H200, "ledger.db"), tmp_path)
-    srv = serve(ledger)
+    ledger, srv = h200_search
     page = _page(browser)
     for api, argv in (("api/runs?limit=20", ["history", "--json", "--limit", "20"]),
                       ("api/runs?op=quantize_kv&limit=5", ["history", "--json", "--op", "quantize_kv", "--limit", "5"]),
@@ -462,6 +468,20 @@ def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys)
     monkeypatch.delattr(agent_package, "web", raising=False)
     assert main(["serve", "--ledger", PR_EXAMPLE, "--port", "0"]) == 2
     assert "pip install 'kernel-agent[web]'" in capsys.readouterr().err
+
+
+def test_a_postgresql_ledger_is_served_read_only(postgres, serve):
+    import urllib.request
+    url = postgres()
+    with Ledger(url) as led:
+        run = _start_run(led, ["matmul"], gpu="Test GPU")
+    srv = serve(url)
+    assert "read-only" in srv.first_line
+    doc = json.load(urllib.request.urlopen(srv.url + "api/runs", timeout=60))
+    assert [r["id"] for r in doc["runs"]] == [run.id]
+    with Ledger(url, read_only=True) as ro:  # the session kind the server holds: a write fails on the server
+        with pytest.raises(Exception, match="read-only transaction"):
+            ro.start_run({}, {}, "search", ["matmul"], None, {})
 
 
 # -- the real CPU run, last: its run went on beside the tests above ------------------------------------

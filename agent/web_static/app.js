@@ -68,7 +68,13 @@ function startRuns() {
   async function refresh() {
     clearTimeout(timer);
     const q = filterQuery(form);
-    const doc = await getJSON("/api/runs?" + q.toString());
+    let doc;
+    try {
+      doc = await getJSON("/api/runs?" + q.toString());
+    } catch (e) {  // the server busy or restarting: try again later, keep what is shown
+      timer = setTimeout(refresh, 5 * POLL_MS);
+      return;
+    }
     body.replaceChildren(...doc.runs.map(runRow));
     document.getElementById("runs-count").textContent =
       doc.runs.length ? `${doc.runs.length} run(s)` : "No run matches these filters.";
@@ -153,7 +159,13 @@ function startRun() {
   const runId = document.body.dataset.run;
   const body = document.querySelector("#candidates tbody");
   async function refresh() {
-    const doc = await getJSON("/api/runs/" + encodeURIComponent(runId));
+    let doc;
+    try {
+      doc = await getJSON("/api/runs/" + encodeURIComponent(runId));
+    } catch (e) {  // the server busy or restarting: try again later, keep what is shown
+      setTimeout(refresh, 5 * POLL_MS);
+      return;
+    }
     const status = doc.run.status;
     const badge = document.getElementById("run-status");
     badge.textContent = status;
