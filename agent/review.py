@@ -88,11 +88,10 @@ def _print_serving(doc: Dict[str, Any], as_json: bool) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
     ui.table("serving set (by the ledger: promotions, and torch against the Triton side where both were timed)",
-             ["op", "bucket", "dtype", "gpu", "serves", "over baseline", "torch/it", "promoted in"],
-             [[b["op"], b["bucket"], b["dtype"], b["gpu"] or "-",
-               b["serves"] + (f" #{b['candidate_id']}" if b["candidate_id"] is not None else ""),
-               fmt_x(b["over_baseline"]), f"{b['vs_torch']:.3f}" if b["vs_torch"] else "", b["run_id"] or ""]
-              for b in doc["buckets"]])
+             ["op", "bucket", "dtype", "gpu", "serves", "promoted", "over baseline", "torch/it", "promoted in"],
+             [[b["op"], b["bucket"], b["dtype"], b["gpu"] or "-", b["serves"],
+               f"#{b['candidate_id']}" if b["candidate_id"] is not None else "", fmt_x(b["over_baseline"]),
+               f"{b['vs_torch']:.3f}" if b["vs_torch"] else "", b["run_id"] or ""] for b in doc["buckets"]])
     for p in doc["promotions"]:
         ui.line(f"{p['created_at'][:16].replace('T', ' ')} #{p['candidate_id']} {p['op']} {p['bucket']} {p['dtype']}: "
                 f"{p['reason']}" + (f"; demoted {p['demoted_at'][:16].replace('T', ' ')}: {p['demote_reason']}"
