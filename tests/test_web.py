@@ -499,25 +499,32 @@ def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(
     assert rows.count() == 3
     assert set(page.locator("#candidates .status").all_inner_texts()) == {"rejected"}
     assert "out-of-bounds store" in page.inner_text("#candidates")
-    page.click("#candidates a[href='/candidates/1']")
+    led = Ledger(ledger, read_only=True)  # which reply became which candidate depends on the model calls' order
+
+    def failed_by(check):
+        return next(c.id for c in led.candidates(run_id=run_id) if any(
+            k.name == check and k.status == "failed" for k in led.checks(c.id)))
+    oob, cheat, no_code = failed_by("runs"), failed_by("static_gate"), failed_by("reply")
+    seed = re.search(r"seed base (\d+)", next(k.detail for k in led.checks(oob, mode="quick") if k.name == "load")).group(1)
+    [call] = led.model_calls(candidate_id=oob)
+    led.close()
+    page.click(f"#candidates a[href='/candidates/{oob}']")
     failed = page.locator("#checks tr.c-failed")
     assert failed.count() == 1 and "runs" in failed.inner_text()
     repro = failed.locator(".repro pre").inner_text()
-    led = Ledger(ledger, read_only=True)
-    seed = re.search(r"seed base (\d+)", next(k.detail for k in led.checks(1, mode="quick") if k.name == "load")).group(1)
-    assert f"kernel-agent sanitize --op quantize_kv candidate-1.py --quick --seed {seed}" in repro
-    assert f"kernel-agent show 1 --json --ledger {ledger}" in repro
-    [call] = led.model_calls(candidate_id=1)
-    led.close()
+    assert f"kernel-agent sanitize --op quantize_kv candidate-{oob}.py --quick --seed {seed}" in repro
+    assert f"kernel-agent show {oob} --json --ledger {ledger}" in repro
     assert "Here is a faster version:" in page.inner_text("#model .reply")
     page.click("#model summary:has-text('Prompt')")
     assert "## Contract" in page.inner_text("#model")  # the prompt the model was sent, as recorded
     assert call.response.split("\n")[0] in page.inner_text("#model")
-    page.goto(srv.url + "candidates/3")
+    page.goto(srv.url + f"candidates/{cheat}")
+    assert "static_gate" in page.inner_text("#checks tr.c-failed") and ".float()" in page.inner_text("#checks")
+    page.goto(srv.url + f"candidates/{no_code}")
     assert "No source: the model's reply was unusable." in page.inner_text("main")
     assert page.errors == []
     small = _page(browser, 375)
-    for path in ("", f"runs/{run_id}", "candidates/1", "candidates/2", "serving"):
+    for path in ("", f"runs/{run_id}", f"candidates/{oob}", f"candidates/{cheat}", "serving"):
         small.goto(srv.url + path)
         if path in ("", f"runs/{run_id}"):
             _loaded(small)
