@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional
 from ..harness import env
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
-from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names,
-                                  parse_points, run_model_bench)
+from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_bytes,
+                                  parse_names, parse_points, run_kv_budget, run_model_bench)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..sanitizer.report import merge_gpu
@@ -89,8 +89,12 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--context", type=int, help="--model: tokens per sequence (default 8192)")
     b.add_argument("--points", help="--model: several BATCHxCONTEXT points, e.g. 32x8192,8x32768,64x2048")
     b.add_argument("--kv", help="--model: KV cache modes, bf16 and/or int8 (default bf16,int8)")
-    b.add_argument("--stacks", help="--model: torch, baseline, serving and/or hybrid (cuBLAS matmuls with the "
-                                    "baseline attention) (default torch,baseline,serving)")
+    b.add_argument("--stacks", help="--model: torch, baseline, serving, hybrid (cuBLAS matmuls with the baseline "
+                                    "attention) and/or flashinfer (cuBLAS matmuls with FlashInfer's paged decode; "
+                                    "the flashinfer extra) (default torch,baseline,serving)")
+    b.add_argument("--kv-budget", metavar="SIZE", help="--model: a KV-cache memory budget per GPU (e.g. 60GiB): each "
+                                                       "KV mode runs the most sequences of --context tokens whose "
+                                                       "cache fits it, and tokens/s are compared at equal memory")
     b.add_argument("--seed", type=int, default=0, help="--model: seed of the random weights, cache and input")
     b.add_argument("--out", help="also write the JSON document to this file")
     b.add_argument("--ledger", default=None, help="record the results in this ledger (default runs/ledger.db)")
@@ -379,7 +383,8 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     if args.model:
         return _bench_model(args)
     model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
-                                  ("--kv", args.kv), ("--stacks", args.stacks)) if v is not None]
+                                  ("--kv", args.kv), ("--stacks", args.stacks), ("--kv-budget", args.kv_budget))
+                   if v is not None]
     if model_flags:
         raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
@@ -425,7 +430,8 @@ def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kern
                      doc: Dict[str, Any]) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
     from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
-    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0}
+    # references: what serving engines run (FlashInfer's paged decode), shown beside the torch anchor
+    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0, "references": True}
     outs = [evaluator.bench(spec) for _ in range(args.processes)]
     doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
     errors = [o["error"] for o in outs if o.get("error")]
@@ -464,19 +470,21 @@ def print_bench(doc) -> None:
     for res in doc["results"]:
         ms = res["measurements"]
         anchor = next((m for m in ms if m["label"].startswith("anchor")), None)
+        fi = next((m for m in ms if m["label"].startswith("anchor:flashinfer") and not m.get("error")), None)
         for m in ms:
             if m.get("error"):
-                rows.append([res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", m["error"][:60]])
+                rows.append([res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]])
                 continue
             ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
+            fi_ratio = f"{fi['median_ms'] / m['median_ms']:.2f}x" if fi else ""
             rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
             rep_ms, rep_spread, rep_kind = reported_time(m)
             rows.append([res["op"], res["shape"], res["dtype"], m["label"], f"{m['median_ms']:.4f}",
                          f"±{m['spread_ms']:.4f}", (f"{m['graph_ms']:.4f}" + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""))
-                         if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, rate,
+                         if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, fi_ratio, rate,
                          f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else "")])
     ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "reported (run to run)",
-                  "anchor/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 7)
+                  "anchor/this", "flashinfer/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 8)
     for e in doc.get("errors", []):
         ui.line(f"error: {e}", style="red")
 
@@ -492,8 +500,11 @@ def _bench_model(args) -> int:
         raise UsageError("bench --model takes no candidate FILE (it times the baselines and the serving set)")
     if args.points and (args.batch is not None or args.context is not None):
         raise UsageError("bench --model: give --points, or --batch and --context, not both")
+    if args.kv_budget and (args.points or args.batch is not None):
+        raise UsageError("bench --model --kv-budget: the budget sets the batch; give --context, not --points or --batch")
     try:
         cfg = load_model_config(args.model)
+        budget = parse_bytes(args.kv_budget) if args.kv_budget else None
         if args.points:
             points = parse_points(args.points)
         else:
@@ -513,8 +524,13 @@ def _bench_model(args) -> int:
         return 2
     to_stdout = args.json
     log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
-    result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
+    if budget is not None:
+        result = run_kv_budget(cfg, budget, points[0].context, stacks, kv_modes, seed=args.seed, log=log)
+    else:
+        result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
     doc = result.to_json()
+    if budget is not None:
+        doc["kv_budget_bytes"] = budget
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".tmp", "w") as f:
@@ -523,16 +539,16 @@ def _bench_model(args) -> int:
     if to_stdout:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
-        print_model_bench(result)
+        print_model_bench(result, budget)
     return 0
 
 
 KV_LABEL = {"bf16": "bf16", "int8": "int8 (quantize_kv)"}
 
 
-def print_model_bench(result) -> None:
-    """The step table (ms/step, tokens/s, vs torch), the op shares, what served each op in the serving
-    stack, and the int8 cache's accuracy."""
+def print_model_bench(result, budget: Optional[int] = None) -> None:
+    """The step table (ms/step, tokens/s, vs torch and vs flashinfer), at a KV budget the equal-memory table,
+    the op shares, what served each op in the serving stack, and the int8 cache's accuracy."""
     cfg = result.config
     tp = f", tensor parallel {cfg.tp} (one GPU's shard; all-reduces not timed)" if cfg.tp > 1 else ""
     ui.line(f"{cfg.name}: decode step of {cfg.layers} layers (hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} "
@@ -543,9 +559,12 @@ def print_model_bench(result) -> None:
         for t in p.timings:
             kv = "bf16 (reference)" if t.stack == "torch" else KV_LABEL[t.kv]
             rows.append([f"B={p.batch} ctx={p.context}", t.stack, kv, f"{t.step_ms:.2f}", f"{t.tokens_per_s:,.0f}",
-                         f"{t.vs_torch:.3f}x" if t.vs_torch is not None else ""])
-    ui.table("", ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch"], rows,
-             justify=["left", "left", "left", "right", "right", "right"])
+                         f"{t.vs_torch:.3f}x" if t.vs_torch is not None else "",
+                         f"{t.vs_flashinfer:.3f}x" if t.vs_flashinfer is not None else ""])
+    ui.table("", ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch", "vs flashinfer"], rows,
+             justify=["left", "left", "left", "right", "right", "right", "right"])
+    if budget is not None:
+        _print_equal_memory(result, budget)
     labels = ["qkv", "quantize_kv", "attention", "o", "gate_up", "down", "other"]
     shown = [lb for lb in labels if any(lb in t.shares for p in result.points for t in p.timings)]
     rows = [[f"B={p.batch} ctx={p.context}", t.stack, t.kv] + [f"{t.shares[lb]:.1%}" if lb in t.shares else ""
@@ -561,6 +580,19 @@ def print_model_bench(result) -> None:
     for p in result.points:
         if p.accuracy is not None:
             ui.line(f"B={p.batch} ctx={p.context}: {p.accuracy.describe()}")
+
+
+def _print_equal_memory(result, budget: int) -> None:
+    """tokens/s per GPU of every stack and KV mode at the budget, against torch's bf16 stack at the budget's
+    bf16 batch: the serving cost of a token at equal memory."""
+    torch_bf16 = next((t.tokens_per_s for p in result.points for t in p.timings
+                       if t.stack == "torch" and t.kv == "bf16"), None)
+    rows = [[KV_LABEL[t.kv] if t.stack != "torch" else "bf16 (reference)", f"{p.batch}", t.stack,
+             f"{t.tokens_per_s:,.0f}", f"{t.tokens_per_s / torch_bf16:.3f}x" if torch_bf16 else ""]
+            for p in result.points for t in p.timings]
+    ui.table(f"at a KV budget of {budget / 2**30:.1f} GiB per GPU, context {result.points[0].context}: tokens/s at "
+             f"equal memory", ["KV cache", "sequences", "stack", "tokens/s", "vs torch bf16"], rows,
+             justify=["left", "right", "left", "right", "right"])
 
 
 # -- history and show --------------------------------------------------------------------------

@@ -323,11 +323,23 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
     torch.cuda.empty_cache()
 
 
+def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> List[Contender]:
+    """The op's reference anchors as contenders; one that cannot run here is a row with its one-line reason."""
+    from .ops.common import ReferenceUnavailable  # the exception the hook raises
+    try:
+        return [Contender(a.label, a.fn, is_anchor=True) for a in op.reference_anchors(probe)]
+    except ReferenceUnavailable as e:
+        label = f"anchor:{str(e).split(':')[0]}"
+        results[label] = Measurement(label, math.nan, math.nan, 0, [], error=str(e))
+        return []
+
+
 # long: the benchmark protocol for one shape (warm-up, interleaved rounds, graph replays, checks) read top to bottom
 def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
-                    log: Optional[Callable[[str], None]] = None) -> ShapeResult:
-    """Time every contender on one shape (see the module docstring for the protocol)."""
+                    log: Optional[Callable[[str], None]] = None, references: bool = False) -> ShapeResult:
+    """Time every contender on one shape (see the module docstring for the protocol). references: also time
+    the op's reference anchors (Op.reference_anchors: what serving engines run), after the torch anchor."""
     import triton.testing  # deferred: as in measure_ceilings
     require_gpu()
     log = log or (lambda s: None)
@@ -341,6 +353,8 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     except ValueError as e:  # e.g. ragged sequence lengths: SDPA over a gathered cache needs one length
         all_c = list(contenders)
         results["anchor"] = Measurement("anchor", math.nan, math.nan, 0, [], error=f"no anchor: {e}")
+    if references:
+        all_c += _reference_contenders(op, probe, results)
     ref = op.reference(probe.args, torch.float32) if check else None
     live: List[Contender] = []
     for c in all_c:

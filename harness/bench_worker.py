@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     for key in spec["shapes"]:
         t0 = time.time()
         shape = op.parse_shape(key)
-        res = benchmark_shape(op, shape, dtype, contenders, ceilings,
-                              seed=spec.get("seed", 0), log=lambda s: print(s, flush=True))
+        res = benchmark_shape(op, shape, dtype, contenders, ceilings, seed=spec.get("seed", 0),
+                              log=lambda s: print(s, flush=True), references=bool(spec.get("references")))
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
         doc["phases"][key] = round(time.time() - t0, 2)

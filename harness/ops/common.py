@@ -233,6 +233,10 @@ def relaid(x: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
     return strided_like(x, gen) if layout == "strided" else fused_slice_like(x) if layout == "fused" else x
 
 
+class ReferenceUnavailable(RuntimeError):
+    """A reference anchor that cannot run here (not installed, unsupported shape): one line, shown in its row."""
+
+
 class Anchor(NamedTuple):
     """A torch computation the benchmark times beside the kernels: `fn` takes the case's arguments."""
 
@@ -404,6 +408,12 @@ class Op:
         the reference library. The serving set dispatches to it where it is the fastest, the benchmark
         times it as the anchor, and a promotion must beat it."""
         return None
+
+    def reference_anchors(self, case: Case) -> List[Anchor]:
+        """What serving engines run for this op, timed beside the kernels by `bench --op` as a reference point
+        and never served or held against a candidate (e.g. FlashInfer's paged decode). An anchor that cannot
+        run here raises ReferenceUnavailable with one line; the bench shows that line in its row."""
+        return []
 
     def bench_anchor(self, case: Case) -> Optional[Anchor]:
         """For an op without a torch implementation (torch_impl is None): what the benchmark times as the torch

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
 from .attention import HEAD_DIMS_DRAWN, SOFTMAX_BOUND_TOL, attention_reference, softmax_rounding_bound
-from .common import Anchor, Case, ElementBound, Op, Shape
+from .common import Anchor, Case, ElementBound, Op, ReferenceUnavailable, Shape
 from .tuning import SMEM_LIMIT
 
 # Ids no cache has: below zero, at the end, far past the end, and huge.
@@ -231,6 +231,23 @@ class PagedDecodeOp(Op):
         gqa = a["q"].shape[1] != k.shape[1]
         return Anchor("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
             kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :])
+
+    def reference_anchors(self, case: Case) -> List[Anchor]:
+        """FlashInfer's paged decode over the same page table (flashinfer_paged.py). A cache of codes is first
+        dequantized to the query's dtype, in its paged layout (not timed): FlashInfer's bf16 decode of the same
+        values, what the int8 cache competes with."""
+        from .flashinfer_paged import FlashInferUnavailable, decode_anchor  # the optional extra
+        a = dict(case.args)
+        if a.get("k_scale") is not None:
+            dt = a["q"].dtype
+            a["k_cache"] = (a["k_cache"].float() * a["k_scale"][..., None]).to(dt)
+            a["v_cache"] = (a["v_cache"].float() * a["v_scale"][..., None]).to(dt)
+        try:
+            dec = decode_anchor(a)
+        except FlashInferUnavailable as e:
+            raise ReferenceUnavailable(f"flashinfer: {e}") from None
+        k, v = a["k_cache"], a["v_cache"]
+        return [Anchor(f"anchor:{dec.label}", lambda **kw: dec.run(kw["q"], k, v))]
 
     def reference(self, args, precision=torch.float32):
         return paged_reference(args, precision)
