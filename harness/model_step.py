@@ -810,13 +810,11 @@ def available_stacks(stacks: Sequence[str], log: Callable[[str], None]) -> Tuple
     """`stacks` less the flashinfer stack when FlashInfer cannot run here, which is said in one line."""
     if "flashinfer" not in stacks:
         return tuple(stacks)
-    from .ops.flashinfer_paged import version  # the optional extra
-    if version() is None:
-        from .ops.flashinfer_paged import FlashInferUnavailable, _import
-        try:
-            _import()
-        except FlashInferUnavailable as e:
-            log(f"flashinfer stack left out: {e}")
+    from .ops.flashinfer_paged import FlashInferUnavailable, require  # keeps the CLI's startup light (torch)
+    try:
+        require()
+    except FlashInferUnavailable as e:
+        log(f"flashinfer stack left out: {e}")
         return tuple(s for s in stacks if s != "flashinfer")
     return tuple(stacks)
 

@@ -16,6 +16,7 @@ Without the extra every entry point raises FlashInferUnavailable with one line s
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from typing import Any, List, Optional
@@ -38,6 +39,11 @@ def _import():
     except Exception as e:  # noqa: BLE001 - a broken install (a missing CUDA library, a version clash) is one line too
         raise FlashInferUnavailable(f"does not import: {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
     return flashinfer
+
+
+def require() -> None:
+    """Raise FlashInferUnavailable (one line) unless FlashInfer imports here."""
+    _import()
 
 
 def version() -> Optional[str]:
@@ -101,7 +107,7 @@ def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print) -> List[str]
     built module where FlashInfer loads ahead-of-time builds from (its AOT folder), so that any later process
     loads it without compiling. Returns the installed paths."""
     flashinfer = _import()
-    from flashinfer.jit import env as jit_env
+    from flashinfer.jit import env as jit_env  # the optional extra, imported by _import above
     if not torch.cuda.is_available():
         raise FlashInferUnavailable("needs a CUDA GPU")
     for D in head_dims:
@@ -130,7 +136,6 @@ def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print) -> List[str]
 
 def main(argv=None) -> int:
     """`python -m kernel_agent.harness.ops.flashinfer_paged [--head-dims 64,128]`: prebuild (see `prebuild`)."""
-    import argparse
     ap = argparse.ArgumentParser(description="Build FlashInfer's paged decode modules once, for sandboxed benchmarks")
     ap.add_argument("--head-dims", default="128", help="comma list of head dims (default 128)")
     args = ap.parse_args(argv)
