@@ -216,13 +216,88 @@ def _fp8_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr, l_
              mask=h_mask[:, None])
 
 
+@triton.jit
+def _bf16_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, GROUP,
+                 stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_btb,
+                 stride_mb, stride_mh, stride_ms, stride_ab, stride_ah, stride_as,
+                 NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
+    """The bf16 baseline's split kernel for a power-of-two D, with K and V addressed by one offset tile (the
+    caches share strides) and the page of each token computed once per tile."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_D)
+    h_mask = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None],
+                other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_D], dtype=tl.float32)
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_kh
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        live = offs_n < hi
+        page = tl.load(bt_ptr + b * stride_btb + offs_n // PAGE, mask=live, other=0).to(tl.int64)
+        tok = page * stride_kb + (offs_n % PAGE) * stride_ks
+        k = tl.load(k_head + tok[None, :] + offs_d[:, None], mask=live[None, :], other=0.0)
+        qk = tl.dot(q, k)
+        qk = tl.where(live[None, :], qk * qk_scale, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_ij[:, None])
+        p = tl.where(live[None, :], p, 0.0)
+        alpha = tl.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + tok[:, None] + offs_d[None, :], mask=live[:, None], other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_ij
+    tl.store(m_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, m_i, mask=h_mask)
+    tl.store(l_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, l_i, mask=h_mask)
+    tl.store(acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :], acc,
+             mask=h_mask[:, None])
+
+
+def make_bf16_call(q, k, v, bt, lens, combine, *, splits=2, block_n=64, warps=4, stages=3, maxnreg=None):
+    """A closure running the one-offset-tile bf16 kernel and the baseline's combine."""
+    B, Hq, Dq = q.shape
+    m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty((B, Hq, splits, Dq), device=q.device, dtype=torch.float32)
+    o = torch.empty_like(q)
+    group = Hq // HKV
+    assert k.stride() == v.stride()
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
+
+    def run():
+        _bf16_kernel[(B, HKV, splits)](q, k, v, bt, lens, m, l, acc, 1.4426950408889634 / math.sqrt(Dq), group,
+                                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), bt.stride(0),
+                                       m.stride(0), m.stride(1), m.stride(2), acc.stride(0), acc.stride(1),
+                                       acc.stride(2), NUM_SPLITS=splits, PAGE=PAGE, BLOCK_N=block_n,
+                                       BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_D=Dq, num_warps=warps,
+                                       num_stages=stages, **extra)
+        combine[(B, Hq)](m, l, acc, o, m.stride(0), m.stride(1), m.stride(2),
+                         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
+                         o.stride(0), o.stride(1), o.stride(2), NUM_SPLITS=splits, HEAD_D=Dq, BLOCK_D=Dq,
+                         EVEN_D=True, num_warps=4)
+        return o
+    return run
+
+
 def _splits(B, Hkv, ctx, per_sm):
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     return max(1, min(triton.cdiv(per_sm * sms, B * Hkv), triton.cdiv(ctx, 256), 32))
 
 
 def make_quantized_call(kind, q, codes_k, scale_k, codes_v, scale_v, bt, lens, combine, *, per_sm=4, block_n=128,
-                        warps=4, stages=3, fold=True):
+                        warps=4, stages=3, fold=True, maxnreg=None):
     """A closure that runs the study kernel `kind` ('planes' or 'fp8') and the int8 baseline's combine."""
     B, Hq, Dq = q.shape
     splits = _splits(B, HKV, bt.shape[1] * PAGE, per_sm)
@@ -234,7 +309,7 @@ def make_quantized_call(kind, q, codes_k, scale_k, codes_v, scale_v, bt, lens, c
     kc, vc = (codes_k.view(torch.int32), codes_v.view(torch.int32)) if kind == "planes" else (codes_k, codes_v)
     assert kc.stride() == vc.stride() and scale_k.stride() == scale_v.stride()
     common = dict(NUM_SPLITS=splits, PAGE=PAGE, BLOCK_N=block_n, BLOCK_H=max(16, triton.next_power_of_2(group)),
-                  HEAD_D=Dq, num_warps=warps, num_stages=stages)
+                  HEAD_D=Dq, num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     if kind == "planes":
         kernel, extra = _planes_kernel, dict(FOLD=fold)
     else:
@@ -330,13 +405,15 @@ def copy_ceiling_tbps():
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     t = graph_time(lambda: y.copy_(x), 5)
-    for _ in range(3):
+    t_end = time.time() + 2.0  # clocks ramp up from idle: measure after two seconds of copying
+    while time.time() < t_end:
         t()
     return 2 * x.numel() / (statistics.median(t() for _ in range(20)) * 1e-3) / 1e12
 
 
-def flashinfer_call(q, k_cache, v_cache, bt, lens):
-    """FlashInfer's paged decode (CUDA-core decode kernels) over the same NHD cache and page table."""
+def flashinfer_call(q, k_cache, v_cache, bt, lens, tensor_cores=False):
+    """FlashInfer's paged decode (CUDA-core decode kernels, or with tensor_cores its prefill kernels) over the
+    same NHD cache and page table."""
     try:
         import flashinfer
     except ImportError as e:
@@ -348,11 +425,11 @@ def flashinfer_call(q, k_cache, v_cache, bt, lens):
     indices = torch.cat([bt[b, : pages[b]] for b in range(B)]).to(torch.int32)
     last = (lens - (pages - 1) * PAGE).to(torch.int32)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=q.device)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
     t0 = time.time()
     wrapper.plan(indptr, indices, last, q.shape[1], HKV, q.shape[2], PAGE, pos_encoding_mode="NONE",
                  q_data_type=q.dtype, kv_data_type=k_cache.dtype)
-    note = f"flashinfer {flashinfer.__version__}, plan+JIT {time.time() - t0:.1f}s"
+    note = f"flashinfer {flashinfer.__version__} tensor_cores={tensor_cores}, plan+JIT {time.time() - t0:.1f}s"
     return (lambda: wrapper.run(q, (k_cache, v_cache))), note
 
 
@@ -379,28 +456,25 @@ def study_point(B, ctx, mods, rounds, log):
     bf16_bytes = 2 * B * ctx * HKV * D * 2 + 2 * B * HQ * D * 2
     q8_bytes = 2 * B * ctx * HKV * (D + 4) + 2 * B * HQ * D * 2
     base16 = mods["bf16"]
-    for s in (2, 3, 4, 6):
-        def bf16_run(s=s):
-            orig = base16._config
-            base16._config = lambda B_, Hkv, mc, device, D_: (s, 64, 4, 3)
-            try:
-                return base16.decode_attention(q, k16, v16, bt, lens)
-            finally:
-                base16._config = orig
-        variants[f"bf16 splits={s}"] = (bf16_run, "bf16", bf16_bytes)
+    bf16_splits = base16._config(B, HKV, ctx, q.device, D)[0]
+    for name, kw in (("", {}), (" r80", dict(maxnreg=80)), (" n128s2", dict(block_n=128, stages=2)),
+                     (" s4", dict(stages=4)), (" x2", dict(splits=2 * bf16_splits))):
+        kw.setdefault("splits", bf16_splits)
+        fn = make_bf16_call(q, k16, v16, bt, lens, mods["bf16"]._decode_combine_kernel, **kw)
+        variants[f"bf16 one-offset{name} ({kw['splits']})"] = (fn, "bf16", bf16_bytes)
     variants["bf16 baseline"] = (lambda: base16.decode_attention(q, k16, v16, bt, lens), "bf16", bf16_bytes)
     variants["int8 baseline"] = (lambda: mods["int8"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens), "int8",
                                  q8_bytes)
     variants["int8 planes"] = (lambda: mods["int8_planes"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
                                "int8", q8_bytes)
-    for name, kw in (("planes+fold", dict(fold=True)), ("planes nofold", dict(fold=False)),
-                     ("planes+fold s8", dict(fold=True, per_sm=8)), ("planes+fold s2", dict(fold=True, per_sm=2)),
-                     ("planes+fold n64s4", dict(fold=True, block_n=64, stages=4)),
-                     ("planes+fold w8", dict(fold=True, warps=8)),
-                     ("planes+fold st2", dict(fold=True, stages=2))):
+    for name, kw in (("planes", {}), ("planes r128", dict(maxnreg=128)), ("planes r96", dict(maxnreg=96)),
+                     ("planes s8", dict(per_sm=8)), ("planes r128 s8", dict(maxnreg=128, per_sm=8)),
+                     ("planes r128 s6", dict(maxnreg=128, per_sm=6)), ("planes n256", dict(block_n=256)),
+                     ("planes r128 st4", dict(maxnreg=128, stages=4))):
+        kw.setdefault("fold", False)
         fn, splits = make_quantized_call("planes", q, k8, ks8, v8, vs8, bt, lens, combine, **kw)
         variants[f"int8 {name} ({splits})"] = (fn, "int8", q8_bytes)
-    for name, kw in (("fp8", {}), ("fp8 s8", dict(per_sm=8)), ("fp8 n64s4", dict(block_n=64, stages=4))):
+    for name, kw in (("fp8", {}),):
         fn, splits = make_quantized_call("fp8", q, kf8, ksf8, vf8, vsf8, bt, lens, combine, **kw)
         variants[f"{name} ({splits})"] = (fn, "fp8", q8_bytes)
     kc = k16[bt.long()].reshape(B, ctx, HKV, D).permute(0, 2, 1, 3).contiguous()
@@ -408,10 +482,11 @@ def study_point(B, ctx, mods, rounds, log):
     qs = q.view(B, HQ, 1, D)
     variants["sdpa (contiguous)"] = (lambda: torch.nn.functional.scaled_dot_product_attention(
         qs, kc, vc, enable_gqa=True).view(B, HQ, D), "bf16", bf16_bytes)
-    fi, note = flashinfer_call(q, k16, v16, bt, lens)
-    log(f"B={B} ctx={ctx}: {note}")
-    if fi is not None:
-        variants["flashinfer"] = (fi, "bf16", bf16_bytes)
+    for tc in (False, True):
+        fi, note = flashinfer_call(q, k16, v16, bt, lens, tc)
+        log(f"B={B} ctx={ctx}: {note}")
+        if fi is not None:
+            variants["flashinfer" + (" tensor-core" if tc else "")] = (fi, "bf16", bf16_bytes)
     refs = {"bf16": reference(q, k16.float(), v16.float(), bt, lens),
             "int8": reference(q, k8.float() * ks8[..., None], v8.float() * vs8[..., None], bt, lens),
             "fp8": reference(q, kf8.float() * ksf8[..., None], vf8.float() * vsf8[..., None], bt, lens)}
