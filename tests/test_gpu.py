@@ -65,8 +65,8 @@ def test_bench_times_the_baseline_and_its_anchor(ceilings):
 
 
 def test_bench_refuses_a_kernel_that_does_not_launch_its_own_kernels(ceilings):
-    from kernel_agent.harness.bench import _quantize_eager
-    ms = _measure(Contender("candidate", lambda x: _quantize_eager(x), ("_quantize_kernel",)), ceilings)
+    from kernel_agent.harness.ops.quantize_kv import quantize_eager  # torch alone: no Triton kernel of its own
+    ms = _measure(Contender("candidate", lambda x: quantize_eager(x), ("_quantize_kernel",)), ceilings)
     assert "none of its Triton kernels" in ms["candidate"].error
 
 
@@ -273,10 +273,13 @@ def test_bench_in_two_processes_reports_a_spread_covering_both(tmp_path):
                         "--processes", "2", "--no-ledger", "--out", str(out)], capture_output=True, text=True,
                        cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    [res] = json.loads(out.read_text())["results"]
-    for m in res["measurements"]:
-        assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
-        assert m["graph_ms"] and len(m["graph_rounds"]) >= 6
+    results = json.loads(out.read_text())["results"]
+    assert results  # one per serving shape of quantize_kv
+    for res in results:
+        for m in res["measurements"]:
+            assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
+            # graph replays only for small kernels (harness.bench.is_small); where timed, both processes' rounds
+            assert not m.get("graph_ms") or len(m["graph_rounds"]) >= 6
 
 
 def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch):
