@@ -21,12 +21,22 @@ confined before the candidate file is even read. Two halves:
      package are readable to it, otherwise it stays uid 0 with every capability dropped
      (bounding set included, so no exec can regain one);
   4. no_new_privs, and the parent-death signal (the child dies with its parent);
-  5. Landlock: writes only beneath the scratch directory (and to the few device files
-     a run needs), TCP bind and connect denied (ABI 4+), signals and abstract unix
-     sockets scoped to the sandbox (ABI 6+);
-  6. a Python audit hook that refuses sockets, process creation (apart from the
-     compilers Triton runs on a GPU), writes outside scratch, and ctypes/dlopen after
-     start-up; every refusal is recorded, and the judge fails a verdict with any.
+  5. seccomp: no UDP, raw or other non-stream IP socket, no io_uring, no syscall of
+     another ABI;
+  6. Landlock: reads only of the interpreter, the package, the system's libraries and,
+     on a GPU, the CUDA driver's and toolkit's folders (GPU_READABLE); writes only
+     beneath the scratch directory (and to the few device files a run needs; on a GPU
+     the driver's nodes and its thread names under /proc, GPU_PROC_WRITABLE), TCP bind
+     and connect denied (ABI 4+), signals and abstract unix sockets scoped to the
+     sandbox (ABI 6+);
+  7. a Python audit hook that refuses sockets, process creation (apart from the
+     compilers Triton runs on a GPU), writes outside scratch, and ctypes after start-up
+     (on a GPU too: `prepare_gpu` makes torch's and Triton's ctypes calls first); every
+     refusal is recorded, and the judge fails a verdict with any.
+
+A tool that wraps the child and talks to it over loopback TCP (compute-sanitizer) runs
+with it in namespaces of their own (`tool_namespace_command`): the child then keeps that
+network and PID namespace instead of making its own, and may connect to the tool's ports.
 
 Each layer that the host cannot provide is reported as missing (`Protections.missing`),
 never silently assumed. `kernel-agent sanitize --sandbox` prints what this host gives.
