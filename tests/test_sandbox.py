@@ -517,3 +517,22 @@ def test_a_wrapping_tool_and_its_child_share_a_loopback_of_their_own(tmp_path):
     assert not any(host_lo_got) and not any(host_out_got), doc
     assert result["outward"] != "connected" and result["udp"] == 13 and result["interfaces"] == ["lo"], result
     assert any("network namespace shared with the wrapping tool alone" in a for a in result["prot"]), result
+
+
+def test_an_executor_under_a_wrapping_tool_runs_in_the_tools_namespaces(tmp_path):
+    """The executor the GPU checks wrap in compute-sanitizer (here `env`, a wrapper that only execs its
+    command): started through tool_namespace_command, it reports the shared namespaces, and the tool's
+    exit status comes back through the namespace's first process."""
+    from kernel_agent.sanitizer.executor import Executor
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
+    ex = Executor(os.path.join(root, "kernels", "baseline", "quantize_kv.py"), "quantize_kv", "cpu", wrapper=["env"],
+                  tool_ports=range(49152, 49168))
+    try:
+        hello = ex.start()
+        rc, _ = ex.finish(timeout_s=30)
+    finally:
+        ex.close()
+    if any("namespaces" in m for m in hello["missing"]):
+        pytest.skip(f"no namespaces on this host: {hello['missing']}")
+    assert not hello.get("load_error") and rc == 0, hello
+    assert any("network namespace shared with the wrapping tool alone" in a for a in hello["sandbox"]), hello
