@@ -109,6 +109,8 @@ GPU_READABLE = (
     ("env:LD_LIBRARY_PATH", "where the loader finds libcuda and the CUDA libraries (containers: /usr/local/nvidia)"),
     ("env:CUDA_INJECTION64_PATH", "the library compute-sanitizer injects into the process it wraps"),
     ("env:LD_PRELOAD", "libraries a wrapping tool preloads"),
+    ("env:KA_SANDBOX_TOOL_DIR", "the wrapping tool's installation, whose libraries it loads into the process "
+     "(compute-sanitizer outside /usr); set by tool_namespace_main"),
     ("ld.so.conf", "the loader's configured folders, where libcuda may lie outside /usr (an /opt driver)"),
 )
 # Writes under /proc a GPU run needs, beneath this process's own folder. The CUDA driver names the threads
@@ -589,6 +591,7 @@ def _seccomp(prot: Protections) -> None:
 # -- the audit hook ------------------------------------------------------------------------
 
 TOOL_NAMESPACE_ENV = "KA_SANDBOX_TOOL_NETNS"  # set by tool_namespace_main: the namespace it made for the tool
+TOOL_DIR_ENV = "KA_SANDBOX_TOOL_DIR"  # set by tool_namespace_main: where the tool is installed (GPU_READABLE)
 REFUSED_EXIT = 86  # the exit code of a process the fatal audit hook ended
 _violations: List[str] = []
 _config = {"scratch": "", "gpu": False}
@@ -803,11 +806,22 @@ def tool_namespace_main(cmd: Sequence[str]) -> int:
                              f"child\n")
     for line in prot.missing:
         sys.stderr.write(f"sandbox: {line}\n")
+    os.environ[TOOL_DIR_ENV] = os.pathsep.join(tool_folders(cmd[0]))
     try:
         os.execvp(cmd[0], list(cmd))
     except OSError as e:
         sys.stderr.write(f"sandbox: cannot run {cmd[0]}: {e}\n")
     return 127
+
+
+def tool_folders(tool: str) -> List[str]:
+    """The folder of the tool's executable and the installation above it (compute-sanitizer's bin/ or
+    its own folder, and the toolkit holding it), never a top-level folder such as /opt or /usr."""
+    found = shutil.which(tool)
+    if not found:
+        return []
+    here = os.path.dirname(os.path.realpath(found))
+    return [p for p in (here, os.path.dirname(here)) if os.path.dirname(p) not in ("/", "")]
 
 
 def _loopback_up() -> None:

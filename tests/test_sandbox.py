@@ -293,10 +293,16 @@ def test_the_gpu_read_list_is_data_read_from_the_environment_and_the_loader(tmp_
     for d in (cuda, lib, preload.parent):
         d.mkdir()
     preload.write_text("")
+    tool = tmp_path / "toolkit" / "compute-sanitizer"
+    tool.mkdir(parents=True)
+    (tool / "compute-sanitizer").write_text("#!/bin/sh\n")
+    (tool / "compute-sanitizer").chmod(0o755)
     env = {"CUDA_HOME": str(cuda), "LD_LIBRARY_PATH": f"{lib}:relative/ignored", "LD_PRELOAD": str(preload),
-           "CUDA_PATH": "/"}  # "/" would open everything: ignored
+           "CUDA_PATH": "/",  # "/" would open everything: ignored
+           sandbox.TOOL_DIR_ENV: os.pathsep.join(sandbox.tool_folders(str(tool / "compute-sanitizer")))}
     paths = sandbox.gpu_readable_paths(env)
     assert str(cuda) in paths and str(lib) in paths and str(preload.parent) in paths
+    assert str(tool) in paths and str(tool.parent) in paths  # the tool's folder, and the toolkit holding it
     assert "/" not in paths and not any(p.startswith("relative") for p in paths)
     assert all(why for _, why in sandbox.GPU_READABLE)
     conf = tmp_path / "ld.so.conf"
