@@ -288,8 +288,9 @@ def legit_runs(gpu: bool, quick: bool) -> List[Tuple[str, bool, str]]:
         res, out = run_child(config)
         ok = bool(res and res.get("legit", [""])[0] == "ran")
         rows.append((what, ok, res["legit"][1] if ok else last_error(out)))
+        if not ok:
+            print(f"--- {what} failed; its output:\n{out}\n---", flush=True)
         if not ok and "namespace" not in config:
-            print(f"--- {what} failed; its output:\n{out}\n--- finding the layer in the way", flush=True)
             rows += diagnose()
     from kernel_agent.sanitizer.gpu import TOOL_PORT_BASE, TOOL_PORT_COUNT, find_compute_sanitizer
     exe = find_compute_sanitizer()
@@ -299,6 +300,8 @@ def legit_runs(gpu: bool, quick: bool) -> List[Tuple[str, bool, str]]:
         res, out = run_child({"hook": "fatal", "legit": True, "tool_ports": TOOL_PORTS}, wrapper=wrapper)
         ok = bool(res and res.get("legit", [""])[0] == "ran") and "ERROR SUMMARY: 0 errors" in out
         rows.append(("Triton kernel under memcheck", ok, "ERROR SUMMARY: 0 errors" if ok else last_error(out)))
+        if not ok:
+            print(f"--- the kernel under memcheck failed; its output:\n{out}\n---", flush=True)
     else:
         rows.append(("Triton kernel under memcheck", True, "skipped: compute-sanitizer is not installed"))
     if not quick:
