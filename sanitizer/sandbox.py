@@ -100,7 +100,8 @@ PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels")
 # headers Triton builds its launchers with), /dev (the device nodes), /proc (this sandbox's own: the
 # driver's /proc/driver/nvidia and the process's maps), /sys (the PCI and NUMA topology the driver reads)
 # and /etc/ld.so.cache (`ldconfig -p`, which Triton runs to find libcuda). Each entry: where the path comes
-# from, and why a GPU run needs it. "env:NAME" is each path of that variable (the file's folder for a file).
+# from, and why a GPU run needs it. "env:NAME" is each path of that variable (the file's folder for a file);
+# "ld.so.conf" the folders the loader is configured with; an absolute path is that file alone.
 GPU_READABLE = (
     ("env:CUDA_HOME", "a CUDA toolkit outside /usr (ptxas, headers, libdevice)"),
     ("env:CUDA_PATH", "the same, as some images name it"),
@@ -112,6 +113,9 @@ GPU_READABLE = (
     ("env:KA_SANDBOX_TOOL_DIR", "the wrapping tool's installation, whose libraries it loads into the process "
      "(compute-sanitizer outside /usr); set by tool_namespace_main"),
     ("ld.so.conf", "the loader's configured folders, where libcuda may lie outside /usr (an /opt driver)"),
+    ("/etc/hosts", "the name `localhost`, by which a wrapping tool's injected library may reach its front end"),
+    ("/etc/host.conf", "the same lookup's configuration"),
+    ("/etc/gai.conf", "the same lookup's address order"),
 )
 # Writes under /proc a GPU run needs, beneath this process's own folder. The CUDA driver names the threads
 # it starts by writing /proc/<pid>/task/<tid>/comm (pthread_setname_np on another thread); when that write
@@ -399,8 +403,11 @@ def gpu_readable_paths(environ: Optional[Dict[str, str]] = None) -> List[str]:
         if source.startswith("env:"):
             value = env.get(source[4:], "")
             found = [p for p in value.replace(" ", os.pathsep).split(os.pathsep) if os.path.isabs(p)]
-        else:
+        elif source == "ld.so.conf":
             found = _loader_folders()
+        else:
+            out.append(source)  # a file: readable itself, not its folder
+            continue
         for p in found:
             p = os.path.dirname(p) if os.path.isfile(p) else p
             if os.path.realpath(p) != "/" and p not in out:

@@ -352,18 +352,40 @@ def diagnose() -> List[Tuple[str, bool, str]]:
 
 
 def diagnose_reads() -> List[Tuple[str, bool, str]]:
-    """Which top-level folder, made readable, lets the kernel run (one child per folder)."""
+    """Which top-level folder, and which entry in it, made readable lets the kernel run: halves of the
+    candidates tried in turn (one child each), assuming one is missing."""
     allowed = set(sandbox.readable_paths(True))
-    found = []
-    for name in sorted(os.listdir("/")):
-        top = "/" + name
-        if top in allowed or not os.path.isdir(top) or os.path.islink(top):
-            continue
-        patch = f"_o = sandbox.readable_paths; sandbox.readable_paths = lambda gpu=False: _o(gpu) + [{top!r}]"
-        res, _ = run_child({"hook": "fatal", "legit": True, "patches": [patch]}, timeout_s=120)
-        if res and res.get("legit", [""])[0] == "ran":
-            found.append(top)
-    return [("  diagnosis: reads needed under", True, ", ".join(found) or "no single top-level folder")]
+
+    def runs_with(paths: List[str]) -> bool:
+        patch = f"_o = sandbox.readable_paths; sandbox.readable_paths = lambda gpu=False: _o(gpu) + {paths!r}"
+        res, _ = run_child({"hook": "fatal", "legit": True, "patches": [patch]}, timeout_s=150)
+        return bool(res and res.get("legit", [""])[0] == "ran")
+
+    def bisect(candidates: List[str]) -> List[str]:
+        while len(candidates) > 1:
+            half = candidates[: len(candidates) // 2]
+            if runs_with(half):
+                candidates = half
+            elif runs_with(candidates[len(half):]):
+                candidates = candidates[len(half):]
+            else:
+                return candidates  # more than one is needed: all of them named
+        return candidates
+
+    tops = [p for p in ("/" + n for n in sorted(os.listdir("/"))) if p not in allowed and os.path.isdir(p)
+            and not os.path.islink(p)]
+    if not tops or not runs_with(tops):
+        return [("  diagnosis: reads needed under", True, "no top-level folder alone")]
+    found = bisect(tops)
+    if len(found) == 1:
+        try:
+            entries = [os.path.join(found[0], n) for n in sorted(os.listdir(found[0]))]
+        except OSError:
+            entries = []
+        entries = [e for e in entries if e not in allowed]
+        if entries and runs_with(entries):
+            found = bisect(entries)
+    return [("  diagnosis: reads needed under", True, ", ".join(found)[:160])]
 
 
 def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marker: str) -> Tuple[List, dict]:

@@ -304,6 +304,7 @@ def test_the_gpu_read_list_is_data_read_from_the_environment_and_the_loader(tmp_
     assert str(cuda) in paths and str(lib) in paths and str(preload.parent) in paths
     assert str(tool) in paths and str(tool.parent) in paths  # the tool's folder, and the toolkit holding it
     assert "/" not in paths and not any(p.startswith("relative") for p in paths)
+    assert "/etc/hosts" in paths and "/etc" not in paths  # a file named alone, not its folder
     assert all(why for _, why in sandbox.GPU_READABLE)
     conf = tmp_path / "ld.so.conf"
     (tmp_path / "ld.so.conf.d").mkdir()
