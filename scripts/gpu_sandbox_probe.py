@@ -400,7 +400,10 @@ def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marke
             print(f"--- the child for '{place}' gave no result; its output:\n{out}", flush=True)
         results[place] = res or {}
         if place == "executor" and res:
-            protections = {"active": res["active"], "missing": res["missing"]}
+            protections.update(active=res["active"], missing=res["missing"])
+        if place == "tool ns" and res:
+            protections["tool"] = [a for a in res["active"] if "namespace" in a] + \
+                [f"NOT AVAILABLE: {m}" for m in res["missing"]]
     time.sleep(1.0)  # the listeners' last accepts
     rows = []
     for key, what, counted in ATTEMPTS:
@@ -423,11 +426,12 @@ def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marke
     return rows, protections
 
 
-def table(escapes, legit, protections) -> str:
+def table(escapes, legit, protections, host: str) -> str:
     w0, w = 38, 36
-    lines = ["", "GPU sandbox probe: executor's protections",
+    lines = ["", f"GPU sandbox probe on {host}; the executor's protections:",
              *[f"  + {a}" for a in protections.get("active", [])],
-             *[f"  - NOT AVAILABLE: {m}" for m in protections.get("missing", [])], "",
+             *[f"  - NOT AVAILABLE: {m}" for m in protections.get("missing", [])],
+             *[f"  tool namespace: {t}" for t in protections.get("tool", [])], "",
              f"{'attempt':<{w0}} " + " ".join(f"{p:<{w}}" for p in PLACES) + " verdict"]
     for what, cells, escaped in escapes:
         lines.append(f"{what:<{w0}} " + " ".join(f"{c:<{w}}" for c in cells) + (" ESCAPED" if escaped else " refused"))
@@ -450,12 +454,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="skip the GPU checks and the benchmark child")
     args = ap.parse_args(argv)
     gpu = not args.cpu
-    if gpu:
-        import torch
-        if not torch.cuda.is_available():
-            print("gpu_sandbox_probe: no CUDA GPU here (use --cpu on a CPU machine)", file=sys.stderr)
-            return 2
-        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    import torch
+    import triton
+    if gpu and not torch.cuda.is_available():
+        print("gpu_sandbox_probe: no CUDA GPU here (use --cpu on a CPU machine)", file=sys.stderr)
+        return 2
+    host = f"{torch.cuda.get_device_name() if gpu else 'no GPU'}, torch {torch.__version__}, triton " \
+           f"{triton.__version__}, Linux {os.uname().release}, uid {os.getuid()}"
+    print(host, flush=True)
     marker = "ka-probe-" + os.urandom(6).hex()
     secret_dir = tempfile.mkdtemp(prefix="ka-probe-secret-", dir="/tmp")
     os.chmod(secret_dir, 0o755)
@@ -470,7 +476,7 @@ def main(argv=None) -> int:
     finally:
         listeners.close()
         shutil.rmtree(secret_dir, ignore_errors=True)
-    print(table(escapes, legit, protections))
+    print(table(escapes, legit, protections, host))
     return 1 if any(e for *_, e in escapes) or any(ok is False for _, ok, _ in legit) else 0
 
 
