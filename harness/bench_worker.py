@@ -78,6 +78,7 @@ def main(argv=None) -> int:
             gated = False
         ceilings = measure_ceilings()
     doc["ceilings"] = asdict(ceilings)
+    sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
     sandbox.arm_audit_hook(fatal=False)  # record only: a compiler probe Triton tolerates must not end a timing
     contenders = _contenders(spec)
     doc["sandbox_refused"] = sandbox.violations()

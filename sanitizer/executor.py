@@ -57,6 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .static_gate import check_source  # deferred: inside the sandbox
     if args.device == "cpu":
         import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
+    else:
+        sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
     sandbox.arm_audit_hook()  # fatal: the first refused action ends this process (exit 86)
 
     def evidence() -> List[str]:
@@ -183,12 +185,15 @@ class Executor:
         else:
             env.pop("TRITON_INTERPRET", None)
         cpu_s = max(30, int(self.deadline - time.time()) + 30)
-        cmd = list(wrapper) + [sys.executable, "-m", "kernel_agent.sanitizer.executor", "--fd", str(child.fileno()),
-                               "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
+        cmd = [sys.executable, "-m", "kernel_agent.sanitizer.executor", "--fd", str(child.fileno()),
+               "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
         if skip_gate:
             cmd.append("--skip-gate")
         if tool_ports:
             cmd.append(f"--tool-ports={min(tool_ports)}-{max(tool_ports)}")
+        if wrapper:
+            # the tool and the executor in namespaces of their own: the tool's ports on their loopback alone
+            cmd = sandbox.tool_namespace_command(list(wrapper) + cmd)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, pass_fds=(child.fileno(),), start_new_session=True)

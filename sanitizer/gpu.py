@@ -179,7 +179,8 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     if not exe:
         raise CheckSkipped("compute-sanitizer is not installed on this machine")
     # the tool's front end talks to the process it wraps over TCP on loopback, on the first free port of
-    # this range: the executor keeps the host's network and may connect to these ports alone
+    # this range: the tool and the executor share a network namespace of their own (its loopback alone),
+    # and the executor may connect to these ports alone
     wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5",
                "--port", str(TOOL_PORT_BASE), "--max-connections", str(TOOL_PORT_COUNT)]
     if tool == "memcheck":

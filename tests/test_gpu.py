@@ -418,3 +418,70 @@ def test_faults_the_interpreter_cannot_reach_fail_the_gpu_check_they_name(path):
     v = run_isolated(str(path), path.parent.name, "gpu", checks=(expected,), timeout_s=300)
     failed = [c for c in v.checks if c.status == "failed"]
     assert not v.passed and failed and failed[0].name == expected, v.summary()
+
+
+# -- the GPU sandbox: each way out tried on the device --------------------------------------------
+
+GPU_HOSTILE = sorted(p for p in (Path(__file__).resolve().parent / "candidates" / "hostile").glob("*/*.py")
+                     if re.search(r"^HOSTILE_GPU = True", p.read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", GPU_HOSTILE, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkeypatch, path):
+    """The hostile cases written against the GPU sandbox (HOSTILE_GPU = True), judged by the GPU checks'
+    executor with the static gate switched off: each is rejected, and nothing reaches a listener on
+    the port it was given (TCP or UDP)."""
+    import socket
+    import threading
+    import time
+    from kernel_agent.sanitizer.runner import run_isolated
+    canary = "sk-canary-" + os.urandom(8).hex()
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    tcp.settimeout(0.2)
+    port = tcp.getsockname()[1]
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", port))
+    udp.settimeout(0.2)
+    heard, stop = [], threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            for recv in (lambda: tcp.accept()[0].recv(200), lambda: udp.recv(200)):
+                try:
+                    heard.append(recv())
+                except OSError:
+                    pass
+    threading.Thread(target=listen, daemon=True).start()
+    home = tmp_path / "watch" / "home"
+    home.mkdir(parents=True)
+    (home / ".netrc").write_text(f"machine api.example.invalid login agent password {canary}\n")
+    text = path.read_text()
+    op = re.search(r'^HOSTILE_OP = "(\w+)"', text, re.M).group(1)
+    for key, value in (("{{PORT}}", str(port)), ("{{WATCH_DIR}}", str(tmp_path / "watch")),
+                       ("{{MARKER}}", "ka-hostile-" + os.urandom(4).hex()), ("{{REPO}}", ROOT)):
+        text = text.replace(key, value)
+    candidate = tmp_path / path.name
+    candidate.write_text(text)
+    try:
+        v = run_isolated(str(candidate), op, "gpu", checks=("gpu_differential",), timeout_s=240, skip_gate=True)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        tcp.close()
+        udp.close()
+    assert not v.passed, v.summary()
+    assert not heard, heard
+
+
+def test_the_gpu_sandbox_probe_finds_no_escape_and_a_kernel_runs():
+    """scripts/gpu_sandbox_probe.py: every escape refused where it counts (with the audit hook, below it,
+    in a wrapping tool's namespaces), and a Triton kernel runs in the sandbox, in the tool's namespaces
+    and under memcheck."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_sandbox_probe.py"), "--quick"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
