@@ -485,6 +485,10 @@ def print_bench(doc) -> None:
                          f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else "")])
     ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "reported (run to run)",
                   "anchor/this", "flashinfer/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 8)
+    for res in doc["results"]:  # what the table has no column for: e.g. which SDPA backend ran
+        for m in res["measurements"]:
+            if m.get("note") and not m.get("error"):
+                ui.line(f"{res['op']} {res['shape']} {m['label']}: {m['note']}")
     for e in doc.get("errors", []):
         ui.line(f"error: {e}", style="red")
 

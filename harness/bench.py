@@ -291,6 +291,19 @@ def _beyond_ceilings(ms: float, flops: float, nbytes: float, ceilings: Ceilings,
     return (l2_flushed or nbytes > 2 * l2_bytes) and nbytes / ms / 1e9 > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN
 
 
+def sdpa_backend(kernel_names: Sequence[str]) -> str:
+    """Which of torch's SDPA backends ran, from the CUDA kernels one call launched: cuDNN, FlashAttention,
+    memory-efficient (CUTLASS), or the math fallback (plain matmuls and softmax)."""
+    names = " ".join(kernel_names).lower()
+    if "cudnn" in names:
+        return "cuDNN"
+    if "flash" in names:
+        return "flash"
+    if "fmha" in names or "efficient" in names or "mem_eff" in names:
+        return "memory-efficient"
+    return "math" if names else "unknown (no kernel seen)"
+
+
 def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     """Names of the CUDA kernels one call runs (profiler), after a warm-up call."""
     from torch.profiler import ProfilerActivity, profile  # deferred: the profiler loads only for this diagnosis
@@ -357,6 +370,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         all_c += _reference_contenders(op, probe, results)
     ref = op.reference(probe.args, torch.float32) if check else None
     live: List[Contender] = []
+    notes: Dict[str, str] = {}
     for c in all_c:
         try:
             out = c.fn(**probe.args)
@@ -365,6 +379,8 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
                 cmp = op.compare(out, probe.args, ref)
                 if not cmp.ok:
                     raise RuntimeError(f"wrong result on the device: {cmp.describe()}")
+            if c.label.startswith("anchor:sdpa"):  # say which backend the anchor really is
+                notes[c.label] = f"SDPA backend: {sdpa_backend(kernels_seen(c.fn, probe.args))}"
             if c.kernel_names:
                 seen = kernels_seen(c.fn, probe.args)
                 if not any(any(k in s for k in c.kernel_names) for s in seen):
@@ -422,6 +438,8 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
                        f"outside the timed stream or host-bound")
             if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
                 m.implausible = True
+        if c.label in notes:
+            m.add_note(notes[c.label])
         results[c.label] = m
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
     _graph_rounds([c for c in live if is_small(results[c.label])], cases[0].args, results,

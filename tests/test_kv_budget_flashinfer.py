@@ -87,3 +87,14 @@ def test_bench_model_budget_flags_are_checked_in_one_line(flags, message):
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("names,backend", [
+    (["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma"], "cuDNN"),
+    (["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>"], "flash"),
+    (["fmha_cutlassF_bf16_aligned_64x128_rf_sm80"], "memory-efficient"),
+    (["ampere_bf16_s16816gemm", "softmax_warp_forward"], "math"),
+    ([], "unknown (no kernel seen)"),
+])
+def test_the_sdpa_backend_is_named_from_the_kernels_that_ran(names, backend):
+    assert bench.sdpa_backend(names) == backend
