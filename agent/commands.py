@@ -22,8 +22,8 @@ from ..harness.promotion import judge_benchmark
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
 from . import ui
-from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
-                         parse_duration, parse_ops)
+from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
+                         cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import config_lines, history, parent_source, unified_diff
 
@@ -143,6 +143,9 @@ def _add_serving_change_parsers(sub) -> None:
     d.add_argument("--gpu", default=None, help="GPU name (default: this machine's)")
     d.add_argument("--reason", required=True)
     d.add_argument("--ledger", default=None)
+    d.add_argument("--in-place", action="store_true",
+                   help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
+                        "kernel-agent/<run>, the checkout untouched)")
 
 
 
@@ -161,18 +164,47 @@ def _interrupt_on_signals() -> None:
 
 @command("run")
 def cmd_run(args) -> int:
-    # the flags alone are checked before torch is imported (seconds), so a usage error comes at once
-    parse_ops(args.ops)
-    if args.time_limit:
-        parse_duration(str(args.time_limit))
-    _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
+    file_config = _check_run_flags(args, ledger_path)
+    _interrupt_on_signals()
     events = _run_events(args)
     try:
-        return _run(args, events, ledger_path)
+        return _run(args, events, ledger_path, file_config)
     finally:
         if getattr(args, "_status_line", None) is not None:
             args._status_line.close()  # a live line left open would swallow the error that ended the run
+
+
+def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
+    """What the flags and the config file alone decide, checked before torch is imported (seconds) and before
+    anything is recorded, so that a usage error comes at once; returns the config file's contents."""
+    file_config = read_config(args.config) if args.config else {}
+    file_run = file_config.get("run", {})
+    parse_ops(args.ops)
+    for flag, value in (("--time-limit", args.time_limit), ("time_limit", file_run.get("time_limit"))):
+        if value is not None:
+            parse_duration(str(value))
+    counts = {k: getattr(args, k) for k in ("candidates", "per_round", "jobs", "gpus", "tokens")}
+    for key in counts:
+        if counts[key] is None:
+            counts[key] = file_run.get(key)
+    check_counts(**counts)
+    if args.resume:
+        check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
+    if not args.resume:
+        _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+    return file_config
+
+
+def _check_writable_dir(path: str, flag: str) -> None:
+    """A folder the run will write in: it, or the nearest folder above it that exists, must be writable."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is read-only (candidate files are written there)")
 
 
 def _cluster_section(args, file_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -209,10 +241,8 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
     return placement
 
 
-def _run(args, events, ledger_path: str) -> int:
+def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
-    from .model import load_config  # here: as the loop
-    file_config: Dict[str, Any] = load_config(args.config) if args.config else {}
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
@@ -280,8 +310,8 @@ def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
         cfg.time_limit_s = parse_duration(str(tl))
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
-    if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
-        raise UsageError("--candidates, --per-round, --jobs and --gpus must be at least 1")
+    check_counts(candidates=cfg.max_candidates, per_round=cfg.per_round, jobs=cfg.jobs, gpus=cfg.gpus,
+                 tokens=cfg.token_budget)
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     in_place = args.in_place or file_run.get("in_place", False)
     if not isinstance(in_place, bool):
@@ -387,9 +417,7 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     from ..harness.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     ops = parse_ops(args.op)
-    for f in args.files:
-        if not os.path.isfile(f):
-            raise UsageError(f"no such file: {f}")
+    check_files(args.files)
     if args.files and len(ops) > 1:
         raise UsageError("candidate files need a single --op")
     if args.processes < 1:
@@ -728,8 +756,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     from .publish import plan_target  # here: publication imports the serving set, which imports torch
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
-    if not os.path.isfile(args.file):
-        raise UsageError(f"no such file: {args.file}")
+    check_files([args.file])
     if not devices.available():
         ui.error(NO_GPU)
         return 2
@@ -816,22 +843,46 @@ def _shown_entry(target, entry) -> str:
 
 @command("demote")
 def cmd_demote(args, devices: Optional[Devices] = None) -> int:
-    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted. The GPU is
-    `--gpu`, else this machine's (`devices`)."""
+    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted, written where a
+    promotion goes (agent/publish.py): a commit on a branch of its own where git tracks the serving folder,
+    else (or with --in-place) in place. The GPU is `--gpu`, else this machine's (`devices`)."""
     from ..harness import serving  # here: torch, after the flags
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
-    led = open_ledger(args)
-    removed = serving.remove(args.op, args.bucket, args.dtype, gname)
-    promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)
-    if promo is None:
-        # the manifest names GPUs by slug; find the promotion whatever its spelling
-        promo = next((p for p in led.promotions(op=args.op, active_only=True)
-                      if p.bucket == args.bucket and p.dtype == args.dtype and
-                      serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)), None)
-    if promo is not None:
-        led.demote(promo.id, args.reason)
-    if not removed and promo is None:
+    led = open_ledger(args, existing=True)  # a demotion changes what a ledger records: a typo creates none
+    plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
+    served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
+    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
+    if served is None and promo is None:
         raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
-    ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; the baseline serves it now")
+    # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
+    run = led.start_run({"command": "demote", "op": args.op, "bucket": args.bucket, "dtype": args.dtype,
+                         "reason": args.reason, "in_place": args.in_place}, env.versions(), "manual", [args.op],
+                        gname, {})
+    target = plan.open(run.id)
+    try:
+        removed = serving.remove(args.op, args.bucket, args.dtype, gname, dir=target.dir)
+        if promo is not None:
+            led.demote(promo.id, args.reason)
+        target.commit(f"Demote {args.op} {args.bucket} {args.dtype} on {gname}\n\n{args.reason}\n\n"
+                      f"The baseline serves the bucket again (kernel-agent run {run.id}).\n")
+    finally:
+        info = target.close()
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
+    what = "removed from the serving set" if removed else "no serving entry (the ledger's promotion is marked demoted)"
+    ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
+    ui.line(info.outcome())
     return 0
+
+
+def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):
+    """The ledger's active promotion of a bucket on a GPU, whatever the spelling of the GPU's name (the manifest
+    names GPUs by slug)."""
+    from ..harness import serving  # here: torch, after the flags
+    promo = led.active_promotion(op, bucket, dtype, gname)
+    if promo is None:
+        promo = next((p for p in led.promotions(op=op, active_only=True)
+                      if p.bucket == bucket and p.dtype == dtype and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)),
+                     None)
+    return promo

@@ -464,6 +464,21 @@ def _writable_dir(path: Path) -> bool:
     return os.access(path.resolve().parent, os.W_OK)
 
 
+def _check_file_access(path: Path, shown: str, read_only: bool) -> None:
+    """One line for a ledger file this command cannot use as asked: an empty file to read (nothing was ever
+    recorded in it), a read-only file (or folder: SQLite writes its journal beside the file) to write."""
+    if not path.is_file():
+        return
+    if read_only and path.stat().st_size == 0:
+        raise LedgerError(f"ledger {shown} is an empty file (0 bytes): nothing was ever recorded in it "
+                          f"(`kernel-agent run --ledger {shown}` records a run there)")
+    if not read_only and not os.access(path, os.W_OK):
+        raise LedgerError(f"ledger {shown} is read-only: this command records in it (history, show and report only "
+                          f"read, and read it as it is)")
+    if not read_only and not _writable_dir(path):
+        raise LedgerError(f"ledger {shown}: its folder is read-only, and SQLite writes its journal beside the file")
+
+
 def _inspect_existing(path: Path, shown: str, immutable: bool = False, purpose: str = "write") -> Optional[int]:
     """Refuse a file that is not a ledger this version may use for `purpose` ('write', 'read' or
     'upgrade': see `_check_version`), before SQLAlchemy (which would set the journal mode and create
@@ -741,6 +756,7 @@ class Ledger:
             return
         self.path = sqlite_path(path)
         self._shown = str(path)
+        _check_file_access(self.path, self._shown, read_only)
         _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path),
                           purpose="read" if read_only else "write")
         if read_only:  # reads an existing ledger, even on read-only media; writes fail
