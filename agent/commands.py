@@ -25,7 +25,7 @@ from . import ui
 from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
                          cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
-from .review import config_lines, history, parent_source, unified_diff
+from .review import config_lines, history, judged_base, unified_diff
 
 
 def register(sub) -> None:
@@ -351,6 +351,41 @@ def _check_endpoint(model) -> None:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
         raise UsageError(f"cannot reach the model endpoint {url}: {e.strerror or e}")
+    _check_openai_api(url, model.api_key)
+
+
+def _check_openai_api(url: str, api_key: Optional[str]) -> None:
+    """The endpoint answers as OpenAI's API does: GET {url}/models gives the list of models (every
+    OpenAI-compatible server serves it). A server that is not the API (a URL missing its /v1, another
+    service on the port) would otherwise fail every model call of the run."""
+    import urllib.error
+    import urllib.request
+    models = url.rstrip("/") + "/models"
+    hint = f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)" \
+        if urllib.parse.urlparse(url).path.rstrip("/") == "" else ""
+    req = urllib.request.Request(models, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=ENDPOINT_CHECK_TIMEOUT_S) as r:
+            body = r.read(1 << 22)
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise UsageError(f"the model endpoint {url} refused the API key (HTTP {e.code} for GET {models}): set "
+                             f"OPENAI_API_KEY or api_key in [model]") from None
+        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} answered HTTP {e.code}{hint}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise UsageError(f"cannot reach the model endpoint {url}: {getattr(reason, 'strerror', None) or reason}") \
+            from None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if not (isinstance(doc, dict) and isinstance(doc.get("data"), list)):
+        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} did not answer with a list of models"
+                         f"{hint}")
+
+
+ENDPOINT_CHECK_TIMEOUT_S = 15.0
 
 
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes without a base URL
@@ -375,18 +410,21 @@ def _run_events(args):
 def _print_run_summary(summary: RunSummary, args) -> int:
     if getattr(args, "_status_line", None) is not None:
         args._status_line.close()
+    failed = summary.status == RunStatus.FAILED  # (the proposer failed on every call, say): exit 1
     if args.json:
         sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
-        return 0
-    counts, session = summary.candidates_by_status, summary.session
+        return 1 if failed else 0
+    counts, session = summary.judged_now_by_status, summary.session
     ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
-    ui.table("", ["proposed", "rejected", "verified", "benchmarked", "promoted", "tokens", "wall"],
-             [[summary.candidates, counts[CandidateStatus.REJECTED], counts[CandidateStatus.VERIFIED],
-               counts[CandidateStatus.BENCHMARKED], counts[CandidateStatus.PROMOTED], summary.model.total_tokens,
-               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 7)
-    if summary.duplicates:
-        ui.line(f"{summary.duplicates} of them judged by earlier runs: replayed from the ledger, not judged again "
-                f"and not counted against the budget")
+    ui.table("", ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed",
+                  "tokens", "wall"],
+             [[sum(counts.values()), counts.get(CandidateStatus.REJECTED, 0), counts.get(CandidateStatus.PROPOSED, 0),
+               counts.get(CandidateStatus.VERIFIED, 0), counts.get(CandidateStatus.BENCHMARKED, 0),
+               counts.get(CandidateStatus.PROMOTED, 0), summary.replayed, summary.model.total_tokens,
+               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 9)
+    if summary.replayed:
+        ui.line(f"replayed: {summary.replayed} candidate(s) judged by earlier runs, replayed from the ledger, not "
+                f"judged again and not counted against the budget (nor above)")
     if summary.checks_failed:
         ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])
@@ -399,7 +437,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if session and session.serving_line:
         ui.line(session.serving_line)
     ui.line(f"details: kernel-agent show {summary.run_id}")
-    return 0
+    return 1 if failed else 0
 
 
 @command("bench")
@@ -624,21 +662,26 @@ def _show_run(led, run, args) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
-    ui.line(f"run {run.id} [{run.status}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
+    notes = json.loads(run.notes) if (run.notes or "").startswith("{") else {}
+    ended = f": {notes['stop']}" if notes.get("stop") and run.status != RunStatus.RUNNING else ""
+    ui.line(f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
             + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
     v = run.versions
     ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
             f"python {v.get('python')}")
     rows = []
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
+    replayed = {c.id for c in cands} - led.judged_now(run.id)
     for c in cands:
         verdict = c.verdict or {}
         first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == CheckStatus.FAILED), None)
         why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
         timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
-        rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
-    ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
+        status = f"{c.status} (replayed)" if c.id in replayed else c.status  # judged by an earlier run
+        bucket = os.path.basename(os.path.dirname(c.path)) if c.path else ""  # (the loop writes it there)
+        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
+    ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
     for p in summary.promotions:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
@@ -700,11 +743,13 @@ def _show_candidate(led, cid: int, args) -> int:
     if unusable:  # no source came back: a diff would show the whole parent deleted
         ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
     else:
-        plabel, psrc = parent_source(led, c)
-        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
-        for line in filter(None, config_lines(psrc, c.source)):  # a configuration change says so before its diff
+        promo = next((p for p in led.promotions(op=c.op) if p.candidate_id == c.id), None)
+        base = judged_base(led, c, promo.replaced_candidate_id if promo else None)
+        diff = unified_diff(base.label, base.source, f"candidate #{c.id}", c.source)
+        for line in filter(None, config_lines(base.source, c.source)):  # a configuration change says so first
             ui.line(line.replace("`", ""))
-        ui.line(f"diff against {plabel}:", style="bold")
+        ui.line(f"diff against {base.label} (what it was judged against)" + (f" {base.note}" if base.note else "")
+                + ":", style="bold")
         sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
     _print_model_exchanges(led.model_calls(candidate_id=cid))
     return 0
@@ -728,7 +773,7 @@ def _print_checks(checks) -> None:
                            for mode, ks in by_mode.items())
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
-                   best[n].detail[:140]] for n in order])
+                   best[n].detail] for n in order], wrap=["detail"])  # the detail (a failure, its --seed) is the point
 
 
 def _print_model_exchanges(calls) -> None:
