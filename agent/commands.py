@@ -9,7 +9,9 @@ import re
 import signal
 import socket
 import sys
+import urllib.error
 import urllib.parse
+import urllib.request
 from typing import Any, Dict, List, Optional
 
 from ..harness import env
@@ -358,8 +360,6 @@ def _check_openai_api(url: str, api_key: Optional[str]) -> None:
     """The endpoint answers as OpenAI's API does: GET {url}/models gives the list of models (every
     OpenAI-compatible server serves it). A server that is not the API (a URL missing its /v1, another
     service on the port) would otherwise fail every model call of the run."""
-    import urllib.error
-    import urllib.request
     models = url.rstrip("/") + "/models"
     hint = f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)" \
         if urllib.parse.urlparse(url).path.rstrip("/") == "" else ""
