@@ -392,3 +392,14 @@ def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_repl
             (["id"], [str(old.id)], [str(new.id)])}
     assert rows["id"][:4] == ["id", "op", "bucket", "label"]  # a label repeats across buckets: the bucket says which
     assert rows[str(new.id)][2] == "t4k-d128" and "(replayed)" in rows[str(old.id)]
+
+
+def test_a_read_only_candidates_folder_is_one_line_before_the_run_is_recorded(tmp_path, monkeypatch, capsys):
+    from kernel_agent.agent import cli
+    cands = tmp_path / "cands"
+    cands.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(cands) and mode & os.W_OK
+                        else real(p, mode, **kw))  # (chmod does not bind root)
+    assert cli.main(["run", "--candidates-dir", str(cands / "sub"), "--ledger", str(tmp_path / "l.db")]) == 2
+    assert "is read-only" in capsys.readouterr().err and not (tmp_path / "l.db").exists()
