@@ -592,11 +592,13 @@ class Loop:
     def _since_time_limit(self, cid: int, mode: str, done: List[Any]) -> List[Any]:
         """A stage's recorded checks that count: those after the last time the sanitizer's time limit stopped
         the stage (that judging found nothing; the stage is run again). An older version recorded the check
-        the limit stopped as failed, its candidate's verdict naming the limit."""
+        the limit stopped as failed, its candidate's verdict naming the limit; this one as not run."""
         c = self.ledger.candidate(cid)
         verdict = (c.verdict or {}) if c is not None else {}
         old_style = is_time_limit(verdict.get("error")) and verdict.get("mode") == mode
-        stopped = [k for k in done if is_time_limit(k.detail) or (old_style and k.status == CheckStatus.FAILED)]
+        # (by the judge's words only: a failed check's detail may quote the candidate's own messages)
+        stopped = [k for k in done if (k.status == CheckStatus.SKIPPED and is_time_limit(k.detail))
+                   or (old_style and k.status == CheckStatus.FAILED)]
         if not stopped:
             return done
         last = max(k.created_at for k in stopped)
