@@ -748,8 +748,9 @@ def _show_candidate(led, cid: int, args) -> int:
         diff = unified_diff(base.label, base.source, f"candidate #{c.id}", c.source)
         for line in filter(None, config_lines(base.source, c.source)):  # a configuration change says so first
             ui.line(line.replace("`", ""))
-        ui.line(f"diff against {base.label} (what it was judged against)" + (f" {base.note}" if base.note else "")
-                + ":", style="bold")
+        if base.note:
+            ui.line(base.note)
+        ui.line(f"diff against {base.label} (what it was judged against):", style="bold")
         sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
     _print_model_exchanges(led.model_calls(candidate_id=cid))
     return 0
