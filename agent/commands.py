@@ -418,7 +418,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
     ui.table("", ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed",
                   "tokens", "wall"],
-             [[sum(counts.values()), counts.get(CandidateStatus.REJECTED, 0), counts.get(CandidateStatus.PROPOSED, 0),
+             [[summary.judged_now, counts.get(CandidateStatus.REJECTED, 0), counts.get(CandidateStatus.PROPOSED, 0),
                counts.get(CandidateStatus.VERIFIED, 0), counts.get(CandidateStatus.BENCHMARKED, 0),
                counts.get(CandidateStatus.PROMOTED, 0), summary.replayed, summary.model.total_tokens,
                f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 9)

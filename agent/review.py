@@ -56,7 +56,7 @@ def history(args, led) -> int:
         doc["runs"].append({"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
                             "started": r.started_at.isoformat(), "gpu": r.gpu_name,
                             "candidates": s.candidates, "by_status": s.candidates_by_status,
-                            "judged_now": sum(s.judged_now_by_status.values()),
+                            "judged_now": s.judged_now,
                             "judged_now_by_status": s.judged_now_by_status, "replayed": s.replayed,
                             "promotions": len(s.promotions)})
     if args.leaderboard:

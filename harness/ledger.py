@@ -182,6 +182,11 @@ class RunSummary:
     replayed: int = 0
     session: Optional[RunSession] = None
 
+    @property
+    def judged_now(self) -> int:
+        """Candidates the run judged itself to a verdict (those still 'proposed' it stopped or left in flight)."""
+        return sum(n for st, n in self.judged_now_by_status.items() if st != CandidateStatus.PROPOSED)
+
     def to_json(self) -> Dict[str, Any]:
         """The document `run --json` and `show --json` print: the run's fields, then the session's."""
         doc = asdict(self)
