@@ -9,7 +9,9 @@ import re
 import signal
 import socket
 import sys
+import urllib.error
 import urllib.parse
+import urllib.request
 from typing import Any, Dict, List, Optional
 
 from ..harness import env
@@ -22,10 +24,10 @@ from ..harness.promotion import judge_benchmark
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
 from . import ui
-from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
-                         parse_duration, parse_ops)
+from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
+                         cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
-from .review import config_lines, history, parent_source, unified_diff
+from .review import config_lines, history, judged_base, unified_diff
 
 
 def register(sub) -> None:
@@ -147,6 +149,9 @@ def _add_serving_change_parsers(sub) -> None:
     d.add_argument("--gpu", default=None, help="GPU name (default: this machine's)")
     d.add_argument("--reason", required=True)
     d.add_argument("--ledger", default=None)
+    d.add_argument("--in-place", action="store_true",
+                   help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
+                        "kernel-agent/<run>, the checkout untouched)")
 
 
 
@@ -165,18 +170,47 @@ def _interrupt_on_signals() -> None:
 
 @command("run")
 def cmd_run(args) -> int:
-    # the flags alone are checked before torch is imported (seconds), so a usage error comes at once
-    parse_ops(args.ops)
-    if args.time_limit:
-        parse_duration(str(args.time_limit))
-    _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
+    file_config = _check_run_flags(args, ledger_path)
+    _interrupt_on_signals()
     events = _run_events(args)
     try:
-        return _run(args, events, ledger_path)
+        return _run(args, events, ledger_path, file_config)
     finally:
         if getattr(args, "_status_line", None) is not None:
             args._status_line.close()  # a live line left open would swallow the error that ended the run
+
+
+def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
+    """What the flags and the config file alone decide, checked before torch is imported (seconds) and before
+    anything is recorded, so that a usage error comes at once; returns the config file's contents."""
+    file_config = read_config(args.config) if args.config else {}
+    file_run = file_config.get("run", {})
+    parse_ops(args.ops)
+    for flag, value in (("--time-limit", args.time_limit), ("time_limit", file_run.get("time_limit"))):
+        if value is not None:
+            parse_duration(str(value))
+    counts = {k: getattr(args, k) for k in ("candidates", "per_round", "jobs", "gpus", "tokens")}
+    for key in counts:
+        if counts[key] is None:
+            counts[key] = file_run.get(key)
+    check_counts(**counts)
+    if args.resume:
+        check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
+    if not args.resume:
+        _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+    return file_config
+
+
+def _check_writable_dir(path: str, flag: str) -> None:
+    """A folder the run will write in: it, or the nearest folder above it that exists, must be writable."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is read-only (candidate files are written there)")
 
 
 def _cluster_section(args, file_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -213,10 +247,8 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
     return placement
 
 
-def _run(args, events, ledger_path: str) -> int:
+def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
-    from .model import load_config  # here: as the loop
-    file_config: Dict[str, Any] = load_config(args.config) if args.config else {}
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
@@ -284,8 +316,8 @@ def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
         cfg.time_limit_s = parse_duration(str(tl))
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
-    if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
-        raise UsageError("--candidates, --per-round, --jobs and --gpus must be at least 1")
+    check_counts(candidates=cfg.max_candidates, per_round=cfg.per_round, jobs=cfg.jobs, gpus=cfg.gpus,
+                 tokens=cfg.token_budget)
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     in_place = args.in_place or file_run.get("in_place", False)
     if not isinstance(in_place, bool):
@@ -325,6 +357,39 @@ def _check_endpoint(model) -> None:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
         raise UsageError(f"cannot reach the model endpoint {url}: {e.strerror or e}")
+    _check_openai_api(url, model.api_key)
+
+
+def _check_openai_api(url: str, api_key: Optional[str]) -> None:
+    """The endpoint answers as OpenAI's API does: GET {url}/models gives the list of models (every
+    OpenAI-compatible server serves it). A server that is not the API (a URL missing its /v1, another
+    service on the port) would otherwise fail every model call of the run."""
+    models = url.rstrip("/") + "/models"
+    hint = f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)" \
+        if urllib.parse.urlparse(url).path.rstrip("/") == "" else ""
+    req = urllib.request.Request(models, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=ENDPOINT_CHECK_TIMEOUT_S) as r:
+            body = r.read(1 << 22)
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise UsageError(f"the model endpoint {url} refused the API key (HTTP {e.code} for GET {models}): set "
+                             f"OPENAI_API_KEY or api_key in [model]") from None
+        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} answered HTTP {e.code}{hint}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise UsageError(f"cannot reach the model endpoint {url}: {getattr(reason, 'strerror', None) or reason}") \
+            from None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if not (isinstance(doc, dict) and isinstance(doc.get("data"), list)):
+        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} did not answer with a list of models"
+                         f"{hint}")
+
+
+ENDPOINT_CHECK_TIMEOUT_S = 15.0
 
 
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes without a base URL
@@ -349,18 +414,21 @@ def _run_events(args):
 def _print_run_summary(summary: RunSummary, args) -> int:
     if getattr(args, "_status_line", None) is not None:
         args._status_line.close()
+    failed = summary.status == RunStatus.FAILED  # (the proposer failed on every call, say): exit 1
     if args.json:
         sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
-        return 0
-    counts, session = summary.candidates_by_status, summary.session
+        return 1 if failed else 0
+    counts, session = summary.judged_now_by_status, summary.session
     ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
-    ui.table("", ["proposed", "rejected", "verified", "benchmarked", "promoted", "tokens", "wall"],
-             [[summary.candidates, counts[CandidateStatus.REJECTED], counts[CandidateStatus.VERIFIED],
-               counts[CandidateStatus.BENCHMARKED], counts[CandidateStatus.PROMOTED], summary.model.total_tokens,
-               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 7)
-    if summary.duplicates:
-        ui.line(f"{summary.duplicates} of them judged by earlier runs: replayed from the ledger, not judged again "
-                f"and not counted against the budget")
+    ui.table("", ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed",
+                  "tokens", "wall"],
+             [[summary.judged_now, counts.get(CandidateStatus.REJECTED, 0), counts.get(CandidateStatus.PROPOSED, 0),
+               counts.get(CandidateStatus.VERIFIED, 0), counts.get(CandidateStatus.BENCHMARKED, 0),
+               counts.get(CandidateStatus.PROMOTED, 0), summary.replayed, summary.model.total_tokens,
+               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 9)
+    if summary.replayed:
+        ui.line(f"replayed: {summary.replayed} candidate(s) judged by earlier runs, replayed from the ledger, not "
+                f"judged again and not counted against the budget (nor above)")
     if summary.checks_failed:
         ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])
@@ -373,7 +441,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if session and session.serving_line:
         ui.line(session.serving_line)
     ui.line(f"details: kernel-agent show {summary.run_id}")
-    return 0
+    return 1 if failed else 0
 
 
 @command("bench")
@@ -392,9 +460,7 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     from ..harness.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     ops = parse_ops(args.op)
-    for f in args.files:
-        if not os.path.isfile(f):
-            raise UsageError(f"no such file: {f}")
+    check_files(args.files)
     if args.files and len(ops) > 1:
         raise UsageError("candidate files need a single --op")
     if args.processes < 1:
@@ -632,21 +698,26 @@ def _show_run(led, run, args) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
-    ui.line(f"run {run.id} [{run.status}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
+    notes = json.loads(run.notes) if (run.notes or "").startswith("{") else {}
+    ended = f": {notes['stop']}" if notes.get("stop") and run.status != RunStatus.RUNNING else ""
+    ui.line(f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
             + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
     v = run.versions
     ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
             f"python {v.get('python')}")
     rows = []
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
+    replayed = {c.id for c in cands} - led.judged_now(run.id)
     for c in cands:
         verdict = c.verdict or {}
         first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == CheckStatus.FAILED), None)
         why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
         timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
-        rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
-    ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
+        status = f"{c.status} (replayed)" if c.id in replayed else c.status  # judged by an earlier run
+        bucket = os.path.basename(os.path.dirname(c.path)) if c.path else ""  # (the loop writes it there)
+        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
+    ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
     for p in summary.promotions:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
@@ -708,11 +779,14 @@ def _show_candidate(led, cid: int, args) -> int:
     if unusable:  # no source came back: a diff would show the whole parent deleted
         ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
     else:
-        plabel, psrc = parent_source(led, c)
-        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
-        for line in filter(None, config_lines(psrc, c.source)):  # a configuration change says so before its diff
+        promo = next((p for p in led.promotions(op=c.op) if p.candidate_id == c.id), None)
+        base = judged_base(led, c, promo.replaced_candidate_id if promo else None)
+        diff = unified_diff(base.label, base.source, f"candidate #{c.id}", c.source)
+        for line in filter(None, config_lines(base.source, c.source)):  # a configuration change says so first
             ui.line(line.replace("`", ""))
-        ui.line(f"diff against {plabel}:", style="bold")
+        if base.note:
+            ui.line(base.note)
+        ui.line(f"diff against {base.label} (what it was judged against):", style="bold")
         sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
     _print_model_exchanges(led.model_calls(candidate_id=cid))
     return 0
@@ -736,7 +810,7 @@ def _print_checks(checks) -> None:
                            for mode, ks in by_mode.items())
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
-                   best[n].detail[:140]] for n in order])
+                   best[n].detail] for n in order], wrap=["detail"])  # the detail (a failure, its --seed) is the point
 
 
 def _print_model_exchanges(calls) -> None:
@@ -764,8 +838,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     from .publish import plan_target  # here: publication imports the serving set, which imports torch
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
-    if not os.path.isfile(args.file):
-        raise UsageError(f"no such file: {args.file}")
+    check_files([args.file])
     if not devices.available():
         ui.error(NO_GPU)
         return 2
@@ -852,22 +925,46 @@ def _shown_entry(target, entry) -> str:
 
 @command("demote")
 def cmd_demote(args, devices: Optional[Devices] = None) -> int:
-    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted. The GPU is
-    `--gpu`, else this machine's (`devices`)."""
+    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted, written where a
+    promotion goes (agent/publish.py): a commit on a branch of its own where git tracks the serving folder,
+    else (or with --in-place) in place. The GPU is `--gpu`, else this machine's (`devices`)."""
     from ..harness import serving  # here: torch, after the flags
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
-    led = open_ledger(args)
-    removed = serving.remove(args.op, args.bucket, args.dtype, gname)
-    promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)
-    if promo is None:
-        # the manifest names GPUs by slug; find the promotion whatever its spelling
-        promo = next((p for p in led.promotions(op=args.op, active_only=True)
-                      if p.bucket == args.bucket and p.dtype == args.dtype and
-                      serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)), None)
-    if promo is not None:
-        led.demote(promo.id, args.reason)
-    if not removed and promo is None:
+    led = open_ledger(args, existing=True)  # a demotion changes what a ledger records: a typo creates none
+    plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
+    served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
+    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
+    if served is None and promo is None:
         raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
-    ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; the baseline serves it now")
+    # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
+    run = led.start_run({"command": "demote", "op": args.op, "bucket": args.bucket, "dtype": args.dtype,
+                         "reason": args.reason, "in_place": args.in_place}, env.versions(), "manual", [args.op],
+                        gname, {})
+    target = plan.open(run.id)
+    try:
+        removed = serving.remove(args.op, args.bucket, args.dtype, gname, dir=target.dir)
+        if promo is not None:
+            led.demote(promo.id, args.reason)
+        target.commit(f"Demote {args.op} {args.bucket} {args.dtype} on {gname}\n\n{args.reason}\n\n"
+                      f"The baseline serves the bucket again (kernel-agent run {run.id}).\n")
+    finally:
+        info = target.close()
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
+    what = "removed from the serving set" if removed else "no serving entry (the ledger's promotion is marked demoted)"
+    ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
+    ui.line(info.outcome())
     return 0
+
+
+def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):
+    """The ledger's active promotion of a bucket on a GPU, whatever the spelling of the GPU's name (the manifest
+    names GPUs by slug)."""
+    from ..harness import serving  # here: torch, after the flags
+    promo = led.active_promotion(op, bucket, dtype, gname)
+    if promo is None:
+        promo = next((p for p in led.promotions(op=op, active_only=True)
+                      if p.bucket == bucket and p.dtype == dtype and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)),
+                     None)
+    return promo

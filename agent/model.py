@@ -197,6 +197,10 @@ class CallRecord:
     error: Optional[str]
 
 
+# How a proposal says that its model call failed (no reply came back), as distinct from an unusable reply.
+MODEL_CALL_FAILED = "model call failed"
+
+
 class ModelProposer(Proposer):
     """Asks a code model for rewrites; records every call through `on_call`."""
 
@@ -264,7 +268,7 @@ class ModelProposer(Proposer):
             label = f"model-{self.counter}"
             if rec.response is None:
                 out.append(Proposal(ctx.op, "", label, self.name, model_call_id=call_id,
-                                    rejected=f"model call failed: {rec.error}"))
+                                    rejected=f"{MODEL_CALL_FAILED}: {rec.error}"))
                 continue
             try:
                 source = extract_source(rec.response, ctx.op)

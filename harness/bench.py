@@ -594,21 +594,24 @@ def _pooled(measurements: Sequence[Dict[str, Any]], rounds_key: str, positions_k
 
 
 def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,
-                        incumbent_label: str = "incumbent") -> None:
+                        incumbent_label: str = "incumbent", incumbent_hash: Optional[str] = None) -> None:
     """Store one shape's measurements (ShapeResult.to_json()) in the ledger, every row of it under the
     candidate id (the incumbent and the anchor timed beside it too: the label says which), the
-    'incumbent' row under `incumbent_label`; failed measurements not at all."""
+    'incumbent' row under `incumbent_label`, with the source hash of the incumbent where given (what the
+    candidate was judged against, for its diff); failed measurements not at all."""
     for m in res["measurements"]:
         if m.get("error"):
             continue
+        extra = {k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms", "graph_spread_ms")}
+        if m["label"] == "incumbent" and incumbent_hash:
+            extra["incumbent_hash"] = incumbent_hash
         ledger.record_bench(run_id=run_id, candidate_id=candidate_id,
                             label=incumbent_label if m["label"] == "incumbent" else m["label"], op=res["op"],
                             shape_key=res["shape"], bucket=res["bucket"], dtype=res["dtype"], gpu_name=res["gpu"],
                             median_ms=m["median_ms"], spread_ms=m["spread_ms"], n_samples=m["n"],
                             graph_ms=m.get("graph_ms"), fraction_of_ceiling=m.get("fraction_of_ceiling"),
                             ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")),
-                            extra={k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms",
-                                                          "graph_spread_ms")})
+                            extra=extra)
 
 
 def resolve_shapes(op: Op, spec: str) -> List[Shape]:

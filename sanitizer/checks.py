@@ -25,7 +25,7 @@ from . import static_gate
 from . import wire
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
-from .verdict import CheckOutcome, CheckStatus, Verdict
+from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -648,7 +648,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
                 on_start(name)
             outcome, timed_out = _judge_one(subject, name, check, settings)
             if timed_out:  # slowness is not a fault: the verdict says the candidate was not verified
-                verdict.error = f"not verified: time limit ({time.time() - t_all:.0f}s) during check `{name}` (a " \
+                verdict.error = f"{TIME_LIMIT_PREFIX} ({time.time() - t_all:.0f}s) during check `{name}` (a " \
                                 f"hang, or too slow to check here)"
                 fail_fast = True
             subject.refs.clear()

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     seed_base = args.seed if args.seed is not None else secrets.randbelow(1 << 40)
     deadline = args.deadline or time.time() + 600
     progress = {"file": args.file, "op": args.op, "mode": args.mode, "running": None, "checks": [],
-                "started": time.time()}
+                "started": time.time(), "seed": seed_base}  # a verdict cut short still names its inputs
     _write(args.out, progress)
 
     # The candidate's process is started first, so that its imports overlap with this one's; it is

@@ -319,7 +319,15 @@ class Op:
                 raise ValueError(f"{self.name}: unknown shape field {k!r} in {text!r}; fields are "
                                  f"{', '.join(names)}")
             f = names[k]
-            values[k] = v.lower() in ("1", "true", "yes") if f.type in ("bool", bool) else int(v)
+            if f.type in ("bool", bool):
+                values[k] = v.lower() in ("1", "true", "yes")
+                continue
+            try:
+                values[k] = int(v)
+            except ValueError:
+                raise ValueError(f"{self.name}: {k} must be a whole number in {text!r}, got {v.strip()!r}") from None
+            if values[k] < 1:  # every int field of a shape is a size
+                raise ValueError(f"{self.name}: {k} must be at least 1 in {text!r}, got {values[k]}")
         missing = [f.name for f in fields if f.name not in values and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
         if missing:
