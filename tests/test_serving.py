@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.sanitizer.canonical import canonical_source  # noqa: E402
 
 OP = "quantize_kv"
 GPU = "NVIDIA H200"
@@ -59,14 +60,14 @@ def test_manifest_round_trip(sdir):
     assert serving.load_manifest() == {"version": 2, "entries": []}  # missing file: empty set
     entry = _install(shapes=["T=4,H=2,D=16"])
     assert entry["file"] == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
-    assert (sdir / entry["file"]).read_text() == VARIANT_SRC
+    assert (sdir / entry["file"]).read_text() == canonical_source(VARIANT_SRC)  # the text that runs, as judged
     manifest = serving.load_manifest()
     assert manifest["version"] == 2 and manifest["entries"] == [entry]
     assert json.loads((sdir / "manifest.json").read_text()) == manifest
     assert set(entry) == {"op", "bucket", "dtype", "gpu", "impl", "file", "source_hash", "candidate_id", "promoted_at",
                           "gain", "reason", "versions", "shapes"}
     assert entry["shapes"] == ["T=4,H=2,D=16"]  # what it was judged on, for review and the GPU check
-    assert entry["source_hash"] == serving.source_hash(VARIANT_SRC) and entry["candidate_id"] == 7
+    assert entry["source_hash"] == serving.source_hash(canonical_source(VARIANT_SRC)) and entry["candidate_id"] == 7
     assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
     # replacing the same key keeps one entry; another key adds one
     again = _install(candidate_id=8)
