@@ -19,7 +19,9 @@ import ast
 import codecs
 import io
 import re
+import threading
 import tokenize
+from collections import OrderedDict
 from typing import List, Tuple, Union
 
 # a PEP 263 declaration, in either spelling (`# -*- coding: X -*-`, `# vim: set fileencoding=X :`)
@@ -66,6 +68,8 @@ def _decode(raw: bytes) -> str:
 def _outside_literals(text: str) -> None:
     """Non-ASCII only inside comments and string literals (a name or an operator in another script
     reads differently to a person, a tokenizer and NFKC normalisation)."""
+    if text.isascii():
+        return
     lines = text.splitlines(keepends=True)
     allowed: List[Tuple[Tuple[int, int], Tuple[int, int]]] = []
     try:
@@ -121,44 +125,65 @@ def _parsed(source: Union[str, bytes]) -> ast.Module:
     return tree
 
 
-class _DropDocstrings(ast.NodeTransformer):
-    """Removes every statement that is a bare string (docstrings, strings used as comments); a body left
-    empty gets `pass`."""
-
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        super().generic_visit(node)
+def _drop_docstrings(body: List[ast.stmt], keep_empty: bool) -> List[ast.stmt]:
+    """`body` without its bare string statements (docstrings, strings used as comments), recursively through
+    the statements that hold statements; a body left empty gets `pass` (the module's may stay empty)."""
+    kept = [st for st in body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+                                      and isinstance(st.value.value, str))]
+    for st in kept:
         for name in ("body", "orelse", "finalbody"):
-            body = getattr(node, name, None)
-            if not isinstance(body, list) or not body or not isinstance(body[0], ast.stmt):
-                continue
-            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                            and isinstance(s.value.value, str))]
-            if not kept and not isinstance(node, ast.Module) and name == "body":
-                kept = [ast.Pass()]
-            setattr(node, name, kept)
-        return node
+            inner = getattr(st, name, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                setattr(st, name, _drop_docstrings(inner, name == "orelse"))
+        for handler in getattr(st, "handlers", None) or []:
+            handler.body = _drop_docstrings(handler.body, False)
+        for case in getattr(st, "cases", None) or []:
+            case.body = _drop_docstrings(case.body, False)
+    return kept if kept or keep_empty else [ast.Pass()]
 
 
 def _print(tree: ast.Module) -> str:
-    body = ast.unparse(ast.fix_missing_locations(_DropDocstrings().visit(tree)))
+    tree.body = _drop_docstrings(tree.body, True)
+    body = ast.unparse(tree)
     return body + "\n" if body else ""
+
+
+# canonical texts already made: of the inputs, and of the canonical texts themselves (a fixed point), so that
+# a text canonicalised again on its way (the search, the loop, the serving set) costs a look-up
+_MADE: "OrderedDict[Union[str, bytes], str]" = OrderedDict()
+_MADE_LOCK = threading.Lock()
+_MADE_MAX = 256
 
 
 def canonical_source(source: Union[str, bytes]) -> str:
     """The canonical text of a candidate: its syntax tree printed back, docstrings and comments dropped.
     TextRefused (one line) for bytes that do not read one way only. The result is a fixed point (its
     own canonical text), and every line of it that begins `def` or `@` is a definition or a decorator."""
+    with _MADE_LOCK:
+        if source in _MADE:
+            _MADE.move_to_end(source)
+            return _MADE[source]
     text = _print(_parsed(source))
-    tree = ast.parse(text)
-    if _print(ast.parse(text)) != text:
+    try:
+        tree = ast.parse(text)
+        again = _print(ast.parse(text))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        again = None
+    if again != text:
         raise TextRefused(0, "the printed text does not read back as itself")
-    starts = {n.lineno for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    decorators = {d.lineno for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                     ast.ClassDef)) for d in n.decorator_list}
+    starts, decorators = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            starts.add(n.lineno)
+            decorators.update(d.lineno for d in n.decorator_list)
     for i, line in enumerate(text.splitlines(), 1):
         m = _KERNEL_LINE.match(line)
         if m and i not in (decorators if m.group(1) == "@" else starts):
             raise TextRefused(i, "a line of the printed text begins like a definition but is not one")
+    with _MADE_LOCK:
+        _MADE[source] = _MADE[text] = text
+        while len(_MADE) > _MADE_MAX:
+            _MADE.popitem(last=False)
     return text
 
 
