@@ -58,6 +58,8 @@ def _decode(raw: bytes) -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TextRefused(raw.count(b"\n", 0, e.start) + 1, "the file is not valid UTF-8") from None
+    if "\ufeff" in text:
+        raise TextRefused(text.count("\n", 0, text.index("\ufeff")) + 1, "a byte order mark (U+FEFF) inside the file")
     m = _CONTROL.search(text)
     if m:
         what = {"\x00": "a NUL byte", "\x0c": "a form feed"}.get(m.group(), f"the control character {m.group()!r}")

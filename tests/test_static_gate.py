@@ -212,6 +212,7 @@ def test_a_utf8_cookie_and_non_ascii_in_comments_and_strings_are_fine():
 @pytest.mark.parametrize("raw, what", [
     (b"\xef\xbb\xbf" + GOOD.encode(), "byte order mark"),
     (b"\xff\xfe" + GOOD.encode("utf-16-le"), "byte order mark"),
+    (GOOD.encode().replace(b'"x"', '"x\ufeff"'.encode()), "byte order mark"),
     (GOOD.encode().replace(b"BLOCK = 128\n", b"BLOCK = 128\n\x0c\n"), "form feed"),
     (GOOD.encode().replace(b"BLOCK = 128\n", b"BLOCK = 128  # \x00\n"), "NUL"),
     (GOOD.encode().replace(b"BLOCK = 128\n", b"BLOCK = 128  # \xe9t\xe9\n"), "not valid UTF-8"),
