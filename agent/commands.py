@@ -21,6 +21,7 @@ from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, loa
                                   parse_names, parse_points, run_kv_budget, run_model_bench)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
+from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
 from . import ui
@@ -845,8 +846,12 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
-    with open(args.file) as f:
-        source = f.read()
+    with open(args.file, "rb") as f:
+        raw = f.read()
+    try:
+        source = canonical_source(raw)  # what is recorded, judged and installed (sanitizer/canonical.py)
+    except TextRefused:
+        source = raw.decode("utf-8", errors="replace")  # as it is: the sanitizer refuses it with the reason
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
                          "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},

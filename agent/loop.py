@@ -39,6 +39,7 @@ from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, Run
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
+from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.verdict import CheckOutcome, CheckStatus, is_time_limit
 from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
@@ -423,6 +424,12 @@ class Loop:
             self._record_unusable(p)
             budget.used += 1
             return None
+        try:
+            # what is recorded, hashed, judged and promoted is the canonical text (sanitizer/canonical.py); the
+            # model's reply as it came stays in its model call
+            p.source = canonical_source(p.source)
+        except TextRefused:
+            pass  # kept as proposed: the judge's static gate refuses it with the reason, and nothing runs it
         h = hash_source(p.source)
         key = (t.op, t.bucket)
         repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself

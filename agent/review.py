@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..harness.config_variant import split_config, steps_over
+from ..sanitizer.canonical import TextRefused, canonical_source
 from ..harness.env import versions
 from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, TrendPoint, best_per_bucket,
                                best_result, candidate_results, fmt_ms, fmt_saved, fmt_spread, fmt_x)
@@ -308,7 +309,7 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
     split = split_config(c.source)
     recorded = _incumbent_hash(led, c.id)
     wanted = hash_source(split[0]) if split is not None else recorded
-    if wanted is None or wanted == hash_source(today):
+    if wanted is None or wanted in (hash_source(today), hash_source(_as_judged(today))):  # judged texts are canonical
         return JudgedBase(baseline_label, today)
     known = led.find_candidate_by_hash(c.op, wanted)
     if known is not None and known.id != c.id:
@@ -331,7 +332,18 @@ def _incumbent_hash(led, cid: int) -> Optional[str]:
     return None
 
 
+def _as_judged(source: str) -> str:
+    """The canonical text of a source (what is judged and runs), or the source as it is when it has none."""
+    try:
+        return canonical_source(source)
+    except TextRefused:
+        return source
+
+
 def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
+    """The diff between the canonical texts (a candidate is stored as one; the baseline's comments and
+    docstrings are not a change)."""
+    old, new = _as_judged(old), _as_judged(new)
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=old_label, tofile=new_label, n=3))
 

@@ -18,20 +18,17 @@ from __future__ import annotations
 import ast
 import importlib
 import itertools
-import os
 import random
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..harness.config_reader import ConfigUnreadable, read_config
 from ..harness.config_variant import baseline_source, has_config, with_config  # noqa: F401 (re-exported)
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.ops.tuning import Space
-from ..harness.serving import load_kernel_file
 from .proposal import Proposal, ProposeContext, Proposer
 
 
@@ -42,17 +39,11 @@ def baseline_config(op_name: str, shape) -> tuple:
 
 
 def source_config(op_name: str, source: str, shape) -> tuple:
-    """What a kernel source's `_config` returns for a shape. The source is imported from a
-    temporary file (Triton reads kernels' source text); only promoted kernels and the
-    baselines get here, both already through the sanitizer."""
+    """What a kernel source's `_config` returns for a shape, read from its syntax tree: a promoted kernel
+    was written by a model, and this process holds the model's key, so its text is never imported here
+    (harness/config_reader.py). ConfigUnreadable when `_config` does what the reader does not evaluate."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with tempfile.TemporaryDirectory(prefix="ka-incumbent-") as d:
-        path = os.path.join(d, f"{op_name}_incumbent.py")
-        with open(path, "w") as f:
-            f.write(source)
-        fn = load_kernel_file(path, op_name)
-        cfg = sys.modules[fn.__module__]._config
-        return tuple(cfg(*get_op(op_name).config_args(shape, device)))
+    return read_config(source, tuple(get_op(op_name).config_args(shape, device)))
 
 
 def with_evict_first(source: str, names: Sequence[str] = ("k", "v", "x")) -> str:
@@ -128,8 +119,9 @@ class SearchProposer(Proposer):
         if source != base_src:
             try:
                 cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
-            except TypeError:  # its `_config` takes other arguments than the op passes now (an older kernel)
-                source = base_src  # the climb starts from the baseline: a variant of it would not run
+            except (TypeError, ConfigUnreadable):  # its `_config` takes other arguments than the op passes now
+                source = base_src  # (an older kernel), or does what the reader does not evaluate: the climb
+                # starts from the baseline, as a variant of this source could not be placed
         if cfgs is None:
             cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
         base = sorted(cfgs)[0]

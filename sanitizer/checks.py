@@ -118,7 +118,7 @@ def _scalar(v: torch.Tensor):
 class Subject:
     op: Op
     path: str
-    source: str
+    source: bytes  # the file as it is on disk; what runs is its canonical text (sanitizer/canonical.py)
     fn: Optional[Callable] = None
     baseline: Optional[Callable] = None
     refs: Dict[int, Any] = field(default_factory=dict)
@@ -631,7 +631,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
     settings = MODES[mode]
     if fail_fast is None:
         fail_fast = settings.fail_fast
-    with open(path) as f:
+    with open(path, "rb") as f:  # bytes: the gate judges how Python would read them
         source = f.read()
     subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,
                       executor=executor, skip_gate=skip_gate)

@@ -24,6 +24,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import sandbox
+from .canonical import TextRefused, canonical_source
 from .sandbox import REFUSED_EXIT
 
 PROTOCOL = 1
@@ -171,10 +172,20 @@ class Executor:
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
         self.scratch = sandbox.make_scratch("ka-exec-")
-        # the executor reads its own copy of the candidate, inside its scratch directory
+        # the executor reads its own copy of the candidate, inside its scratch directory: the canonical text,
+        # which is what the gate judged (Python and Triton read no other bytes of the file)
         self.file = os.path.join(self.scratch, "candidate.py")
-        with open(path, "rb") as src, open(self.file, "wb") as dst:
-            dst.write(src.read())
+        with open(path, "rb") as src:
+            raw = src.read()
+        try:
+            text = canonical_source(raw).encode("utf-8")
+        except TextRefused:
+            if not skip_gate:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+                raise
+            text = raw  # tests only: the layers behind the gate are shown the file as it is
+        with open(self.file, "wb") as dst:
+            dst.write(text)
         os.chmod(self.file, 0o644)  # readable by the sandbox identity whatever this process's umask
         parent, child = socket.socketpair()
         self.sock = parent

@@ -231,7 +231,7 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
     `before_gpu`: called once, after the static gate and the load (which need no GPU) and before the
     first check that runs on the device (a gated child waits there for its GPU lease)."""
     op = get_op(op_name)
-    with open(path) as f:
+    with open(path, "rb") as f:  # bytes: the gate judges how Python would read them
         source = f.read()
     deadline = deadline or time.time() + 900
     subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
     # The candidate's process is started first, so that its imports overlap with this one's; it is
     # not started at all for a file that the static gate rejects.
-    with open(args.file) as f:
+    with open(args.file, "rb") as f:  # bytes: the gate judges how Python would read them
         gate_ok = args.skip_gate or check_source(f.read(), args.op).passed
     executor = None
     if gate_ok and args.mode != "gpu":

@@ -109,3 +109,33 @@ def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monk
     best = source_config("decode_attention", first[0].source, shape)
     assert nxt and all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), best)) == 1
                        for p in nxt)
+
+
+def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
+    """read_config evaluates `_config` without importing the source: on every baseline and shape it agrees
+    with the baseline's own `_config`, called as the op says."""
+    from kernel_agent.harness.config_reader import read_config
+    from kernel_agent.harness.ops import OPS
+    cpu = torch.device("cpu")
+    for name, op in OPS.items():
+        source = baseline_source(name)
+        for shape in op.shapes("serving") + op.shapes("tiny"):
+            assert read_config(source, tuple(op.config_args(shape, cpu))) == baseline_config(name, shape), (name, shape)
+
+
+@pytest.mark.parametrize("body, why", [
+    ("    return open('/tmp/ka-config-probe', 'w').write('x'), 4", "not a function the search evaluates"),
+    ("    return (10 ** 10 ** 10, 4)", "exponent"),
+    ("    return __import__('os').getpid(), 4", "not a function"),
+    ("    return D.bit_length(), 4", "not a function"),
+    ("    while True:\n        pass", "not a statement"),
+    ("    return _config(D), 4", "nest too deeply"),
+])
+def test_a_configuration_that_does_more_is_refused_without_running(body, why, tmp_path):
+    from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
+    source = baseline_source("quantize_kv").replace(
+        "    block_d = triton.next_power_of_2(D)\n    return max(1, min(64, 4096 // block_d)), 4", body)
+    assert source != baseline_source("quantize_kv")
+    with pytest.raises(ConfigUnreadable, match=why):
+        read_config(source, (16,))
+    assert not __import__("os").path.exists("/tmp/ka-config-probe")
