@@ -135,6 +135,7 @@ class Subject:
     executor: Optional[Executor] = None  # the sandboxed process that holds the candidate
     skip_gate: bool = False  # tests only: proves that the sandbox and the judge hold on their own
     deadline: Optional[float] = None  # epoch seconds: the GPU checks start executors of their own until then
+    specs: Dict[str, None] = field(default_factory=dict)  # kernel specialisations the GPU checks launched
 
     def seed(self, n: int) -> int:
         return self.seed_base + n

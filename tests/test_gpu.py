@@ -412,3 +412,27 @@ def test_faults_the_interpreter_cannot_reach_fail_the_gpu_check_they_name(path):
     v = run_isolated(str(path), path.parent.name, "gpu", checks=(expected,), timeout_s=300)
     failed = [c for c in v.checks if c.status == "failed"]
     assert not v.passed and failed and failed[0].name == expected, v.summary()
+
+
+GPU_BENCH = sorted((Path(__file__).resolve().parent / "candidates" / "gpu_bench").glob("*/*.py"))
+
+
+@pytest.mark.parametrize("path", GPU_BENCH, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_benchmark_only_cheats_buy_nothing(path):
+    """tests/candidates/gpu_bench/<op>/: kernels that pass every check and are fast only when a benchmark
+    repeats its inputs or hands back an output block. With fresh inputs for every timed call and the output
+    of a timed call checked, each is refused with the call named (EXPECTED_BENCH = "output of timed call"),
+    or timed no faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
+    from kernel_agent.harness.promotion import judge_benchmark
+    op = get_op(path.parent.name)
+    expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', path.read_text(), re.M).group(1)
+    shape = op.shapes("serving")[0].key()
+    doc = run_bench_isolated({"op": op.name, "shapes": [shape], "dtype": "bfloat16", "seed": 0,
+                              "kernels": [{"label": "incumbent", "file": None},
+                                          {"label": "candidate", "file": str(path)}]}, timeout_s=900)
+    j = judge_benchmark(doc, [shape])
+    if expected == "no gain":
+        assert not j.error and j.decision is not None, j.error
+        assert not j.decision.promote and j.candidate_ms >= 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)
+    else:
+        assert expected in j.error and "differs from the reference" in j.error, j.error
