@@ -537,7 +537,6 @@ def _graph_failed(m: Measurement, c: Contender, e: Exception) -> None:
         m.add_note(f"CUDA graph timing failed: {text[:120]}")
 
 
-# long: warm-up, interleaved replay rounds with fresh inputs, and the plausibility checks, read top to bottom
 def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: Dict[str, Measurement],
                   too_fast: Callable[[float], bool] = lambda ms: False,
                   refresh: Optional[Callable[..., None]] = None) -> None:

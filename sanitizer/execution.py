@@ -88,7 +88,6 @@ def _traced(recorder: Optional[BranchRecorder]):
         sys.settrace(None)
 
 
-# long: the CPU and the device paths side by side, each with its evidence
 def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.Tensor], path: str, *,
                  device: str = "cpu", bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
                  sentinel: int = 0, recorder: Optional[BranchRecorder] = None) -> RunResult:

@@ -261,8 +261,8 @@ DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd")
 
 def relaid(x: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
     """`x`'s values in the view a layout names (strided_like, fused_slice_like, pair_slice_like, swapped_like)."""
-    if layout == "strided":
-        return strided_like(x, gen)
+    if layout in ("strided", "strided_codes"):
+        return strided_like(x, gen, _pad_value(x.dtype))
     if layout == "fused":
         return fused_slice_like(x)
     if layout == "pair":
@@ -420,12 +420,12 @@ class Op:
         if layout in ("strided", "fused"):
             args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
                         and k not in self.keep_contiguous() else v) for k, v in args.items()}
-        elif layout in ("pair", "bshd"):  # int8 caches too: a cache of codes is laid out as its float twin
+        elif layout in ("pair", "bshd", "strided_codes"):  # int8 caches too: laid out as their float twins
             args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.dim() >= 2 and
                         (v.is_floating_point() or v.dtype == torch.int8) and k not in self.keep_contiguous() else v)
                     for k, v in args.items()}
         elif layout != "contiguous":
-            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(DOMAIN_LAYOUTS)}")
+            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(DOMAIN_LAYOUTS)}, strided_codes")
         return Case(self.name, shape, dtype, seed, dist, layout, args)
 
     def keep_contiguous(self) -> Tuple[str, ...]:
@@ -440,7 +440,9 @@ class Op:
         checks (the domain's regions among them) never took: each tiny shape in every view, then each
         near-serving shape. An op puts its cheap corners (empty inputs) first."""
         tiny = self.shapes("tiny")
-        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS for s in tiny]
+        # strided_codes: the strided view for integer inputs too (int8 caches), which the other draws keep packed
+        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS + ("strided_codes",)
+                 for s in tiny]
         return extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
 
     def _make_args(self, shape, dtype, gen, dist, device) -> Dict[str, Any]:

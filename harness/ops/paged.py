@@ -196,7 +196,7 @@ def decode_domain() -> Domain:
            Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
            Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
            Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
-           Region("MQA group 128 at head dim 256", S(4, 128, 1, 256, 16, 4096), where="gpu")]
+           Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu")]
     limits = (("head dim D", "1..256"), ("block_size", "1..256"), ("context", "1..131072, ragged in a batch"),
               ("GQA group", "1..128 (MQA included)"), ("pool", "any number of blocks (past 2^31 elements on "
                                                                "the GPU)")) + COMMON_LIMITS
