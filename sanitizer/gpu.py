@@ -32,6 +32,7 @@ from ..harness.ops import get_op
 from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, first_difference, outputs, run_case
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
+from .branches import host_branches, taken
 from .static_gate import check_source
 from .verdict import CheckOutcome, CheckStatus, Verdict
 
@@ -97,11 +98,28 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         del case, ref, out
         subject.fn.reset()
         torch.cuda.empty_cache()
+    _bf16_branches_taken(subject)
     # every specialisation a serving shape launches is compared with the reference here, whether or not the
     # interpreter ever ran it (the CPU verdict's host_branches check counts the ones it did)
     return f"{cases_n(n)} on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) " \
            f"match the reference; worst error {worst:.0%} of the budget; {len(subject.specs)} kernel " \
            f"specialisation(s) launched, each checked against the reference"
+
+
+def _bf16_branches_taken(subject: Subject) -> None:
+    """The host branches on bfloat16, which the CPU checks leave to this stage (sanitizer/branches.py), taken
+    both ways by the device cases above (bf16, fp16 and fp32 each)."""
+    try:
+        sides = [x for x in host_branches(subject.source, subject.path) if "bfloat16" in x.condition]
+    except SyntaxError as e:
+        raise CheckFailed(f"the judge cannot compile the file: {e}")
+    if not sides:
+        return
+    arcs, _ = subject.fn.coverage()
+    missing = [x for x in sides if x.key() not in taken(arcs, sides)]
+    if missing:
+        raise CheckFailed(f"host code branches on bfloat16 and the device cases never took one side: "
+                          f"{missing[0].describe(subject.path)}")
 
 
 def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
