@@ -50,12 +50,13 @@ class Settings:
     fpsan_cases: int
     extended_examples: int
     fail_fast: bool = True
+    branch_search_s: float = 30.0  # what host_branches may spend drawing inputs to take a side never taken
 
 
 # Quick mode still runs every near-serving shape: each gates a different dimension (long K, large M, ...).
 # Bounds run every layout: a slice of a fused tensor ("fused": unit last stride, rows further apart than
 # the last dim) is where a kernel that takes unit stride to mean packed rows reads its neighbours.
-QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12)
+QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0)
 FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
 MODES = {"quick": QUICK, "full": FULL}
 
@@ -530,14 +531,12 @@ def check_domain(subject: Subject, s: Settings) -> str:
     return f"correct on {len(regions)} region(s) of the contract's domain: " + "; ".join(r.name for r in regions)
 
 
-BRANCH_SEARCH_S = 30.0  # the time the coverage check may spend drawing inputs to take a branch's other side
-
-
 def check_host_branches(subject: Subject, s: Settings) -> str:
     """Every side of every host-code branch of the candidate was taken by some call of the checks (the
     executor records them: sanitizer/branches.py); a side never taken gets inputs drawn from the op's pool
-    of extra shapes and views (Op.branch_pool) until it is, within BRANCH_SEARCH_S, or the candidate is
-    refused with the condition named: a cheat wrong only on inputs the checks never draw hides there."""
+    of extra shapes and views (Op.branch_pool) until it is, within Settings.branch_search_s, or the
+    candidate is refused with the condition named: a cheat wrong only on inputs the checks never draw
+    hides there."""
     ex = subject.fn
     if not isinstance(ex, Executor):
         raise CheckSkipped("not judged: the candidate runs outside an executor")
@@ -549,7 +548,7 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
     missing = uncovered(sides, taken(arcs, sides))
     tried, t0 = 0, time.time()
     for i, region in enumerate(subject.op.branch_pool()):
-        if not missing or time.time() - t0 > BRANCH_SEARCH_S:
+        if not missing or time.time() - t0 > s.branch_search_s:
             break
         case = _region_case(subject, region, i, 151)
         r = run_case(subject, subject.fn, case)
