@@ -436,3 +436,13 @@ def test_benchmark_only_cheats_buy_nothing(path):
         assert not j.decision.promote and j.candidate_ms >= 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)
     else:
         assert expected in j.error and "differs from the reference" in j.error, j.error
+
+
+@pytest.mark.parametrize("op_name", ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"])
+def test_each_baseline_passes_the_gpu_regions_of_its_domain(op_name):
+    """gpu_domain (pools past 2^31 elements, 131072-token contexts, MQA at serving heads) refuses no baseline:
+    the device side of the domain draws has no false positive where the kernels are right."""
+    from kernel_agent.sanitizer.runner import run_isolated
+    v = run_isolated(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name, "gpu",
+                     checks=("gpu_domain", "gpu_differential"), timeout_s=900)
+    assert v.passed, v.summary()
