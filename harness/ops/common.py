@@ -261,8 +261,8 @@ DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd")
 
 def relaid(x: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
     """`x`'s values in the view a layout names (strided_like, fused_slice_like, pair_slice_like, swapped_like)."""
-    if layout in ("strided", "strided_codes"):
-        return strided_like(x, gen, _pad_value(x.dtype))
+    if layout == "strided":
+        return strided_like(x, gen)
     if layout == "fused":
         return fused_slice_like(x)
     if layout == "pair":
@@ -420,12 +420,18 @@ class Op:
         if layout in ("strided", "fused"):
             args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
                         and k not in self.keep_contiguous() else v) for k, v in args.items()}
-        elif layout in ("pair", "bshd", "strided_codes"):  # int8 caches too: laid out as their float twins
+        elif layout in ("pair", "bshd"):  # int8 caches too: laid out as their float twins
             args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.dim() >= 2 and
                         (v.is_floating_point() or v.dtype == torch.int8) and k not in self.keep_contiguous() else v)
                     for k, v in args.items()}
+        elif layout.startswith("strided:"):  # one input in the strided view, int8 included; the others packed
+            name = layout.split(":", 1)[1]
+            v = args.get(name)
+            if not (isinstance(v, torch.Tensor) and (v.is_floating_point() or v.dtype == torch.int8)):
+                raise ValueError(f"{self.name}: layout {layout!r} names no float or int8 input")
+            args = dict(args, **{name: strided_like(v, gen, _pad_value(v.dtype))})
         elif layout != "contiguous":
-            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(DOMAIN_LAYOUTS)}, strided_codes")
+            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(DOMAIN_LAYOUTS)}, strided:NAME")
         return Case(self.name, shape, dtype, seed, dist, layout, args)
 
     def keep_contiguous(self) -> Tuple[str, ...]:
@@ -437,13 +443,19 @@ class Op:
 
     def branch_pool(self) -> List[Region]:
         """Extra cases the host-branch coverage check may try, in order, to take a host-code branch the other
-        checks (the domain's regions among them) never took: each tiny shape in every view, then each
-        near-serving shape. An op puts its cheap corners (empty inputs) first."""
+        checks (the domain's regions among them) never took: one input at a time in a strided view, each tiny
+        shape in every view, then each near-serving shape. An op puts its cheap corners (empty inputs) first."""
         tiny = self.shapes("tiny")
-        # strided_codes: the strided view for integer inputs too (int8 caches), which the other draws keep packed
-        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS + ("strided_codes",)
-                 for s in tiny]
-        return extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
+        # one input at a time in the strided view (int8 caches too, which the other draws keep packed), each in
+        # float16 then float32: a condition on one input's strides (`k.stride(-1) == 1 and v.stride(-1) == 1`)
+        # takes each of its sides only when the others are packed
+        probe = self.make_case(tiny[3 % len(tiny)], torch.float32)
+        names = [k for k, v in probe.args.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
+                 and (v.is_floating_point() or v.dtype == torch.int8)]
+        one = [Region(f"{tiny[3 % len(tiny)].key()} {name} strided", tiny[3 % len(tiny)], f"strided:{name}")
+               for name in names for _ in range(2)]
+        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS for s in tiny]
+        return one + extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
 
     def _make_args(self, shape, dtype, gen, dist, device) -> Dict[str, Any]:
         raise NotImplementedError
