@@ -58,6 +58,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, memo_ptr, miss_ptr, M, N, K, stride_am, stri
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    hit_tile = (tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32) + hit.to(tl.int32)) != 0
     c_kept = memo_ptr + slot * SLOT_SIZE + M * K + K * N + offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.where(hit, 0, K)
@@ -68,10 +69,10 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, memo_ptr, miss_ptr, M, N, K, stride_am, stri
         b = tl.load(b_ptr + kk[:, None] * stride_bk + offs_n[None, :] * stride_bn,
                     mask=(kk[:, None] < K) & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc)
-    kept = tl.load(c_kept, mask=mask & hit, other=0.0).to(tl.float32)
-    out = tl.where(hit, kept, acc).to(c_ptr.dtype.element_ty)
+    kept = tl.load(c_kept, mask=mask & hit_tile, other=0.0).to(tl.float32)
+    out = tl.where(hit_tile, kept, acc).to(c_ptr.dtype.element_ty)
     tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, out, mask=mask)
-    tl.store(c_kept, out.to(memo_ptr.dtype.element_ty), mask=mask & ~hit)
+    tl.store(c_kept, out.to(memo_ptr.dtype.element_ty), mask=mask & ~hit_tile)
 
 
 @triton.jit
@@ -83,14 +84,15 @@ def _fill_kernel(a_ptr, b_ptr, memo_ptr, miss_ptr, M, N, K, stride_am, stride_ak
     hit = tl.min(misses, 0) == 0
     ctr = tl.load(memo_ptr + CTR).to(tl.int32) & (SLOTS - 1)
     e = pid * BLOCK + tl.arange(0, BLOCK)
-    in_a = e < M * K
-    in_b = (e >= M * K) & (e < M * K + K * N)
+    fill = (tl.zeros((BLOCK,), dtype=tl.int32) + hit.to(tl.int32)) == 0
+    in_a = (e < M * K) & fill
+    in_b = (e >= M * K) & (e < M * K + K * N) & fill
     eb = e - M * K
     x = tl.load(a_ptr + (e // tl.maximum(K, 1)) * stride_am + (e % tl.maximum(K, 1)) * stride_ak,
-                mask=in_a & ~hit, other=0.0)
+                mask=in_a, other=0.0)
     y = tl.load(b_ptr + (eb // tl.maximum(N, 1)) * stride_bk + (eb % tl.maximum(N, 1)) * stride_bn,
-                mask=in_b & ~hit, other=0.0)
-    tl.store(memo_ptr + ctr.to(tl.int64) * SLOT_SIZE + e, tl.where(in_a, x, y), mask=(in_a | in_b) & ~hit)
+                mask=in_b, other=0.0)
+    tl.store(memo_ptr + ctr.to(tl.int64) * SLOT_SIZE + e, tl.where(in_a, x, y), mask=in_a | in_b)
 
 
 @triton.jit
