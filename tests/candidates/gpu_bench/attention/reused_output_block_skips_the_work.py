@@ -130,7 +130,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
 
     o = acc / l_i[:, None]
     tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od, o.to(o_ptr.dtype.element_ty),
-             mask=io_mask & (limit > 0))
+             mask=io_mask & ((offs_m * 0 + limit) > 0)[:, None])
 
 
 @triton.jit
