@@ -406,7 +406,6 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
                     log: Optional[Callable[[str], None]] = None) -> ShapeResult:
     """Time every contender on one shape (see the module docstring for the protocol)."""
-    import triton.testing  # deferred: as in measure_ceilings
     require_gpu()
     log = log or (lambda s: None)
     probe = op.make_case(shape, dtype, seed=seed, device="cuda")
