@@ -7,8 +7,9 @@ the executor records, for every conditional jump (an `if`, `while`, `assert`, co
 trace function installed by the executor's trusted code before the candidate is imported, and paused
 while Triton runs a kernel), and the judge, which never imports the candidate, compiles the same source
 itself, lists the branches of its host functions (host_branches) and decides which sides were never
-taken (uncovered). Exempt: a side that only raises (a guard on the contract's limits), and a condition
-that reads the device or bfloat16, which the interpreter cannot take (the GPU stage runs both).
+taken (uncovered), by decision: the operands of an `and`/`or` chain that jump to the same place count as
+one. Exempt: a side that only raises (a guard on the contract's limits), and a condition that reads the
+device or bfloat16, which the interpreter cannot take (the GPU stage runs both).
 
 Comparisons inside `min`/`max` are not branches (they compile to calls), nor is a `for` loop.
 """
@@ -217,7 +218,11 @@ def host_branches(source: str, path: str) -> List[Side]:
 
 def taken(arcs: Iterable[Iterable], sides: List[Side]) -> Set[Tuple[str, int, int, int]]:
     """The sides that the recorded arcs took (an arc that lands on neither successor counts as falling
-    through: an instruction the event loop reports differently)."""
+    through: an instruction the event loop reports differently). Coverage is by decision: the operands of
+    an `and`/`or` chain (and nested `if`s) that jump to the same place are one decision, so a side counts as
+    taken when any jump of its function reached its destination: `if M >= 2048 and N >= 2048:` must run its
+    body and skip it, not make each operand false with the others true (a correct kernel's guard of five
+    stride and alignment tests cannot be driven operand by operand)."""
     keys: Set[Tuple[str, int, int, int]] = set()
     by_jump: Dict[Tuple[str, int, int], List[Side]] = {}
     for s in sides:
@@ -232,7 +237,8 @@ def taken(arcs: Iterable[Iterable], sides: List[Side]) -> Set[Tuple[str, int, in
             continue
         hit = next((s for s in pair if s.dest == dest), None) or next(s for s in pair if not s.jumped)
         keys.add(hit.key())
-    return keys
+    reached = {(k[0], k[1], k[3]) for k in keys}
+    return keys | {s.key() for s in sides if (s.qualname, s.firstlineno, s.dest) in reached}
 
 
 def uncovered(sides: List[Side], took: Set[Tuple[str, int, int, int]]) -> List[Side]:
