@@ -53,7 +53,7 @@ ALL_OPS = NAMES  # the op registry, in its order
 # Every benchmark already checks the result on the device at each shape it times; the
 # full device suite (odd shapes, both dtypes) and compute-sanitizer run before a promotion.
 GPU_QUICK_CHECKS = ("determinism",)
-GPU_PROMOTION_CHECKS = ("gpu_differential", "memcheck", "initcheck", "racecheck")
+GPU_PROMOTION_CHECKS = ("gpu_differential", "gpu_domain", "memcheck", "initcheck", "racecheck")
 # What a resumed run may spend finishing the candidates it finds in flight, past the original limit.
 FINISH_ALLOWANCE_S = 600.0
 # Candidates in flight per GPU (with a GPU the CPU stages are not the bottleneck: the bound keeps the

@@ -53,6 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
     from . import wire  # deferred: inside the sandbox
+    from .branches import BranchRecorder  # deferred: inside the sandbox
     from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
     from .guard import HostGuard  # noqa: F401 - deferred: inside the sandbox
     from .static_gate import check_source  # deferred: inside the sandbox
@@ -73,7 +74,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             gate = check_source(source, args.op)
             if not gate.passed:
                 raise ImportError(f"the static gate rejects the file: {gate.describe()}")
-        fn = load_module(args.file, args.op)
+        # the branch recorder is the executor's own, installed before the candidate's code first runs
+        recorder = BranchRecorder(os.path.abspath(args.file))
+        recorder.install()
+        try:
+            fn = load_module(args.file, args.op)
+        finally:
+            sys.settrace(None)
         hello["signature"] = _signature(fn)
     except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
         hello["load_error"] = describe_exception(e, args.file)
@@ -84,6 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     wire.send(sock, hello)
     cases: Dict[str, Dict[str, Any]] = {}
     kept: Dict[int, List[Any]] = {}
+    specs: Dict[str, None] = {}  # every specialisation launched, in order
     calls = 0
     while True:
         try:
@@ -103,6 +111,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             wire.send(sock, {"digests": None if outs is None else
                              [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]})
             continue
+        if cmd == "coverage":  # the host-code branches taken and the specialisations launched, over all calls
+            wire.send(sock, {"arcs": recorder.evidence()[:20000], "specs": list(specs)[:2000]})
+            continue
         if cmd != "call":
             wire.send(sock, {"error": "unknown command"})
             continue
@@ -110,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         call_args = _bind_tensors(req, tensors, cases, args.device)
         readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]):]))
         opts = req.get("opts", {})
-        res = execute_call(fn, call_args, readable, args.file, device=args.device, **opts)
+        res = execute_call(fn, call_args, readable, args.file, device=args.device, recorder=recorder, **opts)
+        specs.update(dict.fromkeys(res.specs))
         outs = list(res.out) if isinstance(res.out, (tuple, list)) else [res.out]
         if req.get("keep"):
             kept[calls] = outs
@@ -118,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        if isinstance(t, torch.Tensor)]
         wire.send(sock, {
             "call": calls, "error": res.error, "bounds": res.bounds[:5], "guard": res.guard[:5],
-            "launches": res.launches, "fpsan_unsupported": res.fpsan_unsupported[:5],
+            "launches": res.launches, "fpsan_unsupported": res.fpsan_unsupported[:5], "specs": res.specs[:50],
             "outputs": [("tensor" if isinstance(t, torch.Tensor) else type(t).__name__) for t in outs]
             if res.out is not None else None,
             "tuple": isinstance(res.out, (tuple, list)),
@@ -347,6 +359,7 @@ class Executor:
         res.guard = wire.strings(reply.get("guard"))
         res.launches = wire.as_int(reply.get("launches"))
         res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
+        res.specs = wire.strings(reply.get("specs"))
         res.mutated = [k for k in wire.strings(reply.get("mutated")) if k in tensors]
         kinds = wire.optional_list(reply.get("outputs"))
         if kinds is not None:
@@ -356,6 +369,15 @@ class Executor:
         if self.violations and not res.error:
             res.error = f"the sandbox refused: {self.violations[0]}"
         return res
+
+    def coverage(self):
+        """(arcs, specialisations): the host-code branches the candidate's calls took (branches.Arc lists) and
+        the specialisations they launched, over every call so far. Evidence: the judge decides."""
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+        self._send({"cmd": "coverage"})
+        reply, _ = self._recv()
+        arcs = [a for a in (wire.optional_list(reply.get("arcs")) or []) if isinstance(a, list) and len(a) == 4]
+        return arcs, wire.strings(reply.get("specs"), 2000)
 
     def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch

@@ -485,3 +485,37 @@ def test_the_gpu_sandbox_probe_finds_no_escape_and_a_kernel_runs():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_sandbox_probe.py"), "--quick"], cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+GPU_BENCH = sorted((Path(__file__).resolve().parent / "candidates" / "gpu_bench").glob("*/*.py"))
+
+
+@pytest.mark.parametrize("path", GPU_BENCH, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_benchmark_only_cheats_buy_nothing(path):
+    """tests/candidates/gpu_bench/<op>/: kernels that pass every check and are fast only when a benchmark
+    repeats its inputs or hands back an output block. With fresh inputs for every timed call and the output
+    of a timed call checked, each is refused with the call named (EXPECTED_BENCH = "output of timed call"),
+    or timed no faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
+    from kernel_agent.harness.promotion import judge_benchmark
+    op = get_op(path.parent.name)
+    expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', path.read_text(), re.M).group(1)
+    shape = op.shapes("serving")[0].key()
+    doc = run_bench_isolated({"op": op.name, "shapes": [shape], "dtype": "bfloat16", "seed": 0,
+                              "kernels": [{"label": "incumbent", "file": None},
+                                          {"label": "candidate", "file": str(path)}]}, timeout_s=900)
+    j = judge_benchmark(doc, [shape])
+    if expected == "no gain":
+        assert not j.error and j.decision is not None, j.error
+        assert not j.decision.promote and j.candidate_ms >= 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)
+    else:
+        assert expected in j.error and "differs from the reference" in j.error, j.error
+
+
+@pytest.mark.parametrize("op_name", ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"])
+def test_each_baseline_passes_the_gpu_regions_of_its_domain(op_name):
+    """gpu_domain (pools past 2^31 elements, 131072-token contexts, MQA at serving heads) refuses no baseline:
+    the device side of the domain draws has no false positive where the kernels are right."""
+    from kernel_agent.sanitizer.runner import run_isolated
+    v = run_isolated(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name, "gpu",
+                     checks=("gpu_domain", "gpu_differential"), timeout_s=900)
+    assert v.passed, v.summary()

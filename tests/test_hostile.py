@@ -60,7 +60,7 @@ CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 PLACEHOLDERS = ("{{PORT}}", "{{WATCH_DIR}}", "{{MARKER}}", "{{REPO}}")
 LAYERS = ("gate", "sandbox", "judge")
 # Families the layers behind the static gate (the sandbox and the judge) must stop on their own.
-BEHIND_GATE = ("verdict_forging", "checker_patching", "reading_reference", "secret_exfiltration",
+BEHIND_GATE = ("verdict_forging", "checker_patching", "reading_reference", "secret_exfiltration", "undrawn_inputs",
                "writes_outside_scratch", "process_escape", "resource_exhaustion", "time_limit_evasion")
 REPO_WATCHED = ("kernels/serving", "runs", "kernels/baseline")
 # Hostile file (path relative to tests/candidates/hostile) -> why the layers behind the gate do not stop

@@ -246,6 +246,11 @@ def test_judge_benchmark_over_a_bucket():
     assert bad.error == "a: wrong result on the device" and bad.decision is None
     assert judge_benchmark({"results": [], "error": "benchmark timed out after 900s"}, ["a"]).error.startswith(
         "benchmark timed out")
+    stale = judge_benchmark({"results": [res("a", 0.5, timed_checks=[
+        {"call": 3, "ok": True, "detail": ""}, {"call": 41, "ok": False, "detail": "output: 9 element(s) outside"}])]},
+        ["a"])  # right on the probe, wrong on a timed call (a cache, a reused output block): refused, not timed
+    assert stale.decision is None and stale.error.startswith("a: candidate: output of timed call 41 differs from the "
+                                                             "reference: output: 9 element(s) outside"), stale.error
     fake = judge_benchmark({"results": [res("a", 0.5, implausible=True)]}, ["a"])
     assert not fake.decision.promote and "implausible" in fake.decision.reason
     g = dict(graph_ms=0.04, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
