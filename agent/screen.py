@@ -22,12 +22,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..harness.compile_probe import CompileProfile, profile_source
+from ..harness.compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, profile_source
 from ..harness.diagnosis import SM_COUNT
 from ..harness.source_text import source_hash
 from .proposal import Proposal, ProposeContext
 
 PREDICTED_FLOOR = 0.8
+# a proposal's compile, whose incumbent's took seconds: matmul 128x256 tiles on 2 warps ground 200 s in ptxas
+COMPILE_TIMEOUT_S = 120.0
+SLOW_COMPILE = 4.0  # a proposal whose compile outlasts the incumbent's this many times over is not sent on
 SHARED_LIMIT = 232448  # bytes of shared memory one H200 program may use (227 KB)
 _RIDGE = 0.1
 _CFG = re.compile(r"(?:^|\+)cfg-([0-9-]+)$")
@@ -75,6 +78,10 @@ def compile_objection(candidate: CompileProfile, incumbent: CompileProfile) -> s
     if candidate.error:
         if "OutOfResources" in candidate.error or "out of resource" in candidate.error.lower():
             return f"does not fit an H200 program: {candidate.error}"
+        # ptxas grinds for minutes on a kernel that spills heavily; a loaded machine slows every compile alike
+        if "timed out" in candidate.error and 0 < incumbent.wall_s * SLOW_COMPILE < COMPILE_TIMEOUT_S:
+            return f"its sm_90 compile did not finish within {COMPILE_TIMEOUT_S:.0f} s on the CPU, where the " \
+                   f"incumbent's took {incumbent.wall_s:.0f} s"
         return ""  # a compile failure of another kind is the sanitizer's to report, with its reproduction
     inc = {(x.shape, x.kernel): x for x in incumbent.launches}
     for x in candidate.launches:
@@ -99,21 +106,23 @@ class Screen:
 
     ledger: object
     run_id: Optional[str]
-    profile: Callable[..., CompileProfile] = profile_source
+    profile: Optional[Callable[..., CompileProfile]] = profile_source  # None: no compile screen
     _incumbents: Dict[Tuple[str, str, str], CompileProfile] = field(default_factory=dict)
 
     def seen_before(self, ctx: ProposeContext) -> set:
         """Hashes of the sources pruned for this bucket by any run."""
         return {r.source_hash for r in self.ledger.pruned(op=ctx.op, bucket=ctx.bucket, dtype=ctx.dtype)}
 
-    def _profile(self, ctx: ProposeContext, source: str) -> CompileProfile:
-        return self.profile(source, ctx.op, [s.key() for s in ctx.shapes], ctx.dtype)
+    def _profile(self, ctx: ProposeContext, source: str, timeout_s: float) -> CompileProfile:
+        return self.profile(source, ctx.op, [s.key() for s in ctx.shapes], ctx.dtype, timeout_s)
 
     def compile_reason(self, ctx: ProposeContext, source: str) -> str:
+        if self.profile is None:
+            return ""
         key = (ctx.op, ctx.bucket, source_hash(ctx.incumbent_source))
         if key not in self._incumbents:
-            self._incumbents[key] = self._profile(ctx, ctx.incumbent_source)
-        return compile_objection(self._profile(ctx, source), self._incumbents[key])
+            self._incumbents[key] = self._profile(ctx, ctx.incumbent_source, INCUMBENT_TIMEOUT_S)
+        return compile_objection(self._profile(ctx, source, COMPILE_TIMEOUT_S), self._incumbents[key])
 
     def measured(self, ctx: ProposeContext, n_fields: int) -> List[Tuple[tuple, float]]:
         """(configuration, speed against the incumbent it was timed beside) of each benchmarked variant."""

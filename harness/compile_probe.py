@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -34,6 +35,7 @@ from ..sanitizer.static_gate import check_source
 from .source_text import source_hash
 
 ARCH = 90  # the H200
+INCUMBENT_TIMEOUT_S = 300.0  # every serving shape of a large kernel: a minute on a busy 2-core machine
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
           "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
 
@@ -57,13 +59,14 @@ class LaunchProfile:
 class CompileProfile:
     launches: List[LaunchProfile] = field(default_factory=list)
     error: str = ""
+    wall_s: float = 0.0  # the child's whole life, start-up included (what a compile costs on this machine now)
 
     def to_json(self) -> dict:
-        return {"launches": [asdict(x) for x in self.launches], "error": self.error}
+        return {"launches": [asdict(x) for x in self.launches], "error": self.error, "wall_s": self.wall_s}
 
     @classmethod
     def from_json(cls, d: dict) -> "CompileProfile":
-        return cls([LaunchProfile(**x) for x in d.get("launches", [])], d.get("error") or "")
+        return cls([LaunchProfile(**x) for x in d.get("launches", [])], d.get("error") or "", d.get("wall_s", 0.0))
 
 
 # -- reading the compiled code (pure functions; tested on text) -----------------------------------------
@@ -176,8 +179,8 @@ def _compile_args(jit, a: tuple, kw: dict):
 
 def _compile_launch(jit, a: tuple, kw: dict, programs: int, shape: str, tools: str) -> LaunchProfile:
     import triton  # deferred: inside the child's sandbox
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton.backends.compiler import GPUTarget  # deferred: as above
+    from triton.compiler import ASTSource  # deferred: as above
     sig, constexprs, attrs, options = _compile_args(jit, a, kw)
     compiled = triton.compile(ASTSource(jit, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", ARCH, 32), options=options)
@@ -244,7 +247,8 @@ def main(argv=None) -> int:
 _CACHE: Dict[Tuple[str, str, str, Tuple[str, ...]], CompileProfile] = {}
 
 
-def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str, timeout_s: float = 300.0) -> CompileProfile:
+def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str,
+                   timeout_s: float = INCUMBENT_TIMEOUT_S) -> CompileProfile:
     """The compiled launches of `source` (a kernel file for `op`) at each shape key, from a sandboxed child;
     a failure (the gate, a compile error, a timeout) is a CompileProfile with `error`, never an exception."""
     key = (source_hash(source), op, dtype, tuple(shapes))
@@ -261,6 +265,7 @@ def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str, time
             os.chmod(p, 0o644)  # readable by the sandbox identity whatever this process's umask
         env = sandbox.env_for(scratch)
         env.pop("TRITON_INTERPRET", None)  # this compiles for the GPU
+        t0 = time.time()
         rc, log = run_tracked([sys.executable, "-m", "kernel_agent.harness.compile_probe", "--spec", sp, "--out", out],
                               timeout_s, env=env, cwd=scratch)
         try:
@@ -270,6 +275,7 @@ def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str, time
             tail = [ln for ln in log.strip().splitlines() if ln.strip()]
             why = "timed out" if rc is None else f"exit {rc}: {tail[-1][:300] if tail else ''}"
             result = CompileProfile(error=f"the compile probe failed ({why})")
+        result.wall_s = round(time.time() - t0, 2)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     _CACHE[key] = result

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-from .compile_probe import CompileProfile, LaunchProfile, profile_source
+from .compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, LaunchProfile, profile_source
 from .ops import get_op
 from .ops.tuning import SMEM_LIMIT
 from .source_text import source_hash
@@ -161,7 +161,7 @@ def diagnose(op: str, bucket: str, dtype: str, shapes: Sequence, source: str, in
 
 
 def diagnose_incumbent(ledger, run_id: Optional[str], op: str, bucket: str, dtype: str, shapes: Sequence,
-                       source: str, incumbent: str) -> Diagnosis:
+                       source: str, incumbent: str, profile: Callable[..., CompileProfile] = profile_source) -> Diagnosis:
     """Diagnose the bucket's incumbent and record it in the ledger. The compiled facts of a source are
     read from an earlier diagnosis of the same source and bucket when there is one (the compile is the
     slow part); the measurements are read afresh."""
@@ -174,7 +174,7 @@ def diagnose_incumbent(ledger, run_id: Optional[str], op: str, bucket: str, dtyp
         d.roofline, d.ceiling_kind, d.measured_on = measured_roofline(rows)
         _classify(d, get_op(op).bound(shapes[0]) if shapes else "memory")
     else:
-        profile = profile_source(source, op, [s.key() for s in shapes], dtype)
-        d = diagnose(op, bucket, dtype, shapes, source, incumbent, profile, rows)
+        compiled = profile(source, op, [s.key() for s in shapes], dtype, INCUMBENT_TIMEOUT_S)
+        d = diagnose(op, bucket, dtype, shapes, source, incumbent, compiled, rows)
     ledger.record_diagnosis(run_id, op, bucket, dtype, h, incumbent, d.bound, d.to_json())
     return d

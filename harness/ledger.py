@@ -1045,7 +1045,7 @@ class Ledger:
     # -- diagnoses and pruned proposals (schema version 3) --------------------------------
     def _has_v3(self) -> bool:
         """Whether the tables of version 3 exist (an older ledger is read as it is: it has none)."""
-        return self.schema_version >= 3
+        return self.schema_version() >= 3
 
     def record_diagnosis(self, run_id: str | None, op: str, bucket: str, dtype: str, source_hash: str,
                          incumbent: str, bound: str, document: Mapping[str, Any]) -> int:
