@@ -25,7 +25,7 @@ from . import ui
 from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
                          parse_duration, parse_ops)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
-from .review import config_lines, history, parent_source, unified_diff
+from .review import config_lines, diagnosis_lines, history, parent_source, unified_diff
 
 
 def register(sub) -> None:
@@ -592,7 +592,10 @@ def _show_run(led, run, args) -> int:
     if args.json:
         doc = {"run": summary.to_json(), "config": run.config, "versions": run.versions,
                "serving": target.to_json() if target is not None else None,
-               "candidates": [_cand_json(led, c) for c in cands]}
+               "candidates": [_cand_json(led, c) for c in cands],
+               "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
+               "pruned": [{"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason}
+                          for p in led.pruned(run_id=run.id)]}
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
@@ -611,6 +614,8 @@ def _show_run(led, run, args) -> int:
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
     ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
+    for ln in diagnosis_lines(led, run.id):
+        ui.line(ln)
     for p in summary.promotions:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")

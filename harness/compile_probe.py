@@ -72,7 +72,8 @@ class CompileProfile:
 # -- reading the compiled code (pure functions; tested on text) -----------------------------------------
 
 _CLASSES = (  # first match wins
-    ("tensor", re.compile(r"^(wgmma|mma)\b")),
+    ("wgmma", re.compile(r"^wgmma\.mma_async")),  # a warpgroup's asynchronous MMA: many tiles per instruction
+    ("tensor", re.compile(r"^mma\.")),
     ("global", re.compile(r"^(ld\.global|st\.global|cp\.async|cp\.reduce|red\.global|atom\.global|prefetch)")),
     ("shared", re.compile(r"^(ld\.shared|st\.shared|ldmatrix|stmatrix|ld\.param)")),
     ("sync", re.compile(r"^(bar|barrier|fence|mbarrier|wgmma\.fence|wgmma\.commit|wgmma\.wait)")),

@@ -11,7 +11,9 @@ What bounds it, first rule that holds (each rule's words go into `reasons`, all 
 2. fewer programs than SMs -> latency (part of the GPU idles however fast each program is);
 3. measured at 70% or more of the op's ceiling -> that ceiling's kind (memory or compute): near its roofline;
 4. the inner loop spends more than three instructions on integer arithmetic and conversions for each
-   memory, tensor-core or floating-point one -> latency (issue-bound: address math, not data movement);
+   memory, tensor-core or floating-point one, and issues no warpgroup MMA (wgmma runs asynchronously, each
+   one a whole tile's work, so counting instructions says nothing there) -> latency (issue-bound: address
+   math and conversions, not data movement);
 5. otherwise the op's own roofline side (Op.bound: arithmetic intensity against the machine's balance).
 The proposers read `bound` to order what they try (agent/search.py) and print `lines()` in prompts.
 """
@@ -141,7 +143,7 @@ def _classify(d: Diagnosis, op_bound: str) -> None:
     mix = d.loop_mix
     busy = mix.get("global", 0) + mix.get("tensor", 0) + mix.get("float", 0)
     issue = mix.get("integer", 0) + mix.get("convert", 0)
-    if busy and issue > ISSUE_RATIO * busy:
+    if busy and issue > ISSUE_RATIO * busy and not mix.get("wgmma"):
         bounds.append("latency")
         d.reasons.append(f"issue-bound: the inner loop spends {issue} instructions on integer arithmetic and "
                          f"conversions against {busy} that move or compute data")

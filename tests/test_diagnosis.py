@@ -27,6 +27,8 @@ $L__BB0_1:                              // %loop
 	cvt.rn.f32.s32 	%f1, %r6;
 	fma.rn.f32 	%f2, %f1, %f1, %f2;
 	mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f3}, {%r2}, {%r3}, {%f3};
+	wgmma.fence.sync.aligned;
+	wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%f4}, %rd2, %rd3, p, 1, 1;
 	setp.lt.s32 	%p1, %r1, 8;
 	@%p1 bra 	$L__BB0_1;
 	ret;
@@ -39,7 +41,8 @@ def _launch(shape="S", programs=512, registers=128, spills=0, shared=65536, warp
 
 
 def test_the_inner_loop_and_the_resources_are_read_from_the_compiled_text():
-    assert innermost_loop_mix(PTX) == {"global": 1, "integer": 3, "convert": 1, "float": 1, "tensor": 1, "branch": 1}
+    assert innermost_loop_mix(PTX) == {"global": 1, "integer": 3, "convert": 1, "float": 1, "tensor": 1, "sync": 1,
+                                       "wgmma": 1, "branch": 1}
     assert innermost_loop_mix("mov.u32 %r1, 0;\nret;") == {}
     out = " Function _k:\n  REG:255 STACK:416 SHARED:1024 LOCAL:8 CONSTANT[0]:616 TEXTURE:0\n"
     assert resource_usage(out, "_k") == (255, 424) and resource_usage(out, "_other") == (None, None)
@@ -50,6 +53,7 @@ def test_the_inner_loop_and_the_resources_are_read_from_the_compiled_text():
     (_launch(programs=64), "latency", "64 programs for 132 SMs"),
     (_launch(mix={"integer": 900, "global": 100, "float": 50, "tensor": 30}), "latency", "issue-bound"),
     (_launch(mix={"integer": 100, "global": 100}), "memory", "memory-bound on the H200"),
+    (_launch(mix={"integer": 84, "global": 15, "wgmma": 7}), "memory", "memory-bound on the H200"),
 ])
 def test_what_bounds_a_kernel_follows_the_rules_in_order(launch, bound, words):
     shape = get_op("quantize_kv").shapes("serving")[0]
