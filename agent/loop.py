@@ -1101,7 +1101,9 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
         raise
     try:
         placement = placement or placement_for(cfg, devices, evaluator)
-        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id, compiler_of(placement)),
+        # the compile screen saves GPU time; without a GPU its compiles would only cost the sanitizer's cores
+        screen_compiler = compiler_of(placement) if gpu else None
+        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id, screen_compiler),
                     events, gpu, gname, placement, target)
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
