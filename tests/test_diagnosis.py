@@ -201,3 +201,27 @@ def test_the_model_is_told_the_diagnosis_and_the_catalog_and_may_ask_for_rewrite
     assert got[0].source == want and got[0].label.endswith("-evict-first+load-hints") and not got[0].rejected
     assert got[1].rejected.startswith("REWRITE refused: exp2: ")
     assert "not in the catalog" in got[2].rejected
+
+
+def test_the_loop_hands_every_proposer_the_incumbents_diagnosis_and_records_it(tmp_path, monkeypatch):
+    from test_loop import _fake_gpu, _fake_loop
+
+    class CompilingGpu(type(_fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.9))):
+        """The fake GPU's children, and a compile of every kernel that reports 64 programs."""
+        compiles = []
+
+        def profile(self, source, op, shapes, dtype, timeout_s=None):
+            self.compiles.append(op)
+            return CompileProfile([_launch(shape=s, programs=64) for s in shapes])
+
+    gpu = CompilingGpu(lambda op, f: 0.9)
+    led = Ledger(tmp_path / "l.db")
+    lp, run, targets, _ = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
+    ctx = lp.context(targets[0])
+    again = lp.context(targets[0])
+    assert ctx.diagnosis is not None and ctx.diagnosis.bound == "latency" and again.diagnosis is ctx.diagnosis
+    assert "64 programs for 132 SMs: part of the GPU idles" in ctx.diagnosis.reasons
+    assert CompilingGpu.compiles == ["quantize_kv"]  # once per incumbent and run
+    (row,) = led.diagnoses(run_id=run.id)
+    assert (row.op, row.bucket, row.incumbent, row.bound) == ("quantize_kv", targets[0].bucket, "baseline", "latency")
+    led.close()
