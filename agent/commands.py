@@ -357,6 +357,9 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if summary.duplicates:
         ui.line(f"{summary.duplicates} of them judged by earlier runs: replayed from the ledger, not judged again "
                 f"and not counted against the budget")
+    if summary.pruned:
+        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+                f"(`kernel-agent show {summary.run_id}` says why)")
     if summary.checks_failed:
         ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])

@@ -177,6 +177,7 @@ class RunSummary:
     promotions: List[PromotionSummary]
     model: ModelUsage
     session: Optional[RunSession] = None
+    pruned: int = 0  # proposals kept off the GPU by the search's screens (agent/screen.py), with reasons in the ledger
 
     def to_json(self) -> Dict[str, Any]:
         """The document `run --json` and `show --json` print: the run's fields, then the session's."""
@@ -1220,6 +1221,7 @@ class Ledger:
         if run is None:
             raise LedgerError(f"no run {run_id!r} in ledger {self._shown}")
         proposed = select(Proposal.candidate_id).where(Proposal.run_id == run_id)
+        has_v3 = self._has_v3()  # (read before the session: it reads the version in one of its own)
         with self._read() as s:
             by_status = {st: n for st, n in s.execute(
                 select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(proposed))
@@ -1241,6 +1243,8 @@ class Ledger:
             ).where(ModelCall.run_id == run_id)).one()
             n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
             promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
+            n_pruned = s.scalar(select(func.count(PrunedProposal.id)).where(PrunedProposal.run_id == run_id)) \
+                if has_v3 else 0
         end = run.finished_at or (utcnow() if run.status == RunStatus.RUNNING else None)
         return RunSummary(
             run_id=run.id, status=RunStatus(run.status), proposer=run.proposer, ops=run.op_list, gpu_name=run.gpu_name,
@@ -1254,7 +1258,8 @@ class Ledger:
                 replaced_candidate_id=p.replaced_candidate_id, new_ms=p.new_ms, old_ms=p.old_ms, gain=p.gain,
                 spread=p.spread, reason=p.reason, active=p.demoted_at is None) for p in promos],
             model=ModelUsage(calls=int(calls), errors=int(errors), prompt_tokens=int(ptok), completion_tokens=int(ctok),
-                             total_tokens=int(ptok) + int(ctok), latency_s=float(lat)))
+                             total_tokens=int(ptok) + int(ctok), latency_s=float(lat)),
+            pruned=int(n_pruned or 0))
 
 
 __all__ = [

@@ -154,6 +154,7 @@ def test_the_search_records_what_it_prunes_and_no_run_proposes_it_again(tmp_path
     assert not any(p.label.endswith("-1") for p in first) and any(p.label in CATALOG for p in first)
     again = SearchProposer(seed=0, screen=Screen(led, "later", _fake_profile([]))).propose(ctx, 40)
     assert {p.label for p in again} == {p.label for p in first} and led.pruned(run_id="later") == []
+    assert led.run_summary(run.id).pruned == len(pruned)
     led.close()
 
 
