@@ -150,3 +150,13 @@ def test_a_kernel_for_an_op_outside_the_registry_is_rewritten_and_still_right(tm
     want = torch.softmax(x, dim=1)
     torch.testing.assert_close(_run_softmax(SOFTMAX, tmp_path, x), want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(_run_softmax(out, tmp_path, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_catalog_page_lists_every_rewrite_with_the_baselines_it_applies_to():
+    rows = {line.split("|")[1].strip(" `"): line for line in (ROOT / "docs" / "REWRITES.md").read_text().splitlines()
+            if line.startswith("| `")}
+    assert set(rows) == set(CATALOG)
+    for name, line in rows.items():
+        cell = line.split("|")[5]  # "applies to (baselines)"
+        assert {op for op in NAMES if op in cell.replace(",", " ").split()} == \
+            {op for op, names in APPLIES.items() if name in names}, name
