@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..harness.compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, profile_source
-from ..harness.diagnosis import SM_COUNT
+from ..harness.diagnosis import SHARED_PER_PROGRAM, SM_COUNT
 from ..harness.source_text import source_hash
 from .proposal import Proposal, ProposeContext
 
@@ -31,7 +31,6 @@ PREDICTED_FLOOR = 0.8
 # a proposal's compile, whose incumbent's took seconds: matmul 128x256 tiles on 2 warps ground 200 s in ptxas
 COMPILE_TIMEOUT_S = 120.0
 SLOW_COMPILE = 4.0  # a proposal whose compile outlasts the incumbent's this many times over is not sent on
-SHARED_LIMIT = 232448  # bytes of shared memory one H200 program may use (227 KB)
 _RIDGE = 0.1
 _CFG = re.compile(r"(?:^|\+)cfg-([0-9-]+)$")
 
@@ -86,8 +85,8 @@ def compile_objection(candidate: CompileProfile, incumbent: CompileProfile) -> s
     inc = {(x.shape, x.kernel): x for x in incumbent.launches}
     for x in candidate.launches:
         before = inc.get((x.shape, x.kernel))
-        if x.shared_bytes > SHARED_LIMIT:
-            return f"{x.kernel} needs {x.shared_bytes} bytes of shared memory at {x.shape}, over the {SHARED_LIMIT} " \
+        if x.shared_bytes > SHARED_PER_PROGRAM:
+            return f"{x.kernel} needs {x.shared_bytes} bytes of shared memory at {x.shape}, over the {SHARED_PER_PROGRAM} " \
                    f"an H200 program may use"
         if before is None:
             continue

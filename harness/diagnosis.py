@@ -25,10 +25,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, LaunchProfile, profile_source
 from .ops import get_op
-from .ops.tuning import SMEM_LIMIT
 from .source_text import source_hash
 
 SM_COUNT = 132  # the H200
+SHARED_PER_SM = 233472  # 228 KB of shared memory an H200 SM holds
+SHARED_PER_PROGRAM = 232448  # 227 KB of it one program may use
 NEAR_ROOFLINE = 0.7
 ISSUE_RATIO = 3.0
 REGISTERS_PER_SM = 65536
@@ -86,7 +87,7 @@ def programs_per_sm(launch: LaunchProfile) -> int:
         per_program = ((launch.registers + 7) // 8 * 8) * 32 * launch.num_warps
         limits.append(REGISTERS_PER_SM // per_program)
     if launch.shared_bytes:
-        limits.append(SMEM_LIMIT // launch.shared_bytes)
+        limits.append(SHARED_PER_SM // (launch.shared_bytes + 1024))  # the driver reserves 1 KB a program
     return max(0, min(limits))
 
 

@@ -11,7 +11,7 @@ from kernel_agent.agent.screen import Screen, compile_objection, fit_speed_model
 from kernel_agent.agent.search import SearchProposer, baseline_config, baseline_source, with_config
 from kernel_agent.harness.compile_probe import (CompileProfile, LaunchProfile, innermost_loop_mix, profile_source,
                                                 resource_usage)
-from kernel_agent.harness.diagnosis import Diagnosis, diagnose, diagnose_incumbent
+from kernel_agent.harness.diagnosis import Diagnosis, diagnose, diagnose_incumbent, programs_per_sm
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from openai_stub import Stub
@@ -226,3 +226,10 @@ def test_the_loop_hands_every_proposer_the_incumbents_diagnosis_and_records_it(t
     (row,) = led.diagnoses(run_id=run.id)
     assert (row.op, row.bucket, row.incumbent, row.bound) == ("quantize_kv", targets[0].bucket, "baseline", "latency")
     led.close()
+
+
+def test_programs_resident_per_sm_take_the_tightest_resource():
+    # the attention baseline at D=128: 224 KB of shared memory and 248 registers on 8 warps: one program an SM
+    assert programs_per_sm(_launch(registers=248, shared=229376, warps=8)) == 1
+    assert programs_per_sm(_launch(registers=55, shared=128, warps=4)) == 9  # registers: 65536 // (56 * 128)
+    assert programs_per_sm(_launch(registers=32, shared=0, warps=1)) == 32  # the SM's cap on programs
