@@ -28,7 +28,7 @@ from . import ui
 from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
                          cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
-from .review import config_lines, history, judged_base, unified_diff
+from .review import config_lines, diagnosis_lines, history, judged_base, unified_diff
 
 
 def register(sub) -> None:
@@ -430,6 +430,9 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if summary.replayed:
         ui.line(f"replayed: {summary.replayed} candidate(s) judged by earlier runs, replayed from the ledger, not "
                 f"judged again and not counted against the budget (nor above)")
+    if summary.pruned:
+        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+                f"(`kernel-agent show {summary.run_id}` says why)")
     if summary.checks_failed:
         ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])
@@ -695,7 +698,10 @@ def _show_run(led, run, args) -> int:
     if args.json:
         doc = {"run": summary.to_json(), "config": run.config, "versions": run.versions,
                "serving": target.to_json() if target is not None else None,
-               "candidates": [_cand_json(led, c) for c in cands]}
+               "candidates": [_cand_json(led, c) for c in cands],
+               "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
+               "pruned": [{"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason}
+                          for p in led.pruned(run_id=run.id)]}
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
@@ -719,6 +725,9 @@ def _show_run(led, run, args) -> int:
         bucket = os.path.basename(os.path.dirname(c.path)) if c.path else ""  # (the loop writes it there)
         rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
     ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
+    if summary.pruned:
+        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+                f"(`kernel-agent show {summary.run_id}` says why)")
     for p in summary.promotions:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")

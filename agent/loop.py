@@ -33,6 +33,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tu
 
 from ..harness import model_step, serving
 from ..harness.bench import record_shape_result
+from ..harness.compile_probe import CompileProfile
+from ..harness.diagnosis import Diagnosis, diagnose_incumbent
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
 from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source, row_time
@@ -47,6 +49,7 @@ from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevi
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target,
                       publish_choices, publish_promotion, recorded_target)
+from .screen import Screen
 from .search import SearchProposer, baseline_source
 
 ALL_OPS = NAMES  # the op registry, in its order
@@ -362,6 +365,7 @@ class Loop:
         # (op, bucket) -> proposals in a row repeating a source this process already saw (a stuck proposer is stopped)
         self.duplicate_streak: Dict[Tuple[str, str], int] = {}
         self._history_loaded: Set[Tuple[str, str]] = set()
+        self.diagnoses: Dict[Tuple[str, str, str], Diagnosis] = {}  # (op, bucket, incumbent hash) -> diagnosis
         self.session_hashes: Set[str] = set()  # sources proposed since this process started
         self.working: Set[Tuple[int, str, str]] = set()  # (candidate, op, bucket) given a work in this process
 
@@ -405,7 +409,18 @@ class Loop:
         inc = self.incumbent(t)
         return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, inc.source, inc.label,
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
-                              self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
+                              self.ceilings, list(self.attempts.get((t.op, t.bucket), [])),
+                              diagnosis=self._diagnosis(t, inc))
+
+    def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
+        """What bounds the bucket's incumbent (harness/diagnosis.py), once per incumbent source and run;
+        recorded in the ledger. None where the placement's children cannot compile (a test's fakes)."""
+        key = (t.op, t.bucket, hash_source(inc.source))
+        if key not in self.diagnoses and compiler_of(self.placement) is not None:
+            self.diagnoses[key] = diagnose_incumbent(self.ledger, self.run_id, t.op, t.bucket, self.cfg.dtype,
+                                                     t.shapes, inc.source, inc.label,
+                                                     profile=compiler_of(self.placement))
+        return self.diagnoses.get(key)
 
     # -- the proposer (its own thread; calls keep their order) ----------------------------
     def _feedback(self, ctx: ProposeContext, p: Proposal, passed: bool, ms: Optional[float]) -> None:
@@ -1172,8 +1187,11 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
             ledger.set_run_status(run_id, RunStatus.FAILED)
         raise
     try:
-        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname,
-                    placement or placement_for(cfg, devices, evaluator), target)
+        placement = placement or placement_for(cfg, devices, evaluator)
+        # the compile screen saves GPU time; without a GPU its compiles would only cost the sanitizer's cores
+        screen_compiler = compiler_of(placement) if gpu else None
+        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id, screen_compiler),
+                    events, gpu, gname, placement, target)
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
         if resume:
@@ -1290,7 +1308,13 @@ def _end_target(target: ServingTarget, events: RunEvents) -> None:
         events.note(f"the run's worktree was not removed: {e}")
 
 
-def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
+def compiler_of(placement) -> Optional[Callable[..., CompileProfile]]:
+    """What compiles a kernel for the H200 on this machine's CPU: the placement's evaluator's `profile`."""
+    return getattr(getattr(placement, "evaluator", None), "profile", None)
+
+
+def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str,
+                  profile: Optional[Callable[..., CompileProfile]] = None) -> Proposer:
     if cfg.proposer == "model":
         if not cfg.model:
             raise ValueError("the model proposer needs a model endpoint (--model / --base-url or OPENAI_* variables)")
@@ -1301,4 +1325,4 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
             return ledger.record_model_call(run_id, mc["model"], rec.prompt, rec.response, rec.prompt_tokens,
                                             rec.completion_tokens, rec.latency_s, rec.error)
         return ModelProposer(ModelConfig(**mc), on_call=on_call, token_budget=cfg.token_budget)
-    return SearchProposer(seed=cfg.seed)
+    return SearchProposer(seed=cfg.seed, screen=Screen(ledger, run_id, profile))

@@ -154,6 +154,7 @@ def write_report(led, run, out_dir: str) -> str:
     elif results and not _have_matplotlib():
         lines += ["(No plots: they need matplotlib, `pip install -e '.[report]'`.)", ""]
     lines += _candidate_table(led, run, results)
+    lines += diagnosis_lines(led, run.id, markdown=True)
     lines += _results_table(results)
     promos = led.promotions(run_id=run.id)
     if not promos:
@@ -167,6 +168,29 @@ def write_report(led, run, out_dir: str) -> str:
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
+    """What bounded each incumbent the run diagnosed (harness/diagnosis.py), and the proposals it kept off the
+    GPU with why: for `show` (plain lines) and `report` (markdown)."""
+    from ..harness.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
+    out: List[str] = ["## Diagnoses", ""] if markdown else []
+    latest = {}
+    for row in led.diagnoses(run_id=run_id):
+        latest[(row.op, row.bucket, row.dtype)] = row  # the last one of each bucket (after a promotion, say)
+    for (op, bucket, dtype), row in latest.items():
+        d = Diagnosis.from_json(row.document)
+        head = f"{op} {bucket} {dtype}, incumbent {row.incumbent}"
+        out += ([f"**{head}**", ""] + [f"- {ln.lstrip('- ')}" for ln in d.lines()] + [""]) if markdown \
+            else [f"diagnosis: {head}"] + [f"  {ln}" for ln in d.lines()]
+    pruned = led.pruned(run_id=run_id)
+    if pruned:
+        out += ([f"Pruned before the GPU: {len(pruned)} proposal(s)", ""] if markdown
+                else [f"pruned before the GPU: {len(pruned)} proposal(s)"])
+        out += [f"- {p.op} {p.bucket} `{p.label}`: {p.reason}" if markdown else f"  {p.op} {p.bucket} {p.label}: {p.reason}"
+                for p in pruned]
+        out += [""] if markdown else []
+    return out if len(out) > 2 or not markdown else []
 
 
 # -- the sections of one promoted kernel: shared by `report` and `pr` (agent/pr.py) -----------------

@@ -70,7 +70,7 @@ from . import ledger_migrations as _migrations
 
 # The version of the schema the models below create; an older ledger reaches it through the steps of
 # harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _migrations.check_registry(SCHEMA_VERSION)
 BUSY_TIMEOUT_S = 30.0
 # The advisory lock every write transaction of a PostgreSQL ledger takes first (any constant will do,
@@ -181,6 +181,7 @@ class RunSummary:
     judged_now_by_status: Dict[str, int] = field(default_factory=dict)
     replayed: int = 0
     session: Optional[RunSession] = None
+    pruned: int = 0  # proposals kept off the GPU by the search's screens (agent/screen.py), with reasons in the ledger
 
     @property
     def judged_now(self) -> int:
@@ -435,6 +436,45 @@ class Promotion(Base):
     @property
     def active(self) -> bool:
         return self.demoted_at is None
+
+
+class DiagnosisRecord(Base):
+    """Where an incumbent stands on its bucket (harness/diagnosis.py): what bounds it and why."""
+
+    __tablename__ = "diagnosis"
+    __table_args__ = (Index("ix_diagnosis_op_bucket_dtype", "op", "bucket", "dtype"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    op: Mapped[str] = mapped_column(String)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    incumbent: Mapped[str] = mapped_column(String)
+    bound: Mapped[str] = mapped_column(String)
+    document_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    @property
+    def document(self) -> dict:
+        return _loads(self.document_json) or {}
+
+
+class PrunedProposal(Base):
+    """A proposal the search did not send to the GPU, and why (compile-time resources, a predicted loss)."""
+
+    __tablename__ = "pruned_proposal"
+    __table_args__ = (Index("ix_pruned_proposal_op_bucket_dtype", "op", "bucket", "dtype"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    op: Mapped[str] = mapped_column(String)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    label: Mapped[str] = mapped_column(String)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 # Fields a caller may pass to record_bench / record_promotion (the rest are managed here).
@@ -1036,6 +1076,47 @@ class Ledger:
         with self._read() as s:
             return list(s.scalars(q.order_by(ModelCall.id)))
 
+    # -- diagnoses and pruned proposals (schema version 3) --------------------------------
+    def _has_v3(self) -> bool:
+        """Whether the tables of version 3 exist (an older ledger is read as it is: it has none)."""
+        return self.schema_version() >= 3
+
+    def record_diagnosis(self, run_id: str | None, op: str, bucket: str, dtype: str, source_hash: str,
+                         incumbent: str, bound: str, document: Mapping[str, Any]) -> int:
+        row = DiagnosisRecord(run_id=run_id, op=op, bucket=bucket, dtype=dtype, source_hash=source_hash,
+                              incumbent=incumbent, bound=bound, document_json=json.dumps(document),
+                              created_at=utcnow())
+        with self._write.begin() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def diagnoses(self, run_id: str | None = None, op: str | None = None, bucket: str | None = None,
+                  dtype: str | None = None, source_hash: str | None = None) -> list[DiagnosisRecord]:
+        if not self._has_v3():
+            return []
+        q = _where_equal(select(DiagnosisRecord), DiagnosisRecord, run_id=run_id, op=op, bucket=bucket,
+                         dtype=dtype, source_hash=source_hash)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(DiagnosisRecord.id)))
+
+    def record_pruned(self, run_id: str | None, op: str, bucket: str, dtype: str, label: str, source_hash: str,
+                      reason: str) -> int:
+        row = PrunedProposal(run_id=run_id, op=op, bucket=bucket, dtype=dtype, label=label,
+                             source_hash=source_hash, reason=reason, created_at=utcnow())
+        with self._write.begin() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def pruned(self, run_id: str | None = None, op: str | None = None, bucket: str | None = None,
+               dtype: str | None = None) -> list[PrunedProposal]:
+        if not self._has_v3():
+            return []
+        q = _where_equal(select(PrunedProposal), PrunedProposal, run_id=run_id, op=op, bucket=bucket, dtype=dtype)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(PrunedProposal.id)))
+
     # -- benchmarks ---------------------------------------------------------------------
     def record_bench(self, **fields: Any) -> BenchResult:
         """Store one timing. Required: op, shape_key, bucket, dtype, gpu_name, median_ms,
@@ -1185,6 +1266,7 @@ class Ledger:
             raise LedgerError(f"no run {run_id!r} in ledger {self._shown}")
         proposed = select(Proposal.candidate_id).where(Proposal.run_id == run_id)
         now_ids = self.judged_now(run_id)
+        has_v3 = self._has_v3()  # (read before the session: it reads the version in one of its own)
         with self._read() as s:
             by_status = {st: n for st, n in s.execute(
                 select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(proposed))
@@ -1210,6 +1292,8 @@ class Ledger:
             ).where(ModelCall.run_id == run_id)).one()
             n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
             promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
+            n_pruned = s.scalar(select(func.count(PrunedProposal.id)).where(PrunedProposal.run_id == run_id)) \
+                if has_v3 else 0
         end = run.finished_at or (utcnow() if run.status == RunStatus.RUNNING else None)
         return RunSummary(
             run_id=run.id, status=RunStatus(run.status), proposer=run.proposer, ops=run.op_list, gpu_name=run.gpu_name,
@@ -1225,12 +1309,14 @@ class Ledger:
             model=ModelUsage(calls=int(calls), errors=int(errors), prompt_tokens=int(ptok), completion_tokens=int(ctok),
                              total_tokens=int(ptok) + int(ctok), latency_s=float(lat)),
             judged_now_by_status={st: now_by_status.get(st, 0) for st in CANDIDATE_STATUSES},
-            replayed=len(proposed_ids - now_ids))
+            replayed=len(proposed_ids - now_ids),
+            pruned=int(n_pruned or 0))
 
 
 __all__ = [
     "SCHEMA_VERSION", "LedgerError", "RunStatus", "CandidateStatus", "RunSummary", "RunSession", "PromotionSummary",
     "ModelUsage", "Ledger", "Upgrade", "upgrade_ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta",
-    "Run", "Candidate", "Proposal", "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
+    "Run", "Candidate", "Proposal", "ModelCall", "CheckResult", "BenchResult", "Promotion", "DiagnosisRecord",
+    "PrunedProposal", "RUN_STATUSES", "CANDIDATE_STATUSES",
     "CHECK_STATUSES", "CHECK_MODES",
 ]

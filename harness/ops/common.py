@@ -167,7 +167,9 @@ STANDARD_DISTRIBUTIONS = (
 )
 
 
-def generator(seed: int, device: torch.device | str) -> torch.Generator:
+def generator(seed: int, device: torch.device | str) -> Optional[torch.Generator]:
+    if torch.device(device).type == "meta":
+        return None  # meta tensors (shapes and strides for a compile, harness/compile_probe.py) hold no values
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     return g

@@ -67,6 +67,11 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
     """seq_lens, block_table and the slot ownership mask of a fragmented cache."""
     B, bs = shape.B, shape.block_size
     max_blocks = math.ceil(shape.ctx / bs) + 1  # one spare column: always unused
+    if torch.device(device).type == "meta":  # shapes only (a compile's launches): as many blocks as full sequences
+        num_blocks = B * (max_blocks - 1) + 3
+        return {"seq_lens": torch.empty((B,), device=device, dtype=torch.int32),
+                "block_table": torch.empty((B, max_blocks), device=device, dtype=torch.int32),
+                "num_blocks": num_blocks, "owned": torch.empty((num_blocks, bs), device=device, dtype=torch.bool)}
     if shape.ragged:
         seq_lens = torch.randint(1, shape.ctx + 1, (B,), generator=gen, device=device, dtype=torch.int64)
         seq_lens[0] = shape.ctx  # the longest sequence is always present
@@ -100,6 +105,8 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
 
 def garbage_fill(cache: torch.Tensor, owned: torch.Tensor, garbage) -> torch.Tensor:
     """Overwrite the slots no live token owns (cache: [num_blocks, bs, H, D])."""
+    if cache.device.type == "meta":
+        return cache  # no values to overwrite
     cache[~owned] = garbage
     return cache
 
