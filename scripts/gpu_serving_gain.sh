@@ -12,7 +12,7 @@
 # Usage: [STEPS=...] bash scripts/gpu_serving_gain.sh OUTDIR
 set -u
 OUT=$1
-STEPS=${STEPS:-prebuild study model}
+STEPS=${STEPS:-prebuild model budget tests}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -26,7 +26,7 @@ SHAPES='B=32,Hq=32,Hkv=8,D=128,block_size=16,ctx=8192;B=8,Hq=32,Hkv=8,D=128,bloc
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 echo "start $(date +%T)"
 if step prebuild; then
-  timeout 240 python3 -m kernel_agent.harness.ops.flashinfer_paged --head-dims 128 > "$OUT/prebuild.txt" 2>&1
+  timeout 60 python3 -m kernel_agent.harness.ops.flashinfer_paged --head-dims 128 > "$OUT/prebuild.txt" 2>&1
   echo "prebuild: exit $? ($(date +%T))"; grep -v installed "$OUT/prebuild.txt" | tail -4
 fi
 if step study; then
@@ -34,12 +34,12 @@ if step study; then
   echo "study: exit $? ($(date +%T))"
 fi
 if step model; then
-  timeout 300 $KA bench --model llama-3-8b --points $POINTS --kv bf16,int8 --stacks torch,flashinfer,serving \
+  timeout 175 $KA bench --model llama-3-8b --points $POINTS --kv bf16,int8 --stacks torch,flashinfer,serving \
     --out "$OUT/model_step.json" > "$OUT/model_step.txt" 2>&1
   echo "model: exit $? ($(date +%T))"
 fi
 if step budget; then
-  timeout 240 $KA bench --model llama-3-8b --kv-budget 60GiB --context 8192 --stacks torch,flashinfer,serving \
+  timeout 110 $KA bench --model llama-3-8b --kv-budget 60GiB --context 8192 --stacks torch,flashinfer,serving \
     --out "$OUT/kv_budget.json" > "$OUT/kv_budget.txt" 2>&1
   echo "budget: exit $? ($(date +%T))"
 fi
@@ -50,7 +50,7 @@ if step op; then
   done
 fi
 if step tests; then
-  timeout 330 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
+  timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
     > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests: exit $? ($(date +%T))"; tail -n 5 "$OUT/gpu_tests.txt"
 fi

@@ -80,9 +80,11 @@ class PagedDecoder:
         last = (lens - (pages - 1) * block_size).to(torch.int32)
         self._buffers = [indptr.to(dev), indices.to(dev), last.to(dev)]
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
-        # FlashInfer's advice: its tensor-core decode (prefill kernels) for GQA groups of 4 and more, its
-        # CUDA-core decode below that
-        self.tensor_cores = Hq // Hkv >= 4 if tensor_cores is None else tensor_cores
+        # FlashInfer's CUDA-core decode kernels by default (its decode module builds in seconds); its
+        # tensor-core path (the prefill kernels, which it suggests for GQA groups of 4 and more) takes minutes
+        # of JIT per head dim and is asked for with tensor_cores=True (KERNEL_AGENT_FLASHINFER_TENSOR_CORES=1)
+        env_tc = os.environ.get("KERNEL_AGENT_FLASHINFER_TENSOR_CORES") == "1"
+        self.tensor_cores = env_tc if tensor_cores is None else tensor_cores
         self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores, paged_kv_indptr_buffer=self._buffers[0],
             paged_kv_indices_buffer=self._buffers[1], paged_kv_last_page_len_buffer=self._buffers[2])
@@ -102,7 +104,7 @@ def decode_anchor(args: dict) -> PagedDecoder:
                         k.dtype, args.get("sm_scale"))
 
 
-def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print) -> List[str]:
+def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print, tensor_cores=(False,)) -> List[str]:
     """Build FlashInfer's decode modules for these head dims and dtypes on this GPU (JIT), and install each
     built module where FlashInfer loads ahead-of-time builds from (its AOT folder), so that any later process
     loads it without compiling. Returns the installed paths."""
@@ -115,7 +117,7 @@ def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print) -> List[str]
             B, page, ctx = 2, 16, 64
             table = torch.arange(B * ctx // page, dtype=torch.int32, device="cuda").view(B, -1)
             lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-            for tc in (False, True):
+            for tc in tensor_cores:
                 dec = PagedDecoder(table, lens, 8, 8, D, page, dt, tensor_cores=tc)
                 cache = torch.zeros(B * ctx // page, page, 8, D, dtype=dt, device="cuda")
                 dec.run(torch.zeros(B, 8, D, dtype=dt, device="cuda"), cache, cache)
