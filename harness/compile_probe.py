@@ -237,6 +237,10 @@ def main(argv=None) -> int:
     sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=True)
     with open(args.spec) as f:
         spec = json.load(f)
+    # trusted imports first: torch loads its own libraries through ctypes, which the hook refuses to candidates
+    import torch  # noqa: F401  deferred: inside the sandbox, before the hook (as the executor does)
+    import triton.compiler  # noqa: F401  deferred: as torch
+    sandbox.prepare_gpu()
     sandbox.arm_audit_hook(fatal=False)
     try:
         result = _profile_in_child(spec)
