@@ -467,7 +467,12 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
     class NetPort(ctypes.Structure):
         _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
-    read = LL_READ_FILE | LL_READ_DIR
+    # Reads are confined on a CPU run. On a GPU they are not yet: with reads confined to GPU_READABLE the CUDA
+    # driver's initialisation failed on the H200 (cudaGetDeviceCount: error 304, also with /proc writable),
+    # so a GPU run keeps the rules the H200 has run under (unconfined reads, its own /proc writable) until
+    # scripts/gpu_sandbox_probe.py finds the narrower set that CUDA accepts (docs/ARCHITECTURE.md, trust).
+    confine_reads = not gpu
+    read = (LL_READ_FILE | LL_READ_DIR) if confine_reads else 0
     attr = Attr(write | read, (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
                 (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0)
     size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
@@ -477,13 +482,15 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         return
     file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
     targets = [(scratch, write | read)] + [(d, file_rights) for d in WRITABLE_DEVICES]
-    targets += [(p, read) for p in readable_paths(gpu)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    targets += [(root, LL_READ_DIR)]  # the package's folder is listed by the import system, not read
+    if confine_reads:
+        targets += [(p, read) for p in readable_paths(gpu)]
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        targets += [(root, LL_READ_DIR)]  # the package's folder is listed by the import system, not read
     if gpu:
         # the CUDA driver opens its device nodes read-write, and names its threads (GPU_PROC_WRITABLE)
         targets += [(os.path.join("/dev", n), file_rights) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
-        targets += [(os.path.join("/proc/self", p), LL_WRITE_FILE) for p in GPU_PROC_WRITABLE]
+        # /proc is this process's own (PID namespace); the narrower GPU_PROC_WRITABLE alone failed on the H200
+        targets += [("/proc", file_rights)]
     for path, rights in targets:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)

@@ -158,10 +158,13 @@ print("PROBE-RESULT " + json.dumps(result), flush=True)
 # this process's thread names to the CUDA driver, so there only the hook counts)
 ATTEMPTS = [
     ("ctypes", "ctypes: load libc, call getpid", ("executor",)),
-    ("read_canary", "read a world-readable file outside", ("executor", "below hook", "tool ns")),
+    # reads are not confined on a GPU, and its own /proc is writable there, below the hook (sanitizer/sandbox.py
+    # _landlock: the narrower rules failed CUDA's initialisation on the H200): these rows are shown, not counted,
+    # except where the hook or file permissions still refuse them
+    ("read_canary", "read a world-readable file outside (GPU: allowed)", ()),
     ("read_shadow", "read /etc/shadow", ("executor", "below hook", "tool ns")),
-    ("read_git", "read the repository's .git", ("executor", "below hook", "tool ns")),
-    ("write_proc", "write /proc/self/oom_score_adj", ("executor", "below hook", "tool ns")),
+    ("read_git", "read the repository's .git (GPU: allowed)", ()),
+    ("write_proc", "write /proc/self/oom_score_adj", ("executor",)),
     ("write_thread_name", "write a thread name (CUDA's grant)", ("executor",)),
     ("udp_loopback", "UDP sendto 127.0.0.1", ("executor", "below hook", "tool ns")),
     ("udp_outside", "UDP sendto 8.8.8.8:53", ("executor", "below hook", "tool ns")),
