@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -34,8 +35,29 @@ from .cli_common import COMMANDS, OPS_HELP, UsageError, check_files, check_op, c
 COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd, ledger_cmd, serve_cmd)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2, as every other bad input (not the whole usage text)."""
+
+    def error(self, message: str):
+        where = self.prog.replace("kernel-agent", "", 1).strip()
+        ui.error(f"{where + ': ' if where else ''}{message} (`{self.prog} --help` lists the flags)")
+        self.exit(2)
+
+
+def _values_starting_with_minus(argv: List[str]) -> List[str]:
+    """`--time-limit -5m` as `--time-limit=-5m`: a value that starts with '-' and a digit is a value (a bad one,
+    which the flag's own check then names), never a flag; argparse would take it for an unknown flag."""
+    out: List[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(r"-\d.*", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making "
+    p = OneLineParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making "
                                                                   "them wrong.")
     p.add_argument("--version", action="version", version=f"kernel-agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -123,9 +145,13 @@ def print_verdicts(verdicts: List[Verdict], as_json: bool, op: str, mode: str) -
     ui.line(f"{n_pass}/{len(verdicts)} file(s) passed", style="bold")
 
 
+# What a shell reports for a process ended by SIGPIPE (128 + 13): the output was cut short, as `| head` does.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_values_starting_with_minus(list(sys.argv[1:] if argv is None else argv)))
     if not args.command:
         parser.print_help()
         return 2
@@ -138,10 +164,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         ui.error("interrupted")
         return 130
-    except BrokenPipeError:  # `kernel-agent show RUN | head`: the reader has all it wanted
+    except BrokenPipeError:  # `kernel-agent show RUN | head`: the reader stopped reading; quiet, but not a success
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that flushing stdout at exit does not fail again
-        return 0
+        return EXIT_BROKEN_PIPE
     except Exception as e:  # noqa: BLE001 - one line, not a traceback wall
         if os.environ.get("KERNEL_AGENT_DEBUG"):
             raise

@@ -31,13 +31,20 @@ def default_ledger() -> str:
     return os.environ.get("KERNEL_AGENT_LEDGER", os.path.join("runs", "ledger.db"))
 
 
-def open_ledger(args, read: bool = False) -> Ledger:
-    """The ledger of `--ledger` / KERNEL_AGENT_LEDGER / runs/ledger.db. `read`: a command that only reads
-    it refuses a path that does not exist (a typo would otherwise create an empty ledger there)."""
-    path = args.ledger or default_ledger()
-    if read and server_url(path) is None and not os.path.exists(sqlite_path(path)):
+def check_ledger_exists(path: str) -> None:
+    """A command that needs what a ledger holds (a read, a resume, a demotion) refuses a path that does not
+    exist: a typo would otherwise create an empty ledger there."""
+    if server_url(path) is None and not os.path.exists(sqlite_path(path)):
         raise UsageError(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
                          f"another)")
+
+
+def open_ledger(args, read: bool = False, existing: bool = False) -> Ledger:
+    """The ledger of `--ledger` / KERNEL_AGENT_LEDGER / runs/ledger.db. `read`: opened read-only. `read` or
+    `existing`: the ledger must exist already (`check_ledger_exists`)."""
+    path = getattr(args, "ledger", None) or default_ledger()
+    if read or existing:
+        check_ledger_exists(path)
     # one ledger per command and mode, however often its steps ask (bench records after every shape), kept on
     # args so that `main` closes it whichever way the command ends
     opened = args.__dict__.setdefault("_ledgers", {})
@@ -62,17 +69,30 @@ def parse_ops(text: str) -> List[str]:
 
 
 def parse_duration(text: str) -> float:
-    """`--time-limit`: seconds from 90s, 30m, 8h, 1d or a bare number of seconds."""
+    """`--time-limit`: seconds from 90s, 30m, 8h, 1d or a bare number of seconds; more than none."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
     if not m:
         raise UsageError(f"bad duration {text!r}: use e.g. 90s, 30m, 8h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if seconds <= 0:
+        raise UsageError(f"bad duration {text!r}: a run needs some time, e.g. 90s, 30m, 8h")
+    return seconds
 
 
 def check_files(paths: List[str]) -> List[str]:
+    """Candidate files: each a file (not a folder) of UTF-8 text, which is what the sanitizer judges."""
     for p in paths:
+        if os.path.isdir(p):
+            raise UsageError(f"{p}: is a folder; give the kernel's .py file")
         if not os.path.isfile(p):
             raise UsageError(f"no such file: {p}")
+        try:
+            with open(p, encoding="utf-8") as f:
+                f.read()
+        except UnicodeDecodeError:
+            raise UsageError(f"{p}: not a text file (not UTF-8); give the kernel's Python source") from None
+        except OSError as e:
+            raise UsageError(f"{p}: cannot be read ({e.strerror or e})") from None
     return paths
 
 
@@ -84,3 +104,55 @@ def cuda_available() -> bool:
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
+
+
+# What a config file (`run --config`) may hold: its sections and each section's keys. Anything else is a typo
+# that would otherwise be ignored without a word (`candidatez = 3` would leave the budget at its default).
+CONFIG_KEYS: Dict[str, tuple] = {
+    "model": ("name", "base_url", "api_key", "temperature", "max_tokens", "timeout_s", "max_retries", "concurrency"),
+    "run": ("ops", "candidates", "per_round", "time_limit", "tokens", "jobs", "gpus", "dtype", "shapes", "seed",
+            "in_place", "target_model", "target_points"),
+    "cluster": ("address", "gpu_model"),
+}
+
+
+def read_config(path: str) -> Dict[str, Any]:
+    """A TOML config file, its sections and keys checked against CONFIG_KEYS (no torch: a usage error at once)."""
+    import tomllib  # deferred: only a run with a config file reads one
+    if os.path.isdir(path):
+        raise UsageError(f"--config {path}: is a folder; give the TOML file")
+    if not os.path.isfile(path):
+        raise UsageError(f"no such config file: {path}")
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"config file {path}: {e}") from None
+    for section, body in doc.items():
+        if section not in CONFIG_KEYS:
+            raise UsageError(f"config file {path}: unknown section [{section}]; expected "
+                             f"{', '.join(f'[{k}]' for k in CONFIG_KEYS)}")
+        if not isinstance(body, dict):
+            raise UsageError(f"config file {path}: {section} must be a section ([{section}])")
+        unknown = [k for k in body if k not in CONFIG_KEYS[section]]
+        if unknown:
+            raise UsageError(f"config file {path}: unknown key {unknown[0]!r} in [{section}]; expected one of "
+                             f"{', '.join(CONFIG_KEYS[section])}")
+    return doc
+
+
+def check_counts(**counts: Any) -> None:
+    """Counts given by flags or the config file (--candidates, --per-round, --jobs, --gpus, --tokens): whole
+    numbers of at least 1."""
+    for name, v in counts.items():
+        if v is None:
+            continue
+        flag = name.replace("_", "-")
+        if isinstance(v, bool) or not isinstance(v, int):
+            try:
+                v = int(str(v))
+            except ValueError:
+                raise UsageError(f"{flag}: expected an integer, got {v!r}") from None
+        if v < 1:
+            raise UsageError(f"--{flag} must be at least 1, got {v}")
+

@@ -9,25 +9,29 @@ import re
 import signal
 import socket
 import sys
+import urllib.error
 import urllib.parse
+import urllib.request
 from typing import Any, Dict, List, Optional
 
 from ..harness import env
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
-from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_names,
-                                  parse_points, run_model_bench)
+from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_bytes,
+                                  parse_names, parse_points, run_kv_budget, run_model_bench)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
+from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
 from . import ui
-from .cli_common import (UsageError, check_op, command, cuda_available, default_ledger, open_ledger,
-                         parse_duration, parse_ops)
+from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
+                         cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history
 from .throughput import session_lines
-from .views import candidate_doc, config_lines, parent_source, run_doc, run_notes, unified_diff
+from .views import (candidate_doc, config_lines, diagnosis_lines, judged_base, run_doc, run_end_note, run_notes,
+                    unified_diff)
 
 
 def register(sub) -> None:
@@ -91,8 +95,12 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--context", type=int, help="--model: tokens per sequence (default 8192)")
     b.add_argument("--points", help="--model: several BATCHxCONTEXT points, e.g. 32x8192,8x32768,64x2048")
     b.add_argument("--kv", help="--model: KV cache modes, bf16 and/or int8 (default bf16,int8)")
-    b.add_argument("--stacks", help="--model: torch, baseline, serving and/or hybrid (cuBLAS matmuls with the "
-                                    "baseline attention) (default torch,baseline,serving)")
+    b.add_argument("--stacks", help="--model: torch, baseline, serving, hybrid (cuBLAS matmuls with the baseline "
+                                    "attention) and/or flashinfer (cuBLAS matmuls with FlashInfer's paged decode; "
+                                    "the flashinfer extra) (default torch,baseline,serving)")
+    b.add_argument("--kv-budget", metavar="SIZE", help="--model: a KV-cache memory budget per GPU (e.g. 60GiB): each "
+                                                       "KV mode runs the most sequences of --context tokens whose "
+                                                       "cache fits it, and tokens/s are compared at equal memory")
     b.add_argument("--seed", type=int, default=0, help="--model: seed of the random weights, cache and input")
     b.add_argument("--out", help="also write the JSON document to this file")
     b.add_argument("--ledger", default=None, help="record the results in this ledger (default runs/ledger.db)")
@@ -148,6 +156,9 @@ def _add_serving_change_parsers(sub) -> None:
     d.add_argument("--gpu", default=None, help="GPU name (default: this machine's)")
     d.add_argument("--reason", required=True)
     d.add_argument("--ledger", default=None)
+    d.add_argument("--in-place", action="store_true",
+                   help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
+                        "kernel-agent/<run>, the checkout untouched)")
 
 
 
@@ -166,18 +177,47 @@ def _interrupt_on_signals() -> None:
 
 @command("run")
 def cmd_run(args) -> int:
-    # the flags alone are checked before torch is imported (seconds), so a usage error comes at once
-    parse_ops(args.ops)
-    if args.time_limit:
-        parse_duration(str(args.time_limit))
-    _interrupt_on_signals()
     ledger_path = args.ledger or default_ledger()
+    file_config = _check_run_flags(args, ledger_path)
+    _interrupt_on_signals()
     events = _run_events(args)
     try:
-        return _run(args, events, ledger_path)
+        return _run(args, events, ledger_path, file_config)
     finally:
         if getattr(args, "_status_line", None) is not None:
             args._status_line.close()  # a live line left open would swallow the error that ended the run
+
+
+def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
+    """What the flags and the config file alone decide, checked before torch is imported (seconds) and before
+    anything is recorded, so that a usage error comes at once; returns the config file's contents."""
+    file_config = read_config(args.config) if args.config else {}
+    file_run = file_config.get("run", {})
+    parse_ops(args.ops)
+    for flag, value in (("--time-limit", args.time_limit), ("time_limit", file_run.get("time_limit"))):
+        if value is not None:
+            parse_duration(str(value))
+    counts = {k: getattr(args, k) for k in ("candidates", "per_round", "jobs", "gpus", "tokens")}
+    for key in counts:
+        if counts[key] is None:
+            counts[key] = file_run.get(key)
+    check_counts(**counts)
+    if args.resume:
+        check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
+    if not args.resume:
+        _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+    return file_config
+
+
+def _check_writable_dir(path: str, flag: str) -> None:
+    """A folder the run will write in: it, or the nearest folder above it that exists, must be writable."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is read-only (candidate files are written there)")
 
 
 def _cluster_section(args, file_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -214,10 +254,8 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
     return placement
 
 
-def _run(args, events, ledger_path: str) -> int:
+def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
-    from .model import load_config  # here: as the loop
-    file_config: Dict[str, Any] = load_config(args.config) if args.config else {}
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
@@ -285,8 +323,8 @@ def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
         cfg.time_limit_s = parse_duration(str(tl))
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
-    if any(v is not None and v < 1 for v in (cfg.max_candidates, cfg.per_round, cfg.jobs, cfg.gpus)):
-        raise UsageError("--candidates, --per-round, --jobs and --gpus must be at least 1")
+    check_counts(candidates=cfg.max_candidates, per_round=cfg.per_round, jobs=cfg.jobs, gpus=cfg.gpus,
+                 tokens=cfg.token_budget)
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     in_place = args.in_place or file_run.get("in_place", False)
     if not isinstance(in_place, bool):
@@ -326,6 +364,39 @@ def _check_endpoint(model) -> None:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
         raise UsageError(f"cannot reach the model endpoint {url}: {e.strerror or e}")
+    _check_openai_api(url, model.api_key)
+
+
+def _check_openai_api(url: str, api_key: Optional[str]) -> None:
+    """The endpoint answers as OpenAI's API does: GET {url}/models gives the list of models (every
+    OpenAI-compatible server serves it). A server that is not the API (a URL missing its /v1, another
+    service on the port) would otherwise fail every model call of the run."""
+    models = url.rstrip("/") + "/models"
+    hint = f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)" \
+        if urllib.parse.urlparse(url).path.rstrip("/") == "" else ""
+    req = urllib.request.Request(models, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=ENDPOINT_CHECK_TIMEOUT_S) as r:
+            body = r.read(1 << 22)
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise UsageError(f"the model endpoint {url} refused the API key (HTTP {e.code} for GET {models}): set "
+                             f"OPENAI_API_KEY or api_key in [model]") from None
+        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} answered HTTP {e.code}{hint}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise UsageError(f"cannot reach the model endpoint {url}: {getattr(reason, 'strerror', None) or reason}") \
+            from None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if not (isinstance(doc, dict) and isinstance(doc.get("data"), list)):
+        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} did not answer with a list of models"
+                         f"{hint}")
+
+
+ENDPOINT_CHECK_TIMEOUT_S = 15.0
 
 
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes without a base URL
@@ -350,18 +421,24 @@ def _run_events(args):
 def _print_run_summary(summary: RunSummary, args) -> int:
     if getattr(args, "_status_line", None) is not None:
         args._status_line.close()
+    failed = summary.status == RunStatus.FAILED  # (the proposer failed on every call, say): exit 1
     if args.json:
         sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
-        return 0
-    counts, session = summary.candidates_by_status, summary.session
+        return 1 if failed else 0
+    counts, session = summary.judged_now_by_status, summary.session
     ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
-    ui.table("", ["proposed", "rejected", "verified", "benchmarked", "promoted", "tokens", "wall"],
-             [[summary.candidates, counts[CandidateStatus.REJECTED], counts[CandidateStatus.VERIFIED],
-               counts[CandidateStatus.BENCHMARKED], counts[CandidateStatus.PROMOTED], summary.model.total_tokens,
-               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 7)
-    if summary.duplicates:
-        ui.line(f"{summary.duplicates} of them judged by earlier runs: replayed from the ledger, not judged again "
-                f"and not counted against the budget")
+    ui.table("", ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed",
+                  "tokens", "wall"],
+             [[summary.judged_now, counts.get(CandidateStatus.REJECTED, 0), counts.get(CandidateStatus.PROPOSED, 0),
+               counts.get(CandidateStatus.VERIFIED, 0), counts.get(CandidateStatus.BENCHMARKED, 0),
+               counts.get(CandidateStatus.PROMOTED, 0), summary.replayed, summary.model.total_tokens,
+               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 9)
+    if summary.replayed:
+        ui.line(f"replayed: {summary.replayed} candidate(s) judged by earlier runs, replayed from the ledger, not "
+                f"judged again and not counted against the budget (nor above)")
+    if summary.pruned:
+        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+                f"(`kernel-agent show {summary.run_id}` says why)")
     if summary.checks_failed:
         ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
                  justify=["left", "right"])
@@ -374,7 +451,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if session and session.serving_line:
         ui.line(session.serving_line)
     ui.line(f"details: kernel-agent show {summary.run_id}")
-    return 0
+    return 1 if failed else 0
 
 
 @command("bench")
@@ -384,7 +461,8 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     if args.model:
         return _bench_model(args)
     model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
-                                  ("--kv", args.kv), ("--stacks", args.stacks)) if v is not None]
+                                  ("--kv", args.kv), ("--stacks", args.stacks), ("--kv-budget", args.kv_budget))
+                   if v is not None]
     if model_flags:
         raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
@@ -392,9 +470,7 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     from ..harness.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     ops = parse_ops(args.op)
-    for f in args.files:
-        if not os.path.isfile(f):
-            raise UsageError(f"no such file: {f}")
+    check_files(args.files)
     if args.files and len(ops) > 1:
         raise UsageError("candidate files need a single --op")
     if args.processes < 1:
@@ -430,7 +506,8 @@ def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kern
                      doc: Dict[str, Any]) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
     from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
-    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0}
+    # references: what serving engines run (FlashInfer's paged decode), shown beside the torch anchor
+    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0, "references": True}
     outs = [evaluator.bench(spec) for _ in range(args.processes)]
     doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
     errors = [o["error"] for o in outs if o.get("error")]
@@ -469,19 +546,25 @@ def print_bench(doc) -> None:
     for res in doc["results"]:
         ms = res["measurements"]
         anchor = next((m for m in ms if m["label"].startswith("anchor")), None)
+        fi = next((m for m in ms if m["label"].startswith("anchor:flashinfer") and not m.get("error")), None)
         for m in ms:
             if m.get("error"):
-                rows.append([res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", m["error"][:60]])
+                rows.append([res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]])
                 continue
             ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
+            fi_ratio = f"{fi['median_ms'] / m['median_ms']:.2f}x" if fi else ""
             rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
             rep_ms, rep_spread, rep_kind = reported_time(m)
             rows.append([res["op"], res["shape"], res["dtype"], m["label"], f"{m['median_ms']:.4f}",
                          f"±{m['spread_ms']:.4f}", (f"{m['graph_ms']:.4f}" + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""))
-                         if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, rate,
+                         if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, fi_ratio, rate,
                          f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else "")])
     ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "reported (run to run)",
-                  "anchor/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 7)
+                  "anchor/this", "flashinfer/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 8)
+    for res in doc["results"]:  # what the table has no column for: e.g. which SDPA backend ran
+        for m in res["measurements"]:
+            if m.get("note") and not m.get("error"):
+                ui.line(f"{res['op']} {res['shape']} {m['label']}: {m['note']}")
     for e in doc.get("errors", []):
         ui.line(f"error: {e}", style="red")
 
@@ -497,8 +580,11 @@ def _bench_model(args) -> int:
         raise UsageError("bench --model takes no candidate FILE (it times the baselines and the serving set)")
     if args.points and (args.batch is not None or args.context is not None):
         raise UsageError("bench --model: give --points, or --batch and --context, not both")
+    if args.kv_budget and (args.points or args.batch is not None):
+        raise UsageError("bench --model --kv-budget: the budget sets the batch; give --context, not --points or --batch")
     try:
         cfg = load_model_config(args.model)
+        budget = parse_bytes(args.kv_budget) if args.kv_budget else None
         if args.points:
             points = parse_points(args.points)
         else:
@@ -518,8 +604,13 @@ def _bench_model(args) -> int:
         return 2
     to_stdout = args.json
     log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
-    result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
+    if budget is not None:
+        result = run_kv_budget(cfg, budget, points[0].context, stacks, kv_modes, seed=args.seed, log=log)
+    else:
+        result = run_model_bench(cfg, points, stacks, kv_modes, seed=args.seed, log=log)
     doc = result.to_json()
+    if budget is not None:
+        doc["kv_budget_bytes"] = budget
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".tmp", "w") as f:
@@ -528,16 +619,16 @@ def _bench_model(args) -> int:
     if to_stdout:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
-        print_model_bench(result)
+        print_model_bench(result, budget)
     return 0
 
 
 KV_LABEL = {"bf16": "bf16", "int8": "int8 (quantize_kv)"}
 
 
-def print_model_bench(result) -> None:
-    """The step table (ms/step, tokens/s, vs torch), the op shares, what served each op in the serving
-    stack, and the int8 cache's accuracy."""
+def print_model_bench(result, budget: Optional[int] = None) -> None:
+    """The step table (ms/step, tokens/s, vs torch and vs flashinfer), at a KV budget the equal-memory table,
+    the op shares, what served each op in the serving stack, and the int8 cache's accuracy."""
     cfg = result.config
     tp = f", tensor parallel {cfg.tp} (one GPU's shard; all-reduces not timed)" if cfg.tp > 1 else ""
     ui.line(f"{cfg.name}: decode step of {cfg.layers} layers (hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} "
@@ -548,9 +639,12 @@ def print_model_bench(result) -> None:
         for t in p.timings:
             kv = "bf16 (reference)" if t.stack == "torch" else KV_LABEL[t.kv]
             rows.append([f"B={p.batch} ctx={p.context}", t.stack, kv, f"{t.step_ms:.2f}", f"{t.tokens_per_s:,.0f}",
-                         f"{t.vs_torch:.3f}x" if t.vs_torch is not None else ""])
-    ui.table("", ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch"], rows,
-             justify=["left", "left", "left", "right", "right", "right"])
+                         f"{t.vs_torch:.3f}x" if t.vs_torch is not None else "",
+                         f"{t.vs_flashinfer:.3f}x" if t.vs_flashinfer is not None else ""])
+    ui.table("", ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch", "vs flashinfer"], rows,
+             justify=["left", "left", "left", "right", "right", "right", "right"])
+    if budget is not None:
+        _print_equal_memory(result, budget)
     labels = ["qkv", "quantize_kv", "attention", "o", "gate_up", "down", "other"]
     shown = [lb for lb in labels if any(lb in t.shares for p in result.points for t in p.timings)]
     rows = [[f"B={p.batch} ctx={p.context}", t.stack, t.kv] + [f"{t.shares[lb]:.1%}" if lb in t.shares else ""
@@ -566,6 +660,19 @@ def print_model_bench(result) -> None:
     for p in result.points:
         if p.accuracy is not None:
             ui.line(f"B={p.batch} ctx={p.context}: {p.accuracy.describe()}")
+
+
+def _print_equal_memory(result, budget: int) -> None:
+    """tokens/s per GPU of every stack and KV mode at the budget, against torch's bf16 stack at the budget's
+    bf16 batch: the serving cost of a token at equal memory."""
+    torch_bf16 = next((t.tokens_per_s for p in result.points for t in p.timings
+                       if t.stack == "torch" and t.kv == "bf16"), None)
+    rows = [[KV_LABEL[t.kv] if t.stack != "torch" else "bf16 (reference)", f"{p.batch}", t.stack,
+             f"{t.tokens_per_s:,.0f}", f"{t.tokens_per_s / torch_bf16:.3f}x" if torch_bf16 else ""]
+            for p in result.points for t in p.timings]
+    ui.table(f"at a KV budget of {budget / 2**30:.1f} GiB per GPU, context {result.points[0].context}: tokens/s at "
+             f"equal memory", ["KV cache", "sequences", "stack", "tokens/s", "vs torch bf16"], rows,
+             justify=["left", "right", "left", "right", "right"])
 
 
 # -- history and show --------------------------------------------------------------------------
@@ -598,21 +705,30 @@ def _show_run(led, run, args) -> int:
     cands = led.candidates(run_id=run.id)
     target = recorded_target(run_notes(run))  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
-    ui.line(f"run {run.id} [{run.status}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
+    ended = run_end_note(run)
+    ui.line(f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
             + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
     v = run.versions
     ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
             f"python {v.get('python')}")
     rows = []
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
+    replayed = {c.id for c in cands} - led.judged_now(run.id)
     for c in cands:
         verdict = c.verdict or {}
         first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == CheckStatus.FAILED), None)
         why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
         timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
-        rows.append([c.id, c.op, c.label or "", c.status, eq, timing, why[:90]])
-    ui.table("candidates", ["id", "op", "label", "status", "FpSan", "timing", "why"], rows)
+        status = f"{c.status} (replayed)" if c.id in replayed else c.status  # judged by an earlier run
+        bucket = os.path.basename(os.path.dirname(c.path)) if c.path else ""  # (the loop writes it there)
+        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
+    ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
+    if summary.pruned:
+        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+                f"(`kernel-agent show {summary.run_id}` says why)")
+    for line in diagnosis_lines(led, run.id):  # what bounds each incumbent, and why proposals were pruned
+        ui.line(line)
     for p in summary.promotions:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
                 style="green")
@@ -661,11 +777,14 @@ def _show_candidate(led, cid: int, args) -> int:
     if unusable:  # no source came back: a diff would show the whole parent deleted
         ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
     else:
-        plabel, psrc = parent_source(led, c)
-        diff = unified_diff(plabel, psrc, f"candidate #{c.id}", c.source)
-        for line in filter(None, config_lines(psrc, c.source)):  # a configuration change says so before its diff
+        promo = next((p for p in led.promotions(op=c.op) if p.candidate_id == c.id), None)
+        base = judged_base(led, c, promo.replaced_candidate_id if promo else None)
+        diff = unified_diff(base.label, base.source, f"candidate #{c.id}", c.source)
+        for line in filter(None, config_lines(base.source, c.source)):  # a configuration change says so first
             ui.line(line.replace("`", ""))
-        ui.line(f"diff against {plabel}:", style="bold")
+        if base.note:
+            ui.line(base.note)
+        ui.line(f"diff against {base.label} (what it was judged against):", style="bold")
         sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
     _print_model_exchanges(led.model_calls(candidate_id=cid))
     return 0
@@ -689,7 +808,7 @@ def _print_checks(checks) -> None:
                            for mode, ks in by_mode.items())
         ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
                  [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
-                   best[n].detail[:140]] for n in order])
+                   best[n].detail] for n in order], wrap=["detail"])  # the detail (a failure, its --seed) is the point
 
 
 def _print_model_exchanges(calls) -> None:
@@ -717,16 +836,19 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     from .publish import plan_target  # here: publication imports the serving set, which imports torch
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
-    if not os.path.isfile(args.file):
-        raise UsageError(f"no such file: {args.file}")
+    check_files([args.file])
     if not devices.available():
         ui.error(NO_GPU)
         return 2
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
-    with open(args.file) as f:
-        source = f.read()
+    with open(args.file, "rb") as f:
+        raw = f.read()
+    try:
+        source = canonical_source(raw)  # what is recorded, judged and installed (sanitizer/canonical.py)
+    except TextRefused:
+        source = raw.decode("utf-8", errors="replace")  # as it is: the sanitizer refuses it with the reason
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
                          "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},
@@ -805,22 +927,46 @@ def _shown_entry(target, entry) -> str:
 
 @command("demote")
 def cmd_demote(args, devices: Optional[Devices] = None) -> int:
-    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted. The GPU is
-    `--gpu`, else this machine's (`devices`)."""
+    """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted, written where a
+    promotion goes (agent/publish.py): a commit on a branch of its own where git tracks the serving folder,
+    else (or with --in-place) in place. The GPU is `--gpu`, else this machine's (`devices`)."""
     from ..harness import serving  # here: torch, after the flags
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
-    led = open_ledger(args)
-    removed = serving.remove(args.op, args.bucket, args.dtype, gname)
-    promo = led.active_promotion(args.op, args.bucket, args.dtype, gname)
-    if promo is None:
-        # the manifest names GPUs by slug; find the promotion whatever its spelling
-        promo = next((p for p in led.promotions(op=args.op, active_only=True)
-                      if p.bucket == args.bucket and p.dtype == args.dtype and
-                      serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)), None)
-    if promo is not None:
-        led.demote(promo.id, args.reason)
-    if not removed and promo is None:
+    led = open_ledger(args, existing=True)  # a demotion changes what a ledger records: a typo creates none
+    plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
+    served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
+    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
+    if served is None and promo is None:
         raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
-    ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; the baseline serves it now")
+    # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
+    run = led.start_run({"command": "demote", "op": args.op, "bucket": args.bucket, "dtype": args.dtype,
+                         "reason": args.reason, "in_place": args.in_place}, env.versions(), "manual", [args.op],
+                        gname, {})
+    target = plan.open(run.id)
+    try:
+        removed = serving.remove(args.op, args.bucket, args.dtype, gname, dir=target.dir)
+        if promo is not None:
+            led.demote(promo.id, args.reason)
+        target.commit(f"Demote {args.op} {args.bucket} {args.dtype} on {gname}\n\n{args.reason}\n\n"
+                      f"The baseline serves the bucket again (kernel-agent run {run.id}).\n")
+    finally:
+        info = target.close()
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
+    what = "removed from the serving set" if removed else "no serving entry (the ledger's promotion is marked demoted)"
+    ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
+    ui.line(info.outcome())
     return 0
+
+
+def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):
+    """The ledger's active promotion of a bucket on a GPU, whatever the spelling of the GPU's name (the manifest
+    names GPUs by slug)."""
+    from ..harness import serving  # here: torch, after the flags
+    promo = led.active_promotion(op, bucket, dtype, gname)
+    if promo is None:
+        promo = next((p for p in led.promotions(op=op, active_only=True)
+                      if p.bucket == bucket and p.dtype == dtype and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)),
+                     None)
+    return promo

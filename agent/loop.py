@@ -33,19 +33,23 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tu
 
 from ..harness import model_step, serving
 from ..harness.bench import record_shape_result
+from ..harness.compile_probe import CompileProfile
+from ..harness.diagnosis import Diagnosis, diagnose_incumbent
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
 from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source, row_time
 from ..harness.ops import NAMES, get_op
 from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
-from ..sanitizer.verdict import CheckStatus
-from .model import CallRecord, ModelConfig, ModelProposer
+from ..sanitizer.canonical import TextRefused, canonical_source
+from ..sanitizer.verdict import CheckOutcome, CheckStatus, is_time_limit
+from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
                         TaskLost, default_jobs, describe, occupied_fraction)
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .publish import (NONE, PromotionRequest, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target,
                       publish_choices, publish_promotion, recorded_target)
+from .screen import Screen
 from .search import SearchProposer, baseline_source
 from .throughput import Throughput
 
@@ -53,7 +57,7 @@ ALL_OPS = NAMES  # the op registry, in its order
 # Every benchmark already checks the result on the device at each shape it times; the
 # full device suite (odd shapes, both dtypes) and compute-sanitizer run before a promotion.
 GPU_QUICK_CHECKS = ("determinism",)
-GPU_PROMOTION_CHECKS = ("gpu_differential", "memcheck", "initcheck", "racecheck")
+GPU_PROMOTION_CHECKS = ("gpu_differential", "gpu_domain", "memcheck", "initcheck", "racecheck")
 # What a resumed run may spend finishing the candidates it finds in flight, past the original limit.
 FINISH_ALLOWANCE_S = 600.0
 # Candidates in flight per GPU (with a GPU the CPU stages are not the bottleneck: the bound keeps the
@@ -73,6 +77,11 @@ TIMED = (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED)
 PASSED_SANITIZER = (CandidateStatus.VERIFIED,) + TIMED
 # How long the hard stop waits for killed children to be reaped before the run ends anyway.
 STOP_GRACE_S = 8.0
+# What a candidate's line says when the time limit, not a verdict, ended its sanitizer stage.
+NOT_VERIFIED = "not verified"
+# Model calls that failed, with none answered in the session, before the run stops as failed: an endpoint that
+# answers every call with an error (a wrong URL, a server that is not the API) would burn the whole budget.
+MODEL_FAILURES_LIMIT = 3
 
 
 @dataclass
@@ -307,7 +316,9 @@ class Loop:
         self.attempts: Dict[Tuple[str, str], List[Attempt]] = {}
         self.incumbent_ms: Dict[Tuple[str, str], float] = {}
         self.stats = {"proposed": 0, "rejected": 0, "verified": 0, "benchmarked": 0, "promoted": 0,
-                      "duplicates": 0, "unusable_replies": 0, "unjudged": 0}
+                      "duplicates": 0, "unusable_replies": 0, "unjudged": 0, "not_verified": 0}
+        self.model_calls = {"answered": 0, "failed": 0}  # the proposer's model calls in this session
+        self.failure: Optional[str] = None  # why the run cannot go on (it then ends as failed)
         # past the deadline the run stops hard: running children are killed, and their candidates stay
         # in the ledger at the stage they reached (a resume finishes them)
         self.deadline: Optional[float] = None
@@ -325,6 +336,7 @@ class Loop:
         # (op, bucket) -> proposals in a row repeating a source this process already saw (a stuck proposer is stopped)
         self.duplicate_streak: Dict[Tuple[str, str], int] = {}
         self._history_loaded: Set[Tuple[str, str]] = set()
+        self.diagnoses: Dict[Tuple[str, str, str], Diagnosis] = {}  # (op, bucket, incumbent hash) -> diagnosis
         self.session_hashes: Set[str] = set()  # sources proposed since this process started
         self.working: Set[Tuple[int, str, str]] = set()  # (candidate, op, bucket) given a work in this process
 
@@ -368,7 +380,18 @@ class Loop:
         inc = self.incumbent(t)
         return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, inc.source, inc.label,
                               self.incumbent_ms.get((t.op, t.bucket)), self.gpu_name if self.gpu else None,
-                              self.ceilings, list(self.attempts.get((t.op, t.bucket), [])))
+                              self.ceilings, list(self.attempts.get((t.op, t.bucket), [])),
+                              diagnosis=self._diagnosis(t, inc))
+
+    def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
+        """What bounds the bucket's incumbent (harness/diagnosis.py), once per incumbent source and run;
+        recorded in the ledger. None where the placement's children cannot compile (a test's fakes)."""
+        key = (t.op, t.bucket, hash_source(inc.source))
+        if key not in self.diagnoses and compiler_of(self.placement) is not None:
+            self.diagnoses[key] = diagnose_incumbent(self.ledger, self.run_id, t.op, t.bucket, self.cfg.dtype,
+                                                     t.shapes, inc.source, inc.label,
+                                                     profile=compiler_of(self.placement))
+        return self.diagnoses.get(key)
 
     # -- the proposer (its own thread; calls keep their order) ----------------------------
     def _feedback(self, ctx: ProposeContext, p: Proposal, passed: bool, ms: Optional[float]) -> None:
@@ -387,6 +410,12 @@ class Loop:
             self._record_unusable(p)
             budget.used += 1
             return None
+        try:
+            # what is recorded, hashed, judged and promoted is the canonical text (sanitizer/canonical.py); the
+            # model's reply as it came stays in its model call
+            p.source = canonical_source(p.source)
+        except TextRefused:
+            pass  # kept as proposed: the judge's static gate refuses it with the reason, and nothing runs it
         h = hash_source(p.source)
         key = (t.op, t.bucket)
         repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself
@@ -398,17 +427,18 @@ class Loop:
                 return self._work(t, ctx, p, c.id, self._write(p, h, t))
             if repeat:
                 self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
-            if c is not None and not self._unfinished(c.status):  # (one still in flight tells its own result)
+            if c is not None and not self._unfinished(c):  # (one still in flight tells its own result)
                 self._replay(ctx, p, c.id)
             return None
         existing = self.ledger.find_candidate(p.op, p.source)
         path = self._write(p, h, t)
+        replay = existing is not None and not self._needs_work(existing, t)
         cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
-                                              path=path, label=p.label)
+                                              path=path, label=p.label, replayed=replay)
         self.known[h] = cand.id
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
-        if existing is not None and not self._needs_work(existing, t):
+        if replay:
             # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
             # so a run over a ledger that holds earlier runs still judges as many new candidates
             self.stats["duplicates"] += 1
@@ -421,14 +451,44 @@ class Loop:
         self.stats["proposed"] += 1
         return self._work(t, ctx, p, cand.id, path)
 
+    def _count_model_call(self, p: Proposal) -> None:
+        """Count the proposer's model calls; with MODEL_FAILURES_LIMIT failed and none answered, the run cannot
+        go on (`failure`): the endpoint answers, but not as the API it should be."""
+        if p.model_call_id is None and not p.rejected.startswith(MODEL_CALL_FAILED):
+            return
+        if not p.rejected.startswith(MODEL_CALL_FAILED):
+            self.model_calls["answered"] += 1
+            return
+        self.model_calls["failed"] += 1
+        n = self.model_calls["failed"]
+        if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
+            self.failure = (f"the model endpoint failed on every call ({n} of {n}), last: "
+                            f"{p.rejected[len(MODEL_CALL_FAILED) + 2:][:200]}")
+
     def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> Work:
+        c = self.ledger.candidate(cid)
+        if c is not None:
+            self._reopen(c)
         self.working.add((cid, t.op, t.bucket))
         return Work(t, ctx, p, cid, path)
 
-    def _unfinished(self, status: str) -> bool:
-        """Whether a recorded candidate still needs evaluating here: never judged, or verified without a
-        GPU (or before a time limit) and this run has one. Its finished stages are not run again."""
-        return status == CandidateStatus.PROPOSED or (self.gpu and status == CandidateStatus.VERIFIED)
+    def _unfinished(self, c: Candidate) -> bool:
+        """Whether a recorded candidate still needs evaluating here: never judged, not verified within the
+        sanitizer's time limit (slowness is no fault: recorded as rejected by an older version too), or
+        verified without a GPU (or before a time limit) and this run has one. Its finished stages are not run
+        again."""
+        return c.status == CandidateStatus.PROPOSED or self._rejected_for_time(c) or \
+            (self.gpu and c.status == CandidateStatus.VERIFIED)
+
+    @staticmethod
+    def _rejected_for_time(c: Candidate) -> bool:
+        """A candidate an older version recorded as rejected when only the sanitizer's time limit stopped it."""
+        return c.status == CandidateStatus.REJECTED and is_time_limit((c.verdict or {}).get("error"))
+
+    def _reopen(self, c: Candidate) -> None:
+        """A candidate rejected only for the time limit is judged again: it is 'proposed' until it is."""
+        if self._rejected_for_time(c):
+            self.ledger.set_candidate_status(c.id, CandidateStatus.PROPOSED, verdict=c.verdict)
 
     def _needs_work(self, c: Candidate, t: Target) -> bool:
         """Whether candidate `c`, proposed for target `t`, needs a work there that this session has not
@@ -436,7 +496,7 @@ class Loop:
         once) but never at `t`'s shapes, where the benchmark against that bucket's incumbent is still owed."""
         if (c.id, t.op, t.bucket) in self.working:
             return False
-        if self._unfinished(c.status):
+        if self._unfinished(c):
             return True
         if not self.gpu or c.status not in TIMED:
             return False
@@ -448,7 +508,7 @@ class Loop:
         by_key = {(t.op, t.bucket): t for t in targets}
         works = []
         for c in self.ledger.candidates(run_id=self.run_id):
-            if not self._unfinished(c.status) or not c.path:
+            if not self._unfinished(c) or not c.path:
                 continue
             bucket = os.path.basename(os.path.dirname(c.path))
             t = by_key.get((c.op, bucket)) or next((x for x in targets if x.op == c.op), None)
@@ -517,14 +577,31 @@ class Loop:
 
     def _stage_done(self, cid: int, mode: str, checks: Optional[Sequence[str]]) -> Optional[bool]:
         """A stage this candidate already finished (a resume): True passed, False failed, None not run."""
-        done = self.ledger.checks(cid, mode=mode)
+        done = self._since_time_limit(cid, mode, self.ledger.checks(cid, mode=mode))
         if done and (checks is None or {c.name for c in done} >= set(checks)):
             return all(c.status != CheckStatus.FAILED for c in done)
         return None
 
+    def _since_time_limit(self, cid: int, mode: str, done: List[Any]) -> List[Any]:
+        """A stage's recorded checks that count: those after the last time the sanitizer's time limit stopped
+        the stage (that judging found nothing; the stage is run again). An older version recorded the check
+        the limit stopped as failed, its candidate's verdict naming the limit; this one as not run."""
+        c = self.ledger.candidate(cid)
+        verdict = (c.verdict or {}) if c is not None else {}
+        old_style = is_time_limit(verdict.get("error")) and verdict.get("mode") == mode
+        # (by the judge's words only: a failed check's detail may quote the candidate's own messages)
+        stopped = [k for k in done if (k.status == CheckStatus.SKIPPED and is_time_limit(k.detail))
+                   or (old_style and k.status == CheckStatus.FAILED)]
+        if not stopped:
+            return done
+        last = max(k.created_at for k in stopped)
+        return [k for k in done if k.created_at > last]
+
     def _record_verdict(self, works: Sequence[Work], mode: str, v) -> bool:
         """Record one sanitizer stage's verdict for a candidate (its works share it); True when it passed."""
         cid = works[0].cid
+        if not v.passed and is_time_limit(v.error):
+            return self._not_verified(works, mode, v)
         self.ledger.record_checks(cid, mode, [asdict(c) for c in v.checks])
         if v.passed:
             if mode == "full":
@@ -539,6 +616,25 @@ class Loop:
             self.attempts.setdefault((w.target.op, w.target.bucket), []).append(
                 Attempt(w.proposal.label, False, v.summary()))
             self._feedback(w.ctx, w.proposal, False, None)
+        return False
+
+    def _not_verified(self, works: Sequence[Work], mode: str, v) -> bool:
+        """The time limit stopped a sanitizer stage: not a verdict. The candidate stays where it was (proposed,
+        or verified), the check the limit stopped is recorded as not run, with the limit's words, and a later
+        run or `--resume` judges it again. Returns False: nothing follows in this session."""
+        cid, w0 = works[0].cid, works[0]
+        checks = [CheckOutcome(k.name, CheckStatus.SKIPPED, v.error if not is_time_limit(k.detail) else k.detail,
+                               k.duration_s) if k.status == CheckStatus.FAILED else k for k in v.checks]
+        self.ledger.record_checks(cid, mode, [asdict(k) for k in checks])
+        c = self.ledger.candidate(cid)
+        if c is not None and c.status == CandidateStatus.PROPOSED:  # (a verified one keeps its full verdict)
+            self.ledger.set_candidate_status(cid, CandidateStatus.PROPOSED, verdict=v.to_json())
+        self.stats["not_verified"] += 1
+        self.events.candidate(w0.proposal.label, NOT_VERIFIED,
+                              f"{w0.target.op} {mode}: {v.error}; judged again by a later run or "
+                              f"`kernel-agent run --resume {self.run_id}`")
+        for w in works:
+            self._feedback(w.ctx, w.proposal, False, None)  # the proposer moves on; the ledger keeps it open
         return False
 
     def _verified_without_gpu(self, works: Sequence[Work]) -> None:
@@ -574,8 +670,10 @@ class Loop:
                 self.bench_phases[name].append(float(phases[key]))
         if doc.get("raced_out"):
             self.raced_out += 1
+        inc_source = baseline_source(t.op) if inc_file is None else _read_text(inc_file)
+        inc_hash = hash_source(inc_source) if inc_source is not None else None
         for res in doc.get("results", []):
-            record_shape_result(self.ledger, self.run_id, res, cid, inc_label)
+            record_shape_result(self.ledger, self.run_id, res, cid, inc_label, inc_hash)
         self._choose_serving(t)
         j = judge_benchmark(doc, [s.key() for s in t.shapes], self.cfg.margin)
         self.judged.add(cid)
@@ -846,6 +944,7 @@ class _Stream:
                           "the proposer has nothing new")
             return
         for p in proposals:
+            lp._count_model_call(p)
             w = lp._admit(t, ctx, p, self.budget)
             if w is not None:
                 self._enter(w)
@@ -972,6 +1071,9 @@ class _Stream:
                 if lp.deadline is not None and time.time() >= lp.deadline:
                     self._hard_stop()
                     return f"time limit reached ({lp.cfg.time_limit_s:.0f}s)"
+                if lp.failure is not None:
+                    self._hard_stop(lp.failure)
+                    return lp.failure
                 self._start()
                 self._propose()
                 self._start()
@@ -1056,8 +1158,11 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
             ledger.set_run_status(run_id, RunStatus.FAILED)
         raise
     try:
-        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id), events, gpu, gname,
-                    placement or placement_for(cfg, devices, evaluator), target)
+        placement = placement or placement_for(cfg, devices, evaluator)
+        # the compile screen saves GPU time; without a GPU its compiles would only cost the sanitizer's cores
+        screen_compiler = compiler_of(placement) if gpu else None
+        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id, screen_compiler),
+                    events, gpu, gname, placement, target)
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
         if resume:
@@ -1121,14 +1226,48 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
                        cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
                        past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.stats["unjudged"],
                        stop=stop_reason)
-        ledger.set_run_status(run_id, RunStatus.FINISHED, finished=True, notes=notes(session))
+        ended = RunStatus.FAILED if loop.failure is not None else RunStatus.FINISHED
+        ledger.set_run_status(run_id, ended, finished=True, notes=notes(session))
         summary = ledger.run_summary(run_id)
         summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
                                      th.describe(len(loop.placement.gpus)), serving_record().to_json(),
                                      serving_record().outcome())
         return summary
+    except BaseException as e:
+        _record_end(ledger, run_id, e)
+        raise
     finally:
         _end_target(target, events)  # (a finished or interrupted run has ended it already)
+
+
+def _record_end(ledger: Ledger, run_id: str, e: BaseException) -> None:
+    """Record how a run that ended by an exception ended, unless it already did (Ctrl-C is recorded where it
+    is caught): a closed output (`run ... | head`) or a signal as interrupted, anything else as failed, with
+    the reason in its notes ('stop'), so that no run stays 'running' for good. A ledger that cannot take the
+    record leaves the original error to be reported."""
+    try:
+        run = ledger.get_run(run_id)
+        if run is None or run.status != RunStatus.RUNNING:
+            return
+        if isinstance(e, BrokenPipeError):
+            status, why = RunStatus.INTERRUPTED, "its output was closed (a closed pipe)"
+        elif isinstance(e, (KeyboardInterrupt, SystemExit)):
+            status, why = RunStatus.INTERRUPTED, f"interrupted ({type(e).__name__})"
+        else:
+            status, why = RunStatus.FAILED, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        notes = json.loads(run.notes) if (run.notes or "").startswith("{") else {}
+        notes["stop"] = why
+        ledger.set_run_status(run_id, status, finished=status == RunStatus.FAILED, notes=json.dumps(notes))
+    except Exception:  # noqa: BLE001 - the error that ended the run is the one to report
+        pass
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _end_target(target: ServingTarget, events: RunEvents) -> None:
@@ -1140,7 +1279,13 @@ def _end_target(target: ServingTarget, events: RunEvents) -> None:
         events.note(f"the run's worktree was not removed: {e}")
 
 
-def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
+def compiler_of(placement) -> Optional[Callable[..., CompileProfile]]:
+    """What compiles a kernel for the H200 on this machine's CPU: the placement's evaluator's `profile`."""
+    return getattr(getattr(placement, "evaluator", None), "profile", None)
+
+
+def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str,
+                  profile: Optional[Callable[..., CompileProfile]] = None) -> Proposer:
     if cfg.proposer == "model":
         if not cfg.model:
             raise ValueError("the model proposer needs a model endpoint (--model / --base-url or OPENAI_* variables)")
@@ -1151,4 +1296,4 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str) -> Proposer:
             return ledger.record_model_call(run_id, mc["model"], rec.prompt, rec.response, rec.prompt_tokens,
                                             rec.completion_tokens, rec.latency_s, rec.error)
         return ModelProposer(ModelConfig(**mc), on_call=on_call, token_budget=cfg.token_budget)
-    return SearchProposer(seed=cfg.seed)
+    return SearchProposer(seed=cfg.seed, screen=Screen(ledger, run_id, profile))

@@ -26,7 +26,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
-from ..harness import bench_worker
+from ..harness import bench_worker, compile_probe
+from ..harness.compile_probe import CompileProfile
 from ..harness.env import gpu_name
 from ..sanitizer import isolation, runner
 from ..sanitizer.lease import OnReady
@@ -161,6 +162,12 @@ class ChildEvaluator:
     def bench(self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None,
               on_ready: Optional[OnReady] = None) -> Dict[str, Any]:
         return bench_worker.run_bench_isolated(spec, env=env, on_ready=on_ready)
+
+    def profile(self, source: str, op: str, shapes: Sequence[str], dtype: str,
+                timeout_s: float = compile_probe.INCUMBENT_TIMEOUT_S) -> CompileProfile:
+        """The kernel compiled for the H200 on this machine's CPU, in a sandboxed child (harness/compile_probe.py).
+        An evaluator without `profile` (a test's fake) gives the run no compiled diagnosis or compile screen."""
+        return compile_probe.profile_source(source, op, shapes, dtype, timeout_s)
 
     def stop_all(self) -> None:
         isolation.stop_all()

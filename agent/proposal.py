@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..harness.diagnosis import Diagnosis
 from ..harness.ops.common import Shape
 
 
@@ -43,6 +44,7 @@ class ProposeContext:
     ceilings: Optional[Dict[str, Any]] = None
     attempts: List[Attempt] = field(default_factory=list)
     archive: List[str] = field(default_factory=list)  # sources of diverse good candidates
+    diagnosis: Optional[Diagnosis] = None  # what bounds the incumbent on this bucket (harness/diagnosis.py)
 
 
 class Proposer:

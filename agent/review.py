@@ -19,7 +19,8 @@ from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
-from .views import config_lines, history_data, parent_source, serving_doc, speedup_trend, unified_diff  # noqa: F401
+from .views import (JudgedBase, config_lines, diagnosis_lines, history_data, judged_base, serving_doc,  # noqa: F401
+                    speedup_trend, unified_diff)
 
 
 def register(sub) -> None:
@@ -56,13 +57,15 @@ def history(args, led) -> int:
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
-    ui.table(f"runs ({len(runs)})", ["run", "status", "proposer", "ops", "started (UTC)", "gpu", "cands", "rejected",
-                                     "verified", "bench", "promoted"],
-             [[r["id"], r["status"], r["proposer"], r["ops"], r["started"][:16].replace("T", " "), r["gpu"] or "-",
-               r["candidates"], r["by_status"].get(CandidateStatus.REJECTED, 0),
-               r["by_status"].get(CandidateStatus.VERIFIED, 0), r["by_status"].get(CandidateStatus.BENCHMARKED, 0),
-               r["promotions"]] for r in doc["runs"]],
-             justify=["left"] * 6 + ["right"] * 5)
+    # the counts before the text columns: at 80 columns a text column is cut or left out, never a count
+    ui.table(f"runs ({len(runs)}); judged: by the run itself, of which rej(ected), ver(ified), bench(marked); "
+             f"replay: judged by earlier runs", ["run", "status", "judged", "rej", "ver", "bench", "promoted",
+                                                 "replay", "proposer", "started (UTC)", "ops", "gpu"],
+             [[r["id"], r["status"], r["judged_now"], r["judged_now_by_status"].get(CandidateStatus.REJECTED, 0),
+               r["judged_now_by_status"].get(CandidateStatus.VERIFIED, 0),
+               r["judged_now_by_status"].get(CandidateStatus.BENCHMARKED, 0), r["promotions"], r["replayed"],
+               r["proposer"], r["started"][:16].replace("T", " "), r["ops"], r["gpu"] or "-"] for r in doc["runs"]],
+             justify=["left"] * 2 + ["right"] * 6 + ["left"] * 4)
     if args.leaderboard:
         rows = [[e.figure.bucket, e.figure.shape_key, f"#{e.figure.candidate_id} {e.label or ''}".strip(),
                  fmt_ms(e.figure.kernel_ms), _short_label(e.figure.incumbent_label), fmt_ms(e.figure.incumbent_ms),
@@ -145,6 +148,7 @@ def write_report(led, run, out_dir: str) -> str:
     elif results and not _have_matplotlib():
         lines += ["(No plots: they need matplotlib, `pip install -e '.[report]'`.)", ""]
     lines += _candidate_table(led, run, results)
+    lines += diagnosis_lines(led, run.id, markdown=True)
     lines += _results_table(results)
     promos = led.promotions(run_id=run.id)
     if not promos:
@@ -174,6 +178,7 @@ class PromotedKernel:
     result: Optional[CandidateResult]
     replaced_label: str
     replaced_source: str
+    replaced_note: str = ""  # when the source is not today's file of that name (JudgedBase.note)
 
     @property
     def replaced_what(self) -> str:
@@ -189,12 +194,13 @@ def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedK
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
         res = next((r for r in results if r.candidate_id == pr.candidate_id and (r.op, r.bucket, r.dtype, r.gpu_name)
                     == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)), None)
-        old = led.candidate(pr.replaced_candidate_id) if pr.replaced_candidate_id else None
-        if old is not None:
-            olabel, osrc = f"candidate #{old.id}", old.source
+        if c is not None:
+            base = judged_base(led, c, pr.replaced_candidate_id)
         else:
-            olabel, osrc = f"kernels/baseline/{pr.op}.py", baseline_source(pr.op)
-        out.append(PromotedKernel(pr, c, res, olabel, osrc))
+            old = led.candidate(pr.replaced_candidate_id) if pr.replaced_candidate_id else None
+            base = JudgedBase(f"candidate #{old.id}", old.source) if old is not None else \
+                JudgedBase(f"kernels/baseline/{pr.op}.py", baseline_source(pr.op))
+        out.append(PromotedKernel(pr, c, res, base.label, base.source, base.note))
     return out
 
 
@@ -257,7 +263,8 @@ def diff_section(pk: PromotedKernel) -> List[str]:
         return []
     diff = unified_diff(pk.replaced_label, pk.replaced_source, f"candidate #{c.id} ({c.label})", c.source)
     fence = fence_for(diff)  # the candidate's source may hold backticks: the block must outlast them
-    return ["", f"### Diff against {pk.replaced_label}", "", *config_lines(pk.replaced_source, c.source),
+    return ["", f"### Diff against {pk.replaced_label}", "", *([pk.replaced_note, ""] if pk.replaced_note else []),
+            *config_lines(pk.replaced_source, c.source),
             f"{fence}diff", diff.rstrip() or "(identical)", fence, ""]
 
 
@@ -503,7 +510,10 @@ def cmd_gate(args) -> int:
 def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) -> List[Verdict]:
     """A verdict per item, op by op: a missing file fails, the rest are sanitized (and GPU-checked)."""
     verdicts: List[Verdict] = []
-    with ui.Progress(f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}", len(items)) as prog:
+    title = f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}, {jobs} at a time"
+    if not ui.is_tty():  # the bar says it on a terminal; a pipe gets the line at once
+        ui.line(title)
+    with ui.Progress(title, len(items)) as prog:
         by_op: Dict[str, List[GateItem]] = defaultdict(list)
         for it in items:
             by_op[it.op].append(it)
@@ -516,14 +526,20 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                     verdicts.append(Verdict(it.path, op, mode, error=f"serving file missing: {it.path}"))
                     prog.advance(f"FAIL {it.label}: file missing")
             present = [it for it in its if not it.error and os.path.exists(it.path)]
-            vs = run_many([it.path for it in present], op, mode, jobs=jobs)
+            label = {os.path.abspath(it.path): it.label for it in present}
+
+            def done(v: Verdict, stage: str = mode) -> None:
+                # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
+                prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {label.get(v.file, v.file)} "
+                          f"({v.duration_s:.0f}s, seed {v.seed}): {v.summary()[:120]}")
+            vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
             if gpu:
-                gs = run_many([it.path for it in present], op, "gpu", jobs=1)
+                gs = run_many([it.path for it in present], op, "gpu", jobs=1, on_done=lambda v: done(v, "gpu"))
                 vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
             for it, v in zip(present, vs):
                 v.file = it.shown or it.path
                 verdicts.append(v)
-                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {it.label}: {v.summary()[:120]}")
+                prog.advance()  # (its line came as it was judged)
     return verdicts
 
 
@@ -531,14 +547,17 @@ def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
     ok = all(v.passed for v in verdicts)
     lines = [f"## kernel-agent gate: {'passed' if ok else 'FAILED'}", "",
              f"Serving set `{d}`, sanitizer mode {mode}; torch {now.get('torch')}, triton {now.get('triton')}, "
-             f"driver {now.get('driver')}.", "", "| kernel | result | FpSan | first failure |", "|---|---|---|---|"]
+             f"driver {now.get('driver')}. Each kernel's inputs came from the seed base shown: "
+             f"`kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.", "",
+             "| kernel | result | FpSan | seed | first failure |", "|---|---|---|---:|---|"]
     for v in verdicts:
         f = v.first_failure
         eq = {True: "equivalent", False: "not equivalent", None: "-"}[v.fpsan_equivalent]
         # a check's detail and the run's error can carry the candidate's own messages: quoted as data
         why = (f"`{_md_word(f.name)}`: {quote_untrusted(f.detail, 200, markdown=True)}" if f else
                quote_untrusted(v.error, 200, markdown=True) if v.error else "")
-        lines.append(f"| `{os.path.relpath(v.file)}` | {'pass' if v.passed else '**FAIL**'} | {eq} | {why} |")
+        seed = "" if v.seed is None else str(v.seed)
+        lines.append(f"| `{os.path.relpath(v.file)}` | {'pass' if v.passed else '**FAIL**'} | {eq} | {seed} | {why} |")
     if stale:
         lines += ["", "Measured under other versions (re-checked above; re-benchmark on the GPU to re-promote):"]
         lines += [f"- `{e.get('file') or e['op'] + '/' + e['bucket']}`: {', '.join(e['_stale'])}" for e in stale]

@@ -10,29 +10,34 @@ tuple the target shapes use: the kernels are untouched, so a variant is as corre
 parent (and the sanitizer still checks it). The search is a hill climb: start from the
 incumbent's tuple, propose untried neighbours (one field changed, within what the
 hardware can hold), and move to the best measured one. When a variant is promoted it
-becomes the incumbent and the climb continues from it. Ops that stream their inputs
-(Op.streaming) also get one source rewrite: an evict-first cache hint on those loads.
+becomes the incumbent and the climb continues from it.
+
+Beside configurations it proposes the rewrites of the catalog (agent/rewrites.py) whose precondition holds
+for the incumbent, those that help what bounds it (ProposeContext.diagnosis) first, alternating with the
+configurations; a rewrite measured faster than the climb's best is kept, and the configurations proposed
+after it are composed with it (and a better configuration with the rewrites). With a `Screen`
+(agent/screen.py), proposals whose compiled kernel cannot run well on an H200, or that a model fitted to
+the ledger's timings predicts far slower, are recorded as pruned instead of proposed.
 """
 from __future__ import annotations
 
-import ast
 import importlib
 import itertools
-import os
 import random
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..harness.config_reader import ConfigUnreadable, read_config
 from ..harness.config_variant import baseline_source, has_config, with_config  # noqa: F401 (re-exported)
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.ops.tuning import Space
-from ..harness.serving import load_kernel_file
+from ..harness.source_text import source_hash
 from .proposal import Proposal, ProposeContext, Proposer
+from .rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, target_for
+from .screen import PREDICTED_FLOOR, Screen
 
 
 def baseline_config(op_name: str, shape) -> tuple:
@@ -42,42 +47,17 @@ def baseline_config(op_name: str, shape) -> tuple:
 
 
 def source_config(op_name: str, source: str, shape) -> tuple:
-    """What a kernel source's `_config` returns for a shape. The source is imported from a
-    temporary file (Triton reads kernels' source text); only promoted kernels and the
-    baselines get here, both already through the sanitizer."""
+    """What a kernel source's `_config` returns for a shape, read from its syntax tree: a promoted kernel
+    was written by a model, and this process holds the model's key, so its text is never imported here
+    (harness/config_reader.py). ConfigUnreadable when `_config` does what the reader does not evaluate."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with tempfile.TemporaryDirectory(prefix="ka-incumbent-") as d:
-        path = os.path.join(d, f"{op_name}_incumbent.py")
-        with open(path, "w") as f:
-            f.write(source)
-        fn = load_kernel_file(path, op_name)
-        cfg = sys.modules[fn.__module__]._config
-        return tuple(cfg(*get_op(op_name).config_args(shape, device)))
+    return read_config(source, tuple(get_op(op_name).config_args(shape, device)))
 
 
 def with_evict_first(source: str, names: Sequence[str] = ("k", "v", "x")) -> str:
-    """Add eviction_policy="evict_first" to the tl.load calls whose result is assigned to `names`:
-    data read exactly once should not push reusable lines out of L2. A hint only: same results."""
-    tree = ast.parse(source)
-    edits: List[Tuple[int, int]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in names:
-            call = node.value
-            while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "to":
-                call = call.func.value
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "load" \
-                    and not any(k.arg == "eviction_policy" for k in call.keywords):
-                edits.append((call.end_lineno, call.end_col_offset))
-    if not edits:
-        raise ValueError("no streaming loads to annotate")
-    lines = source.splitlines(keepends=True)
-    for lineno, col in sorted(edits, reverse=True):
-        ln = lines[lineno - 1]
-        lines[lineno - 1] = ln[: col - 1] + ', eviction_policy="evict_first")' + ln[col:]
-    out = "".join(lines)
-    ast.parse(out)
-    return out
+    """The catalog's evict-first rewrite on the loads assigned to `names` (NotApplicable, a ValueError,
+    where there are none)."""
+    return apply_rewrite("evict-first", source, RewriteTarget(streaming=True, streamed_names=tuple(names)))
 
 
 def one_field_neighbours(space: Space, cfg: tuple, shapes: Sequence[Shape]) -> List[tuple]:
@@ -100,8 +80,9 @@ class _OpState:
     best_cfg: tuple
     best_ms: Optional[float] = None
     tried: set = field(default_factory=set)
-    evict_tried: bool = False
-    pending: Dict[str, tuple] = field(default_factory=dict)  # label -> cfg
+    rewrites_tried: set = field(default_factory=set)  # rewrite names proposed on this climb
+    best_rewrites: Tuple[str, ...] = ()  # the rewrites of the best measured proposal, composed with what follows
+    pending: Dict[str, Tuple[tuple, Tuple[str, ...]]] = field(default_factory=dict)  # label -> (cfg, rewrites)
     # the incumbent this climb is for: `source`, unless that could not be tuned and the baseline stood in
     made_for: Optional[str] = None
 
@@ -111,9 +92,10 @@ class SearchProposer(Proposer):
 
     name = "search"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, screen: Optional[Screen] = None):
         self.rng = random.Random(seed)
         self.state: Dict[Tuple[str, str], _OpState] = {}
+        self.screen = screen
 
     def _state(self, ctx: ProposeContext) -> _OpState:
         """The climb for (op, bucket), from the current incumbent. A new incumbent (a promotion)
@@ -128,15 +110,16 @@ class SearchProposer(Proposer):
         if source != base_src:
             try:
                 cfgs = {source_config(ctx.op, source, s) for s in ctx.shapes}
-            except TypeError:  # its `_config` takes other arguments than the op passes now (an older kernel)
-                source = base_src  # the climb starts from the baseline: a variant of it would not run
+            except (TypeError, ConfigUnreadable):  # its `_config` takes other arguments than the op passes now
+                source = base_src  # (an older kernel), or does what the reader does not evaluate: the climb
+                # starts from the baseline, as a variant of this source could not be placed
         if cfgs is None:
             cfgs = {baseline_config(ctx.op, s) for s in ctx.shapes}
         base = sorted(cfgs)[0]
         new = _OpState(ctx.bucket, list(ctx.shapes), source, base, base, tried={base}, made_for=incumbent)
         if st is not None:  # the incumbent changed under the climb
             new.tried |= st.tried
-            new.evict_tried = st.evict_tried
+            new.rewrites_tried = st.rewrites_tried
             new.best_ms = ctx.incumbent_ms
             new.pending = st.pending
         self.state[key] = new
@@ -158,41 +141,85 @@ class SearchProposer(Proposer):
         self.rng.shuffle(out)
         return out
 
+    def _rewrite_order(self, ctx: ProposeContext, st: _OpState) -> List[str]:
+        """Untried catalog rewrites, those that help the diagnosed bound first (catalog order otherwise)."""
+        bound = ctx.diagnosis.bound if ctx.diagnosis is not None else None
+        names = [n for n in applicable(st.source, target_for(ctx.op))
+                 if n not in st.rewrites_tried and n not in st.best_rewrites]
+        return sorted(names, key=lambda n: bound not in CATALOG[n].helps)
+
+    def _make(self, ctx: ProposeContext, st: _OpState, space: Space, cfg: tuple,
+              rewrites: Tuple[str, ...]) -> Optional[Proposal]:
+        """The incumbent with configuration `cfg` and `rewrites` applied, or None where one does not apply."""
+        src = st.source if cfg == st.base_cfg else with_config(st.source, st.base_cfg, cfg, ctx.bucket, space)
+        try:
+            for name in rewrites:
+                src = apply_rewrite(name, src, target_for(ctx.op))
+        except NotApplicable:
+            return None
+        parts = list(rewrites) + ([] if cfg == st.base_cfg else ["cfg-" + "-".join(str(v) for v in cfg)])
+        note = ", ".join([CATALOG[r].summary for r in rewrites] +
+                         ([", ".join(f"{f}={v}" for f, v in zip(space.fields, cfg))] if cfg != st.base_cfg else []))
+        return Proposal(ctx.op, src, "+".join(parts), "search", note=note)
+
+    def _candidates(self, ctx: ProposeContext, st: _OpState, space: Space):
+        """Proposals in the order to try: a rewrite (on the best configuration), then a configuration (with
+        the best rewrites), alternating, each ordered as `_rewrite_order` and the speed model say."""
+        predict = self.screen.speed_model(ctx, st.base_cfg) if self.screen else (lambda cfg: None)
+        rewrites = self._rewrite_order(ctx, st)
+        configs = sorted(self._neighbours(space, st), key=lambda c: -(predict(c) or 1.0))  # stable: shuffled ties
+        for i in range(max(len(rewrites), len(configs))):
+            if i < len(rewrites):
+                st.rewrites_tried.add(rewrites[i])
+                yield self._make(ctx, st, space, st.best_cfg, st.best_rewrites + (rewrites[i],)), st.best_cfg, None
+            if i < len(configs):
+                st.tried.add(configs[i])
+                yield self._make(ctx, st, space, configs[i], st.best_rewrites), configs[i], predict(configs[i])
+
+    def _pruned(self, ctx: ProposeContext, p: Proposal, predicted: Optional[float], seen: set) -> bool:
+        """Whether the screen keeps `p` off the GPU (recorded in the ledger with the reason)."""
+        if self.screen is None:
+            return False
+        if source_hash(p.source) in seen:
+            return True  # pruned by an earlier run: its reason is in the ledger already
+        reason = ""
+        if predicted is not None and predicted < PREDICTED_FLOOR:
+            reason = f"predicted {predicted:.2f}x of the incumbent by the model fitted to this bucket's timings"
+        else:
+            reason = self.screen.compile_reason(ctx, p.source)
+        if reason:
+            self.screen.record(ctx, p, reason)
+        return bool(reason)
+
     def propose(self, ctx: ProposeContext, n: int) -> List[Proposal]:
         op = get_op(ctx.op)
         space = op.tuning_space
         if space is None:  # nothing to tune, and no `_config` the climb could start from
             return []
         st = self._state(ctx)
-        src = st.source
+        seen = self.screen.seen_before(ctx) if self.screen else set()
         props: List[Proposal] = []
-        if op.streaming and not st.evict_tried:
-            st.evict_tried = True
-            try:
-                props.append(Proposal(ctx.op, with_evict_first(src), "evict-first", "search",
-                                      note="evict_first cache hint on the streaming loads"))
-            except ValueError:
-                pass
-        for cfg in self._neighbours(space, st):
-            if len(props) >= n:
+        candidates = self._candidates(ctx, st, space)
+        while len(props) < n:  # (a candidate drawn is marked tried: draw only as many as are wanted)
+            drawn = next(candidates, None)
+            if drawn is None:
                 break
-            st.tried.add(cfg)
-            label = "cfg-" + "-".join(str(v) for v in cfg)
-            source = with_config(src, st.base_cfg, cfg, ctx.bucket, space)
-            st.pending[label] = cfg
-            props.append(Proposal(ctx.op, source, label, "search",
-                                  note=", ".join(f"{f}={v}" for f, v in zip(space.fields, cfg))))
-        return props[:n]
+            p, cfg, predicted = drawn
+            if p is None or self._pruned(ctx, p, predicted, seen):
+                continue
+            st.pending[p.label] = (cfg, tuple(x for x in p.label.split("+") if x in CATALOG))
+            props.append(p)
+        return props
 
     def feedback(self, ctx: ProposeContext, proposal: Proposal, passed: bool, median_ms: Optional[float]) -> None:
         st = self.state.get((ctx.op, ctx.bucket))  # the climb as it is now (a promotion may have moved it)
         if st is None:
             return
-        cfg = st.pending.pop(proposal.label, None)
-        if cfg is None or not passed or median_ms is None:
+        made = st.pending.pop(proposal.label, None)
+        if made is None or not passed or median_ms is None:
             return
         if st.best_ms is None or median_ms < st.best_ms:
-            st.best_ms, st.best_cfg = median_ms, cfg
+            st.best_ms, (st.best_cfg, st.best_rewrites) = median_ms, made
 
     def set_incumbent_time(self, ctx: ProposeContext, median_ms: float) -> None:
         st = self.state.get((ctx.op, ctx.bucket))

@@ -55,10 +55,12 @@ def error(text: str) -> None:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
-          justify: Optional[Sequence[str]] = None) -> None:
+          justify: Optional[Sequence[str]] = None, wrap: Sequence[str] = ()) -> None:
+    """A table: on a terminal fitted to its width (`fit_columns`), where the columns named in `wrap` (a detail
+    that is the point of the table) fold onto more lines instead of being cut; elsewhere plain, uncut."""
     rows = [[("" if v is None else str(v)) for v in r] for r in rows]
     if is_tty():
-        _rich_table(title, list(columns), rows, justify)
+        _rich_table(title, list(columns), rows, justify, [columns.index(c) for c in wrap])
         return
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     if title:
@@ -103,14 +105,27 @@ def fit_columns(columns: Sequence[str], rows: Sequence[Sequence[str]], width: in
     return widths
 
 
-def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: Optional[Sequence[str]]) -> None:
-    widths = fit_columns(columns, rows, console().width)
+# The narrowest a folding column gets: narrower, a detail of a few words takes more lines than it is worth.
+MIN_WRAP_WIDTH = 24
+
+
+def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: Optional[Sequence[str]],
+                wrap: Sequence[int] = ()) -> None:
+    width = console().width
+    # the folding columns take what the others leave: fitted as if they held their header only
+    fitted_rows = [[c if i not in wrap else columns[i] for i, c in enumerate(r)] for r in rows]
+    widths = fit_columns(columns, fitted_rows, width - sum(MIN_WRAP_WIDTH - len(columns[i]) for i in wrap))
+    rest = width - sum(w + 2 for i, w in enumerate(widths) if w is not None and i not in wrap)
+    for i in wrap:
+        natural = max([len(columns[i])] + [len(r[i]) for r in rows if i < len(r)])
+        widths[i] = max(min(natural, rest // max(1, len(wrap))), min(natural, MIN_WRAP_WIDTH))
     t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
               padding=(0, 1, 0, 1), collapse_padding=True)
     shown = [i for i, w in enumerate(widths) if w is not None]
     for i in shown:
-        t.add_column(columns[i], justify=(justify[i] if justify else "left"), no_wrap=True, overflow="ellipsis",
-                     width=widths[i], min_width=widths[i])
+        folds = i in wrap
+        t.add_column(columns[i], justify=(justify[i] if justify else "left"), no_wrap=not folds,
+                     overflow="fold" if folds else "ellipsis", width=widths[i], min_width=widths[i])
     for r in rows:
         t.add_row(*[r[i] if i < len(r) else "" for i in shown])
     console().print(t)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..harness.config_variant import steps_over
+from ..harness.config_variant import split_config, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
-from ..harness.ledger import Ledger, Run
+from ..harness.ledger import Ledger, Run, RunStatus, hash_source
+from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.verdict import CheckStatus
 from .throughput import session_lines
 
@@ -27,6 +29,12 @@ def run_notes(run: Run) -> Dict[str, Any]:
     except ValueError:
         return {}
     return notes if isinstance(notes, dict) else {}
+
+
+def run_end_note(run: Run) -> str:
+    """Why a run that is over ended (the loop's stop reason), as ': REASON' after its status; '' otherwise."""
+    stop = run_notes(run).get("stop")
+    return f": {stop}" if stop and run.status != RunStatus.RUNNING else ""
 
 
 # -- history ------------------------------------------------------------------------------------
@@ -47,7 +55,8 @@ def run_row(led: Ledger, r: Run) -> Dict[str, Any]:
     s = led.run_summary(r.id)
     return {"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
             "started": r.started_at.isoformat(), "gpu": r.gpu_name, "candidates": s.candidates,
-            "by_status": s.candidates_by_status, "promotions": len(s.promotions),
+            "by_status": s.candidates_by_status, "judged_now": s.judged_now,
+            "judged_now_by_status": s.judged_now_by_status, "replayed": s.replayed, "promotions": len(s.promotions),
             "throughput": session_lines(run_notes(r))}
 
 
@@ -81,20 +90,27 @@ def history_data(led: Ledger, op: Optional[str] = None, status: Optional[str] = 
 # -- a run and a candidate ------------------------------------------------------------------------
 
 def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
-    """`show RUN --json`: the run's summary, configuration, versions, where it promoted, its candidates."""
+    """`show RUN --json`: the run's summary, configuration, versions, where it promoted, why it ended, its
+    candidates, the diagnosis of each incumbent and the proposals pruned before the GPU (also as the lines
+    `show` prints, which the web view shows)."""
     from .publish import recorded_target  # here: publication imports the serving set, which imports torch
     target = recorded_target(run_notes(run))
     return {"run": led.run_summary(run.id).to_json(), "config": run.config, "versions": run.versions,
             "serving": target.to_json() if target is not None else None,
-            "throughput": session_lines(run_notes(run)),
-            "candidates": [candidate_doc(led, c, full=False) for c in led.candidates(run_id=run.id)]}
+            "throughput": session_lines(run_notes(run)), "ended": run_end_note(run)[2:] or None,
+            "candidates": [candidate_doc(led, c, full=False) for c in led.candidates(run_id=run.id)],
+            "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
+            "pruned": [{"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason}
+                       for p in led.pruned(run_id=run.id)],
+            "diagnosis_lines": diagnosis_lines(led, run.id)}
 
 
 def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:
     """`show C --json`: a candidate's verdict, checks (a failed one with the commands that reproduce it) and
     every benchmark of it, judged or not; `full` adds its source, the diff against what it was derived from,
     its promotions and demotions, and the model exchanges that produced it."""
-    doc = {"id": c.id, "op": c.op, "label": c.label, "status": c.status, "proposer": c.proposer,
+    doc = {"id": c.id, "op": c.op, "bucket": os.path.basename(os.path.dirname(c.path)) if c.path else None,
+           "label": c.label, "status": c.status, "proposer": c.proposer,
            "fpsan_equivalent": c.fpsan_equivalent, "hash": c.source_hash, "parent_id": c.parent_id,
            "verdict": c.verdict,
            "checks": [{"name": k.name, "status": k.status, "detail": k.detail, "mode": k.mode,
@@ -106,12 +122,13 @@ def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:
     for k in doc["checks"]:
         k["reproduce"] = reproduce_check(led, c, k["mode"]) if k["status"] == CheckStatus.FAILED else None
     unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
-    plabel, psrc = parent_source(led, c)
-    doc.update(source=c.source, diff_against=plabel,
-               diff=None if unusable else unified_diff(plabel, psrc, f"candidate #{c.id}", c.source),
-               config_change=[s.describe() for s in steps_over(psrc, c.source) or ()],
-               promotions=[promotion_doc(p) for p in led.promotions(op=c.op)
-                           if c.id in (p.candidate_id, p.replaced_candidate_id)],
+    promos = led.promotions(op=c.op)
+    promo = next((p for p in promos if p.candidate_id == c.id), None)
+    base = judged_base(led, c, promo.replaced_candidate_id if promo else None)
+    doc.update(source=c.source, diff_against=base.label, diff_note=base.note or None,
+               diff=None if unusable else unified_diff(base.label, base.source, f"candidate #{c.id}", c.source),
+               config_change=[s.describe() for s in steps_over(base.source, c.source) or ()],
+               promotions=[promotion_doc(p) for p in promos if c.id in (p.candidate_id, p.replaced_candidate_id)],
                model_calls=[{"model": m.model, "prompt": m.prompt, "response": m.response,
                              "prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens,
                              "latency_s": m.latency_s, "error": m.error} for m in led.model_calls(candidate_id=c.id)])
@@ -126,6 +143,29 @@ def promotion_doc(p) -> Dict[str, Any]:
             "demoted_at": p.demoted_at.isoformat() if p.demoted_at else None, "demote_reason": p.demote_reason}
 
 
+def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
+    """What bounded each incumbent the run diagnosed (harness/diagnosis.py), and the proposals it kept off the
+    GPU with why: for `show` (plain lines) and `report` (markdown)."""
+    from ..harness.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
+    out: List[str] = ["## Diagnoses", ""] if markdown else []
+    latest = {}
+    for row in led.diagnoses(run_id=run_id):
+        latest[(row.op, row.bucket, row.dtype)] = row  # the last one of each bucket (after a promotion, say)
+    for (op, bucket, dtype), row in latest.items():
+        d = Diagnosis.from_json(row.document)
+        head = f"{op} {bucket} {dtype}, incumbent {row.incumbent}"
+        out += ([f"**{head}**", ""] + [f"- {ln.lstrip('- ')}" for ln in d.lines()] + [""]) if markdown \
+            else [f"diagnosis: {head}"] + [f"  {ln}" for ln in d.lines()]
+    pruned = led.pruned(run_id=run_id)
+    if pruned:
+        out += ([f"Pruned before the GPU: {len(pruned)} proposal(s)", ""] if markdown
+                else [f"pruned before the GPU: {len(pruned)} proposal(s)"])
+        out += [f"- {p.op} {p.bucket} `{p.label}`: {p.reason}" if markdown else f"  {p.op} {p.bucket} {p.label}: {p.reason}"
+                for p in pruned]
+        out += [""] if markdown else []
+    return out if len(out) > 2 or not markdown else []
+
+
 # -- the diff a candidate is shown with, and the commands that reproduce a verdict ---------------------
 
 def config_lines(old: str, new: str) -> List[str]:
@@ -138,17 +178,66 @@ def config_lines(old: str, new: str) -> List[str]:
             + [f"- `{s.describe()}`" for s in steps] + [""])
 
 
-def parent_source(led, c) -> tuple:
-    """(label, source) of what a candidate was derived from: its parent, else the op's baseline."""
-    if c.parent_id:
-        p = led.candidate(c.parent_id)
-        if p:
-            return f"candidate #{p.id}", p.source
+@dataclass(frozen=True)
+class JudgedBase:
+    """What a candidate was judged against, for its diff: a label, the source, and when that source is not
+    today's baseline file although it was a baseline (the file has changed since), a note saying so."""
+
+    label: str
+    source: str
+    note: str = ""
+
+
+def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBase:
+    """The incumbent candidate `c` was judged against (not today's baseline, which may have changed since):
+    the promoted kernel its promotion replaced (`replaced_candidate_id`), else its parent, else the source a
+    configuration variant was made of (recovered exactly from the variant's own text), else the incumbent
+    whose hash its benchmark recorded, found in the ledger; the baseline file as it is now only when nothing
+    says otherwise (the note says when the hashes show it is not the one judged)."""
     from .search import baseline_source  # here: the search imports torch; flags are checked first
-    return f"kernels/baseline/{c.op}.py", baseline_source(c.op)
+    for cid in (replaced_candidate_id, c.parent_id):
+        p = led.candidate(cid) if cid else None
+        if p is not None:
+            return JudgedBase(f"candidate #{p.id}", p.source)
+    today, baseline_label = baseline_source(c.op), f"kernels/baseline/{c.op}.py"
+    split = split_config(c.source)
+    recorded = _incumbent_hash(led, c.id)
+    wanted = hash_source(split[0]) if split is not None else recorded
+    if wanted is None or wanted in (hash_source(today), hash_source(_as_judged(today))):  # judged texts are canonical
+        return JudgedBase(baseline_label, today)
+    known = led.find_candidate_by_hash(c.op, wanted)
+    if known is not None and known.id != c.id:
+        return JudgedBase(f"candidate #{known.id}", known.source)
+    changed = f"{baseline_label} has changed since the candidate was judged"
+    if split is not None:
+        return JudgedBase(baseline_label, split[0], f"({changed}: the diff is against the source the candidate "
+                                                    f"was made of)")
+    return JudgedBase(baseline_label, today, f"({changed}, and the ledger does not hold the source it was judged "
+                                             f"against, hash {wanted[:12]}: the diff is against today's file)")
+
+
+def _incumbent_hash(led, cid: int) -> Optional[str]:
+    """The source hash of the incumbent a benchmark of the candidate recorded (the loop records it since
+    this version), or None."""
+    for b in led.bench_results(candidate_id=cid):
+        h = (b.extra or {}).get("incumbent_hash")
+        if b.label != "candidate" and not b.label.startswith("anchor:") and h:
+            return h
+    return None
+
+
+def _as_judged(source: str) -> str:
+    """The canonical text of a source (what is judged and runs), or the source as it is when it has none."""
+    try:
+        return canonical_source(source)
+    except TextRefused:
+        return source
 
 
 def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
+    """The diff between the canonical texts (a candidate is stored as one; the baseline's comments and
+    docstrings are not a change)."""
+    old, new = _as_judged(old), _as_judged(new)
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=old_label, tofile=new_label, n=3))
 

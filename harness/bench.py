@@ -3,9 +3,13 @@
 Protocol, per (op, shape, dtype):
   * every kernel is first checked against the reference on the device, and the
     profiler must see at least one of its own Triton kernels run (no silent no-ops);
-  * timing uses device events with an L2 flush before each repetition
-    (triton.testing.do_bench, return_mode="median"), rotating among several input sets
-    (never zeros) so repeated runs do not measure a warm cache;
+  * timing uses device events with an L2 flush before each repetition (timed_calls:
+    triton.testing.do_bench's protocol, the median), rotating among several input sets (never
+    zeros), each given fresh values in place before every timed call (refresher), so that no
+    two timed calls see the same inputs: a cache over repeated inputs or a reused output block
+    buys nothing; the output of one timed call per kernel, drawn at random, is compared with
+    the reference of that call's inputs (Measurement.timed_checks; the parent refuses a
+    mismatch: promotion.shape_pair);
   * the candidates, the incumbent and the torch anchor are interleaved round by round
     (A B C A B C ..., the order rotating every round) in one process, so clock and
     thermal drift hit all of them alike;
@@ -46,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -206,6 +211,9 @@ class Measurement:
     serves: bool = False  # the anchor is a servable implementation: a promotion must beat it too
     note: str = ""
     error: str = ""
+    # outputs of timed calls compared with the reference of that call's inputs (evidence for the parent):
+    # {"call": k, "ok": bool, "detail": str}, k counting the kernel's timed calls at this shape from 1
+    timed_checks: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> Dict[str, Any]:
         d = asdict(self)
@@ -291,6 +299,89 @@ def _beyond_ceilings(ms: float, flops: float, nbytes: float, ceilings: Ceilings,
     return (l2_flushed or nbytes > 2 * l2_bytes) and nbytes / ms / 1e9 > 2 * ceilings.copy_tbps * PLAUSIBLE_MARGIN
 
 
+def sdpa_backend(kernel_names: Sequence[str]) -> str:
+    """Which of torch's SDPA backends ran, from the CUDA kernels one call launched: cuDNN, FlashAttention,
+    memory-efficient (CUTLASS), or the math fallback (plain matmuls and softmax)."""
+    names = " ".join(kernel_names).lower()
+    if "cudnn" in names:
+        return "cuDNN"
+    if "flash" in names:
+        return "flash"
+    if "fmha" in names or "efficient" in names or "mem_eff" in names:
+        return "memory-efficient"
+    return "math" if names else "unknown (no kernel seen)"
+
+
+def refresher(case: Case, seed: int) -> Callable[..., None]:
+    """A function that gives the case's inputs fresh values in place before a timed call, with the spread each
+    had (integer codes get fresh codes; block tables and lengths are kept, so the case stays valid): no two
+    timed calls see the same inputs, so a cache over repeated inputs, or over a reused output block, answers
+    nothing or answers wrong. `refresh(graph=True)` draws from the default generator, which CUDA graph
+    capture supports."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(seed))
+    floats = []
+    for v in case.args.values():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            finite = v[torch.isfinite(v)].float()
+            floats.append((v, float(finite.std()) if finite.numel() > 1 else 1.0))
+    codes = [v for v in case.args.values() if isinstance(v, torch.Tensor) and v.dtype == torch.int8]
+
+    def refresh(graph: bool = False) -> None:
+        g = None if graph else gen
+        for v, std in floats:
+            v.normal_(0.0, std or 1.0, generator=g)
+        for v in codes:
+            v.random_(-127, 128, generator=g)
+    return refresh
+
+
+def timed_calls(fn: Callable[[], Any], refresh: Callable[[], None], warmup_ms: float = 10, rep_ms: float = 30,
+                check_at: Optional[float] = None, check: Optional[Callable[[Any], None]] = None) -> float:
+    """triton.testing.do_bench's protocol (an estimate, warm-up, then each repetition timed alone by device
+    events after an L2 flush; the median), with fresh inputs before every call (`refresh`, outside the
+    events and before the flush, so the values it writes are not left in L2), and `check(output)` called on
+    the output of one timed call (`check_at`: where, as a fraction of the repetitions).
+
+    What it costs in fidelity: the refresh writes every input between two timed calls, which a serving stack
+    does too (new tokens); the flush that follows evicts them, as before. The checked call stalls the host for
+    the reference, after that call's end event: the next call starts from an idle GPU, one repetition of
+    many, and the median absorbs it."""
+    from triton import runtime  # deferred: as in measure_ceilings
+    driver = runtime.driver.active
+    cache = driver.get_empty_cache_for_benchmark()
+    clear = getattr(driver, "clear_cache", None) or (lambda buf: buf.zero_())
+    refresh()
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        clear(cache)
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-4)
+    for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        fn()
+    n = max(1, int(rep_ms / estimate_ms))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    at = None if check is None or check_at is None else min(n - 1, int(check_at * n))
+    for i in range(n):
+        refresh()
+        clear(cache)
+        starts[i].record()
+        out = fn()
+        ends[i].record()
+        if i == at:
+            torch.cuda.synchronize()
+            check(out)
+        del out
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
 def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     """Names of the CUDA kernels one call runs (profiler), after a warm-up call."""
     from torch.profiler import ProfilerActivity, profile  # deferred: the profiler loads only for this diagnosis
@@ -323,12 +414,23 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
     torch.cuda.empty_cache()
 
 
+def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> List[Contender]:
+    """The op's reference anchors as contenders; one that cannot run here is a row with its one-line reason."""
+    from .ops.common import ReferenceUnavailable  # the exception the hook raises
+    try:
+        return [Contender(a.label, a.fn, is_anchor=True) for a in op.reference_anchors(probe)]
+    except ReferenceUnavailable as e:
+        label = f"anchor:{str(e).split(':')[0]}"
+        results[label] = Measurement(label, math.nan, math.nan, 0, [], error=str(e))
+        return []
+
+
 # long: the benchmark protocol for one shape (warm-up, interleaved rounds, graph replays, checks) read top to bottom
 def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
                     n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
-                    log: Optional[Callable[[str], None]] = None) -> ShapeResult:
-    """Time every contender on one shape (see the module docstring for the protocol)."""
-    import triton.testing  # deferred: as in measure_ceilings
+                    log: Optional[Callable[[str], None]] = None, references: bool = False) -> ShapeResult:
+    """Time every contender on one shape (see the module docstring for the protocol). references: also time
+    the op's reference anchors (Op.reference_anchors: what serving engines run), after the torch anchor."""
     require_gpu()
     log = log or (lambda s: None)
     probe = op.make_case(shape, dtype, seed=seed, device="cuda")
@@ -341,8 +443,11 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     except ValueError as e:  # e.g. ragged sequence lengths: SDPA over a gathered cache needs one length
         all_c = list(contenders)
         results["anchor"] = Measurement("anchor", math.nan, math.nan, 0, [], error=f"no anchor: {e}")
+    if references:
+        all_c += _reference_contenders(op, probe, results)
     ref = op.reference(probe.args, torch.float32) if check else None
     live: List[Contender] = []
+    notes: Dict[str, str] = {}
     for c in all_c:
         try:
             out = c.fn(**probe.args)
@@ -351,6 +456,8 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
                 cmp = op.compare(out, probe.args, ref)
                 if not cmp.ok:
                     raise RuntimeError(f"wrong result on the device: {cmp.describe()}")
+            if c.label.startswith("anchor:sdpa"):  # say which backend the anchor really is
+                notes[c.label] = f"SDPA backend: {sdpa_backend(kernels_seen(c.fn, probe.args))}"
             if c.kernel_names:
                 seen = kernels_seen(c.fn, probe.args)
                 if not any(any(k in s for k in c.kernel_names) for s in seen):
@@ -364,17 +471,32 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     rounds: Dict[str, List[float]] = {c.label: [] for c in live}
     positions: Dict[str, List[int]] = {c.label: [] for c in live}
     counters = {c.label: 0 for c in live}
+    refreshers = [refresher(case, seed * 7919 + 104729 + i) for i, case in enumerate(cases)]
+    checks: Dict[str, List[Dict[str, Any]]] = {c.label: [] for c in live}
+    rng = random.Random(seed * 31 + 7)  # which timed call of which round is checked: drawn, not fixed
+    check_round = {c.label: rng.randrange(MIN_ROUNDS) for c in live}
 
     def runner(c: Contender):
         def call():
-            i = counters[c.label] = counters[c.label] + 1
-            c.fn(**cases[i % len(cases)].args)
-        return call
+            return c.fn(**cases[counters[c.label] % len(cases)].args)
+
+        def refresh():
+            counters[c.label] += 1
+            refreshers[counters[c.label] % len(cases)]()
+
+        def check(out):
+            case = cases[counters[c.label] % len(cases)]
+            cmp = op.compare(out, case.args, op.reference(case.args, torch.float32))
+            checks[c.label].append({"call": counters[c.label], "ok": cmp.ok, "detail": cmp.describe()[:300]})
+        return call, refresh, check
 
     warm_gpu()
     for r in range(max(MAX_ROUNDS, len(live))):
         for pos, c in _rotation(live, r):
-            rounds[c.label].append(triton.testing.do_bench(runner(c), warmup=10, rep=30, return_mode="median"))
+            call, refresh, verify = runner(c)
+            checked = check and not c.is_anchor and check_round[c.label] == r
+            rounds[c.label].append(timed_calls(call, refresh, warmup_ms=10, rep_ms=30, check_at=rng.random(),
+                                               check=verify if checked else None))
             positions[c.label].append(pos)
         if r + 1 >= max(MIN_ROUNDS, len(live)) and all(_iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v)
                                        for v in rounds.values()):
@@ -386,7 +508,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         xs = rounds[c.label]
         med = balanced_median(xs, positions[c.label])
         m = Measurement(c.label, med, _spread(xs, med), len(xs), xs, positions=positions[c.label],
-                        within_spread_ms=_iqr_half(xs), serves=c.serves)
+                        within_spread_ms=_iqr_half(xs), serves=c.serves, timed_checks=checks[c.label])
         m.tflops = flops / med / 1e9
         m.tbps = nbytes_min / med / 1e9
         m.ceiling_kind = bound
@@ -408,10 +530,13 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
                        f"outside the timed stream or host-bound")
             if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
                 m.implausible = True
+        if c.label in notes:
+            m.add_note(notes[c.label])
         results[c.label] = m
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
     _graph_rounds([c for c in live if is_small(results[c.label])], cases[0].args, results,
-                  lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes))
+                  lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
+                  refresh=refreshers[0])
     ordered = [results[c.label] for c in all_c if c.label in results] + (
         [results["anchor"]] if "anchor" in results else [])
     del cases, probe
@@ -444,10 +569,17 @@ def _graph_failed(m: Measurement, c: Contender, e: Exception) -> None:
 
 
 def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: Dict[str, Measurement],
-                  too_fast: Callable[[float], bool] = lambda ms: False) -> None:
+                  too_fast: Callable[[float], bool] = lambda ms: False,
+                  refresh: Optional[Callable[..., None]] = None) -> None:
     """CUDA-graph replay times of the small kernels, interleaved round by round like the event rounds.
     A replay time faster than the ceilings allow (`too_fast`) marks the kernel implausible, as an
-    event time does: work launched outside the captured streams is missing from the graph."""
+    event time does: work launched outside the captured streams is missing from the graph.
+
+    With `refresh`, each replayed call gets fresh inputs (captured in the graph: a replay of identical inputs
+    would let a cache answer), and the kernel's time is the graph of refresh + call minus the graph of the
+    refresh alone, timed in the same round. What it costs in fidelity: the difference of two medians is
+    noisier than one median (the spread shows it), and the call reads inputs the refresh just wrote, partly
+    from L2, as graph replays (which flush nothing) always did."""
     import triton.testing  # deferred: as in measure_ceilings
     live = []
     for c in small:
@@ -469,8 +601,15 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
             if c.label in failed:
                 continue
             try:
-                m.graph_rounds.append(triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20,
-                                                                        return_mode="median"))
+                if refresh is None:
+                    ms = triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20, return_mode="median")
+                else:
+                    both = triton.testing.do_bench_cudagraph(lambda: (refresh(graph=True), c.fn(**kwargs)), rep=20,
+                                                             return_mode="median")
+                    alone = triton.testing.do_bench_cudagraph(lambda: refresh(graph=True), rep=20,
+                                                              return_mode="median")
+                    ms = max(both - alone, 1e-4)
+                m.graph_rounds.append(ms)
                 m.graph_positions.append(pos)
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the kernel wrapper
                 _graph_failed(m, c, e)
@@ -562,21 +701,24 @@ def _pooled(measurements: Sequence[Dict[str, Any]], rounds_key: str, positions_k
 
 
 def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,
-                        incumbent_label: str = "incumbent") -> None:
+                        incumbent_label: str = "incumbent", incumbent_hash: Optional[str] = None) -> None:
     """Store one shape's measurements (ShapeResult.to_json()) in the ledger, every row of it under the
     candidate id (the incumbent and the anchor timed beside it too: the label says which), the
-    'incumbent' row under `incumbent_label`; failed measurements not at all."""
+    'incumbent' row under `incumbent_label`, with the source hash of the incumbent where given (what the
+    candidate was judged against, for its diff); failed measurements not at all."""
     for m in res["measurements"]:
         if m.get("error"):
             continue
+        extra = {k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms", "graph_spread_ms")}
+        if m["label"] == "incumbent" and incumbent_hash:
+            extra["incumbent_hash"] = incumbent_hash
         ledger.record_bench(run_id=run_id, candidate_id=candidate_id,
                             label=incumbent_label if m["label"] == "incumbent" else m["label"], op=res["op"],
                             shape_key=res["shape"], bucket=res["bucket"], dtype=res["dtype"], gpu_name=res["gpu"],
                             median_ms=m["median_ms"], spread_ms=m["spread_ms"], n_samples=m["n"],
                             graph_ms=m.get("graph_ms"), fraction_of_ceiling=m.get("fraction_of_ceiling"),
                             ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")),
-                            extra={k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms",
-                                                          "graph_spread_ms")})
+                            extra=extra)
 
 
 def resolve_shapes(op: Op, spec: str) -> List[Shape]:

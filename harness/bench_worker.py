@@ -24,23 +24,32 @@ from typing import Dict, Optional
 from ..sanitizer import sandbox
 from ..sanitizer.isolation import run_tracked
 from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
+from ..sanitizer.canonical import canonical_source
 from ..sanitizer.static_gate import check_source
 from .env import versions
 from .promotion import reference_words, refused_at_shape, shape_pair
 
 
 def _contenders(spec: dict):
-    """The kernels to time: candidate files through the static gate, the baseline from the package."""
+    """The kernels to time: candidate files through the static gate, each imported from its canonical text
+    written into this child's scratch directory (the text the gate judged); the baseline from the package."""
     from ..sanitizer.execution import baseline_fn, load_module  # deferred: torch, loaded inside the child's sandbox
     from .bench import Contender  # deferred: torch, loaded inside the child's sandbox
     out = []
-    for k in spec["kernels"]:
+    for i, k in enumerate(spec["kernels"]):
         path = k.get("file") or inspect.getsourcefile(baseline_fn(spec["op"]))
-        with open(path) as f:
-            gate = check_source(f.read(), spec["op"])
+        with open(path, "rb") as f:
+            raw = f.read()
+        gate = check_source(raw, spec["op"])
         if not gate.passed:
             raise ValueError(f"{k['label']}: the static gate rejects the file: {gate.describe()}")
-        fn = load_module(path, spec["op"]) if k.get("file") else baseline_fn(spec["op"])
+        if k.get("file"):
+            canonical = os.path.join(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), f"kernel_{i}.py")
+            with open(canonical, "w", encoding="utf-8") as f:
+                f.write(canonical_source(raw))
+            fn = load_module(canonical, spec["op"])
+        else:
+            fn = baseline_fn(spec["op"])
         out.append(Contender(k["label"], fn, tuple(gate.jit_functions)))
     return out
 
@@ -78,6 +87,9 @@ def main(argv=None) -> int:
             gated = False
         ceilings = measure_ceilings()
     doc["ceilings"] = asdict(ceilings)
+    sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
+    if spec.get("references"):
+        _prepare_references()
     sandbox.arm_audit_hook(fatal=False)  # record only: a compiler probe Triton tolerates must not end a timing
     contenders = _contenders(spec)
     doc["sandbox_refused"] = sandbox.violations()
@@ -95,8 +107,8 @@ def main(argv=None) -> int:
     for key in spec["shapes"]:
         t0 = time.time()
         shape = op.parse_shape(key)
-        res = benchmark_shape(op, shape, dtype, contenders, ceilings,
-                              seed=spec.get("seed", 0), log=lambda s: print(s, flush=True))
+        res = benchmark_shape(op, shape, dtype, contenders, ceilings, seed=spec.get("seed", 0),
+                              log=lambda s: print(s, flush=True), references=bool(spec.get("references")))
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
         doc["phases"][key] = round(time.time() - t0, 2)
@@ -109,6 +121,16 @@ def main(argv=None) -> int:
         flush()
     flush()
     return 0
+
+
+def _prepare_references() -> None:
+    """Import the reference libraries (FlashInfer) before the audit hook is armed: they are trusted, and their
+    import loads ctypes (NVML bindings). One that is missing is the reference's own row, later."""
+    from .ops.flashinfer_paged import FlashInferUnavailable, require  # the optional extra, for bench --op only
+    try:
+        require()
+    except FlashInferUnavailable:
+        pass
 
 
 def _wait_for(*requests, phases: Dict) -> None:

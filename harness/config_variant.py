@@ -6,7 +6,9 @@ returned the tuple the bucket's shapes use. Such a variant is fully described by
 and the configuration (`ConfigStep`), so the serving set (harness/serving.py) stores it as those two and
 rebuilds the text with the very function that wrote it; `split_config` recognises a variant in a
 candidate's text, exactly (the text regenerated from what it finds must equal the candidate byte for
-byte, else it is not a variant and is kept as a whole file).
+byte, else it is not a variant and is kept as a whole file). A variant is canonical text
+(sanitizer/canonical.py), as every candidate is once proposed: its bucket and fields are constants of the
+file, not a comment.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from .source_text import normalized_source
+from ..sanitizer.canonical import TextRefused, canonical_source
 
 if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
     from .ops.tuning import Space
@@ -74,19 +76,23 @@ def with_config(source: str, old: tuple, new: tuple, bucket: str, space: "Space"
 
 def apply_config(source: str, step: ConfigStep) -> str:
     """`with_config` for a recorded step: the text is a function of the source and the step alone, so the
-    serving set can rebuild a promoted variant from its base."""
-    if not has_config(source):
+    serving set can rebuild a promoted variant from its base. The result is canonical text
+    (sanitizer/canonical.py), whatever form `source` was in: the override holds its bucket and fields as
+    constants, so that nothing of it lives in a comment the canonical text drops."""
+    tree = ast.parse(canonical_source(source))
+    own = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_config"]
+    if not own:
         raise ValueError("the source has no module-level `_config` function")
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     n = 0
-    while re.search(rf"\b(_config_base|_TUNED_FROM|_TUNED_TO){n or ''}\b", source):
+    while any(f"{name}{n or ''}" in used for name in ("_config_base",) + _OVERRIDE_NAMES):
         n += 1
     sfx = str(n or "")
-    renamed = re.sub(r"^def _config\(", f"def _config_base{sfx}(", source, flags=re.M)
-    desc = _fields_text(step.fields, step.tuned_to)
-    return renamed.rstrip() + f'''
-
-
-# Launch configuration found by kernel-agent's search for bucket {step.bucket}: {desc}
+    own[0].name = f"_config_base{sfx}"
+    tree.body += ast.parse(f"""
+_TUNED_BUCKET{sfx} = {step.bucket!r}
+_TUNED_FIELDS{sfx} = {tuple(step.fields)!r}
 _TUNED_FROM{sfx} = {tuple(step.tuned_from)!r}
 _TUNED_TO{sfx} = {tuple(step.tuned_to)!r}
 
@@ -94,60 +100,77 @@ _TUNED_TO{sfx} = {tuple(step.tuned_to)!r}
 def _config(*args):
     cfg = tuple(_config_base{sfx}(*args))
     return _TUNED_TO{sfx} if cfg == _TUNED_FROM{sfx} else cfg
-'''
+""").body
+    return canonical_source(ast.unparse(tree))
 
 
 def rebuild(base: str, steps: Sequence[ConfigStep]) -> str:
-    """The variant made of `base` and its overrides, in the order they were stacked."""
-    text = base
+    """The variant made of `base` and its overrides, in the order they were stacked (canonical text)."""
+    text = canonical_source(base)
     for step in steps:
         text = apply_config(text, step)
     return text
 
 
-_OVERRIDE = re.compile(
-    r"\n\n\n# Launch configuration found by kernel-agent's search for bucket (?P<bucket>.*): (?P<desc>.*)\n"
-    r"_TUNED_FROM(?P<sfx>\d*) = (?P<old>.*)\n_TUNED_TO(?P=sfx) = (?P<new>.*)\n\n\n"
-    r"def _config\(\*args\):\n    cfg = tuple\(_config_base(?P=sfx)\(\*args\)\)\n"
-    r"    return _TUNED_TO(?P=sfx) if cfg == _TUNED_FROM(?P=sfx) else cfg\n\Z")
+_OVERRIDE_NAMES = ("_TUNED_BUCKET", "_TUNED_FIELDS", "_TUNED_FROM", "_TUNED_TO")
+
+
+def _override(tail: Sequence[ast.stmt]) -> Optional[Tuple[str, ConfigStep]]:
+    """(the suffix, the step) when the module's last five statements are an override as `apply_config`
+    writes it (its text is checked afterwards by regenerating it)."""
+    *consts, fn = tail
+    if not isinstance(fn, ast.FunctionDef) or fn.name != "_config" or not all(
+            isinstance(c, ast.Assign) and len(c.targets) == 1 and isinstance(c.targets[0], ast.Name) for c in consts):
+        return None
+    names = [c.targets[0].id for c in consts]
+    sfx = names[0][len(_OVERRIDE_NAMES[0]):]
+    if names != [f"{name}{sfx}" for name in _OVERRIDE_NAMES] or not (sfx == "" or sfx.isdigit()):
+        return None
+    try:
+        bucket, fields, old, new = (ast.literal_eval(c.value) for c in consts)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if not (isinstance(bucket, str) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields)
+            and isinstance(old, tuple) and isinstance(new, tuple)):
+        return None
+    return sfx, ConfigStep(bucket, fields, old, new)
 
 
 def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
     """(the source it tuned, the step) when `source` is exactly what `apply_config` makes of some source,
-    else None. The recovered source lost only the trailing blank lines `apply_config` strips (a hash of it,
-    harness/source_text.py, ignores them); regenerating from it gives `source` byte for byte."""
-    m = _OVERRIDE.search(source)
-    if m is None:
-        return None
+    else None. The recovered source is canonical text; regenerating from it gives `source` byte for byte."""
     try:
-        old, new = ast.literal_eval(m["old"]), ast.literal_eval(m["new"])
-    except (ValueError, SyntaxError):
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    if not isinstance(old, tuple) or not isinstance(new, tuple):
+    if len(tree.body) < 6 or (found := _override(tree.body[-5:])) is None:
         return None
-    pairs = [p.split("=", 1) for p in m["desc"].split(", ")] if m["desc"] else []
-    if any(len(p) != 2 for p in pairs):
-        return None
-    step = ConfigStep(m["bucket"], tuple(p[0] for p in pairs), old, new)
-    head = source[:m.start()]
-    sfx = m["sfx"]
-    base = re.sub(rf"^def _config_base{sfx}\(", "def _config(", head, flags=re.M) + "\n"
+    sfx, step = found
+    tree.body = tree.body[:-5]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == f"_config_base{sfx}":
+            node.name = "_config"
     try:
+        base = canonical_source(ast.unparse(tree))
         regenerated = apply_config(base, step)
-    except ValueError:
+    except ValueError:  # TextRefused is one
         return None
     return (base, step) if regenerated == source else None
 
 
 def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
     """The configurations that make `new` out of `old` (in the order they were stacked) when `new` is `old`
-    with overrides only, else None. Texts compare normalised, as their hashes do (harness/source_text.py)."""
+    with overrides only, else None. Texts compare canonical, as their hashes are taken (harness/source_text.py)."""
+    try:
+        old_text = canonical_source(old)
+    except TextRefused:
+        return None
     steps: List[ConfigStep] = []
     current = new
     while (found := split_config(current)) is not None:
         current, step = found
         steps.insert(0, step)
-        if normalized_source(current) == normalized_source(old):
+        if current == old_text:
             return steps
     return None
 

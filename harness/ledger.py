@@ -35,7 +35,7 @@ import json
 import secrets
 import os
 import sqlite3
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
@@ -70,7 +70,7 @@ from . import ledger_migrations as _migrations
 
 # The version of the schema the models below create; an older ledger reaches it through the steps of
 # harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _migrations.check_registry(SCHEMA_VERSION)
 BUSY_TIMEOUT_S = 30.0
 # The advisory lock every write transaction of a PostgreSQL ledger takes first (any constant will do,
@@ -176,7 +176,17 @@ class RunSummary:
     bench_results: int
     promotions: List[PromotionSummary]
     model: ModelUsage
+    # the run's own work apart from what it replayed: candidates it judged (new to the ledger, or timed by it) by
+    # status, and candidates earlier runs had judged, replayed from the ledger (counted in `candidates` too)
+    judged_now_by_status: Dict[str, int] = field(default_factory=dict)
+    replayed: int = 0
     session: Optional[RunSession] = None
+    pruned: int = 0  # proposals kept off the GPU by the search's screens (agent/screen.py), with reasons in the ledger
+
+    @property
+    def judged_now(self) -> int:
+        """Candidates the run judged itself to a verdict (those still 'proposed' it stopped or left in flight)."""
+        return sum(n for st, n in self.judged_now_by_status.items() if st != CandidateStatus.PROPOSED)
 
     def to_json(self) -> Dict[str, Any]:
         """The document `run --json` and `show --json` print: the run's fields, then the session's."""
@@ -428,6 +438,45 @@ class Promotion(Base):
         return self.demoted_at is None
 
 
+class DiagnosisRecord(Base):
+    """Where an incumbent stands on its bucket (harness/diagnosis.py): what bounds it and why."""
+
+    __tablename__ = "diagnosis"
+    __table_args__ = (Index("ix_diagnosis_op_bucket_dtype", "op", "bucket", "dtype"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    op: Mapped[str] = mapped_column(String)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    incumbent: Mapped[str] = mapped_column(String)
+    bound: Mapped[str] = mapped_column(String)
+    document_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    @property
+    def document(self) -> dict:
+        return _loads(self.document_json) or {}
+
+
+class PrunedProposal(Base):
+    """A proposal the search did not send to the GPU, and why (compile-time resources, a predicted loss)."""
+
+    __tablename__ = "pruned_proposal"
+    __table_args__ = (Index("ix_pruned_proposal_op_bucket_dtype", "op", "bucket", "dtype"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[Optional[str]] = mapped_column(ForeignKey("run.id"), index=True)
+    op: Mapped[str] = mapped_column(String)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    label: Mapped[str] = mapped_column(String)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 # Fields a caller may pass to record_bench / record_promotion (the rest are managed here).
 _BENCH_REQUIRED = ("op", "shape_key", "bucket", "dtype", "gpu_name", "median_ms", "spread_ms", "n_samples")
 _BENCH_OPTIONAL = ("run_id", "candidate_id", "label", "graph_ms", "fraction_of_ceiling", "ceiling_kind",
@@ -462,6 +511,21 @@ def _check_fields(what: str, fields: Mapping[str, Any], required: Sequence[str],
 def _writable_dir(path: Path) -> bool:
     """Whether SQLite may create the ledger's side files (-wal, -shm) beside it."""
     return os.access(path.resolve().parent, os.W_OK)
+
+
+def _check_file_access(path: Path, shown: str, read_only: bool) -> None:
+    """One line for a ledger file this command cannot use as asked: an empty file to read (nothing was ever
+    recorded in it), a read-only file (or folder: SQLite writes its journal beside the file) to write."""
+    if not path.is_file():
+        return
+    if read_only and path.stat().st_size == 0:
+        raise LedgerError(f"ledger {shown} is an empty file (0 bytes): nothing was ever recorded in it "
+                          f"(`kernel-agent run --ledger {shown}` records a run there)")
+    if not read_only and not os.access(path, os.W_OK):
+        raise LedgerError(f"ledger {shown} is read-only: this command records in it (history, show and report only "
+                          f"read, and read it as it is)")
+    if not read_only and not _writable_dir(path):
+        raise LedgerError(f"ledger {shown}: its folder is read-only, and SQLite writes its journal beside the file")
 
 
 def _inspect_existing(path: Path, shown: str, immutable: bool = False, purpose: str = "write") -> Optional[int]:
@@ -741,6 +805,7 @@ class Ledger:
             return
         self.path = sqlite_path(path)
         self._shown = str(path)
+        _check_file_access(self.path, self._shown, read_only)
         _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path),
                           purpose="read" if read_only else "write")
         if read_only:  # reads an existing ledger, even on read-only media; writes fail
@@ -889,10 +954,13 @@ class Ledger:
 
     # -- candidates ---------------------------------------------------------------------
     def add_candidate(self, op: str, source: str, proposer: str, run_id: str | None, parent_id: int | None = None,
-                      path: str | None = None, label: str | None = None) -> tuple[Candidate, bool]:
+                      path: str | None = None, label: str | None = None,
+                      replayed: bool | None = None) -> tuple[Candidate, bool]:
         """Record that `run_id` proposed `source` for `op`. Returns the candidate and
         whether it is new; a known (op, hash) returns the existing candidate untouched,
-        so the same source is evaluated once. A Proposal row is recorded either way."""
+        so the same source is evaluated once. A Proposal row is recorded either way, a duplicate (replayed,
+        not judged again) when `replayed` says so, by default when the candidate was known (a known one
+        that is judged again, one a time limit stopped say, is no replay)."""
         h = hash_source(source)
         with self._write.begin() as s:
             cand = s.scalars(select(Candidate).where(Candidate.op == op, Candidate.source_hash == h)).one_or_none()
@@ -904,14 +972,19 @@ class Ledger:
                                  status=CandidateStatus.PROPOSED)
                 s.add(cand)
                 s.flush()
-            s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=not new))
+            duplicate = (not new) if replayed is None else (replayed and not new)
+            s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=duplicate))
         return cand, new
 
     def find_candidate(self, op: str, source: str) -> Candidate | None:
         """The candidate with this source's hash, if it was ever proposed."""
+        return self.find_candidate_by_hash(op, hash_source(source))
+
+    def find_candidate_by_hash(self, op: str, source_hash: str) -> Candidate | None:
+        """The candidate of `op` whose source has this hash (harness/source_text.py), if it was ever proposed."""
         with self._read() as s:
             return s.scalars(select(Candidate).where(Candidate.op == op,
-                                                     Candidate.source_hash == hash_source(source))).one_or_none()
+                                                     Candidate.source_hash == source_hash)).one_or_none()
 
     def set_candidate_status(self, cid: int, status: str, verdict: dict | None = None,
                              fpsan_equivalent: bool | None = None) -> Candidate:
@@ -1005,6 +1078,47 @@ class Ledger:
         q = _where_equal(select(ModelCall), ModelCall, run_id=run_id, candidate_id=candidate_id)
         with self._read() as s:
             return list(s.scalars(q.order_by(ModelCall.id)))
+
+    # -- diagnoses and pruned proposals (schema version 3) --------------------------------
+    def _has_v3(self) -> bool:
+        """Whether the tables of version 3 exist (an older ledger is read as it is: it has none)."""
+        return self.schema_version() >= 3
+
+    def record_diagnosis(self, run_id: str | None, op: str, bucket: str, dtype: str, source_hash: str,
+                         incumbent: str, bound: str, document: Mapping[str, Any]) -> int:
+        row = DiagnosisRecord(run_id=run_id, op=op, bucket=bucket, dtype=dtype, source_hash=source_hash,
+                              incumbent=incumbent, bound=bound, document_json=json.dumps(document),
+                              created_at=utcnow())
+        with self._write.begin() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def diagnoses(self, run_id: str | None = None, op: str | None = None, bucket: str | None = None,
+                  dtype: str | None = None, source_hash: str | None = None) -> list[DiagnosisRecord]:
+        if not self._has_v3():
+            return []
+        q = _where_equal(select(DiagnosisRecord), DiagnosisRecord, run_id=run_id, op=op, bucket=bucket,
+                         dtype=dtype, source_hash=source_hash)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(DiagnosisRecord.id)))
+
+    def record_pruned(self, run_id: str | None, op: str, bucket: str, dtype: str, label: str, source_hash: str,
+                      reason: str) -> int:
+        row = PrunedProposal(run_id=run_id, op=op, bucket=bucket, dtype=dtype, label=label,
+                             source_hash=source_hash, reason=reason, created_at=utcnow())
+        with self._write.begin() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def pruned(self, run_id: str | None = None, op: str | None = None, bucket: str | None = None,
+               dtype: str | None = None) -> list[PrunedProposal]:
+        if not self._has_v3():
+            return []
+        q = _where_equal(select(PrunedProposal), PrunedProposal, run_id=run_id, op=op, bucket=bucket, dtype=dtype)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(PrunedProposal.id)))
 
     # -- benchmarks ---------------------------------------------------------------------
     def record_bench(self, **fields: Any) -> BenchResult:
@@ -1136,6 +1250,17 @@ class Ledger:
                 select(Candidate.id, Candidate.label, Candidate.status).where(Candidate.id.in_(ids)))}
         return _figures.leaderboard(op, figs, labels)
 
+    def judged_now(self, run_id: str) -> set[int]:
+        """The candidates a run judged itself: proposed by it first, or timed by it (one an earlier run only
+        verified). The others it proposed were judged by earlier runs and replayed from the ledger."""
+        with self._read() as s:
+            proposed = set(s.scalars(select(Proposal.candidate_id).where(Proposal.run_id == run_id)))
+            new = set(s.scalars(select(Proposal.candidate_id).where(Proposal.run_id == run_id,
+                                                                    Proposal.duplicate.is_(False))))
+            timed = set(s.scalars(select(BenchResult.candidate_id).where(BenchResult.run_id == run_id,
+                                                                         BenchResult.candidate_id.is_not(None))))
+        return (new | timed) & proposed
+
     def run_summary(self, run_id: str) -> RunSummary:
         """What a run did, for `show` and reports: candidates by status, failed checks by
         name, promotions, model usage and wall time."""
@@ -1143,9 +1268,15 @@ class Ledger:
         if run is None:
             raise LedgerError(f"no run {run_id!r} in ledger {self._shown}")
         proposed = select(Proposal.candidate_id).where(Proposal.run_id == run_id)
+        now_ids = self.judged_now(run_id)
+        has_v3 = self._has_v3()  # (read before the session: it reads the version in one of its own)
         with self._read() as s:
             by_status = {st: n for st, n in s.execute(
                 select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(proposed))
+                .group_by(Candidate.status))}
+            proposed_ids = set(s.scalars(proposed))
+            now_by_status = {st: n for st, n in s.execute(
+                select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(now_ids))
                 .group_by(Candidate.status))}
             n_prop, n_dup = s.execute(select(
                 func.count(Proposal.id),
@@ -1153,7 +1284,7 @@ class Ledger:
             ).where(Proposal.run_id == run_id)).one()
             failed = {name: n for name, n in s.execute(
                 select(CheckResult.name, func.count(CheckResult.id))
-                .where(CheckResult.candidate_id.in_(proposed), CheckResult.status == CheckStatus.FAILED.value)
+                .where(CheckResult.candidate_id.in_(now_ids), CheckResult.status == CheckStatus.FAILED.value)
                 .group_by(CheckResult.name).order_by(func.count(CheckResult.id).desc(), CheckResult.name))}
             calls, errors, ptok, ctok, lat = s.execute(select(
                 func.count(ModelCall.id),
@@ -1164,6 +1295,8 @@ class Ledger:
             ).where(ModelCall.run_id == run_id)).one()
             n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
             promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
+            n_pruned = s.scalar(select(func.count(PrunedProposal.id)).where(PrunedProposal.run_id == run_id)) \
+                if has_v3 else 0
         end = run.finished_at or (utcnow() if run.status == RunStatus.RUNNING else None)
         return RunSummary(
             run_id=run.id, status=RunStatus(run.status), proposer=run.proposer, ops=run.op_list, gpu_name=run.gpu_name,
@@ -1177,12 +1310,16 @@ class Ledger:
                 replaced_candidate_id=p.replaced_candidate_id, new_ms=p.new_ms, old_ms=p.old_ms, gain=p.gain,
                 spread=p.spread, reason=p.reason, active=p.demoted_at is None) for p in promos],
             model=ModelUsage(calls=int(calls), errors=int(errors), prompt_tokens=int(ptok), completion_tokens=int(ctok),
-                             total_tokens=int(ptok) + int(ctok), latency_s=float(lat)))
+                             total_tokens=int(ptok) + int(ctok), latency_s=float(lat)),
+            judged_now_by_status={st: now_by_status.get(st, 0) for st in CANDIDATE_STATUSES},
+            replayed=len(proposed_ids - now_ids),
+            pruned=int(n_pruned or 0))
 
 
 __all__ = [
     "SCHEMA_VERSION", "LedgerError", "RunStatus", "CandidateStatus", "RunSummary", "RunSession", "PromotionSummary",
     "ModelUsage", "Ledger", "Upgrade", "upgrade_ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta",
-    "Run", "Candidate", "Proposal", "ModelCall", "CheckResult", "BenchResult", "Promotion", "RUN_STATUSES", "CANDIDATE_STATUSES",
+    "Run", "Candidate", "Proposal", "ModelCall", "CheckResult", "BenchResult", "Promotion", "DiagnosisRecord",
+    "PrunedProposal", "RUN_STATUSES", "CANDIDATE_STATUSES",
     "CHECK_STATUSES", "CHECK_MODES",
 ]

@@ -75,8 +75,37 @@ def _v1_indices_for_a_large_ledger(conn: Connection) -> None:
     conn.execute(text("DROP INDEX ix_bench_result_op"))
 
 
+def _v2_diagnoses_and_pruned_proposals(conn: Connection) -> None:
+    """Version 2 -> 3: two new tables, `diagnosis` and `pruned_proposal`, each indexed by run and by
+    (op, bucket, dtype).
+
+    Why: the built-in search now reads what bounds each incumbent (registers, spills, shared memory and
+    programs of its compiled kernel, with the roofline fraction the ledger measured) before it proposes,
+    and hands the same diagnosis to the code model; `show` and `report` print it. Compiling an incumbent
+    for sm_90 takes seconds to a minute on the CPU, so the diagnosis is stored per source and bucket and
+    reused by later runs. `pruned_proposal` holds each proposal the search did not send to the GPU (its
+    compiled kernel spills or overflows shared memory, or the model fitted to the ledger's timings
+    predicts a loss), with the reason, so that no run proposes it again and a run's summary counts them.
+    Nothing existing changes: a ledger that has not had this step reads as one with no diagnoses."""
+    dt = "TIMESTAMP WITHOUT TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+    pk = "SERIAL" if conn.dialect.name == "postgresql" else "INTEGER"
+    conn.execute(text(f"""CREATE TABLE diagnosis (
+    id {pk} NOT NULL, run_id VARCHAR, op VARCHAR NOT NULL, bucket VARCHAR NOT NULL, dtype VARCHAR NOT NULL,
+    source_hash VARCHAR(64) NOT NULL, incumbent VARCHAR NOT NULL, bound VARCHAR NOT NULL,
+    document_json TEXT NOT NULL, created_at {dt} NOT NULL,
+    PRIMARY KEY (id), FOREIGN KEY(run_id) REFERENCES run (id))"""))
+    conn.execute(text(f"""CREATE TABLE pruned_proposal (
+    id {pk} NOT NULL, run_id VARCHAR, op VARCHAR NOT NULL, bucket VARCHAR NOT NULL, dtype VARCHAR NOT NULL,
+    label VARCHAR NOT NULL, source_hash VARCHAR(64) NOT NULL, reason TEXT NOT NULL, created_at {dt} NOT NULL,
+    PRIMARY KEY (id), FOREIGN KEY(run_id) REFERENCES run (id))"""))
+    for table in ("diagnosis", "pruned_proposal"):
+        conn.execute(text(f"CREATE INDEX ix_{table}_run_id ON {table} (run_id)"))
+        conn.execute(text(f"CREATE INDEX ix_{table}_op_bucket_dtype ON {table} (op, bucket, dtype)"))
+
+
 MIGRATIONS: Sequence[Migration] = (
     Migration(1, _v1_indices_for_a_large_ledger, reads_older=True),
+    Migration(2, _v2_diagnoses_and_pruned_proposals, reads_older=True),
 )
 
 OLDEST_VERSION = MIGRATIONS[0].from_version if MIGRATIONS else 1  # the oldest ledger this code can upgrade

@@ -20,8 +20,15 @@ Stacks (what computes each op; norms, SiLU and residuals are the same torch ops 
     baseline  the project's baseline kernels (kernel_agent.kernels.baseline.<op>.<op>) for every op.
     serving   harness.serving.get(op) for every op: whatever the serving set dispatches each call to (a
               promoted kernel, the baseline or torch); `DecodeStep.served` says which.
-    hybrid    cuBLAS matmuls with the baseline paged attention (and quantize_kv): the issue 18 table's
-              "cuBLAS matmuls + the project's int8 paged decode".
+    hybrid    cuBLAS matmuls with the baseline paged attention (and quantize_kv).
+    flashinfer  cuBLAS matmuls with FlashInfer's paged decode over the same paged bf16 cache (the optional
+              `flashinfer` extra; harness/ops/flashinfer_paged.py): what a serving engine runs. FlashInfer has no
+              int8 cache, so, like torch, it stays bf16 in the int8 mode. Without the extra the stack is left
+              out with one line.
+
+KV budget (`kv_budget_points`). At a fixed memory budget for the KV cache, a cache of half the bytes per
+token holds twice the sequences: for each KV mode the largest batch whose whole-model cache (every layer,
+K and V, codes and scales) fits the budget at one context, then tokens/s per stack at that batch.
 
 Tensor parallelism. A config with tp > 1 is timed as one GPU's shard of a layer: heads / tp query heads,
 kv_heads / tp KV heads (at least 1: KV heads are replicated when there are fewer than GPUs),
@@ -185,7 +192,9 @@ def load_model_config(spec: str) -> ModelConfig:
 
 # -- what to time ---------------------------------------------------------------------------------
 
-STACKS = ("torch", "baseline", "serving", "hybrid")
+STACKS = ("torch", "baseline", "serving", "hybrid", "flashinfer")
+# stacks that compute attention over a bf16 cache whatever the KV mode (the reference, and FlashInfer)
+BF16_ONLY_STACKS = ("torch", "flashinfer")
 KV_MODES = ("bf16", "int8")
 
 
@@ -404,6 +413,13 @@ def _baseline_fn(op: str) -> Callable:
     return getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{op}"), op)
 
 
+def _flashinfer_attention(decoder) -> Callable:
+    """The contract's decode_attention signature over a planned FlashInfer decoder (its table is planned)."""
+    def flashinfer_decode(q, k_cache, v_cache, block_table, seq_lens):
+        return decoder.run(q, k_cache, v_cache)
+    return flashinfer_decode
+
+
 def _sdpa_decode(q, k_contig, v_contig):
     """SDPA of one query per sequence over the contiguous cache: q [B, Hq, D] -> [B, Hq, D]."""
     import torch.nn.functional as F  # keeps the CLI's startup light (torch)
@@ -424,21 +440,29 @@ class DecodeStep:
         if kv not in KV_MODES:
             raise ModelConfigError(f"unknown KV mode {kv!r}; expected one of {', '.join(KV_MODES)}")
         self.cfg, self.stack, self.weights, self.state, self.x = cfg, stack, weights, state, x
-        # the torch stack is the bf16 reference in both modes
-        self.kv = "bf16" if stack == "torch" else kv
+        # the torch stack is the bf16 reference in both modes; FlashInfer has no int8 cache
+        self.kv = "bf16" if stack in BF16_ONLY_STACKS else kv
         if stack == "torch" and state.k_contig is None:
             raise ValueError("the torch stack needs the contiguous cache (make_kv_state(contiguous=True))")
         if self.kv == "int8" and state.k_codes is None:
             raise ValueError("the int8 mode needs the int8 cache (make_kv_state(int8=True))")
         self.calls: List[RecordedCall] = []
+        self._decoder = None
+        if stack == "flashinfer":
+            from .ops.flashinfer_paged import PagedDecoder  # the optional extra, loaded only for its stack
+            self._decoder = PagedDecoder(state.block_table, state.seq_lens, cfg.shard_heads, cfg.shard_kv_heads,
+                                         cfg.head_dim, cfg.page_size, state.k_paged.dtype)
         if stack == "serving":
             from . import serving  # keeps the CLI's startup light (torch)
             self._fns = {op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv",
                                                         "decode_attention_int8")}
         else:
             base = stack in ("baseline", "hybrid")
+            attention = _baseline_fn("decode_attention") if base else None
+            if self._decoder is not None:
+                attention = _flashinfer_attention(self._decoder)
             self._fns = {"matmul": _baseline_fn("matmul") if stack == "baseline" else torch.matmul,
-                         "decode_attention": _baseline_fn("decode_attention") if base else None,
+                         "decode_attention": attention,
                          "quantize_kv": _baseline_fn("quantize_kv") if base else None,
                          "decode_attention_int8": _baseline_fn("decode_attention_int8") if base else None}
 
@@ -495,7 +519,9 @@ class DecodeStep:
                 impl = str(c.fn.resolve(*c.args))
             elif c.fn is _sdpa_decode:
                 impl = "torch SDPA (contiguous cache)"
-            elif self.stack == "torch" or (self.stack == "hybrid" and c.op == "matmul"):
+            elif self.stack == "flashinfer" and c.op != "matmul":
+                impl = f"FlashInfer paged decode ({self._decoder.label})"
+            elif self.stack in ("torch", "flashinfer") or (self.stack == "hybrid" and c.op == "matmul"):
                 impl = "torch.matmul (cuBLAS)"
             else:
                 impl = "baseline"
@@ -596,6 +622,7 @@ class StackTiming:
     rounds: List[float]
     op_ms: Dict[str, float] = field(default_factory=dict)  # each op call alone, by label
     shares: Dict[str, float] = field(default_factory=dict)  # op_ms / layer_ms; 'other': the rest (norms...)
+    vs_flashinfer: Optional[float] = None  # tokens/s over the flashinfer stack's (None without it)
 
 
 @dataclass
@@ -699,7 +726,7 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
     from .ops import get_op  # keeps the CLI's startup light (torch)
     dt = torch.bfloat16
     B = point.batch
-    want_int8 = "int8" in kv_modes and any(s != "torch" for s in stacks)
+    want_int8 = "int8" in kv_modes and any(s not in BF16_ONLY_STACKS for s in stacks)
     weights = make_weights(cfg, dt, "cuda", seed)
     state = make_kv_state(cfg, B, point.context, dt, "cuda", seed + 1, contiguous="torch" in stacks, int8=want_int8)
     gen = torch.Generator(device="cuda")
@@ -707,11 +734,11 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
     x = torch.randn(B, cfg.hidden, generator=gen, device="cuda").to(dt)
     # torch is the bf16 reference of both modes; int8 accuracy needs the bf16 step of the stack it
     # judges, timed or not
-    keys = [("torch", "bf16")] if "torch" in stacks else []
+    keys = [(s, "bf16") for s in BF16_ONLY_STACKS if s in stacks]
     keys += [(s, kv) for kv in KV_MODES for s in stacks
-             if s != "torch" and (kv in kv_modes or (kv == "bf16" and want_int8))]
+             if s not in BF16_ONLY_STACKS and (kv in kv_modes or (kv == "bf16" and want_int8))]
     steps = {k: DecodeStep(cfg, k[0], k[1], weights, state, x) for k in keys}
-    timed = [k for k in keys if k[1] in kv_modes or k[0] == "torch"]
+    timed = [k for k in keys if k[1] in kv_modes or k[0] in BF16_ONLY_STACKS]
     log(f"{cfg.name} B={B} ctx={point.context}: checking {len(steps)} steps")
     ref = steps[("torch", "bf16")]() if ("torch", "bf16") in steps else None
     for k, step in steps.items():
@@ -745,6 +772,7 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
         op_graphs += [((k, c.label), _capture(c)) for c in steps[k].calls]
     ops = _interleaved(op_graphs, OP_ROUNDS)
     torch_ms = layer[("torch", "bf16")][0] if ("torch", "bf16") in layer else None
+    flashinfer_ms = layer[("flashinfer", "bf16")][0] if ("flashinfer", "bf16") in layer else None
     timings = []
     for k in timed:
         ms, spread, rounds = layer[k]
@@ -753,7 +781,8 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
         shares["other"] = max(0.0, 1.0 - sum(shares.values()))
         step_ms = ms * cfg.layers
         timings.append(StackTiming(k[0], k[1], ms, spread, step_ms, B / (step_ms / 1e3),
-                                   torch_ms / ms if torch_ms else None, rounds, op_ms, shares))
+                                   torch_ms / ms if torch_ms else None, rounds, op_ms, shares,
+                                   flashinfer_ms / ms if flashinfer_ms else None))
     del layer_graphs, op_graphs, op_calls, steps, state
     torch.cuda.empty_cache()
     return PointResult(B, point.context, timings, served, accuracy,
@@ -772,7 +801,72 @@ def run_model_bench(cfg: ModelConfig, points: Sequence[Point], stacks: Sequence[
     for kv in kv_modes:
         if kv not in KV_MODES:
             raise ModelConfigError(f"unknown KV mode {kv!r}; expected one of {', '.join(KV_MODES)}")
+    stacks = available_stacks(stacks, log)
     results = [run_point(cfg, p, stacks, kv_modes, seed, log) for p in points]
+    return ModelBenchResult(cfg, gpu_name() or "?", versions(), tuple(stacks), tuple(kv_modes), results)
+
+
+def available_stacks(stacks: Sequence[str], log: Callable[[str], None]) -> Tuple[str, ...]:
+    """`stacks` less the flashinfer stack when FlashInfer cannot run here, which is said in one line."""
+    if "flashinfer" not in stacks:
+        return tuple(stacks)
+    from .ops.flashinfer_paged import FlashInferUnavailable, require  # keeps the CLI's startup light (torch)
+    try:
+        require()
+    except FlashInferUnavailable as e:
+        log(f"flashinfer stack left out: {e}")
+        return tuple(s for s in stacks if s != "flashinfer")
+    return tuple(stacks)
+
+
+# -- the cost of a token at a fixed KV memory budget -------------------------------------------------
+
+def cache_bytes_per_token(cfg: ModelConfig, kv: str) -> int:
+    """Bytes one token's K and V take in one GPU's cache over every layer: bf16 values, or int8 codes plus a
+    float32 scale per (token, KV head) (the quantize_kv rule)."""
+    per_head = 2 * cfg.head_dim if kv == "bf16" else cfg.head_dim + 4
+    return cfg.layers * 2 * cfg.shard_kv_heads * per_head
+
+
+def kv_budget_points(cfg: ModelConfig, budget_bytes: int, context: int,
+                     kv_modes: Sequence[str] = KV_MODES) -> Dict[str, Point]:
+    """For each KV mode, the point with the most sequences of `context` tokens whose cache fits the budget
+    (whole pages: a sequence holds ceil(context / page_size) pages)."""
+    out = {}
+    for kv in kv_modes:
+        per_seq = paged_blocks(cfg, context) * cfg.page_size * cache_bytes_per_token(cfg, kv)
+        batch = budget_bytes // per_seq
+        if batch < 1:
+            raise ModelConfigError(f"a KV budget of {budget_bytes / 2**30:.1f} GiB holds no sequence of {context} "
+                                   f"tokens in {kv} ({per_seq / 2**30:.2f} GiB each)")
+        out[kv] = Point(int(batch), context)
+    return out
+
+
+def parse_bytes(text: str) -> int:
+    """'60GiB', '60G', '512MiB', '1.5TB' (GB and G are GiB here: memory is counted in binary units) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B?)\s*", text or "", re.I)
+    if not m or float(m.group(1)) <= 0:
+        raise ModelConfigError(f"bad memory size {text!r}: use e.g. 60GiB, 512MiB")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def run_kv_budget(cfg: ModelConfig, budget_bytes: int, context: int, stacks: Sequence[str],
+                  kv_modes: Sequence[str] = KV_MODES, seed: int = 0,
+                  log: Callable[[str], None] = lambda s: None) -> "ModelBenchResult":
+    """Each KV mode at its budget point (kv_budget_points): the bf16 stacks (torch, flashinfer) at the bf16
+    point, every other stack at each mode's own point. The result's points are in KV-mode order."""
+    from .bench import require_gpu  # keeps the CLI's startup light (torch)
+    require_gpu()
+    stacks = available_stacks(stacks, log)
+    points = kv_budget_points(cfg, budget_bytes, context, kv_modes)
+    results = []
+    for kv, point in points.items():
+        here = [s for s in stacks if kv == "bf16" or s not in BF16_ONLY_STACKS]
+        if not here:
+            continue
+        log(f"KV budget {budget_bytes / 2**30:.1f} GiB, {kv}: {point.batch} sequences of {context} tokens")
+        results.append(run_point(cfg, point, here, (kv,), seed, log))
     return ModelBenchResult(cfg, gpu_name() or "?", versions(), tuple(stacks), tuple(kv_modes), results)
 
 
@@ -780,4 +874,5 @@ __all__ = ["ModelConfig", "ModelConfigError", "PRESETS", "load_model_config", "S
            "parse_points", "parse_names", "OpCall", "step_op_calls", "NOMINAL_TBPS", "NOMINAL_TFLOPS", "LayerWeights",
            "make_weights", "KVState", "make_kv_state", "rms_norm", "StepOutput", "RecordedCall", "DecodeStep",
            "reference_step", "rel_error", "Int8Accuracy", "int8_accuracy", "StackTiming", "Served", "PointResult",
-           "ModelBenchResult", "run_point", "run_model_bench", "paged_blocks"]
+           "ModelBenchResult", "run_point", "run_model_bench", "paged_blocks", "BF16_ONLY_STACKS",
+           "cache_bytes_per_token", "kv_budget_points", "parse_bytes", "run_kv_budget", "available_stacks"]

@@ -200,6 +200,10 @@ def shape_pair(measurements: Sequence[Dict[str, Any]]) -> Tuple[Optional[ShapePa
     c, inc = ms.get("candidate"), ms.get("incumbent")
     if not c or not inc or c.get("error") or inc.get("error"):
         return None, (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
+    for m in (c, inc):
+        wrong = timed_call_mismatch(m)
+        if wrong:
+            return None, f"{m['label']}: {wrong}"
     ref, ref_label = inc, "incumbent"
     torch_m = next((m for m in measurements if m.get("serves") and not m.get("error")), None)
     if torch_m is not None:
@@ -208,6 +212,17 @@ def shape_pair(measurements: Sequence[Dict[str, Any]]) -> Tuple[Optional[ShapePa
             ref, ref_label = torch_m, torch_m["label"]
     tc, tr, clock = judged_pair(c, ref)
     return ShapePair(tc, tr, clock, ref_label), ""
+
+
+def timed_call_mismatch(m: Dict[str, Any]) -> str:
+    """Why a measurement's timed outputs refuse it ('' when none does): the benchmark compares the output of
+    a timed call, drawn at random, with the reference of that call's fresh inputs (bench.timed_calls). A
+    kernel right on the probe and wrong while timed (a cache over repeated inputs, an output block reused
+    between calls) is caught there."""
+    for chk in m.get("timed_checks") or []:
+        if isinstance(chk, dict) and not chk.get("ok", False):
+            return f"output of timed call {chk.get('call')} differs from the reference: {str(chk.get('detail'))[:300]}"
+    return ""
 
 
 def reference_words(labels: Sequence[str]) -> str:

@@ -48,6 +48,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .. import kernels as kernels_package
+from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.static_gate import check_source
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
 from .ops import DTYPE_NAMES, DTYPES, get_op
@@ -224,7 +225,7 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
     if not gate.passed:
         raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
     d = _dir(dir)
-    text = source if source.endswith("\n") else source + "\n"
+    text = canonical_source(source)  # what the set holds and hashes: the text that runs (sanitizer/canonical.py)
     manifest = load_manifest(d)
     old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
     entry = {
@@ -271,7 +272,7 @@ def _stored_base(op: str, h: str, replaced: Sequence[dict], d: Path
                  ) -> Optional[tuple[str, str, list[ConfigStep]]]:
     """(base, its hash, configurations stacked on it before) when the set can rebuild a source of hash `h`:
     the baseline, the file of the entry being replaced, or the variant being replaced (its own base)."""
-    if source_hash(baseline_source(op)) == h:
+    if source_hash(_baseline_text(op)) == h:
         return BASE_BASELINE, h, []
     for e in replaced:
         if e.get("source_hash") != h:
@@ -387,22 +388,51 @@ def _delete_orphans(d: Path, manifest: dict, old: list[dict]) -> None:
 _module_ids = itertools.count()
 
 
+def _baseline_text(op: str) -> str:
+    """The canonical text of the op's baseline: what a variant of it is rebuilt from and hashed against."""
+    return canonical_source(baseline_source(op))
+
+
+# this process's private folder for the texts it imports: rebuilt variants and the canonical text of each load
+_rebuilt_dir: Optional[Path] = None
+_rebuilt_lock = threading.Lock()
+
+
+def _private_copy(text: str, name: str) -> Path:
+    """`text` written under `name` into this process's private folder (mode 0700), in a folder of its own
+    per load: what is imported is exactly the text that was checked, whatever happens to the original."""
+    global _rebuilt_dir
+    with _rebuilt_lock:
+        if _rebuilt_dir is None:
+            _rebuilt_dir = Path(tempfile.mkdtemp(prefix="kernel-agent-serving-"))
+        folder = Path(tempfile.mkdtemp(prefix="load-", dir=_rebuilt_dir))
+    path = folder / name
+    _atomic_write(path, text)
+    return path
+
+
 def load_kernel_file(path: str | Path, op: str) -> Callable:
-    """Import a kernel file by path under a fresh module name and return its function
-    named `op`. A fresh name per load keeps two files (or two versions of one file)
-    from sharing a module; the module is registered in sys.modules because Triton
-    and inspect look functions' modules up there."""
+    """Import a kernel file's canonical text under a fresh module name and return its function named `op`.
+
+    A promoted kernel was written by a model, and this process serves it: its bytes are read once and must
+    read one way only, their canonical text (sanitizer/canonical.py) must pass the static gate (whose kernel
+    language is also all that Triton's code generator may call while it compiles the kernels), and only that
+    text, written to a private file, is imported; Triton and inspect read the kernels' source from that
+    file. Anything else is a one-line ServingError, and nothing of the file has run. A fresh module name per
+    load keeps two files (or two versions of one file) from sharing a module."""
     path = Path(path)
     if not path.is_file():
         raise ServingError(f"kernel file {path} does not exist")
-    # A promoted kernel was written by a model: it is imported only if it is still in the candidate
-    # language (a file edited after promotion, or one that never passed the sanitizer, is refused).
-    gate = check_source(path.read_text(), op)
+    try:
+        text = canonical_source(path.read_bytes())
+    except TextRefused as e:
+        raise ServingError(f"kernel file {path} is refused by the static gate: {e}") from None
+    gate = check_source(text, op)
     if not gate.passed:
         raise ServingError(f"kernel file {path} is refused by the static gate: {gate.describe()}")
     stem = re.sub(r"\W", "_", path.stem)
     mod_name = f"kernel_agent_serving_{stem}_{next(_module_ids)}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
+    spec = importlib.util.spec_from_file_location(mod_name, _private_copy(text, f"{stem}.py"))
     if spec is None or spec.loader is None:
         raise ServingError(f"kernel file {path} cannot be imported")
     module = importlib.util.module_from_spec(spec)
@@ -445,7 +475,7 @@ def rebuild_variant(op: str, variant: dict, dir: str | Path | None = None) -> st
     configurations applied by the function the search wrote them with (harness/config_variant.py)."""
     base = variant["base"]
     if base == BASE_BASELINE:
-        where, text = f"the baseline of {op}", baseline_source(op)
+        where, text = f"the baseline of {op}", _baseline_text(op)
     else:
         path = _dir(dir) / base
         where = str(path)
@@ -475,17 +505,15 @@ def entry_source(entry: dict, dir: str | Path | None = None) -> str:
         return text
     path = _dir(dir) / entry["file"]
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ServingError(f"serving kernel {path} named in the manifest is missing") from None
+    except UnicodeDecodeError:
+        raise ServingError(f"serving kernel {path} is not UTF-8 text (edited after promotion?)") from None
     if entry.get("source_hash") and source_hash(text) != entry["source_hash"]:
         raise ServingError(f"serving kernel {path} does not match its manifest hash "
                            f"(edited after promotion?); re-verify and reinstall it")
     return text
-
-
-_rebuilt_dir: Optional[Path] = None
-_rebuilt_lock = threading.Lock()
 
 
 def entry_path(entry: dict, dir: str | Path | None = None) -> Path:

@@ -1,7 +1,8 @@
-"""A kernel source's identity: its text normalised so that editors' whitespace habits (trailing spaces,
-CRLF, trailing blank lines) do not make the same kernel new, and the sha256 of that text. The ledger
-keys candidates by it, the serving set checks promoted kernels against it, and a configuration variant
-is recognised over a base by it; one definition, so that the three cannot disagree."""
+"""A kernel source's identity: the sha256 of its text, normalised so that editors' whitespace habits
+(trailing spaces, CRLF, trailing blank lines) do not make the same kernel new. The texts hashed are
+canonical (sanitizer/canonical.py: the syntax tree printed back, what runs): the loop canonicalises a
+proposal before the ledger keys it by this hash, the serving set stores and checks canonical text, and a
+configuration variant and its base are canonical text. One definition, so that they cannot disagree."""
 from __future__ import annotations
 
 import hashlib

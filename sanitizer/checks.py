@@ -20,12 +20,13 @@ import torch
 from hypothesis import HealthCheck, Phase, given, strategies as st
 
 from ..harness.ops import get_op
-from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, round_to
+from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_to
 from . import static_gate
 from . import wire
+from .branches import host_branches, taken, uncovered
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
-from .verdict import CheckOutcome, CheckStatus, Verdict
+from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -49,12 +50,13 @@ class Settings:
     fpsan_cases: int
     extended_examples: int
     fail_fast: bool = True
+    branch_search_s: float = 30.0  # what host_branches may spend drawing inputs to take a side never taken
 
 
 # Quick mode still runs every near-serving shape: each gates a different dimension (long K, large M, ...).
 # Bounds run every layout: a slice of a fused tensor ("fused": unit last stride, rows further apart than
 # the last dim) is where a kernel that takes unit stride to mean packed rows reads its neighbours.
-QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12)
+QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0)
 FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
 MODES = {"quick": QUICK, "full": FULL}
 
@@ -77,9 +79,15 @@ def run_case(subject: "Subject", fn: Any, case: Case, *, bounds: bool = True, or
     else:
         res = execute_call(fn, case.args, readable, subject.path, bounds=bounds, order=order, seed=seed,
                            fpsan=fpsan, sentinel=sentinel)
-    if res.ok and not res.fpsan_unsupported and res.launches == 0:
+    if res.ok and not res.fpsan_unsupported and res.launches == 0 and not _all_empty(res.out):
         res.error = "no Triton kernel was launched: the result must be computed by the file's own kernels"
     return res
+
+
+def _all_empty(out) -> bool:
+    """Every output is a tensor with no elements: an empty input needs no launch."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return bool(outs) and all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in outs)
 
 
 def outputs(out) -> Tuple[torch.Tensor, ...]:
@@ -118,7 +126,7 @@ def _scalar(v: torch.Tensor):
 class Subject:
     op: Op
     path: str
-    source: str
+    source: bytes  # the file as it is on disk; what runs is its canonical text (sanitizer/canonical.py)
     fn: Optional[Callable] = None
     baseline: Optional[Callable] = None
     refs: Dict[int, Any] = field(default_factory=dict)
@@ -128,6 +136,7 @@ class Subject:
     executor: Optional[Executor] = None  # the sandboxed process that holds the candidate
     skip_gate: bool = False  # tests only: proves that the sandbox and the judge hold on their own
     deadline: Optional[float] = None  # epoch seconds: the GPU checks start executors of their own until then
+    specs: Dict[str, None] = field(default_factory=dict)  # kernel specialisations the GPU checks launched
 
     def seed(self, n: int) -> int:
         return self.seed_base + n
@@ -385,7 +394,7 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
     if big:  # the harsher mix of the extended suite
         dists = [d for d in dists if d != "normal"] or dists
     dist = data.draw(st.sampled_from(dists), label="dist")
-    layout = data.draw(st.sampled_from(LAYOUTS), label="layout")
+    layout = data.draw(st.sampled_from(LAYOUTS), label="layout")  # the views past these: check_domain
     seed = data.draw(st.integers(0, 2**20), label="seed")
     dtype = torch.float16 if mode == "float16" else torch.float32
     case = op.make_case(shape, dtype, seed=seed, dist=dist, layout=layout)
@@ -501,6 +510,66 @@ class CheckSkipped(Exception):
     pass
 
 
+def _region_case(subject: Subject, region: Region, i: int, seed: int) -> Case:
+    """A case of one region of the op's domain; float16 and float32 alternate (a float32 path is taken too)."""
+    return subject.op.make_case(region.shape, (torch.float16, torch.float32)[i % 2], seed=subject.seed(seed + i),
+                                layout=region.layout)
+
+
+def check_domain(subject: Subject, s: Settings) -> str:
+    """Every CPU region of the op's domain (harness/ops: Op.domain): the corners the random draws do not
+    reach (pages and head dims up to 256, GQA groups up to MQA, pools far larger than the batch, contexts
+    past 8192, the views a K/V cache is sliced as). The GPU stage draws the regions only it can afford."""
+    regions = subject.op.domain().on("cpu")
+    for i, region in enumerate(regions):
+        case = _region_case(subject, region, i, 141)
+        r = run_case(subject, subject.fn, case)
+        if not r.ok:
+            raise CheckFailed(f"{region.name}: {r.problem()}; reproduce: {case.describe()}")
+        _compare_or_fail(subject, case, r.out, f"{region.name}: ")
+        subject.refs.pop(id(case), None)
+    return f"correct on {len(regions)} region(s) of the contract's domain: " + "; ".join(r.name for r in regions)
+
+
+def check_host_branches(subject: Subject, s: Settings) -> str:
+    """Every side of every host-code branch of the candidate was taken by some call of the checks (the
+    executor records them: sanitizer/branches.py); a side never taken gets inputs drawn from the op's pool
+    of extra shapes and views (Op.branch_pool) until it is, within Settings.branch_search_s, or the
+    candidate is refused with the condition named: a cheat wrong only on inputs the checks never draw
+    hides there."""
+    ex = subject.fn
+    if not isinstance(ex, Executor):
+        raise CheckSkipped("not judged: the candidate runs outside an executor")
+    try:
+        sides = host_branches(subject.source, subject.path)
+    except SyntaxError as e:
+        raise CheckFailed(f"the judge cannot compile the file: {e}")
+    arcs, specs = ex.coverage()
+    missing = uncovered(sides, taken(arcs, sides))
+    tried, t0 = 0, time.time()
+    for i, region in enumerate(subject.op.branch_pool()):
+        if not missing or time.time() - t0 > s.branch_search_s:
+            break
+        case = _region_case(subject, region, i, 151)
+        r = run_case(subject, subject.fn, case)
+        if not r.ok:
+            raise CheckFailed(f"drawn to take a host branch ({missing[0].describe(subject.path)}): {r.problem()}; "
+                              f"reproduce: {case.describe()}")
+        _compare_or_fail(subject, case, r.out, f"drawn to take a host branch ({missing[0].describe(subject.path)}): ")
+        subject.refs.pop(id(case), None)
+        tried += 1
+        arcs, specs = ex.coverage()
+        missing = uncovered(sides, taken(arcs, sides))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckFailed(f"host code branches on something no drawn input of the contract's domain takes both "
+                          f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); a branch "
+                          f"of the host code must be exercised both ways by the checks")
+    exempt = sorted({x.exempt for x in sides if x.exempt})
+    return (f"every side of the host code's {len({(x.qualname, x.firstlineno, x.jump) for x in sides})} branch(es) taken ({tried} extra case(s) "
+            f"drawn); exempt: {'; '.join(exempt) or 'none'}; {len(specs)} kernel specialisation(s) launched")
+
+
 def check_fpsan(subject: Subject, s: Settings) -> str:
     op = subject.op
     shapes = op.shapes("tiny")
@@ -586,8 +655,10 @@ CHECKS: List[Tuple[str, Callable[[Subject, Settings], str]]] = [
     ("differential", check_differential),
     ("error_budget", check_error_budget),
     ("near_serving", check_near_serving),
+    ("domain", check_domain),
     ("fpsan", check_fpsan),
     ("extended_numeric", check_extended),
+    ("host_branches", check_host_branches),
     ("sandbox", check_sandbox),
 ]
 CHECK_NAMES = [name for name, _ in CHECKS]
@@ -631,7 +702,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
     settings = MODES[mode]
     if fail_fast is None:
         fail_fast = settings.fail_fast
-    with open(path) as f:
+    with open(path, "rb") as f:  # bytes: the gate judges how Python would read them
         source = f.read()
     subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,
                       executor=executor, skip_gate=skip_gate)
@@ -648,7 +719,7 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
                 on_start(name)
             outcome, timed_out = _judge_one(subject, name, check, settings)
             if timed_out:  # slowness is not a fault: the verdict says the candidate was not verified
-                verdict.error = f"not verified: time limit ({time.time() - t_all:.0f}s) during check `{name}` (a " \
+                verdict.error = f"{TIME_LIMIT_PREFIX} ({time.time() - t_all:.0f}s) during check `{name}` (a " \
                                 f"hang, or too slow to check here)"
                 fail_fast = True
             subject.refs.clear()

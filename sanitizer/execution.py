@@ -14,10 +14,11 @@ import sys
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from .branches import BranchRecorder, launch_spec
 from .fpsan import FpSanUnsupported
 from .guard import HostGuard
 from .interp import GuardPause, Instrumentation, Watched
@@ -40,6 +41,7 @@ class RunResult:
     mutated: List[str] = field(default_factory=list)
     launches: int = 0
     fpsan_unsupported: List[str] = field(default_factory=list)
+    specs: List[str] = field(default_factory=list)  # the specialisation of each launch (branches.launch_spec)
     handle: int = 0  # the executor's number for this call (its outputs can be re-read while it keeps them)
 
     @property
@@ -73,11 +75,25 @@ def describe_exception(e: BaseException, path: str) -> str:
     return f"{type(root).__name__}: {msg[:300]}{where}"
 
 
+@contextlib.contextmanager
+def _traced(recorder: Optional[BranchRecorder]):
+    """The recorder's trace function installed for the candidate's call alone."""
+    if recorder is None:
+        yield
+        return
+    recorder.install()
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+
+
 def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.Tensor], path: str, *,
                  device: str = "cpu", bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
-                 sentinel: int = 0) -> RunResult:
+                 sentinel: int = 0, recorder: Optional[BranchRecorder] = None) -> RunResult:
     """Call fn on args under the interpreter hooks and the host-code guard (on a GPU: under the guard
-    alone), in the process that holds fn. What it returns is evidence for the judge, not a verdict."""
+    alone), in the process that holds fn; `recorder` (the executor's) records the host-code branches the call
+    took. What it returns is evidence for the judge, not a verdict."""
     tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
     before = {k: _storage_bytes(v) for k, v in tensors.items()}
     res = RunResult()
@@ -85,7 +101,7 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
         guard = HostGuard(sentinel=-1)
         launches = [0]
         try:
-            with _counting_launches(launches), guard:
+            with _counting_launches(launches, res.specs), guard, _traced(recorder):
                 res.out = fn(**args)
             torch.cuda.synchronize()
         except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
@@ -102,7 +118,7 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
         guard = HostGuard(sentinel=sentinel)
         try:
             with inst.active():
-                with guard:
+                with guard, _traced(recorder):
                     res.out = fn(**args)
         except FpSanUnsupported as e:
             res.fpsan_unsupported.append(str(e))
@@ -119,6 +135,7 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
         res.bounds = list(inst.violations)
         res.guard = list(guard.violations)
         res.launches = len(inst.launches)
+        res.specs = list(inst.specs)
         res.fpsan_unsupported += inst.fpsan_unsupported
     for k, v in tensors.items():
         if not torch.equal(before[k], _storage_bytes(v)):
@@ -127,18 +144,23 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
 
 
 @contextlib.contextmanager
-def _counting_launches(count: List[int]):
-    """On the device: count Triton launches, and let the launcher's own torch calls past the host-code
-    guard (in the interpreter, Instrumentation does both)."""
+def _counting_launches(count: List[int], specs: List[str]):
+    """On the device: count Triton launches and record their specialisations, and let the launcher's own torch
+    calls past the host-code guard (in the interpreter, Instrumentation does all three)."""
     from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
     original = JITFunction.run
 
     def run(self, *args, **kwargs):
         count[0] += 1
         GuardPause.depth += 1
+        traced = BranchRecorder.pause()  # Triton's launcher is not the candidate's host code
         try:
+            params = getattr(self, "params", ())
+            specs.append(launch_spec(self.fn, [p.name for p in params if getattr(p, "is_constexpr", False)],
+                                     [p.name for p in params], args, kwargs))
             return original(self, *args, **kwargs)
         finally:
+            BranchRecorder.resume(traced)
             GuardPause.depth -= 1
     JITFunction.run = run
     try:

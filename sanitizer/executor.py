@@ -24,6 +24,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import sandbox
+from .canonical import TextRefused, canonical_source
 from .sandbox import REFUSED_EXIT
 
 PROTOCOL = 1
@@ -52,11 +53,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
     from . import wire  # deferred: inside the sandbox
+    from .branches import BranchRecorder  # deferred: inside the sandbox
     from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
     from .guard import HostGuard  # noqa: F401 - deferred: inside the sandbox
     from .static_gate import check_source  # deferred: inside the sandbox
     if args.device == "cpu":
         import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
+    else:
+        sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
     sandbox.arm_audit_hook()  # fatal: the first refused action ends this process (exit 86)
 
     def evidence() -> List[str]:
@@ -70,7 +74,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             gate = check_source(source, args.op)
             if not gate.passed:
                 raise ImportError(f"the static gate rejects the file: {gate.describe()}")
-        fn = load_module(args.file, args.op)
+        # the branch recorder is the executor's own, installed before the candidate's code first runs
+        recorder = BranchRecorder(os.path.abspath(args.file))
+        recorder.install()
+        try:
+            fn = load_module(args.file, args.op)
+        finally:
+            sys.settrace(None)
         hello["signature"] = _signature(fn)
     except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
         hello["load_error"] = describe_exception(e, args.file)
@@ -81,6 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     wire.send(sock, hello)
     cases: Dict[str, Dict[str, Any]] = {}
     kept: Dict[int, List[Any]] = {}
+    specs: Dict[str, None] = {}  # every specialisation launched, in order
     calls = 0
     while True:
         try:
@@ -100,6 +111,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             wire.send(sock, {"digests": None if outs is None else
                              [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]})
             continue
+        if cmd == "coverage":  # the host-code branches taken and the specialisations launched, over all calls
+            wire.send(sock, {"arcs": recorder.evidence()[:20000], "specs": list(specs)[:2000]})
+            continue
         if cmd != "call":
             wire.send(sock, {"error": "unknown command"})
             continue
@@ -107,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         call_args = _bind_tensors(req, tensors, cases, args.device)
         readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]):]))
         opts = req.get("opts", {})
-        res = execute_call(fn, call_args, readable, args.file, device=args.device, **opts)
+        res = execute_call(fn, call_args, readable, args.file, device=args.device, recorder=recorder, **opts)
+        specs.update(dict.fromkeys(res.specs))
         outs = list(res.out) if isinstance(res.out, (tuple, list)) else [res.out]
         if req.get("keep"):
             kept[calls] = outs
@@ -115,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        if isinstance(t, torch.Tensor)]
         wire.send(sock, {
             "call": calls, "error": res.error, "bounds": res.bounds[:5], "guard": res.guard[:5],
-            "launches": res.launches, "fpsan_unsupported": res.fpsan_unsupported[:5],
+            "launches": res.launches, "fpsan_unsupported": res.fpsan_unsupported[:5], "specs": res.specs[:50],
             "outputs": [("tensor" if isinstance(t, torch.Tensor) else type(t).__name__) for t in outs]
             if res.out is not None else None,
             "tuple": isinstance(res.out, (tuple, list)),
@@ -169,10 +184,20 @@ class Executor:
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
         self.scratch = sandbox.make_scratch("ka-exec-")
-        # the executor reads its own copy of the candidate, inside its scratch directory
+        # the executor reads its own copy of the candidate, inside its scratch directory: the canonical text,
+        # which is what the gate judged (Python and Triton read no other bytes of the file)
         self.file = os.path.join(self.scratch, "candidate.py")
-        with open(path, "rb") as src, open(self.file, "wb") as dst:
-            dst.write(src.read())
+        with open(path, "rb") as src:
+            raw = src.read()
+        try:
+            text = canonical_source(raw).encode("utf-8")
+        except TextRefused:
+            if not skip_gate:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+                raise
+            text = raw  # tests only: the layers behind the gate are shown the file as it is
+        with open(self.file, "wb") as dst:
+            dst.write(text)
         os.chmod(self.file, 0o644)  # readable by the sandbox identity whatever this process's umask
         parent, child = socket.socketpair()
         self.sock = parent
@@ -183,12 +208,15 @@ class Executor:
         else:
             env.pop("TRITON_INTERPRET", None)
         cpu_s = max(30, int(self.deadline - time.time()) + 30)
-        cmd = list(wrapper) + [sys.executable, "-m", "kernel_agent.sanitizer.executor", "--fd", str(child.fileno()),
-                               "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
+        cmd = [sys.executable, "-m", "kernel_agent.sanitizer.executor", "--fd", str(child.fileno()),
+               "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
         if skip_gate:
             cmd.append("--skip-gate")
         if tool_ports:
             cmd.append(f"--tool-ports={min(tool_ports)}-{max(tool_ports)}")
+        if wrapper:
+            # the tool and the executor in namespaces of their own: the tool's ports on their loopback alone
+            cmd = sandbox.tool_namespace_command(list(wrapper) + cmd)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, pass_fds=(child.fileno(),), start_new_session=True)
@@ -331,6 +359,7 @@ class Executor:
         res.guard = wire.strings(reply.get("guard"))
         res.launches = wire.as_int(reply.get("launches"))
         res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
+        res.specs = wire.strings(reply.get("specs"))
         res.mutated = [k for k in wire.strings(reply.get("mutated")) if k in tensors]
         kinds = wire.optional_list(reply.get("outputs"))
         if kinds is not None:
@@ -340,6 +369,15 @@ class Executor:
         if self.violations and not res.error:
             res.error = f"the sandbox refused: {self.violations[0]}"
         return res
+
+    def coverage(self):
+        """(arcs, specialisations): the host-code branches the candidate's calls took (branches.Arc lists) and
+        the specialisations they launched, over every call so far. Evidence: the judge decides."""
+        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+        self._send({"cmd": "coverage"})
+        reply, _ = self._recv()
+        arcs = [a for a in (wire.optional_list(reply.get("arcs")) or []) if isinstance(a, list) and len(a) == 4]
+        return arcs, wire.strings(reply.get("specs"), 2000)
 
     def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch

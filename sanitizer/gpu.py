@@ -4,6 +4,8 @@
   division differ from the interpreter), tiny odd shapes and every serving shape, in each
   dtype, against the reference on the device; plus the error budget against the
   baseline on the same inputs.
+* gpu_domain: the regions of the op's domain only the device can afford (pools past 2^31
+  elements, contexts up to 131072, MQA at serving head counts).
 * native_fpsan: Triton's own FpSan (TRITON_INSTRUMENTATION_MODE=fpsan, Triton >= 3.8),
   candidate against baseline, each in an executor of its own; skipped with the reason on
   older Triton.
@@ -30,6 +32,7 @@ from ..harness.ops import get_op
 from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, first_difference, outputs, run_case
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
+from .branches import host_branches, taken
 from .static_gate import check_source
 from .verdict import CheckOutcome, CheckStatus, Verdict
 
@@ -43,6 +46,7 @@ def _call(subject: Subject, fn, case):
         r = run_case(subject, fn, case, bounds=False)
         if not r.ok:
             raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()} (cuda)")
+        subject.specs.update(dict.fromkeys(r.specs))
         return _on_case_device(r.out, case)
     out = case.call(fn)
     torch.cuda.synchronize()
@@ -94,8 +98,49 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         del case, ref, out
         subject.fn.reset()
         torch.cuda.empty_cache()
+    _bf16_branches_taken(subject)
+    # every specialisation a serving shape launches is compared with the reference here, whether or not the
+    # interpreter ever ran it (the CPU verdict's host_branches check counts the ones it did)
     return f"{cases_n(n)} on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) " \
-           f"match the reference; worst error {worst:.0%} of the budget"
+           f"match the reference; worst error {worst:.0%} of the budget; {len(subject.specs)} kernel " \
+           f"specialisation(s) launched, each checked against the reference"
+
+
+def _bf16_branches_taken(subject: Subject) -> None:
+    """The host branches on bfloat16, which the CPU checks leave to this stage (sanitizer/branches.py), taken
+    both ways by the device cases above (bf16, fp16 and fp32 each)."""
+    try:
+        sides = [x for x in host_branches(subject.source, subject.path) if "bfloat16" in x.condition]
+    except SyntaxError as e:
+        raise CheckFailed(f"the judge cannot compile the file: {e}")
+    if not sides:
+        return
+    arcs, _ = subject.fn.coverage()
+    missing = [x for x in sides if x.key() not in taken(arcs, sides)]
+    if missing:
+        raise CheckFailed(f"host code branches on bfloat16 and the device cases never took one side: "
+                          f"{missing[0].describe(subject.path)}")
+
+
+def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
+    """The regions of the op's domain only the device can afford (Op.domain: pools past 2^31 elements, where
+    an int32 offset overflows; contexts up to 131072; MQA at serving head counts), in bfloat16, against the
+    float32 reference on the device."""
+    op = subject.op
+    regions = op.domain().on("gpu")
+    for i, region in enumerate(regions):
+        case = op.make_case(region.shape, torch.bfloat16, seed=subject.seed(500 + i), device=device,
+                            layout=region.layout)
+        ref = op.reference(case.args, torch.float32)
+        out = _call(subject, subject.fn, case)
+        cmp = op.compare(out, case.args, ref)
+        if not cmp.ok:
+            raise CheckFailed(f"{region.name}: {cmp.describe()}; reproduce: {case.describe()} (cuda)")
+        del case, ref, out
+        subject.fn.reset()
+        torch.cuda.empty_cache()
+    return f"correct on {len(regions)} region(s) of the contract's domain on the device: " + \
+        "; ".join(r.name for r in regions)
 
 
 def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) -> str:
@@ -179,7 +224,8 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     if not exe:
         raise CheckSkipped("compute-sanitizer is not installed on this machine")
     # the tool's front end talks to the process it wraps over TCP on loopback, on the first free port of
-    # this range: the executor keeps the host's network and may connect to these ports alone
+    # this range: the tool and the executor share a network namespace of their own (its loopback alone),
+    # and the executor may connect to these ports alone
     wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5",
                "--port", str(TOOL_PORT_BASE), "--max-connections", str(TOOL_PORT_COUNT)]
     if tool == "memcheck":
@@ -213,6 +259,7 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
 
 GPU_CHECKS = [
     ("gpu_differential", check_gpu_differential),
+    ("gpu_domain", check_gpu_domain),
     ("native_fpsan", check_native_fpsan),
     ("memcheck", lambda s: check_compute_sanitizer(s, "memcheck")),
     ("initcheck", lambda s: check_compute_sanitizer(s, "initcheck")),
@@ -230,7 +277,7 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
     `before_gpu`: called once, after the static gate and the load (which need no GPU) and before the
     first check that runs on the device (a gated child waits there for its GPU lease)."""
     op = get_op(op_name)
-    with open(path) as f:
+    with open(path, "rb") as f:  # bytes: the gate judges how Python would read them
         source = f.read()
     deadline = deadline or time.time() + 900
     subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from . import fpsan as F
+from .branches import BranchRecorder, launch_spec
 
 # Imported lazily: the interpreter module pulls in triton, which the static gate does not need.
 _interp = None
@@ -178,6 +179,7 @@ class Instrumentation:
     launches: List[Launch] = field(default_factory=list)
     violations: List[str] = field(default_factory=list)
     fpsan_unsupported: List[str] = field(default_factory=list)
+    specs: List[str] = field(default_factory=list)  # each launch's specialisation (branches.launch_spec)
 
     # per launch
     _regions: List[_Region] = field(default_factory=list)
@@ -283,10 +285,14 @@ class Instrumentation:
         def grid_call(executor, *args, **kwargs):
             GuardPause.depth += 1  # from here on, torch calls are the sanitizer's and the interpreter's
             launch["langs"] = set()
+            traced = BranchRecorder.pause()  # the interpreter's Python is not the candidate's host code
             try:
+                inst.specs.append(launch_spec(executor.fn, getattr(executor, "constexprs", ()),
+                                              getattr(executor, "arg_names", None), args, kwargs))
                 inst._begin_launch(executor.fn, args, kwargs)
                 return orig_call(executor, *args, **kwargs)
             finally:
+                BranchRecorder.resume(traced)
                 launch["langs"] = None
                 GuardPause.depth -= 1
 

@@ -13,7 +13,7 @@ from .verdict import CheckStatus, Verdict
 def merge_gpu(cpu: Verdict, gpu: Verdict) -> Verdict:
     """One verdict per file: the CPU checks, then the GPU checks (static gate and load once)."""
     merged = Verdict(cpu.file, cpu.op, f"{cpu.mode}+gpu", list(cpu.checks), cpu.fpsan_equivalent, cpu.fpsan_detail,
-                     cpu.duration_s + gpu.duration_s, cpu.error or gpu.error)
+                     cpu.duration_s + gpu.duration_s, cpu.error or gpu.error, cpu.seed)
     seen = {c.name for c in cpu.checks}
     merged.checks += [c for c in gpu.checks if c.name not in seen]
     return merged
@@ -32,11 +32,14 @@ def write_junit(verdicts: List[Verdict], path: str) -> None:
                               failures=str(sum(c.status == CheckStatus.FAILED for c in v.checks)),
                               skipped=str(sum(c.status == CheckStatus.SKIPPED for c in v.checks)),
                               time=f"{v.duration_s:.3f}")
+        if v.seed is not None:  # the inputs' seed base: `kernel-agent sanitize --seed N` reproduces a failure
+            ET.SubElement(ET.SubElement(suite, "properties"), "property", name="seed", value=str(v.seed))
+        again = f" (reproduce: kernel-agent sanitize --op {v.op} --seed {v.seed} FILE)" if v.seed is not None else ""
         for c in v.checks:
             case = ET.SubElement(suite, "testcase", classname=f"{v.op}.{os.path.basename(v.file)}", name=c.name,
                                  time=f"{c.duration_s:.3f}")
             if c.status == CheckStatus.FAILED:
-                ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail
+                ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail + again
             elif c.status == CheckStatus.SKIPPED:
                 ET.SubElement(case, "skipped", message=c.detail[:500])
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 from . import sandbox
 from .isolation import map_tracked, run_tracked, signal_name
 from .lease import OnReady, run_gated
-from .verdict import CheckOutcome, CheckStatus, Verdict
+from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
 
 DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
 
@@ -92,13 +92,14 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     v = Verdict(path, op, mode, duration_s=elapsed)
     running = None
     if doc:
+        v.seed = doc.get("seed")
         v.checks = [CheckOutcome(c["name"], c["status"], c.get("detail", ""), c.get("duration_s", 0.0))
                     for c in doc.get("checks", [])]
         running = doc.get("running")
     where = f" during check `{running}`" if running else ""
     if timed_out:
         # slowness is not a fault: the verdict says the candidate could not be verified, not that it is wrong
-        reason = f"not verified: time limit ({timeout_s:.0f}s){where} (a hang, or too slow to check here)"
+        reason = f"{TIME_LIMIT_PREFIX} ({timeout_s:.0f}s){where} (a hang, or too slow to check here)"
     elif rc < 0:
         reason = f"crashed with {signal_name(rc)}{where}"
     else:

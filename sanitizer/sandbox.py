@@ -21,12 +21,22 @@ confined before the candidate file is even read. Two halves:
      package are readable to it, otherwise it stays uid 0 with every capability dropped
      (bounding set included, so no exec can regain one);
   4. no_new_privs, and the parent-death signal (the child dies with its parent);
-  5. Landlock: writes only beneath the scratch directory (and to the few device files
-     a run needs), TCP bind and connect denied (ABI 4+), signals and abstract unix
-     sockets scoped to the sandbox (ABI 6+);
-  6. a Python audit hook that refuses sockets, process creation (apart from the
-     compilers Triton runs on a GPU), writes outside scratch, and ctypes/dlopen after
-     start-up; every refusal is recorded, and the judge fails a verdict with any.
+  5. seccomp: no UDP, raw or other non-stream IP socket, no io_uring, no syscall of
+     another ABI;
+  6. Landlock: reads only of the interpreter, the package, the system's libraries and,
+     on a GPU, the CUDA driver's and toolkit's folders (GPU_READABLE); writes only
+     beneath the scratch directory (and to the few device files a run needs; on a GPU
+     the driver's nodes and its thread names under /proc, GPU_PROC_WRITABLE), TCP bind
+     and connect denied (ABI 4+), signals and abstract unix sockets scoped to the
+     sandbox (ABI 6+);
+  7. a Python audit hook that refuses sockets, process creation (apart from the
+     compilers Triton runs on a GPU), writes outside scratch, and ctypes after start-up
+     (on a GPU too: `prepare_gpu` makes torch's and Triton's ctypes calls first); every
+     refusal is recorded, and the judge fails a verdict with any.
+
+A tool that wraps the child and talks to it over loopback TCP (compute-sanitizer) runs
+with it in namespaces of their own (`tool_namespace_command`): the child then keeps that
+network and PID namespace instead of making its own, and may connect to the tool's ports.
 
 Each layer that the host cannot provide is reported as missing (`Protections.missing`),
 never silently assumed. `kernel-agent sanitize --sandbox` prints what this host gives.
@@ -34,13 +44,17 @@ never silently assumed. `kernel-agent sanitize --sandbox` prints what this host 
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import glob
 import json
 import os
 import platform
 import resource
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -80,6 +94,36 @@ READABLE_SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/dev", 
                    "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd", "/etc/group",
                    "/etc/nsswitch.conf", "/etc/os-release", "/etc/python3", "/etc/python3.11")
 PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels")
+# What a GPU run may read on top of what a CPU run may. Most of what CUDA, torch and Triton read is already
+# there: the interpreter's prefixes and site-packages (torch, triton with its ptxas and libdevice, the
+# nvidia-* wheels' CUDA libraries), /usr (the driver's libcuda and libnvidia-*, /usr/local/cuda, gcc and the
+# headers Triton builds its launchers with), /dev (the device nodes), /proc (this sandbox's own: the
+# driver's /proc/driver/nvidia and the process's maps), /sys (the PCI and NUMA topology the driver reads)
+# and /etc/ld.so.cache (`ldconfig -p`, which Triton runs to find libcuda). Each entry: where the path comes
+# from, and why a GPU run needs it. "env:NAME" is each path of that variable (the file's folder for a file);
+# "ld.so.conf" the folders the loader is configured with; an absolute path is that file alone.
+GPU_READABLE = (
+    ("env:CUDA_HOME", "a CUDA toolkit outside /usr (ptxas, headers, libdevice)"),
+    ("env:CUDA_PATH", "the same, as some images name it"),
+    ("env:TRITON_PTXAS_PATH", "the ptxas Triton was told to use"),
+    ("env:TRITON_LIBCUDA_PATH", "where Triton was told libcuda is"),
+    ("env:LD_LIBRARY_PATH", "where the loader finds libcuda and the CUDA libraries (containers: /usr/local/nvidia)"),
+    ("env:CUDA_INJECTION64_PATH", "the library compute-sanitizer injects into the process it wraps"),
+    ("env:LD_PRELOAD", "libraries a wrapping tool preloads"),
+    ("env:KA_SANDBOX_TOOL_DIR", "the wrapping tool's installation, whose libraries it loads into the process "
+     "(compute-sanitizer outside /usr); set by tool_namespace_main"),
+    ("ld.so.conf", "the loader's configured folders, where libcuda may lie outside /usr (an /opt driver)"),
+    ("/etc/hosts", "the name `localhost`, by which a wrapping tool's injected library may reach its front end"),
+    ("/etc/host.conf", "the same lookup's configuration"),
+    ("/etc/gai.conf", "the same lookup's address order"),
+)
+# Writes under /proc a GPU run needs, beneath this process's own folder. The CUDA driver names the threads
+# it starts by writing /proc/<pid>/task/<tid>/comm (pthread_setname_np on another thread); when that write
+# is refused, cuInit fails with error 304. Landlock cannot name files that do not exist yet (the threads),
+# so the grant is beneath task/ (file writes only: no create, remove or truncate). /proc/self/mem,
+# oom_score_adj, /proc/sys and every other process's files stay unwritable; task/<tid>/mem is beneath the
+# grant, so only the audit hook (which refuses writes outside scratch and ctypes) keeps Python from it.
+GPU_PROC_WRITABLE = ("task",)
 LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1 << 0, 1 << 1
 LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
 LANDLOCK_RULE_NET_PORT = 2
@@ -158,6 +202,7 @@ def make_scratch(prefix: str = "ka-scratch-") -> str:
 # -- the child's half ---------------------------------------------------------------------
 
 _libc = None
+_pinned: List[int] = []  # file descriptors a Landlock rule needs kept open (see _landlock)
 
 
 def _c():
@@ -332,19 +377,61 @@ def _drop_identity(scratch: str, prot: Protections) -> None:
     prot.active.append("uid 0 without any capability (the interpreter is not readable to uid nobody here)")
 
 
-def readable_paths() -> List[str]:
-    """What a sandboxed CPU run may read: the interpreter's prefixes and import paths, the package's own
-    folders, and the system files of READABLE_SYSTEM."""
+def readable_paths(gpu: bool = False) -> List[str]:
+    """What a sandboxed run may read: the interpreter's prefixes and import paths, the package's own
+    folders, the system files of READABLE_SYSTEM and, on a GPU, what GPU_READABLE names."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
-    paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib", "include")]
     paths += [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in ("/", root)]
     paths += [os.path.join(root, d) for d in PACKAGE_DIRS]
     paths += list(READABLE_SYSTEM)
+    if gpu:
+        paths += gpu_readable_paths()
     out = []
     for p in paths:
         if p and p not in out:
             out.append(p)
+    return out
+
+
+def gpu_readable_paths(environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """The folders GPU_READABLE names on this host (never "/": a variable naming it is ignored)."""
+    env = os.environ if environ is None else environ
+    out: List[str] = []
+    for source, _why in GPU_READABLE:
+        if source.startswith("env:"):
+            value = env.get(source[4:], "")
+            found = [p for p in value.replace(" ", os.pathsep).split(os.pathsep) if os.path.isabs(p)]
+        elif source == "ld.so.conf":
+            found = _loader_folders()
+        else:
+            out.append(source)  # a file: readable itself, not its folder
+            continue
+        for p in found:
+            p = os.path.dirname(p) if os.path.isfile(p) else p
+            if os.path.realpath(p) != "/" and p not in out:
+                out.append(p)
+    return out
+
+
+def _loader_folders(conf: str = "/etc/ld.so.conf", depth: int = 0) -> List[str]:
+    """The folders of the dynamic loader's configuration (`include` lines followed, globs expanded)."""
+    out: List[str] = []
+    try:
+        with open(conf) as f:
+            lines = [ln.split("#", 1)[0].strip() for ln in f]
+    except OSError:
+        return out
+    for ln in lines:
+        if ln.startswith("include") and depth < 4:
+            pattern = ln.split(None, 1)[1] if len(ln.split(None, 1)) > 1 else ""
+            if not os.path.isabs(pattern):
+                pattern = os.path.join(os.path.dirname(conf), pattern)
+            for inc in sorted(glob.glob(pattern)):
+                out += _loader_folders(inc, depth + 1)
+        elif os.path.isabs(ln):
+            out.append(ln)
     return out
 
 
@@ -380,11 +467,13 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
     class NetPort(ctypes.Structure):
         _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
-    # reads are confined on a CPU run; on a GPU the driver, the compilers and their headers read from
-    # too many places to list, so there reads are left to file permissions (uid nobody on the H200)
+    # Reads are confined on a CPU run. On a GPU they are not yet: with reads confined to GPU_READABLE the CUDA
+    # driver's initialisation failed on the H200 (cudaGetDeviceCount: error 304, also with /proc writable),
+    # so a GPU run keeps the rules the H200 has run under (unconfined reads, its own /proc writable) until
+    # scripts/gpu_sandbox_probe.py finds the narrower set that CUDA accepts (docs/ARCHITECTURE.md, trust).
     confine_reads = not gpu
-    read = LL_READ_FILE | LL_READ_DIR
-    attr = Attr(write | (read if confine_reads else 0), (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
+    read = (LL_READ_FILE | LL_READ_DIR) if confine_reads else 0
+    attr = Attr(write | read, (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
                 (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0)
     size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
@@ -392,16 +481,15 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         prot.missing.append(_err("Landlock ruleset"))
         return
     file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
-    targets = [(scratch, write | (read if confine_reads else 0))] + [(d, file_rights) for d in WRITABLE_DEVICES]
+    targets = [(scratch, write | read)] + [(d, file_rights) for d in WRITABLE_DEVICES]
     if confine_reads:
-        targets += [(p, read) for p in readable_paths()]
+        targets += [(p, read) for p in readable_paths(gpu)]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         targets += [(root, LL_READ_DIR)]  # the package's folder is listed by the import system, not read
     if gpu:
-        # the CUDA driver opens its device nodes read-write and writes files under /proc (without them
-        # cudaGetDeviceCount fails with error 304 on the H200); /proc is this process's own (PID
-        # namespace), so that exposes no other process
+        # the CUDA driver opens its device nodes read-write, and names its threads (GPU_PROC_WRITABLE)
         targets += [(os.path.join("/dev", n), file_rights) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
+        # /proc is this process's own (PID namespace); the narrower GPU_PROC_WRITABLE alone failed on the H200
         targets += [("/proc", file_rights)]
     for path, rights in targets:
         try:
@@ -414,7 +502,13 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
             rule = PathBeneath(rights, fd)
             libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
         finally:
-            os.close(fd)
+            if path.startswith("/proc/"):
+                # a rule holds the inode, not the path: a procfs folder dropped from the dentry cache comes
+                # back as a new inode the rule does not name, so the folder is kept open (a candidate that
+                # closes it only loses its own grant)
+                _pinned.append(fd)
+            else:
+                os.close(fd)
     if abi >= 4:
         for port in tool_ports:  # connect only: the tool's front end listens, the sandbox never does
             rule = NetPort(LL_NET_CONNECT_TCP, port)
@@ -425,8 +519,10 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         return
     os.close(ruleset)
     what = [f"Landlock ABI {abi}: writes only in scratch"]
-    what.append("reads only of the interpreter, the package and system libraries" if confine_reads else
-                "reads not confined (GPU run)")
+    what.append("reads only of the interpreter, the package and system libraries" +
+                (", and the CUDA driver's and toolkit's folders" if gpu else ""))
+    if gpu:
+        what.append("writes under /proc only to this process's thread names (the CUDA driver's)")
     if abi < 4:
         what.append("TCP not covered (ABI < 4)")
     elif tool_ports:
@@ -438,8 +534,78 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
     prot.active.append(", ".join(what))
 
 
+# seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h): a classic BPF program over the syscall's number
+# and arguments. Landlock has rules for TCP only (ABI 4+); this filter refuses every IP socket that is not
+# a stream (UDP, raw, ICMP "ping" sockets, SCTP's sequenced packets), so no datagram leaves even where a
+# namespace is shared with a tool. It also refuses io_uring (its socket and open requests bypass the
+# syscall table this filter sees) and any syscall of another ABI (32-bit int 0x80, x32), which would have
+# other numbers.
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_AND_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
+AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK = 2, 10, 1, 0xF
+X32_SYSCALL_BIT = 0x40000000
+# machine -> (audit arch, socket's number, io_uring_setup's number)
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+
+
+def seccomp_program(machine: str) -> Optional[List[tuple]]:
+    """The filter as (code, jump-if-true, jump-if-false, k) instructions; None for an unknown machine.
+    Offsets into struct seccomp_data: nr 0, arch 4, args[i] 16 + 8 i (the low 32 bits, little endian)."""
+    if machine not in SECCOMP_ARCH:
+        return None
+    arch, nr_socket, nr_io_uring = SECCOMP_ARCH[machine]
+    deny = SECCOMP_RET_ERRNO | 13  # EACCES, as Landlock answers
+    prog = [(BPF_LD_W_ABS, 0, 0, 4),
+            (BPF_JEQ_K, 1, 0, arch),                      # another ABI: refused
+            (BPF_RET_K, 0, 0, deny),
+            (BPF_LD_W_ABS, 0, 0, 0),
+            (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),           # x32 numbers: refused
+            (BPF_RET_K, 0, 0, deny),
+            (BPF_JEQ_K, 0, 1, nr_io_uring),
+            (BPF_RET_K, 0, 0, deny),
+            (BPF_JEQ_K, 1, 0, nr_socket),
+            (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),         # not socket(): allowed
+            (BPF_LD_W_ABS, 0, 0, 16),                     # the family
+            (BPF_JEQ_K, 2, 0, AF_INET),
+            (BPF_JEQ_K, 1, 0, AF_INET6),
+            (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),         # unix sockets (the judge's pair), netlink: allowed
+            (BPF_LD_W_ABS, 0, 0, 24),                     # the type, without SOCK_NONBLOCK / SOCK_CLOEXEC
+            (BPF_AND_K, 0, 0, SOCK_TYPE_MASK),
+            (BPF_JEQ_K, 0, 1, SOCK_STREAM),
+            (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),         # TCP: left to the namespace and Landlock
+            (BPF_RET_K, 0, 0, deny)]
+    return prog
+
+
+def _seccomp(prot: Protections) -> None:
+    """Install the filter (after no_new_privs, which an unprivileged filter needs). It is inherited by
+    every process the sandbox starts and cannot be removed."""
+    prog = seccomp_program(platform.machine())
+    if prog is None:
+        prot.missing.append(f"seccomp filter (no syscall table for {platform.machine()}): UDP and raw sockets are "
+                            f"stopped only by the network namespace and the audit hook")
+        return
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
+    fprog = Program(len(prog), filters)
+    if _c().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        prot.missing.append(_err("seccomp filter") + ": UDP and raw sockets are stopped only by the network "
+                            "namespace and the audit hook")
+        return
+    prot.active.append("seccomp: no UDP, raw or other non-stream IP socket, no io_uring, no foreign-ABI syscall")
+
+
 # -- the audit hook ------------------------------------------------------------------------
 
+TOOL_NAMESPACE_ENV = "KA_SANDBOX_TOOL_NETNS"  # set by tool_namespace_main: the namespace it made for the tool
+TOOL_DIR_ENV = "KA_SANDBOX_TOOL_DIR"  # set by tool_namespace_main: where the tool is installed (GPU_READABLE)
 REFUSED_EXIT = 86  # the exit code of a process the fatal audit hook ended
 _violations: List[str] = []
 _config = {"scratch": "", "gpu": False}
@@ -504,7 +670,7 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
             path = args[0] if args else ""
             if not inside_scratch(path):
                 refuse(f"filesystem change outside scratch ({event} {fsdecode(path)[:120] if path else ''})")
-        elif event.startswith("ctypes.") and not gpu:
+        elif event.startswith("ctypes."):  # on a GPU too: prepare_gpu made torch's and Triton's calls
             refuse(f"native code through ctypes ({event})")
         elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents") and not gpu:
             refuse(f"introspection ({event})")  # (torch.compile, an anchor timed beside GPU kernels, walks them)
@@ -535,11 +701,12 @@ def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None,
           tool_ports: Sequence[int] = ()) -> Protections:
     """Confine this process (call it first thing, single-threaded, before importing torch).
 
-    `tool_ports`: the process runs under a tool that talks to it over TCP on the host's loopback and
-    finds it by its host pid (compute-sanitizer's front end). It then keeps the host's network and PID
-    namespaces: Landlock lets it connect to those ports only (no other TCP, no bind; the audit hook
-    still refuses every socket and process the Python side opens), and its processes are taken down
-    with its session rather than with a namespace."""
+    `tool_ports`: the process runs under a tool that talks to it over TCP on loopback and finds it by
+    its pid (compute-sanitizer's front end). It then stays in the tool's network and PID namespaces,
+    which `tool_namespace_main` made for the tool and this process alone (a loopback that is up, no other
+    interface, a /proc of their own): Landlock lets it connect to those ports only (no other TCP, no
+    bind), the seccomp filter refuses UDP, and the audit hook still refuses every socket and process
+    the Python side opens."""
     prot = Protections()
     limits = limits or Limits()
     if gpu:
@@ -551,21 +718,41 @@ def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None,
         _finish(scratch, gpu, prot)
         return prot
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    shared = False
     if _unshare(prot, network=not tool_ports, pid=not tool_ports):
         _become_pid1(prot)
     elif tool_ports:
-        prot.missing.append("network and PID namespaces (kept for the wrapping tool, which reaches this process "
-                            "over loopback TCP and by its host pid)")
+        shared = _tool_namespaces(prot)
     _limits(limits, prot)
     _drop_identity(scratch, prot)
     if _c().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         prot.active.append("no_new_privs")
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by a change of identity: set again
+    _seccomp(prot)
     _landlock(scratch, gpu, prot, tool_ports)
-    if tool_ports and not any(a.startswith("Landlock") and "TCP denied except" in a for a in prot.active):
-        prot.missing.append("network: kept for the wrapping tool and not confined (Landlock without TCP rules)")
+    if tool_ports and not shared and not any(a.startswith("Landlock") and "TCP denied except" in a
+                                             for a in prot.active):
+        prot.missing.append("network: the host's, kept for the wrapping tool, and TCP not confined (Landlock "
+                            "without TCP rules)")
     _finish(scratch, gpu, prot)
     return prot
+
+
+def _tool_namespaces(prot: Protections) -> bool:
+    """Under a wrapping tool: whether this process is in the namespaces `tool_namespace_main` made for the
+    tool (it names its network namespace in TOOL_NAMESPACE_ENV), or in the host's."""
+    try:
+        here = os.readlink("/proc/self/ns/net")
+    except OSError:
+        here = ""
+    if here and os.environ.get(TOOL_NAMESPACE_ENV) == here:
+        prot.active.append("network namespace shared with the wrapping tool alone (loopback only), and a PID "
+                           "namespace with its own /proc")
+        return True
+    prot.missing.append("network and PID namespaces (the wrapping tool runs in the host's, and reaches this "
+                        "process over loopback TCP and by its pid): the host's loopback ports of the tool "
+                        "are reachable, and host processes are listed in /proc")
+    return False
 
 
 def _finish(scratch: str, gpu: bool, prot: Protections) -> None:
@@ -588,3 +775,80 @@ def host_protections(gpu: bool = False) -> Protections:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
+
+# -- what runs before the sandbox's last layers ---------------------------------------------------
+
+def prepare_gpu() -> None:
+    """Do now, in trusted code and before the audit hook is armed, what torch and Triton do through
+    ctypes on their way to the GPU, so that the hook can refuse ctypes in a GPU run too: torch counts
+    devices through NVML (ctypes) until CUDA is initialised, and Triton's driver probes libcuda (ctypes,
+    cuInit) the first time a kernel is launched. Both results are cached for the process's life."""
+    import torch  # deferred: a sandboxed child enters its sandbox before it imports what it runs
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.init()
+    torch.cuda.device_count()  # cached once CUDA is initialised: NVML is not asked again
+    from triton.runtime.driver import driver  # deferred: as torch
+    driver.active.get_current_device()
+
+
+def tool_namespace_command(cmd: Sequence[str]) -> List[str]:
+    """`cmd` (a tool that wraps a sandboxed child and talks to it over loopback TCP) run by
+    `tool_namespace_main`, in network, PID and mount namespaces made for it and its child alone."""
+    return [sys.executable, "-m", "kernel_agent.sanitizer.sandbox", "--tool-namespace", "--", *cmd]
+
+
+def tool_namespace_main(cmd: Sequence[str]) -> int:
+    """Make a network namespace with its loopback up and no other interface, a PID namespace with its
+    own /proc and a mount namespace, then run `cmd` there as its first process (everything in it dies
+    with it, and it dies with this process). The tool and the child it wraps share that loopback, and
+    see each other's pids as they are; nothing of the host's network or processes is in reach. Where
+    the namespaces cannot be made, `cmd` runs in the host's and the child reports them missing."""
+    if not cmd:
+        sys.stderr.write("sandbox: --tool-namespace needs a command\n")
+        return 2
+    _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prot = Protections()
+    if platform.system() == "Linux" and _unshare(prot, network=True, pid=True):
+        _become_pid1(prot)  # returns in the namespace's first process, with its own /proc
+        _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        try:
+            _loopback_up()
+            os.environ[TOOL_NAMESPACE_ENV] = os.readlink("/proc/self/ns/net")
+        except OSError as e:
+            sys.stderr.write(f"sandbox: the tool's loopback could not be brought up ({e}): it cannot reach its "
+                             f"child\n")
+    for line in prot.missing:
+        sys.stderr.write(f"sandbox: {line}\n")
+    os.environ[TOOL_DIR_ENV] = os.pathsep.join(tool_folders(cmd[0]))
+    try:
+        os.execvp(cmd[0], list(cmd))
+    except OSError as e:
+        sys.stderr.write(f"sandbox: cannot run {cmd[0]}: {e}\n")
+    return 127
+
+
+def tool_folders(tool: str) -> List[str]:
+    """The folder of the tool's executable and the installation above it (compute-sanitizer's bin/ or
+    its own folder, and the toolkit holding it), never a top-level folder such as /opt or /usr."""
+    found = shutil.which(tool)
+    if not found:
+        return []
+    here = os.path.dirname(os.path.realpath(found))
+    return [p for p in (here, os.path.dirname(here)) if os.path.dirname(p) not in ("/", "")]
+
+
+def _loopback_up() -> None:
+    """Bring up the loopback interface of this (new) network namespace: SIOCGIFFLAGS, SIOCSIFFLAGS."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s.fileno(), siocgifflags, ifreq))[1]
+        fcntl.ioctl(s.fileno(), siocsifflags, struct.pack("16sH22x", b"lo", flags | iff_up))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:3] == ["--tool-namespace", "--"]:
+        sys.exit(tool_namespace_main(sys.argv[3:]))
+    sys.stderr.write("usage: python -m kernel_agent.sanitizer.sandbox --tool-namespace -- COMMAND...\n")
+    sys.exit(2)

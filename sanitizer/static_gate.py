@@ -23,7 +23,9 @@ import ast
 import builtins
 import textwrap
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
+
+from .canonical import TextRefused, canonical_source
 
 # -- the language ----------------------------------------------------------------------------
 
@@ -105,7 +107,7 @@ MATH_CONSTANTS = frozenset({"pi", "e", "inf", "nan", "tau"})
 # every builtin (not just the allowed ones) is reserved: none may be rebound (dunders are rejected anyway)
 BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_")) | {
     "exit", "quit", "help", "copyright", "credits", "license"}
-RULES = ("syntax", "import", "structure", "state", "mutation", "rebind", "introspection", "forbidden-call",
+RULES = ("text", "syntax", "import", "structure", "state", "mutation", "rebind", "introspection", "forbidden-call",
          "undefined-name", "alias", "torch-compute", "unverifiable", "autotune", "decorator", "kernel-language",
          "contract")
 
@@ -756,6 +758,12 @@ class _Gate:
             self.bad(node, "state", f"`{dotted}`: host code may only launch a kernel (`{node.value.id}[grid](...)`); "
                                     f"its attributes hold mutable caches that could keep state across calls")
             return
+        if k and isinstance(node.value, ast.Name) and node.value.id in self.constants - s.local:
+            # a module constant in a kernel is a Python value at compile time: its methods would run Python
+            # in the process that compiles the kernel (the serving process included)
+            self.bad(node, "kernel-language", f"`{node.value.id}.{node.attr}`: a module constant has no attributes "
+                                              f"in a kernel (constants are values; only tensors have methods)")
+            return
         if k:
             if node.attr not in KERNEL_VALUE_ATTRS:
                 self.bad(node, "kernel-language", f"`.{node.attr}` is not allowed in a kernel (values in kernels "
@@ -846,13 +854,17 @@ class _Gate:
             self.expr(kw.value, s)
 
 
-def check_source(source: str, op_name: str) -> GateResult:
+def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
+    """The gate's verdict on a file's bytes (or text): first that they read one way only
+    (sanitizer/canonical.py), then the language on the syntax tree. A file that passes has a canonical
+    text, and that text passes too: it is what runs."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError as e:
-        return GateResult(False, [Finding(e.lineno or 0, "syntax", f"syntax error: {e.msg}")])
-    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes, absurd nesting
-        return GateResult(False, [Finding(0, "syntax", f"the file cannot be parsed: {type(e).__name__}")])
+        canonical_source(source)
+    except TextRefused as e:
+        return GateResult(False, [Finding(e.line, "syntax" if e.reason.startswith(("syntax error", "the file cannot "
+                                                                                   "be parsed")) else "text",
+                                          e.reason)])
+    tree = ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
     gate = _Gate(op_name)
     try:
         gate.module(tree)

@@ -8,6 +8,16 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 
+# How a verdict says that the time limit ended the judging, not a fault of the candidate: slowness (a loaded
+# machine, the interpreter) is no reason to reject, so such a candidate stays "not verified", to be judged again.
+TIME_LIMIT_PREFIX = "not verified: time limit"
+
+
+def is_time_limit(text: Optional[str]) -> bool:
+    """Whether a verdict's error (or a check's detail) is the time limit's, not a finding."""
+    return (text or "").startswith(TIME_LIMIT_PREFIX)
+
+
 class CheckStatus(str, Enum):
     """How one check of a verdict ended; the member is the string stored in the ledger and the JSON."""
 
@@ -77,6 +87,7 @@ class Verdict:
     fpsan_detail: str = ""
     duration_s: float = 0.0
     error: str = ""  # the isolated run itself failed (crash, timeout)
+    seed: Optional[int] = None  # the inputs' seed base (`sanitize --seed N` reproduces them); None: not known
 
     @property
     def passed(self) -> bool:
@@ -100,12 +111,13 @@ class Verdict:
         return {"file": self.file, "op": self.op, "mode": self.mode, "passed": self.passed,
                 "fpsan_equivalent": self.fpsan_equivalent, "fpsan_detail": self.fpsan_detail,
                 "error": self.error or None, "duration_s": round(self.duration_s, 3),
-                "checks": [c.to_json() for c in self.checks]}
+                "checks": [c.to_json() for c in self.checks], "seed": self.seed}
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
         v = cls(d["file"], d["op"], d.get("mode", "full"),
                 [CheckOutcome(c["name"], c["status"], c.get("detail", ""), c.get("duration_s", 0.0))
                  for c in d.get("checks", [])],
-                d.get("fpsan_equivalent"), d.get("fpsan_detail", ""), d.get("duration_s", 0.0), d.get("error") or "")
+                d.get("fpsan_equivalent"), d.get("fpsan_detail", ""), d.get("duration_s", 0.0), d.get("error") or "",
+                d.get("seed"))
         return v

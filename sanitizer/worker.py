@@ -61,12 +61,12 @@ def main(argv=None) -> int:
     seed_base = args.seed if args.seed is not None else secrets.randbelow(1 << 40)
     deadline = args.deadline or time.time() + 600
     progress = {"file": args.file, "op": args.op, "mode": args.mode, "running": None, "checks": [],
-                "started": time.time()}
+                "started": time.time(), "seed": seed_base}  # a verdict cut short still names its inputs
     _write(args.out, progress)
 
     # The candidate's process is started first, so that its imports overlap with this one's; it is
     # not started at all for a file that the static gate rejects.
-    with open(args.file) as f:
+    with open(args.file, "rb") as f:  # bytes: the gate judges how Python would read them
         gate_ok = args.skip_gate or check_source(f.read(), args.op).passed
     executor = None
     if gate_ok and args.mode != "gpu":

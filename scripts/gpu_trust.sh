@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The trust boundary on a GPU machine, in one command of under ten minutes:
 #   sandbox:  what the candidate sandbox gets on this host (`kernel-agent sanitize --sandbox`)
+#   probe:    each way out of the GPU sandbox tried, and legitimate GPU work run in it
+#             (scripts/gpu_sandbox_probe.py; not in the default STEPS: the tests step runs it --quick)
 #   baselines: every baseline through the full sanitizer with the GPU checks (the GPU checks'
 #             executors and compute-sanitizer run under the sandbox), timed per file
 #   tests:    the GPU tests (tests/test_gpu.py), which include a hostile candidate on the GPU paths
@@ -21,6 +23,10 @@ summary=()
 if [[ " $STEPS " == *" sandbox "* ]]; then
   $CLI sanitize --sandbox > "$OUT/sandbox.txt" 2>&1; rc=$?
   cat "$OUT/sandbox.txt"; summary+=("sandbox: exit $rc")
+fi
+if [[ " $STEPS " == *" probe "* ]]; then
+  timeout 900 python3 scripts/gpu_sandbox_probe.py > "$OUT/probe.txt" 2>&1; rc=$?
+  tail -n 24 "$OUT/probe.txt"; summary+=("sandbox probe: exit $rc: $(tail -n 1 "$OUT/probe.txt")")
 fi
 if [[ " $STEPS " == *" baselines "* ]]; then
   for op in matmul attention decode_attention quantize_kv decode_attention_int8; do

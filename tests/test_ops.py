@@ -220,3 +220,41 @@ def test_large_distribution_does_not_overflow_fp16_outputs():
     op = get_op("matmul")
     c = op.make_case(op.parse_shape("64,64,4096"), torch.float16, seed=9, dist="large")
     assert torch.isfinite(op.reference(c.args).to(torch.float16)).all()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_each_op_states_its_domain_and_its_regions_are_valid_cases(name):
+    """Op.domain(): limits to print, regions on the CPU and on the GPU whose shapes parse back from their keys
+    (a field at its default is left out of a key) and whose CPU cases build in the region's view."""
+    op = OPS[name]
+    dom = op.domain()
+    assert dom.limits and dom.on("cpu") and dom.on("gpu")
+    for region in dom.regions:
+        assert op.parse_shape(region.shape.key()) == region.shape, region
+    for region in dom.on("cpu")[:3]:
+        case = op.make_case(region.shape, torch.float32, seed=1, layout=region.layout)
+        assert op.reference(case.args, torch.float64) is not None
+
+
+def test_pair_and_bshd_views_hold_the_same_values_with_the_strides_they_name():
+    """`pair`: kv[:, 0] of a [T, 2, H, D] tensor (tokens 2HD apart, not H * stride(1)); `bshd`: the dims
+    before the last swapped in memory (attention's BSHD, a cache's HND), last stride 1."""
+    op = OPS["quantize_kv"]
+    base = op.make_case(op.parse_shape("T=5,H=3,D=16"), torch.float32, seed=3)
+    pair = op.make_case(op.parse_shape("T=5,H=3,D=16"), torch.float32, seed=3, layout="pair")
+    x = pair.args["x"]
+    assert torch.equal(x, base.args["x"]) and x.stride() == (2 * 3 * 16, 16, 1) and x.stride(0) != 3 * x.stride(1)
+    att = OPS["attention"]
+    q = att.make_case(att.parse_shape("B=2,Hq=4,Hkv=2,S=7,D=16"), torch.float32, seed=1, layout="bshd").args["q"]
+    assert q.shape == (2, 4, 7, 16) and q.stride() == (7 * 4 * 16, 16, 4 * 16, 1)
+    dec = OPS["decode_attention_int8"]
+    c = dec.make_case(dec.parse_shape("B=1,Hq=2,Hkv=2,D=16,block_size=4,ctx=9"), torch.float32, seed=1, layout="pair")
+    assert c.args["k_cache"].dtype == torch.int8 and c.args["k_cache"].stride(0) == 2 * 4 * 2 * 16
+
+
+def test_a_decode_pool_can_be_far_larger_than_the_batch():
+    op = OPS["decode_attention"]
+    shape = op.parse_shape("B=2,Hq=2,Hkv=1,D=8,block_size=4,ctx=10,spare_blocks=500")
+    assert shape.key().endswith("spare_blocks=500") and op.parse_shape("B=2,Hq=2,Hkv=1,D=8,block_size=4,ctx=10").spare_blocks == 3
+    case = op.make_case(shape, torch.float32, seed=2)
+    assert case.args["k_cache"].shape[0] == 2 * 3 + 500

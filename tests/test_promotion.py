@@ -246,6 +246,11 @@ def test_judge_benchmark_over_a_bucket():
     assert bad.error == "a: wrong result on the device" and bad.decision is None
     assert judge_benchmark({"results": [], "error": "benchmark timed out after 900s"}, ["a"]).error.startswith(
         "benchmark timed out")
+    stale = judge_benchmark({"results": [res("a", 0.5, timed_checks=[
+        {"call": 3, "ok": True, "detail": ""}, {"call": 41, "ok": False, "detail": "output: 9 element(s) outside"}])]},
+        ["a"])  # right on the probe, wrong on a timed call (a cache, a reused output block): refused, not timed
+    assert stale.decision is None and stale.error.startswith("a: candidate: output of timed call 41 differs from the "
+                                                             "reference: output: 9 element(s) outside"), stale.error
     fake = judge_benchmark({"results": [res("a", 0.5, implausible=True)]}, ["a"])
     assert not fake.decision.promote and "implausible" in fake.decision.reason
     g = dict(graph_ms=0.04, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
@@ -342,3 +347,28 @@ def test_a_kernel_with_a_round_under_the_graph_line_is_graph_timed_whatever_its_
     assert is_small(Measurement("baseline", 0.21085, 0.0463, 8, bimodal))
     assert not is_small(Measurement("baseline", 0.2708, 0.002, 3, [0.2776, 0.26899, 0.26861]))
     assert not is_small(Measurement("baseline", 0.0, 0.0, 0, []))
+
+
+def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path, monkeypatch):
+    """The benchmark child reads a candidate file's bytes once and imports their canonical text, written into
+    its scratch directory: what is timed is what the gate judged (a coding cookie is refused, not obeyed)."""
+    import inspect
+    import sys
+
+    from kernel_agent.harness.bench_worker import _contenders
+    from kernel_agent.sanitizer.canonical import canonical_source
+    monkeypatch.setenv("KA_SANDBOX_SCRATCH", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    src = (ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text()
+    cand = tmp_path / "cand.py"
+    cand.write_text("# a comment the canonical text drops\n" + src)
+    spec = {"op": "quantize_kv", "kernels": [{"label": "incumbent", "file": None},
+                                             {"label": "candidate", "file": str(cand)}]}
+    baseline, timed = _contenders(spec)
+    module = sys.modules[timed.fn.__module__]
+    assert pathlib.Path(inspect.getsourcefile(module)).parent == tmp_path / "scratch"
+    assert pathlib.Path(inspect.getsourcefile(module)).read_text() == canonical_source(src)
+    assert "_quantize_kernel" in timed.kernel_names and baseline.label == "incumbent"
+    cand.write_bytes(b"# -*- coding: utf-7 -*-\n" + src.encode())
+    with pytest.raises(ValueError, match="candidate: the static gate rejects the file: line 1: an encoding"):
+        _contenders(spec)

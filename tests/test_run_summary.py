@@ -68,7 +68,7 @@ def test_the_json_document_keeps_its_keys(recorded):
     s = led.run_summary(run.id)
     ledger_keys = ["run_id", "status", "proposer", "ops", "gpu_name", "started_at", "finished_at", "wall_s",
                    "proposals", "duplicates", "candidates", "candidates_by_status", "checks_failed", "bench_results",
-                   "promotions", "model"]
+                   "promotions", "model", "judged_now_by_status", "replayed", "pruned"]
     assert list(s.to_json()) == ledger_keys  # `show --json`: what the ledger knows
     s.session = _session()
     doc = json.loads(json.dumps(s.to_json(), default=str))
@@ -85,7 +85,8 @@ def test_the_summary_after_a_run_reads_every_field_it_prints(recorded, capsys):
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 0
     out = capsys.readouterr().out
     assert f"run {run.id} finished: candidate budget reached (3)" in out
-    assert out.split("\n")[2].split() == ["3", "2", "0", "0", "1", "4700", f"{s.wall_s:.0f}s"]
+    # judged now, rejected, not verified, verified, benchmarked, promoted, replayed, tokens, wall
+    assert out.split("\n")[2].split() == ["3", "2", "0", "0", "0", "1", "0", "4700", f"{s.wall_s:.0f}s"]
     rejections = out[out.index("rejections by check"):].splitlines()[2:4]
     assert [r.split() for r in rejections] == [["bounds", "2"], ["coverage", "1"]]
     assert "promoted quantize_kv t4k-d128 bfloat16: 10.0% faster at every shape" in out

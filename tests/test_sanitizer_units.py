@@ -290,3 +290,35 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
     assert exits == [-signal.SIGKILL] * 2 and not isolation._live
     assert not isolation._stopping.is_set()  # the next call starts children again
     assert isolation.run_tracked([sys.executable, "-c", "print('ok')"], 60) == (0, "ok\n")
+
+
+# -- host-branch coverage ------------------------------------------------------------------------
+
+def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
+    """The executor's recorder sees which way each host branch of the candidate's file went; the judge,
+    compiling the same text, names the sides never taken. A side that only raises, and a condition on the
+    device, are exempt; a kernel's body is not host code."""
+    import importlib.util
+    from kernel_agent.sanitizer.branches import BranchRecorder, host_branches, taken, uncovered
+    src = HEADER + ("def helper(n):\n    if n > 100:\n        return 1\n    return 2 if n % 2 else 0\n\n"
+                    "def f(x, n):\n    if n < 0:\n        raise ValueError('no')\n"
+                    "    return helper(n) + (1 if x.device.type == 'cuda' else 0)\n")
+    path = tmp_path / "cand.py"
+    path.write_text(src)
+    rec = BranchRecorder(str(path))
+    spec = importlib.util.spec_from_file_location("ka_branch_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = torch.zeros(1)
+    for n in (3, 4):
+        rec.install()
+        try:
+            mod.f(x, n)
+        finally:
+            sys.settrace(None)
+    sides = host_branches(src, str(path))
+    missing = [s.describe("cand.py") for s in uncovered(sides, taken(rec.evidence(), sides))]
+    assert missing == ["cand.py:10: `n > 100` was never true"], missing
+    assert {s.exempt for s in sides} >= {"only raises (a guard on the contract's limits)",
+                                          "reads the device or bfloat16: taken on the GPU"}
+    assert not any(s.qualname == "_k" for s in sides)

@@ -32,14 +32,14 @@ def test_search_climbs_from_the_incumbent_and_follows_a_promotion():
     base = baseline_config("quantize_kv", SHAPE)
     first = prop.propose(_ctx(baseline_source("quantize_kv")), 3)
     assert first[0].label == "evict-first"
-    cfg_labels = [p.label for p in first if p.label.startswith("cfg-")]
-    assert cfg_labels and all("_config_base(" in p.source for p in first[1:])
+    cfg_props = [p for p in first if p.label.startswith("cfg-")]
+    assert cfg_props and all("_config_base(" in p.source for p in cfg_props)
     # one of them is promoted: the next proposals are variants of it, not of the baseline
-    winner = first[1]
+    winner = cfg_props[0]
     new_cfg = source_config("quantize_kv", winner.source, SHAPE)
     assert new_cfg != base
     prop.feedback(_ctx(baseline_source("quantize_kv")), winner, True, 0.05)
-    nxt = prop.propose(_ctx(winner.source, "serving:x.py"), 4)
+    nxt = [p for p in prop.propose(_ctx(winner.source, "serving:x.py"), 6) if p.label.startswith("cfg-")]
     assert nxt and all("_config_base1(" in p.source for p in nxt)
     tried = {source_config("quantize_kv", p.source, SHAPE) for p in nxt}
     assert base not in tried and new_cfg not in tried  # neither the old nor the new incumbent again
@@ -56,12 +56,12 @@ def test_an_incumbent_without_a_config_falls_back_to_the_baseline():
 # The first proposals of a fresh climb at each op's first serving shape, on a host without a GPU (the
 # baselines' _config reads the GPU's SM count): the op's tuning space, config_args and streaming flag
 # together decide them.
-FIRST_PROPOSALS = {
-    "matmul": ["cfg-32-256-64-8-1-8-4", "cfg-128-256-64-8-1-2-4", "cfg-128-256-64-16-1-8-4", "cfg-128-128-64-8-1-8-4"],
-    "attention": ["cfg-128-128-4-3", "cfg-128-64-8-3", "cfg-128-32-8-3", "cfg-128-128-8-2"],
-    "decode_attention": ["evict-first", "cfg-4-64-4-3", "cfg-1-64-4-1", "cfg-1-64-8-3"],
-    "quantize_kv": ["evict-first", "cfg-128-4", "cfg-8-4", "cfg-32-1"],
-    "decode_attention_int8": ["evict-first", "cfg-1-128-4-1", "cfg-1-128-4-2", "cfg-4-128-4-3"],
+FIRST_PROPOSALS = {  # a catalog rewrite (agent/rewrites.py) whose precondition holds, then a configuration, in turn
+    "matmul": ["evict-last", "cfg-32-256-64-8-1-8-4", "load-hints", "cfg-128-256-64-8-1-2-4"],
+    "attention": ["evict-last", "cfg-128-128-4-3", "load-hints", "cfg-128-64-8-3"],
+    "decode_attention": ["evict-first", "cfg-4-64-4-3", "cache-global", "cfg-1-64-4-1"],
+    "quantize_kv": ["evict-first", "cfg-128-4", "cache-global", "cfg-8-4"],
+    "decode_attention_int8": ["evict-first", "cfg-1-128-4-1", "cache-global", "cfg-1-128-4-2"],
 }
 
 
@@ -109,3 +109,33 @@ def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monk
     best = source_config("decode_attention", first[0].source, shape)
     assert nxt and all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), best)) == 1
                        for p in nxt)
+
+
+def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
+    """read_config evaluates `_config` without importing the source: on every baseline and shape it agrees
+    with the baseline's own `_config`, called as the op says."""
+    from kernel_agent.harness.config_reader import read_config
+    from kernel_agent.harness.ops import OPS
+    cpu = torch.device("cpu")
+    for name, op in OPS.items():
+        source = baseline_source(name)
+        for shape in op.shapes("serving") + op.shapes("tiny"):
+            assert read_config(source, tuple(op.config_args(shape, cpu))) == baseline_config(name, shape), (name, shape)
+
+
+@pytest.mark.parametrize("body, why", [
+    ("    return open('/tmp/ka-config-probe', 'w').write('x'), 4", "not a function the search evaluates"),
+    ("    return (10 ** 10 ** 10, 4)", "exponent"),
+    ("    return __import__('os').getpid(), 4", "not a function"),
+    ("    return D.bit_length(), 4", "not a function"),
+    ("    while True:\n        pass", "not a statement"),
+    ("    return _config(D), 4", "nest too deeply"),
+])
+def test_a_configuration_that_does_more_is_refused_without_running(body, why, tmp_path):
+    from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
+    source = baseline_source("quantize_kv").replace(
+        "    block_d = triton.next_power_of_2(D)\n    return max(1, min(64, 4096 // block_d)), 4", body)
+    assert source != baseline_source("quantize_kv")
+    with pytest.raises(ConfigUnreadable, match=why):
+        read_config(source, (16,))
+    assert not __import__("os").path.exists("/tmp/ka-config-probe")

@@ -10,6 +10,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
+import socket  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -17,6 +18,7 @@ import torch  # noqa: E402
 
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.sanitizer.canonical import canonical_source  # noqa: E402
 
 OP = "quantize_kv"
 GPU = "NVIDIA H200"
@@ -59,14 +61,14 @@ def test_manifest_round_trip(sdir):
     assert serving.load_manifest() == {"version": 2, "entries": []}  # missing file: empty set
     entry = _install(shapes=["T=4,H=2,D=16"])
     assert entry["file"] == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
-    assert (sdir / entry["file"]).read_text() == VARIANT_SRC
+    assert (sdir / entry["file"]).read_text() == canonical_source(VARIANT_SRC)  # the text that runs, as judged
     manifest = serving.load_manifest()
     assert manifest["version"] == 2 and manifest["entries"] == [entry]
     assert json.loads((sdir / "manifest.json").read_text()) == manifest
     assert set(entry) == {"op", "bucket", "dtype", "gpu", "impl", "file", "source_hash", "candidate_id", "promoted_at",
                           "gain", "reason", "versions", "shapes"}
     assert entry["shapes"] == ["T=4,H=2,D=16"]  # what it was judged on, for review and the GPU check
-    assert entry["source_hash"] == serving.source_hash(VARIANT_SRC) and entry["candidate_id"] == 7
+    assert entry["source_hash"] == serving.source_hash(canonical_source(VARIANT_SRC)) and entry["candidate_id"] == 7
     assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
     # replacing the same key keeps one entry; another key adds one
     again = _install(candidate_id=8)
@@ -200,6 +202,90 @@ def test_tampered_kernel_file_is_refused(sdir):
     x = _case().args["x"]
     with pytest.raises(serving.ServingError, match="does not match its manifest hash"):
         fn(x)
+
+
+# -- a promoted file is loaded as its canonical text, re-gated, never as its bytes -------------------
+
+HOSTILE = Path(__file__).resolve().parent / "candidates" / "hostile"
+# the tricks on the text a trusted process imports: coding cookies, kernel bodies hidden in strings for the
+# interpreter or the GPU compiler, Python called while Triton compiles a kernel (tests/candidates/hostile/)
+TRICKS = sorted(p for family in ("text_mismatch", "trusted_import") for p in (HOSTILE / family).glob("*.py"))
+BOM_TRICK = Path("byte_order_mark")
+
+
+class _Canary:
+    """What a trick would leave: a file in a watched folder, a variable in os.environ, a connection."""
+
+    def __init__(self, tmp_path: Path, monkeypatch):
+        self.watch = tmp_path / "watch"
+        self.watch.mkdir()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.listener.setblocking(False)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-serving")
+        monkeypatch.delenv("KA_HOSTILE_CANARY", raising=False)
+
+    def text(self, path: Path) -> bytes:
+        if path == BOM_TRICK:
+            return b"\xef\xbb\xbf" + VARIANT_SRC.encode()
+        text = path.read_text()
+        for ph, value in (("{{WATCH_DIR}}", str(self.watch)), ("{{MARKER}}", "kcanary"),
+                          ("{{PORT}}", str(self.listener.getsockname()[1])), ("{{REPO}}", str(self.watch))):
+            text = text.replace(ph, value)
+        return text.encode()
+
+    def untouched(self) -> list:
+        left = [f"a file in the watched folder: {p.name}" for p in self.watch.iterdir()]
+        if os.environ.get("KA_HOSTILE_CANARY"):
+            left.append("KA_HOSTILE_CANARY was set")
+        try:
+            conn, _ = self.listener.accept()
+            conn.close()
+            left.append("a connection to the listener")
+        except BlockingIOError:
+            pass
+        self.listener.close()
+        return left
+
+
+@pytest.mark.parametrize("trick", TRICKS + [BOM_TRICK], ids=lambda p: p.name if p == BOM_TRICK else
+                         f"{p.parent.name}/{p.name}")
+def test_a_promoted_file_with_a_trick_is_refused_at_load_and_never_runs(trick, sdir, tmp_path, monkeypatch):
+    """A file planted in the serving set with a matching manifest hash (what the sanitizer would have had
+    to miss) is refused by the dispatcher and by load_kernel_file in one line, and nothing of it ran: the
+    bytes are read once, and only their canonical text, re-gated, could be imported."""
+    canary = _Canary(tmp_path, monkeypatch)
+    raw = canary.text(trick)
+    entry = _install()  # a real promotion, then its file swapped for the trick with the hash to match
+    (sdir / entry["file"]).write_bytes(raw)
+    doc = json.loads((sdir / "manifest.json").read_text())
+    doc["entries"][0]["source_hash"] = serving.source_hash(raw.decode("utf-8"))
+    (sdir / "manifest.json").write_text(json.dumps(doc))
+    x = _case().args["x"]
+    for load in (lambda: serving.get(OP, gpu=GPU)(x), lambda: serving.load_kernel_file(sdir / entry["file"], OP)):
+        with pytest.raises(serving.ServingError, match="refused by the static gate") as e:
+            load()
+        assert "\n" not in str(e.value)
+    assert canary.untouched() == []
+
+
+@pytest.mark.parametrize("trick", TRICKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_search_reads_a_configuration_without_running_the_text(trick, tmp_path, monkeypatch):
+    """The search's `source_config` runs in the loop's own process (which holds the model's key): it reads an
+    incumbent's `_config` from the syntax tree, so a trick in its text is refused or never reached, and
+    nothing of it runs."""
+    from kernel_agent.agent.search import baseline_config, source_config
+    from kernel_agent.harness.config_reader import ConfigUnreadable
+    canary = _Canary(tmp_path, monkeypatch)
+    shape = get_op(OP).parse_shape("4,2,16")
+    try:
+        cfg = source_config(OP, canary.text(trick).decode("utf-8"), shape)
+    except ConfigUnreadable as e:
+        assert "\n" not in str(e)
+        cfg = None
+    assert cfg in (None, baseline_config(OP, shape))  # the tricks leave `_config` as the baseline's
+    assert canary.untouched() == []
 
 
 def test_other_ops_bind_keyword_arguments(sdir):

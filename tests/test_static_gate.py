@@ -185,7 +185,83 @@ def test_denylist_holes_are_closed(src, rule):
 
 def test_syntax():
     assert _rules("def copy(x:\n") == {"syntax"}
-    assert "syntax" in _rules("x = '\0'\n")
+
+
+# -- one text: the bytes read one way only (sanitizer/canonical.py) ----------------------------------
+
+def _text_rules(raw: bytes):
+    r = check_source(raw, "copy")
+    assert not r.passed, "expected a rejection"
+    return {f.rule for f in r.findings}, r.describe()
+
+
+@pytest.mark.parametrize("header", [
+    b"# coding: utf-7\n", b"# -*- coding: unicode_escape -*-\n", b"#!/usr/bin/env python\n# coding=latin-1\n",
+    b"# vim: set fileencoding=utf-7 :\n", b"\n# vim: set fileencoding=cp1252 :\n", b"# coding: utf-8-sig\n",
+])
+def test_an_encoding_cookie_other_than_utf8_is_refused(header):
+    rules, why = _text_rules(header + GOOD.encode())
+    assert rules == {"text"} and "encoding" in why, why
+
+
+def test_a_utf8_cookie_and_non_ascii_in_comments_and_strings_are_fine():
+    src = "# -*- coding: utf-8 -*-\n# \u00e9t\u00e9 \u2014 a comment\n" + _edit('PAIR = (1, -2.5, "x",', 'PAIR = (1, -2.5, "\u00b5",')
+    assert check_source(src.encode("utf-8"), "copy").passed, check_source(src.encode("utf-8"), "copy").describe()
+
+
+@pytest.mark.parametrize("raw, what", [
+    (b"\xef\xbb\xbf" + GOOD.encode(), "byte order mark"),
+    (b"\xff\xfe" + GOOD.encode("utf-16-le"), "byte order mark"),
+    (GOOD.encode().replace(b'"x"', '"x\ufeff"'.encode()), "byte order mark"),
+    (GOOD.encode().replace(b"BLOCK = 128\n", b"BLOCK = 128\n\x0c\n"), "form feed"),
+    (GOOD.encode().replace(b"BLOCK = 128\n", b"BLOCK = 128  # \x00\n"), "NUL"),
+    (GOOD.encode().replace(b"BLOCK = 128\n", b"BLOCK = 128  # \xe9t\xe9\n"), "not valid UTF-8"),
+    (GOOD.encode().replace(b"BLOCK = 128\n", "BL\u039fCK = 128\n".encode()), "non-ASCII"),
+    # a name NFKC folds to ASCII (`_\uff58` is read as `_x`): a person and a tool can read two names
+    (GOOD.encode().replace(b"SIZE = 4 * 1024", "SIZE = 4 * 1024\n_\uff58 = 1".encode()), "non-ASCII"),
+])
+def test_bytes_that_could_read_two_ways_are_refused(raw, what):
+    rules, why = _text_rules(raw)
+    assert rules == {"text"} and what in why, why
+
+
+@pytest.mark.parametrize("edit", [
+    # a docstring whose line starts a kernel: Triton's interpreter takes the last such line of a kernel
+    ('"""Docstring."""', '"""Docstring.\n    def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr = 64):\n        pass\n    """'),
+    ('"""A copy kernel."""', '"""A copy kernel.\n\ndef copy(x):\n    return x\n"""'),
+    # a string in the decorator: the GPU compiler takes the first `def` at column 0 of the kernel's text
+    ('@triton.jit(do_not_specialize=["n"])', '@triton.jit(do_not_specialize=["n"], noinline="""\ndef _copy(x_ptr):\n    pass\n""")'),
+    # the newline written as an escape: the printed text would hold it as a line
+    ('eviction_policy="evict_first"', 'eviction_policy="evict_first\\n@triton.jit"'),
+    ('PAIR = (1, -2.5, "x",', 'PAIR = (1, -2.5, "x\\r  def f(",'),
+])
+def test_strings_holding_a_kernel_line_are_refused(edit):
+    rules, why = _text_rules(_edit(*edit).encode())
+    assert rules == {"text"} and "string literal" in why, why
+
+
+def test_the_canonical_text_is_the_tree_printed_without_docstrings_or_comments():
+    from kernel_agent.sanitizer.canonical import TextRefused, canonical_source
+    src = "# a comment\n" + _edit("def _grid(n: int, block: int = BLOCK) -> tuple:\n",
+                                   "def _grid(n: int, block: int = BLOCK) -> tuple:\n    'a string statement'\n"
+                                   "    # a comment\n")
+    text = canonical_source(src)
+    assert "comment" not in text and "Docstring" not in text and "A copy kernel" not in text
+    assert "a string statement" not in text
+    assert canonical_source(text) == text == canonical_source(src.encode())  # a fixed point
+    assert check_source(text, "copy").passed
+    assert text.startswith("from __future__ import annotations\nimport math\n")
+    only_doc = canonical_source('def f():\n    """Only a docstring."""\n')
+    assert only_doc == "def f():\n    pass\n"
+    with pytest.raises(TextRefused, match="encoding"):
+        canonical_source(b"# coding: utf-7\n" + GOOD.encode())
+
+
+def test_a_module_constant_has_no_methods_in_a_kernel():
+    # a constant is a Python value while Triton compiles the kernel: `.split()` would run Python there
+    assert "kernel-language" in _rules(_in_kernel('parts = NAME.split(",")'.replace("NAME", "PAIR")))
+    assert "kernel-language" in _rules(_edit("BLOCK = 128\n", "BLOCK = 128\nNAME = 'a,b'\n",
+                                             _in_kernel('parts = NAME.split(",")')))
 
 
 @pytest.mark.parametrize("line", [

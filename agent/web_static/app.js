@@ -115,7 +115,8 @@ function candRow(c, runId) {
   const eq = c.fpsan_equivalent === true ? "equiv" : c.fpsan_equivalent === false ? "not equiv" : "";
   return el("tr", {"data-cand": c.id, class: "c-" + String(c.status).replace(/[^a-z]/g, "")},
     el("td", {class: "num"}, el("a", {href: candHref(c.id)}, "#" + c.id)),
-    el("td", {class: "wrap"}, el("span", {class: "op"}, c.op), " ", el("span", {class: "label"}, c.label || "")),
+    el("td", {class: "wrap"}, el("span", {class: "op"}, c.op), " ", el("span", {class: "bucket"}, c.bucket || ""),
+      " ", el("span", {class: "label"}, c.label || "")),
     el("td", {}, statusBadge(c.status)),
     el("td", {}, eq),
     timingCell(c, runId),
@@ -128,7 +129,11 @@ function runFacts(doc) {
     ["started", when(s.started_at) + " UTC"], ["wall", s.wall_s !== null ? Math.round(s.wall_s) + " s" : ""],
     ["versions", `torch ${v.torch}, triton ${v.triton}, driver ${v.driver}`],
     ["candidates", `${s.candidates} (` + Object.entries(s.candidates_by_status).map(([k, n]) => `${k} ${n}`).join(", ") + ")"],
+    ["judged now", Object.entries(s.judged_now_by_status || {}).filter(([, n]) => n).map(([k, n]) => `${k} ${n}`).join(", ")
+      + ` (replayed from earlier runs: ${s.replayed || 0})`],
     ["benchmarks", s.bench_results]];
+  if (doc.ended) facts.push(["ended", doc.ended]);
+  if (s.pruned) facts.push(["pruned", `${s.pruned} proposal(s) kept off the GPU`]);
   if (s.model && s.model.calls) facts.push(["model", `${s.model.calls} calls, ${s.model.total_tokens} tokens`]);
   return facts.flatMap(([k, val]) => [el("dt", {}, k), el("dd", {}, val)]);
 }
@@ -173,6 +178,9 @@ function startRun() {
     document.getElementById("run-facts").replaceChildren(...runFacts(doc));
     document.getElementById("throughput").replaceChildren(...(doc.throughput || []).map((l) => el("p", {class: "tp"}, "throughput, " + l)));
     document.getElementById("promotions").replaceChildren(...promotionLines(doc));
+    const diag = doc.diagnosis_lines || [];
+    document.getElementById("diagnosis").textContent = diag.join("\n");
+    document.getElementById("diagnosis-box").hidden = diag.length === 0;
     body.replaceChildren(...doc.candidates.map((c) => candRow(c, runId)));
     document.getElementById("cands-count").textContent = `(${doc.candidates.length})`;
     document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);

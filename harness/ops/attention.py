@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping
 import torch
 import torch.nn.functional as F
 
-from .common import ElementBound, Op, Shape, fill
+from .common import COMMON_LIMITS, Domain, ElementBound, Op, Region, Shape, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
@@ -159,6 +159,22 @@ class Attention(Op):
                                   draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
                                   draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.booleans()))
         return shapes()
+
+    def domain(self) -> Domain:
+        """Head dims past 128, GQA groups past 8 (MQA at 128 query heads), BSHD and pair views, on the CPU;
+        a long sequence on the GPU."""
+        S = AttentionShape
+        cpu = [Region("head dim 160", S(1, 2, 1, 33, 160)), Region("head dim 256", S(1, 1, 1, 20, 256, True)),
+               Region("GQA group 16", S(1, 16, 1, 17, 16)), Region("MQA group 32", S(1, 32, 1, 5, 16, True)),
+               Region("BSHD view", S(2, 4, 2, 33, 32), "bshd"), Region("BSHD view, causal", S(1, 2, 1, 65, 64, True),
+                                                                      "bshd"),
+               Region("pair view", S(1, 2, 1, 17, 16), "pair")]
+        gpu = [Region("sequence 16384, MQA", S(1, 8, 1, 16384, 128, True), where="gpu"),
+               Region("MQA group 128 at head dim 256", S(1, 128, 1, 1024, 256, True), where="gpu"),
+               Region("BSHD view at serving shape", S(2, 32, 8, 2048, 128, True), "bshd", where="gpu")]
+        limits = (("head dim D", "1..256"), ("GQA group", "1..128 (MQA included)"),
+                  ("sequence", "1.. (16384 on the GPU)")) + COMMON_LIMITS
+        return Domain(limits, tuple(cpu + gpu))
 
     def bucket(self, shape: AttentionShape) -> str:
         s = "s1k" if shape.S <= 1024 else "s4k" if shape.S <= 4096 else "slong"

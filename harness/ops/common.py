@@ -42,6 +42,8 @@ class Shape:
             if isinstance(v, bool):
                 if v:
                     parts.append(f.name)
+            elif f.default is not dataclasses.MISSING and v == f.default:
+                continue  # a field at its default is left out: keys written before it existed still parse
             else:
                 parts.append(f"{f.name}={v}")
         return ",".join(parts)
@@ -165,7 +167,9 @@ STANDARD_DISTRIBUTIONS = (
 )
 
 
-def generator(seed: int, device: torch.device | str) -> torch.Generator:
+def generator(seed: int, device: torch.device | str) -> Optional[torch.Generator]:
+    if torch.device(device).type == "meta":
+        return None  # meta tensors (shapes and strides for a compile, harness/compile_probe.py) hold no values
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     return g
@@ -225,12 +229,87 @@ def fused_slice_like(x: torch.Tensor, pad_value: float = float("nan")) -> torch.
     return out
 
 
+def _pad_value(dtype: torch.dtype):
+    """What fills the storage around a view: NaN for floats, the most negative code for integers."""
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
+def pair_slice_like(x: torch.Tensor) -> torch.Tensor:
+    """The same values as `x` in the first half of a pair along a new dim 1: `kv[:, 0]` of a [T, 2, H, D] K/V
+    tensor (vLLM's [num_blocks, 2, block_size, H, D] cache). The leading stride is twice what the other dims
+    span, so rows are not H * stride(1) apart; the other half holds foreign values."""
+    storage = torch.full((x.shape[0], 2, *x.shape[1:]), _pad_value(x.dtype), dtype=x.dtype, device=x.device)
+    out = storage[:, 0]
+    out.copy_(x)
+    return out
+
+
+def swapped_like(x: torch.Tensor) -> torch.Tensor:
+    """The same values as `x` with the two dims before the last swapped in memory: attention's BSHD tensors
+    seen as [B, H, S, D], a paged cache in the HND layout ([num_blocks, H, block_size, D]), a query [Hq, B, D];
+    a matrix is transposed. The last dim stays unit-stride."""
+    if x.dim() < 2:
+        return x
+    i, j = (x.dim() - 3, x.dim() - 2) if x.dim() >= 3 else (0, 1)
+    storage = x.transpose(i, j).contiguous()
+    return storage.transpose(i, j)
+
+
+# Layouts every check draws; DOMAIN_LAYOUTS adds the views the domain check and the property tests draw as
+# well (the contract admits any strides).
 LAYOUTS = ("contiguous", "strided", "fused")
+DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd")
 
 
 def relaid(x: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
-    """`x`'s values in the view a layout names (strided_like, fused_slice_like)."""
-    return strided_like(x, gen) if layout == "strided" else fused_slice_like(x) if layout == "fused" else x
+    """`x`'s values in the view a layout names (strided_like, fused_slice_like, pair_slice_like, swapped_like)."""
+    if layout == "strided":
+        return strided_like(x, gen)
+    if layout == "fused":
+        return fused_slice_like(x)
+    if layout == "pair":
+        return pair_slice_like(x)
+    if layout == "bshd":
+        return swapped_like(x)
+    return x
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of an op's domain that the sanitizer draws a case from. `where`: "cpu" when Triton's
+    interpreter can afford it (few programs: a long context or a large page at a tiny batch and head count),
+    "gpu" when only the device can (pools past 2^31 elements, long contexts at serving batch sizes)."""
+
+    name: str
+    shape: Shape
+    layout: str = "contiguous"
+    where: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The inputs an op's contract admits, stated once: `limits` (what the README and reports print: each
+    dimension's range, the views, the magnitudes, the dtypes) and `regions`, the cases that reach each corner
+    of it (the sanitizer's domain checks draw every one of them, on the CPU or on the GPU)."""
+
+    limits: Tuple[Tuple[str, str], ...]
+    regions: Tuple[Region, ...]
+
+    def on(self, where: str) -> List[Region]:
+        return [r for r in self.regions if r.where == where]
+
+
+# Magnitudes and views every op's domain admits (each op adds its dimensions).
+COMMON_LIMITS = (
+    ("dtypes", "float16, bfloat16, float32 (bfloat16 values in float32 tensors on the CPU)"),
+    ("views", "contiguous; strided (padded, last two dims transposed); a fused-QKV slice (rows 3x apart); "
+              "a pair slice (`kv[:, 0]` of [T, 2, ...]); BSHD / HND (the dims before the last swapped)"),
+    ("magnitudes", "normal, large (as large as the output allows), 30x outliers, equal rows"),
+)
+
+
+class ReferenceUnavailable(RuntimeError):
+    """A reference anchor that cannot run here (not installed, unsupported shape): one line, shown in its row."""
 
 
 class Anchor(NamedTuple):
@@ -249,7 +328,7 @@ class Case:
     dtype: torch.dtype
     seed: int
     dist: str
-    layout: str  # "contiguous" | "strided" | "fused" (see LAYOUTS)
+    layout: str  # one of DOMAIN_LAYOUTS
     args: Dict[str, Any]  # positional inputs in contract order, then keyword inputs
 
     def describe(self) -> str:
@@ -315,7 +394,15 @@ class Op:
                 raise ValueError(f"{self.name}: unknown shape field {k!r} in {text!r}; fields are "
                                  f"{', '.join(names)}")
             f = names[k]
-            values[k] = v.lower() in ("1", "true", "yes") if f.type in ("bool", bool) else int(v)
+            if f.type in ("bool", bool):
+                values[k] = v.lower() in ("1", "true", "yes")
+                continue
+            try:
+                values[k] = int(v)
+            except ValueError:
+                raise ValueError(f"{self.name}: {k} must be a whole number in {text!r}, got {v.strip()!r}") from None
+            if values[k] < 1:  # every int field of a shape is a size
+                raise ValueError(f"{self.name}: {k} must be at least 1 in {text!r}, got {values[k]}")
         missing = [f.name for f in fields if f.name not in values and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
         if missing:
@@ -347,12 +434,42 @@ class Op:
         if layout in ("strided", "fused"):
             args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
                         and k not in self.keep_contiguous() else v) for k, v in args.items()}
+        elif layout in ("pair", "bshd"):  # int8 caches too: laid out as their float twins
+            args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.dim() >= 2 and
+                        (v.is_floating_point() or v.dtype == torch.int8) and k not in self.keep_contiguous() else v)
+                    for k, v in args.items()}
+        elif layout.startswith("strided:"):  # one input in the strided view, int8 included; the others packed
+            name = layout.split(":", 1)[1]
+            v = args.get(name)
+            if not (isinstance(v, torch.Tensor) and (v.is_floating_point() or v.dtype == torch.int8)):
+                raise ValueError(f"{self.name}: layout {layout!r} names no float or int8 input")
+            args = dict(args, **{name: strided_like(v, gen, _pad_value(v.dtype))})
         elif layout != "contiguous":
-            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(DOMAIN_LAYOUTS)}, strided:NAME")
         return Case(self.name, shape, dtype, seed, dist, layout, args)
 
     def keep_contiguous(self) -> Tuple[str, ...]:
         return ()
+
+    def domain(self) -> Domain:
+        """The contract's domain and the regions that reach its corners (see Domain)."""
+        return Domain(COMMON_LIMITS, ())
+
+    def branch_pool(self) -> List[Region]:
+        """Extra cases the host-branch coverage check may try, in order, to take a host-code branch the other
+        checks (the domain's regions among them) never took: one input at a time in a strided view, each tiny
+        shape in every view, then each near-serving shape. An op puts its cheap corners (empty inputs) first."""
+        tiny = self.shapes("tiny")
+        # one input at a time in the strided view (int8 caches too, which the other draws keep packed), each in
+        # float16 then float32: a condition on one input's strides (`k.stride(-1) == 1 and v.stride(-1) == 1`)
+        # takes each of its sides only when the others are packed
+        probe = self.make_case(tiny[3 % len(tiny)], torch.float32)
+        names = [k for k, v in probe.args.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
+                 and (v.is_floating_point() or v.dtype == torch.int8)]
+        one = [Region(f"{tiny[3 % len(tiny)].key()} {name} strided", tiny[3 % len(tiny)], f"strided:{name}")
+               for name in names for _ in range(2)]
+        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS for s in tiny]
+        return one + extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
 
     def _make_args(self, shape, dtype, gen, dist, device) -> Dict[str, Any]:
         raise NotImplementedError
@@ -404,6 +521,12 @@ class Op:
         the reference library. The serving set dispatches to it where it is the fastest, the benchmark
         times it as the anchor, and a promotion must beat it."""
         return None
+
+    def reference_anchors(self, case: Case) -> List[Anchor]:
+        """What serving engines run for this op, timed beside the kernels by `bench --op` as a reference point
+        and never served or held against a candidate (e.g. FlashInfer's paged decode). An anchor that cannot
+        run here raises ReferenceUnavailable with one line; the bench shows that line in its row."""
+        return []
 
     def bench_anchor(self, case: Case) -> Optional[Anchor]:
         """For an op without a torch implementation (torch_impl is None): what the benchmark times as the torch

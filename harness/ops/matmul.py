@@ -7,7 +7,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import ElementBound, Op, Shape, fill
+from .common import COMMON_LIMITS, DOMAIN_LAYOUTS, Domain, ElementBound, Op, Region, Shape, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """matmul(a, b) -> c
@@ -67,6 +67,24 @@ class Matmul(Op):
         from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
         dim = st.sampled_from([1, 2, 3, 7, 13, 16, 17, 31, 32, 33, 63, 64, 65, 97, 127, 128, 129])
         return st.builds(MatmulShape, dim, dim, dim)
+
+    def domain(self) -> Domain:
+        """Every view of both operands on the CPU (a pair slice: rows twice as far apart as K; a transposed
+        matrix), empty products; operands past 2^31 elements on the GPU (int32 offsets overflow there)."""
+        S = MatmulShape
+        cpu = [Region(f"{layout} view", S(33, 65, 31), layout) for layout in ("pair", "bshd")]
+        cpu += [Region("K past the tiles, pair view", S(5, 40, 1000), "pair")]
+        gpu = [Region("a past 2^31 elements", S(65600, 16, 32768), where="gpu"),
+               Region("b past 2^31 elements, transposed", S(16, 65600, 32768), "bshd", where="gpu")]
+        limits = (("M, N, K", "0.. (empty products included)"), ("operands", "past 2^31 elements on the GPU")) \
+            + COMMON_LIMITS
+        return Domain(limits, tuple(cpu + gpu))
+
+    def branch_pool(self):
+        S = MatmulShape
+        empty = [Region(f"empty {s.key()}", s) for s in (S(0, 5, 7), S(5, 0, 7), S(5, 7, 0))]
+        return empty + super().branch_pool() + [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS
+                                                 for s in (S(300, 300, 8), S(1, 1000, 300))]
 
     def bucket(self, shape: MatmulShape) -> str:
         m = shape.M

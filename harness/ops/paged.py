@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
 from .attention import HEAD_DIMS_DRAWN, SOFTMAX_BOUND_TOL, attention_reference, softmax_rounding_bound
-from .common import Anchor, Case, ElementBound, Op, Shape
+from .common import COMMON_LIMITS, Anchor, Case, Domain, ElementBound, Op, ReferenceUnavailable, Region, Shape
 from .tuning import SMEM_LIMIT
 
 # Ids no cache has: below zero, at the end, far past the end, and huge.
@@ -32,6 +32,7 @@ class DecodeShape(Shape):
     block_size: int
     ctx: int  # longest context; max_blocks = ctx / block_size (+1 spare column)
     ragged: bool = False  # seq_lens drawn from [1, ctx] instead of all equal to ctx
+    spare_blocks: int = 3  # blocks of the pool no sequence owns (a serving pool is far larger than one batch)
 
 
 def decode_shape_strategy():
@@ -66,6 +67,11 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
     """seq_lens, block_table and the slot ownership mask of a fragmented cache."""
     B, bs = shape.B, shape.block_size
     max_blocks = math.ceil(shape.ctx / bs) + 1  # one spare column: always unused
+    if torch.device(device).type == "meta":  # shapes only (a compile's launches): as many blocks as full sequences
+        num_blocks = B * (max_blocks - 1) + 3
+        return {"seq_lens": torch.empty((B,), device=device, dtype=torch.int32),
+                "block_table": torch.empty((B, max_blocks), device=device, dtype=torch.int32),
+                "num_blocks": num_blocks, "owned": torch.empty((num_blocks, bs), device=device, dtype=torch.bool)}
     if shape.ragged:
         seq_lens = torch.randint(1, shape.ctx + 1, (B,), generator=gen, device=device, dtype=torch.int64)
         seq_lens[0] = shape.ctx  # the longest sequence is always present
@@ -75,7 +81,7 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
         seq_lens = torch.full((B,), shape.ctx, device=device, dtype=torch.int64)
     needed = (seq_lens + bs - 1) // bs
     total = int(needed.sum())
-    num_blocks = total + 3  # a few blocks nobody owns
+    num_blocks = total + shape.spare_blocks  # blocks nobody owns, spread among the live ones
     perm = torch.randperm(num_blocks, generator=gen, device=device)
     invalid = torch.tensor(_invalid_ids(num_blocks), device=device, dtype=torch.int64)
     pick = torch.randint(0, len(invalid), (B, max_blocks), generator=gen, device=device)
@@ -99,6 +105,8 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
 
 def garbage_fill(cache: torch.Tensor, owned: torch.Tensor, garbage) -> torch.Tensor:
     """Overwrite the slots no live token owns (cache: [num_blocks, bs, H, D])."""
+    if cache.device.type == "meta":
+        return cache  # no values to overwrite
     cache[~owned] = garbage
     return cache
 
@@ -179,6 +187,29 @@ def decode_shape_suites():
     }
 
 
+def decode_domain() -> Domain:
+    """What the paged decodes' contract admits, and the regions that reach its corners: on the CPU at one or
+    two heads and a short batch (few programs), on the GPU where only the device can afford it."""
+    S = DecodeShape
+    cpu = [Region("page 32", S(1, 2, 1, 16, 32, 100, True)), Region("page 64", S(2, 2, 2, 32, 64, 200, True)),
+           Region("page 256", S(1, 1, 1, 16, 256, 600)), Region("head dim 160", S(1, 2, 1, 160, 16, 40)),
+           Region("head dim 256", S(1, 1, 1, 256, 8, 33)), Region("GQA group 16", S(1, 16, 1, 16, 16, 40)),
+           Region("MQA group 128", S(1, 128, 1, 16, 4, 20)),
+           Region("a pool 4000 blocks larger than the batch", S(2, 2, 1, 16, 8, 40, spare_blocks=4000)),
+           Region("context 9000", S(1, 1, 1, 16, 64, 9000)),
+           Region("vLLM cache view kv[:, 0]", S(2, 4, 2, 32, 16, 37, True), "pair"),
+           Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd")]
+    gpu = [Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
+           Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
+           Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
+           Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
+           Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu")]
+    limits = (("head dim D", "1..256"), ("block_size", "1..256"), ("context", "1..131072, ragged in a batch"),
+              ("GQA group", "1..128 (MQA included)"), ("pool", "any number of blocks (past 2^31 elements on "
+                                                               "the GPU)")) + COMMON_LIMITS
+    return Domain(limits, tuple(cpu + gpu))
+
+
 def decode_config_fits(c, shape: DecodeShape) -> bool:
     """The pipelined K and V tiles of a (NUM_SPLITS, BLOCK_N, num_warps, num_stages) config in shared memory."""
     splits, bn, warps, stages = c
@@ -197,6 +228,9 @@ class PagedDecodeOp(Op):
 
     def shape_strategy(self):
         return decode_shape_strategy()
+
+    def domain(self) -> Domain:
+        return decode_domain()
 
     def bucket(self, shape):
         return decode_bucket(shape)
@@ -231,6 +265,23 @@ class PagedDecodeOp(Op):
         gqa = a["q"].shape[1] != k.shape[1]
         return Anchor("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
             kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :])
+
+    def reference_anchors(self, case: Case) -> List[Anchor]:
+        """FlashInfer's paged decode over the same page table (flashinfer_paged.py). A cache of codes is first
+        dequantized to the query's dtype, in its paged layout (not timed): FlashInfer's bf16 decode of the same
+        values, what the int8 cache competes with."""
+        from .flashinfer_paged import FlashInferUnavailable, decode_anchor  # the optional extra
+        a = dict(case.args)
+        if a.get("k_scale") is not None:
+            dt = a["q"].dtype
+            a["k_cache"] = (a["k_cache"].float() * a["k_scale"][..., None]).to(dt)
+            a["v_cache"] = (a["v_cache"].float() * a["v_scale"][..., None]).to(dt)
+        try:
+            dec = decode_anchor(a)
+        except FlashInferUnavailable as e:
+            raise ReferenceUnavailable(f"flashinfer: {e}") from None
+        k, v = a["k_cache"], a["v_cache"]
+        return [Anchor(f"anchor:{dec.label}", lambda **kw: dec.run(kw["q"], k, v))]
 
     def reference(self, args, precision=torch.float32):
         return paged_reference(args, precision)

@@ -7,7 +7,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import Comparison, Distribution, Op, Shape, fill
+from .common import COMMON_LIMITS, Comparison, Distribution, Domain, Op, Region, Shape, fill
 from .tuning import Space
 
 CONTRACT = """quantize_kv(x) -> (x_q, scale)
@@ -101,6 +101,22 @@ class QuantizeKV(Op):
             return QuantizeShape(draw(st.sampled_from([1, 2, 7, 16, 17, 33, 100])), draw(st.sampled_from([1, 2, 3, 8])),
                                  D)
         return shapes()
+
+    def domain(self) -> Domain:
+        """The K half of a [T, 2, H, D] K/V tensor (rows not H * stride(1) apart), a [H, T, D] tensor seen as
+        [T, H, D], on the CPU; a tensor past 2^31 elements on the GPU."""
+        S = QuantizeShape
+        cpu = [Region("kv[:, 0] of a [T, 2, H, D] tensor", S(7, 3, 16), "pair"),
+               Region("kv[:, 0], rows of 128", S(33, 2, 128), "pair"),
+               Region("[H, T, D] seen as [T, H, D]", S(17, 3, 64), "bshd")]
+        gpu = [Region("x past 2^31 elements", S(2097159, 1, 1024), where="gpu"),
+               Region("kv[:, 0] at serving rows", S(65536, 8, 128), "pair", where="gpu")]
+        limits = (("row length D", "1..4096"), ("T x H", "0.. (past 2^31 elements on the GPU)")) + COMMON_LIMITS
+        return Domain(limits, tuple(cpu + gpu))
+
+    def branch_pool(self):
+        S = QuantizeShape
+        return [Region("no rows", S(0, 2, 16)), Region("no heads", S(3, 0, 16))] + super().branch_pool()
 
     def bucket(self, shape: QuantizeShape) -> str:
         return f"{'tsmall' if shape.T * shape.H <= 4096 else 'tlarge'}-d{shape.D}"

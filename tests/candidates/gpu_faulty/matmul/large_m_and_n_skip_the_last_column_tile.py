@@ -1,9 +1,11 @@
 """Faulty matmul, reached on the GPU only: when M and N are both 2048 or more, the last column
 tile is never launched ("the tail is fused into the next layer's kernel", which does not exist).
 
-The interpreter's largest matmul shapes are 512 x 512 (near_serving), so the CPU sanitizer
-cannot reach the fault. The GPU stage runs every serving shape (4096 x 4096 and 8192 x 8192
-among them); the unwritten columns hold whatever the allocation held: gpu_differential.
+The interpreter's largest matmul shapes are 512 x 512 (near_serving), so the CPU checks cannot
+reach the fault; the CPU sanitizer still refuses the file, in host_branches, since no drawn input
+takes `N >= 2048` (the condition is a host branch). The GPU stage runs every serving shape (4096 x
+4096 and 8192 x 8192 among them); the unwritten columns hold whatever the allocation held:
+gpu_differential.
 """
 EXPECTED_CHECK = "gpu_differential"
 

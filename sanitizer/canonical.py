@@ -1,0 +1,192 @@
+"""One canonical text for a candidate: the text that is judged is the text that runs.
+
+Python reads a file's bytes through its PEP 263 coding cookie; Triton's interpreter builds a kernel
+from the last line of its source that starts with `def ` (FunctionRewriter._find_def), and the GPU
+compiler from the first `def` at column 0 of it (JITFunction). A text that the static gate parses one
+way can therefore run another way: a `# coding: utf-7` cookie hides code from a UTF-8 reader, and a
+`def` line inside a docstring or string literal hands either compiler a body the gate never saw.
+
+So the bytes are refused unless they read one way only (`text_problems`): UTF-8 without a byte order
+mark, no coding cookie but UTF-8, no NUL, form feed or other control character, nothing but ASCII
+outside comments and string literals, and no string whose lines begin with `def ` or `@`. What is kept
+and handed on is then not those bytes but `canonical_source`: the module printed back from its syntax
+tree (`ast.unparse`), docstrings and comments dropped. The executor, the benchmark child, the ledger and
+the serving set all hold that text, and its hash is the kernel's identity (harness/source_text.py).
+"""
+from __future__ import annotations
+
+import ast
+import codecs
+import io
+import re
+import threading
+import tokenize
+from collections import OrderedDict
+from typing import List, Tuple, Union
+
+# a PEP 263 declaration, in either spelling (`# -*- coding: X -*-`, `# vim: set fileencoding=X :`)
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+# a line that Triton's interpreter or its GPU compiler could take for the start of a kernel
+_KERNEL_LINE = re.compile(r"^\s*(def\s|def$|@)")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f]")
+
+
+class TextRefused(ValueError):
+    """The bytes do not read one way only; `line` (1-based, 0 when the file as a whole) and a one-line reason."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(f"line {line}: {message}" if line else message)
+        self.line = line
+        self.reason = message
+
+
+def _decode(raw: bytes) -> str:
+    if raw.startswith(codecs.BOM_UTF8) or raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise TextRefused(1, "a byte order mark: the file must be plain UTF-8 without one")
+    for i, line in enumerate(raw.split(b"\n")[:2], 1):
+        m = _COOKIE.match(line)
+        if m and m.group(1).decode("ascii", "replace").lower().replace("_", "-") not in ("utf-8", "utf8"):
+            raise TextRefused(i, f"an encoding declaration ({m.group(1).decode('ascii', 'replace')!r}): Python "
+                                 f"would read the file in another encoding than the one judged; only UTF-8")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError as e:
+        raise TextRefused(0, f"the encoding cannot be read: {e.msg}") from None
+    if encoding != "utf-8":
+        raise TextRefused(0, f"Python would read the file as {encoding}; only plain UTF-8")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TextRefused(raw.count(b"\n", 0, e.start) + 1, "the file is not valid UTF-8") from None
+    if "\ufeff" in text:
+        raise TextRefused(text.count("\n", 0, text.index("\ufeff")) + 1, "a byte order mark (U+FEFF) inside the file")
+    m = _CONTROL.search(text)
+    if m:
+        what = {"\x00": "a NUL byte", "\x0c": "a form feed"}.get(m.group(), f"the control character {m.group()!r}")
+        raise TextRefused(text.count("\n", 0, m.start()) + 1, f"{what}: the file must hold printable text only")
+    return text
+
+
+def _outside_literals(text: str) -> None:
+    """Non-ASCII only inside comments and string literals (a name or an operator in another script
+    reads differently to a person, a tokenizer and NFKC normalisation)."""
+    if text.isascii():
+        return
+    lines = text.splitlines(keepends=True)
+    allowed: List[Tuple[Tuple[int, int], Tuple[int, int]]] = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.COMMENT, tokenize.STRING) or tokenize.tok_name[tok.type].startswith("FSTRING"):
+                allowed.append((tok.start, tok.end))
+    except (tokenize.TokenError, SyntaxError, IndentationError) as e:
+        raise TextRefused(0, f"the file cannot be tokenized: {e.args[0] if e.args else e}") from None
+    for row, line in enumerate(lines, 1):
+        for col, ch in enumerate(line):
+            if ord(ch) > 127 and not any(s <= (row, col) < e for s, e in allowed):
+                raise TextRefused(row, f"the non-ASCII character {ch!r} outside a comment or string literal")
+
+
+def _strings(tree: ast.AST) -> None:
+    """No string (a docstring included) with a line that starts a kernel: Triton's compilers read kernel
+    text by lines and would take it for the kernel's definition."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            value = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+            for part in value.splitlines():
+                if _KERNEL_LINE.match(part):
+                    raise TextRefused(node.lineno, f"a string literal holds a line beginning "
+                                                   f"{part.strip()[:24]!r}: Triton would read it as kernel source")
+
+
+def text_problems(source: Union[str, bytes]) -> str:
+    """'' when the bytes read one way only (they may still fail the gate), else the one-line reason."""
+    try:
+        _parsed(source)
+    except TextRefused as e:
+        return str(e)
+    return ""
+
+
+def _parsed(source: Union[str, bytes]) -> ast.Module:
+    if isinstance(source, str):
+        try:
+            raw = source.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TextRefused(0, "the text is not valid Unicode (a lone surrogate)") from None
+    else:
+        raw = bytes(source)
+    text = _decode(raw)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as e:
+        raise TextRefused(e.lineno or 0, f"syntax error: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise TextRefused(0, f"the file cannot be parsed: {type(e).__name__}") from None
+    _outside_literals(text)
+    _strings(tree)
+    return tree
+
+
+def _drop_docstrings(body: List[ast.stmt], keep_empty: bool) -> List[ast.stmt]:
+    """`body` without its bare string statements (docstrings, strings used as comments), recursively through
+    the statements that hold statements; a body left empty gets `pass` (the module's may stay empty)."""
+    kept = [st for st in body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+                                      and isinstance(st.value.value, str))]
+    for st in kept:
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(st, name, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                setattr(st, name, _drop_docstrings(inner, name == "orelse"))
+        for handler in getattr(st, "handlers", None) or []:
+            handler.body = _drop_docstrings(handler.body, False)
+        for case in getattr(st, "cases", None) or []:
+            case.body = _drop_docstrings(case.body, False)
+    return kept if kept or keep_empty else [ast.Pass()]
+
+
+def _print(tree: ast.Module) -> str:
+    tree.body = _drop_docstrings(tree.body, True)
+    body = ast.unparse(tree)
+    return body + "\n" if body else ""
+
+
+# canonical texts already made: of the inputs, and of the canonical texts themselves (a fixed point), so that
+# a text canonicalised again on its way (the search, the loop, the serving set) costs a look-up
+_MADE: "OrderedDict[Union[str, bytes], str]" = OrderedDict()
+_MADE_LOCK = threading.Lock()
+_MADE_MAX = 256
+
+
+def canonical_source(source: Union[str, bytes]) -> str:
+    """The canonical text of a candidate: its syntax tree printed back, docstrings and comments dropped.
+    TextRefused (one line) for bytes that do not read one way only. The result is a fixed point (its
+    own canonical text), and every line of it that begins `def` or `@` is a definition or a decorator."""
+    with _MADE_LOCK:
+        if source in _MADE:
+            _MADE.move_to_end(source)
+            return _MADE[source]
+    text = _print(_parsed(source))
+    try:
+        tree = ast.parse(text)
+        again = _print(ast.parse(text))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        again = None
+    if again != text:
+        raise TextRefused(0, "the printed text does not read back as itself")
+    starts, decorators = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            starts.add(n.lineno)
+            decorators.update(d.lineno for d in n.decorator_list)
+    for i, line in enumerate(text.splitlines(), 1):
+        m = _KERNEL_LINE.match(line)
+        if m and i not in (decorators if m.group(1) == "@" else starts):
+            raise TextRefused(i, "a line of the printed text begins like a definition but is not one")
+    with _MADE_LOCK:
+        _MADE[source] = _MADE[text] = text
+        while len(_MADE) > _MADE_MAX:
+            _MADE.popitem(last=False)
+    return text
+
+
+__all__ = ["TextRefused", "canonical_source", "text_problems"]
