@@ -80,8 +80,9 @@ def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_fl
       - the probabilities rounded for the P @ V dot (2^-8) and the float32 sums over Sk keys (of P @ V and
         of the normaliser): (2^-8 + 4 Sk 2^-24) * (sum_j p_j |v_jd| + |o_d|);
       - a probability that underflows float16 (a kernel may take P in float16): 2^-24 relative to the row's
-        largest, so 2^-24 * max_j p_j * sum_j |f_jd|, where f is v, or `v_floor` where a kernel multiplies
-        the probabilities by a factor before rounding them (int8 codes: |code| times the largest scale)."""
+        largest (twice round-to-nearest's 2^-25: room for a kernel that truncates), each key's own, so
+        2^-24 * max_j p_j * sum_j |f_jd|, where f is v, or `v_floor` where a kernel multiplies the probabilities
+        by a factor before rounding them and divides it out after (int8 codes: paged.int8_underflow_floor)."""
     D, Sk = q.shape[-1], k.shape[-2]
     s = (q @ k.transpose(-1, -2)) * scale
     conditioning = (q.abs() @ k.abs().transpose(-1, -2)) * abs(scale)
