@@ -1,7 +1,7 @@
 """The sanitizer's false-positive rate: correct kernels judged on many random seeds, each in full.
 
     python scripts/false_positive_sweep.py [--kernels baselines,serving,good | FILE ...] [--seeds 50]
-                                           [--first 0] [--jobs 1] [--mode full] [--checks a,b]
+                                           [--first 0] [--jobs 1] [--mode full] [--checks a,b] [--timeout S]
                                            [--out results/cpu/false_positive_sweep.jsonl] [--summary]
 
 Every kernel named is correct (the baselines, the promoted serving set, the correct candidate suite),
@@ -109,39 +109,53 @@ def _commit() -> str:
         return "unknown"
 
 
-def judge(kernel: str, seed: int, mode: str, checks: Optional[List[str]], commit: str) -> Dict:
+def is_timeout(row: Dict) -> bool:
+    """A verdict that ran out of time judged nothing (a loaded machine, not the kernel): it is neither a pass
+    nor a false positive, and a resumed sweep judges it again."""
+    return row["verdict"] == "timeout" or (row["verdict"] == "fail" and "time limit" in row.get("detail", ""))
+
+
+def judge(kernel: str, seed: int, mode: str, checks: Optional[List[str]], commit: str,
+          timeout_s: Optional[float] = None) -> Dict:
     """One verdict of the normal runner, as the row the results file holds."""
     t0 = time.time()
-    v = run_isolated(os.path.join(ROOT, kernel), op_of(kernel), mode, checks=checks, seed=seed)
+    v = run_isolated(os.path.join(ROOT, kernel), op_of(kernel), mode, timeout_s, checks=checks, seed=seed)
     bad = v.first_failure
+    timed_out = (v.error or "").startswith("not verified") or (bad is not None and "time limit" in bad.detail)
     return {"kernel": kernel, "op": op_of(kernel), "seed": seed, "mode": mode, "checks": ",".join(checks or []),
-            "verdict": "pass" if v.passed else "fail",
+            "verdict": "pass" if v.passed else "timeout" if timed_out else "fail",
             "failed_check": bad.name if bad else ("verdict" if not v.passed else ""),
             "detail": (bad.detail if bad else v.error or "")[:600], "seconds": round(time.time() - t0, 1),
             "commit": commit}
 
 
 def summary(rows: List[Dict]) -> str:
-    """One line per kernel: seeds judged, passes, failures and the checks that failed; then the totals."""
+    """One line per kernel: seeds judged, passes, failures and the checks that failed, verdicts that ran out
+    of time (not judged); then the totals."""
     per: Dict[str, Dict] = {}
     for r in rows:
-        s = per.setdefault(r["kernel"], {"seeds": set(), "pass": 0, "fail": 0, "checks": {}, "secs": 0.0})
+        s = per.setdefault(r["kernel"], {"seeds": set(), "pass": 0, "fail": 0, "timeout": 0, "checks": {},
+                                         "secs": 0.0})
+        if is_timeout(r):
+            s["timeout"] += 1
+            continue
         s["seeds"].add(r["seed"])
         s[r["verdict"]] += 1
         s["secs"] += r.get("seconds", 0.0)
         if r["verdict"] == "fail":
             s["checks"][r["failed_check"]] = s["checks"].get(r["failed_check"], 0) + 1
     width = max([len(k) for k in per] + [6])
-    lines = [f"{'kernel':<{width}}  seeds  pass  fail  mean_s  failing checks"]
-    for k, s in per.items():
+    lines = [f"{'kernel':<{width}}  seeds  pass  fail  timed_out  mean_s  failing checks"]
+    for k, s in sorted(per.items()):
         n = s["pass"] + s["fail"]
         checks = ", ".join(f"{c} x{m}" for c, m in sorted(s["checks"].items())) or "-"
-        lines.append(f"{k:<{width}}  {len(s['seeds']):>5}  {s['pass']:>4}  {s['fail']:>4}  "
+        lines.append(f"{k:<{width}}  {len(s['seeds']):>5}  {s['pass']:>4}  {s['fail']:>4}  {s['timeout']:>9}  "
                      f"{s['secs'] / max(n, 1):>6.1f}  {checks}")
     total = sum(s["pass"] + s["fail"] for s in per.values())
     fails = sum(s["fail"] for s in per.values())
-    lines.append(f"{len(per)} kernels, {total} verdicts, {fails} failed"
-                 f" ({fails / max(total, 1):.2%} false positives)")
+    timeouts = sum(s["timeout"] for s in per.values())
+    lines.append(f"{len(per)} kernels, {total} verdicts, {fails} failed ({fails / max(total, 1):.2%} false "
+                 f"positives); {timeouts} more ran out of time and judged nothing")
     return "\n".join(lines)
 
 
@@ -154,6 +168,8 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="verdicts judged in parallel")
     p.add_argument("--mode", choices=("full", "quick"), default="full")
     p.add_argument("--checks", default="", help="only these checks (comma-separated; default: all)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per verdict (default: the runner's, 600 in full mode; more on a loaded machine)")
     p.add_argument("--out", default=os.path.join(ROOT, DEFAULT_OUT))
     p.add_argument("--summary", action="store_true", help="print the table of --out and exit")
     return p.parse_args(argv)
@@ -172,7 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"false_positive_sweep: {e}", file=sys.stderr)
         return 2
     checks = [c for c in a.checks.split(",") if c] or None
-    done = {_key(r["kernel"], r["seed"], r["mode"], r["checks"]) for r in read_results(a.out)}
+    done = {_key(r["kernel"], r["seed"], r["mode"], r["checks"]) for r in read_results(a.out) if not is_timeout(r)}
     todo = [(k, sweep_seed(i)) for i in range(a.first, a.first + a.seeds) for k in kernels
             if _key(k, sweep_seed(i), a.mode, a.checks) not in done]
     print(f"{len(kernels)} kernels x {a.seeds} seeds: {len(todo)} verdicts to judge, {a.jobs} at a time",
@@ -181,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     def one(item):
-        row = judge(item[0], item[1], a.mode, checks, commit)
+        row = judge(item[0], item[1], a.mode, checks, commit, a.timeout)
         with lock, open(a.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{row['verdict']}  {row['seconds']:>6.1f}s  seed {row['seed']}  {row['kernel']}"
