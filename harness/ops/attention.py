@@ -63,7 +63,8 @@ def attention_reference(q, k, v, causal: bool, sm_scale, precision):
 # The relative error of one product q_d k_jd of a score, by input dtype: exact in float32 for 16-bit inputs;
 # float32 inputs may take TF32 dots, which round both operands to 11 significant bits.
 SCORE_PRODUCT_ROUNDING = {torch.bfloat16: 0.0, torch.float16: 0.0, torch.float32: 2.0 ** -10}
-# A kernel may round the probabilities to bfloat16 (or any finer type) for the P @ V dot, whatever the inputs.
+# A kernel may round the probabilities to bfloat16 (or any finer type) for the P @ V dot, whatever the inputs:
+# one bfloat16 step relative, twice round-to-nearest's 2^-9 (room for a kernel that truncates).
 PROB_ROUNDING = 2.0 ** -8
 FP32_TERM = 4 * 2.0 ** -24  # per term of a float32 sum in any order (tensor cores may truncate), as for matmul
 FP16_UNDERFLOW = 2.0 ** -24  # float16's subnormal spacing: what a probability taken in float16 may lose
