@@ -261,17 +261,23 @@ def _sweep_seed(i: int) -> int:
 
 
 NUMERIC_CHECKS = ["differential", "extended_numeric"]
-CI_SEEDS = 2
+CI_SEEDS = 3
 
 
 @pytest.mark.slow
 def test_int8_kernels_pass_the_numeric_checks_over_several_seeds():
     """Covers: the int8 baseline and the int8 serving kernels (the kernels that had false positives), the
     numeric checks that rejected them (differential, extended_numeric), the sweep's first CI_SEEDS seeds.
-    About 40 s per verdict on one core; the full sanitizer over many seeds and every correct kernel is
-    scripts/false_positive_sweep.py's job (results/cpu/false_positive_sweep.txt)."""
+    About 50 s per verdict on one core, 2 at a time; the full sanitizer over many seeds and every correct
+    kernel is scripts/false_positive_sweep.py's job (results/cpu/false_positive_sweep.txt)."""
     from kernel_agent.sanitizer.runner import run_many
-    files = [os.path.join(ROOT, "kernels", "baseline", "decode_attention_int8.py")] + INT8_SERVING
+    files, texts = [], set()
+    for f in [os.path.join(ROOT, "kernels", "baseline", "decode_attention_int8.py")] + INT8_SERVING:
+        with open(f) as fh:
+            text = fh.read()
+        if text not in texts:  # the serving set holds one text under several buckets: judge it once
+            files.append(f)
+            texts.add(text)
     bad = []
     for i in range(CI_SEEDS):
         seed = _sweep_seed(i)
