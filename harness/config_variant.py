@@ -183,6 +183,12 @@ def _legacy_split(source: str) -> Optional[Tuple[str, ConfigStep]]:
     return base, ConfigStep(m["bucket"], tuple(p[0] for p in pairs), old, new)
 
 
+def split_stored(source: str) -> Optional[Tuple[str, ConfigStep]]:
+    """split_config, or for a variant a ledger stored in the comment format of earlier versions, its base as
+    stored and its step: what a review diffs a variant against."""
+    return split_config(source) or _legacy_split(source)
+
+
 def _canonical_or_none(text: str) -> Optional[str]:
     try:
         return canonical_source(text)
@@ -199,7 +205,7 @@ def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
         return None
     steps: List[ConfigStep] = []
     current = new
-    while (found := split_config(current) or _legacy_split(current)) is not None:
+    while (found := split_stored(current)) is not None:
         current, step = found
         steps.insert(0, step)
         if _canonical_or_none(current) == old_text:
@@ -207,4 +213,4 @@ def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
     return None
 
 
-__all__ = ["ConfigStep", "with_config", "apply_config", "rebuild", "split_config", "steps_over", "baseline_source", "has_config"]
+__all__ = ["ConfigStep", "with_config", "apply_config", "rebuild", "split_config", "split_stored", "steps_over", "baseline_source", "has_config"]
