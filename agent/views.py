@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..harness.config_variant import split_config, steps_over
+from ..harness.config_variant import split_stored, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
 from ..harness.ledger import Ledger, Run, RunStatus, hash_source
 from ..sanitizer.canonical import TextRefused, canonical_source
@@ -200,7 +200,7 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
         if p is not None:
             return JudgedBase(f"candidate #{p.id}", p.source)
     today, baseline_label = baseline_source(c.op), f"kernels/baseline/{c.op}.py"
-    split = split_config(c.source)
+    split = split_stored(c.source)
     recorded = _incumbent_hash(led, c.id)
     wanted = hash_source(split[0]) if split is not None else recorded
     if wanted is None or wanted in (hash_source(today), hash_source(_as_judged(today))):  # judged texts are canonical

@@ -158,21 +158,59 @@ def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
     return (base, step) if regenerated == source else None
 
 
+# The format of the versions before canonical text: the step in a comment, which canonical text drops. Ledgers
+# written then hold such variants; they are read (for `show`, `report` and `pr`), never written.
+_LEGACY_OVERRIDE = re.compile(
+    r"\n\n\n# Launch configuration found by kernel-agent's search for bucket (?P<bucket>.*): (?P<desc>.*)\n"
+    r"_TUNED_FROM(?P<sfx>\d*) = (?P<old>.*)\n_TUNED_TO(?P=sfx) = (?P<new>.*)\n\n\n"
+    r"def _config\(\*args\):\n    cfg = tuple\(_config_base(?P=sfx)\(\*args\)\)\n"
+    r"    return _TUNED_TO(?P=sfx) if cfg == _TUNED_FROM(?P=sfx) else cfg\n\Z")
+
+
+def _legacy_split(source: str) -> Optional[Tuple[str, ConfigStep]]:
+    """split_config for a variant in the comment format of earlier versions (its base as it was stored)."""
+    m = _LEGACY_OVERRIDE.search(source)
+    if m is None:
+        return None
+    try:
+        old, new = ast.literal_eval(m["old"]), ast.literal_eval(m["new"])
+    except (ValueError, SyntaxError):
+        return None
+    pairs = [p.split("=", 1) for p in m["desc"].split(", ")] if m["desc"] else []
+    if not isinstance(old, tuple) or not isinstance(new, tuple) or any(len(p) != 2 for p in pairs):
+        return None
+    base = re.sub(rf"^def _config_base{m['sfx']}\(", "def _config(", source[:m.start()], flags=re.M) + "\n"
+    return base, ConfigStep(m["bucket"], tuple(p[0] for p in pairs), old, new)
+
+
+def split_stored(source: str) -> Optional[Tuple[str, ConfigStep]]:
+    """split_config, or for a variant a ledger stored in the comment format of earlier versions, its base as
+    stored and its step: what a review diffs a variant against."""
+    return split_config(source) or _legacy_split(source)
+
+
+def _canonical_or_none(text: str) -> Optional[str]:
+    try:
+        return canonical_source(text)
+    except TextRefused:
+        return None
+
+
 def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
     """The configurations that make `new` out of `old` (in the order they were stacked) when `new` is `old`
-    with overrides only, else None. Texts compare canonical, as their hashes are taken (harness/source_text.py)."""
-    try:
-        old_text = canonical_source(old)
-    except TextRefused:
+    with overrides only, else None. Texts compare canonical, as their hashes are taken (harness/source_text.py);
+    variants in the comment format of earlier versions are read too."""
+    old_text = _canonical_or_none(old)
+    if old_text is None:
         return None
     steps: List[ConfigStep] = []
     current = new
-    while (found := split_config(current)) is not None:
+    while (found := split_stored(current)) is not None:
         current, step = found
         steps.insert(0, step)
-        if current == old_text:
+        if _canonical_or_none(current) == old_text:
             return steps
     return None
 
 
-__all__ = ["ConfigStep", "with_config", "apply_config", "rebuild", "split_config", "steps_over", "baseline_source", "has_config"]
+__all__ = ["ConfigStep", "with_config", "apply_config", "rebuild", "split_config", "split_stored", "steps_over", "baseline_source", "has_config"]

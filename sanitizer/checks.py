@@ -24,6 +24,7 @@ from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_t
 from . import static_gate
 from . import wire
 from .branches import host_branches, taken, uncovered
+from .canonical import TextRefused, canonical_source
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
@@ -541,8 +542,9 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
     if not isinstance(ex, Executor):
         raise CheckSkipped("not judged: the candidate runs outside an executor")
     try:
-        sides = host_branches(subject.source, subject.path)
-    except SyntaxError as e:
+        # the executor runs (and records arcs of) the canonical text: its lines are the ones to compile
+        sides = host_branches(canonical_source(subject.source), subject.path)
+    except (SyntaxError, TextRefused) as e:
         raise CheckFailed(f"the judge cannot compile the file: {e}")
     arcs, specs = ex.coverage()
     missing = uncovered(sides, taken(arcs, sides))

@@ -63,7 +63,8 @@ def attention_reference(q, k, v, causal: bool, sm_scale, precision):
 # The relative error of one product q_d k_jd of a score, by input dtype: exact in float32 for 16-bit inputs;
 # float32 inputs may take TF32 dots, which round both operands to 11 significant bits.
 SCORE_PRODUCT_ROUNDING = {torch.bfloat16: 0.0, torch.float16: 0.0, torch.float32: 2.0 ** -10}
-# A kernel may round the probabilities to bfloat16 (or any finer type) for the P @ V dot, whatever the inputs.
+# A kernel may round the probabilities to bfloat16 (or any finer type) for the P @ V dot, whatever the inputs:
+# one bfloat16 step relative, twice round-to-nearest's 2^-9 (room for a kernel that truncates).
 PROB_ROUNDING = 2.0 ** -8
 FP32_TERM = 4 * 2.0 ** -24  # per term of a float32 sum in any order (tensor cores may truncate), as for matmul
 FP16_UNDERFLOW = 2.0 ** -24  # float16's subnormal spacing: what a probability taken in float16 may lose
@@ -80,8 +81,9 @@ def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_fl
       - the probabilities rounded for the P @ V dot (2^-8) and the float32 sums over Sk keys (of P @ V and
         of the normaliser): (2^-8 + 4 Sk 2^-24) * (sum_j p_j |v_jd| + |o_d|);
       - a probability that underflows float16 (a kernel may take P in float16): 2^-24 relative to the row's
-        largest, so 2^-24 * max_j p_j * sum_j |f_jd|, where f is v, or `v_floor` where a kernel multiplies
-        the probabilities by a factor before rounding them (int8 codes: |code| times the largest scale)."""
+        largest (twice round-to-nearest's 2^-25: room for a kernel that truncates), each key's own, so
+        2^-24 * max_j p_j * sum_j |f_jd|, where f is v, or `v_floor` where a kernel multiplies the probabilities
+        by a factor before rounding them and divides it out after (int8 codes: paged.int8_underflow_floor)."""
     D, Sk = q.shape[-1], k.shape[-2]
     s = (q @ k.transpose(-1, -2)) * scale
     conditioning = (q.abs() @ k.abs().transpose(-1, -2)) * abs(scale)

@@ -216,6 +216,18 @@ def decode_config_fits(c, shape: DecodeShape) -> bool:
     return 2 * bn * shape.D * 2 * max(stages - 1, 1) <= SMEM_LIMIT
 
 
+def int8_underflow_floor(codes: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+    """What multiplies a probability after a kernel rounds it for the P @ V dot of a cache of codes ([L, Hkv, D]
+    codes, [L, Hkv] value scales): the probability's float16 underflow (softmax_rounding_bound's 2^-24) costs
+    that much. A kernel may fold token j's value scale s_j into its probability before the rounding, in whole
+    (p_j s_j, then times code_jd: the baseline) or in part (p_j s_j / max s, then times code_jd max s: the serving
+    kernels), or not at all (p_j, then times code_jd s_j): the factor after the rounding is |code_jd| times at
+    most max(1, max s), the largest scale of the sequence's head. (A scale below 1, as every int8 cache whose
+    values are under 127 has, makes the probability smaller and so its underflow larger relative to it; the
+    largest-scale factor alone understated the baseline's underflow by 1 / max s, 40x at standard normal values.)"""
+    return codes.abs() * v_scale.amax(0).clamp(min=1.0)[None, :, None]
+
+
 class PagedDecodeOp(Op):
     """What decode_attention and decode_attention_int8 share: shapes, buckets, the cost model's tokens, the
     baselines' `_config` arguments and the benchmark's anchor."""
@@ -290,7 +302,7 @@ class PagedDecodeOp(Op):
         """Each output element against its own softmax's rounding over the sequence's gathered cache
         (softmax_rounding_bound), with the rms-based bound as well. A cache of codes is bounded with its values
         (codes times scales); a kernel may fold the value scales into the probabilities before rounding them,
-        so their underflow counts with the largest scale of the sequence's head."""
+        so their underflow counts with what multiplies them after (int8_underflow_floor)."""
         q = args["q"].detach().to(torch.float64)
         B, Hq, D = q.shape
         Hkv = args["k_cache"].shape[2]
@@ -300,10 +312,10 @@ class PagedDecodeOp(Op):
         cond = torch.empty_like(q)
         for b, length in enumerate(int(x) for x in args["seq_lens"].tolist()):
             k, v, v_s = gather_kv(args, b, length, torch.float64)  # [L, Hkv, D]
-            floor = None  # codes: each code times the largest value scale of its head
+            floor = None
             if v_s is not None:
                 codes = gather_tokens(args["v_cache"], args["block_table"], b, length).to(torch.float64)
-                floor = codes * v_s.amax(0)[None, :, None]
+                floor = int8_underflow_floor(codes, v_s)
             for h in range(Hkv):
                 cond[b, h * g:(h + 1) * g] = softmax_rounding_bound(
                     q[b, h * g:(h + 1) * g, None, :], k[:, h], v[:, h], scale, None, args["q"].dtype,
