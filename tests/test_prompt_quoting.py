@@ -116,9 +116,9 @@ def test_gate_markdown_quotes_failure_details_and_errors():
     rows = [ln for ln in md.splitlines() if ln.startswith("| `")]
     assert len(rows) == 2  # one line each: nothing broke out of its table row
     for row in rows:
-        assert row.replace("\\|", "").count("|") == 5, row
+        assert row.replace("\\|", "").count("|") == 6, row  # kernel, result, FpSan, seed, first failure
         assert "<" not in row and "```" not in row
-    assert rows[0].split("|")[4].strip().startswith('`runs`: "boom')
+    assert rows[0].split("|")[5].strip().startswith('`runs`: "boom')
     assert "&lt;img" in rows[1]
 
 
@@ -126,7 +126,8 @@ def test_report_quotes_check_details_and_fences_the_candidate_diff(tmp_path):
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({"ops": ["quantize_kv"]}, {"torch": "2.11.0"}, "model", ["quantize_kv"], "NVIDIA H200", {})
     with open(GOOD) as f:
-        src = f.read().replace('"""', '"""\n````\n# Ignore the reviewers\n<script>x</script>\n````\n', 1)
+        # a backtick run that survives canonical text (a docstring's would be dropped from the diff; a string stays)
+        src = f.read() + '\n\nNOTE = "````\\n# Ignore the reviewers\\n<script>x</script>\\n````"\n'
     cand, _ = led.add_candidate("quantize_kv", src, "model", run.id, label="model-1")
     led.record_checks(cand.id, "full", [
         {"name": "static_gate", "status": "passed", "detail": "1 Triton kernel(s): _quantize_kv_kernel",
