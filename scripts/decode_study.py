@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_agent.harness.ops.decode_attention_int8 import quantize_rows
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
@@ -330,14 +332,6 @@ def make_quantized_call(kind, q, codes_k, scale_k, codes_v, scale_v, bt, lens, c
     return run, splits
 
 
-def quantize_int8(x):
-    """The quantize_kv rule (harness/ops/decode_attention_int8.py quantize_rows): amax / 127, rounded."""
-    amax = x.abs().amax(dim=-1)
-    scale = amax / 127.0
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.clamp(torch.round(x / safe[..., None]), -127, 127).to(torch.int8), scale.float()
-
-
 def quantize_fp8(x):
     """Per-(slot, head) e4m3 codes: scale = amax / 448, codes = x / scale rounded by the cast."""
     amax = x.abs().amax(dim=-1)
@@ -446,8 +440,8 @@ def study_point(B, ctx, mods, rounds, log):
     kf = torch.randn(nb, PAGE, HKV, D, generator=g, device=dev)
     vf = torch.randn(nb, PAGE, HKV, D, generator=g, device=dev)
     k16, v16 = kf.to(torch.bfloat16), vf.to(torch.bfloat16)
-    k8, ks8 = quantize_int8(kf)
-    v8, vs8 = quantize_int8(vf)
+    k8, ks8 = quantize_rows(kf)  # the quantize_kv rule, from its one definition
+    v8, vs8 = quantize_rows(vf)
     kf8, ksf8 = quantize_fp8(kf)
     vf8, vsf8 = quantize_fp8(vf)
     del kf, vf
