@@ -124,6 +124,11 @@ GPU_READABLE = (
 # oom_score_adj, /proc/sys and every other process's files stay unwritable; task/<tid>/mem is beneath the
 # grant, so only the audit hook (which refuses writes outside scratch and ctypes) keeps Python from it.
 GPU_PROC_WRITABLE = ("task",)
+# The narrower GPU rules, off until the H200 runs CUDA under them (scripts/gpu_sandbox_probe.py --reads finds
+# what is missing): reads confined to readable_paths(gpu=True), and /proc writable only beneath
+# GPU_PROC_WRITABLE of this process. With either on, cuInit failed on the H200 (error 304).
+GPU_CONFINED_READS = False
+GPU_NARROW_PROC = False
 LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1 << 0, 1 << 1
 LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
 LANDLOCK_RULE_NET_PORT = 2
@@ -471,7 +476,7 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
     # driver's initialisation failed on the H200 (cudaGetDeviceCount: error 304, also with /proc writable),
     # so a GPU run keeps the rules the H200 has run under (unconfined reads, its own /proc writable) until
     # scripts/gpu_sandbox_probe.py finds the narrower set that CUDA accepts (docs/ARCHITECTURE.md, trust).
-    confine_reads = not gpu
+    confine_reads = not gpu or GPU_CONFINED_READS
     read = (LL_READ_FILE | LL_READ_DIR) if confine_reads else 0
     attr = Attr(write | read, (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
                 (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0)
@@ -490,7 +495,10 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         # the CUDA driver opens its device nodes read-write, and names its threads (GPU_PROC_WRITABLE)
         targets += [(os.path.join("/dev", n), file_rights) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
         # /proc is this process's own (PID namespace); the narrower GPU_PROC_WRITABLE alone failed on the H200
-        targets += [("/proc", file_rights)]
+        if GPU_NARROW_PROC:
+            targets += [(os.path.join("/proc", str(os.getpid()), n), file_rights) for n in GPU_PROC_WRITABLE]
+        else:
+            targets += [("/proc", file_rights)]
     for path, rights in targets:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)

@@ -166,12 +166,14 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=50, help="seeds per kernel")
     p.add_argument("--first", type=int, default=0, help="index of the first seed")
     p.add_argument("--jobs", type=int, default=1, help="verdicts judged in parallel")
-    p.add_argument("--mode", choices=("full", "quick"), default="full")
+    p.add_argument("--mode", choices=("full", "quick", "gpu"), default="full",
+                   help="full: the CPU checks (interpreter); gpu: the GPU checks (a CUDA GPU)")
     p.add_argument("--checks", default="", help="only these checks (comma-separated; default: all)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds per verdict (default: the runner's, 600 in full mode; more on a loaded machine)")
     p.add_argument("--out", default=os.path.join(ROOT, DEFAULT_OUT))
     p.add_argument("--summary", action="store_true", help="print the table of --out and exit")
+    p.add_argument("--commit", default="", help="the commit the verdicts are of (default: the checkout's)")
     return p.parse_args(argv)
 
 
@@ -193,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if _key(k, sweep_seed(i), a.mode, a.checks) not in done]
     print(f"{len(kernels)} kernels x {a.seeds} seeds: {len(todo)} verdicts to judge, {a.jobs} at a time",
           flush=True)
-    commit, lock = _commit(), threading.Lock()
+    commit, lock = a.commit or _commit(), threading.Lock()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     def one(item):

@@ -249,8 +249,10 @@ def outward_address() -> Optional[str]:
         s.close()
 
 
-def run_child(config: dict, wrapper: Tuple[str, ...] = (), timeout_s: float = 240) -> Tuple[Optional[dict], str]:
-    """Run the child in a fresh scratch directory; (its result, or None; the tail of its output)."""
+def run_child(config: dict, wrapper: Tuple[str, ...] = (), timeout_s: float = 240,
+              tool_namespace: bool = True) -> Tuple[Optional[dict], str]:
+    """Run the child in a fresh scratch directory; (its result, or None; the tail of its output).
+    `wrapper` runs in the tool namespace unless `tool_namespace` is False (a tracer of the probe's own)."""
     scratch = sandbox.make_scratch("ka-probe-")
     try:
         path = os.path.join(scratch, "child.py")
@@ -258,7 +260,7 @@ def run_child(config: dict, wrapper: Tuple[str, ...] = (), timeout_s: float = 24
             f.write(CHILD)
         os.chmod(path, 0o644)
         cmd = list(wrapper) + [sys.executable, path, json.dumps(config)]
-        if config.get("namespace") or wrapper:
+        if config.get("namespace") or (wrapper and tool_namespace):
             cmd = sandbox.tool_namespace_command(cmd)
         env = sandbox.child_env(scratch, base=dict(os.environ, PYTHONPATH=ROOT))
         env.pop("TRITON_INTERPRET", None)
@@ -354,14 +356,14 @@ def diagnose() -> List[Tuple[str, bool, str]]:
     return rows
 
 
-def diagnose_reads() -> List[Tuple[str, bool, str]]:
+def diagnose_reads(base: Tuple[str, ...] = ()) -> List[Tuple[str, bool, str]]:
     """Which top-level folder, and which entry in it, made readable lets the kernel run: halves of the
-    candidates tried in turn (one child each), assuming one is missing."""
+    candidates tried in turn (one child each), assuming one is missing. `base`: patches every try keeps."""
     allowed = set(sandbox.readable_paths(True))
 
     def runs_with(paths: List[str]) -> bool:
         patch = f"_o = sandbox.readable_paths; sandbox.readable_paths = lambda gpu=False: _o(gpu) + {paths!r}"
-        res, _ = run_child({"hook": "fatal", "legit": True, "patches": [patch]}, timeout_s=150)
+        res, _ = run_child({"hook": "fatal", "legit": True, "patches": [*base, patch]}, timeout_s=150)
         return bool(res and res.get("legit", [""])[0] == "ran")
 
     def bisect(candidates: List[str]) -> List[str]:
@@ -389,6 +391,59 @@ def diagnose_reads() -> List[Tuple[str, bool, str]]:
         if entries and runs_with(entries):
             found = bisect(entries)
     return [("  diagnosis: reads needed under", True, ", ".join(found)[:160])]
+
+
+# The narrower GPU rules (sanitizer/sandbox.py), each tried on its own and together by --reads
+NARROW_RULES = [
+    ("reads confined", ("sandbox.GPU_CONFINED_READS = True",)),
+    ("/proc narrowed to thread names", ("sandbox.GPU_NARROW_PROC = True",)),
+    ("both", ("sandbox.GPU_CONFINED_READS = True", "sandbox.GPU_NARROW_PROC = True")),
+]
+
+
+def refused_paths(patches: Tuple[str, ...]) -> List[str]:
+    """The paths whose file syscalls failed with EACCES or EPERM in a child under `patches`, traced by
+    strace (the Landlock refusals CUDA met), most frequent first; [] without strace."""
+    strace = shutil.which("strace")
+    if not strace:
+        return ["(strace is not installed)"]
+    log_dir = tempfile.mkdtemp(prefix="ka-probe-trace-")
+    log = os.path.join(log_dir, "trace")
+    try:
+        run_child({"hook": "fatal", "legit": True, "patches": list(patches)}, timeout_s=150, tool_namespace=False,
+                  wrapper=(strace, "-f", "-qq", "-e", "trace=%file,%desc", "-o", log))
+        counts: Dict[str, int] = {}
+        with open(log, errors="replace") as f:
+            for line in f:
+                if "= -1 EACCES" in line or "= -1 EPERM" in line:
+                    start = line.find('"')
+                    what = line[start + 1: line.find('"', start + 1)] if start >= 0 else line.split("(")[0]
+                    key = f"{what} ({line.split('= -1 ')[1].split()[0]})"
+                    counts[key] = counts.get(key, 0) + 1
+        return [k for k, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:40]
+    except OSError as e:
+        return [f"(no trace: {e})"]
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def narrow_rule_runs() -> List[Tuple[str, bool, str]]:
+    """--reads: the legitimate kernel under each narrower rule; for a rule CUDA fails under, the paths it
+    was refused (strace) and the top-level folder that, made readable, lets it run."""
+    rows = []
+    for what, patches in NARROW_RULES:
+        res, out = run_child({"hook": "fatal", "legit": True, "patches": list(patches)}, timeout_s=150)
+        ok = bool(res and res.get("legit", [""])[0] == "ran")
+        rows.append((f"Triton kernel, {what}", ok, res["legit"][1] if ok else last_error(out)))
+        if ok or what == "both":
+            continue
+        print(f"--- {what}: the kernel failed; its output:\n{out[-1500:]}\n---", flush=True)
+        refused = refused_paths(patches)
+        print(f"--- {what}: refused file syscalls:\n" + "\n".join(refused) + "\n---", flush=True)
+        rows.append((f"  refused under {what}", True, ", ".join(refused)[:300]))
+        if what == "reads confined":
+            rows += diagnose_reads(patches)
+    return rows
 
 
 def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marker: str) -> Tuple[List, dict]:
@@ -455,6 +510,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="no GPU: try the escapes only")
     ap.add_argument("--quick", action="store_true", help="skip the GPU checks and the benchmark child")
+    ap.add_argument("--reads", action="store_true", help="only the legitimate kernel under each narrower GPU "
+                    "rule (confined reads, /proc narrowed), with what CUDA was refused")
     args = ap.parse_args(argv)
     gpu = not args.cpu
     import torch
@@ -465,6 +522,11 @@ def main(argv=None) -> int:
     host = f"{torch.cuda.get_device_name() if gpu else 'no GPU'}, torch {torch.__version__}, triton " \
            f"{triton.__version__}, Linux {os.uname().release}, uid {os.getuid()}"
     print(host, flush=True)
+    if args.reads and gpu:
+        rows = narrow_rule_runs()
+        for what, ok, detail in rows:
+            print(f"{'ok  ' if ok else 'FAIL'} {what}: {detail}")
+        return 0 if all(ok for _, ok, _ in rows) else 1
     marker = "ka-probe-" + os.urandom(6).hex()
     secret_dir = tempfile.mkdtemp(prefix="ka-probe-secret-", dir="/tmp")
     os.chmod(secret_dir, 0o755)

@@ -7,6 +7,12 @@
 #             executors and compute-sanitizer run under the sandbox), timed per file
 #   tests:    the GPU tests (tests/test_gpu.py), which include a hostile candidate on the GPU paths
 #   run:      a short `kernel-agent run` of the built-in search over all five ops (RUN_LIMIT, 150s)
+#   reads:    the legitimate kernel under each narrower GPU rule, with what CUDA was refused
+#             (scripts/gpu_sandbox_probe.py --reads)
+#   sweep:    the false-positive sweep (scripts/false_positive_sweep.py, full mode, SWEEP_JOBS at lowest
+#             priority) in the background for SWEEP_S seconds while the other steps run; it resumes from
+#             SWEEP_FILE (default: a copy of the committed results/cpu/false_positive_sweep.jsonl) and its
+#             file lands in DEST/false_positive_sweep.jsonl
 # STEPS picks them (default "sandbox baselines tests run"). Prints a summary table last.
 # Usage: [STEPS=...] [RUN_LIMIT=150s] bash scripts/gpu_trust.sh OUTDIR
 set -u
@@ -17,6 +23,18 @@ mkdir -p "$DEST"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 export KA=${KA:-/tmp/ka} KERNEL_AGENT_CACHE=${KERNEL_AGENT_CACHE:-/tmp/ka/cache}
 CLI="python3 -m kernel_agent.agent.cli"
+if ls .whl/sqlalchemy*.whl >/dev/null 2>&1; then  # the ledger's one dependency the GPU image lacks
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/sqlalchemy*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+if [[ " $STEPS " == *" sweep "* ]]; then
+  SWEEP_FILE=${SWEEP_FILE:-$KA/false_positive_sweep.jsonl}
+  mkdir -p "$KA"; [ -e "$SWEEP_FILE" ] || cp results/cpu/false_positive_sweep.jsonl "$SWEEP_FILE"
+  OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds 50 \
+    --jobs "${SWEEP_JOBS:-12}" --timeout 900 --out "$SWEEP_FILE" --commit "${SWEEP_COMMIT:-unknown}" \
+    > "$OUT/sweep.txt" 2>&1 &
+  sweep_pid=$!
+fi
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], sys.executable, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 summary=()
@@ -27,6 +45,10 @@ fi
 if [[ " $STEPS " == *" probe "* ]]; then
   timeout 900 python3 scripts/gpu_sandbox_probe.py > "$OUT/probe.txt" 2>&1; rc=$?
   tail -n 24 "$OUT/probe.txt"; summary+=("sandbox probe: exit $rc: $(tail -n 1 "$OUT/probe.txt")")
+fi
+if [[ " $STEPS " == *" reads "* ]]; then
+  timeout "${READS_TIMEOUT:-300}" python3 scripts/gpu_sandbox_probe.py --reads > "$OUT/reads.txt" 2>&1; rc=$?
+  grep -E '^(ok  |FAIL)' "$OUT/reads.txt"; summary+=("narrower GPU rules: exit $rc")
 fi
 if [[ " $STEPS " == *" baselines "* ]]; then
   for op in matmul attention decode_attention quantize_kv decode_attention_int8; do
@@ -53,7 +75,7 @@ print(d.get('log', '')[-1500:])
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
   t0=$(date +%s)
-  timeout 420 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
+  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
   rc=$?; summary+=("gpu tests: exit $rc, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests.txt")")
 fi
 if [[ " $STEPS " == *" run "* ]]; then
@@ -64,6 +86,10 @@ if [[ " $STEPS " == *" run "* ]]; then
   rc=$?; summary+=("run, all five ops: exit $rc, $(( $(date +%s) - t0 )) s")
   tail -n 12 "$OUT/run.txt"
   cp "$KA/run/ledger.db" "$OUT/run_ledger.db" 2>/dev/null
+fi
+if [[ -n "${sweep_pid:-}" ]]; then
+  wait "$sweep_pid"; cp "$SWEEP_FILE" "$DEST/false_positive_sweep.jsonl"
+  summary+=("sweep: $(python3 scripts/false_positive_sweep.py --summary --out "$SWEEP_FILE" | tail -n 1)")
 fi
 echo
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
