@@ -1,6 +1,7 @@
 """The documentation cannot drift from the code: docs/COMMANDS.md is what the command line's `--help` prints
 today (scripts/gen_cli_docs.py writes it)."""
 import importlib.util
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,3 +47,33 @@ def test_every_command_has_a_section():
     page = (ROOT / "docs" / "COMMANDS.md").read_text()
     missing = [name for name in COMMANDS if f"## kernel-agent {name}\n" not in page]
     assert not missing, f"commands without a section in docs/COMMANDS.md: {missing}"
+
+
+# The folders whose every module docs/ARCHITECTURE.md names; kernels/ only for its helpers (the baselines and
+# promoted kernels are kernels, named by their op, and kernels/candidates/ is generated).
+NAMED_FOLDERS = ("agent", "harness", "sanitizer")
+
+
+def project_modules():
+    """Every module of the package, as a path from the repository's root (`harness/ops/paged.py`)."""
+    found = [p for folder in NAMED_FOLDERS for p in (ROOT / folder).rglob("*.py")]
+    found += list((ROOT / "kernels").glob("*.py"))
+    return sorted(str(p.relative_to(ROOT)) for p in found if p.name != "__init__.py")
+
+
+def unnamed_modules(page_text, modules):
+    """The modules whose path the page never spells out whole (`agent/web.py` does not name `agent/we.py`)."""
+    return [m for m in modules if not re.search(rf"(?<![\w/.]){re.escape(m)}(?![\w/])", page_text)]
+
+
+def test_architecture_names_every_module():
+    modules = project_modules()
+    assert "agent/ray_placement.py" in modules and "harness/ops/tuning.py" in modules  # the walk sees them
+    missing = unnamed_modules((ROOT / "docs" / "ARCHITECTURE.md").read_text(), modules)
+    assert not missing, f"modules docs/ARCHITECTURE.md does not name (add each where its idea lives): {missing}"
+
+
+def test_a_module_left_unnamed_is_found():
+    page = "| judged figures | `harness/figures.py` |\n| the cluster (agent/ray_placement.py) |\n| web | `agent/web.py` |\n"
+    assert unnamed_modules(page, ["harness/figures.py", "harness/env.py", "agent/ray_placement.py", "agent/we.py",
+                                  "agent/web.py"]) == ["harness/env.py", "agent/we.py"]
