@@ -4,7 +4,8 @@ cannot drift from it (tests/test_docs.py fails when the committed page differs f
     python scripts/gen_cli_docs.py            # rewrites docs/COMMANDS.md
     python scripts/gen_cli_docs.py --check    # exit 1, naming the page, when it is out of date
 
-The help text is rendered at a fixed width (COLUMNS=100), so the page does not depend on the terminal.
+The help text is rendered at a fixed width (COLUMNS=100) and without colour, so the page does not depend on
+the terminal.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the checkout, installed or not
 
 PAGE = os.path.join(ROOT, "docs", "COMMANDS.md")
-WIDTH = "100"
+# argparse wraps at the terminal's width, and Python 3.14 colours help where it may: fix both
+HELP_ENV = {"COLUMNS": "100", "NO_COLOR": "1", "PYTHON_COLORS": "0"}
 
 HEADER = """# Commands
 
@@ -48,8 +50,8 @@ def render() -> str:
     """The page, as the command line's parser prints its help today."""
     from kernel_agent.agent.cli import build_parser  # after the checkout joins sys.path
 
-    columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = WIDTH  # argparse wraps at the terminal's width: fix it
+    saved = {k: os.environ.get(k) for k in HELP_ENV}
+    os.environ.update(HELP_ENV)
     try:
         parser = build_parser()
         parts = [HEADER, "## kernel-agent\n", "```text\n" + parser.format_help().rstrip() + "\n```\n"]
@@ -61,10 +63,11 @@ def render() -> str:
             parts.append("```text\n" + text.rstrip() + "\n```\n")
             index.append(f"- [`{heading}`](#{heading.replace(' ', '-')}): {what}")
     finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     parts.insert(1, "\n".join(index) + "\n")
     return "\n".join(parts)
 
