@@ -30,7 +30,7 @@ from .review import (PromotedKernel, _md_word, _plots, diff_section, promoted_ke
                      timings_section, verdict_section)
 
 BODY = "pr.md"
-# The points `bench --model` is asked about when a run names none (its README's three, then the batch
+# The points `bench --model` is asked about when a run names none (the three of docs/BENCHMARK.md, then the batch
 # sizes a matmul bucket boundary can need): searched for a decode step that calls a promoted bucket.
 SUGGESTED_POINTS = ("32x8192", "8x32768", "64x2048", "1x8192", "8x8192", "16x8192", "128x8192", "256x8192")
 

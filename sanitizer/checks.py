@@ -1,4 +1,4 @@
-"""The CPU checks of the sanitizer (the README lists them), run on one candidate inside the Triton interpreter.
+"""The CPU checks of the sanitizer (docs/SANITIZER.md lists them), run on one candidate inside the Triton interpreter.
 
 `sanitize_file(path, op_name, mode)` runs them in order, cheap first, and returns a
 Verdict. It executes the candidate's code: call it only inside an isolated worker

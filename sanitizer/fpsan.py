@@ -1,4 +1,4 @@
-"""FpSan's payload algebra, in numpy (the README's sanitizer section; Triton's implementation, 3.8+).
+"""FpSan's payload algebra, in numpy (docs/SANITIZER.md, "FpSan emulation"; Triton's implementation, 3.8+).
 
 Every floating-point value is mapped by a bijection `embed` to an integer "payload" of
 the same width, and arithmetic is replaced by ring arithmetic on payloads modulo 2^w.
@@ -7,7 +7,7 @@ order or loop structure) then produce bitwise identical outputs, because ring ad
 and multiplication are exactly associative and commutative. Kernels that differ in what
 they compute almost surely produce different bits.
 
-Decisions for what the algebra leaves open (documented in the README as well):
+Decisions for what the algebra leaves open (documented in docs/SANITIZER.md as well):
   * comparisons (<, <=, ==, ...) compare payloads as signed integers: the same order that
     min/max use, so `where(a > b, a, b)` equals `maximum(a, b)`. The sign of a payload is
     the sign of the real value (embed keeps the sign bit), so tests against zero are

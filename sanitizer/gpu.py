@@ -1,4 +1,4 @@
-"""The GPU checks of the sanitizer (run when a CUDA GPU is present; the README lists them).
+"""The GPU checks of the sanitizer (run when a CUDA GPU is present; docs/SANITIZER.md lists them).
 
 * gpu_differential: the op's cases compiled for the device (tf32 dots and approximate
   division differ from the interpreter), tiny odd shapes and every serving shape, in each

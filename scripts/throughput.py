@@ -10,7 +10,7 @@
         are drawn from a secret seed, as in a run, unless --seed fixes them (the same draws, so that two
         versions of the sanitizer can be compared on equal work).
 
-scripts/gpu_throughput.sh runs the first on a GPU machine; the README's "Throughput" section quotes both.
+scripts/gpu_throughput.sh runs the first on a GPU machine; results/README.md quotes both.
 """
 from __future__ import annotations
 

@@ -301,7 +301,7 @@ class Region:
 
 @dataclass(frozen=True)
 class Domain:
-    """The inputs an op's contract admits, stated once: `limits` (what the README and reports print: each
+    """The inputs an op's contract admits, stated once: `limits` (what docs/SANITIZER.md and reports print: each
     dimension's range, the views, the magnitudes, the dtypes) and `regions`, the cases that reach each corner
     of it (the sanitizer's domain checks draw every one of them, on the CPU or on the GPU)."""
 
