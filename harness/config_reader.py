@@ -53,6 +53,15 @@ def _bounded(value: Any) -> Any:
     return value
 
 
+def _repeats_too_far(left: Any, right: Any) -> bool:
+    """Whether `left * right` repeats a string or tuple past the size `_bounded` allows: measured before
+    the product exists, since building it is what exhausts the loop's memory."""
+    for seq, times in ((left, right), (right, left)):
+        if isinstance(seq, (str, tuple)) and isinstance(times, int) and len(seq) * max(times, 0) > 4096:
+            return True
+    return False
+
+
 class _Props:
     """The one field of a device's properties a configuration reads."""
 
@@ -154,6 +163,8 @@ class _Evaluator:
     def binop(self, op: ast.operator, left: Any, right: Any) -> Any:
         if isinstance(op, (ast.Pow, ast.LShift)) and (not isinstance(right, (int, float)) or abs(right) > 64):
             raise ConfigUnreadable("an exponent or shift larger than 64")
+        if isinstance(op, ast.Mult) and _repeats_too_far(left, right):
+            raise ConfigUnreadable("a value grows too large")  # checked before the repetition is built
         try:
             out = _BINOPS[type(op)](left, right)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
@@ -264,7 +275,7 @@ def read_config(source: str, args: tuple) -> tuple:
         value = _Evaluator(tree).call("_config", list(args))
     except ConfigUnreadable:
         raise
-    except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError, RuntimeError) as e:
+    except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError, RuntimeError, MemoryError) as e:
         raise ConfigUnreadable(f"`_config` fails: {type(e).__name__}: {str(e)[:120]}") from None
     if not isinstance(value, tuple):
         raise ConfigUnreadable(f"`_config` returned {type(value).__name__}, not a tuple")

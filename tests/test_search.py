@@ -130,6 +130,9 @@ def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
     ("    return D.bit_length(), 4", "not a function"),
     ("    while True:\n        pass", "not a statement"),
     ("    return _config(D), 4", "nest too deeply"),
+    # a repetition sized past memory is refused before it is built (it used to exhaust the loop's memory)
+    ("    tag = (D,) * (D << 23)\n    return 8, 4 + len(tag) * 0", "grows too large"),
+    ("    tag = 'r' * (D << 50)\n    return 8, 4 + len(tag) * 0", "grows too large"),
 ])
 def test_a_configuration_that_does_more_is_refused_without_running(body, why, tmp_path):
     from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
