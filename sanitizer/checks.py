@@ -24,6 +24,7 @@ from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_t
 from . import static_gate
 from . import wire
 from .branches import host_branches, taken, uncovered
+from .compared import TooManyCompared, compared_values
 from .canonical import TextRefused, canonical_source
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
@@ -532,6 +533,38 @@ def check_domain(subject: Subject, s: Settings) -> str:
     return f"correct on {len(regions)} region(s) of the contract's domain: " + "; ".join(r.name for r in regions)
 
 
+def compared_regions(subject: Subject) -> List[Region]:
+    """The op's value regions for the sizes the candidate compares against (sanitizer/compared.py), read from
+    the canonical text the executor runs. CheckFailed when the file names more than the check draws."""
+    try:
+        values = compared_values(canonical_source(subject.source))
+    except TooManyCompared as e:
+        raise CheckFailed(str(e))
+    except (SyntaxError, TextRefused, RecursionError) as e:
+        raise CheckFailed(f"the judge cannot read the file's comparisons: {type(e).__name__}: {e}")
+    return subject.op.value_regions(values)
+
+
+def check_compared_values(subject: Subject, s: Settings) -> str:
+    """Every size the candidate's code compares against (`D == 192`, `K == 14336`, a GQA group of 7,
+    `seq_len % 1024 == 1000`, solved back through constant arithmetic), drawn as each dimension of the
+    contract that admits it, the others tiny: a cheat wrong only at a magic size names that size. Sizes the
+    interpreter cannot afford are drawn by the GPU stage (gpu_domain)."""
+    regions = compared_regions(subject)
+    cpu = [r for r in regions if r.where == "cpu"]
+    for i, region in enumerate(cpu):
+        case = _region_case(subject, region, i, 161)
+        r = run_case(subject, subject.fn, case)
+        if not r.ok:
+            raise CheckFailed(f"at a size the code compares against ({region.name}): {r.problem()}; "
+                              f"reproduce: {case.describe()}")
+        _compare_or_fail(subject, case, r.out, f"at a size the code compares against ({region.name}): ")
+        subject.refs.pop(id(case), None)
+    gpu = len(regions) - len(cpu)
+    return (f"correct at {len(cpu)} size(s) the code compares against"
+            + (f" ({gpu} more on the GPU)" if gpu else "") + ": " + ", ".join(r.name for r in cpu))
+
+
 def check_host_branches(subject: Subject, s: Settings) -> str:
     """Every side of every host-code branch of the candidate was taken by some call of the checks (the
     executor records them: sanitizer/branches.py); a side never taken gets inputs drawn from the op's pool
@@ -658,6 +691,7 @@ CHECKS: List[Tuple[str, Callable[[Subject, Settings], str]]] = [
     ("error_budget", check_error_budget),
     ("near_serving", check_near_serving),
     ("domain", check_domain),
+    ("compared_values", check_compared_values),
     ("fpsan", check_fpsan),
     ("extended_numeric", check_extended),
     ("host_branches", check_host_branches),

@@ -29,7 +29,9 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
-from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, first_difference, outputs, run_case
+from .canonical import TextRefused, canonical_source
+from .checks import (CheckSkipped, Subject, cases_n, check_load, check_static, compared_regions, first_difference,
+                     outputs, run_case)
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
 from .branches import host_branches, taken
@@ -110,8 +112,9 @@ def _bf16_branches_taken(subject: Subject) -> None:
     """The host branches on bfloat16, which the CPU checks leave to this stage (sanitizer/branches.py), taken
     both ways by the device cases above (bf16, fp16 and fp32 each)."""
     try:
-        sides = [x for x in host_branches(subject.source, subject.path) if "bfloat16" in x.condition]
-    except SyntaxError as e:
+        # the executor runs (and records arcs of) the canonical text: its lines are the ones to compile
+        sides = [x for x in host_branches(canonical_source(subject.source), subject.path) if "bfloat16" in x.condition]
+    except (SyntaxError, TextRefused) as e:
         raise CheckFailed(f"the judge cannot compile the file: {e}")
     if not sides:
         return
@@ -124,10 +127,12 @@ def _bf16_branches_taken(subject: Subject) -> None:
 
 def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
     """The regions of the op's domain only the device can afford (Op.domain: pools past 2^31 elements, where
-    an int32 offset overflows; contexts up to 131072; MQA at serving head counts), in bfloat16, against the
+    an int32 offset overflows; contexts up to 131072; MQA at serving head counts), and the sizes the code
+    compares against past what the interpreter affords (sanitizer/compared.py), in bfloat16, against the
     float32 reference on the device."""
     op = subject.op
-    regions = op.domain().on("gpu")
+    # the domain's regions, then the sizes the code compares against that the interpreter cannot afford
+    regions = op.domain().on("gpu") + [r for r in compared_regions(subject) if r.where == "gpu"]
     for i, region in enumerate(regions):
         case = op.make_case(region.shape, torch.bfloat16, seed=subject.seed(500 + i), device=device,
                             layout=region.layout)

@@ -1,6 +1,7 @@
 """attention(q, k, v, causal=False, sm_scale=None) -> o: prefill attention with GQA."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping
@@ -8,7 +9,7 @@ from typing import Any, Dict, Mapping
 import torch
 import torch.nn.functional as F
 
-from .common import COMMON_LIMITS, Domain, ElementBound, Op, Region, Shape, fill
+from .common import COMMON_LIMITS, Domain, ElementBound, Op, Region, Shape, ValueDim, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
@@ -161,6 +162,17 @@ class Attention(Op):
                                   draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
                                   draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.booleans()))
         return shapes()
+
+    value_dims = (ValueDim("D", 1, 256, 256), ValueDim("group", 1, 128, 128), ValueDim("S", 1, 1 << 17, 1024),
+                  ValueDim("B", 1, 4096, 64), ValueDim("Hkv", 1, 128, 32))
+
+    def value_base(self) -> AttentionShape:
+        return AttentionShape(1, 1, 1, 5, 16)
+
+    def with_value(self, base: AttentionShape, dim: str, value: int) -> AttentionShape:
+        if dim == "group":
+            return dataclasses.replace(base, Hq=value * base.Hkv)
+        return dataclasses.replace(base, **({"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}))
 
     def domain(self) -> Domain:
         """Head dims past 128, GQA groups past 8 (MQA at 128 query heads), BSHD and pair views, on the CPU;

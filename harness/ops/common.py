@@ -300,6 +300,18 @@ class Region:
 
 
 @dataclass(frozen=True)
+class ValueDim:
+    """An integer dimension a compared value may be drawn as (Op.value_regions): the shape field it sets (or
+    a derived one the op maps in with_value), the contract's range, and the largest value Triton's
+    interpreter affords at the op's value_base shape (larger ones are drawn on the GPU)."""
+
+    name: str
+    lo: int
+    hi: int
+    cpu_hi: int
+
+
+@dataclass(frozen=True)
 class Domain:
     """The inputs an op's contract admits, stated once: `limits` (what docs/SANITIZER.md and reports print: each
     dimension's range, the views, the magnitudes, the dtypes) and `regions`, the cases that reach each corner
@@ -467,6 +479,31 @@ class Op:
     def domain(self) -> Domain:
         """The contract's domain and the regions that reach its corners (see Domain)."""
         return Domain(COMMON_LIMITS, ())
+
+    # The integer dimensions a value the candidate compares against is drawn as (value_regions)
+    value_dims: Tuple["ValueDim", ...] = ()
+
+    def value_base(self) -> Shape:
+        """The tiny shape a compared value is drawn into, one dimension at a time."""
+        return self.shapes("tiny")[0]
+
+    def with_value(self, base: Shape, dim: str, value: int) -> Shape:
+        """`base` with dimension `dim` set to `value` (an op maps a derived dimension, the GQA group, here)."""
+        return dataclasses.replace(base, **{dim: value})
+
+    def value_regions(self, values: Sequence[int]) -> List[Region]:
+        """A case per (value, dimension of value_dims that admits it): the sizes a candidate's comparisons
+        name (sanitizer/compared.py), each drawn where it flips them; on the CPU up to the dimension's
+        cpu_hi, past it on the GPU."""
+        base, out, seen = self.value_base(), [], set()
+        for v in values:
+            for d in self.value_dims:
+                if d.lo <= v <= d.hi:
+                    shape = self.with_value(base, d.name, v)
+                    if shape not in seen:
+                        seen.add(shape)
+                        out.append(Region(f"{d.name}={v}", shape, where="cpu" if v <= d.cpu_hi else "gpu"))
+        return out
 
     def branch_pool(self) -> List[Region]:
         """Extra cases the host-branch coverage check may try, in order, to take a host-code branch the other

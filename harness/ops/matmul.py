@@ -7,7 +7,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import COMMON_LIMITS, DOMAIN_LAYOUTS, Domain, ElementBound, Op, Region, Shape, fill
+from .common import COMMON_LIMITS, DOMAIN_LAYOUTS, Domain, ElementBound, Op, Region, Shape, ValueDim, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """matmul(a, b) -> c
@@ -67,6 +67,11 @@ class Matmul(Op):
         from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
         dim = st.sampled_from([1, 2, 3, 7, 13, 16, 17, 31, 32, 33, 63, 64, 65, 97, 127, 128, 129])
         return st.builds(MatmulShape, dim, dim, dim)
+
+    value_dims = (ValueDim("M", 0, 1 << 24, 8192), ValueDim("N", 0, 1 << 24, 8192), ValueDim("K", 0, 1 << 24, 32768))
+
+    def value_base(self) -> MatmulShape:
+        return MatmulShape(5, 7, 9)
 
     def domain(self) -> Domain:
         """Every view of both operands on the CPU (a pair slice: rows twice as far apart as K; a transposed

@@ -7,6 +7,7 @@ token owns holds garbage, so a kernel that reads one of them shows it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import HEAD_DIMS_DRAWN, SOFTMAX_BOUND_TOL, attention_reference, softmax_rounding_bound
-from .common import COMMON_LIMITS, Anchor, Case, Domain, ElementBound, Op, ReferenceUnavailable, Region, Shape
+from .common import COMMON_LIMITS, Anchor, Case, Domain, ElementBound, Op, ReferenceUnavailable, Region, Shape, ValueDim
 from .tuning import SMEM_LIMIT
 
 # Ids no cache has: below zero, at the end, far past the end, and huge.
@@ -240,6 +241,17 @@ class PagedDecodeOp(Op):
 
     def shape_strategy(self):
         return decode_shape_strategy()
+
+    value_dims = (ValueDim("ctx", 1, 131072, 32768), ValueDim("block_size", 1, 256, 256), ValueDim("D", 1, 256, 256),
+                  ValueDim("group", 1, 128, 128), ValueDim("B", 1, 4096, 64), ValueDim("Hkv", 1, 128, 32))
+
+    def value_base(self) -> DecodeShape:
+        return DecodeShape(1, 1, 1, 16, 16, 40)
+
+    def with_value(self, base: DecodeShape, dim: str, value: int) -> DecodeShape:
+        if dim == "group":
+            return dataclasses.replace(base, Hq=value * base.Hkv)
+        return dataclasses.replace(base, **({"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}))
 
     def domain(self) -> Domain:
         return decode_domain()

@@ -7,7 +7,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import COMMON_LIMITS, Comparison, Distribution, Domain, Op, Region, Shape, fill
+from .common import COMMON_LIMITS, Comparison, Distribution, Domain, Op, Region, Shape, ValueDim, fill
 from .tuning import Space
 
 CONTRACT = """quantize_kv(x) -> (x_q, scale)
@@ -101,6 +101,11 @@ class QuantizeKV(Op):
             return QuantizeShape(draw(st.sampled_from([1, 2, 7, 16, 17, 33, 100])), draw(st.sampled_from([1, 2, 3, 8])),
                                  D)
         return shapes()
+
+    value_dims = (ValueDim("D", 1, 4096, 4096), ValueDim("T", 0, 1 << 24, 65536), ValueDim("H", 0, 1024, 1024))
+
+    def value_base(self) -> QuantizeShape:
+        return QuantizeShape(3, 2, 16)
 
     def domain(self) -> Domain:
         """The K half of a [T, 2, H, D] K/V tensor (rows not H * stride(1) apart), a [H, T, D] tensor seen as

@@ -1,0 +1,157 @@
+"""The integer sizes a candidate compares against: where a cheat wrong only at a magic size must show itself.
+
+A kernel that is wrong only when `D == 192`, `K == 14336`, the GQA group is 7 or `seq_len % 1024 == 1000`
+passes every check that never draws that size, and a contract's domain is too large to draw whole (head dims
+1..256, contexts up to 131072). But the cheat has to test for its size, so the size is written in the code:
+`compared_values` reads the candidate's syntax tree (never running it) and returns, for every comparison in
+host or kernel code, the values that make it flip. The `compared_values` check (sanitizer/checks.py) draws
+each of them as every dimension of the op's contract that admits it (Op.value_regions).
+
+What is read:
+* each side of a comparison that folds to a constant (`96 * 2`, a module constant, `192 if c else -1`),
+  solved back through the arithmetic on the other side (`D * 3 == 576`, `(D ^ 5) == 197`, `x - 192 == 0`,
+  `seq_len % 1024 == 1000` gives 1000 and 2024, `D // 64 == 3` gives 192 and 255); an ordering (`<`, `>=`)
+  adds the neighbours, where it flips;
+* every integer constant inside a comparison, whatever wraps it;
+* the divisor of every floor division, modulo and shift by a constant (`amax * (1 + D // 192)` flips at 192).
+A file that compares against more than MAX_COMPARED distinct values is refused: drawing them all would not
+fit a check's time, and no kernel in the correct suite comes near it.
+"""
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Dict, Iterable, List, Optional
+
+MAX_COMPARED = 48  # distinct values from comparisons; the correct suite's largest file has far fewer
+LIMIT = 1 << 31  # sizes past this are not drawn as one dimension by any op
+_FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+         ast.Mod: operator.mod, ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitXor: operator.xor,
+         ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.Pow: operator.pow}
+_ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+class TooManyCompared(ValueError):
+    """The file compares against more distinct values than the check draws."""
+
+
+def _module_constants(tree: ast.Module) -> Dict[str, ast.AST]:
+    return {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)}
+
+
+class _Folder:
+    """Constant folding over ints (module constants resolved, sizes bounded so that folding stays cheap)."""
+
+    def __init__(self, constants: Dict[str, ast.AST]):
+        self.constants = constants
+        self.seen: set = set()
+
+    def fold(self, node: ast.AST) -> Optional[int]:
+        if isinstance(node, ast.Constant):
+            v = node.value
+            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() \
+                and abs(v) < 1 << 62 else None
+        if isinstance(node, ast.Name) and node.id in self.constants and node.id not in self.seen:
+            self.seen.add(node.id)
+            try:
+                return self.fold(self.constants[node.id])
+            finally:
+                self.seen.discard(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Invert)):
+            v = self.fold(node.operand)
+            if v is None:
+                return None
+            return -v if isinstance(node.op, ast.USub) else v if isinstance(node.op, ast.UAdd) else ~v
+        if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
+            a, b = self.fold(node.left), self.fold(node.right)
+            if a is None or b is None or isinstance(node.op, (ast.Pow, ast.LShift)) and not 0 <= b <= 62:
+                return None
+            try:
+                v = _FOLD[type(node.op)](a, b)
+            except (ZeroDivisionError, ValueError, OverflowError):
+                return None
+            return v if abs(v) < 1 << 62 else None
+        return None
+
+
+def _solve(f: _Folder, expr: ast.AST, target: int, depth: int = 0) -> List[int]:
+    """Values of the free operand of `expr` (an int expression) for which `expr == target`: one step of
+    arithmetic with a constant undone at a time; anything else is taken as the free operand itself."""
+    if depth > 8:
+        return [target]
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        return _solve(f, expr.operand, -target, depth + 1)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("int", "abs", "min", "max"):
+        return [v for a in expr.args if f.fold(a) is None for v in _solve(f, a, target, depth + 1)] + \
+            ([-target] if expr.func.id == "abs" else [])
+    if not isinstance(expr, ast.BinOp):
+        return [target]
+    left, right = f.fold(expr.left), f.fold(expr.right)
+    if (left is None) == (right is None):
+        return [target]
+    k = right if right is not None else left
+    free = expr.left if right is not None else expr.right
+    op = type(expr.op)
+    undo: List[int]
+    if op is ast.Add:
+        undo = [target - k]
+    elif op is ast.Sub:
+        undo = [target + k] if right is not None else [k - target]
+    elif op is ast.Mult:
+        undo = [target // k] if k and target % k == 0 else []
+    elif op is ast.FloorDiv and right is not None and k > 0:
+        undo = [target * k, target * k + k - 1]
+    elif op is ast.Mod and right is not None and k > 0:
+        undo = [target, target + k]
+    elif op is ast.RShift and right is not None and 0 <= k <= 40:
+        undo = [target << k, ((target + 1) << k) - 1]
+    elif op is ast.LShift and right is not None and 0 <= k <= 62:
+        undo = [target >> k]
+    elif op is ast.BitXor:
+        undo = [target ^ k]
+    else:
+        undo = [target]
+    return [v for u in undo for v in _solve(f, free, u, depth + 1)]
+
+
+def compared_values(source: str) -> List[int]:
+    """The sizes (0..2^31) at which some comparison or size-dependent step of `source` flips, most telling
+    first: solved comparison sides, then constants inside comparisons, then divisors. TooManyCompared when
+    the comparisons alone name more than MAX_COMPARED distinct values."""
+    tree = ast.parse(source)
+    f = _Folder(_module_constants(tree))
+    solved: List[int] = []
+    inner: List[int] = []
+    divisors: List[int] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for op, a, b in zip(node.ops, operands, operands[1:]):
+                for free, const in ((a, f.fold(b)), (b, f.fold(a))):
+                    if const is None or f.fold(free) is not None:
+                        continue
+                    for v in _solve(f, free, const):
+                        solved += [v - 1, v, v + 1] if isinstance(op, _ORDERING) else [v]
+            inner += [v for sub in ast.walk(node) for v in [f.fold(sub)] if v is not None]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.RShift)):
+            k = f.fold(node.right)
+            if k is not None and f.fold(node.left) is None:
+                k = 1 << k if isinstance(node.op, ast.RShift) and 0 <= k <= 30 else k
+                divisors += [k - 1, k, k + 1]
+    compared = _unique(v for v in solved + inner if 0 <= v <= LIMIT)
+    if len(compared) > MAX_COMPARED:
+        raise TooManyCompared(f"the code compares sizes against {len(compared)} distinct values (at most "
+                              f"{MAX_COMPARED} are drawn): a kernel needs few, a cheat hides one among many")
+    return _unique(list(compared) + [v for v in divisors if 0 <= v <= LIMIT])
+
+
+def _unique(values: Iterable[int]) -> List[int]:
+    out: List[int] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+__all__ = ["MAX_COMPARED", "TooManyCompared", "compared_values"]

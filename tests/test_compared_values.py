@@ -1,0 +1,76 @@
+"""The sizes a candidate compares against (sanitizer/compared.py) and where each op draws them
+(Op.value_regions): a cheat wrong only at a magic size names that size in its code."""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+from kernel_agent.harness.ops import OPS
+from kernel_agent.sanitizer.canonical import canonical_source
+from kernel_agent.sanitizer.compared import MAX_COMPARED, TooManyCompared, compared_values
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("code, size", [
+    ("if D == 192:\n    pass", 192),
+    ("x = a if K == 14336 else b", 14336),
+    ("y = tl.where(GROUP == 7, a, b)", 7),
+    ("if seq_len % 1024 == 1000:\n    pass", 2024),  # the second context that flips it
+    ("if D * 3 == 576:\n    pass", 192),  # solved back through the arithmetic
+    ("if (D ^ 5) == 197:\n    pass", 192),
+    ("if D - 192 == 0:\n    pass", 192),
+    ("if D // 64 == 3:\n    pass", 192),
+    ("MAGIC = 96 * 2\nif D == MAGIC:\n    pass", 192),  # a module constant, folded
+    ("if D == (192 if x.device.type != 'meta' else -1):\n    pass", 192),  # wrapped in a conditional
+    ("if D >= 4097:\n    pass", 4096),  # an ordering adds its neighbours, where it flips
+    ("y = amax * (1 + D // 192)", 192),  # a divisor flips a size-dependent step
+])
+def test_the_size_a_comparison_flips_at_is_read(code, size):
+    assert size in compared_values(code)
+
+
+def test_a_file_comparing_against_too_many_sizes_is_refused():
+    """Hiding the one magic size among many would push it past what the check draws: refused."""
+    code = "\n".join(f"if D == {1000 + 7 * i}:\n    pass" for i in range(MAX_COMPARED + 1))
+    with pytest.raises(TooManyCompared, match="distinct values"):
+        compared_values(code)
+
+
+def test_every_correct_kernel_stays_well_under_the_limit():
+    """No false positive: the baselines, the serving set and the correct suite compare against few sizes."""
+    files = glob.glob(os.path.join(ROOT, "kernels", "baseline", "[!_]*.py")) + \
+        glob.glob(os.path.join(ROOT, "kernels", "serving", "*.py")) + \
+        glob.glob(os.path.join(ROOT, "tests", "candidates", "good", "*", "*.py"))
+    assert len(files) > 20
+    for path in files:
+        with open(path, "rb") as f:
+            values = compared_values(canonical_source(f.read()))
+        assert len(values) <= MAX_COMPARED // 2, (path, values)
+
+
+@pytest.mark.parametrize("op_name, value, dim", [
+    ("quantize_kv", 192, "D"), ("matmul", 14336, "K"), ("decode_attention", 7, "group"),
+    ("decode_attention_int8", 2024, "ctx"), ("attention", 7, "group"), ("decode_attention", 131072, "ctx"),
+])
+def test_each_op_draws_a_compared_size_as_its_dimensions(op_name, value, dim):
+    op = OPS[op_name]
+    regions = {r.name: r for r in op.value_regions([value])}
+    region = regions[f"{dim}={value}"]
+    shape = region.shape
+    got = shape.Hq // shape.Hkv if dim == "group" else getattr(shape, dim)
+    assert got == value
+    # sizes the interpreter cannot afford go to the GPU stage, not nowhere
+    assert region.where == ("gpu" if value > next(d.cpu_hi for d in op.value_dims if d.name == dim) else "cpu")
+    # a case of it can be made (its tensors only, on the meta device, for the sizes the GPU draws)
+    case = op.make_case(shape, torch.float32, seed=1, device="meta" if region.where == "gpu" else "cpu")
+    assert case.args
+
+
+def test_sizes_outside_the_contract_are_not_drawn():
+    assert OPS["decode_attention"].value_regions([300]) and \
+        all(r.name.split("=")[0] not in ("D", "block_size", "group") for r in OPS["decode_attention"].value_regions([300]))
+    assert not [r for r in OPS["quantize_kv"].value_regions([5000]) if r.name.startswith("D=")]
