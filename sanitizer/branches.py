@@ -170,6 +170,45 @@ def _raises(instrs: List[dis.Instruction], by_offset: Dict[int, int], start: int
     return False
 
 
+# What a condition the CPU cannot take may read besides the device and dtype: attributes of a tensor's or a
+# device's kind, the SM count, and the names these hang from (a bare name, a size, a stride or arithmetic on
+# them would let a condition on the inputs shelter behind the exemption: `x.is_cuda and x.stride(0) != D`)
+_GPU_ATTRS = frozenset({"device", "type", "is_cuda", "dtype", "bfloat16", "float16", "float32", "cuda",
+                        "get_device_properties", "multi_processor_count", "torch", "tl"})
+
+
+_DTYPES = frozenset({"bfloat16", "float16", "float32"})
+
+
+def gpu_only_condition(text: str) -> bool:
+    """Whether a host condition reads only the device a tensor lives on, the dtype (bfloat16) or the SM
+    count: the interpreter cannot take it both ways, the GPU stage does. Anything more in it (a size, a
+    stride, a bare name, arithmetic, a conditional expression) and it must be taken both ways here."""
+    if not GPU_ONLY.search(text):
+        return False
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return False
+    parents = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.IfExp, ast.BinOp, ast.Subscript, ast.Lambda, ast.NamedExpr, ast.Starred)):
+            return False
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (str, bool, type(None))):
+            return False
+        if isinstance(node, ast.Attribute) and node.attr not in _GPU_ATTRS:
+            return False
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Attribute)
+                                               and node.func.attr == "get_device_properties"):
+            return False
+        parent = parents.get(id(node))
+        if isinstance(node, ast.Name) and not isinstance(parent, (ast.Attribute, ast.Call)) and not (
+                isinstance(parent, ast.Compare) and any(isinstance(c, ast.Attribute) and c.attr in _DTYPES
+                                                        for c in [parent.left, *parent.comparators])):
+            return False  # a bare name, unless compared with a dtype (`dtype == torch.bfloat16`)
+    return True
+
+
 def _condition_text(source_lines: List[str], ins: dis.Instruction) -> Tuple[int, str]:
     pos = getattr(ins, "positions", None)
     line = (pos.lineno if pos and pos.lineno else None) or ins.starts_line or 0
@@ -196,7 +235,7 @@ def _sides_of(code: types.CodeType, source_lines: List[str]) -> List[Side]:
                     or f"IF_{k}_" in ins.opname)
         when_jumped, when_not = _VALUES[kind]
         line, text = _condition_text(source_lines, ins)
-        gpu_only = "reads the device or bfloat16: taken on the GPU" if GPU_ONLY.search(text) else ""
+        gpu_only = "reads the device or bfloat16: taken on the GPU" if gpu_only_condition(text) else ""
         for jumped, dest, value in ((True, ins.argval, when_jumped), (False, instrs[i + 1].offset, when_not)):
             exempt = gpu_only or ("only raises (a guard on the contract's limits)"
                                   if _raises(instrs, by_offset, dest) else "")

@@ -89,14 +89,15 @@ MATH_HOST = frozenset({"sqrt", "isqrt", "log", "log2", "log10", "exp", "ceil", "
 # view that turns out to copy at run time)
 # (not .as_strided(): the one view that reaches storage outside the tensor's own elements)
 HOST_METHODS = frozenset({
-    "stride", "size", "dim", "numel", "element_size", "is_contiguous", "storage_offset", "get_device",
+    "stride", "size", "dim", "numel", "element_size", "is_contiguous", "storage_offset",
     "is_floating_point", "new_empty", "view", "reshape", "contiguous", "transpose", "permute", "t", "unsqueeze",
     "squeeze", "expand", "select", "narrow", "flatten", "unflatten", "movedim", "split", "chunk", "unbind",
     "swapaxes",
 })
-# attributes read (not called) in host code: of tensors, devices (.type, .index), dtypes and
-# torch.cuda.get_device_properties(...)
-HOST_PROPERTIES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "itemsize", "T", "mT", "type", "index",
+# attributes read (not called) in host code: of tensors, devices (.type), dtypes and
+# torch.cuda.get_device_properties(...). Not a device's index (`.index`, `.get_device()`): which GPU a tensor is
+# on is no input of the contract, and a kernel keyed on it is judged on cuda:0 and served elsewhere.
+HOST_PROPERTIES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "itemsize", "T", "mT", "type",
                              "is_floating_point", "multi_processor_count"})
 HOST_BUILTINS = frozenset({"len", "range", "min", "max", "int", "float", "bool", "tuple", "list", "all", "any",
                            "enumerate", "zip", "divmod"})
