@@ -31,7 +31,7 @@ from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history
 from .throughput import session_lines
 from .views import (candidate_doc, config_lines, diagnosis_lines, judged_base, run_doc, run_end_note, run_notes,
-                    unified_diff)
+                    unified_diff, versions_line)
 
 
 def register(sub) -> None:
@@ -708,9 +708,7 @@ def _show_run(led, run, args) -> int:
     ended = run_end_note(run)
     ui.line(f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
             + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
-    v = run.versions
-    ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
-            f"python {v.get('python')}")
+    ui.line(f"versions: {versions_line(run.versions)}")
     rows = []
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     replayed = {c.id for c in cands} - led.judged_now(run.id)

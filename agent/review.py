@@ -20,7 +20,7 @@ from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
 from .views import (JudgedBase, config_lines, diagnosis_lines, history_data, judged_base, serving_doc,  # noqa: F401
-                    speedup_trend, unified_diff)
+                    speedup_trend, unified_diff, versions_line)
 
 
 def register(sub) -> None:
@@ -127,9 +127,7 @@ def write_report(led, run, out_dir: str) -> str:
     summary = led.run_summary(run.id)
     # every figure below (tables, headlines, plots) is one of these: harness/figures.py
     results = candidate_results(led.figures(run_id=run.id))
-    v = run.versions
-    stack = ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
-                                                            ("driver", "driver"), ("python", "python")) if v.get(key))
+    stack = versions_line(run.versions)
     lines = [f"# kernel-agent run `{run.id}`", "",
              f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
              f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
@@ -546,9 +544,8 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
 def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
     ok = all(v.passed for v in verdicts)
     lines = [f"## kernel-agent gate: {'passed' if ok else 'FAILED'}", "",
-             f"Serving set `{d}`, sanitizer mode {mode}; torch {now.get('torch')}, triton {now.get('triton')}, "
-             f"driver {now.get('driver')}. Each kernel's inputs came from the seed base shown: "
-             f"`kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.", "",
+             f"Serving set `{d}`, sanitizer mode {mode}; {versions_line(now)}. Each kernel's inputs came from the "
+             f"seed base shown: `kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.", "",
              "| kernel | result | FpSan | seed | first failure |", "|---|---|---|---:|---|"]
     for v in verdicts:
         f = v.first_failure

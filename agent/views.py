@@ -37,6 +37,13 @@ def run_end_note(run: Run) -> str:
     return f": {stop}" if stop and run.status != RunStatus.RUNNING else ""
 
 
+def versions_line(v: Dict[str, Any]) -> str:
+    """The versions a run or a gate was judged under, as one phrase; those not recorded (no CUDA or driver on a
+    machine without a GPU) are left out rather than printed as None."""
+    return ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
+                                                          ("driver", "driver"), ("python", "python")) if v.get(key))
+
+
 # -- history ------------------------------------------------------------------------------------
 
 def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
