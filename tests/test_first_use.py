@@ -368,6 +368,32 @@ def test_the_gate_prints_each_kernel_as_it_is_judged_through_a_pipe(monkeypatch,
     assert "PASS matmul/baseline" in seen_during[0] and "seed 7" in seen_during[0]
 
 
+def test_the_gate_says_it_is_still_working_through_a_pipe_before_its_first_verdict(monkeypatch, capsys, tmp_path):
+    """One op's full pass took 286 s on a loaded 2-core machine before its first kernel's line: through a pipe
+    the gate gives a status line meanwhile, as the run does every minute (here every 50 ms)."""
+    import time
+    from kernel_agent.agent import review
+    before_verdict = []
+
+    def run_many(paths, op, mode, jobs=1, on_done=None, **kw):
+        time.sleep(0.4)  # the sanitizer at work
+        before_verdict.append(capsys.readouterr().out)
+        out = [Verdict(os.path.abspath(p), op, mode, checks=[CheckOutcome("static_gate", "passed")], seed=7)
+               for p in paths]
+        for v in out:
+            on_done(v)
+        return out
+    monkeypatch.setattr(review, "run_many", run_many)
+    monkeypatch.setattr(review, "GATE_STATUS_EVERY_S", 0.05, raising=False)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    review._judge_gate_items([review.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
+    status = [ln for ln in before_verdict[0].splitlines() if ln.startswith("status: ")]
+    assert status and status[0].startswith("status: 0:00 gate: 1 kernel(s), full, 2 at a time: 0/1 done; "
+                                           "matmul: 0/1 kernel(s) through full"), before_verdict[0]
+    time.sleep(0.2)
+    assert "status: " not in capsys.readouterr().out.split("PASS matmul/baseline")[-1]  # it stops with the gate
+
+
 # -- 8. what the run judged, apart from what it replayed -------------------------------------------------------
 
 def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_replayed(tmp_path, capsys):
