@@ -27,6 +27,7 @@ from ..sanitizer.verdict import CheckStatus
 from . import ui
 from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
                          cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
+from .model_config import ModelConfig
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history
 from .throughput import session_lines
@@ -206,7 +207,18 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
         check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
     if not args.resume:
         _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+        _check_model_flags(args)
     return file_config
+
+
+def _check_model_flags(args) -> None:
+    """A new run's model, when it asks one: configured, and its endpoint answering as the API does."""
+    model = ModelConfig.resolve(args.model, args.base_url, args.config)
+    if args.proposer == "model" and model is None:
+        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
+                         "--base-url and --model)")
+    if model is not None and args.proposer in ("model", "auto"):
+        _check_endpoint(model)
 
 
 def _check_writable_dir(path: str, flag: str) -> None:
@@ -273,7 +285,6 @@ def _run_config(args, file_run: Dict[str, Any]):
     """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
     here, before anything is recorded."""
     from .loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
-    from .model import ModelConfig  # here: as the loop
     cfg = RunConfig()
     _apply_budget_and_flags(args, file_run, cfg)
     _apply_target_model(args, file_run, cfg)
@@ -285,16 +296,11 @@ def _run_config(args, file_run: Dict[str, Any]):
         cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
     if args.candidates_dir:
         cfg.candidates_dir = args.candidates_dir
-    model = ModelConfig.resolve(args.model, args.base_url, args.config)
-    if args.proposer == "model" and model is None:
-        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
-                         "--base-url and --model)")
-    use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
-    if use_model:
+    model = ModelConfig.resolve(args.model, args.base_url, args.config)  # (checked by _check_model_flags)
+    if model is not None and args.proposer in ("model", "auto"):
         cfg.proposer = "model"
         cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
                                                     "max_retries", "concurrency")}
-        _check_endpoint(model)
     else:
         cfg.proposer = "search"
     return cfg

@@ -247,6 +247,20 @@ def test_bad_input_is_one_line_before_anything_is_recorded(tmp_path, args, words
     assert (tmp_path / "empty.db").stat().st_size == 0
 
 
+@pytest.mark.parametrize("args, words", [
+    (["run", "--model", "x"], "model 'x': no endpoint: pass --base-url"),
+    (["run", "--proposer", "model"], "--proposer model: no endpoint configured"),
+])
+def test_a_model_without_an_endpoint_is_refused_before_torch_is_imported(tmp_path, monkeypatch, args, words):
+    """The flags and the environment alone decide it: it came after torch's import (5 to 8 s here)."""
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "KERNEL_AGENT_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    rc, torch_loaded, err = _cli(args + ["--ledger", str(tmp_path / "l.db")], cwd=tmp_path)
+    assert rc == 2 and words in err and err.count("\n") == 1, err
+    assert not torch_loaded, "torch imported before a usage error the flags alone decide"
+    assert not (tmp_path / "l.db").exists()
+
+
 def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, monkeypatch):
     from kernel_agent.harness.ledger import LedgerError
     Ledger(tmp_path / "l.db").close()
