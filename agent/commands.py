@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -943,7 +944,8 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
     promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
     if served is None and promo is None:
-        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
+        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
+                         + _served_elsewhere(serving.load_manifest(plan.source_dir), args))
     # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
     run = led.start_run({"command": "demote", "op": args.op, "bucket": args.bucket, "dtype": args.dtype,
                          "reason": args.reason, "in_place": args.in_place}, env.versions(), "manual", [args.op],
@@ -962,6 +964,14 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
     ui.line(info.outcome())
     return 0
+
+
+def _served_elsewhere(manifest: Dict[str, Any], args) -> str:
+    """'; it is served on GPU (--gpu 'GPU' names it)' when the serving set has the bucket on other GPUs: on a
+    machine without one, `demote` takes the GPU from `--gpu`."""
+    gpus = sorted({e["gpu"] for e in manifest["entries"]
+                   if (e["op"], e["bucket"], e["dtype"]) == (args.op, args.bucket, args.dtype)})
+    return f"; it is served on {', '.join(gpus)} (--gpu {shlex.quote(gpus[0])} names it)" if gpus else ""
 
 
 def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):

@@ -297,6 +297,25 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
                           dir=r / "kernels" / "serving") is None
 
 
+def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_bucket(tmp_path, monkeypatch):
+    """On the CPU machine `demote` looked the bucket up on 'cpu' and said only that nothing serves it there."""
+    from kernel_agent.agent.commands import cmd_demote
+    from kernel_agent.agent.errors import UsageError
+    r = _git_repo(tmp_path, monkeypatch)
+    db = tmp_path / "l.db"
+    Ledger(db).close()
+    args = argparse.Namespace(op="decode_attention_int8", bucket="c8k-g4-d128", dtype="bfloat16", gpu="cpu",
+                              reason="r", ledger=str(db), in_place=False)
+    with pytest.raises(UsageError) as e:
+        cmd_demote(args)
+    assert str(e.value) == ("nothing serves decode_attention_int8 c8k-g4-d128 bfloat16 on cpu; it is served on "
+                            "NVIDIA H200 (--gpu 'NVIDIA H200' names it)")
+    args.bucket = "nope"
+    with pytest.raises(UsageError, match=r"^nothing serves decode_attention_int8 nope bfloat16 on cpu$"):
+        cmd_demote(args)
+    assert not [b for b in os.listdir(r / ".git" / "refs" / "heads") if b == "kernel-agent"]  # nothing written
+
+
 def _git_repo(tmp_path, monkeypatch):
     from test_git_promotions import _git
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-global-gitconfig"))
