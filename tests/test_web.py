@@ -320,6 +320,9 @@ def test_the_runs_filter_by_op_status_gpu_and_date(browser, serve, tmp_path):
         return page.locator("#runs tbody tr").evaluate_all("rows => rows.map(r => r.dataset.run)")
 
     assert len(shown()) == 4
+    # a run that replayed earlier runs' verdicts says what it judged itself, as `history` does
+    assert "judged now 14, replayed 13" in page.inner_text("#runs tr[data-run='r20261130-134627-3d5e'] td.num")
+    assert "replayed" not in page.inner_text("#runs tr[data-run='r20261130-160429-f59c'] td.num")
     loads = 1
     for field, value, expected in (("op", "matmul", 3), ("status", "finished", 3), ("gpu", "NVIDIA H200", 3),
                                    ("since", today, 0)):

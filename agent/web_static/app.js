@@ -51,7 +51,9 @@ function runRow(r) {
     el("td", {}, when(r.started)),
     el("td", {class: "wrap"}, r.proposer + " · " + String(r.ops).split(",").join(", ")),
     el("td", {}, r.gpu || "none"),
-    el("td", {class: "num", title: "rejected / verified / benchmarked / promoted"}, `${r.candidates}: ${counts}`),
+    el("td", {class: "num", title: "rejected / verified / benchmarked / promoted"}, `${r.candidates}: ${counts}`,
+      // as `history` counts: what the run judged itself apart from what it replayed from earlier runs
+      r.replayed ? el("div", {class: "tp replayed"}, `judged now ${r.judged_now}, replayed ${r.replayed}`) : null),
     el("td", {class: "num"}, r.promotions));
 }
 
