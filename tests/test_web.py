@@ -489,6 +489,16 @@ def test_a_missing_or_corrupt_ledger_or_a_taken_port_is_one_line_and_exit_2(tmp_
     assert "--port" in _serve_fails(["--ledger", PR_EXAMPLE, "--port", "70000"], capsys)
 
 
+def test_serve_without_a_ledger_says_so_before_the_web_view_loads_torch(tmp_path):
+    """A new user's first `serve`, before any run: one line, without the seconds torch's import takes."""
+    code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
+            "print('RC', rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**{k: v for k, v in os.environ.items() if k != "KERNEL_AGENT_LEDGER"}, "PYTHONPATH": ROOT})
+    assert r.stdout.split()[-3:] == ["RC", "2", "False"], r.stdout + r.stderr
+    assert "no ledger at runs/ledger.db" in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys):
     from kernel_agent.agent.cli import main
     import kernel_agent.agent as agent_package
