@@ -323,6 +323,11 @@ def test_the_runs_filter_by_op_status_gpu_and_date(browser, serve, tmp_path):
     # a run that replayed earlier runs' verdicts says what it judged itself, as `history` does
     assert "judged now 14, replayed 13" in page.inner_text("#runs tr[data-run='r20261130-134627-3d5e'] td.num")
     assert "replayed" not in page.inner_text("#runs tr[data-run='r20261130-160429-f59c'] td.num")
+    page.click("#runs a[href='/runs/r20261130-134627-3d5e']")  # and its page marks each replayed candidate
+    _loaded(page)
+    assert page.locator("#candidates tbody tr").count() == 27 and page.locator("#candidates .replayed").count() == 13
+    page.goto(srv.url)
+    _loaded(page)
     loads = 1
     for field, value, expected in (("op", "matmul", 3), ("status", "finished", 3), ("gpu", "NVIDIA H200", 3),
                                    ("since", today, 0)):

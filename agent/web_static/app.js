@@ -119,7 +119,7 @@ function candRow(c, runId) {
     el("td", {class: "num"}, el("a", {href: candHref(c.id)}, "#" + c.id)),
     el("td", {class: "wrap"}, el("span", {class: "op"}, c.op), " ", el("span", {class: "bucket"}, c.bucket || ""),
       " ", el("span", {class: "label"}, c.label || "")),
-    el("td", {}, statusBadge(c.status)),
+    el("td", {}, statusBadge(c.status), c.replayed ? el("span", {class: "replayed muted"}, " replayed") : null),
     el("td", {}, eq),
     timingCell(c, runId),
     el("td", {class: "detail"}, whyOf(c)));
