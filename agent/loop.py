@@ -459,7 +459,8 @@ class Loop:
         self.model_calls["failed"] += 1
         n = self.model_calls["failed"]
         if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
-            self.failure = (f"the model endpoint failed on every call ({n} of {n}), last: "
+            # "its first n": calls still in flight then may fail too, and print after this line is set
+            self.failure = (f"the model endpoint failed on its first {n} calls and answered none, last: "
                             f"{p.rejected[len(MODEL_CALL_FAILED) + 2:][:200]}")
 
     def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> Work:

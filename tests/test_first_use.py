@@ -131,7 +131,8 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
         s = loop_mod.run_loop(cfg, str(tmp_path / "l.db"), devices=FakeDevices([], None), evaluator=FakeEvaluator())
     finally:
         stub.stop()
-    assert s.status == RunStatus.FAILED and "failed on every call" in s.session.stop_reason
+    assert s.status == RunStatus.FAILED
+    assert f"failed on its first {loop_mod.MODEL_FAILURES_LIMIT} calls and answered none" in s.session.stop_reason
     assert s.model.calls == loop_mod.MODEL_FAILURES_LIMIT  # not the whole budget of 10
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 1
 
