@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -27,11 +28,12 @@ from ..sanitizer.verdict import CheckStatus
 from . import ui
 from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
                          cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
+from .model_config import ModelConfig
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history
 from .throughput import session_lines
 from .views import (candidate_doc, config_lines, diagnosis_lines, judged_base, run_doc, run_end_note, run_notes,
-                    unified_diff)
+                    unified_diff, versions_line)
 
 
 def register(sub) -> None:
@@ -206,7 +208,18 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
         check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
     if not args.resume:
         _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+        _check_model_flags(args)
     return file_config
+
+
+def _check_model_flags(args) -> None:
+    """A new run's model, when it asks one: configured, and its endpoint answering as the API does."""
+    model = ModelConfig.resolve(args.model, args.base_url, args.config)
+    if args.proposer == "model" and model is None:
+        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
+                         "--base-url and --model)")
+    if model is not None and args.proposer in ("model", "auto"):
+        _check_endpoint(model)
 
 
 def _check_writable_dir(path: str, flag: str) -> None:
@@ -273,7 +286,6 @@ def _run_config(args, file_run: Dict[str, Any]):
     """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
     here, before anything is recorded."""
     from .loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
-    from .model import ModelConfig  # here: as the loop
     cfg = RunConfig()
     _apply_budget_and_flags(args, file_run, cfg)
     _apply_target_model(args, file_run, cfg)
@@ -285,16 +297,11 @@ def _run_config(args, file_run: Dict[str, Any]):
         cfg.ops = [name for name in cfg.ops if any(t.op == name for t in targets)]
     if args.candidates_dir:
         cfg.candidates_dir = args.candidates_dir
-    model = ModelConfig.resolve(args.model, args.base_url, args.config)
-    if args.proposer == "model" and model is None:
-        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
-                         "--base-url and --model)")
-    use_model = args.proposer == "model" or (args.proposer == "auto" and model is not None)
-    if use_model:
+    model = ModelConfig.resolve(args.model, args.base_url, args.config)  # (checked by _check_model_flags)
+    if model is not None and args.proposer in ("model", "auto"):
         cfg.proposer = "model"
         cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
                                                     "max_retries", "concurrency")}
-        _check_endpoint(model)
     else:
         cfg.proposer = "search"
     return cfg
@@ -708,9 +715,7 @@ def _show_run(led, run, args) -> int:
     ended = run_end_note(run)
     ui.line(f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
             + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
-    v = run.versions
-    ui.line(f"versions: torch {v.get('torch')}, triton {v.get('triton')}, driver {v.get('driver')}, "
-            f"python {v.get('python')}")
+    ui.line(f"versions: {versions_line(run.versions)}")
     rows = []
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     replayed = {c.id for c in cands} - led.judged_now(run.id)
@@ -939,7 +944,8 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
     promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
     if served is None and promo is None:
-        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}")
+        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
+                         + _served_elsewhere(serving.load_manifest(plan.source_dir), args))
     # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
     run = led.start_run({"command": "demote", "op": args.op, "bucket": args.bucket, "dtype": args.dtype,
                          "reason": args.reason, "in_place": args.in_place}, env.versions(), "manual", [args.op],
@@ -958,6 +964,14 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
     ui.line(info.outcome())
     return 0
+
+
+def _served_elsewhere(manifest: Dict[str, Any], args) -> str:
+    """'; it is served on GPU (--gpu 'GPU' names it)' when the serving set has the bucket on other GPUs: on a
+    machine without one, `demote` takes the GPU from `--gpu`."""
+    gpus = sorted({e["gpu"] for e in manifest["entries"]
+                   if (e["op"], e["bucket"], e["dtype"]) == (args.op, args.bucket, args.dtype)})
+    return f"; it is served on {', '.join(gpus)} (--gpu {shlex.quote(gpus[0])} names it)" if gpus else ""
 
 
 def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):

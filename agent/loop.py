@@ -43,6 +43,7 @@ from ..harness.ops.common import Shape
 from ..harness.promotion import Judgement, judge_benchmark
 from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.verdict import CheckOutcome, CheckStatus, is_time_limit
+from . import ui
 from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
 from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, SanitizeTask, Task,
                         TaskLost, default_jobs, describe, occupied_fraction)
@@ -179,11 +180,7 @@ class LiveStatus:
         stages = " ".join(f"{k} {self.running.get(k, 0)}" for k in ("quick", "full", "gpu", "bench", "promote")
                           if k in self.running or k in ("quick", "full"))
         best = f"best {self.best_gain:+.1%}" if self.best_gain is not None else "best -"
-
-        def clock(sec: float) -> str:
-            sec = int(sec)
-            return f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}" if sec >= 3600 else f"{sec // 60}:{sec % 60:02d}"
-        return (f"{clock(self.elapsed_s)}/{clock(self.time_limit_s)} cand {budget}; {stages}; queued {self.queued}; "
+        return (f"{ui.clock(self.elapsed_s)}/{ui.clock(self.time_limit_s)} cand {budget}; {stages}; queued {self.queued}; "
                 f"judged {self.judged}; {best}")
 
 
@@ -462,7 +459,8 @@ class Loop:
         self.model_calls["failed"] += 1
         n = self.model_calls["failed"]
         if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
-            self.failure = (f"the model endpoint failed on every call ({n} of {n}), last: "
+            # "its first n": calls still in flight then may fail too, and print after this line is set
+            self.failure = (f"the model endpoint failed on its first {n} calls and answered none, last: "
                             f"{p.rejected[len(MODEL_CALL_FAILED) + 2:][:200]}")
 
     def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str) -> Work:

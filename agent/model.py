@@ -16,19 +16,19 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import os
 import random
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..harness.ops import get_op
 from ..sanitizer.static_gate import language_summary
 from ..sanitizer.verdict import fence_for, quote_untrusted
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .rewrites import CATALOG, NotApplicable, applicable, apply_rewrite, catalog_text, target_for
+from .model_config import ModelConfig
 
 MAX_REPLY_CHARS = 200_000
 FEEDBACK_CHARS = 400  # of each earlier attempt's recorded text
@@ -180,48 +180,6 @@ def rewritten_incumbent(ctx: ProposeContext, names: List[str]) -> str:
         except NotApplicable as e:
             raise ReplyError(f"REWRITE refused: {e}") from None
     return source
-
-
-@dataclass
-class ModelConfig:
-    model: str
-    base_url: Optional[str] = None
-    api_key: Optional[str] = None
-    temperature: float = 0.7
-    max_tokens: int = 8192
-    timeout_s: float = 300.0
-    max_retries: int = 4
-    concurrency: int = 4
-
-    @classmethod
-    def resolve(cls, model: Optional[str], base_url: Optional[str], config_path: Optional[str]) -> Optional["ModelConfig"]:
-        """From flags, then the config file's [model] section, then OPENAI_* variables; None if no endpoint."""
-        file_cfg: Dict[str, Any] = {}
-        if config_path:
-            file_cfg = load_config(config_path).get("model", {})
-        base_url = base_url or file_cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL")
-        api_key = file_cfg.get("api_key") or os.environ.get("OPENAI_API_KEY")
-        model = model or file_cfg.get("name") or os.environ.get("KERNEL_AGENT_MODEL")
-        if not (base_url or api_key or model):
-            return None
-        if not model:
-            raise ValueError("a model endpoint is configured but no model name: pass --model or set "
-                             "KERNEL_AGENT_MODEL")
-        kwargs = {k: file_cfg[k] for k in ("temperature", "max_tokens", "timeout_s", "max_retries", "concurrency")
-                  if k in file_cfg}
-        return cls(model, base_url, api_key, **kwargs)
-
-
-def load_config(path: str) -> Dict[str, Any]:
-    """A TOML config file ([model] name, base_url, api_key...; [run] ops, budgets)."""
-    import tomllib  # deferred: in the standard library from Python 3.11; on 3.10 only a config file needs it
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such config file: {path}")
-    with open(path, "rb") as f:
-        try:
-            return tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"config file {path}: {e}") from None
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
 from .views import (JudgedBase, config_lines, diagnosis_lines, history_data, judged_base, serving_doc,  # noqa: F401
-                    speedup_trend, unified_diff)
+                    speedup_trend, unified_diff, versions_line)
 
 
 def register(sub) -> None:
@@ -127,9 +127,7 @@ def write_report(led, run, out_dir: str) -> str:
     summary = led.run_summary(run.id)
     # every figure below (tables, headlines, plots) is one of these: harness/figures.py
     results = candidate_results(led.figures(run_id=run.id))
-    v = run.versions
-    stack = ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
-                                                            ("driver", "driver"), ("python", "python")) if v.get(key))
+    stack = versions_line(run.versions)
     lines = [f"# kernel-agent run `{run.id}`", "",
              f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
              f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
@@ -507,13 +505,18 @@ def cmd_gate(args) -> int:
     return 0 if ok else 1
 
 
+# How often the gate says, through a pipe, that it is still working: as often as the run's plain status line.
+GATE_STATUS_EVERY_S = 60.0
+
+
 def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) -> List[Verdict]:
     """A verdict per item, op by op: a missing file fails, the rest are sanitized (and GPU-checked)."""
     verdicts: List[Verdict] = []
     title = f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}, {jobs} at a time"
     if not ui.is_tty():  # the bar says it on a terminal; a pipe gets the line at once
         ui.line(title)
-    with ui.Progress(title, len(items)) as prog:
+    # through a pipe, a status line every minute: one op's full pass can take minutes before its first verdict
+    with ui.Progress(title, len(items), plain_status_every_s=GATE_STATUS_EVERY_S) as prog:
         by_op: Dict[str, List[GateItem]] = defaultdict(list)
         for it in items:
             by_op[it.op].append(it)
@@ -528,12 +531,18 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
             present = [it for it in its if not it.error and os.path.exists(it.path)]
             label = {os.path.abspath(it.path): it.label for it in present}
 
+            judged = {mode: 0, "gpu": 0}
+
             def done(v: Verdict, stage: str = mode) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
                 prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {label.get(v.file, v.file)} "
                           f"({v.duration_s:.0f}s, seed {v.seed}): {v.summary()[:120]}")
+                judged[stage] += 1
+                prog.working_on(f"{op}: {judged[stage]}/{len(present)} kernel(s) through {stage}")
+            prog.working_on(f"{op}: 0/{len(present)} kernel(s) through {mode}")
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
             if gpu:
+                prog.working_on(f"{op}: 0/{len(present)} kernel(s) through gpu")
                 gs = run_many([it.path for it in present], op, "gpu", jobs=1, on_done=lambda v: done(v, "gpu"))
                 vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
             for it, v in zip(present, vs):
@@ -546,9 +555,8 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
 def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
     ok = all(v.passed for v in verdicts)
     lines = [f"## kernel-agent gate: {'passed' if ok else 'FAILED'}", "",
-             f"Serving set `{d}`, sanitizer mode {mode}; torch {now.get('torch')}, triton {now.get('triton')}, "
-             f"driver {now.get('driver')}. Each kernel's inputs came from the seed base shown: "
-             f"`kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.", "",
+             f"Serving set `{d}`, sanitizer mode {mode}; {versions_line(now)}. Each kernel's inputs came from the "
+             f"seed base shown: `kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.", "",
              "| kernel | result | FpSan | seed | first failure |", "|---|---|---|---:|---|"]
     for v in verdicts:
         f = v.first_failure

@@ -39,12 +39,13 @@ def _listen(host: str, port: int) -> socket.socket:
 def cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a port is 0 to 65535")
+    # the ledger first: a missing or corrupt one is one line at once, before the web view's imports (torch among them)
+    led = open_ledger(args, read=True)
+    led.schema_version()  # a file that is not a ledger fails here, in one line, before anything listens
     try:
         from . import web  # here: an optional dependency (the [web] extra) loads only where it is used
     except ImportError as e:
         raise UsageError(f"serve needs the web extra ({e.name} is missing): pip install 'kernel-agent[web]'") from None
-    led = open_ledger(args, read=True)
-    led.schema_version()  # a file that is not a ledger fails here, in one line, before anything listens
     sock = _listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

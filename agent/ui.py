@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Iterable, List, Optional, Sequence
 
@@ -134,23 +135,56 @@ def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: 
         console().print(f"(not shown at this width: {', '.join(hidden)})", style="dim", markup=False)
 
 
-class Progress:
-    """A task counter: a rich progress bar on a TTY, a plain line per step elsewhere."""
+def clock(seconds: float) -> str:
+    """Elapsed time as a status line shows it: M:SS, or H:MM:SS from an hour on."""
+    sec = int(seconds)
+    return f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}" if sec >= 3600 else f"{sec // 60}:{sec % 60:02d}"
 
-    def __init__(self, description: str, total: Optional[int] = None):
+
+class Progress:
+    """A task counter: a rich progress bar on a TTY, a plain line per step elsewhere. With `plain_status_every_s`,
+    elsewhere (a pipe, a CI log) a plain status line also comes that often while a step is still running, as the
+    run's does: the elapsed time, the steps done and what it is `working_on`."""
+
+    def __init__(self, description: str, total: Optional[int] = None, plain_status_every_s: Optional[float] = None):
         self.description = description
         self.total = total
         self.done = 0
+        self.current = ""
+        self.plain_status_every_s = plain_status_every_s
         self._rich = None
         self._task = None
+        self._stop: Optional[threading.Event] = None
+        self._ticker: Optional[threading.Thread] = None
+        self._t0 = time.time()
 
     def __enter__(self):
+        self._t0 = time.time()
         if is_tty():
             self._rich = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[status]}"), console=console(), transient=False)
             self._rich.__enter__()
             self._task = self._rich.add_task(self.description, total=self.total, status="")
+        elif self.plain_status_every_s:
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, name="progress-status", daemon=True)
+            self._ticker.start()
         return self
+
+    def working_on(self, text: str) -> None:
+        """What the current step is (the bar's status on a terminal, the plain status line's tail elsewhere)."""
+        self.current = text
+        if self._rich is not None:
+            self._rich.update(self._task, status=text[:80])
+
+    def status_text(self) -> str:
+        total = f"/{self.total}" if self.total else ""
+        return (f"status: {clock(time.time() - self._t0)} {self.description}: {self.done}{total} done"
+                + (f"; {self.current}" if self.current else ""))
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.plain_status_every_s):
+            line(self.status_text())
 
     def advance(self, message: str = "", n: int = 1) -> None:
         self.done += n
@@ -167,6 +201,9 @@ class Progress:
             line(message)
 
     def __exit__(self, *exc):
+        if self._stop is not None:
+            self._stop.set()
+            self._ticker.join()
         if self._rich is not None:
             self._rich.__exit__(*exc)
         return False

@@ -37,6 +37,13 @@ def run_end_note(run: Run) -> str:
     return f": {stop}" if stop and run.status != RunStatus.RUNNING else ""
 
 
+def versions_line(v: Dict[str, Any]) -> str:
+    """The versions a run or a gate was judged under, as one phrase; those not recorded (no CUDA or driver on a
+    machine without a GPU) are left out rather than printed as None."""
+    return ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
+                                                          ("driver", "driver"), ("python", "python")) if v.get(key))
+
+
 # -- history ------------------------------------------------------------------------------------
 
 def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
@@ -98,11 +105,17 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     return {"run": led.run_summary(run.id).to_json(), "config": run.config, "versions": run.versions,
             "serving": target.to_json() if target is not None else None,
             "throughput": session_lines(run_notes(run)), "ended": run_end_note(run)[2:] or None,
-            "candidates": [candidate_doc(led, c, full=False) for c in led.candidates(run_id=run.id)],
+            "candidates": _run_candidates(led, run.id),
             "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
             "pruned": [{"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason}
                        for p in led.pruned(run_id=run.id)],
             "diagnosis_lines": diagnosis_lines(led, run.id)}
+
+
+def _run_candidates(led: Ledger, run_id: str) -> List[Dict[str, Any]]:
+    """A run's candidates, each marked `replayed` when an earlier run judged it (as `show RUN` says)."""
+    now = led.judged_now(run_id)
+    return [dict(candidate_doc(led, c, full=False), replayed=c.id not in now) for c in led.candidates(run_id=run_id)]
 
 
 def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:

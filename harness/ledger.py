@@ -193,7 +193,12 @@ class RunSummary:
         doc = asdict(self)
         doc["status"] = self.status.value
         session = doc.pop("session")
-        return {**doc, **(session or {})}
+        out: Dict[str, Any] = {}
+        for key, value in doc.items():
+            if key == "judged_now_by_status":  # the count `run` and `history` print, before its statuses
+                out["judged_now"] = self.judged_now
+            out[key] = value
+        return {**out, **(session or {})}
 
 
 class LedgerError(Exception):

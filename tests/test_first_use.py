@@ -131,7 +131,8 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
         s = loop_mod.run_loop(cfg, str(tmp_path / "l.db"), devices=FakeDevices([], None), evaluator=FakeEvaluator())
     finally:
         stub.stop()
-    assert s.status == RunStatus.FAILED and "failed on every call" in s.session.stop_reason
+    assert s.status == RunStatus.FAILED
+    assert f"failed on its first {loop_mod.MODEL_FAILURES_LIMIT} calls and answered none" in s.session.stop_reason
     assert s.model.calls == loop_mod.MODEL_FAILURES_LIMIT  # not the whole budget of 10
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 1
 
@@ -247,6 +248,20 @@ def test_bad_input_is_one_line_before_anything_is_recorded(tmp_path, args, words
     assert (tmp_path / "empty.db").stat().st_size == 0
 
 
+@pytest.mark.parametrize("args, words", [
+    (["run", "--model", "x"], "model 'x': no endpoint: pass --base-url"),
+    (["run", "--proposer", "model"], "--proposer model: no endpoint configured"),
+])
+def test_a_model_without_an_endpoint_is_refused_before_torch_is_imported(tmp_path, monkeypatch, args, words):
+    """The flags and the environment alone decide it: it came after torch's import (5 to 8 s here)."""
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "KERNEL_AGENT_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    rc, torch_loaded, err = _cli(args + ["--ledger", str(tmp_path / "l.db")], cwd=tmp_path)
+    assert rc == 2 and words in err and err.count("\n") == 1, err
+    assert not torch_loaded, "torch imported before a usage error the flags alone decide"
+    assert not (tmp_path / "l.db").exists()
+
+
 def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, monkeypatch):
     from kernel_agent.harness.ledger import LedgerError
     Ledger(tmp_path / "l.db").close()
@@ -281,6 +296,25 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
     assert cmd_demote(args) == 0 and "written in place" in capsys.readouterr().out
     assert serving.lookup("decode_attention_int8", "c8k-g4-d128", "bfloat16", "NVIDIA H200",
                           dir=r / "kernels" / "serving") is None
+
+
+def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_bucket(tmp_path, monkeypatch):
+    """On the CPU machine `demote` looked the bucket up on 'cpu' and said only that nothing serves it there."""
+    from kernel_agent.agent.commands import cmd_demote
+    from kernel_agent.agent.errors import UsageError
+    r = _git_repo(tmp_path, monkeypatch)
+    db = tmp_path / "l.db"
+    Ledger(db).close()
+    args = argparse.Namespace(op="decode_attention_int8", bucket="c8k-g4-d128", dtype="bfloat16", gpu="cpu",
+                              reason="r", ledger=str(db), in_place=False)
+    with pytest.raises(UsageError) as e:
+        cmd_demote(args)
+    assert str(e.value) == ("nothing serves decode_attention_int8 c8k-g4-d128 bfloat16 on cpu; it is served on "
+                            "NVIDIA H200 (--gpu 'NVIDIA H200' names it)")
+    args.bucket = "nope"
+    with pytest.raises(UsageError, match=r"^nothing serves decode_attention_int8 nope bfloat16 on cpu$"):
+        cmd_demote(args)
+    assert not [b for b in os.listdir(r / ".git" / "refs" / "heads") if b == "kernel-agent"]  # nothing written
 
 
 def _git_repo(tmp_path, monkeypatch):
@@ -366,6 +400,32 @@ def test_the_gate_prints_each_kernel_as_it_is_judged_through_a_pipe(monkeypatch,
     (tmp_path / "a.py").write_text("x = 1\n")
     review._judge_gate_items([review.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
     assert "PASS matmul/baseline" in seen_during[0] and "seed 7" in seen_during[0]
+
+
+def test_the_gate_says_it_is_still_working_through_a_pipe_before_its_first_verdict(monkeypatch, capsys, tmp_path):
+    """One op's full pass took 286 s on a loaded 2-core machine before its first kernel's line: through a pipe
+    the gate gives a status line meanwhile, as the run does every minute (here every 50 ms)."""
+    import time
+    from kernel_agent.agent import review
+    before_verdict = []
+
+    def run_many(paths, op, mode, jobs=1, on_done=None, **kw):
+        time.sleep(0.4)  # the sanitizer at work
+        before_verdict.append(capsys.readouterr().out)
+        out = [Verdict(os.path.abspath(p), op, mode, checks=[CheckOutcome("static_gate", "passed")], seed=7)
+               for p in paths]
+        for v in out:
+            on_done(v)
+        return out
+    monkeypatch.setattr(review, "run_many", run_many)
+    monkeypatch.setattr(review, "GATE_STATUS_EVERY_S", 0.05, raising=False)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    review._judge_gate_items([review.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
+    status = [ln for ln in before_verdict[0].splitlines() if ln.startswith("status: ")]
+    assert status and status[0].startswith("status: 0:00 gate: 1 kernel(s), full, 2 at a time: 0/1 done; "
+                                           "matmul: 0/1 kernel(s) through full"), before_verdict[0]
+    time.sleep(0.2)
+    assert "status: " not in capsys.readouterr().out.split("PASS matmul/baseline")[-1]  # it stops with the gate
 
 
 # -- 8. what the run judged, apart from what it replayed -------------------------------------------------------

@@ -68,7 +68,7 @@ def test_the_json_document_keeps_its_keys(recorded):
     s = led.run_summary(run.id)
     ledger_keys = ["run_id", "status", "proposer", "ops", "gpu_name", "started_at", "finished_at", "wall_s",
                    "proposals", "duplicates", "candidates", "candidates_by_status", "checks_failed", "bench_results",
-                   "promotions", "model", "judged_now_by_status", "replayed", "pruned"]
+                   "promotions", "model", "judged_now", "judged_now_by_status", "replayed", "pruned"]
     assert list(s.to_json()) == ledger_keys  # `show --json`: what the ledger knows
     s.session = _session()
     doc = json.loads(json.dumps(s.to_json(), default=str))

@@ -6,7 +6,7 @@ rejects, a reply with no code), the committed H200 ledgers, a ledger the tests w
 open, and one filled with hostile text. Outside CI a machine without Chromium or the [web] extra skips
 these tests, saying why; in CI (CI=true) their absence fails.
 
-    KERNEL_AGENT_SCREENSHOTS=docs/web pytest tests/test_web.py -k screenshots   # regenerates docs/web/*.png
+    KERNEL_AGENT_SCREENSHOTS=docs/web pytest tests/test_web.py -k navigation   # regenerates docs/web/*.png
 """
 import glob
 import hashlib
@@ -202,6 +202,9 @@ def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serv
     page.click(f"#runs a[href='/runs/{PR_RUN}']")
     _loaded(page)
     assert page.locator("#candidates tbody tr").count() == 19
+    facts = page.inner_text("#run-facts")  # `history`'s count: 17 judged by the run itself, 2 left unjudged
+    assert "17 (verified 7, benchmarked 9, promoted 1); replayed from earlier runs: 0" in facts, facts
+    assert "driver 580.159.04" in facts and "null" not in facts
     assert "1.086x" in page.inner_text("#candidates tr[data-cand='9']")
     assert page.locator("#plots img").count() == 2
     page.wait_for_function("[...document.querySelectorAll('#plots img')].every(i => i.complete && i.naturalWidth > 0)",
@@ -213,7 +216,8 @@ def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serv
     bench = page.inner_text("#bench")
     assert "0.2443" in bench and "1.086x" in bench and "events" in bench  # the clock is named
     assert page.locator("#diff span").count() > 10  # highlighted
-    _shot(page, tmp_path, "candidate.png")
+    _the_diff_is_against_the_base_it_was_judged_against(page, srv)
+    _shot(page, tmp_path, "candidate.png", max_height=4000)  # down to its diff
     page.click("#nav-serving")
     serving = page.inner_text("#serving")
     assert "kernel #9" in serving and "1.086x" in serving and "torch 2.11.0" in serving
@@ -225,6 +229,20 @@ def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serv
     _fits(small)
     _shot(small, tmp_path, "run-375.png")
     assert page.errors == [] and small.errors == []
+
+
+def _the_diff_is_against_the_base_it_was_judged_against(page, srv) -> None:
+    """Candidate #9 of the H200 example changed `_config` only; the baseline has changed since it was judged. Its
+    diff is against the source it was made of: the ten lines of the configuration change, not a diff against
+    today's baseline that seems to delete the kernel's checks."""
+    doc = page.request.get(srv.url + "api/candidates/9").json()  # what `show 9 --json` prints
+    diff = page.inner_text("#diff")
+    assert diff.strip() == doc["diff"].strip()
+    assert "has changed since the candidate was judged" in page.inner_text("#diff-note")
+    assert "+_TUNED_TO = (16, 128, 4, 3)" in diff and "-def _config(B, Hkv, max_ctx, device):" in diff
+    removed = [ln for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    assert len(removed) == 1 and not any("raise ValueError" in ln for ln in removed), removed
+    assert "(5, 128, 4, 3) -> (16, 128, 4, 3)" in page.inner_text("#config-change")
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +320,14 @@ def test_the_runs_filter_by_op_status_gpu_and_date(browser, serve, tmp_path):
         return page.locator("#runs tbody tr").evaluate_all("rows => rows.map(r => r.dataset.run)")
 
     assert len(shown()) == 4
+    # a run that replayed earlier runs' verdicts says what it judged itself, as `history` does
+    assert "judged now 14, replayed 13" in page.inner_text("#runs tr[data-run='r20261130-134627-3d5e'] td.num")
+    assert "replayed" not in page.inner_text("#runs tr[data-run='r20261130-160429-f59c'] td.num")
+    page.click("#runs a[href='/runs/r20261130-134627-3d5e']")  # and its page marks each replayed candidate
+    _loaded(page)
+    assert page.locator("#candidates tbody tr").count() == 27 and page.locator("#candidates .replayed").count() == 13
+    page.goto(srv.url)
+    _loaded(page)
     loads = 1
     for field, value, expected in (("op", "matmul", 3), ("status", "finished", 3), ("gpu", "NVIDIA H200", 3),
                                    ("since", today, 0)):
@@ -353,6 +379,13 @@ def test_a_run_in_progress_updates_on_the_open_page(browser, serve, tmp_path):
     listing.wait_for_function(
         f"document.querySelector(\"#runs tr[data-run='{run.id}'] td.num\").textContent.startsWith('1:')",
         timeout=WAIT_MS)
+    assert page.locator("#diagnosis-box").is_hidden()
+    led.record_pruned(run.id, "quantize_kv", "t4k-d128", "bfloat16", "cfg-pruned", "0" * 64,
+                      "predicted 0.62x of the incumbent by the timing model")
+    # (a page drawn while the record was written may show one and not yet the other: the next poll has both)
+    page.wait_for_function("document.getElementById('run-facts').textContent.includes('1 proposal(s) kept off the GPU')"
+                           " && !document.getElementById('diagnosis-box').hidden", timeout=WAIT_MS)
+    assert "quantize_kv t4k-d128 cfg-pruned: predicted 0.62x" in page.inner_text("#diagnosis")
 
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
     page.wait_for_function("document.getElementById('run-status').textContent === 'finished'", timeout=WAIT_MS)
@@ -461,6 +494,16 @@ def test_a_missing_or_corrupt_ledger_or_a_taken_port_is_one_line_and_exit_2(tmp_
     assert "--port" in _serve_fails(["--ledger", PR_EXAMPLE, "--port", "70000"], capsys)
 
 
+def test_serve_without_a_ledger_says_so_before_the_web_view_loads_torch(tmp_path):
+    """A new user's first `serve`, before any run: one line, without the seconds torch's import takes."""
+    code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
+            "print('RC', rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**{k: v for k, v in os.environ.items() if k != "KERNEL_AGENT_LEDGER"}, "PYTHONPATH": ROOT})
+    assert r.stdout.split()[-3:] == ["RC", "2", "False"], r.stdout + r.stderr
+    assert "no ledger at runs/ledger.db" in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys):
     from kernel_agent.agent.cli import main
     import kernel_agent.agent as agent_package
@@ -498,6 +541,14 @@ def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(
     rows = page.locator("#candidates tbody tr")
     assert rows.count() == 3
     assert set(page.locator("#candidates .status").all_inner_texts()) == {"rejected"}
+    facts = page.inner_text("#run-facts")
+    assert "3 (rejected 3); replayed from earlier runs: 0" in facts and "candidate budget reached (3)" in facts
+    assert "None" not in facts and "null" not in facts  # no driver on this machine: left out, not "driver null"
+    with Ledger(ledger, read_only=True) as led:  # the diagnosis `show RUN` prints, line for line
+        from kernel_agent.agent.views import diagnosis_lines
+        shown = diagnosis_lines(led, run_id)
+    assert shown and shown[0].startswith("diagnosis: quantize_kv ") and "compiled for sm_90" in "\n".join(shown)
+    assert page.inner_text("#diagnosis").splitlines() == shown
     assert "out-of-bounds store" in page.inner_text("#candidates")
     led = Ledger(ledger, read_only=True)  # which reply became which candidate depends on the model calls' order
 

@@ -51,7 +51,9 @@ function runRow(r) {
     el("td", {}, when(r.started)),
     el("td", {class: "wrap"}, r.proposer + " · " + String(r.ops).split(",").join(", ")),
     el("td", {}, r.gpu || "none"),
-    el("td", {class: "num", title: "rejected / verified / benchmarked / promoted"}, `${r.candidates}: ${counts}`),
+    el("td", {class: "num", title: "rejected / verified / benchmarked / promoted"}, `${r.candidates}: ${counts}`,
+      // as `history` counts: what the run judged itself apart from what it replayed from earlier runs
+      r.replayed ? el("div", {class: "tp replayed"}, `judged now ${r.judged_now}, replayed ${r.replayed}`) : null),
     el("td", {class: "num"}, r.promotions));
 }
 
@@ -117,20 +119,33 @@ function candRow(c, runId) {
     el("td", {class: "num"}, el("a", {href: candHref(c.id)}, "#" + c.id)),
     el("td", {class: "wrap"}, el("span", {class: "op"}, c.op), " ", el("span", {class: "bucket"}, c.bucket || ""),
       " ", el("span", {class: "label"}, c.label || "")),
-    el("td", {}, statusBadge(c.status)),
+    el("td", {}, statusBadge(c.status), c.replayed ? el("span", {class: "replayed muted"}, " replayed") : null),
     el("td", {}, eq),
     timingCell(c, runId),
     el("td", {class: "detail"}, whyOf(c)));
+}
+
+// As agent/views.py's versions_line: what was not recorded (no driver on a machine without a GPU) is left out.
+function versionsLine(v) {
+  return [["torch", "torch"], ["triton", "triton"], ["cuda", "CUDA"], ["driver", "driver"], ["python", "python"]]
+    .filter(([key]) => v[key]).map(([key, name]) => `${name} ${v[key]}`).join(", ") || "not recorded";
+}
+
+// What `run` and `history` count as judged now (its statuses beside it; "proposed" is not judged yet), and
+// what the run replayed from earlier runs.
+function judgedNow(s) {
+  const by = Object.entries(s.judged_now_by_status || {}).filter(([k, n]) => n && k !== "proposed");
+  return `${s.judged_now || 0}` + (by.length ? ` (${by.map(([k, n]) => `${k} ${n}`).join(", ")})` : "")
+    + `; replayed from earlier runs: ${s.replayed || 0}`;
 }
 
 function runFacts(doc) {
   const s = doc.run, v = doc.versions || {};
   const facts = [["proposer", s.proposer], ["ops", (s.ops || []).join(", ")], ["GPU", s.gpu_name || "none"],
     ["started", when(s.started_at) + " UTC"], ["wall", s.wall_s !== null ? Math.round(s.wall_s) + " s" : ""],
-    ["versions", `torch ${v.torch}, triton ${v.triton}, driver ${v.driver}`],
+    ["versions", versionsLine(v)],
     ["candidates", `${s.candidates} (` + Object.entries(s.candidates_by_status).map(([k, n]) => `${k} ${n}`).join(", ") + ")"],
-    ["judged now", Object.entries(s.judged_now_by_status || {}).filter(([, n]) => n).map(([k, n]) => `${k} ${n}`).join(", ")
-      + ` (replayed from earlier runs: ${s.replayed || 0})`],
+    ["judged now", judgedNow(s)],
     ["benchmarks", s.bench_results]];
   if (doc.ended) facts.push(["ended", doc.ended]);
   if (s.pruned) facts.push(["pruned", `${s.pruned} proposal(s) kept off the GPU`]);
