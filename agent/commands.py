@@ -210,6 +210,8 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
     check_counts(**counts)
     if args.resume:
         check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
+        if args.workload or args.kv_budget:
+            raise UsageError("--workload and --kv-budget choose a new run's targets; a resumed run keeps its own")
     if not args.resume:
         _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
     return file_config

@@ -8,10 +8,10 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ..harness.kv_plan import (CACHE_FORMATS, DEFAULT_MAX_ERROR, DEFAULT_PAGE_SIZES, ESTIMATE_BASIS, KvPlanError,
-                               estimate_options, make_plan, write_plan)
+                               estimate_options, install_plan, make_plan, write_plan)
 from ..harness.model_step import KV_MODES, ModelConfigError, Point, load_model_config, parse_bytes, parse_names, run_point
 from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze
-from ..harness.workload_trace import IMPORTERS, TraceError, import_trace
+from ..harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
 from . import ui
 from .cli_common import UsageError, command, cuda_available
 
@@ -41,6 +41,8 @@ def register(sub) -> None:
     p.add_argument("--measure", choices=["auto", "on", "off"], default="auto",
                    help="time each option on the GPU with bench --model's machinery (auto: when there is one)")
     p.add_argument("--out", default=os.path.join("runs", "kv_plan.json"), help="the plan file (default %(default)s)")
+    p.add_argument("--install", action="store_true", help="also write the plan into the serving folder "
+                                                          "(kv_plan.json beside its manifest), where serving reads it")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     command("workload")(cmd_workload)
 
@@ -104,8 +106,20 @@ class _Bar:
             self.progress = None
 
 
+def _layout_note(trace: str, model) -> None:
+    """A trace that names its KV layout (FlashInfer-Bench's definitions do) and a --model of other heads: said,
+    since the steps are then costed at the model's heads."""
+    layout = read_header(trace).extra.get("kv_layout")
+    if isinstance(layout, dict):
+        mine = {"heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim}
+        other = {k: layout.get(k) for k in mine}
+        if other != mine:
+            ui.line(f"note: the trace was recorded with {other}; --model {model.name} has {mine}")
+
+
 def _analyze(args, model, budget: int) -> int:
     kv_modes = parse_names(args.kv, KV_MODES, "--kv")
+    _layout_note(args.trace, model)
     bar = _Bar(args.trace)
     try:
         result = analyze(args.trace, model, kv_modes, budget, args.max_batch, arrivals=not args.no_arrivals,
@@ -135,10 +149,12 @@ def _print_analysis(kv: str, a: Analysis) -> None:
     s = a.schedule
     what = "simulated from its requests" if s.source == "requests" else "the engine's recorded steps"
     ui.line(f"{kv} cache: {s.steps:,} decode steps ({what}), {s.decode_tokens:,} tokens, mean batch "
-            f"{s.decode_tokens / max(s.steps, 1):.1f}, {s.tokens_per_s():,.0f} tokens/s by the roofline; "
-            f"{s.finished:,}/{s.requests:,} requests finished" + (f", {s.dropped:,} too long for the budget"
-                                                                    if s.dropped else "")
-            + (f"; peak {s.peak_pages:,} of {s.budget_pages:,} pages" if s.source == "requests" else ""), style="bold")
+            f"{s.decode_tokens / max(s.steps, 1):.1f}, {s.tokens_per_s():,.0f} tokens/s by the roofline"
+            + ("; " if s.source == "requests" else "")
+            + (f"{s.finished:,}/{s.requests:,} requests finished" + (f", {s.dropped:,} too long for the budget"
+                                                                      if s.dropped else "")
+               + f"; peak {s.peak_pages:,} of {s.budget_pages:,} pages" if s.source == "requests" else ""),
+            style="bold")
     ui.table(f"op calls by bucket ({kv} cache, share of step time)", ["op", "bucket", "calls", "share", "heaviest shape"],
              [[b.op, b.bucket, f"{b.calls:,}", f"{b.share:.1%}", b.shape.key() if b.shape is not None else ""]
               for b in a.buckets], justify=["left", "left", "right", "right", "left"])
@@ -176,6 +192,7 @@ def _plan(args, model, budget: int) -> int:
     plan = make_plan(args.trace, model, budget, args.max_error, options, basis)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_plan(plan, args.out)
+    installed = install_plan(plan) if args.install else None
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
         return 0
@@ -186,7 +203,8 @@ def _plan(args, model, budget: int) -> int:
              justify=["left", "right", "right", "right", "right", "left"])
     for k, why in plan.not_offered.items():
         ui.line(f"{k}: not offered ({why})")
-    ui.line(f"plan: {plan.kv_format} cache, {plan.page_size}-token pages -> {args.out}", style="bold green")
+    ui.line(f"plan: {plan.kv_format} cache, {plan.page_size}-token pages -> {args.out}"
+            + (f" and {installed}" if installed else ""), style="bold green")
     return 0
 
 

@@ -51,7 +51,6 @@ from .. import kernels as kernels_package
 from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.static_gate import check_source
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
-from .kv_plan import KvPlan, load_plan
 from .ops import DTYPE_NAMES, DTYPES, get_op
 from .source_text import source_hash
 
@@ -98,16 +97,6 @@ def kernel_file_name(op: str, bucket: str, dtype: str, gpu: str) -> str:
 
 def _dir(dir: str | Path | None) -> Path:
     return Path(dir) if dir is not None else serving_dir()
-
-
-KV_PLAN_FILE = "kv_plan.json"  # `kernel-agent workload plan --install` writes it beside the manifest
-
-
-def kv_plan(dir: str | Path | None = None) -> Optional[KvPlan]:
-    """The serving set's KV-cache plan (the cache format and page size its workload is served with), checked
-    (harness.kv_plan.load_plan: KvPlanError in one line); None when the set has none."""
-    path = _dir(dir) / KV_PLAN_FILE
-    return load_plan(str(path)) if path.is_file() else None
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -725,8 +714,7 @@ def get(op: str, gpu: str | None = None, dir: str | Path | None = None) -> Dispa
     return Dispatcher(op, gpu=gpu, dir=dir)
 
 
-__all__ = ["ServingError", "KV_PLAN_FILE", "kv_plan", "Dispatcher", "Resolution", "get", "serving_dir", "load_manifest",
-           "kernel_entries",
+__all__ = ["ServingError", "Dispatcher", "Resolution", "get", "serving_dir", "load_manifest", "kernel_entries",
            "install", "as_variant", "set_choice", "default_choice", "remove", "lookup", "promoted", "load_kernel_file",
            "baseline", "entry_name", "entry_source", "entry_path", "rebuild_variant", "variant_steps",
            "describe_entry", "gpu_slug", "kernel_file_name", "source_hash", "MANIFEST_NAME", "KERNEL", "BASELINE",

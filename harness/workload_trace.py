@@ -73,7 +73,7 @@ Record = Union[TraceHeader, Request, EngineStep]
 
 REQUEST_KEYS = ("arrival_s", "prompt_tokens", "output_tokens")
 STEP_KEYS = ("batch", "kv_tokens", "max_context")
-HEADER_KEYS = ("workload", "source", "model", "note", "attention")
+HEADER_KEYS = ("workload", "source", "model", "note", "kv_layout")
 
 
 def _count(obj: Dict[str, Any], key: str, least: int = 1) -> int:
@@ -112,7 +112,7 @@ def parse_record(obj: Any, first: bool) -> Record:
         if obj.get("model") is not None and not isinstance(obj["model"], dict):
             raise ValueError("header: model must be an object of model config fields")
         return TraceHeader(str(obj.get("source", "")), obj.get("model"),
-                           {k: obj[k] for k in ("note", "attention") if k in obj})
+                           {k: obj[k] for k in ("note", "kv_layout") if k in obj})
     if "arrival_s" in obj:
         unknown = sorted(set(obj) - set(REQUEST_KEYS) - {"id"})
         if unknown:
@@ -201,7 +201,7 @@ def write_trace(out: str, header: TraceHeader, records: Callable[[], Iterator[Un
     """Writes header and records to `out` through temporary files renamed into place when every record was
     produced: an importer that fails part-way (TraceError) leaves no file, and an older `out` untouched. The
     header is written last, before the records, so that an importer may complete it while it reads (the
-    attention shape of FlashInfer-Bench's definitions). Returns the records written."""
+    KV layout of FlashInfer-Bench's definitions). Returns the records written."""
     body, whole = f"{out}.records-{os.getpid()}", f"{out}.partial-{os.getpid()}"
     n = 0
     try:
@@ -276,7 +276,7 @@ FLASHINFER_DECODE = re.compile(r"gqa_paged_decode_h(\d+)_kv(\d+)_d(\d+)_ps(\d+)"
 
 
 def _flashinfer_step(obj: Any, lineno: int, path: str) -> Optional[Tuple[str, EngineStep, Dict[str, int]]]:
-    """A FlashInfer-Bench trace line of a GQA paged decode as (workload uuid, step, attention shape); None for
+    """A FlashInfer-Bench trace line of a GQA paged decode as (workload uuid, step, KV layout); None for
     a line of another definition."""
     if not isinstance(obj, dict) or not isinstance(obj.get("definition"), str) or \
             not isinstance(obj.get("workload"), dict):
@@ -299,9 +299,9 @@ def _flashinfer_step(obj: Any, lineno: int, path: str) -> Optional[Tuple[str, En
             raise TraceError(f"{path}:{lineno}: axes: {name} must be a positive integer, got {v!r}")
     if pages < batch:
         raise TraceError(f"{path}:{lineno}: axes: num_kv_indices={pages} is less than the batch {batch}")
-    attn = {"heads": int(m.group(1)), "kv_heads": int(m.group(2)), "head_dim": int(m.group(3)), "page_size": page}
+    layout = {"heads": int(m.group(1)), "kv_heads": int(m.group(2)), "head_dim": int(m.group(3)), "page_size": page}
     # whole pages: with pages of one token (the traces' usual ps1) the exact token count
-    return str(wl.get("uuid", lineno)), EngineStep(batch, pages * page), attn
+    return str(wl.get("uuid", lineno)), EngineStep(batch, pages * page), layout
 
 
 def flashinfer_steps(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[EngineStep]]]:
@@ -327,7 +327,7 @@ def flashinfer_steps(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Engi
                 if got is None or got[0] in seen:
                     continue
                 seen.add(got[0])
-                header.extra["attention"] = got[2]
+                header.extra["kv_layout"] = got[2]
                 yield got[1]
     return header, records
 
