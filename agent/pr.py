@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
+from ..harness.kv_plan import KvPlan, load_plan
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
 from .cli_common import UsageError, command, default_ledger, open_ledger
@@ -45,6 +46,8 @@ def register(sub) -> None:
     p.add_argument("--model-step", metavar="FILE",
                    help="a `kernel-agent bench --model ... --out FILE` document, measured with the run's serving "
                         "set: the decode-step effect of each promoted kernel that the step calls")
+    p.add_argument("--kv-plan", metavar="FILE", help="a `kernel-agent workload plan` file: its choice and options "
+                                                     "as a section of the body")
     p.add_argument("--ledger", default=None)
     command("pr")(cmd_pr)
 
@@ -396,9 +399,10 @@ def _title(run, kernels: Sequence[PromotedKernel]) -> str:
     return f"kernel-agent {run.id}: promote {shown}"
 
 
-def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional[str] = None) -> Optional[PullRequest]:
+def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional[str] = None,
+             plan: Optional[KvPlan] = None) -> Optional[PullRequest]:
     """Write the body (out_dir/pr.md) and the plots; None when the run promoted nothing (nothing written).
-    ledger_flag: ' --ledger PATH' for the commands, or '' for the default ledger."""
+    ledger_flag: ' --ledger PATH' for the commands, or '' for the default ledger. plan: a KV-cache plan to show."""
     results = candidate_results(led.figures(run_id=run.id))
     kernels = promoted_kernels(led, run, results)
     if not kernels:
@@ -442,6 +446,8 @@ def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional
         lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
         lines += step_section(run, pk, doc, model_step, rerun)
         lines += reproduce_section(led, run, pk, later, branch, ledger_flag) + [""]
+    if plan is not None:
+        lines += ["## KV-cache plan", ""] + plan.summary_lines() + [""]
     lines += ["---", "",
               f"Written by `{rerun}`. Every candidate and benchmark of the run: "
               f"`kernel-agent report {run.id}{ledger_flag}`; the run: `kernel-agent show {run.id}{ledger_flag}`."]
@@ -477,7 +483,8 @@ def cmd_pr(args) -> int:
         raise UsageError(f"no run {args.run!r} in the ledger")
     ledger_flag = f" --ledger {shlex.quote(args.ledger)}" if args.ledger and args.ledger != default_ledger() else ""
     out = args.out or os.path.join("runs", run.id, "pr")
-    pr = write_pr(led, run, out, ledger_flag, args.model_step)
+    plan = load_plan(args.kv_plan) if args.kv_plan else None  # a bad file: KvPlanError, one line
+    pr = write_pr(led, run, out, ledger_flag, args.model_step, plan)
     if pr is None:
         # no body: a pull request needs a change, and the run made none (its report says what it tried)
         ui.line(f"run {run.id} promoted nothing: no pull request to write (kernel-agent report {run.id} summarizes "

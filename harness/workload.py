@@ -44,6 +44,7 @@ class CallLine:
     label: str
     op: str
     dtype: str
+    bucket: str  # at one page
     shape: Any  # at one page
     grows: Tuple[Tuple[str, int], ...]  # (shape field, what a page adds): the fields that follow the context
     flops: Tuple[float, float]  # (at one page, per further page)
@@ -71,7 +72,7 @@ class StepModel:
             for a, b in zip(one, two):
                 grows = tuple((f.name, getattr(b.shape, f.name) - getattr(a.shape, f.name))
                               for f in dataclasses.fields(a.shape) if getattr(b.shape, f.name) != getattr(a.shape, f.name))
-                got.append(CallLine(a.label, a.op, a.dtype, a.shape, grows, (a.flops, b.flops - a.flops),
+                got.append(CallLine(a.label, a.op, a.dtype, a.bucket, a.shape, grows, (a.flops, b.flops - a.flops),
                                     (a.bytes, b.bytes - a.bytes)))
             self._lines[batch] = got
         return got
@@ -92,8 +93,11 @@ class StepModel:
         from .ops import get_op  # keeps the CLI's startup light (the registry imports torch)
         out = []
         for c in self.lines(batch):
-            shape = dataclasses.replace(c.shape, **{f: getattr(c.shape, f) + d * (pages - 1) for f, d in c.grows})
-            out.append((c.op, get_op(c.op).bucket(shape), shape))
+            if c.grows:
+                shape = dataclasses.replace(c.shape, **{f: getattr(c.shape, f) + d * (pages - 1) for f, d in c.grows})
+                out.append((c.op, get_op(c.op).bucket(shape), shape))
+            else:  # the same call at every context (a matmul of the batch)
+                out.append((c.op, c.bucket, c.shape))
         return out
 
 

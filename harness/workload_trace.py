@@ -154,14 +154,14 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[Union[Request, EngineStep]]:
         last_arrival = 0.0
-        loads = json.loads
+        loads = json.JSONDecoder().decode  # on the line's text: json.loads would detect the encoding of every line
         with open(self.path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 self.bytes_read += len(raw)
                 if not raw.strip():
                     continue
                 try:
-                    rec = parse_record(loads(raw), first=lineno == 1)
+                    rec = parse_record(loads(raw.decode("utf-8")), first=lineno == 1)
                 except (ValueError, UnicodeDecodeError) as e:
                     reason = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e).splitlines()[0]
                     raise TraceError(f"{self.path}:{lineno}: {reason}") from None

@@ -329,3 +329,40 @@ def test_schedule_defaults_hold_no_state_between_replays():
     a, b = Schedule("bf16", 16, 10, 4), Schedule("bf16", 16, 10, 4)
     a.add_steps(2, 3, 30, 2, 1.0)
     assert b.groups == {} and a.groups == {(3, 2): [2, 30, 1.0]}
+
+
+def test_measured_options_scale_the_roofline_by_what_the_gpu_step_took():
+    """The GPU path with its measurement replaced: each option's tokens/s is the roofline's over measured /
+    roofline step time at its heaviest point, and the int8 error is the measured one."""
+    trace = os.path.join(DATA, "chat_300.jsonl")
+    asked = []
+
+    def measure(cfg, kv, batch, ctx):
+        asked.append((kv, cfg.page_size, batch, ctx))
+        return {"step_ms": 2.0 * StepModel(cfg, kv).ms(batch, ctx // cfg.page_size), "error": 0.03}
+    est = kv_plan.estimate_options(trace, LLAMA, 4 * 2**30, 0.02, page_sizes=(16,))
+    got = kv_plan.estimate_options(trace, LLAMA, 4 * 2**30, 0.02, page_sizes=(16,), measure=measure, basis="gpu")
+    assert [(kv, p) for kv, p, *_ in asked] == [("bf16", 16), ("int8", 16)]
+    for e, g in zip(est, got):
+        assert g.measured_ratio == pytest.approx(2.0) and g.tokens_per_s == pytest.approx(e.tokens_per_s / 2)
+        assert g.basis == "gpu" and [g.point[0], g.point[1]] == list(asked[got.index(g)][2:])
+    assert got[1].error == 0.03 and not got[1].within_error and got[0].error == 0.0
+    assert kv_plan.choose(got, 0.02).kv == "bf16"  # int8 measured over the budget: bf16 however slower
+
+
+def test_the_pull_request_body_shows_a_plan(tmp_path):
+    from committed_h200 import RUN, copied_ledger
+
+    from kernel_agent.agent.pr import write_pr
+    led, _ = copied_ledger(tmp_path)
+    try:
+        plan = kv_plan.KvPlan(LLAMA.to_json(), 60 * 2**30, 0.02, "int8", 16, kv_plan.ESTIMATE_BASIS,
+                              [_opt("bf16", 16, 3429.0), _opt("int8", 16, 6280.0, 0.0092)])
+        md = open(write_pr(led, led.get_run(RUN), str(tmp_path / "pr"), plan=plan).body_path).read()
+        without = open(write_pr(led, led.get_run(RUN), str(tmp_path / "pr2")).body_path).read()
+    finally:
+        led.close()
+    section = md[md.index("## KV-cache plan"):]
+    assert "**int8 cache, 16-token pages**, 6,280 tokens/s per GPU" in section
+    assert "| int8 | 16 | 6,280 | 10.0 | 9.20e-03 | yes |" in section and "fp8 not offered" in section
+    assert "KV-cache plan" not in without
