@@ -10,10 +10,10 @@ from typing import Any, Dict, List, Optional
 from ..harness.kv_plan import (CACHE_FORMATS, DEFAULT_MAX_ERROR, DEFAULT_PAGE_SIZES, ESTIMATE_BASIS, KvPlanError,
                                estimate_options, install_plan, make_plan, write_plan)
 from ..harness.model_step import KV_MODES, ModelConfigError, Point, load_model_config, parse_bytes, parse_names, run_point
-from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze
+from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
 from ..harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
 from . import ui
-from .cli_common import UsageError, command, cuda_available
+from .cli_common import UsageError, command, cuda_available, open_ledger
 
 
 def register(sub) -> None:
@@ -31,6 +31,8 @@ def register(sub) -> None:
     a.add_argument("--no-arrivals", action="store_true", help="every request waits from the start (the engine never "
                                                               "idle) instead of arriving when the trace says")
     a.add_argument("--json", metavar="OUT", help="also write the JSON document to this file")
+    a.add_argument("--ledger", metavar="PATH|URL", help="a ledger whose benchmarks measured buckets' incumbents: those "
+                                                       "buckets take their measured time instead of the roofline's")
     p = ws.add_parser("plan", help="choose the KV cache format and page size for a trace at a memory budget")
     _common_flags(p)
     p.add_argument("--max-error", type=float, default=DEFAULT_MAX_ERROR,
@@ -57,9 +59,24 @@ def _common_flags(p) -> None:
                    help="most sequences in a step (the engine's max_num_seqs; default %(default)s)")
 
 
+def _check_output(flag: str, path: Optional[str], make_folder: bool = False) -> None:
+    """A file the command will write at the end: refused now (not after a long replay) when it is a folder or
+    its folder does not exist (and will not be made)."""
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: is a folder; give the file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not make_folder and not os.path.isdir(folder):
+        raise UsageError(f"{flag} {path}: no folder {folder}")
+
+
 def cmd_workload(args) -> int:
     if not args.workload_command:
         raise UsageError("workload: give an action: import, analyze or plan")
+    _check_output("--out" if args.workload_command != "analyze" else "--json",
+                  args.out if args.workload_command != "analyze" else args.json,
+                  make_folder=args.workload_command == "plan")
     try:
         if args.workload_command == "import":
             return _import(args)
@@ -75,8 +92,6 @@ def cmd_workload(args) -> int:
 
 
 def _import(args) -> int:
-    if os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: is a folder; give the trace file to write")
     n = import_trace(args.format, args.source, args.out)
     ui.line(f"wrote {args.out}: {n} record(s) from {args.format} {args.source}")
     return 0
@@ -120,14 +135,18 @@ def _layout_note(trace: str, model) -> None:
 def _analyze(args, model, budget: int) -> int:
     kv_modes = parse_names(args.kv, KV_MODES, "--kv")
     _layout_note(args.trace, model)
+    ratios = measured_ratios(open_ledger(args, read=True).bench_results()) if args.ledger else None
     bar = _Bar(args.trace)
     try:
         result = analyze(args.trace, model, kv_modes, budget, args.max_batch, arrivals=not args.no_arrivals,
                          progress=lambda kv, done, size: bar(f"replay {os.path.basename(args.trace)} ({kv} cache)",
-                                                             done, size))
+                                                             done, size), ratios=ratios)
     finally:
         bar.close()
     doc = analysis_doc(args.trace, model, budget, result)
+    if ratios is not None:
+        doc["timing"] += (f"; buckets whose incumbent the ledger {args.ledger} measured take that measurement "
+                          f"(measured_ratio: its measured over roofline time)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)
@@ -155,9 +174,12 @@ def _print_analysis(kv: str, a: Analysis) -> None:
                                                                       if s.dropped else "")
                + f"; peak {s.peak_pages:,} of {s.budget_pages:,} pages" if s.source == "requests" else ""),
             style="bold")
-    ui.table(f"op calls by bucket ({kv} cache, share of step time)", ["op", "bucket", "calls", "share", "heaviest shape"],
-             [[b.op, b.bucket, f"{b.calls:,}", f"{b.share:.1%}", b.shape.key() if b.shape is not None else ""]
-              for b in a.buckets], justify=["left", "left", "right", "right", "left"])
+    ui.table(f"op calls by bucket ({kv} cache, share of step time)",
+             ["op", "bucket", "calls", "share", "time from", "heaviest shape"],
+             [[b.op, b.bucket, f"{b.calls:,}", f"{b.share:.1%}",
+               "roofline" if b.measured_ratio is None else f"ledger ({b.measured_ratio:.2f}x roofline)",
+               b.shape.key() if b.shape is not None else ""] for b in a.buckets],
+             justify=["left", "left", "right", "right", "left", "left"])
     top = a.to_json()["distribution"]["histogram"]
     rows = sorted(top, key=lambda r: -r["time"])[:8]
     ui.table(f"(batch, context) of the steps ({kv} cache, heaviest ranges)", ["batch", "context", "steps", "time"],

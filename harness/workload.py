@@ -287,15 +287,17 @@ class BucketShare:
     bucket: str
     dtype: str
     calls: int = 0
-    ms: float = 0.0  # their roofline time
+    ms: float = 0.0  # their time: the roofline's, times measured_ratio when a ledger measured the bucket
     share: float = 0.0  # of the schedule's step time
     shape: Any = None  # the shape of the heaviest (batch, capacity) point that calls it
     shape_ms: float = 0.0
     shapes: int = 0  # distinct shapes
+    measured_ratio: Optional[float] = None  # measured / roofline time of its incumbent (a ledger), applied to ms
 
     def to_json(self) -> Dict[str, Any]:
         return {"kv": self.kv, "op": self.op, "bucket": self.bucket, "dtype": self.dtype, "calls": self.calls,
-                "roofline_s": round(self.ms / 1e3, 6), "share": round(self.share, 6),
+                "time_s": round(self.ms / 1e3, 6), "share": round(self.share, 6),
+                "measured_ratio": None if self.measured_ratio is None else round(self.measured_ratio, 4),
                 "shape": self.shape.key() if self.shape is not None else None, "shapes": self.shapes}
 
 
@@ -344,6 +346,46 @@ def bucket_shares(sched: Schedule, model: ModelConfig, dtype: str = "bfloat16", 
         row.shapes = len(seen_shapes[key])
     points = [WeightedPoint(sched.kv, acc[1][0], acc[1][1], acc[0] / total) for acc in signatures.values()]
     return (sorted(rows.values(), key=lambda r: -r.ms), sorted(points, key=lambda p: -p.weight))
+
+
+def measured_ratios(rows: Iterable[Any], dtype: str = "bfloat16", gpu: Optional[str] = None
+                    ) -> Dict[Tuple[str, str], float]:
+    """(op, bucket) -> what the bucket's incumbent took over its roofline time, from a ledger's benchmark rows
+    (harness.ledger.BenchResult): the incumbent rows (label 'baseline' or 'serving:<file>') of the bucket's
+    latest benchmarked run, each at its graph-replay time where it has one (the clock the promotion rule
+    prefers) and else its event time, the median of their ratios. Implausible rows are left out."""
+    from .ops import dtype_from_name, get_op  # keeps the CLI's startup light (the registry imports torch)
+    dt = dtype_from_name(dtype)
+    by_bucket: Dict[Tuple[str, str], List[Any]] = collections.defaultdict(list)
+    for r in rows:
+        if (r.label == "baseline" or r.label.startswith("serving:")) and r.dtype == dtype and not r.implausible \
+                and (gpu is None or r.gpu_name == gpu):
+            by_bucket[(r.op, r.bucket)].append(r)
+    out = {}
+    for (op_name, bucket), rs in by_bucket.items():
+        latest = max(rs, key=lambda r: r.id).run_id
+        op = get_op(op_name)
+        ratios = sorted(((r.graph_ms or r.median_ms) / roofline_ms(op.flops(shape), op.bytes(shape, dt)))
+                        for r in rs if r.run_id == latest for shape in [op.parse_shape(r.shape_key)])
+        out[(op_name, bucket)] = ratios[len(ratios) // 2]
+    return out
+
+
+def apply_measured(buckets: List[BucketShare], ratios: Dict[Tuple[str, str], float]) -> int:
+    """Each bucket with a measured ratio takes its roofline time times the ratio; the shares are recomputed
+    over the new total, heaviest first. Returns how many buckets were measured."""
+    n = 0
+    for b in buckets:
+        r = ratios.get((b.op, b.bucket))
+        if r is not None:
+            b.ms *= r
+            b.measured_ratio = r
+            n += 1
+    total = sum(b.ms for b in buckets) or 1.0
+    for b in buckets:
+        b.share = b.ms / total
+    buckets.sort(key=lambda b: -b.ms)
+    return n
 
 
 def _bin(v: int) -> str:
@@ -399,14 +441,19 @@ class Analysis:
 
 def analyze(path: str, model: ModelConfig, kv_modes: Sequence[str], budget_bytes: int,
             max_batch: int = DEFAULT_MAX_BATCH, dtype: str = "bfloat16", arrivals: bool = True,
-            progress: Optional[Callable[[str, int, int], None]] = None) -> Dict[str, Analysis]:
+            progress: Optional[Callable[[str, int, int], None]] = None,
+            ratios: Optional[Dict[Tuple[str, str], float]] = None) -> Dict[str, Analysis]:
     """Per KV mode (each its own pass over the trace: an int8 cache holds more sequences), the schedule, its
-    buckets and weighted points. progress(kv, bytes read, file size)."""
+    buckets and weighted points. progress(kv, bytes read, file size). ratios (`measured_ratios`): buckets a
+    ledger measured take their measured time (the schedule's clock and the weighted points stay the
+    roofline's)."""
     out: Dict[str, Analysis] = {}
     for kv in kv_modes:
         sched = replay_trace(path, model, kv, budget_bytes, max_batch, arrivals,
                              None if progress is None else (lambda done, size, kv=kv: progress(kv, done, size)))
         buckets, points = bucket_shares(sched, model, dtype)
+        if ratios:
+            apply_measured(buckets, ratios)
         out[kv] = Analysis(sched, buckets, points)
     return out
 
@@ -420,4 +467,4 @@ def workload_points(analyses: Dict[str, Analysis]) -> List[List[Any]]:
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_KV_BUDGET", "CallLine", "StepModel", "Schedule", "budget_pages", "simulate", "replay_steps", "replay_trace",
            "BucketShare", "WeightedPoint", "bucket_shares", "distribution", "schedule_json", "Analysis", "analyze",
-           "workload_points"]
+           "workload_points", "measured_ratios", "apply_measured"]

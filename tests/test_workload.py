@@ -6,6 +6,7 @@ import os
 import random
 
 import pytest
+import torch
 
 from kernel_agent.agent.cli import main
 from kernel_agent.agent.loop import RunConfig, targets_for
@@ -307,6 +308,9 @@ def test_analyze_writes_its_document(tmp_path, capsys):
     (["workload", "plan", "GOOD", "--model", "llama-3-8b", "--page-sizes", "24"], "powers of two"),
     (["workload", "plan", "GOOD", "--model", "llama-3-8b", "--measure", "on"], "no CUDA GPU"),
     (["workload", "import", "vllm", "MISSING", "--out", "OUT"], "no such file"),
+    (["workload", "import", "vllm", "GOOD", "--out", "NOFOLDER"], "no folder"),
+    (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--json", "."], "is a folder"),
+    (["workload", "analyze", "EMPTY", "--model", "llama-3-8b"], "holds no request and no decode step"),
     (["run", "--workload", "GOOD"], "--workload needs --target-model"),
     (["run", "--target-model", "llama-3-8b", "--kv-budget", "8GiB"], "--kv-budget needs --workload"),
     (["run", "--target-model", "llama-3-8b", "--workload", "BAD"], ":3: "),
@@ -318,7 +322,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, s
     bad = _write(tmp_path / "bad.jsonl", [{"workload": 1}, {"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1},
                                           {"arrival_s": 0, "prompt_tokens": -1, "output_tokens": 1}])
     names = {"BAD": bad, "GOOD": os.path.join(DATA, "chat_300.jsonl"), "MISSING": str(tmp_path / "none.jsonl"),
-             "OUT": str(tmp_path / "out.jsonl")}
+             "OUT": str(tmp_path / "out.jsonl"), "NOFOLDER": str(tmp_path / "none" / "t.jsonl"),
+             "EMPTY": _write(tmp_path / "empty.jsonl", [{"workload": 1, "source": "nothing"}])}
     assert main([names.get(a, a) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
@@ -366,3 +371,43 @@ def test_the_pull_request_body_shows_a_plan(tmp_path):
     assert "**int8 cache, 16-token pages**, 6,280 tokens/s per GPU" in section
     assert "| int8 | 16 | 6,280 | 10.0 | 9.20e-03 | yes |" in section and "fp8 not offered" in section
     assert "KV-cache plan" not in without
+
+
+def test_buckets_a_ledger_measured_take_the_measured_time():
+    """The incumbent rows of a bucket's latest benchmarked run give measured / roofline (their median);
+    candidates, anchors, older runs and implausible rows do not count, and the shares are recomputed."""
+    from types import SimpleNamespace
+
+    from kernel_agent.harness.model_step import roofline_ms
+    from kernel_agent.harness.ops import get_op
+    from kernel_agent.harness.workload import apply_measured, measured_ratios
+    op = get_op("matmul")
+    shapes = ["M=8,N=28672,K=4096", "M=16,N=4096,K=14336", "M=12,N=6144,K=4096"]
+    roof = {k: roofline_ms(op.flops(op.parse_shape(k)), op.bytes(op.parse_shape(k), torch.bfloat16)) for k in shapes}
+    rows, n = [], 0
+
+    def row(run, label, shape, x, implausible=False, graph=True):
+        nonlocal n
+        n += 1
+        ms = x * roof[shape]
+        rows.append(SimpleNamespace(id=n, run_id=run, label=label, op="matmul", bucket="m16-klarge", dtype="bfloat16",
+                                    gpu_name="NVIDIA H200", shape_key=shape, median_ms=ms * (1.1 if graph else 1.0),
+                                    graph_ms=ms if graph else None, implausible=implausible))
+    row("r1", "baseline", shapes[0], 9.0)  # an older run
+    row("r2", "baseline", shapes[0], 2.0)
+    row("r2", "serving:matmul__m16-klarge.py", shapes[1], 3.0, graph=False)
+    row("r2", "baseline", shapes[2], 4.0)
+    row("r2", "candidate", shapes[0], 0.5)
+    row("r2", "anchor:torch.matmul", shapes[0], 1.0)
+    row("r2", "baseline", shapes[1], 100.0, implausible=True)
+    ratios = measured_ratios(rows)
+    assert ratios == {("matmul", "m16-klarge"): pytest.approx(3.0)}
+    sched = simulate(_random_requests(50, seed=4), LLAMA, "bf16", 2**33, max_batch=16, arrivals=False)
+    buckets, _ = bucket_shares(sched, LLAMA)
+    before = {(b.op, b.bucket): b.ms for b in buckets}
+    assert apply_measured(buckets, ratios) == 1
+    after = {(b.op, b.bucket): b for b in buckets}
+    assert after[("matmul", "m16-klarge")].ms == pytest.approx(3.0 * before[("matmul", "m16-klarge")])
+    assert sum(b.share for b in buckets) == pytest.approx(1.0)
+    assert [b.ms for b in buckets] == sorted((b.ms for b in buckets), reverse=True)
+    assert all(b.measured_ratio is None for k, b in after.items() if k != ("matmul", "m16-klarge"))
