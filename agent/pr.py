@@ -207,6 +207,16 @@ class StepSuggestion:
     calls: Tuple[str, ...] = field(default_factory=tuple)
 
 
+def _target_points(cfg: Dict[str, Any]) -> List[str]:
+    """A run's decode-step points as BxCTX: a workload's weighted points heaviest first (`run --workload`),
+    else its `target_points`."""
+    weights = cfg.get("target_weights")
+    if isinstance(weights, list) and weights:
+        ranked = sorted(weights, key=lambda w: -float(w[3]))
+        return list(dict.fromkeys(f"{int(b)}x{int(c)}" for _, b, c, _ in ranked))
+    return [str(pt) for pt in parse_points(str(cfg.get("target_points") or "32x8192"))]
+
+
 def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
     """The run's target model and points first (`run --target-model`), then each preset at
     SUGGESTED_POINTS: the first step that calls (op, bucket) of the promotion in bf16."""
@@ -219,7 +229,7 @@ def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
         try:
             m = ModelConfig.from_mapping(cfg["target_model"])
             name = m.name if PRESETS.get(m.name) == m else f"{m.name}.json"  # a config file keeps its own name
-            tries += [(name, m, str(pt)) for pt in parse_points(str(cfg.get("target_points") or "32x8192"))]
+            tries += [(name, m, pt) for pt in _target_points(cfg)]
         except ModelConfigError:
             pass  # a target the ledger recorded but this version cannot read: the presets below still apply
     tries += [(name, m, pt) for name, m in PRESETS.items() for pt in SUGGESTED_POINTS]

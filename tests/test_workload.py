@@ -411,3 +411,15 @@ def test_buckets_a_ledger_measured_take_the_measured_time():
     assert sum(b.share for b in buckets) == pytest.approx(1.0)
     assert [b.ms for b in buckets] == sorted((b.ms for b in buckets), reverse=True)
     assert all(b.measured_ratio is None for k, b in after.items() if k != ("matmul", "m16-klarge"))
+
+
+def test_a_workload_runs_pull_request_suggests_its_heaviest_point_for_the_decode_step():
+    from types import SimpleNamespace
+
+    from kernel_agent.agent.pr import suggest_step
+    weights = [["bf16", 8, 4096, 0.2], ["int8", 48, 3040, 0.5], ["bf16", 48, 3040, 0.3]]
+    run = SimpleNamespace(config={"target_model": LLAMA.to_json(), "target_weights": weights,
+                                  "target_points": "32x8192"})
+    pk = SimpleNamespace(promotion=SimpleNamespace(op="decode_attention", bucket="c8k-g4-d128", dtype="bfloat16"))
+    s = suggest_step(run, pk)
+    assert (s.model, s.point, s.kv) == ("llama-3-8b", "48x3040", "bf16")
