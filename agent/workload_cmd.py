@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from ..harness.kv_plan import (CACHE_FORMATS, DEFAULT_MAX_ERROR, DEFAULT_PAGE_SIZES, ESTIMATE_BASIS, KvPlanError,
                                estimate_options, install_plan, make_plan, write_plan)
-from ..harness.model_step import KV_MODES, ModelConfigError, Point, load_model_config, parse_bytes, parse_names, run_point
+from ..harness.model_step import (KV_MODES, ModelConfigError, Point, load_model_config, parse_bytes, parse_names,
+                                  run_point)
 from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
 from ..harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
 from . import ui
@@ -110,7 +111,7 @@ class _Bar:
             self.close()
             self.progress = ui.Progress(label, total=math.ceil(self.size / 2**20)).__enter__()
             self.done = 0
-        mib = done // 2**20
+        mib = self.progress.total if done >= self.size else done // 2**20
         if mib > self.done and ui.is_tty():
             self.progress.advance("", mib - self.done)
             self.done = mib
@@ -137,10 +138,11 @@ def _analyze(args, model, budget: int) -> int:
     _layout_note(args.trace, model)
     ratios = measured_ratios(open_ledger(args, read=True).bench_results()) if args.ledger else None
     bar = _Bar(args.trace)
+    name = os.path.basename(args.trace)
     try:
         result = analyze(args.trace, model, kv_modes, budget, args.max_batch, arrivals=not args.no_arrivals,
-                         progress=lambda kv, done, size: bar(f"replay {os.path.basename(args.trace)} ({kv} cache)",
-                                                             done, size), ratios=ratios)
+                         progress=lambda kv, done, size: bar(f"replay {name} ({kv} cache, MiB read)", done, size),
+                         ratios=ratios)
     finally:
         bar.close()
     doc = analysis_doc(args.trace, model, budget, result)

@@ -15,8 +15,9 @@ bf16|| / ||bf16||. Without a GPU, measured on the CPU on seeded normal data at t
 estimate: real activations have outliers that per-token scales absorb differently); on a GPU, the
 serving stack's own int8 step against its bf16 step (`Int8Accuracy`). bf16 is the reference (error 0).
 
-The plan file is JSON; the serving set's is `kv_plan.json` in its folder (`serving_plan`). `load_plan` checks it (its version, format, page size, model, that the choice is
-among its options) and raises KvPlanError in one line.
+The plan file is JSON; the serving set's is `kv_plan.json` in its folder (`serving_plan`). `load_plan` checks
+it (its version, format, page size, model, that the choice is among its options) and raises KvPlanError in
+one line.
 """
 from __future__ import annotations
 
@@ -249,4 +250,5 @@ def load_plan(path: str) -> KvPlan:
 
 __all__ = ["PLAN_VERSION", "CACHE_FORMATS", "NOT_OFFERED", "DEFAULT_PAGE_SIZES", "DEFAULT_MAX_ERROR", "ESTIMATE_BASIS",
            "KvPlanError", "PlanOption", "KvPlan", "choose", "int8_error_estimate", "estimate_options",
-           "trace_identity", "make_plan", "write_plan", "plan_from_json", "SERVING_PLAN_FILE", "install_plan", "serving_plan", "load_plan"]
+           "trace_identity", "make_plan", "write_plan", "plan_from_json", "SERVING_PLAN_FILE", "install_plan",
+           "serving_plan", "load_plan"]

@@ -71,7 +71,8 @@ class StepModel:
             got = []
             for a, b in zip(one, two):
                 grows = tuple((f.name, getattr(b.shape, f.name) - getattr(a.shape, f.name))
-                              for f in dataclasses.fields(a.shape) if getattr(b.shape, f.name) != getattr(a.shape, f.name))
+                              for f in dataclasses.fields(a.shape)
+                              if getattr(b.shape, f.name) != getattr(a.shape, f.name))
                 got.append(CallLine(a.label, a.op, a.dtype, a.bucket, a.shape, grows, (a.flops, b.flops - a.flops),
                                     (a.bytes, b.bytes - a.bytes)))
             self._lines[batch] = got
@@ -465,6 +466,6 @@ def workload_points(analyses: Dict[str, Analysis]) -> List[List[Any]]:
     return [[p.kv, p.batch, p.context, p.weight / n] for a in analyses.values() for p in a.points]
 
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_KV_BUDGET", "CallLine", "StepModel", "Schedule", "budget_pages", "simulate", "replay_steps", "replay_trace",
-           "BucketShare", "WeightedPoint", "bucket_shares", "distribution", "schedule_json", "Analysis", "analyze",
-           "workload_points", "measured_ratios", "apply_measured"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_KV_BUDGET", "CallLine", "StepModel", "Schedule", "budget_pages", "simulate",
+           "replay_steps", "replay_trace", "BucketShare", "WeightedPoint", "bucket_shares", "distribution",
+           "schedule_json", "Analysis", "analyze", "workload_points", "measured_ratios", "apply_measured"]
