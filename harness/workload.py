@@ -60,7 +60,7 @@ class StepModel:
     def __init__(self, model: ModelConfig, kv: str, dtype: str = "bfloat16"):
         self.model, self.kv, self.dtype = model, kv, dtype
         self._lines: Dict[int, List[CallLine]] = {}
-        self._ms: Dict[Tuple[int, int], float] = {}
+        self.cached: Dict[Tuple[int, int], float] = {}  # (batch, pages) -> ms, as `ms` computed them
 
     def lines(self, batch: int) -> List[CallLine]:
         got = self._lines.get(batch)
@@ -84,9 +84,9 @@ class StepModel:
         return [roofline_ms(c.flops[0] + c.flops[1] * j, c.bytes[0] + c.bytes[1] * j) for c in self.lines(batch)]
 
     def ms(self, batch: int, pages: int) -> float:
-        v = self._ms.get((batch, pages))
+        v = self.cached.get((batch, pages))
         if v is None:
-            v = self._ms[(batch, pages)] = sum(self.call_ms(batch, pages)) * self.model.layers
+            v = self.cached[(batch, pages)] = sum(self.call_ms(batch, pages)) * self.model.layers
         return v
 
     def calls_at(self, batch: int, pages: int) -> List[Tuple[str, str, Any]]:
@@ -173,6 +173,7 @@ def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_by
     cost = cost or StepModel(model, kv)
     sched = schedule or Schedule(kv, page, budget_pages(model, kv, budget_bytes), max_batch)
     limit = sched.budget_pages
+    step_ms = cost.cached  # read first: a replay asks for the same few thousand points again and again
     it = iter(requests)
     head: Optional[Request] = next(it, None)
     ends: List[Tuple[int, int]] = []  # (step it leaves at, seq)
@@ -215,14 +216,16 @@ def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_by
         batch = len(live)
         tokens = sum_base + batch * step
         longest = step - tops[0][0]
-        sched.peak_pages = max(sched.peak_pages, reserved)
-        ms = cost.ms(batch, -(-tokens // (batch * page)))
+        if reserved > sched.peak_pages:
+            sched.peak_pages = reserved
+        mean_pages = -(-tokens // (batch * page))
+        ms = step_ms.get((batch, mean_pages)) or cost.ms(batch, mean_pages)
         if audit is not None:
             audit(step, {s: (b + step, t, p) for s, (b, p, t) in live.items()}, sched)
             n = 1
         else:
             n = _run_length(step, batch, tokens, longest, page, ends[0][0] - step)
-            if arrivals and head is not None and len(live) < max_batch and reserved + -(-(
+            if arrivals and head is not None and batch < max_batch and reserved + -(-(
                     head.prompt_tokens + head.output_tokens) // page) <= limit:
                 # the next request fits: the run ends at the step whose start is past its arrival
                 n = min(n, max(1, math.ceil((head.arrival_s - clock) / (ms / 1e3))))
