@@ -876,8 +876,9 @@ def run_kv_budget(cfg: ModelConfig, budget_bytes: int, context: int, stacks: Seq
 
 
 __all__ = ["ModelConfig", "ModelConfigError", "PRESETS", "load_model_config", "STACKS", "KV_MODES", "Point",
-           "parse_points", "parse_names", "OpCall", "step_op_calls", "roofline_ms", "NOMINAL_TBPS", "NOMINAL_TFLOPS", "LayerWeights",
+           "parse_points", "parse_names", "OpCall", "step_op_calls", "NOMINAL_TBPS", "NOMINAL_TFLOPS", "LayerWeights",
            "make_weights", "KVState", "make_kv_state", "rms_norm", "StepOutput", "RecordedCall", "DecodeStep",
            "reference_step", "rel_error", "Int8Accuracy", "int8_accuracy", "StackTiming", "Served", "PointResult",
            "ModelBenchResult", "run_point", "run_model_bench", "paged_blocks", "BF16_ONLY_STACKS",
-           "cache_bytes_per_token", "kv_budget_points", "parse_bytes", "run_kv_budget", "available_stacks"]
+           "cache_bytes_per_token", "kv_budget_points", "parse_bytes", "run_kv_budget", "available_stacks",
+           "roofline_ms"]
