@@ -152,22 +152,13 @@ def budget_pages(model: ModelConfig, kv: str, budget_bytes: int) -> int:
     return int(pages)
 
 
-def _run_length(step: int, batch: int, tokens: int, longest: int, page: int, to_end: int) -> int:
-    """Steps from `step` over which nothing changes but the contexts: until the next sequence leaves
-    (`to_end`), the mean context reaches its next page (the step's cost changes) or the longest context
-    does (the block table's capacity changes). Contexts grow by one token a step."""
-    mean_run = (-(-tokens // (batch * page)) * batch * page - tokens) // batch + 1
-    top_run = -(-longest // page) * page - longest + 1
-    return min(to_end, mean_run, top_run)
-
-
 def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_bytes: int,  # long: one hot loop
              max_batch: int = DEFAULT_MAX_BATCH, cost: Optional[StepModel] = None, arrivals: bool = True,
              audit: Optional[Audit] = None, schedule: Optional[Schedule] = None) -> Schedule:
     """The decode schedule of `requests` (in arrival order) under the budget (see the module's docstring).
     A sequence admitted at step g with prompt p has context p + 1 + (s - g) at step s: its `base` is
     p + 1 - g, so the batch's cached tokens are sum(base) + batch * s and its longest context max(base) + s,
-    kept without touching each sequence. Steps between two changes (`_run_length`, an arrival) are
+    kept without touching each sequence. Steps between two changes (below, and an arrival) are
     counted as one run; with `audit` every step is its own run and is audited."""
     page = model.page_size
     cost = cost or StepModel(model, kv)
@@ -179,8 +170,9 @@ def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_by
     ends: List[Tuple[int, int]] = []  # (step it leaves at, seq)
     tops: List[Tuple[int, int]] = []  # (-base, seq): the longest context, lazily cleaned
     live: Dict[int, Tuple[int, int, int]] = {}  # seq -> (base, pages reserved, prompt + output)
-    reserved = sum_base = step = seq = 0
-    clock = 0.0
+    reserved = sum_base = step = seq = steps = made = 0
+    clock = busy_ms = 0.0
+    groups, peak = sched.groups, sched.peak_pages
     while True:
         while ends and ends[0][0] == step:
             base, pages, _ = live.pop(heapq.heappop(ends)[1])
@@ -216,22 +208,40 @@ def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_by
         batch = len(live)
         tokens = sum_base + batch * step
         longest = step - tops[0][0]
-        if reserved > sched.peak_pages:
-            sched.peak_pages = reserved
+        if reserved > peak:
+            peak = reserved
         mean_pages = -(-tokens // (batch * page))
+        cap_pages = -(-longest // page)
         ms = step_ms.get((batch, mean_pages)) or cost.ms(batch, mean_pages)
         if audit is not None:
             audit(step, {s: (b + step, t, p) for s, (b, p, t) in live.items()}, sched)
             n = 1
         else:
-            n = _run_length(step, batch, tokens, longest, page, ends[0][0] - step)
+            # the run: until the next sequence leaves, the mean context reaches its next page (the step's cost
+            # changes) or the longest context does (the block table's capacity changes); contexts grow by one
+            # token a step
+            n = min(ends[0][0] - step, (mean_pages * batch * page - tokens) // batch + 1,
+                    cap_pages * page - longest + 1)
             if arrivals and head is not None and batch < max_batch and reserved + -(-(
                     head.prompt_tokens + head.output_tokens) // page) <= limit:
                 # the next request fits: the run ends at the step whose start is past its arrival
                 n = min(n, max(1, math.ceil((head.arrival_s - clock) / (ms / 1e3))))
-        sched.add_steps(n, batch, n * tokens + batch * n * (n - 1) // 2, -(-longest // page), n * ms)
+        g = groups.get((batch, cap_pages))  # Schedule.add_steps, inline: this is the loop's hottest line
+        if g is None:
+            groups[(batch, cap_pages)] = [n, n * tokens + batch * n * (n - 1) // 2, n * ms]
+        else:
+            g[0] += n
+            g[1] += n * tokens + batch * n * (n - 1) // 2
+            g[2] += n * ms
+        steps += n
+        made += n * batch
+        busy_ms += n * ms
         clock += n * ms / 1e3
         step += n
+    sched.steps += steps
+    sched.decode_tokens += made
+    sched.busy_s += busy_ms / 1e3
+    sched.peak_pages = peak
     sched.clock_s = clock
     return sched
 
