@@ -36,15 +36,18 @@ def main(argv=None) -> int:
            "--json", a.out + ".analysis.json"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     load_before = os.getloadavg()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)  # the generator's, when it ran: taken off below
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the analysis (the generator, when run, is counted too)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     doc = json.load(open(a.out + ".analysis.json")) if proc.returncode == 0 else {}
     sched = doc.get("kv", {}).get("bf16", {}).get("schedule", {})
     fig = {"requests": a.requests, "rate": a.rate, "trace_bytes": os.path.getsize(trace), "model": a.model,
-           "exit": proc.returncode, "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-           "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "cores": os.cpu_count(),
+           "exit": proc.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+           # the largest child's (the generator's is far smaller)
+           "peak_rss_mib": round(after.ru_maxrss / 1024, 1), "cores": os.cpu_count(),
            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
            "steps": sched.get("steps"), "step_groups": sched.get("groups"), "command": " ".join(cmd[1:])}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
