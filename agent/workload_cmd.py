@@ -207,12 +207,13 @@ def _plan(args, model, budget: int) -> int:
     gpu = args.measure == "on" or (args.measure == "auto" and cuda_available())
     if args.measure == "on" and not cuda_available():
         raise UsageError("--measure on: no CUDA GPU on this machine")
-    measure, basis = (_gpu_measure(), "measured on the GPU (bench --model's step at each option's heaviest point)") \
+    say = (lambda text: None) if args.json else ui.line  # --json: the document alone on stdout (its basis says it)
+    measure, basis = (_gpu_measure(say), "measured on the GPU (bench --model's step at each option's heaviest point)") \
         if gpu else (None, ESTIMATE_BASIS)
     if not gpu:
-        ui.line("no GPU: the options are estimated by the roofline and the int8 error on the CPU, not measured")
+        say("no GPU: the options are estimated by the roofline and the int8 error on the CPU, not measured")
     options = estimate_options(args.trace, model, budget, args.max_error, sizes, CACHE_FORMATS, args.max_batch,
-                               measure, basis, progress=lambda what: ui.line(f"replaying the trace: {what}"))
+                               measure, basis, progress=lambda what: say(f"replaying the trace: {what}"))
     plan = make_plan(args.trace, model, budget, args.max_error, options, basis)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_plan(plan, args.out)
@@ -232,11 +233,11 @@ def _plan(args, model, budget: int) -> int:
     return 0
 
 
-def _gpu_measure():
+def _gpu_measure(log):
     """(cfg, kv, batch, ctx) -> {step_ms, error}: the serving stack's step in that KV mode timed at that point
     (harness.model_step.run_point); for int8 the error is its Int8Accuracy (against its own bf16 step)."""
     def measure(cfg, kv: str, batch: int, ctx: int) -> Dict[str, float]:
-        res = run_point(cfg, Point(batch, ctx), ("serving",), (kv,), log=ui.line)
+        res = run_point(cfg, Point(batch, ctx), ("serving",), (kv,), log=log)
         t = next(t for t in res.timings if t.stack == "serving" and t.kv == kv)
         err = res.accuracy.attn_rel_error if res.accuracy is not None else (0.0 if kv == "bf16" else float("nan"))
         return {"step_ms": t.step_ms, "error": err}

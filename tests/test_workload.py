@@ -423,3 +423,13 @@ def test_a_workload_runs_pull_request_suggests_its_heaviest_point_for_the_decode
     pk = SimpleNamespace(promotion=SimpleNamespace(op="decode_attention", bucket="c8k-g4-d128", dtype="bfloat16"))
     s = suggest_step(run, pk)
     assert (s.model, s.point, s.kv) == ("llama-3-8b", "48x3040", "bf16")
+
+
+def test_plan_json_is_the_document_alone_and_the_file_it_wrote(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # no GPU: estimated
+    out = tmp_path / "plans" / "p.json"
+    assert main(["workload", "plan", os.path.join(DATA, "chat_300.jsonl"), "--model", "llama-3-8b", "--kv-budget",
+                 "4GiB", "--page-sizes", "16", "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == json.loads(out.read_text()) and doc["basis"] == kv_plan.ESTIMATE_BASIS
+    assert (doc["kv_format"], doc["page_size"]) == ("int8", 16) and kv_plan.load_plan(str(out)).kv_format == "int8"
