@@ -356,13 +356,16 @@ def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
             raise UsageError(str(e)) from None
     elif points:
         raise UsageError("--target-points needs --target-model")
-    if args.workload:
+    workload = args.workload or file_run.get("workload")
+    budget = args.kv_budget or file_run.get("kv_budget")
+    if workload:
         if not target_model:
             raise UsageError("--workload needs --target-model CONFIG: the model that serves the trace")
         if points:
             raise UsageError("--workload chooses the points: leave out --target-points")
-        _apply_workload(args.workload, args.kv_budget, load_model_config(str(target_model)), cfg)
-    elif args.kv_budget:
+        _apply_workload(str(workload), None if budget is None else str(budget), load_model_config(str(target_model)),
+                        cfg)
+    elif budget:
         raise UsageError("--kv-budget needs --workload")
 
 

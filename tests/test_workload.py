@@ -433,3 +433,12 @@ def test_plan_json_is_the_document_alone_and_the_file_it_wrote(tmp_path, capsys,
     doc = json.loads(capsys.readouterr().out)
     assert doc == json.loads(out.read_text()) and doc["basis"] == kv_plan.ESTIMATE_BASIS
     assert (doc["kv_format"], doc["page_size"]) == ("int8", 16) and kv_plan.load_plan(str(out)).kv_format == "int8"
+
+
+def test_a_config_files_run_section_names_the_workload(tmp_path):
+    from kernel_agent.agent.cli import build_parser
+    from kernel_agent.agent.commands import _run_config
+    trace = os.path.join(DATA, "chat_300.jsonl")
+    args = build_parser().parse_args(["run", "--proposer", "search"])
+    cfg = _run_config(args, {"target_model": "llama-3-8b", "workload": trace, "kv_budget": "8GiB"})
+    assert cfg.target_workload == {"trace": trace, "kv_budget_bytes": 8 * 2**30, "requests": 300}
