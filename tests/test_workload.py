@@ -328,6 +328,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, s
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out.jsonl").exists()
+    assert not (tmp_path / "runs" / "ledger.db").exists()  # nothing recorded
 
 
 def test_schedule_defaults_hold_no_state_between_replays():
