@@ -21,8 +21,10 @@ def register(sub) -> None:
     w = sub.add_parser("workload", help="a serving trace: import it, replay it into shape buckets, plan its KV cache")
     ws = w.add_subparsers(dest="workload_command", metavar="ACTION")
     i = ws.add_parser("import", help="convert another tool's trace into a workload trace (JSON Lines)")
-    i.add_argument("format", choices=sorted(IMPORTERS), help="vllm: a serving benchmark result (--save-result); "
-                                                              "flashinfer-bench: its trace JSON Lines")
+    i.add_argument("format", choices=sorted(IMPORTERS), help="vllm: its serving benchmark result (--save-result); "
+                                                              "sglang: bench_serving's --output-file with "
+                                                              "--output-details (the last run); flashinfer-bench: its "
+                                                              "trace JSON Lines")
     i.add_argument("source")
     i.add_argument("--out", required=True, metavar="TRACE", help="the workload trace to write")
     a = ws.add_parser("analyze", help="replay a trace: its (batch, context) points, op calls, buckets and their "

@@ -10,7 +10,8 @@ Requests come in arrival order. Steps are what an engine recorded (FlashInfer-Be
 are steps): a trace may hold requests, steps, or both. `read_trace` streams a file record by record
 (bounded memory whatever its length) and raises TraceError naming the line of the first bad record.
 
-The importers read another tool's output and write a trace: all of it or nothing (a temporary file
+The importers (vLLM's and SGLang's serving benchmark results, FlashInfer-Bench's traces) read another tool's
+output and write a trace: all of it or nothing (a temporary file
 renamed into place once every record was read and checked).
 """
 from __future__ import annotations
@@ -236,15 +237,16 @@ def _load_json(path: str) -> Any:
         raise TraceError(f"{path}: not a text file (not UTF-8)") from None
 
 
-def vllm_requests(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request]]]:
-    """vLLM's serving benchmark result (`benchmarks/benchmark_serving.py --save-result`, `vllm bench serve
-    --save-result`): per request `input_lens` and `output_lens`, and `errors` (empty for a success). The file
-    keeps no send times: requests arrive evenly at its `request_rate` (all at once when that is inf), which
-    is the rate the benchmark drew its Poisson arrivals at. Failed requests are left out."""
-    doc = _load_json(path)
+def _benchmark_requests(doc: Any, path: str, tool: str,
+                        how: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request]]]:
+    """The requests of a serving benchmark's result object (vLLM's and SGLang's share these fields): per
+    request `input_lens`, `output_lens` and `errors` (empty for a success), and the run's `request_rate`.
+    Results keep no send times: requests arrive evenly at the request rate (the rate the benchmark drew its
+    Poisson arrivals at), all at once when it is inf. Failed requests, and requests that generated nothing,
+    are left out."""
     if not isinstance(doc, dict) or "input_lens" not in doc or "output_lens" not in doc:
-        raise TraceError(f"{path}: not a vLLM benchmark result (no input_lens and output_lens; save it with "
-                         f"--save-result)")
+        raise TraceError(f"{path}: not a {tool} benchmark result with per-request lengths (no input_lens and "
+                         f"output_lens; save it with {how})")
     ins, outs, errs = doc["input_lens"], doc["output_lens"], doc.get("errors") or []
     if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
         raise TraceError(f"{path}: input_lens and output_lens must be lists of the same length")
@@ -257,7 +259,7 @@ def vllm_requests(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request
         raise TraceError(f"{path}: request_rate must be a number or inf, got {rate!r}") from None
     gap = 0.0 if not math.isfinite(rate) or rate <= 0 else 1.0 / rate
     model = doc.get("model_id") or doc.get("model") or "?"
-    header = TraceHeader(f"vllm benchmark_serving: {os.path.basename(path)} ({model}, request_rate {rate:g})",
+    header = TraceHeader(f"{tool} serving benchmark: {os.path.basename(path)} ({model}, request_rate {rate:g})",
                          extra={"note": "arrivals evenly spaced at request_rate (the result keeps no send times)"})
 
     def records() -> Iterator[Request]:
@@ -270,6 +272,31 @@ def vllm_requests(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request
             if p >= 1 and o >= 1:  # a request that produced nothing made no decode step
                 yield Request(i * gap, p, o)
     return header, records
+
+
+def vllm_requests(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request]]]:
+    """vLLM's serving benchmark result (`benchmarks/benchmark_serving.py --save-result`, `vllm bench serve
+    --save-result`): one JSON document."""
+    return _benchmark_requests(_load_json(path), path, "vLLM", "--save-result")
+
+
+def sglang_requests(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request]]]:
+    """SGLang's serving benchmark output (`python -m sglang.bench_serving --output-file F.jsonl
+    --output-details`): one JSON object appended per run; the last run is imported."""
+    if not os.path.isfile(path):
+        raise TraceError(f"no such file: {path}")
+    last, where = None, 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.strip():
+                last, where = raw, lineno
+    if last is None:
+        raise TraceError(f"{path}: empty: no benchmark run in it")
+    try:
+        doc = json.loads(last)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"{path}:{where}: not JSON ({getattr(e, 'msg', e)})") from None
+    return _benchmark_requests(doc, f"{path}:{where}", "SGLang", "--output-details")
 
 
 FLASHINFER_DECODE = re.compile(r"gqa_paged_decode_h(\d+)_kv(\d+)_d(\d+)_ps(\d+)")
@@ -334,6 +361,7 @@ def flashinfer_steps(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Engi
 
 IMPORTERS: Dict[str, Callable[[str], Tuple[TraceHeader, Callable[[], Iterator[Any]]]]] = {
     "vllm": vllm_requests,
+    "sglang": sglang_requests,
     "flashinfer-bench": flashinfer_steps,
 }
 
@@ -345,5 +373,5 @@ def import_trace(fmt: str, source: str, out: str) -> int:
 
 
 __all__ = ["FORMAT_VERSION", "TraceError", "Request", "EngineStep", "TraceHeader", "parse_record", "TraceReader",
-           "read_header", "check_trace", "write_trace", "vllm_requests", "flashinfer_steps", "IMPORTERS",
-           "import_trace"]
+           "read_header", "check_trace", "write_trace", "vllm_requests", "sglang_requests", "flashinfer_steps",
+           "IMPORTERS", "import_trace"]

@@ -443,3 +443,18 @@ def test_a_config_files_run_section_names_the_workload(tmp_path):
     args = build_parser().parse_args(["run", "--proposer", "search"])
     cfg = _run_config(args, {"target_model": "llama-3-8b", "workload": trace, "kv_budget": "8GiB"})
     assert cfg.target_workload == {"trace": trace, "kv_budget_bytes": 8 * 2**30, "requests": 300}
+
+
+def test_sglang_bench_serving_output_imports_its_last_run(tmp_path):
+    src = os.path.join(DATA, "sglang_bench_serving.jsonl")
+    out = str(tmp_path / "t.jsonl")
+    assert import_trace("sglang", src, out) == 9  # 10 requests, one failed
+    last = json.loads(open(src).read().splitlines()[-1])
+    recs = list(TraceReader(out))
+    ok = [i for i, e in enumerate(last["errors"]) if not e]
+    assert [(r.prompt_tokens, r.output_tokens, r.arrival_s) for r in recs] == [
+        (last["input_lens"][i], last["output_lens"][i], i / last["request_rate"]) for i in ok]
+    first_only = tmp_path / "summary.jsonl"
+    first_only.write_text(open(src).read().splitlines()[0] + "\n")
+    with pytest.raises(TraceError, match=r"summary.jsonl:1: not a SGLang benchmark result .*--output-details"):
+        import_trace("sglang", str(first_only), str(tmp_path / "t2.jsonl"))
