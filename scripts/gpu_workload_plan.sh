@@ -9,6 +9,7 @@
 #   OUTDIR/analyze.txt, .json     workload analyze of it (bf16 and int8)
 #   OUTDIR/plan_estimate.{txt,json}  the plan without the GPU
 #   OUTDIR/plan_measured.{txt,json}  the plan measured on the GPU; OUTDIR/machine.txt: GPU and versions
+#   OUTDIR/gpu_test.txt          pytest -m gpu tests/test_gpu.py -k workload_plan (the measured path's checks)
 set -u
 OUT=$1
 mkdir -p "$OUT"
@@ -29,9 +30,11 @@ echo "analyze: exit $? ($(date +%T))"
 timeout 90 $KA workload plan "$OUT/trace.jsonl" --model llama-3-8b --kv-budget 60GiB --page-sizes 16,32 \
   --measure off --out "$OUT/plan_estimate.json" > "$OUT/plan_estimate.txt" 2>&1
 echo "plan (estimate): exit $? ($(date +%T))"
-timeout 420 $KA workload plan "$OUT/trace.jsonl" --model llama-3-8b --kv-budget 60GiB --page-sizes 16,32 \
+timeout 330 $KA workload plan "$OUT/trace.jsonl" --model llama-3-8b --kv-budget 60GiB --page-sizes 16,32 \
   --measure on --out "$OUT/plan_measured.json" > "$OUT/plan_measured.txt" 2>&1
 rc=$?
 echo "plan (measured): exit $rc ($(date +%T))"
-cat "$OUT/machine.txt" "$OUT/plan_estimate.txt" "$OUT/plan_measured.txt"
+timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k workload_plan > "$OUT/gpu_test.txt" 2>&1
+echo "gpu test: exit $? ($(date +%T))"
+cat "$OUT/machine.txt" "$OUT/plan_estimate.txt" "$OUT/plan_measured.txt"; tail -3 "$OUT/gpu_test.txt"
 exit $rc
