@@ -10,6 +10,7 @@
     kernel-agent promote / demote   change the serving kernel set by hand
     kernel-agent ledger upgrade     migrate an older ledger to this version's schema
     kernel-agent serve     a read-only web view of the ledger (the [web] extra)
+    kernel-agent workload  import a serving trace, replay it into shape buckets, plan its KV cache
 
 Usage errors print one line and exit 2; failures of what was checked exit 1.
 """
@@ -28,11 +29,11 @@ from ..sanitizer.report import merge_gpu, verdicts_json, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.sandbox import host_protections
 from ..sanitizer.verdict import Verdict
-from . import ci_templates, commands, ledger_cmd, pr, review, serve_cmd, serving_cmd, ui
+from . import ci_templates, commands, ledger_cmd, pr, review, serve_cmd, serving_cmd, ui, workload_cmd
 from .cli_common import COMMANDS, OPS_HELP, UsageError, check_files, check_op, command, cuda_available
 
 # The command modules add their subcommands' parsers in this order (the order `--help` lists them).
-COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd, ledger_cmd, serve_cmd)
+COMMAND_MODULES = (commands, review, pr, ci_templates, serving_cmd, ledger_cmd, serve_cmd, workload_cmd)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -111,7 +111,7 @@ def cuda_available() -> bool:
 CONFIG_KEYS: Dict[str, tuple] = {
     "model": ("name", "base_url", "api_key", "temperature", "max_tokens", "timeout_s", "max_retries", "concurrency"),
     "run": ("ops", "candidates", "per_round", "time_limit", "tokens", "jobs", "gpus", "dtype", "shapes", "seed",
-            "in_place", "target_model", "target_points"),
+            "in_place", "target_model", "target_points", "workload", "kv_budget"),
     "cluster": ("address", "gpu_model"),
 }
 

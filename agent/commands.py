@@ -22,6 +22,7 @@ from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, loa
                                   parse_names, parse_points, run_kv_budget, run_model_bench)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
+from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
@@ -68,6 +69,11 @@ def _add_run_parser(sub) -> None:
                         "config; see `bench --model`), each bucket weighted by its share of the step")
     r.add_argument("--target-points", metavar="BxCTX,...",
                    help="batch x context points of --target-model's step (default 32x8192)")
+    r.add_argument("--workload", metavar="TRACE",
+                   help="with --target-model: target the buckets a workload trace's decode steps call, each weighted "
+                        "by its share of their time (`kernel-agent workload analyze`; docs/WORKLOADS.md)")
+    r.add_argument("--kv-budget", metavar="SIZE", help="--workload: the KV-cache budget per GPU the trace is replayed "
+                                                       "under (default 60GiB)")
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
     r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
     r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
@@ -206,6 +212,8 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
     check_counts(**counts)
     if args.resume:
         check_ledger_exists(ledger_path)  # a mistyped --ledger names no run: it must not create a ledger there
+        if args.workload or args.kv_budget:
+            raise UsageError("--workload and --kv-budget choose a new run's targets; a resumed run keeps its own")
     if not args.resume:
         _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
         _check_model_flags(args)
@@ -355,6 +363,29 @@ def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
             raise UsageError(str(e)) from None
     elif points:
         raise UsageError("--target-points needs --target-model")
+    workload = args.workload or file_run.get("workload")
+    budget = args.kv_budget or file_run.get("kv_budget")
+    if workload:
+        if not target_model:
+            raise UsageError("--workload needs --target-model CONFIG: the model that serves the trace")
+        if points:
+            raise UsageError("--workload chooses the points: leave out --target-points")
+        _apply_workload(str(workload), None if budget is None else str(budget), load_model_config(str(target_model)),
+                        cfg)
+    elif budget:
+        raise UsageError("--kv-budget needs --workload")
+
+
+def _apply_workload(trace: str, budget: Optional[str], model, cfg) -> None:
+    """`--workload`: the trace replayed in both KV modes; its weighted points become the run's targets."""
+    try:
+        budget_bytes = parse_bytes(budget or DEFAULT_KV_BUDGET)
+        analyses = analyze(trace, model, KV_MODES, budget_bytes)
+    except ValueError as e:  # a malformed trace (TraceError names its line), a budget that holds nothing
+        raise UsageError(f"--workload: {str(e).splitlines()[0]}") from None
+    cfg.target_weights = workload_points(analyses)
+    cfg.target_workload = {"trace": trace, "kv_budget_bytes": budget_bytes,
+                           "requests": analyses[KV_MODES[0]].schedule.requests}
 
 
 def _check_endpoint(model) -> None:

@@ -106,6 +106,10 @@ class RunConfig:
     # bucket weighted by its share of the step, at these points ('BATCHxCONTEXT,...')
     target_model: Optional[Dict[str, Any]] = None
     target_points: str = "32x8192"
+    # a workload's weighted points instead of target_points' equal ones: [kv, batch, context, weight] per point
+    # (harness.workload.workload_points), and the trace they came from (`run --workload`)
+    target_weights: Optional[List[List[Any]]] = None
+    target_workload: Optional[Dict[str, Any]] = None
     # write the serving folder in place even where git tracks it (default: a branch of the run's own)
     in_place: bool = False
 
@@ -256,23 +260,31 @@ def weighted_pick(weights: Sequence[float], asked: Sequence[int], exhausted: Set
     return min(live, key=lambda j: (asked[j] + 1) / max(weights[j], 1e-9))
 
 
-def model_targets(cfg: RunConfig) -> List[Target]:
-    """The buckets a model's decode step calls (both KV modes, at every point of `target_points`), each
-    weighted by its roofline share of the step (harness.model_step.step_op_calls), heaviest first; ops
-    outside `cfg.ops` are left out."""
-    model = model_step.ModelConfig.from_mapping(cfg.target_model or {})
+def weighted_points(cfg: RunConfig) -> List[Tuple[str, int, int, float]]:
+    """(kv, batch, context, weight) of the decode steps a run targets: a workload's weighted points
+    (`run --workload`), else every point of `target_points` in both KV modes, all of equal weight."""
+    if cfg.target_weights:
+        return [(str(kv), int(b), int(c), float(w)) for kv, b, c, w in cfg.target_weights]
     points = model_step.parse_points(cfg.target_points)
+    n = len(points) * len(model_step.KV_MODES)
+    return [(kv, p.batch, p.context, 1.0 / n) for p in points for kv in model_step.KV_MODES]
+
+
+def model_targets(cfg: RunConfig) -> List[Target]:
+    """The buckets a model's decode step calls at the run's weighted points (`weighted_points`), each
+    weighted by its roofline share of the step at each point times the point's weight
+    (harness.model_step.step_op_calls), heaviest first; ops outside `cfg.ops` are left out."""
+    model = model_step.ModelConfig.from_mapping(cfg.target_model or {})
     shapes: Dict[Tuple[str, str], List[Shape]] = {}
     weight: Dict[Tuple[str, str], float] = collections.defaultdict(float)
-    for point in points:
-        for kv in model_step.KV_MODES:
-            for call in model_step.step_op_calls(model, point.batch, point.context, kv, cfg.dtype):
-                if call.op not in cfg.ops:
-                    continue
-                key = (call.op, call.bucket)
-                if call.shape not in shapes.setdefault(key, []):
-                    shapes[key].append(call.shape)
-                weight[key] += call.share / (len(points) * len(model_step.KV_MODES))
+    for kv, batch, context, w in weighted_points(cfg):
+        for call in model_step.step_op_calls(model, batch, context, kv, cfg.dtype):
+            if call.op not in cfg.ops:
+                continue
+            key = (call.op, call.bucket)
+            if call.shape not in shapes.setdefault(key, []):
+                shapes[key].append(call.shape)
+            weight[key] += call.share * w
     if not shapes:
         raise ValueError(f"the decode step of {model.name} calls none of the ops {', '.join(cfg.ops)}")
     keys = sorted(shapes, key=lambda k: -weight[k])
@@ -1177,7 +1189,9 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
         if target.info.mode != NONE:  # (without a GPU the line above already says that nothing is promoted)
             events.note(target.info.describe())
         if cfg.target_model and not resume:
-            events.note(f"targets: the decode step of {cfg.target_model.get('name')} at {cfg.target_points}, by "
+            where = (f"the workload {cfg.target_workload.get('trace')}" if cfg.target_workload
+                     else cfg.target_points)
+            events.note(f"targets: the decode step of {cfg.target_model.get('name')} at {where}, by "
                         f"share: " + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets))
         events.note(f"evaluating with {describe(loop.placement)}")
         # the budget counts what this run proposed that no earlier run had judged (replays are free)

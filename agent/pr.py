@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
+from ..harness.kv_plan import KvPlan, load_plan
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
 from .cli_common import UsageError, command, default_ledger, open_ledger
@@ -45,6 +46,8 @@ def register(sub) -> None:
     p.add_argument("--model-step", metavar="FILE",
                    help="a `kernel-agent bench --model ... --out FILE` document, measured with the run's serving "
                         "set: the decode-step effect of each promoted kernel that the step calls")
+    p.add_argument("--kv-plan", metavar="FILE", help="a `kernel-agent workload plan` file: its choice and options "
+                                                     "as a section of the body")
     p.add_argument("--ledger", default=None)
     command("pr")(cmd_pr)
 
@@ -204,6 +207,16 @@ class StepSuggestion:
     calls: Tuple[str, ...] = field(default_factory=tuple)
 
 
+def _target_points(cfg: Dict[str, Any]) -> List[str]:
+    """A run's decode-step points as BxCTX: a workload's weighted points heaviest first (`run --workload`),
+    else its `target_points`."""
+    weights = cfg.get("target_weights")
+    if isinstance(weights, list) and weights:
+        ranked = sorted(weights, key=lambda w: -float(w[3]))
+        return list(dict.fromkeys(f"{int(b)}x{int(c)}" for _, b, c, _ in ranked))
+    return [str(pt) for pt in parse_points(str(cfg.get("target_points") or "32x8192"))]
+
+
 def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
     """The run's target model and points first (`run --target-model`), then each preset at
     SUGGESTED_POINTS: the first step that calls (op, bucket) of the promotion in bf16."""
@@ -216,7 +229,7 @@ def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
         try:
             m = ModelConfig.from_mapping(cfg["target_model"])
             name = m.name if PRESETS.get(m.name) == m else f"{m.name}.json"  # a config file keeps its own name
-            tries += [(name, m, str(pt)) for pt in parse_points(str(cfg.get("target_points") or "32x8192"))]
+            tries += [(name, m, pt) for pt in _target_points(cfg)]
         except ModelConfigError:
             pass  # a target the ledger recorded but this version cannot read: the presets below still apply
     tries += [(name, m, pt) for name, m in PRESETS.items() for pt in SUGGESTED_POINTS]
@@ -396,9 +409,10 @@ def _title(run, kernels: Sequence[PromotedKernel]) -> str:
     return f"kernel-agent {run.id}: promote {shown}"
 
 
-def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional[str] = None) -> Optional[PullRequest]:
+def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional[str] = None,
+             plan: Optional[KvPlan] = None) -> Optional[PullRequest]:
     """Write the body (out_dir/pr.md) and the plots; None when the run promoted nothing (nothing written).
-    ledger_flag: ' --ledger PATH' for the commands, or '' for the default ledger."""
+    ledger_flag: ' --ledger PATH' for the commands, or '' for the default ledger. plan: a KV-cache plan to show."""
     results = candidate_results(led.figures(run_id=run.id))
     kernels = promoted_kernels(led, run, results)
     if not kernels:
@@ -442,6 +456,8 @@ def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional
         lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
         lines += step_section(run, pk, doc, model_step, rerun)
         lines += reproduce_section(led, run, pk, later, branch, ledger_flag) + [""]
+    if plan is not None:
+        lines += ["## KV-cache plan", ""] + plan.summary_lines() + [""]
     lines += ["---", "",
               f"Written by `{rerun}`. Every candidate and benchmark of the run: "
               f"`kernel-agent report {run.id}{ledger_flag}`; the run: `kernel-agent show {run.id}{ledger_flag}`."]
@@ -477,7 +493,8 @@ def cmd_pr(args) -> int:
         raise UsageError(f"no run {args.run!r} in the ledger")
     ledger_flag = f" --ledger {shlex.quote(args.ledger)}" if args.ledger and args.ledger != default_ledger() else ""
     out = args.out or os.path.join("runs", run.id, "pr")
-    pr = write_pr(led, run, out, ledger_flag, args.model_step)
+    plan = load_plan(args.kv_plan) if args.kv_plan else None  # a bad file: KvPlanError, one line
+    pr = write_pr(led, run, out, ledger_flag, args.model_step, plan)
     if pr is None:
         # no body: a pull request needs a change, and the run made none (its report says what it tried)
         ui.line(f"run {run.id} promoted nothing: no pull request to write (kernel-agent report {run.id} summarizes "

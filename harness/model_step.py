@@ -261,6 +261,11 @@ class OpCall:
         return d
 
 
+def roofline_ms(flops: float, nbytes: float) -> float:
+    """The roofline time of a call: the larger of its FLOPs and bytes over the nominal ceilings."""
+    return max(flops / (NOMINAL_TFLOPS * 1e9), nbytes / (NOMINAL_TBPS * 1e9))
+
+
 def paged_blocks(cfg: ModelConfig, context: int) -> int:
     """Block-table columns per sequence: the blocks a context of `context` tokens fills."""
     return -(-context // cfg.page_size)
@@ -296,7 +301,7 @@ def step_op_calls(cfg: ModelConfig, batch: int, context: int, kv: str = "bf16",
     for label, name, shape in calls:
         op = get_op(name)
         flops, nbytes = op.flops(shape), op.bytes(shape, dt)
-        ms = max(flops / (NOMINAL_TFLOPS * 1e9), nbytes / (NOMINAL_TBPS * 1e9))
+        ms = roofline_ms(flops, nbytes)
         rows.append((label, name, shape, op.bucket(shape), flops, nbytes, ms))
     total = sum(r[-1] for r in rows)
     return [OpCall(label, name, shape, bucket, dtype, cfg.layers, flops, nbytes, ms, ms / total)
@@ -875,4 +880,5 @@ __all__ = ["ModelConfig", "ModelConfigError", "PRESETS", "load_model_config", "S
            "make_weights", "KVState", "make_kv_state", "rms_norm", "StepOutput", "RecordedCall", "DecodeStep",
            "reference_step", "rel_error", "Int8Accuracy", "int8_accuracy", "StackTiming", "Served", "PointResult",
            "ModelBenchResult", "run_point", "run_model_bench", "paged_blocks", "BF16_ONLY_STACKS",
-           "cache_bytes_per_token", "kv_budget_points", "parse_bytes", "run_kv_budget", "available_stacks"]
+           "cache_bytes_per_token", "kv_budget_points", "parse_bytes", "run_kv_budget", "available_stacks",
+           "roofline_ms"]

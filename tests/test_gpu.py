@@ -521,3 +521,18 @@ def test_each_baseline_passes_the_gpu_regions_of_its_domain(op_name):
     v = run_isolated(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name, "gpu",
                      checks=("gpu_domain", "gpu_differential"), timeout_s=900)
     assert v.passed, v.summary()
+
+
+def test_a_workload_plan_measured_on_the_gpu_scales_each_option_by_its_step():
+    """`workload plan --measure on`'s path: each option's heaviest point timed with bench --model's machinery
+    (the serving stack in its KV mode), tokens/s scaled by measured over roofline, the int8 error measured."""
+    from kernel_agent.agent.workload_cmd import _gpu_measure
+    from kernel_agent.harness.kv_plan import estimate_options
+    from kernel_agent.harness.model_step import PRESETS
+    trace = os.path.join(ROOT, "tests", "data", "workloads", "chat_300.jsonl")
+    opts = estimate_options(trace, PRESETS["llama-3-8b"], 4 * 2**30, 0.02, page_sizes=(16,),
+                            measure=_gpu_measure(lambda text: None), basis="gpu")
+    by = {o.kv: o for o in opts}
+    assert all(0.5 < o.measured_ratio < 20 for o in opts)  # a step is not faster than its roofline, nor absurd
+    assert by["bf16"].error == 0.0 and 1e-3 < by["int8"].error < 0.05
+    assert by["int8"].mean_batch > by["bf16"].mean_batch
