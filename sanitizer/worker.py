@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 
+from .canonical import judged_hash
 from .executor import Executor
 from .lease import wait_for_grant
 from .static_gate import check_source
@@ -67,7 +68,9 @@ def main(argv=None) -> int:
     # The candidate's process is started first, so that its imports overlap with this one's; it is
     # not started at all for a file that the static gate rejects.
     with open(args.file, "rb") as f:  # bytes: the gate judges how Python would read them
-        gate_ok = args.skip_gate or check_source(f.read(), args.op).passed
+        raw = f.read()
+    progress["source_hash"] = judged_hash(raw)  # the text the verdict is about: the loop holds it to the candidate's
+    gate_ok = args.skip_gate or check_source(raw, args.op).passed
     executor = None
     if gate_ok and args.mode != "gpu":
         executor = Executor(args.file, args.op, "cpu", deadline=deadline, skip_gate=args.skip_gate)
@@ -95,9 +98,7 @@ def main(argv=None) -> int:
     finally:
         if executor is not None:
             executor.close()
-    doc = verdict.to_json()
-    doc["seed"] = seed_base
-    doc["complete"] = True
+    doc = dict(verdict.to_json(), seed=seed_base, source_hash=progress["source_hash"], complete=True)
     _write(args.out, doc)
     return 0
 
