@@ -180,7 +180,6 @@ class Recorder:
         """A verdict about another text than the candidate's is no verdict on it: nothing is recorded, the
         candidate stays where it was (a later run or `--resume` judges it again), and nothing follows in this
         session. Returns False."""
-        self.unjudged += 1
         self.events.candidate(works[0].proposal.label, NOT_VERIFIED, f"{self._other_text(works[0], mode, v)}; "
                               f"not judged: `kernel-agent run --resume {self.run_id}` judges it again")
         for w in works:
