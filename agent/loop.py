@@ -25,7 +25,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..harness import serving
@@ -393,29 +393,14 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
             left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
         loop.deadline = time.time() + max(0.0, left)
 
-        sessions: List[Dict[str, Any]] = list(progress.get("sessions", []))
-
-        def serving_record() -> TargetInfo:
-            """Where the run's serving-set changes went (a session without a GPU keeps an earlier one's branch)."""
-            return previous if target.info.mode == NONE and previous is not None else target.info
-
-        def notes(session: Optional[Dict[str, Any]] = None) -> str:
-            """The run's progress for a resume, how each session (the run, then each resume) used the machine,
-            and its serving target."""
-            d = {"elapsed_s": round(budget.elapsed(), 1), "tokens": loop.proposer_thread.tokens(), "sessions": sessions,
-                 "serving": serving_record().to_json()}
-            if session is not None:
-                d["stop"] = session["stop"]
-                d["sessions"] = sessions + [session]
-            return json.dumps(d)
-
+        notes = RunNotes(list(progress.get("sessions", [])), budget, loop.proposer_thread, target, previous)
         # recorded now, so that `show` names the branch while the run is going and after a kill
-        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes())
+        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes.text())
         try:
             stop_reason = loop.stream(targets, budget, pending)
         except KeyboardInterrupt:
             _end_target(target, events)
-            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes())
+            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.text())
             events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
             raise
         finally:
@@ -431,17 +416,42 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
                        past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.recorder.unjudged,
                        stop=stop_reason)
         ended = RunStatus.FAILED if loop.failure is not None else RunStatus.FINISHED
-        ledger.set_run_status(run_id, ended, finished=True, notes=notes(session))
+        ledger.set_run_status(run_id, ended, finished=True, notes=notes.text(session))
         summary = ledger.run_summary(run_id)
         summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
-                                     th.describe(len(loop.placement.gpus)), serving_record().to_json(),
-                                     serving_record().outcome())
+                                     th.describe(len(loop.placement.gpus)), notes.serving().to_json(),
+                                     notes.serving().outcome())
         return summary
     except BaseException as e:
         _record_end(ledger, run_id, e)
         raise
     finally:
         _end_target(target, events)  # (a finished or interrupted run has ended it already)
+
+
+@dataclass
+class RunNotes:
+    """A run's notes in the ledger: its progress for a resume, how each session (the run, then each resume) used
+    the machine, and where its serving-set changes went."""
+
+    sessions: List[Dict[str, Any]]  # the earlier sessions'
+    budget: Budget
+    proposer: ProposerThread
+    target: ServingTarget
+    previous: Optional[TargetInfo]  # the serving target an earlier session recorded
+
+    def serving(self) -> TargetInfo:
+        """Where the run's serving-set changes went (a session without a GPU keeps an earlier one's branch)."""
+        return self.previous if self.target.info.mode == NONE and self.previous is not None else self.target.info
+
+    def text(self, session: Optional[Dict[str, Any]] = None) -> str:
+        """The notes as stored, with this `session`'s record once it has ended."""
+        d = {"elapsed_s": round(self.budget.elapsed(), 1), "tokens": self.proposer.tokens(), "sessions": self.sessions,
+             "serving": self.serving().to_json()}
+        if session is not None:
+            d["stop"] = session["stop"]
+            d["sessions"] = self.sessions + [session]
+        return json.dumps(d)
 
 
 def _record_end(ledger: Ledger, run_id: str, e: BaseException) -> None:
