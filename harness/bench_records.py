@@ -62,6 +62,8 @@ class Measurement:
         kw.setdefault("spread_ms", math.nan)
         kw.setdefault("n", 0)
         kw.setdefault("rounds", [])
+        # the figures the rule computes with, as numbers (TypeError / ValueError for what is not one)
+        kw.update(median_ms=float(kw["median_ms"]), spread_ms=float(kw["spread_ms"]), n=int(kw["n"]))
         return cls(**kw)
 
     def add_note(self, text: str) -> None:
@@ -189,7 +191,11 @@ class BenchOutcome:
         left out, as an untrusted child's document may hold anything."""
         results = d.get("results") if isinstance(d.get("results"), list) else []
         phases = d.get("phases") if isinstance(d.get("phases"), dict) else {}
-        return cls([ShapeResult.from_json(r) for r in results], str(d.get("error") or ""),
+        try:
+            shapes = [ShapeResult.from_json(r) for r in results]
+        except (AttributeError, KeyError, TypeError, ValueError) as e:  # not a benchmark's results: no verdict on them
+            return cls(error=f"the benchmark's results cannot be read ({type(e).__name__}: {str(e)[:200]})")
+        return cls(shapes, str(d.get("error") or ""),
                    d.get("ceilings") if isinstance(d.get("ceilings"), dict) else None,
                    {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))},
                    d.get("raced_out") or None, str(d.get("log") or ""), d.get("wall_s"),

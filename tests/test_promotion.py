@@ -244,6 +244,16 @@ def _judge(doc, shapes):
     return judge_benchmark(BenchOutcome.from_json(doc), shapes)
 
 
+def test_a_benchmark_document_that_is_not_one_is_an_error_not_a_crash():
+    """The benchmark child runs candidate code: its document is parsed once, and what does not read as
+    results (a shape without its key, a time that is not a number) is the benchmark's error, judged as one."""
+    bad_shape = {"results": [{"op": "matmul", "measurements": []}]}
+    not_a_time = {"results": [{"shape": "a", "measurements": [{"label": "candidate", "median_ms": "fast"}]}]}
+    for doc, why in ((bad_shape, "KeyError"), (not_a_time, "ValueError")):
+        j = _judge(doc, ["a"])
+        assert j.error.startswith(f"the benchmark's results cannot be read ({why}") and j.decision is None
+
+
 def test_judge_benchmark_over_a_bucket():
 
     def m(label, ms, **kw):
