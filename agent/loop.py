@@ -4,9 +4,13 @@
 Evaluation streams: each candidate moves to its next stage as soon as its current one ends,
 and the proposer refills the pipeline as candidates leave it, so the GPU starts on the first
 candidate that passed the CPU stages while others are still being sanitized. Where work runs
-is the placement's business (agent/placement.py); this module decides what runs next and
-records every result. Only this thread touches the ledger, the proposer's state (through
-one proposer thread) and the serving set.
+is the placement's business (agent/placement.py); what runs next, the stream's (agent/stream.py);
+what each result means for the ledger, the recorder's (agent/recorder.py); the run's configuration,
+targets and budget live in agent/run_config.py. This module is the run session: it admits proposals as
+candidates, knows each target's incumbent, and runs a run from start to summary (`run_loop`). Only this
+thread touches the ledger, the proposer's state (through one proposer thread) and the serving set.
+Each candidate is followed by the hash of the text the loop holds for it: a verdict, a benchmark or an
+installation about another text counts for nothing.
 
 Every step is one ledger transaction, so a run killed at any moment (Ctrl-C or kill -9)
 loses at most the steps in flight, and `--resume RUN` continues it: candidates already
