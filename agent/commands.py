@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any, Dict, List, Optional
 
 from ..harness import env
+from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
 from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_bytes,
@@ -23,9 +24,8 @@ from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, loa
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
-from ..sanitizer.canonical import TextRefused, canonical_source
+from ..sanitizer.canonical import TextRefused, canonical_source, source_hash
 from ..sanitizer.report import merge_gpu
-from ..sanitizer.verdict import CheckStatus
 from . import ui
 from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
                          cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
@@ -202,9 +202,10 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
     file_config = read_config(args.config) if args.config else {}
     file_run = file_config.get("run", {})
     parse_ops(args.ops)
-    for flag, value in (("--time-limit", args.time_limit), ("time_limit", file_run.get("time_limit"))):
-        if value is not None:
-            parse_duration(str(value))
+    # each time limit parsed once, here: the flag's (a new run's budget, or what a resume may take from now) and
+    # the config file's (a new run's, where no flag is given)
+    args.time_limit_s, args.file_time_limit_s = (None if value is None else parse_duration(str(value))
+                                                 for value in (args.time_limit, file_run.get("time_limit")))
     counts = {k: getattr(args, k) for k in ("candidates", "per_round", "jobs", "gpus", "tokens")}
     for key in counts:
         if counts[key] is None:
@@ -280,7 +281,7 @@ def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
-    limit = parse_duration(str(args.time_limit)) if args.resume and args.time_limit else None
+    limit = args.time_limit_s if args.resume else None
     cluster = _cluster_section(args, file_config)
     # the ledger before the cluster: one this version cannot use (an older schema) is refused before a
     # cluster is joined
@@ -333,9 +334,9 @@ def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
             except (TypeError, ValueError):
                 raise UsageError(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
                                  f"got {v!r}") from None
-    tl = args.time_limit or file_run.get("time_limit")
-    if tl:
-        cfg.time_limit_s = parse_duration(str(tl))
+    tl = args.time_limit_s if args.time_limit_s is not None else args.file_time_limit_s
+    if tl is not None:
+        cfg.time_limit_s = tl
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
     check_counts(candidates=cfg.max_candidates, per_round=cfg.per_round, jobs=cfg.jobs, gpus=cfg.gpus,
@@ -525,8 +526,8 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
             shapes = resolve_shapes(op, args.shapes)
         except ValueError as e:
             raise UsageError(str(e))
-        kernels = [{"label": "baseline", "file": None}] + [
-            {"label": f"candidate:{os.path.basename(f)}", "file": os.path.abspath(f)} for f in args.files]
+        kernels = [BenchKernel("baseline")] + [
+            BenchKernel(f"candidate:{os.path.basename(f)}", os.path.abspath(f)) for f in args.files]
         with ui.Progress(f"bench {name}", len(shapes)) as prog:
             for s in shapes:
                 _bench_one_shape(args, evaluator, name, s.key(), kernels, doc)
@@ -540,21 +541,21 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     return 1 if doc["errors"] else 0
 
 
-def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kernels: List[Dict[str, Any]],
+def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kernels: List[BenchKernel],
                      doc: Dict[str, Any]) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
     from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
     # references: what serving engines run (FlashInfer's paged decode), shown beside the torch anchor
-    spec = {"op": name, "shapes": [shape_key], "dtype": args.dtype, "kernels": kernels, "seed": 0, "references": True}
-    outs = [evaluator.bench(spec) for _ in range(args.processes)]
-    doc["ceilings"] = outs[-1].get("ceilings", doc.get("ceilings"))
-    errors = [o["error"] for o in outs if o.get("error")]
+    spec = BenchSpec(name, (shape_key,), args.dtype, tuple(kernels), references=True)
+    outs = [BenchOutcome.from_json(evaluator.bench(spec.to_json())) for _ in range(args.processes)]
+    doc["ceilings"] = outs[-1].ceilings or doc.get("ceilings")
+    errors = [o.error for o in outs if o.error]
     if errors:
         doc["errors"].append(f"{name} {shape_key}: {errors[0]}")
-    good = [o for o in outs if not o.get("error")] or outs[:1]  # what a failed one measured still shows
-    n = min(len(o.get("results", [])) for o in good)
-    results = [with_reported_times(merge_processes([o["results"][i] for o in good])) for i in range(n)]
-    doc["results"] += results
+    good = [o for o in outs if not o.error] or outs[:1]  # what a failed one measured still shows
+    n = min(len(o.results) for o in good)
+    results = [merge_processes([o.results[i] for o in good]) for i in range(n)]
+    doc["results"] += [with_reported_times(r) for r in results]
     if not args.no_ledger:
         _record_bench_doc(args, doc, results)
     if args.out:  # after every shape: a cut-short run keeps what it measured
@@ -592,7 +593,7 @@ def print_bench(doc) -> None:
             ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
             fi_ratio = f"{fi['median_ms'] / m['median_ms']:.2f}x" if fi else ""
             rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
-            rep_ms, rep_spread, rep_kind = reported_time(m)
+            rep_ms, rep_spread, rep_kind = reported_time(Measurement.from_json(m))
             rows.append([res["op"], res["shape"], res["dtype"], m["label"], f"{m['median_ms']:.4f}",
                          f"±{m['spread_ms']:.4f}", (f"{m['graph_ms']:.4f}" + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""))
                          if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, fi_ratio, rate,
@@ -751,9 +752,7 @@ def _show_run(led, run, args) -> int:
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
     replayed = {c.id for c in cands} - led.judged_now(run.id)
     for c in cands:
-        verdict = c.verdict or {}
-        first = next((ch for ch in verdict.get("checks", []) if ch.get("status") == CheckStatus.FAILED), None)
-        why = f"{first['name']}: {first['detail']}" if first else (verdict.get("error") or "")
+        why = c.stored_verdict.failure()
         timing = _timing_words(results.get(c.id))
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         status = f"{c.status} (replayed)" if c.id in replayed else c.status  # judged by an earlier run
@@ -929,13 +928,12 @@ def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, sour
     from .publish import PromotionRequest, publish_promotion  # here: as the serving set
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
     inc_file = str(serving.entry_path(entry, target.dir)) if entry else None
-    spec = {"op": args.op, "shapes": [s.key() for s in bshapes], "dtype": args.dtype, "seed": 0,
-            "kernels": [{"label": "incumbent", "file": inc_file},
-                        {"label": "candidate", "file": os.path.abspath(args.file)}]}
-    doc = evaluator.bench(spec)
-    for res in doc.get("results", []):
+    spec = BenchSpec.judging(args.op, [s.key() for s in bshapes], args.dtype, BenchKernel(INCUMBENT, inc_file),
+                             BenchKernel(CANDIDATE, os.path.abspath(args.file), source_hash(source)))
+    outcome = BenchOutcome.from_json(evaluator.bench(spec.to_json()))
+    for res in outcome.results:
         record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}")
-    j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
+    j = judge_benchmark(outcome, [s.key() for s in bshapes], args.margin)
     if j.error:
         ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
         return False
@@ -947,7 +945,7 @@ def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, sour
         return False
     done = publish_promotion(target, led, PromotionRequest(
         run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,
-        env.versions(), note=args.reason))
+        env.versions(), note=args.reason, source_hash=source_hash(source)))
     where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
     ui.line(f"{bucket}: PROMOTED -> {_shown_entry(target, done.entry)}{where}: {done.reason}", style="bold green")
     return True

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 from ..harness import bench_worker, compile_probe
+from ..harness.bench_records import BenchSpec
 from ..harness.compile_probe import CompileProfile
 from ..harness.env import gpu_name
 from ..sanitizer import isolation, runner
@@ -58,9 +59,9 @@ class SanitizeTask:
 
 @dataclass(frozen=True)
 class BenchTask:
-    """One benchmark (harness/bench_worker.py spec): candidate against incumbent on a bucket's shapes."""
+    """One benchmark (harness/bench_worker.py): candidate against incumbent on a bucket's shapes."""
 
-    spec: Dict[str, Any]
+    spec: BenchSpec
     resource: str = "gpu"
     kind: str = "bench"
     exclusive: bool = True  # a timing has its GPU to itself
@@ -145,6 +146,8 @@ class Evaluator(Protocol):
 
     def bench(self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None,
               on_ready: Optional[OnReady] = None) -> Dict[str, Any]: ...
+    # (a benchmark's spec and its document are JSON here, as they cross into the child: BenchSpec.to_json in,
+    # BenchOutcome.from_json out)
 
     def stop_all(self) -> None: ...
 
@@ -183,7 +186,7 @@ def run_task(task: Task, env: Optional[Dict[str, str]] = None, on_ready: Optiona
     evaluator = evaluator or ChildEvaluator()
     if isinstance(task, SanitizeTask):
         return evaluator.sanitize(task.path, task.op, task.mode, checks=task.checks, env=env, on_ready=on_ready)
-    return evaluator.bench(task.spec, env=env, on_ready=on_ready)
+    return evaluator.bench(task.spec.to_json(), env=env, on_ready=on_ready)
 
 
 class Devices(Protocol):

@@ -1,6 +1,8 @@
-"""What proposers produce and what they are told (shared by the search and model proposers)."""
+"""What proposers produce and what they are told (shared by the search and model proposers), and the thread a
+run calls its proposer on."""
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -58,3 +60,34 @@ class Proposer:
 
     def set_incumbent_time(self, ctx: ProposeContext, median_ms: float) -> None:
         """Told the incumbent's measured time for the bucket."""
+
+
+class ProposerThread:
+    """A proposer's calls, in the order they are made, on a thread of their own: a model call never holds the
+    stream. Feedback is queued behind the call in flight; `drain` waits until the proposer has taken it all."""
+
+    def __init__(self, proposer: Proposer):
+        self.proposer = proposer
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ka-proposer")
+
+    @property
+    def name(self) -> str:
+        return self.proposer.name
+
+    def propose(self, ctx: ProposeContext, n: int) -> "Future[List[Proposal]]":
+        return self._thread.submit(self.proposer.propose, ctx, n)
+
+    def feedback(self, ctx: ProposeContext, p: Proposal, passed: bool, ms: Optional[float]) -> None:
+        self._thread.submit(self.proposer.feedback, ctx, p, passed, ms)
+
+    def incumbent_time(self, ctx: ProposeContext, ms: float) -> None:
+        self._thread.submit(self.proposer.set_incumbent_time, ctx, ms)
+
+    def tokens(self) -> int:
+        return getattr(self.proposer, "tokens_used", 0)
+
+    def drain(self) -> None:
+        self._thread.submit(lambda: None).result()
+
+    def shutdown(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)

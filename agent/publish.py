@@ -343,6 +343,9 @@ class PromotionRequest:
     margin: float
     versions: Dict[str, Any]
     note: str = ""
+    # the hash of the text the sanitizer and the benchmark judged (sanitizer/canonical.py): `source` must be it,
+    # or nothing is installed; None only where the caller judged `source` itself
+    source_hash: Optional[str] = None
 
     @property
     def reason(self) -> str:
@@ -405,7 +408,8 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
         raise ValueError(f"candidate #{req.candidate_id} was not chosen by the rule: nothing to promote")
     replaced = serving.promoted(req.op, req.bucket, req.dtype, req.gpu_name, dir=target.dir)
     entry = serving.install(req.op, req.bucket, req.dtype, req.gpu_name, req.source, req.candidate_id,
-                            j.decision.gain, req.reason, req.versions, dir=target.dir, shapes=list(j.shapes))
+                            j.decision.gain, req.reason, req.versions, dir=target.dir, shapes=list(j.shapes),
+                            judged_hash=req.source_hash)
     if entry.get("file"):
         path, config = target.dir / entry["file"], None
     else:  # a configuration: the manifest entry is the whole change

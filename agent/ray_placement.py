@@ -110,7 +110,7 @@ def _probe_gpu() -> Optional[str]:
 
 def task_sources(task: Task) -> Dict[str, str]:
     """The files a task reads (candidate, incumbent), as text: what travels to the node."""
-    paths = [task.path] if isinstance(task, SanitizeTask) else [k["file"] for k in task.spec["kernels"] if k.get("file")]
+    paths = [task.path] if isinstance(task, SanitizeTask) else task.spec.files()
     out = {}
     for p in paths:
         with open(p) as f:
@@ -121,9 +121,7 @@ def task_sources(task: Task) -> Dict[str, str]:
 def _pointed_at(task: Task, local: Dict[str, str]) -> Task:
     if isinstance(task, SanitizeTask):
         return replace(task, path=local[task.path])
-    spec = dict(task.spec, kernels=[dict(k, file=local[k["file"]]) if k.get("file") else dict(k)
-                                    for k in task.spec["kernels"]])
-    return replace(task, spec=spec)
+    return replace(task, spec=task.spec.with_files(local))
 
 
 def _with_driver_paths(task: Task, result: Any) -> Any:

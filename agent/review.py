@@ -323,16 +323,16 @@ def _candidate_table(led, run, results=()) -> List[str]:
     replayed = {p.candidate_id for p in led.proposals(run_id=run.id) if p.duplicate}
     lines = ["## Candidates", "", "| # | op | label | status | verdict |", "|---:|---|---|---|---|"]
     for c in cands:
-        v = c.verdict or {}
-        failed = next((x for x in v.get("checks", []) if x.get("status") == CheckStatus.FAILED), None)
+        v = c.stored_verdict
+        failed = v.first_failure
         if failed:  # a check's detail can carry the candidate's own text: quoted as data
-            why = f"{_md_word(failed.get('name'))}: {quote_untrusted(failed.get('detail', ''), 160, markdown=True)}"
-        elif v.get("error"):
-            why = quote_untrusted(v["error"], 160, markdown=True)
+            why = f"{_md_word(failed.name)}: {quote_untrusted(failed.detail, 160, markdown=True)}"
+        elif v.error:
+            why = quote_untrusted(v.error, 160, markdown=True)
         elif c.status == CandidateStatus.PROPOSED:
             why = "not judged yet (`kernel-agent run --resume` finishes it)"
         else:
-            n = sum(1 for x in v.get("checks", []) if x.get("status") == CheckStatus.PASSED)
+            n = sum(1 for x in v.checks if x.status == CheckStatus.PASSED)
             eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
                 c.fpsan_equivalent]
             why = f"passed {n} checks; {eq}" + ("; benchmarked" if c.status in (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED) else "")

@@ -47,6 +47,7 @@ The measurements behind each of these choices and constants are in results/h200/
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -58,6 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .bench_records import Measurement, ShapeResult
 from .env import slug, versions
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
 from .promotion import graph_timed
@@ -188,56 +190,6 @@ def anchor_for(op: Op, case: Case) -> Contender:
 
 
 # -- measurement -----------------------------------------------------------------------------
-
-@dataclass
-class Measurement:
-    label: str
-    median_ms: float  # the position-balanced median of the rounds (balanced_median)
-    spread_ms: float  # max(within-run spread, REPRO_FLOOR * median)
-    n: int
-    rounds: List[float]
-    positions: List[int] = field(default_factory=list)  # each round's position in the interleaving order
-    within_spread_ms: Optional[float] = None  # half the interquartile range of the round medians
-    graph_ms: Optional[float] = None  # CUDA-graph replays' position-balanced median (small kernels)
-    graph_spread_ms: Optional[float] = None  # max(half the IQR of the graph rounds, REPRO_FLOOR * graph_ms)
-    graph_rounds: List[float] = field(default_factory=list)
-    graph_positions: List[int] = field(default_factory=list)
-    device_ms: Optional[float] = None  # wall time per call of a synchronized batch
-    tflops: Optional[float] = None
-    tbps: Optional[float] = None
-    fraction_of_ceiling: Optional[float] = None
-    ceiling_kind: Optional[str] = None
-    implausible: bool = False
-    serves: bool = False  # the anchor is a servable implementation: a promotion must beat it too
-    note: str = ""
-    error: str = ""
-    # outputs of timed calls compared with the reference of that call's inputs (evidence for the parent):
-    # {"call": k, "ok": bool, "detail": str}, k counting the kernel's timed calls at this shape from 1
-    timed_checks: List[Dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> Dict[str, Any]:
-        d = asdict(self)
-        d["rounds"] = [round(x, 5) for x in self.rounds]
-        d["graph_rounds"] = [round(x, 5) for x in self.graph_rounds]
-        return d
-
-    def add_note(self, text: str) -> None:
-        self.note = f"{self.note}; {text}" if self.note else text
-
-
-@dataclass
-class ShapeResult:
-    op: str
-    shape: str
-    bucket: str
-    dtype: str
-    gpu: str
-    measurements: List[Measurement]
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"op": self.op, "shape": self.shape, "bucket": self.bucket, "dtype": self.dtype, "gpu": self.gpu,
-                "measurements": [m.to_json() for m in self.measurements]}
-
 
 def _iqr_half(xs: Sequence[float]) -> float:
     if len(xs) < 2:
@@ -625,100 +577,98 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
                 m.add_note("graph replay faster than the measured ceilings allow")
 
 
-def reported_time(m: Dict[str, Any], timing: Optional[str] = None) -> Tuple[float, float, str]:
-    """One kernel's figure as a benchmark reports it for another run to check (Measurement JSON):
-    (ms, spread ms, 'graph' | 'event'). The time judged (CUDA-graph replays for small kernels, as in
-    `promotion.judged_pair`; timing='event' asks for the event time) and its spread, never less than
-    RUN_TO_RUN_FLOOR of it (CHOSEN_BY_TIMING_FLOOR for a kernel that each process picks by timing)."""
+def reported_time(m: Measurement, timing: Optional[str] = None) -> Tuple[float, float, str]:
+    """One kernel's figure as a benchmark reports it for another run to check: (ms, spread ms, 'graph' |
+    'event'). The time judged (CUDA-graph replays for small kernels, as in `promotion.judged_pair`;
+    timing='event' asks for the event time) and its spread, never less than RUN_TO_RUN_FLOOR of it
+    (CHOSEN_BY_TIMING_FLOOR for a kernel that each process picks by timing)."""
     if timing != "event" and graph_timed(m):
-        ms, spread, kind = m["graph_ms"], m["graph_spread_ms"], "graph"
+        ms, spread, kind = m.graph_ms, m.graph_spread_ms, "graph"
     else:
-        ms, spread, kind = m["median_ms"], m["spread_ms"], "event"
-    floor = max(RUN_TO_RUN_FLOOR.get(m.get("ceiling_kind") or "compute", RUN_TO_RUN_FLOOR["compute"]),
-                CHOSEN_BY_TIMING_FLOOR.get(m.get("label", ""), 0.0))
+        ms, spread, kind = m.median_ms, m.spread_ms, "event"
+    floor = max(RUN_TO_RUN_FLOOR.get(m.ceiling_kind or "compute", RUN_TO_RUN_FLOOR["compute"]),
+                CHOSEN_BY_TIMING_FLOOR.get(m.label, 0.0))
     return ms, max(spread, floor * ms), kind
 
 
-def with_reported_times(res: Dict[str, Any]) -> Dict[str, Any]:
-    """A shape's result (ShapeResult JSON) with each good measurement's reported figure added:
-    reported_ms, reported_spread_ms, reported_timing."""
-    for m in res["measurements"]:
-        if not m.get("error"):
-            m["reported_ms"], m["reported_spread_ms"], m["reported_timing"] = reported_time(m)
-    return res
+def with_reported_times(res: ShapeResult) -> Dict[str, Any]:
+    """A shape's result as a report shows it (ShapeResult JSON), each good measurement with its reported
+    figure added: reported_ms, reported_spread_ms, reported_timing."""
+    doc = res.to_json()
+    for m, d in zip(res.measurements, doc["measurements"]):
+        if not m.error:
+            d["reported_ms"], d["reported_spread_ms"], d["reported_timing"] = reported_time(m)
+    return doc
 
 
-def merge_processes(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """One shape's results (ShapeResult.to_json()) timed by several processes, merged into one: the
-    position-balanced median of all their rounds, and a spread that is the largest of the pooled within-run spread, half
-    the range of the processes' medians, and the floor. Why: each process has its own allocations and
-    meets the GPU at its own clocks, and two processes differ by more than one process's rounds do;
-    `bench --processes 2` reports a spread that includes that."""
+def merge_processes(runs: Sequence[ShapeResult]) -> ShapeResult:
+    """One shape's results timed by several processes, merged into one: the position-balanced median of all
+    their rounds, and a spread that is the largest of the pooled within-run spread, half the range of the
+    processes' medians, and the floor. Why: each process has its own allocations and meets the GPU at its
+    own clocks, and two processes differ by more than one process's rounds do; `bench --processes 2`
+    reports a spread that includes that."""
     if len(runs) == 1:
         return runs[0]
-    out = dict(runs[0])
-    by_label: Dict[str, List[Dict[str, Any]]] = {}
+    by_label: Dict[str, List[Measurement]] = {}
     for r in runs:
-        for m in r["measurements"]:
-            by_label.setdefault(m["label"], []).append(m)
+        for m in r.measurements:
+            by_label.setdefault(m.label, []).append(m)
     merged = []
     for label, ms in by_label.items():
-        good = [m for m in ms if not m.get("error")]
+        good = [m for m in ms if not m.error]
         if len(good) < len(ms):  # a kernel that failed in any process failed
-            merged.append(next(m for m in ms if m.get("error")))
+            merged.append(next(m for m in ms if m.error))
             continue
-        m = dict(good[0])
         rounds, positions, med, spread = _pooled(good, "rounds", "positions", "median_ms")
-        m.update(median_ms=med, rounds=rounds, positions=positions, n=len(rounds), within_spread_ms=_iqr_half(rounds),
-                 spread_ms=spread, implausible=any(g.get("implausible") for g in good),
-                 note="; ".join(dict.fromkeys(g["note"] for g in good if g.get("note"))))
-        scale = good[0]["median_ms"] / med  # rates follow the time
-        for k in ("tflops", "tbps", "fraction_of_ceiling"):
-            if m.get(k) is not None:
-                m[k] = m[k] * scale
-        if all(g.get("graph_rounds") for g in good):
+        scale = good[0].median_ms / med  # rates follow the time
+        m = dataclasses.replace(
+            good[0], median_ms=med, rounds=rounds, positions=positions, n=len(rounds),
+            within_spread_ms=_iqr_half(rounds), spread_ms=spread, implausible=any(g.implausible for g in good),
+            note="; ".join(dict.fromkeys(g.note for g in good if g.note)), processes=len(good),
+            **{k: getattr(good[0], k) * scale for k in ("tflops", "tbps", "fraction_of_ceiling")
+               if getattr(good[0], k) is not None})
+        if all(g.graph_rounds for g in good):
             grounds, gpositions, gmed, gspread = _pooled(good, "graph_rounds", "graph_positions", "graph_ms")
-            m.update(graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed, graph_spread_ms=gspread)
+            m = dataclasses.replace(m, graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed,
+                                    graph_spread_ms=gspread)
         else:
-            m.update(graph_rounds=[], graph_positions=[], graph_ms=None, graph_spread_ms=None)
-        m["processes"] = len(good)
+            m = dataclasses.replace(m, graph_rounds=[], graph_positions=[], graph_ms=None, graph_spread_ms=None)
         merged.append(m)
-    out["measurements"] = merged
-    return out
+    return dataclasses.replace(runs[0], measurements=merged)
 
 
-def _pooled(measurements: Sequence[Dict[str, Any]], rounds_key: str, positions_key: str,
+def _pooled(measurements: Sequence[Measurement], rounds_key: str, positions_key: str,
             ms_key: str) -> Tuple[List[float], List[int], float, float]:
     """One kernel's rounds (event or graph) from several processes, pooled: (rounds, positions, their
     position-balanced median, a spread of at least half the range of the processes' own times). The
     positions are left out (plain median) unless every process recorded them."""
-    rounds = [x for g in measurements for x in g[rounds_key]]
-    positions = ([p for g in measurements for p in g[positions_key]]
-                 if all(len(g.get(positions_key) or []) == len(g[rounds_key]) for g in measurements) else [])
+    rounds = [x for g in measurements for x in getattr(g, rounds_key)]
+    positions = ([p for g in measurements for p in getattr(g, positions_key)]
+                 if all(len(getattr(g, positions_key)) == len(getattr(g, rounds_key)) for g in measurements) else [])
     med = balanced_median(rounds, positions)
-    times = [g[ms_key] for g in measurements]
+    times = [getattr(g, ms_key) for g in measurements]
     return rounds, positions, med, _spread(rounds, med, between=(max(times) - min(times)) / 2)
 
 
-def record_shape_result(ledger, run_id: Optional[str], res: Dict[str, Any], candidate_id: Optional[int] = None,
+def record_shape_result(ledger, run_id: Optional[str], res: ShapeResult, candidate_id: Optional[int] = None,
                         incumbent_label: str = "incumbent", incumbent_hash: Optional[str] = None) -> None:
-    """Store one shape's measurements (ShapeResult.to_json()) in the ledger, every row of it under the
-    candidate id (the incumbent and the anchor timed beside it too: the label says which), the
-    'incumbent' row under `incumbent_label`, with the source hash of the incumbent where given (what the
-    candidate was judged against, for its diff); failed measurements not at all."""
-    for m in res["measurements"]:
-        if m.get("error"):
+    """Store one shape's measurements in the ledger, every row of it under the candidate id (the incumbent
+    and the anchor timed beside it too: the label says which), the 'incumbent' row under `incumbent_label`,
+    with the source hash of the incumbent where given (what the candidate was judged against, for its
+    diff); failed measurements not at all."""
+    for m in res.measurements:
+        if m.error:
             continue
-        extra = {k: m.get(k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms", "graph_spread_ms")}
-        if m["label"] == "incumbent" and incumbent_hash:
+        extra = {k: getattr(m, k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms",
+                                            "graph_spread_ms")}
+        if m.label == "incumbent" and incumbent_hash:
             extra["incumbent_hash"] = incumbent_hash
         ledger.record_bench(run_id=run_id, candidate_id=candidate_id,
-                            label=incumbent_label if m["label"] == "incumbent" else m["label"], op=res["op"],
-                            shape_key=res["shape"], bucket=res["bucket"], dtype=res["dtype"], gpu_name=res["gpu"],
-                            median_ms=m["median_ms"], spread_ms=m["spread_ms"], n_samples=m["n"],
-                            graph_ms=m.get("graph_ms"), fraction_of_ceiling=m.get("fraction_of_ceiling"),
-                            ceiling_kind=m.get("ceiling_kind"), implausible=bool(m.get("implausible")),
-                            extra=extra)
+                            label=incumbent_label if m.label == "incumbent" else m.label, op=res.op,
+                            shape_key=res.shape, bucket=res.bucket, dtype=res.dtype, gpu_name=res.gpu,
+                            median_ms=m.median_ms, spread_ms=m.spread_ms, n_samples=m.n, graph_ms=m.graph_ms,
+                            fraction_of_ceiling=m.fraction_of_ceiling, ceiling_kind=m.ceiling_kind,
+                            implausible=bool(m.implausible), extra=extra)
 
 
 def resolve_shapes(op: Op, spec: str) -> List[Shape]:

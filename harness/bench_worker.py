@@ -3,8 +3,9 @@
 A candidate can fault the GPU (an illegal address poisons the whole CUDA context) or
 hang; timing it in its own process with a time limit turns that into a result instead
 of an outage. Candidate code runs here, so the process is sandboxed (sanitizer/sandbox.py)
-before it reads its spec, and kernel files are loaded through the static gate. SPEC: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label",
-"file" | null (baseline), "kernel_names"}], "seed", "race"}. OUT: {"results": [ShapeResult...],
+before it reads its spec, and kernel files are loaded through the static gate. SPEC: a BenchSpec
+(harness/bench_records.py) as JSON: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label", "file" | null
+(baseline), "source_hash"}], "seed", "race", ...}. OUT: {"results": [ShapeResult...],
 "ceilings": {...}, "error": str | null, "phases": {seconds per phase}, "raced_out": {"shape", "reason"} when "race"
 stopped at a shape on which the promotion rule refuses the candidate (slower beyond the noise, say):
 the other shapes cannot change that verdict, so they are not timed}.
@@ -12,6 +13,7 @@ the other shapes cannot change that verdict, so they are not timed}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import os
@@ -19,39 +21,56 @@ import shutil
 import sys
 import time
 from dataclasses import asdict
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from ..sanitizer import sandbox
 from ..sanitizer.isolation import run_tracked
 from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
-from ..sanitizer.canonical import canonical_source
+from ..sanitizer.canonical import canonical_source, judged_hash
 from ..sanitizer.static_gate import check_source
+from .bench_records import BenchKernel, BenchSpec, ShapeResult
 from .env import versions
 from .promotion import reference_words, refused_at_shape, shape_pair
 
 
-def _contenders(spec: dict):
+def _contenders(spec: BenchSpec):
     """The kernels to time: candidate files through the static gate, each imported from its canonical text
-    written into this child's scratch directory (the text the gate judged); the baseline from the package."""
+    written into this child's scratch directory (the text the gate judged, which must be the text the parent
+    names by its hash); the baseline from the package."""
     from ..sanitizer.execution import baseline_fn, load_module  # deferred: torch, loaded inside the child's sandbox
     from .bench import Contender  # deferred: torch, loaded inside the child's sandbox
     out = []
-    for i, k in enumerate(spec["kernels"]):
-        path = k.get("file") or inspect.getsourcefile(baseline_fn(spec["op"]))
+    for i, k in enumerate(spec.kernels):
+        path = k.file or inspect.getsourcefile(baseline_fn(spec.op))
         with open(path, "rb") as f:
             raw = f.read()
-        gate = check_source(raw, spec["op"])
+        wrong = hash_mismatch(k, raw)
+        if wrong:
+            raise ValueError(wrong)
+        gate = check_source(raw, spec.op)
         if not gate.passed:
-            raise ValueError(f"{k['label']}: the static gate rejects the file: {gate.describe()}")
-        if k.get("file"):
+            raise ValueError(f"{k.label}: the static gate rejects the file: {gate.describe()}")
+        if k.file:
             canonical = os.path.join(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), f"kernel_{i}.py")
             with open(canonical, "w", encoding="utf-8") as f:
                 f.write(canonical_source(raw))
-            fn = load_module(canonical, spec["op"])
+            fn = load_module(canonical, spec.op)
         else:
-            fn = baseline_fn(spec["op"])
-        out.append(Contender(k["label"], fn, tuple(gate.jit_functions)))
+            fn = baseline_fn(spec.op)
+        out.append(Contender(k.label, fn, tuple(gate.jit_functions)))
     return out
+
+
+def hash_mismatch(kernel: BenchKernel, raw: bytes) -> str:
+    """Why a contender's file is not the text the parent asked to time ('' when it is, or names no hash): a
+    file changed after it was judged is not timed in its place."""
+    if not kernel.source_hash:
+        return ""
+    got = judged_hash(raw)
+    if got == kernel.source_hash:
+        return ""
+    return (f"{kernel.label}: the file is not the judged text (sha256 {got[:12]}, judged "
+            f"{kernel.source_hash[:12]}): it changed after it was judged")
 
 
 # long: the benchmark child's life in order: sandbox, spec, ceilings, kernels, the GPU lease, each shape's timing
@@ -64,7 +83,7 @@ def main(argv=None) -> int:
     # The candidates' code runs in this process: it is sandboxed before anything is read.
     sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=True)
     with open(args.spec) as f:
-        spec = json.load(f)
+        spec = BenchSpec.from_json(json.load(f))
     doc: Dict = {"results": [], "error": None}
 
     def flush():
@@ -75,12 +94,12 @@ def main(argv=None) -> int:
 
     from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape  # deferred: torch, inside the sandbox
     from .ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
-    op, dtype = get_op(spec["op"]), dtype_from_name(spec.get("dtype", "bfloat16"))
+    op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
     doc["phases"] = {}
-    gated = bool(spec.get("gated"))
-    if spec.get("ceilings"):
-        ceilings = Ceilings(**spec["ceilings"])
+    gated = spec.gated
+    if spec.ceilings:
+        ceilings = Ceilings(**spec.ceilings)
     else:
         if gated:  # the ceilings are a timing too: with the GPU alone (the first benchmark on a machine)
             _wait_for(("gpu", "wait_gpu_s"), ("alone", "wait_s"), phases=doc["phases"])
@@ -88,7 +107,7 @@ def main(argv=None) -> int:
         ceilings = measure_ceilings()
     doc["ceilings"] = asdict(ceilings)
     sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
-    if spec.get("references"):
+    if spec.references:
         _prepare_references()
     sandbox.arm_audit_hook(fatal=False)  # record only: a compiler probe Triton tolerates must not end a timing
     contenders = _contenders(spec)
@@ -99,20 +118,20 @@ def main(argv=None) -> int:
         # only once the parent has given the GPU to this timing alone (sanitizer/lease.py).
         _wait_for(("gpu", "wait_gpu_s"), phases=doc["phases"])
         t0 = time.time()
-        for key in spec["shapes"]:
-            prepare_shape(op, op.parse_shape(key), dtype, contenders, seed=spec.get("seed", 0))
+        for key in spec.shapes:
+            prepare_shape(op, op.parse_shape(key), dtype, contenders, seed=spec.seed)
         doc["phases"]["prepare_s"] = round(time.time() - t0, 2)
         flush()
         _wait_for(("alone", "wait_s"), phases=doc["phases"])
-    for key in spec["shapes"]:
+    for key in spec.shapes:
         t0 = time.time()
         shape = op.parse_shape(key)
-        res = benchmark_shape(op, shape, dtype, contenders, ceilings, seed=spec.get("seed", 0),
-                              log=lambda s: print(s, flush=True), references=bool(spec.get("references")))
+        res = benchmark_shape(op, shape, dtype, contenders, ceilings, seed=spec.seed,
+                              log=lambda s: print(s, flush=True), references=spec.references)
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
         doc["phases"][key] = round(time.time() - t0, 2)
-        refused = spec.get("race") and refused_here(doc["results"][-1])
+        refused = spec.race and refused_here(res)
         if refused:
             # the rule refuses the bucket on this shape alone: timing the rest cannot change that
             doc["raced_out"] = {"shape": key, "reason": refused}
@@ -139,47 +158,55 @@ def _wait_for(*requests, phases: Dict) -> None:
         phases[key] = round(wait_for_grant(phase), 2)
 
 
-def refused_here(res: dict) -> str:
-    """Why the promotion rule refuses the candidate on this shape alone (bench.ShapeResult JSON), or ''.
-    Held against the same reference as the rule: the incumbent, or torch where it serves and is faster."""
-    pair, _ = shape_pair(res["measurements"])
+def refused_here(res: ShapeResult) -> str:
+    """Why the promotion rule refuses the candidate on this shape alone, or ''. Held against the same
+    reference as the rule: the incumbent, or torch where it serves and is faster."""
+    pair, _ = shape_pair(res.measurements)
     if pair is None:
         return ""  # an error is judged as an error, with every shape's
-    d = refused_at_shape(pair.candidate, pair.reference, res["shape"], reference_words([pair.reference_label]))
+    d = refused_at_shape(pair.candidate, pair.reference, res.shape, reference_words([pair.reference_label]))
     return d.reason if d else ""
 
 
 # long: one child's life in order: copy the files into scratch, write the spec, run it, read its results
-def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict] = None,
+def run_bench_isolated(spec: Union[BenchSpec, Dict[str, Any]], timeout_s: float = 900.0, env: Optional[dict] = None,
                        on_ready: Optional[OnReady] = None) -> dict:
-    """Run one benchmark spec in a sandboxed child process (`env`: variables it may see on top of the
-    allowlist, e.g. the GPU it may use); a crash or hang comes back as {'error': ...}, and Ctrl-C takes
-    the child down at once. The child reads copies of the kernel files inside its scratch directory and
-    writes its results there; the ceilings are measured by the first child and cached here.
+    """Run one benchmark spec (a BenchSpec, or its JSON) in a sandboxed child process (`env`: variables it may
+    see on top of the allowlist, e.g. the GPU it may use); a crash or hang comes back as {'error': ...}, and
+    Ctrl-C takes the child down at once. The child reads copies of the kernel files inside its scratch
+    directory and writes its results there; a file that is not the text its kernel names by hash is not
+    copied (and the child checks its copy again). The ceilings are measured by the first child and cached.
 
     With `on_ready`, the benchmark is gated (sanitizer/lease.py): the child starts and loads its kernels
     without the GPU, asks for phase "gpu" to compile them, and for phase "alone" to time them."""
     from .bench import Ceilings, ceilings_path  # deferred: torch, loaded inside the child's sandbox
+    spec = spec if isinstance(spec, BenchSpec) else BenchSpec.from_json(spec)
     scratch = sandbox.make_scratch("ka-bench-")
     try:
-        spec = dict(spec, kernels=[dict(k) for k in spec["kernels"]], gated=on_ready is not None)
-        for i, k in enumerate(spec["kernels"]):
-            if k.get("file"):
-                copy = os.path.join(scratch, f"kernel{i}.py")
-                shutil.copyfile(k["file"], copy)
-                os.chmod(copy, 0o644)  # readable by the sandbox identity whatever this process's umask
-                k["file"] = copy
+        copies: Dict[str, str] = {}
+        for i, k in enumerate(spec.kernels):
+            if k.file:
+                with open(k.file, "rb") as f:  # read once: what is checked is what the child gets
+                    raw = f.read()
+                wrong = hash_mismatch(k, raw)
+                if wrong:
+                    return {"results": [], "error": wrong}
+                copies[k.file] = os.path.join(scratch, f"kernel{i}.py")
+                with open(copies[k.file], "wb") as f:
+                    f.write(raw)
+                os.chmod(copies[k.file], 0o644)  # readable by the sandbox identity whatever this process's umask
+        spec = dataclasses.replace(spec.with_files(copies), gated=on_ready is not None)
         cache = None
         try:
             cache = ceilings_path()
             if os.path.exists(cache):
                 with open(cache) as f:
-                    spec["ceilings"] = json.load(f)
+                    spec = dataclasses.replace(spec, ceilings=json.load(f))
         except (OSError, ValueError):
             pass
         sp, out = os.path.join(scratch, "spec.json"), os.path.join(scratch, "out.json")
         with open(sp, "w") as f:
-            json.dump(spec, f)
+            json.dump(spec.to_json(), f)
         os.chmod(sp, 0o644)
         child_env = sandbox.env_for(scratch, env)
         child_env.pop("TRITON_INTERPRET", None)
@@ -205,7 +232,7 @@ def run_bench_isolated(spec: dict, timeout_s: float = 900.0, env: Optional[dict]
         elif rc != 0:
             lines = [ln for ln in log.strip().splitlines() if ln.strip()]
             doc["error"] = f"benchmark process failed (exit {rc}): {lines[-1][:300] if lines else ''}"
-        if cache and not spec.get("ceilings") and isinstance(doc.get("ceilings"), dict) and not doc.get("error"):
+        if cache and not spec.ceilings and isinstance(doc.get("ceilings"), dict) and not doc.get("error"):
             try:
                 Ceilings(**doc["ceilings"])
                 os.makedirs(os.path.dirname(cache), exist_ok=True)

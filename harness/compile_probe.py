@@ -200,25 +200,43 @@ def _compile_launch(jit, a: tuple, kw: dict, programs: int, shape: str, tools: s
                          innermost_loop_mix(compiled.asm["ptx"]))
 
 
-def _profile_in_child(spec: dict) -> CompileProfile:
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What the compile probe's child compiles: the kernel file for `op`, at each shape key, in `dtype`. Crosses
+    into the child as JSON, parsed there once."""
+
+    file: str
+    op: str
+    dtype: str
+    shapes: Tuple[str, ...]
+
+    def to_json(self) -> Dict[str, object]:
+        return {"file": self.file, "op": self.op, "dtype": self.dtype, "shapes": list(self.shapes)}
+
+    @classmethod
+    def from_json(cls, d: Dict[str, object]) -> "ProbeSpec":
+        return cls(str(d["file"]), str(d["op"]), str(d["dtype"]), tuple(str(k) for k in d.get("shapes") or ()))
+
+
+def _profile_in_child(spec: ProbeSpec) -> CompileProfile:
     import triton  # deferred: inside the child's sandbox
 
     from ..sanitizer.execution import load_module  # deferred: torch, inside the child's sandbox
     from .ops import dtype_from_name, get_op  # deferred: as above
-    with open(spec["file"], "rb") as f:
+    with open(spec.file, "rb") as f:
         raw = f.read()
-    gate = check_source(raw, spec["op"])
+    gate = check_source(raw, spec.op)
     if not gate.passed:
         return CompileProfile(error=f"the static gate rejects the file: {gate.describe()}")
-    op, dtype = get_op(spec["op"]), dtype_from_name(spec["dtype"])
+    op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
     # compiled from its canonical text, as the executor and the benchmark child run it (sanitizer/canonical.py)
     canonical = os.path.join(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), "kernel_profiled.py")
     with open(canonical, "w", encoding="utf-8") as f:
         f.write(canonical_source(raw))
-    fn = load_module(canonical, spec["op"])
+    fn = load_module(canonical, spec.op)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     out, done = CompileProfile(), {}
-    for key in spec["shapes"]:
+    for key in spec.shapes:
         case = op.make_case(op.parse_shape(key), dtype, seed=0, device="meta")
         for jit, a, kw, programs in _capture(fn, case.args):
             ident = (jit.fn.__name__, repr(_compile_args(jit, a, kw)))
@@ -236,7 +254,7 @@ def main(argv=None) -> int:
     # the kernel file is candidate text, and compiling it runs Python: sandboxed before anything is read
     sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=True)
     with open(args.spec) as f:
-        spec = json.load(f)
+        spec = ProbeSpec.from_json(json.load(f))
     # trusted imports first: torch loads its own libraries through ctypes, which the hook refuses to candidates
     import torch  # noqa: F401  deferred: inside the sandbox, before the hook (as the executor does)
     import triton.compiler  # noqa: F401  deferred: as torch
@@ -271,7 +289,7 @@ def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str,
         with open(path, "w") as f:
             f.write(source)
         with open(sp, "w") as f:
-            json.dump({"file": path, "op": op, "dtype": dtype, "shapes": list(shapes)}, f)
+            json.dump(ProbeSpec(path, op, dtype, tuple(shapes)).to_json(), f)
         for p in (path, sp):
             os.chmod(p, 0o644)  # readable by the sandbox identity whatever this process's umask
         env = sandbox.env_for(scratch)

@@ -63,7 +63,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-from ..sanitizer.verdict import CheckStatus
+from ..sanitizer.verdict import CheckStatus, Verdict
 from .source_text import source_hash as hash_source  # the ledger's name for it (candidates are keyed by it)
 from . import figures as _figures
 from . import ledger_migrations as _migrations
@@ -335,6 +335,12 @@ class Candidate(Base):
     @property
     def verdict(self) -> Optional[dict]:
         return _loads(self.verdict_json)
+
+    @property
+    def stored_verdict(self) -> Verdict:
+        """The verdict document as a Verdict (an empty one where none is stored): `failure()` says why it
+        failed, as every reader of a stored verdict says it."""
+        return Verdict.from_json(self.verdict or {})
 
     def __repr__(self) -> str:
         return f"Candidate({self.id}, op={self.op!r}, status={self.status!r}, label={self.label!r})"

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from .bench_records import CANDIDATE, INCUMBENT, BenchOutcome, Measurement
 
 DEFAULT_MARGIN = 0.02
 MIN_SAMPLES = 3
@@ -156,9 +158,9 @@ def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_pas
     return Decision(False, gain, noise, f"not promoted: {head}, not above {threshold}")
 
 
-def graph_timed(m: Dict[str, Any]) -> bool:
-    """Whether a measurement (bench.Measurement JSON) has CUDA-graph replay rounds to judge it on."""
-    return bool(m.get("graph_ms")) and m.get("graph_spread_ms") is not None and len(m.get("graph_rounds") or []) >= 3
+def graph_timed(m: Measurement) -> bool:
+    """Whether a measurement has CUDA-graph replay rounds to judge it on."""
+    return bool(m.graph_ms) and m.graph_spread_ms is not None and len(m.graph_rounds) >= 3
 
 
 def clock_of(graph_timed_flags: Iterable[bool]) -> str:
@@ -169,15 +171,15 @@ def clock_of(graph_timed_flags: Iterable[bool]) -> str:
     return "graph" if flags and all(flags) else "event"
 
 
-def judged_pair(candidate: Dict[str, Any], incumbent: Dict[str, Any]) -> Tuple[Timing, Timing, str]:
-    """The figures a promotion is judged on, from two benchmark measurements (bench.Measurement JSON):
-    (candidate, incumbent, 'graph' | 'event'). The CUDA-graph replay times where both have graph
-    rounds (small kernels, whose event times carry host launch overhead), else the event times."""
+def judged_pair(candidate: Measurement, incumbent: Measurement) -> Tuple[Timing, Timing, str]:
+    """The figures a promotion is judged on, from two benchmark measurements: (candidate, incumbent, 'graph' |
+    'event'). The CUDA-graph replay times where both have graph rounds (small kernels, whose event times
+    carry host launch overhead), else the event times."""
     if clock_of((graph_timed(candidate), graph_timed(incumbent))) == "graph":
-        return (Timing(candidate["graph_ms"], candidate["graph_spread_ms"], len(candidate["graph_rounds"])),
-                Timing(incumbent["graph_ms"], incumbent["graph_spread_ms"], len(incumbent["graph_rounds"])), "graph")
-    return (Timing(candidate["median_ms"], candidate["spread_ms"], candidate["n"]),
-            Timing(incumbent["median_ms"], incumbent["spread_ms"], incumbent["n"]), "event")
+        return (Timing(candidate.graph_ms, candidate.graph_spread_ms, len(candidate.graph_rounds)),
+                Timing(incumbent.graph_ms, incumbent.graph_spread_ms, len(incumbent.graph_rounds)), "graph")
+    return (Timing(candidate.median_ms, candidate.spread_ms, candidate.n),
+            Timing(incumbent.median_ms, incumbent.spread_ms, incumbent.n), "event")
 
 
 @dataclass(frozen=True)
@@ -192,34 +194,34 @@ class ShapePair:
     reference_label: str
 
 
-def shape_pair(measurements: Sequence[Dict[str, Any]]) -> Tuple[Optional[ShapePair], str]:
-    """(the pair, '') for one shape's measurements (bench.Measurement JSON), or (None, why not). A torch
-    anchor counts only where it serves (`serves`) and was timed without error: a candidate is promoted
-    only when it beats what a serving stack would otherwise run."""
-    ms = {m["label"]: m for m in measurements}
-    c, inc = ms.get("candidate"), ms.get("incumbent")
-    if not c or not inc or c.get("error") or inc.get("error"):
-        return None, (c or {}).get("error") or (inc or {}).get("error") or "missing measurement"
+def shape_pair(measurements: Sequence[Measurement]) -> Tuple[Optional[ShapePair], str]:
+    """(the pair, '') for one shape's measurements, or (None, why not). A torch anchor counts only where it
+    serves (`serves`) and was timed without error: a candidate is promoted only when it beats what a
+    serving stack would otherwise run."""
+    ms = {m.label: m for m in measurements}
+    c, inc = ms.get(CANDIDATE), ms.get(INCUMBENT)
+    if c is None or inc is None or c.error or inc.error:
+        return None, (c.error if c else "") or (inc.error if inc else "") or "missing measurement"
     for m in (c, inc):
         wrong = timed_call_mismatch(m)
         if wrong:
-            return None, f"{m['label']}: {wrong}"
-    ref, ref_label = inc, "incumbent"
-    torch_m = next((m for m in measurements if m.get("serves") and not m.get("error")), None)
+            return None, f"{m.label}: {wrong}"
+    ref, ref_label = inc, INCUMBENT
+    torch_m = next((m for m in measurements if m.serves and not m.error), None)
     if torch_m is not None:
         t_inc, t_torch, _ = judged_pair(inc, torch_m)
         if t_torch.median_ms < t_inc.median_ms:
-            ref, ref_label = torch_m, torch_m["label"]
+            ref, ref_label = torch_m, torch_m.label
     tc, tr, clock = judged_pair(c, ref)
     return ShapePair(tc, tr, clock, ref_label), ""
 
 
-def timed_call_mismatch(m: Dict[str, Any]) -> str:
+def timed_call_mismatch(m: Measurement) -> str:
     """Why a measurement's timed outputs refuse it ('' when none does): the benchmark compares the output of
     a timed call, drawn at random, with the reference of that call's fresh inputs (bench.timed_calls). A
     kernel right on the probe and wrong while timed (a cache over repeated inputs, an output block reused
     between calls) is caught there."""
-    for chk in m.get("timed_checks") or []:
+    for chk in m.timed_checks:
         if isinstance(chk, dict) and not chk.get("ok", False):
             return f"output of timed call {chk.get('call')} differs from the reference: {str(chk.get('detail'))[:300]}"
     return ""
@@ -264,27 +266,27 @@ class Judgement:
         return reference_words(self.references)
 
 
-def judge_benchmark(doc: Dict[str, Any], shapes: Sequence[str], margin: float = DEFAULT_MARGIN) -> Judgement:
-    """Judge a benchmark document (bench_worker output: 'results' of ShapeResult JSON with the labels
-    'candidate', 'incumbent' and the anchor, and 'error') over `shapes`, the bucket's shape keys. A
-    failed measurement or a missing shape makes the benchmark unusable, not a refusal on timings."""
+def judge_benchmark(outcome: BenchOutcome, shapes: Sequence[str], margin: float = DEFAULT_MARGIN) -> Judgement:
+    """Judge a benchmark (the child's document, read: each shape's measurements labelled 'candidate',
+    'incumbent' and the anchor, and its error) over `shapes`, the bucket's shape keys. A failed measurement
+    or a missing shape makes the benchmark unusable, not a refusal on timings."""
     j = Judgement()
     fractions = []
     implausible = False
-    for res in doc.get("results", []):
-        pair, err = shape_pair(res["measurements"])
+    for res in outcome.results:
+        pair, err = shape_pair(res.measurements)
         if pair is None:
-            j.error = j.error or f"{res['shape']}: {err}"
+            j.error = j.error or f"{res.shape}: {err}"
             continue
-        c = next(m for m in res["measurements"] if m["label"] == "candidate")
-        implausible = implausible or bool(c.get("implausible"))
-        fractions.append(c.get("fraction_of_ceiling") or 0.0)
+        c = res.measurement(CANDIDATE)
+        implausible = implausible or bool(c.implausible)
+        fractions.append(c.fraction_of_ceiling or 0.0)
         j.pairs.append((pair.candidate, pair.reference))
         j.kinds.append(pair.clock)
-        j.shapes.append(res["shape"])
+        j.shapes.append(res.shape)
         j.references.append(pair.reference_label)
-    raced = bool(doc.get("raced_out")) and bool(j.pairs)  # stopped at a shape slower beyond the noise
-    j.error = doc.get("error") or j.error or ("" if len(j.pairs) == len(shapes) or raced else "benchmark incomplete")
+    raced = bool(outcome.raced_out) and bool(j.pairs)  # stopped at a shape slower beyond the noise
+    j.error = outcome.error or j.error or ("" if len(j.pairs) == len(shapes) or raced else "benchmark incomplete")
     if j.error:
         return j
     j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None

@@ -209,10 +209,13 @@ def _defines_function(source: str, name: str) -> bool:
 
 
 def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_id: int | None, gain: float,
-            reason: str, versions: dict, dir: str | Path | None = None, shapes: Sequence[str] = ()) -> dict:
+            reason: str, versions: dict, dir: str | Path | None = None, shapes: Sequence[str] = (),
+            judged_hash: Optional[str] = None) -> dict:
     """Put `source` in the serving set for (op, bucket, dtype, gpu), replacing any entry
     for that key, and return the manifest entry. `shapes`: the shape keys it was judged on (a
-    reviewer, and a check of the serving set, find them there). A launch-configuration variant of the
+    reviewer, and a check of the serving set, find them there). `judged_hash`: the hash of the text the
+    sanitizer and the benchmark judged; a source that is not that text is refused (ServingError, one line)
+    before anything is written. A launch-configuration variant of the
     baseline or of the kernel it replaces is recorded as that base and its configuration (`as_variant`);
     anything else is written as a file, before the manifest names it, so a reader never finds an entry
     without its file."""
@@ -226,6 +229,9 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
         raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
     d = _dir(dir)
     text = canonical_source(source)  # what the set holds and hashes: the text that runs (sanitizer/canonical.py)
+    if judged_hash is not None and source_hash(text) != judged_hash:
+        raise ServingError(f"kernel source for {op} {bucket} is not the judged text (sha256 {source_hash(text)[:12]}, "
+                           f"judged {judged_hash[:12]}): not installed")
     manifest = load_manifest(d)
     old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
     entry = {

@@ -2,19 +2,10 @@
 (trailing spaces, CRLF, trailing blank lines) do not make the same kernel new. The texts hashed are
 canonical (sanitizer/canonical.py: the syntax tree printed back, what runs): the loop canonicalises a
 proposal before the ledger keys it by this hash, the serving set stores and checks canonical text, and a
-configuration variant and its base are canonical text. One definition, so that they cannot disagree."""
+configuration variant and its base are canonical text. Defined once, beside the canonical text in
+sanitizer/canonical.py, where the judge and the benchmark child hash what they load with it too."""
 from __future__ import annotations
 
-import hashlib
+from ..sanitizer.canonical import normalized_source, source_hash
 
-
-def normalized_source(text: str) -> str:
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return "\n".join(lines)
-
-
-def source_hash(text: str) -> str:
-    """sha256 hex of the normalised text."""
-    return hashlib.sha256(normalized_source(text).encode("utf-8")).hexdigest()
+__all__ = ["normalized_source", "source_hash"]

@@ -11,12 +11,14 @@ mark, no coding cookie but UTF-8, no NUL, form feed or other control character, 
 outside comments and string literals, and no string whose lines begin with `def ` or `@`. What is kept
 and handed on is then not those bytes but `canonical_source`: the module printed back from its syntax
 tree (`ast.unparse`), docstrings and comments dropped. The executor, the benchmark child, the ledger and
-the serving set all hold that text, and its hash is the kernel's identity (harness/source_text.py).
+the serving set all hold that text, and its hash (`source_hash`) is the kernel's identity: what the judge,
+the benchmark and the serving set check a file against (`judged_hash`).
 """
 from __future__ import annotations
 
 import ast
 import codecs
+import hashlib
 import io
 import re
 import threading
@@ -189,4 +191,35 @@ def canonical_source(source: Union[str, bytes]) -> str:
     return text
 
 
-__all__ = ["TextRefused", "canonical_source", "text_problems"]
+def normalized_source(text: str) -> str:
+    """The text with editors' whitespace habits taken out (trailing spaces, CRLF, trailing blank lines), so
+    that they do not make the same kernel new."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines)
+
+
+def source_hash(text: str) -> str:
+    """A kernel source's identity: the sha256 hex of its normalised text. One definition, for the ledger's
+    key, the verdict, the benchmark and the serving set, so that they cannot disagree."""
+    return hashlib.sha256(normalized_source(text).encode("utf-8")).hexdigest()
+
+
+def judged_hash(raw: Union[str, bytes]) -> str:
+    """The identity of the text that runs for these bytes: the hash of their canonical text, as the loop
+    hashes a proposal; bytes that have none (refused, so nothing runs them) hash as they read."""
+    try:
+        return source_hash(canonical_source(raw))
+    except TextRefused:
+        return source_hash(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw)
+
+
+def file_hash(path: str) -> str:
+    """`judged_hash` of a file's bytes, read once."""
+    with open(path, "rb") as f:
+        return judged_hash(f.read())
+
+
+__all__ = ["TextRefused", "canonical_source", "text_problems", "normalized_source", "source_hash", "judged_hash",
+           "file_hash"]

@@ -13,7 +13,8 @@ from .verdict import CheckStatus, Verdict
 def merge_gpu(cpu: Verdict, gpu: Verdict) -> Verdict:
     """One verdict per file: the CPU checks, then the GPU checks (static gate and load once)."""
     merged = Verdict(cpu.file, cpu.op, f"{cpu.mode}+gpu", list(cpu.checks), cpu.fpsan_equivalent, cpu.fpsan_detail,
-                     cpu.duration_s + gpu.duration_s, cpu.error or gpu.error, cpu.seed)
+                     cpu.duration_s + gpu.duration_s, cpu.error or gpu.error, cpu.seed,
+                     cpu.source_hash if cpu.source_hash == gpu.source_hash else "")  # ('': two texts were judged)
     seen = {c.name for c in cpu.checks}
     merged.checks += [c for c in gpu.checks if c.name not in seen]
     return merged

@@ -93,8 +93,8 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     running = None
     if doc:
         v.seed = doc.get("seed")
-        v.checks = [CheckOutcome(c["name"], c["status"], c.get("detail", ""), c.get("duration_s", 0.0))
-                    for c in doc.get("checks", [])]
+        v.source_hash = doc.get("source_hash") or ""
+        v.checks = [CheckOutcome.from_json(c) for c in doc.get("checks", [])]
         running = doc.get("running")
     where = f" during check `{running}`" if running else ""
     if timed_out:

@@ -72,6 +72,13 @@ class CheckOutcome:
         """True / False, and None for a check that could not run (never reported as passed)."""
         return None if self.status == CheckStatus.SKIPPED else self.status == CheckStatus.PASSED
 
+    @classmethod
+    def from_json(cls, c: Dict[str, Any]) -> "CheckOutcome":
+        """A check as a verdict document holds it (one written before checks had a status says `passed`)."""
+        status = c.get("status") or {True: CheckStatus.PASSED, False: CheckStatus.FAILED}.get(c.get("passed"),
+                                                                                           CheckStatus.SKIPPED)
+        return cls(c["name"], status, c.get("detail") or "", c.get("duration_s") or 0.0)
+
     def to_json(self) -> Dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "status": self.status, "detail": self.detail,
                 "duration_s": round(self.duration_s, 3)}
@@ -79,15 +86,22 @@ class CheckOutcome:
 
 @dataclass
 class Verdict:
+    """A sanitizer stage's verdict, and the stored verdict of a candidate (the ledger's `verdict`, read back with
+    `from_json`): a verdict the loop writes itself (an unusable reply, a benchmark that cannot be judged) is
+    one of these too, with `mode` naming its stage."""
+
     file: str
     op: str
-    mode: str  # quick | full | gpu
+    mode: str  # quick | full | gpu (a judge's); reply | bench (the loop's own)
     checks: List[CheckOutcome] = field(default_factory=list)
     fpsan_equivalent: Optional[bool] = None  # None: FpSan could not decide (skipped or not run)
     fpsan_detail: str = ""
     duration_s: float = 0.0
     error: str = ""  # the isolated run itself failed (crash, timeout)
     seed: Optional[int] = None  # the inputs' seed base (`sanitize --seed N` reproduces them); None: not known
+    # the identity of the text judged (sanitizer/canonical.py `judged_hash` of the bytes the judge read); '' when
+    # the verdict does not say (an older ledger's): the loop holds it against the candidate's own hash
+    source_hash: str = ""
 
     @property
     def passed(self) -> bool:
@@ -97,12 +111,16 @@ class Verdict:
     def first_failure(self) -> Optional[CheckOutcome]:
         return next((c for c in self.checks if c.status == CheckStatus.FAILED), None)
 
+    def failure(self) -> str:
+        """Why the verdict fails, in one line: the first failing check, else the error ('' when neither)."""
+        f = self.first_failure
+        return f"{f.name}: {f.detail}" if f else self.error
+
     def summary(self) -> str:
         if self.error:
             return self.error
-        f = self.first_failure
-        if f:
-            return f"{f.name}: {f.detail}"
+        if self.first_failure:
+            return self.failure()
         eq = {True: "FpSan-equivalent to the baseline", False: "not structurally equivalent (passed the extended "
               "numeric suite)", None: "FpSan equivalence undecided"}[self.fpsan_equivalent]
         return f"passed {sum(c.status == CheckStatus.PASSED for c in self.checks)} checks; {eq}"
@@ -111,13 +129,12 @@ class Verdict:
         return {"file": self.file, "op": self.op, "mode": self.mode, "passed": self.passed,
                 "fpsan_equivalent": self.fpsan_equivalent, "fpsan_detail": self.fpsan_detail,
                 "error": self.error or None, "duration_s": round(self.duration_s, 3),
-                "checks": [c.to_json() for c in self.checks], "seed": self.seed}
+                "checks": [c.to_json() for c in self.checks], "seed": self.seed, "source_hash": self.source_hash}
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
-        v = cls(d["file"], d["op"], d.get("mode", "full"),
-                [CheckOutcome(c["name"], c["status"], c.get("detail", ""), c.get("duration_s", 0.0))
-                 for c in d.get("checks", [])],
-                d.get("fpsan_equivalent"), d.get("fpsan_detail", ""), d.get("duration_s", 0.0), d.get("error") or "",
-                d.get("seed"))
-        return v
+        """A verdict document: a judge's, or one the ledger stores (whose older rows may lack any key)."""
+        return cls(d.get("file") or "", d.get("op") or "", d.get("mode") or "full",
+                   [CheckOutcome.from_json(c) for c in d.get("checks") or []],
+                   d.get("fpsan_equivalent"), d.get("fpsan_detail") or "", d.get("duration_s") or 0.0,
+                   d.get("error") or "", d.get("seed"), d.get("source_hash") or "")

@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 
+from .canonical import judged_hash
 from .executor import Executor
 from .lease import wait_for_grant
 from .static_gate import check_source
@@ -60,14 +61,16 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
     seed_base = args.seed if args.seed is not None else secrets.randbelow(1 << 40)
     deadline = args.deadline or time.time() + 600
+    with open(args.file, "rb") as f:  # bytes: the gate judges how Python would read them
+        raw = f.read()
+    # a verdict cut short still names its inputs, and the text it is about (the loop holds it to the candidate's)
     progress = {"file": args.file, "op": args.op, "mode": args.mode, "running": None, "checks": [],
-                "started": time.time(), "seed": seed_base}  # a verdict cut short still names its inputs
+                "started": time.time(), "seed": seed_base, "source_hash": judged_hash(raw)}
     _write(args.out, progress)
 
     # The candidate's process is started first, so that its imports overlap with this one's; it is
     # not started at all for a file that the static gate rejects.
-    with open(args.file, "rb") as f:  # bytes: the gate judges how Python would read them
-        gate_ok = args.skip_gate or check_source(f.read(), args.op).passed
+    gate_ok = args.skip_gate or check_source(raw, args.op).passed
     executor = None
     if gate_ok and args.mode != "gpu":
         executor = Executor(args.file, args.op, "cpu", deadline=deadline, skip_gate=args.skip_gate)
@@ -95,9 +98,7 @@ def main(argv=None) -> int:
     finally:
         if executor is not None:
             executor.close()
-    doc = verdict.to_json()
-    doc["seed"] = seed_base
-    doc["complete"] = True
+    doc = dict(verdict.to_json(), seed=seed_base, source_hash=progress["source_hash"], complete=True)
     _write(args.out, doc)
     return 0
 

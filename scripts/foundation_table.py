@@ -49,11 +49,12 @@ def agreement(run1, run2):
     event times): do the two runs' medians agree within the larger run-to-run spread
     (bench.reported_time: the measured spread, never less than RUN_TO_RUN_FLOOR)?"""
     from kernel_agent.harness.bench import reported_time
+    from kernel_agent.harness.bench_records import Measurement
     from kernel_agent.harness.promotion import graph_timed
 
     def index(doc):
-        return {(r["op"], r["shape"], m["label"]): m for r in doc["results"] for m in r["measurements"]
-                if not m.get("error")}
+        return {(r["op"], r["shape"], m["label"]): Measurement.from_json(m) for r in doc["results"]
+                for m in r["measurements"] if not m.get("error")}
     a, b = index(run1), index(run2)
     rows = []
     for key in a:
@@ -84,6 +85,7 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
           f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
           f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n")
     from kernel_agent.harness.bench import reported_time
+    from kernel_agent.harness.bench_records import Measurement
     from kernel_agent.harness.promotion import graph_timed
     print("| op | shape | dtype | baseline ms (within-run spread) | baseline as reported (± run to run) | anchor | "
           "anchor ms | anchor/baseline | baseline rate (events) | of ceiling | floor |")
@@ -104,10 +106,11 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         graph = f", graph {b['graph_ms']:.4f}" if b.get("graph_ms") else ""  # graph replay (small kernels)
         # small kernels are compared on CUDA-graph replays, as the promotion rule judges them: their event
         # times carry host launch overhead that comes and goes
-        by_graph = bool(a) and graph_timed(a) and graph_timed(b)
-        a_ms = reported_time(a, None if by_graph else "event")[0]
-        ratio = a_ms / reported_time(b, None if by_graph else "event")[0]
-        rep_ms, rep_spread, rep_kind = reported_time(b)
+        ma, mb = (Measurement.from_json(a) if a else None), Measurement.from_json(b)
+        by_graph = bool(a) and graph_timed(ma) and graph_timed(mb)
+        a_ms = reported_time(ma, None if by_graph else "event")[0]
+        ratio = a_ms / reported_time(mb, None if by_graph else "event")[0]
+        rep_ms, rep_spread, rep_kind = reported_time(mb)
         print(f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['median_ms']:.4f} (±{b['spread_ms']:.4f}{graph}) | "
               f"{rep_ms:.4f} ±{rep_spread:.4f}{' (graph)' if rep_kind == 'graph' else ''} | "
               f"{a['label'].split(':')[1] if a else ''} | {a_ms:.4f}{' (graph)' if by_graph else ''} | "

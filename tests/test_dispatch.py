@@ -11,7 +11,8 @@ from kernel_agent.harness.dispatch import choices_from_rows, measured_choices, r
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.matmul import torch_matmul
-from kernel_agent.harness.promotion import judge_benchmark
+from kernel_agent.harness.bench_records import BenchOutcome, ShapeResult
+from kernel_agent.harness.promotion import judge_benchmark as judge_outcome
 
 GPU = "NVIDIA H200"
 MATMUL = get_op("matmul")
@@ -149,6 +150,11 @@ def _m(label, ms, spread=0.0005, serves=False, graph=None):
     return d
 
 
+def judge_benchmark(doc, shapes):
+    """The rule over a benchmark child's document, read as the parent reads it."""
+    return judge_outcome(BenchOutcome.from_json(doc), shapes)
+
+
 def _doc(*measurements, shape="M=16,N=8192,K=8192"):
     return {"results": [{"op": "matmul", "shape": shape, "bucket": "m16-klarge", "dtype": "bfloat16",
                          "gpu": GPU, "measurements": list(measurements)}], "error": None}
@@ -182,9 +188,9 @@ def test_promotion_is_judged_against_the_faster_of_the_incumbent_and_torch():
 
 def test_a_benchmark_races_out_a_candidate_slower_than_torch():
     res = _doc(_m("candidate", 0.045), _m("incumbent", 0.050), _m("anchor:torch.matmul", 0.040, serves=True))
-    assert "slower than torch (torch.matmul)" in refused_here(res["results"][0])
+    assert "slower than torch (torch.matmul)" in refused_here(ShapeResult.from_json(res["results"][0]))
     res = _doc(_m("candidate", 0.045), _m("incumbent", 0.050), _m("anchor:torch.matmul", 0.040))
-    assert refused_here(res["results"][0]) == ""
+    assert refused_here(ShapeResult.from_json(res["results"][0])) == ""
 
 
 def test_rows_of_one_shape_pair_only_within_one_benchmark(led):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kernel_agent.harness import figures as F
+from kernel_agent.harness.bench_records import Measurement
 from kernel_agent.harness.promotion import judged_pair
 
 from committed_h200 import H200, RUN, copied_ledger, table_rows
@@ -34,8 +35,9 @@ def test_the_clock_is_chosen_per_figure_as_the_promotion_rule_chooses_it():
     assert (b.clock, b.incumbent_ms, b.kernel_ms) == ("event", 0.085, 0.30)
 
     def m(row, rounds):  # the same timings as a benchmark measurement, which the rule judges
-        return {"median_ms": row.median_ms, "spread_ms": row.spread_ms, "n": 5, "graph_ms": row.graph_ms,
-                "graph_spread_ms": row.extra.get("graph_spread_ms"), "graph_rounds": [row.graph_ms] * rounds}
+        return Measurement.from_json({"median_ms": row.median_ms, "spread_ms": row.spread_ms, "n": 5,
+                                      "graph_ms": row.graph_ms, "graph_spread_ms": row.extra.get("graph_spread_ms"),
+                                      "graph_rounds": [row.graph_ms] * rounds})
     for fig, (inc, cand) in ((a, rows[:2]), (b, rows[3:])):
         assert judged_pair(m(cand, 5), m(inc, 5))[2] == fig.clock
 

@@ -16,6 +16,7 @@ import pytest
 
 from kernel_agent.agent import loop as loop_mod
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus
+from kernel_agent.sanitizer.canonical import file_hash
 from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 
 from test_loop import CLI, GOOD, ROOT, FakeDevices, FakeEvaluator
@@ -45,14 +46,15 @@ def _cpu_run(tmp_path, ledger_path, sanitize, candidates=1, events=None, resume=
 
 
 def _passes(path, op, mode):
-    return Verdict(path, op, mode, checks=[CheckOutcome("static_gate", "passed"), CheckOutcome("runs", "passed")])
+    return Verdict(path, op, mode, checks=[CheckOutcome("static_gate", "passed"), CheckOutcome("runs", "passed")],
+                   source_hash=file_hash(path))
 
 
 def _times_out_in_full(path, op, mode):
     if mode != "full":
         return _passes(path, op, mode)
     v = Verdict(path, op, mode, checks=[CheckOutcome("static_gate", "passed"),
-                                        CheckOutcome("near_serving", "failed", TIME_LIMIT)])
+                                        CheckOutcome("near_serving", "failed", TIME_LIMIT)], source_hash=file_hash(path))
     v.error = TIME_LIMIT
     return v
 
@@ -205,9 +207,10 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
     from kernel_agent.harness.bench import record_shape_result
     from kernel_agent.harness.ledger import hash_source
     from test_loop import _measured
-    record_shape_result(led, run.id, {"op": "quantize_kv", "shape": "T=16,H=8,D=128", "bucket": "b",
+    from kernel_agent.harness.bench_records import ShapeResult
+    record_shape_result(led, run.id, ShapeResult.from_json({"op": "quantize_kv", "shape": "T=16,H=8,D=128", "bucket": "b",
                                       "dtype": "bfloat16", "gpu": "G", "measurements": [
-                                          _measured("incumbent", 1.0), _measured("candidate", 0.9)]},
+                                          _measured("incumbent", 1.0), _measured("candidate", 0.9)]}),
                         cand.id, "serving:x.py", hash_source(incumbent))
     led.close()
     cmd_show(argparse.Namespace(what=str(cand.id), ledger=str(tmp_path / "l.db"), json=False, source=False))

@@ -148,9 +148,9 @@ def test_each_promotion_adds_a_commit_and_a_resumed_run_continues_the_branch(tmp
     lp, run_id, targets, budget = _branch_loop(tmp_path, led, target, gpu, run.id)
     branch = target.info.branch
     _stream(lp, targets, budget, 1)
-    assert lp.stats["promoted"] == 1 and len(_commits(repo, before["head"], branch)) == 1
+    assert len(led.run_summary(run_id).promotions) == 1 and len(_commits(repo, before["head"], branch)) == 1
     _stream(lp, targets, budget, 1)  # the second promotion is judged against the first, read from the branch
-    assert lp.stats["promoted"] == 2 and len(_commits(repo, before["head"], branch)) == 2
+    assert len(led.run_summary(run_id).promotions) == 2 and len(_commits(repo, before["head"], branch)) == 2
     promoted_file = serving.kernel_file_name("quantize_kv", targets[0].bucket, "bfloat16", "Fake GPU")
     labels = {r.label for r in led.bench_results(run_id=run_id)}
     assert {"baseline", f"serving:{promoted_file}"} <= labels
@@ -200,7 +200,8 @@ def test_dispatch_choices_go_to_the_branch_too(tmp_path, monkeypatch, repo):
                        loop_mod.placement_for(cfg, gpu.devices, gpu), target=target)
     t = loop_mod.targets_for(cfg)[:1]
     _stream(lp, t, loop_mod.Budget(cfg, 0, 0.0), 1)
-    assert lp.stats["benchmarked"] == 1 and lp.stats["promoted"] == 0
+    assert len({b.candidate_id for b in led.bench_results(run_id=run.id)}) == 1
+    assert not led.run_summary(run.id).promotions
     info = target.close()
     (msg,) = _commits(repo, before["head"], info.branch)
     assert msg.startswith(f"Serve matmul {t[0].bucket} bfloat16 by torch (torch.matmul)") and "is faster" in msg
@@ -288,6 +289,7 @@ def test_where_the_plan_sends_promotions(tmp_path, monkeypatch, repo):
 def _fake_promote_children():
     """`kernel-agent promote`'s device work done by fakes: (evaluator, devices). The GPU is there, the
     sanitizer passes, and the candidate takes 0.5 ms against 1.0 ms for the incumbent."""
+    from kernel_agent.sanitizer.canonical import file_hash
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 
     def bench(spec, env=None, on_ready=None):
@@ -296,7 +298,7 @@ def _fake_promote_children():
              "measurements": [_measured("incumbent", 1.0), _measured("candidate", 0.5)]} for k in spec["shapes"]]}
 
     evaluator = FakeEvaluator(lambda path, op, mode="full", checks=None, env=None, on_ready=None: Verdict(
-        path, op, mode, checks=[CheckOutcome("static_gate", "passed")]), bench)
+        path, op, mode, checks=[CheckOutcome("static_gate", "passed")], source_hash=file_hash(path)), bench)
     return evaluator, FakeDevices(["0"], "Fake GPU")
 
 

@@ -17,6 +17,7 @@ from kernel_agent.harness import serving
 from kernel_agent.harness.bench import Contender, balanced_median, benchmark_shape, load_ceilings
 from kernel_agent.harness.bench_worker import run_bench_isolated
 from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.bench_records import BenchOutcome
 from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
 
 pytestmark = [pytest.mark.gpu,
@@ -103,10 +104,10 @@ def _variant_file(tmp_path, name, cfg):
 def _decide(doc, kind):
     assert not doc.get("error"), doc.get("error")
     pairs = []
-    for res in doc["results"]:
-        ms = {m["label"]: m for m in res["measurements"]}
+    for res in BenchOutcome.from_json(doc).results:
+        ms = {m.label: m for m in res.measurements}
         tc, ti, judged = judged_pair(ms["candidate"], ms["incumbent"])
-        assert judged == kind, (judged, ms["incumbent"]["median_ms"])
+        assert judged == kind, (judged, ms["incumbent"].median_ms)
         pairs.append((tc, ti))
     return decide_over_shapes(pairs, sanitizer_passed=True)
 
@@ -505,7 +506,7 @@ def test_benchmark_only_cheats_buy_nothing(path):
     doc = run_bench_isolated({"op": op.name, "shapes": [shape], "dtype": "bfloat16", "seed": 0,
                               "kernels": [{"label": "incumbent", "file": None},
                                           {"label": "candidate", "file": str(path)}]}, timeout_s=900)
-    j = judge_benchmark(doc, [shape])
+    j = judge_benchmark(BenchOutcome.from_json(doc), [shape])
     if expected == "no gain":
         assert not j.error and j.decision is not None, j.error
         assert not j.decision.promote and j.candidate_ms >= 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)

@@ -101,22 +101,28 @@ def test_over_shapes_aggregate_within_noise_is_refused():
 
 
 def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
+    from kernel_agent.harness.bench_records import Measurement
     from kernel_agent.harness.promotion import judged_pair
-    ev = {"median_ms": 0.10, "spread_ms": 0.002, "n": 5}
+    ev = {"label": "k", "median_ms": 0.10, "spread_ms": 0.002, "n": 5}
     cand = dict(ev, graph_ms=0.040, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
     inc = dict(ev, median_ms=0.08, graph_ms=0.044, graph_spread_ms=0.0002, graph_rounds=[0.044] * 5)
-    c, i, kind = judged_pair(cand, inc)
+    c, i, kind = judged_pair(Measurement.from_json(cand), Measurement.from_json(inc))
     assert kind == "graph" and (c.median_ms, i.median_ms, c.n) == (0.040, 0.044, 5)
     # the event times would have said the candidate is slower: host overhead, not the kernel
     assert not decide_over_shapes([(Timing(0.10, 0.002, 5), Timing(0.08, 0.002, 5))], True).promote
     assert decide_over_shapes([(c, i)], True).promote
     for broken in ({"graph_ms": None}, {"graph_rounds": [0.04]}, {"graph_spread_ms": None}):
-        c, i, kind = judged_pair(dict(cand, **broken), inc)  # one side lacks graph rounds: both by events
+        c, i, kind = judged_pair(Measurement.from_json(dict(cand, **broken)), Measurement.from_json(inc))
+        # (one side lacks graph rounds: both by events)
         assert kind == "event" and (c.median_ms, i.median_ms) == (0.10, 0.08)
 
 
 def test_bench_processes_merge_into_a_spread_that_covers_both():
     from kernel_agent.harness.bench import REPRO_FLOOR, merge_processes
+    from kernel_agent.harness.bench_records import ShapeResult
+
+    def merged(*docs):
+        return merge_processes([ShapeResult.from_json(d) for d in docs]).measurements
 
     def res(med, rounds, graph=None):
         m = {"label": "baseline", "median_ms": med, "spread_ms": REPRO_FLOOR * med, "n": len(rounds),
@@ -127,27 +133,28 @@ def test_bench_processes_merge_into_a_spread_that_covers_both():
                 "measurements": [m]}
     one = res(1.000, [0.999, 1.000, 1.001], graph=[0.50, 0.50, 0.50])
     two = res(1.020, [1.019, 1.020, 1.021], graph=[0.51, 0.51, 0.51])
-    [m] = merge_processes([one, two])["measurements"]
-    assert m["n"] == 6 and m["processes"] == 2
-    assert m["median_ms"] == pytest.approx(1.01, abs=1e-3)
-    assert m["spread_ms"] == pytest.approx(0.010, abs=1e-6)  # half the range of the two medians
+    [m] = merged(one, two)
+    assert m.n == 6 and m.processes == 2 and m.to_json()["processes"] == 2
+    assert m.median_ms == pytest.approx(1.01, abs=1e-3)
+    assert m.spread_ms == pytest.approx(0.010, abs=1e-6)  # half the range of the two medians
     for med in (1.000, 1.020):  # each process's median lies within the merged one's spread
-        assert abs(med - m["median_ms"]) <= m["spread_ms"] + 1e-12
-    assert m["within_spread_ms"] <= m["spread_ms"] and m["graph_spread_ms"] == pytest.approx(0.005)
-    assert m["tbps"] == pytest.approx(4.0 / m["median_ms"])  # rates follow the merged time
+        assert abs(med - m.median_ms) <= m.spread_ms + 1e-12
+    assert m.within_spread_ms <= m.spread_ms and m.graph_spread_ms == pytest.approx(0.005)
+    assert m.tbps == pytest.approx(4.0 / m.median_ms)  # rates follow the merged time
     failed = res(1.0, [1.0, 1.0, 1.0])
     failed["measurements"][0]["error"] = "wrong result on the device"
-    [f] = merge_processes([one, failed])["measurements"]
-    assert f["error"]  # failing in one process is failing
-    assert merge_processes([one]) is one
+    [f] = merged(one, failed)
+    assert f.error  # failing in one process is failing
+    alone = ShapeResult.from_json(one)
+    assert merge_processes([alone]) is alone and "processes" not in alone.measurements[0].to_json()
     for r, pos in ((one, [0, 0, 1]), (two, [1, 1, 0])):  # each process's rounds with their positions
         r["measurements"][0]["positions"] = pos
-    [p] = merge_processes([one, two])["measurements"]
-    assert p["positions"] == [0, 0, 1, 1, 1, 0]
-    assert p["median_ms"] == pytest.approx((1.000 + 1.019) / 2)  # medians of [.999 1 1.021], [1.001 1.019 1.02]
+    [p] = merged(one, two)
+    assert p.positions == [0, 0, 1, 1, 1, 0]
+    assert p.median_ms == pytest.approx((1.000 + 1.019) / 2)  # medians of [.999 1 1.021], [1.001 1.019 1.02]
     del two["measurements"][0]["positions"]  # one process without positions: the plain median of all
-    [q] = merge_processes([one, two])["measurements"]
-    assert q["positions"] == [] and q["median_ms"] == pytest.approx(1.010)
+    [q] = merged(one, two)
+    assert q.positions == [] and q.median_ms == pytest.approx(1.010)
 
 
 def test_the_balanced_median_weighs_every_position_of_the_order_alike():
@@ -190,23 +197,25 @@ def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
     events otherwise), its spread never under the run-to-run floor of its bound, and larger when measured so."""
     from kernel_agent.harness.bench import (CHOSEN_BY_TIMING_FLOOR, RUN_TO_RUN_FLOOR, reported_time,
                                             with_reported_times)
+    from kernel_agent.harness.bench_records import Measurement, ShapeResult
 
-    def m(ms, spread, kind, graph=None):
-        return {"label": "baseline", "median_ms": ms, "spread_ms": spread, "n": 3, "ceiling_kind": kind,
-                "graph_ms": graph, "graph_spread_ms": 0.0001 if graph else None,
-                "graph_rounds": [graph] * 5 if graph else []}
+    def m(ms, spread, kind, graph=None, label="baseline"):
+        return Measurement.from_json({"label": label, "median_ms": ms, "spread_ms": spread, "n": 3,
+                                      "ceiling_kind": kind, "graph_ms": graph,
+                                      "graph_spread_ms": 0.0001 if graph else None,
+                                      "graph_rounds": [graph] * 5 if graph else []})
     ms, spread, kind = reported_time(m(2.0, 0.001, "compute"))
     assert (ms, kind) == (2.0, "event") and spread == pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 2.0)
     assert reported_time(m(2.0, 0.001, "memory"))[1] == pytest.approx(RUN_TO_RUN_FLOOR["memory"] * 2.0)
     assert reported_time(m(2.0, 0.5, "memory"))[1] == 0.5  # a measured spread above the floor stands
-    compiled = dict(m(2.0, 0.001, "memory"), label="anchor:torch.compile")  # its code picked by timing
+    compiled = m(2.0, 0.001, "memory", label="anchor:torch.compile")  # its code picked by timing
     assert reported_time(compiled)[1] == pytest.approx(CHOSEN_BY_TIMING_FLOOR["anchor:torch.compile"] * 2.0)
     small = m(0.09, 0.03, "compute", graph=0.04)  # event time inflated by launch overhead
     assert reported_time(small) == (0.04, pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 0.04), "graph")
     assert reported_time(small, "event")[:1] == (0.09,) and reported_time(small, "event")[2] == "event"
-    res = {"measurements": [small, {"label": "x", "error": "wrong result"}]}
-    with_reported_times(res)
-    assert res["measurements"][0]["reported_timing"] == "graph" and "reported_ms" not in res["measurements"][1]
+    res = ShapeResult("op", "s", "b", "bfloat16", "g", [small, Measurement.from_json({"label": "x", "error": "wrong"})])
+    doc = with_reported_times(res)
+    assert doc["measurements"][0]["reported_timing"] == "graph" and "reported_ms" not in doc["measurements"][1]
 
 
 def test_foundation_table_agreement_judges_like_the_rule():
@@ -228,8 +237,24 @@ def test_foundation_table_agreement_judges_like_the_rule():
     assert [(r[0][2], r[4]) for r in rows] == [("baseline (graph)", True), ("baseline", False)]
 
 
-def test_judge_benchmark_over_a_bucket():
+def _judge(doc, shapes):
+    """The rule over a benchmark child's document, read as the parent reads it."""
+    from kernel_agent.harness.bench_records import BenchOutcome
     from kernel_agent.harness.promotion import judge_benchmark
+    return judge_benchmark(BenchOutcome.from_json(doc), shapes)
+
+
+def test_a_benchmark_document_that_is_not_one_is_an_error_not_a_crash():
+    """The benchmark child runs candidate code: its document is parsed once, and what does not read as
+    results (a shape without its key, a time that is not a number) is the benchmark's error, judged as one."""
+    bad_shape = {"results": [{"op": "matmul", "measurements": []}]}
+    not_a_time = {"results": [{"shape": "a", "measurements": [{"label": "candidate", "median_ms": "fast"}]}]}
+    for doc, why in ((bad_shape, "KeyError"), (not_a_time, "ValueError")):
+        j = _judge(doc, ["a"])
+        assert j.error.startswith(f"the benchmark's results cannot be read ({why}") and j.decision is None
+
+
+def test_judge_benchmark_over_a_bucket():
 
     def m(label, ms, **kw):
         return dict({"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "fraction_of_ceiling": 0.5,
@@ -238,25 +263,25 @@ def test_judge_benchmark_over_a_bucket():
     def res(shape, cand, inc=1.0, **kw):
         return {"shape": shape, "measurements": [m("incumbent", inc), m("candidate", cand, **kw), m("anchor:x", 0.1)]}
 
-    j = judge_benchmark({"results": [res("a", 0.8), res("b", 0.9)], "error": None}, ["a", "b"])
+    j = _judge({"results": [res("a", 0.8), res("b", 0.9)], "error": None}, ["a", "b"])
     assert not j.error and j.decision.promote and j.shapes == ["a", "b"] and j.kinds == ["event", "event"]
     assert j.candidate_ms == pytest.approx(0.85) and j.incumbent_ms == 1.0 and j.fraction_of_ceiling == 0.5
-    assert judge_benchmark({"results": [res("a", 0.8)], "error": None}, ["a", "b"]).error == "benchmark incomplete"
-    bad = judge_benchmark({"results": [res("a", 0.8, error="wrong result on the device")]}, ["a"])
+    assert _judge({"results": [res("a", 0.8)], "error": None}, ["a", "b"]).error == "benchmark incomplete"
+    bad = _judge({"results": [res("a", 0.8, error="wrong result on the device")]}, ["a"])
     assert bad.error == "a: wrong result on the device" and bad.decision is None
-    assert judge_benchmark({"results": [], "error": "benchmark timed out after 900s"}, ["a"]).error.startswith(
+    assert _judge({"results": [], "error": "benchmark timed out after 900s"}, ["a"]).error.startswith(
         "benchmark timed out")
-    stale = judge_benchmark({"results": [res("a", 0.5, timed_checks=[
+    stale = _judge({"results": [res("a", 0.5, timed_checks=[
         {"call": 3, "ok": True, "detail": ""}, {"call": 41, "ok": False, "detail": "output: 9 element(s) outside"}])]},
         ["a"])  # right on the probe, wrong on a timed call (a cache, a reused output block): refused, not timed
     assert stale.decision is None and stale.error.startswith("a: candidate: output of timed call 41 differs from the "
                                                              "reference: output: 9 element(s) outside"), stale.error
-    fake = judge_benchmark({"results": [res("a", 0.5, implausible=True)]}, ["a"])
+    fake = _judge({"results": [res("a", 0.5, implausible=True)]}, ["a"])
     assert not fake.decision.promote and "implausible" in fake.decision.reason
     g = dict(graph_ms=0.04, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
     small = {"results": [{"shape": "a", "measurements": [m("incumbent", 0.05, **dict(g, graph_ms=0.05)),
                                                           m("candidate", 0.09, **g)]}]}
-    j = judge_benchmark(small, ["a"])  # slower by events (host overhead), faster as graph replays
+    j = _judge(small, ["a"])  # slower by events (host overhead), faster as graph replays
     assert j.kinds == ["graph"] and j.decision.promote and j.decision.reason.endswith("(CUDA-graph replay times)")
 
 
@@ -264,8 +289,11 @@ def test_a_benchmark_raced_out_at_a_refusing_shape_is_judged_on_what_was_timed()
     """Racing stops timing at the first shape the rule refuses on its own; the verdict is the one the
     full benchmark would have reached, and a partial document that the rule would not refuse is an
     error, not a promotion."""
-    from kernel_agent.harness.bench_worker import refused_here
-    from kernel_agent.harness.promotion import judge_benchmark
+    from kernel_agent.harness.bench_records import ShapeResult
+    from kernel_agent.harness.bench_worker import refused_here as refused_at
+
+    def refused_here(doc):  # (the child holds its ShapeResult; the test writes it as JSON)
+        return refused_at(ShapeResult.from_json(doc))
 
     def m(label, ms, spread=0.001, n=5):
         return {"label": label, "median_ms": ms, "spread_ms": spread, "n": n, "fraction_of_ceiling": 0.5,
@@ -282,13 +310,13 @@ def test_a_benchmark_raced_out_at_a_refusing_shape_is_judged_on_what_was_timed()
     assert refused_here({"shape": "a", "measurements": [m("incumbent", 1.0),
                                                         dict(m("candidate", 9.0), error="fault")]}) == ""
     raced = {"results": [res("a", 0.8), res("b", 1.2)], "raced_out": {"shape": "b", "reason": slower}}
-    j = judge_benchmark(raced, ["a", "b", "c", "d"])
+    j = _judge(raced, ["a", "b", "c", "d"])
     assert not j.error and not j.decision.promote
     assert "slower than the incumbent on b" in j.decision.reason and "2 shape(s) not timed" in j.decision.reason
     # the same shapes without the race mark are an incomplete benchmark
-    assert judge_benchmark({"results": raced["results"]}, ["a", "b", "c", "d"]).error == "benchmark incomplete"
+    assert _judge({"results": raced["results"]}, ["a", "b", "c", "d"]).error == "benchmark incomplete"
     forged = {"results": [res("a", 0.5)], "raced_out": {"shape": "a", "reason": "?"}}
-    assert "stopped early" in judge_benchmark(forged, ["a", "b"]).error
+    assert "stopped early" in _judge(forged, ["a", "b"]).error
 
 
 def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible():
@@ -355,6 +383,7 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
     import inspect
     import sys
 
+    from kernel_agent.harness.bench_records import BenchSpec
     from kernel_agent.harness.bench_worker import _contenders
     from kernel_agent.sanitizer.canonical import canonical_source
     monkeypatch.setenv("KA_SANDBOX_SCRATCH", str(tmp_path / "scratch"))
@@ -362,8 +391,8 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
     src = (ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text()
     cand = tmp_path / "cand.py"
     cand.write_text("# a comment the canonical text drops\n" + src)
-    spec = {"op": "quantize_kv", "kernels": [{"label": "incumbent", "file": None},
-                                             {"label": "candidate", "file": str(cand)}]}
+    spec = BenchSpec.from_json({"op": "quantize_kv", "kernels": [{"label": "incumbent", "file": None},
+                                                                 {"label": "candidate", "file": str(cand)}]})
     baseline, timed = _contenders(spec)
     module = sys.modules[timed.fn.__module__]
     assert pathlib.Path(inspect.getsourcefile(module)).parent == tmp_path / "scratch"
@@ -372,3 +401,29 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
     cand.write_bytes(b"# -*- coding: utf-7 -*-\n" + src.encode())
     with pytest.raises(ValueError, match="candidate: the static gate rejects the file: line 1: an encoding"):
         _contenders(spec)
+
+
+def test_the_benchmark_times_no_file_that_is_not_the_judged_text(tmp_path, monkeypatch):
+    """A benchmark names each candidate file with the hash of the text that was judged: the parent copies
+    into the child's scratch only a file that still holds it (nothing is started otherwise), and the child
+    checks its copy again before it imports it."""
+    from kernel_agent.harness import bench_worker
+    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
+    from kernel_agent.sanitizer.canonical import canonical_source, source_hash
+    src = canonical_source((ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text())
+    cand = tmp_path / "cand.py"
+    cand.write_text(src)
+    judged = BenchKernel("candidate", str(cand), source_hash(src))
+    spec = BenchSpec.judging("quantize_kv", ["T=16,H=8,D=128"], "bfloat16", BenchKernel("incumbent"), judged)
+    cand.write_text(src + "\nCHANGED = 1\n")  # changed after it was judged
+    started = []
+    monkeypatch.setattr(bench_worker, "run_tracked", lambda *a, **k: started.append(a) or (0, ""))
+    doc = bench_worker.run_bench_isolated(spec)
+    assert doc["error"].startswith("candidate: the file is not the judged text (sha256 ")
+    assert "it changed after it was judged" in doc["error"] and not started
+    monkeypatch.setenv("KA_SANDBOX_SCRATCH", str(tmp_path))
+    with pytest.raises(ValueError, match="candidate: the file is not the judged text"):
+        bench_worker._contenders(spec)
+    cand.write_text(src)  # the judged text: timed (here: handed to the child)
+    bench_worker.run_bench_isolated(spec)
+    assert len(started) == 1

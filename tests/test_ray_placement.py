@@ -83,8 +83,10 @@ def gpu_node(cluster):
 def _bench(tmp_path, sleep_s, text="# the candidate's text\n"):
     path = tmp_path / "cand.py"
     path.write_text(text)
-    return BenchTask({"op": "quantize_kv", "shapes": [], "fake_sleep_s": sleep_s,
-                      "kernels": [{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(path)}]})
+    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
+    spec = BenchSpec("quantize_kv", (), "bfloat16", (BenchKernel("incumbent"), BenchKernel("candidate", str(path))),
+                     seed=int(sleep_s * 1000))  # (tests/ray_fake_gpu.py sleeps `seed` ms)
+    return BenchTask(spec)
 
 
 def _ledger_state(db):

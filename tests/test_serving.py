@@ -89,6 +89,18 @@ def test_install_validates(sdir):
     assert serving.load_manifest()["entries"] == []
 
 
+def test_install_refuses_a_source_that_is_not_the_judged_text(sdir):
+    """`install` is told the hash of the text the sanitizer and the benchmark judged: another text is refused
+    in one line and nothing is written; the judged text goes in under that hash."""
+    from kernel_agent.sanitizer.canonical import source_hash
+    judged = source_hash(canonical_source(VARIANT_SRC))
+    with pytest.raises(serving.ServingError) as e:
+        _install(source=VARIANT_SRC + "\nSWAPPED = 1\n", judged_hash=judged)
+    assert "is not the judged text" in str(e.value) and "\n" not in str(e.value)
+    assert serving.load_manifest()["entries"] == [] and not list(sdir.glob("*.py"))
+    assert _install(judged_hash=judged)["source_hash"] == judged
+
+
 def test_bad_manifest_is_an_error(sdir):
     sdir.mkdir()
     (sdir / "manifest.json").write_text("{not json")
