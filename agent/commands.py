@@ -17,21 +17,51 @@ from typing import Any, Dict, List, Optional
 from ..harness import env
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
-from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_bytes,
-                                  parse_names, parse_points, run_kv_budget, run_model_bench)
+from ..harness.model_step import (
+    KV_MODES,
+    STACKS,
+    ModelConfigError,
+    Point,
+    load_model_config,
+    parse_bytes,
+    parse_names,
+    parse_points,
+    run_kv_budget,
+    run_model_bench,
+)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.report import merge_gpu
 from ..sanitizer.verdict import CheckStatus
 from . import ui
-from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
-                         cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
+from .cli_common import (
+    UsageError,
+    check_counts,
+    check_files,
+    check_ledger_exists,
+    check_op,
+    command,
+    cuda_available,
+    default_ledger,
+    open_ledger,
+    parse_duration,
+    parse_ops,
+    read_config,
+)
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history
 from .throughput import session_lines
-from .views import (candidate_doc, config_lines, diagnosis_lines, judged_base, run_doc, run_end_note, run_notes,
-                    unified_diff)
+from .views import (
+    candidate_doc,
+    config_lines,
+    diagnosis_lines,
+    judged_base,
+    run_doc,
+    run_end_note,
+    run_notes,
+    unified_diff,
+)
 
 
 def register(sub) -> None:
@@ -194,7 +224,7 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
     file_config = read_config(args.config) if args.config else {}
     file_run = file_config.get("run", {})
     parse_ops(args.ops)
-    for flag, value in (("--time-limit", args.time_limit), ("time_limit", file_run.get("time_limit"))):
+    for _flag, value in (("--time-limit", args.time_limit), ("time_limit", file_run.get("time_limit"))):
         if value is not None:
             parse_duration(str(value))
     counts = {k: getattr(args, k) for k in ("candidates", "per_round", "jobs", "gpus", "tokens")}

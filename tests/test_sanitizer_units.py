@@ -41,7 +41,8 @@ def test_gate_accepts_the_baselines(op):
     ("def matmul(a, b, memo={}):\n    return a\n", "state"),
     ("def matmul(a, b):\n    global X\n    return a\n", "state"),
     ("def matmul(a, b):\n    matmul.last = a\n    return a\n", "state"),
-    ("@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\ndef matmul(a, b):\n    return a\n", "autotune"),
+    ("@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\n"
+     "def matmul(a, b):\n    return a\n", "autotune"),
     ("def matmul(a, b):\n    s = torch.cuda.Stream()\n    return a\n", "torch-compute"),
     ("def matmul(a, b):\n    return getattr(torch, 'mm')(a, b)\n", "forbidden-call"),
     ("def matmul(a, b):\n    return a.__class__\n", "introspection"),
@@ -299,6 +300,7 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     compiling the same text, names the sides never taken. A side that only raises, and a condition on the
     device, are exempt; a kernel's body is not host code."""
     import importlib.util
+
     from kernel_agent.sanitizer.branches import BranchRecorder, host_branches, taken, uncovered
     src = HEADER + ("def helper(n):\n    if n > 100:\n        return 1\n    return 2 if n % 2 else 0\n\n"
                     "def f(x, n):\n    if n < 0:\n        raise ValueError('no')\n"
