@@ -30,6 +30,7 @@ import torch
 
 from ..harness.ops import get_op
 from .branches import host_branches, taken
+from .canonical import TextRefused, canonical_source
 from .checks import CheckSkipped, Subject, cases_n, check_load, check_static, first_difference, outputs, run_case
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
@@ -110,8 +111,10 @@ def _bf16_branches_taken(subject: Subject) -> None:
     """The host branches on bfloat16, which the CPU checks leave to this stage (sanitizer/branches.py), taken
     both ways by the device cases above (bf16, fp16 and fp32 each)."""
     try:
-        sides = [x for x in host_branches(subject.source, subject.path) if "bfloat16" in x.condition]
-    except SyntaxError as e:
+        # the executor runs (and records arcs of) the canonical text, as in the CPU check: its lines are compiled
+        source = canonical_source(subject.source)
+        sides = [x for x in host_branches(source, subject.path) if "bfloat16" in x.condition]
+    except (SyntaxError, TextRefused) as e:
         raise CheckFailed(f"the judge cannot compile the file: {e}")
     if not sides:
         return
