@@ -64,6 +64,10 @@ from .views import (
 )
 
 
+def _line_to_stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
 def register(sub) -> None:
     _add_run_parser(sub)
     _add_bench_parser(sub)
@@ -633,7 +637,7 @@ def _bench_model(args) -> int:
         ui.error("bench --model needs a CUDA GPU")
         return 2
     to_stdout = args.json
-    log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
+    log = _line_to_stderr if to_stdout else ui.line
     if budget is not None:
         result = run_kv_budget(cfg, budget, points[0].context, stacks, kv_modes, seed=args.seed, log=log)
     else:
@@ -906,8 +910,8 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            promoted_any = _promote_bucket(args, led, evaluator, run.id, cand.id, source, target, gname, bucket,
-                                           bshapes) or promoted_any
+            promoted_any = _promote_bucket(args, led, evaluator, run.id, cand.id, source, target, gname,  # type: ignore[arg-type]
+                                           bucket, bshapes) or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
@@ -927,8 +931,9 @@ def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, sour
             "kernels": [{"label": "incumbent", "file": inc_file},
                         {"label": "candidate", "file": os.path.abspath(args.file)}]}
     doc = evaluator.bench(spec)
+    incumbent = f"serving:{serving.entry_name(entry)}" if entry else "baseline"
     for res in doc.get("results", []):
-        record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}")
+        record_shape_result(led, run_id, res, cid, incumbent)
     j = judge_benchmark(doc, [s.key() for s in bshapes], args.margin)
     if j.error:
         ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
@@ -936,8 +941,8 @@ def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, sour
     for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
         ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
                 f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
-    if not j.decision.promote:
-        ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
+    if not j.decision.promote:  # type: ignore[union-attr]  # a judgement without an error has a decision
+        ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")  # type: ignore[union-attr]
         return False
     done = publish_promotion(target, led, PromotionRequest(
         run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,

@@ -262,7 +262,7 @@ class ModelProposer(Proposer):
         t0 = time.time()
         for attempt in range(self.cfg.max_retries + 1):
             try:
-                resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
+                resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,  # type: ignore[arg-type]
                                                            temperature=self.cfg.temperature,
                                                            max_tokens=self.cfg.max_tokens)
                 text = resp.choices[0].message.content if resp.choices else None

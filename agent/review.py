@@ -83,7 +83,7 @@ def history(args, led) -> int:
                r["judged_now_by_status"].get(CandidateStatus.BENCHMARKED, 0), r["promotions"], r["replayed"],
                r["proposer"], r["started"][:16].replace("T", " "), r["ops"], r["gpu"] or "-"] for r in doc["runs"]],
              justify=["left"] * 2 + ["right"] * 6 + ["left"] * 4)
-    if args.leaderboard:
+    if args.leaderboard and board is not None:  # history_data made it
         rows = [[e.figure.bucket, e.figure.shape_key, f"#{e.figure.candidate_id} {e.label or ''}".strip(),
                  fmt_ms(e.figure.kernel_ms), _short_label(e.figure.incumbent_label), fmt_ms(e.figure.incumbent_ms),
                  fmt_x(e.figure.speedup), CLOCK_WORDS[e.figure.clock], fmt_ms(e.figure.anchor_ms),
@@ -93,7 +93,7 @@ def history(args, led) -> int:
                   "gpu"], rows)
         if board.unbeaten:
             ui.line(f"no candidate beat its incumbent at: {'; '.join(board.unbeaten)}")
-    if args.trend:
+    if args.trend and trend is not None:  # history_data made it
         ui.table(f"speedup trend: {args.op} (each run's best candidate, geometric mean over its bucket's shapes)",
                  ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
                  [[t.run_id, t.started_at.isoformat()[:16].replace("T", " "), f"#{t.best.candidate_id}", t.best.bucket,

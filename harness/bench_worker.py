@@ -38,7 +38,7 @@ def _contenders(spec: dict):
     out = []
     for i, k in enumerate(spec["kernels"]):
         path = k.get("file") or inspect.getsourcefile(baseline_fn(spec["op"]))
-        with open(path, "rb") as f:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
             raw = f.read()
         gate = check_source(raw, spec["op"])
         if not gate.passed:

@@ -128,7 +128,7 @@ class Subject:
     op: Op
     path: str
     source: bytes  # the file as it is on disk; what runs is its canonical text (sanitizer/canonical.py)
-    fn: Optional[Callable] = None
+    fn: Any = None  # the candidate: the Executor that check_load starts (a stand-in in some tests)
     baseline: Optional[Callable] = None
     refs: Dict[int, Any] = field(default_factory=dict)
     fpsan_equivalent: Optional[bool] = None
@@ -180,7 +180,7 @@ def _run_or_fail(subject: Subject, case: Case, **kw) -> RunResult:
 
 # -- the checks -------------------------------------------------------------------------
 
-def check_static(subject: Subject, s: Settings) -> str:
+def check_static(subject: Subject, s: Optional[Settings]) -> str:
     if subject.skip_gate:
         raise CheckSkipped("turned off (a test of the layers behind the gate)")
     g = static_gate.check_source(subject.source, subject.op.name)
@@ -189,7 +189,7 @@ def check_static(subject: Subject, s: Settings) -> str:
     return g.describe()
 
 
-def check_load(subject: Subject, s: Settings) -> str:
+def check_load(subject: Subject, s: Optional[Settings]) -> str:
     ex = subject.executor
     if ex is None:
         raise CheckFailed("internal: no executor for the candidate")
@@ -435,7 +435,7 @@ def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bo
     except CheckFailed:
         raise
     except Exception as e:  # hypothesis wraps the first failure
-        inner = e
+        inner: Optional[BaseException] = e
         while inner is not None and not isinstance(inner, CheckFailed):
             inner = inner.__cause__ or (inner.__context__ if inner.__context__ is not inner else None)
         if isinstance(inner, CheckFailed):
