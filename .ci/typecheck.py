@@ -34,8 +34,9 @@ def lay_out_tree(mapping: dict, root: str = ROOT) -> str:
     tree = os.path.join(root, TREE, PACKAGE)
     shutil.rmtree(os.path.join(root, TREE), ignore_errors=True)
     os.makedirs(tree)
-    os.symlink(os.path.relpath(os.path.join(root, mapping[PACKAGE], "__init__.py"), tree),
-               os.path.join(tree, "__init__.py"))
+    os.symlink(
+        os.path.relpath(os.path.join(root, mapping[PACKAGE], "__init__.py"), tree), os.path.join(tree, "__init__.py")
+    )
     for name, folder in mapping.items():
         parts = name.split(".")
         if len(parts) == 2:
