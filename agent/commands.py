@@ -19,22 +19,53 @@ from ..harness import env
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
-from ..harness.model_step import (KV_MODES, STACKS, ModelConfigError, Point, load_model_config, parse_bytes,
-                                  parse_names, parse_points, run_kv_budget, run_model_bench)
+from ..harness.model_step import (
+    KV_MODES,
+    STACKS,
+    ModelConfigError,
+    Point,
+    load_model_config,
+    parse_bytes,
+    parse_names,
+    parse_points,
+    run_kv_budget,
+    run_model_bench,
+)
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from ..sanitizer.canonical import TextRefused, canonical_source, source_hash
 from ..sanitizer.report import merge_gpu
 from . import ui
-from .cli_common import (UsageError, check_counts, check_files, check_ledger_exists, check_op, command,
-                         cuda_available, default_ledger, open_ledger, parse_duration, parse_ops, read_config)
+from .cli_common import (
+    UsageError,
+    check_counts,
+    check_files,
+    check_ledger_exists,
+    check_op,
+    command,
+    cuda_available,
+    default_ledger,
+    open_ledger,
+    parse_duration,
+    parse_ops,
+    read_config,
+)
 from .model_config import ModelConfig
 from .placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .review import history
 from .throughput import session_lines
-from .views import (candidate_doc, config_lines, diagnosis_lines, judged_base, run_doc, run_end_note, run_notes,
-                    unified_diff, versions_line)
+from .views import (
+    candidate_doc,
+    config_lines,
+    diagnosis_lines,
+    judged_base,
+    run_doc,
+    run_end_note,
+    run_notes,
+    unified_diff,
+    versions_line,
+)
 
 
 def register(sub) -> None:
@@ -642,7 +673,7 @@ def _bench_model(args) -> int:
         ui.error("bench --model needs a CUDA GPU")
         return 2
     to_stdout = args.json
-    log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else (lambda text: ui.line(text))
+    log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else ui.line
     if budget is not None:
         result = run_kv_budget(cfg, budget, points[0].context, stacks, kv_modes, seed=args.seed, log=log)
     else:
@@ -911,8 +942,8 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            promoted_any = _promote_bucket(args, led, evaluator, run.id, cand.id, source, target, gname, bucket,
-                                           bshapes) or promoted_any
+            promoted_any = _promote_bucket(args, led, evaluator, run.id, cand.id, source, target, gname,  # type: ignore[arg-type]
+                                           bucket, bshapes) or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
@@ -940,8 +971,8 @@ def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, sour
     for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
         ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
                 f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
-    if not j.decision.promote:
-        ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")
+    if not j.decision.promote:  # type: ignore[union-attr]  # a judgement without an error has a decision
+        ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")  # type: ignore[union-attr]
         return False
     done = publish_promotion(target, led, PromotionRequest(
         run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,

@@ -40,13 +40,32 @@ from ..harness.env import versions
 from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source
 from ..sanitizer.canonical import TextRefused, canonical_source, judged_hash
 from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
-from .placement import (BenchTask, ClusterDevices, Devices, Evaluator, LocalDevices, LocalPlacement, default_jobs,
-                        describe, occupied_fraction)
+from .placement import (
+    BenchTask,
+    ClusterDevices,
+    Devices,
+    Evaluator,
+    LocalDevices,
+    LocalPlacement,
+    default_jobs,
+    describe,
+    occupied_fraction,
+)
 from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
 from .publish import NONE, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target, recorded_target
 from .recorder import HISTORY_ATTEMPTS, NOT_VERIFIED, TIMED, Recorder, rejected_for_time
-from .run_config import (ALL_OPS, SHAPE_SUITES, Budget, RunConfig, Target, model_targets, run_shapes, targets_for,
-                         time_limit_reached, weighted_pick)
+from .run_config import (
+    ALL_OPS,
+    SHAPE_SUITES,
+    Budget,
+    RunConfig,
+    Target,
+    model_targets,
+    run_shapes,
+    targets_for,
+    time_limit_reached,
+    weighted_pick,
+)
 from .screen import Screen
 from .search import SearchProposer, baseline_source
 from .stream import DUPLICATE_STREAK_LIMIT, GPU_QUICK_CHECKS, PIPELINE_PER_GPU, TASK_LOST_RETRIES, Stream

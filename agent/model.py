@@ -26,9 +26,9 @@ from typing import Callable, Dict, List, Optional
 from ..harness.ops import get_op
 from ..sanitizer.static_gate import language_summary
 from ..sanitizer.verdict import fence_for, quote_untrusted
+from .model_config import ModelConfig
 from .proposal import Attempt, Proposal, ProposeContext, Proposer
 from .rewrites import CATALOG, NotApplicable, applicable, apply_rewrite, catalog_text, target_for
-from .model_config import ModelConfig
 
 MAX_REPLY_CHARS = 200_000
 FEEDBACK_CHARS = 400  # of each earlier attempt's recorded text
@@ -220,7 +220,7 @@ class ModelProposer(Proposer):
         t0 = time.time()
         for attempt in range(self.cfg.max_retries + 1):
             try:
-                resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,
+                resp = self.client.chat.completions.create(model=self.cfg.model, messages=messages,  # type: ignore[arg-type]
                                                            temperature=self.cfg.temperature,
                                                            max_tokens=self.cfg.max_tokens)
                 text = resp.choices[0].message.content if resp.choices else None

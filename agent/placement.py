@@ -100,7 +100,8 @@ def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Seq
         return 0.0
     total = 0.0
     for g in gpus:
-        cur_start = cur_end = None
+        cur_start: float = 0.0  # read only once cur_end is set
+        cur_end: Optional[float] = None
         for s in sorted((x for x in spans if x.gpu == g), key=lambda x: x.start):
             a, b = max(s.start, lo), min(s.end, hi)
             if b <= a:
@@ -358,7 +359,7 @@ class LocalPlacement:
         def on_ready(phase: str, still_wanted: Callable[[], bool]) -> bool:
             if phase == "alone" and not task.exclusive:
                 return False  # a check has no business timing
-            if self._lease(gpu, phase, still_wanted):
+            if self._lease(gpu, phase, still_wanted):  # type: ignore[arg-type]
                 granted[phase] = time.time()
                 return True
             return False

@@ -26,9 +26,17 @@ from ..harness.kv_plan import KvPlan, load_plan
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
 from .cli_common import UsageError, command, default_ledger, open_ledger
+from .review import (
+    PromotedKernel,
+    _md_word,
+    _plots,
+    diff_section,
+    promoted_kernels,
+    promotion_header,
+    timings_section,
+    verdict_section,
+)
 from .views import extract_command, seed_of
-from .review import (PromotedKernel, _md_word, _plots, diff_section, promoted_kernels, promotion_header,
-                     timings_section, verdict_section)
 
 BODY = "pr.md"
 # The points `bench --model` is asked about when a run names none (the three of docs/BENCHMARK.md, then the batch
@@ -253,11 +261,12 @@ def step_section(run, pk: PromotedKernel, doc: Optional[Dict[str, Any]], doc_pat
                  rerun: str) -> List[str]:
     lines = ["", "### Decode step", ""]
     pr = pk.promotion
+    doc_name = os.path.basename(doc_path or "")  # given with the document
     if doc is not None:
         m = step_measurement(doc, pk)
         if m.effects:
             lines += [f"`bench --model` on {_md_word(m.model, extra=' ')} ({_md_word(m.gpu, extra=' ')}; "
-                      f"`{os.path.basename(doc_path)}`), "
+                      f"`{doc_name}`), "
                       f"one layer as a CUDA graph x the layers: the op calls this kernel served in the serving stack, "
                       f"against the same calls in the baseline stack, and the whole step of each stack.", "",
                       "| point | KV cache | calls | these calls, ms/step | baseline's, ms/step | saved ms/step | "
@@ -277,13 +286,13 @@ def step_section(run, pk: PromotedKernel, doc: Optional[Dict[str, Any]], doc_pat
                               f"that this kernel replaces."]
             return lines
         if m.other:
-            lines += [f"The `bench --model` document given (`{os.path.basename(doc_path)}`, "
+            lines += [f"The `bench --model` document given (`{doc_name}`, "
                       f"{_md_word(m.model, extra=' ')} on {_md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
                       f"but this kernel did not serve it there: "
                       + "; ".join(_md_word(o, extra=":, ") for o in m.other[:6])
                       + ". It was measured without this kernel in the serving set."]
         else:
-            lines += [f"The `bench --model` document given (`{os.path.basename(doc_path)}`, "
+            lines += [f"The `bench --model` document given (`{doc_name}`, "
                       f"{_md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
                       f"step does not run this kernel."]
     else:
@@ -323,7 +332,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
     pr = pk.promotion
     path = serving_dir() / kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
     try:
-        return path.read_text().rstrip("\n") == pk.candidate.source.rstrip("\n")
+        return path.read_text().rstrip("\n") == pk.candidate.source.rstrip("\n")  # type: ignore[union-attr]
     except OSError:
         return False
 
@@ -338,7 +347,7 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
     serving_file = f"kernels/serving/{kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)}"
     lines = ["", "### Reproduce", "", "```bash"]
     if branch.has_branch:
-        lines.append(f"git switch {shlex.quote(branch.branch)}")
+        lines.append(f"git switch {shlex.quote(branch.branch)}")  # type: ignore[arg-type]
     if _serving_file_holds(pk, later, branch):
         kernel = serving_file
     else:
@@ -370,7 +379,7 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
               f"kernel-agent show {c.id}{ledger_flag}"]
     if branch.has_branch and branch.base:
         lines += ["# the change itself",
-                  f"git diff {branch.base[:12]} {shlex.quote(branch.branch)} -- kernels/serving/"]
+                  f"git diff {branch.base[:12]} {shlex.quote(branch.branch or '')} -- kernels/serving/"]
     lines.append("```")
     return lines
 
@@ -392,7 +401,7 @@ class PullRequest:
     def open_commands(self) -> List[List[str]]:
         """The commands that open it: push the branch, then `gh pr create` from it. Without a branch,
         first commit the serving set on one named after the run (the convention of branch mode)."""
-        name = self.branch.branch if self.branch.has_branch else f"kernel-agent/{self.run_id}"
+        name: str = self.branch.branch if self.branch.has_branch else f"kernel-agent/{self.run_id}"  # type: ignore[assignment]
         gh = ["gh", "pr", "create", "--head", name, "--title", self.title, "--body-file",
               os.path.abspath(self.body_path)]
         if self.branch.has_branch:

@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import ray
 
@@ -41,7 +41,7 @@ from ..harness.env import gpu_name
 from ..sanitizer.runner import DEFAULT_TIMEOUT
 from ..sanitizer.verdict import Verdict
 from . import placement
-from .placement import BenchTask, SanitizeTask, Task, TaskLost, TaskSpan
+from .placement import SanitizeTask, Task, TaskLost, TaskSpan
 
 # A module whose `run_task(task, env)` and `gpu_name()` the nodes use instead of this package's (set in
 # the environment of `ray start`). Tests use it to stand in for GPU work on nodes without a GPU.

@@ -10,8 +10,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..harness.env import versions
-from ..harness.figures import (CLOCK_PHRASES, CLOCK_WORDS, CandidateResult, best_per_bucket, candidate_results, fmt_ms,
-                               fmt_saved, fmt_spread, fmt_x)
+from ..harness.figures import (
+    CLOCK_PHRASES,
+    CLOCK_WORDS,
+    CandidateResult,
+    best_per_bucket,
+    candidate_results,
+    fmt_ms,
+    fmt_saved,
+    fmt_spread,
+    fmt_x,
+)
 from ..harness.ledger import CandidateStatus
 from ..kernels import baseline as kernels_baseline
 from ..sanitizer.report import merge_gpu, write_junit
@@ -19,8 +28,17 @@ from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
-from .views import (JudgedBase, config_lines, diagnosis_lines, history_data, judged_base, serving_doc,  # noqa: F401
-                    speedup_trend, unified_diff, versions_line)
+from .views import (  # noqa: F401
+    JudgedBase,
+    config_lines,
+    diagnosis_lines,
+    history_data,
+    judged_base,
+    serving_doc,
+    speedup_trend,
+    unified_diff,
+    versions_line,
+)
 
 
 def register(sub) -> None:
@@ -66,7 +84,7 @@ def history(args, led) -> int:
                r["judged_now_by_status"].get(CandidateStatus.BENCHMARKED, 0), r["promotions"], r["replayed"],
                r["proposer"], r["started"][:16].replace("T", " "), r["ops"], r["gpu"] or "-"] for r in doc["runs"]],
              justify=["left"] * 2 + ["right"] * 6 + ["left"] * 4)
-    if args.leaderboard:
+    if args.leaderboard and board is not None:  # history_data made it
         rows = [[e.figure.bucket, e.figure.shape_key, f"#{e.figure.candidate_id} {e.label or ''}".strip(),
                  fmt_ms(e.figure.kernel_ms), _short_label(e.figure.incumbent_label), fmt_ms(e.figure.incumbent_ms),
                  fmt_x(e.figure.speedup), CLOCK_WORDS[e.figure.clock], fmt_ms(e.figure.anchor_ms),
@@ -76,7 +94,7 @@ def history(args, led) -> int:
                   "gpu"], rows)
         if board.unbeaten:
             ui.line(f"no candidate beat its incumbent at: {'; '.join(board.unbeaten)}")
-    if args.trend:
+    if args.trend and trend is not None:  # history_data made it
         ui.table(f"speedup trend: {args.op} (each run's best candidate, geometric mean over its bucket's shapes)",
                  ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
                  [[t.run_id, t.started_at.isoformat()[:16].replace("T", " "), f"#{t.best.candidate_id}", t.best.bucket,
@@ -295,6 +313,9 @@ def _clock_phrase(clocks: str) -> str:
     return " and ".join(CLOCK_PHRASES[c] for c in clocks.split("+"))
 
 
+_IMPLAUSIBLE = " (implausible: a time above a measured ceiling; left out of the plots and the trend)"
+
+
 def _results_table(results) -> List[str]:
     """Every benchmark of a candidate in the run, with the figures it was judged on."""
     if not results:
@@ -309,7 +330,7 @@ def _results_table(results) -> List[str]:
                            for f in r.figures)
         lines.append(f"| {r.candidate_id} | {_md_word(r.op)} | {_md_word(r.bucket)} | "
                      f"{_md_word(_short_label(r.incumbent_label))} | {fmt_x(r.speedup)} | {shapes}"
-                     f"{' (implausible: a time above a measured ceiling; left out of the plots and the trend)' if r.implausible else ''} | "
+                     f"{_IMPLAUSIBLE if r.implausible else ''} | "
                      f"{r.clocks.replace('event', 'events')} |")
     return lines + [""]
 
@@ -533,12 +554,13 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
 
             judged = {mode: 0, "gpu": 0}
 
-            def done(v: Verdict, stage: str = mode) -> None:
+            def done(v: Verdict, stage: str = mode, shown: Dict[str, str] = label, judged: Dict[str, int] = judged,
+                     op: str = op, n: int = len(present)) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
-                prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {label.get(v.file, v.file)} "
+                prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {shown.get(v.file, v.file)} "
                           f"({v.duration_s:.0f}s, seed {v.seed}): {v.summary()[:120]}")
                 judged[stage] += 1
-                prog.working_on(f"{op}: {judged[stage]}/{len(present)} kernel(s) through {stage}")
+                prog.working_on(f"{op}: {judged[stage]}/{n} kernel(s) through {stage}")
             prog.working_on(f"{op}: 0/{len(present)} kernel(s) through {mode}")
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
             if gpu:

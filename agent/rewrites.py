@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import copy
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeGuard, cast
 
 from ..harness.ops import get_op
 
@@ -42,7 +42,7 @@ def target_for(op_name: str) -> RewriteTarget:
     return RewriteTarget(streaming=bool(get_op(op_name).streaming))
 
 
-Edit = Tuple[ast.AST, ast.AST]  # (node of the parsed tree, its replacement)
+Edit = Tuple[Any, ast.AST]  # (node of the parsed tree, with its position; its replacement)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def _unwrap_to(call: ast.AST) -> ast.AST:
     return call
 
 
-def _is_load(node: ast.AST) -> bool:
+def _is_load(node: ast.AST) -> TypeGuard[ast.Call]:
     return isinstance(node, ast.Call) and _dotted(node.func) == "tl.load"
 
 
@@ -186,16 +186,16 @@ def _dot_operands(fn: ast.FunctionDef) -> set:
     for node in ast.walk(fn):
         if isinstance(node, ast.Call) and _dotted(node.func) == "tl.dot":
             for arg in node.args[:2]:
-                arg = _unwrap_to(arg)
-                if isinstance(arg, ast.Name):
-                    names.add(arg.id)
+                operand = _unwrap_to(arg)
+                if isinstance(operand, ast.Name):
+                    names.add(operand.id)
     return names
 
 
 def _evict_last(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
     if target.streaming:  # data read once gains nothing from staying in L2
         raise NotApplicable("evict-last: the op streams its inputs: nothing it reads is read again")
-    edits = []
+    edits: List[Edit] = []
     for fn in _jit_functions(tree):
         operands = _dot_operands(fn)
         for loop in (n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.While))):
@@ -226,7 +226,7 @@ def _block_offsets(node: ast.AST, constexprs: set) -> Optional[str]:
 
 
 def _load_hints(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
-    edits = []
+    edits: List[Edit] = []
     for fn in _jit_functions(tree):
         constexprs = _constexpr_params(fn)
         hinted = {id(n.args[0]) for n in ast.walk(fn) if isinstance(n, ast.Call)
@@ -235,7 +235,7 @@ def _load_hints(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
             c = _block_offsets(node, constexprs)
             if c and id(node) not in hinted:
                 inner = ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "multiple_of", ast.Load()),
-                                 [copy.deepcopy(node), ast.Name(c, ast.Load())], [])
+                                 [cast(ast.expr, copy.deepcopy(node)), ast.Name(c, ast.Load())], [])
                 outer = ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "max_contiguous", ast.Load()),
                                  [inner, ast.Name(c, ast.Load())], [])
                 edits.append((node, outer))
@@ -243,7 +243,7 @@ def _load_hints(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
 
 
 def _exp2(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
-    edits = []
+    edits: List[Edit] = []
     for fn in _jit_functions(tree):
         for node in ast.walk(fn):
             if isinstance(node, ast.Call) and _dotted(node.func) in ("tl.exp", "tl.math.exp") \

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from ..harness.compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, profile
 from ..harness.diagnosis import SHARED_PER_PROGRAM, SM_COUNT
 from ..harness.source_text import source_hash
 from .proposal import Proposal, ProposeContext
+
+if TYPE_CHECKING:
+    from ..harness.ledger import Ledger
 
 PREDICTED_FLOOR = 0.8
 # a proposal's compile, whose incumbent's took seconds: matmul 128x256 tiles on 2 warps ground 200 s in ptxas
@@ -103,7 +106,7 @@ def compile_objection(candidate: CompileProfile, incumbent: CompileProfile) -> s
 class Screen:
     """The screens for one run, over its ledger. `profile` compiles a source (tests pass a fake)."""
 
-    ledger: object
+    ledger: Ledger
     run_id: Optional[str]
     profile: Optional[Callable[..., CompileProfile]] = profile_source  # None: no compile screen
     _incumbents: Dict[Tuple[str, str, str], CompileProfile] = field(default_factory=dict)
@@ -113,7 +116,7 @@ class Screen:
         return {r.source_hash for r in self.ledger.pruned(op=ctx.op, bucket=ctx.bucket, dtype=ctx.dtype)}
 
     def _profile(self, ctx: ProposeContext, source: str, timeout_s: float) -> CompileProfile:
-        return self.profile(source, ctx.op, [s.key() for s in ctx.shapes], ctx.dtype, timeout_s)
+        return self.profile(source, ctx.op, [s.key() for s in ctx.shapes], ctx.dtype, timeout_s)  # type: ignore[misc]
 
     def compile_reason(self, ctx: ProposeContext, source: str) -> str:
         if self.profile is None:
@@ -126,7 +129,7 @@ class Screen:
     def measured(self, ctx: ProposeContext, n_fields: int) -> List[Tuple[tuple, float]]:
         """(configuration, speed against the incumbent it was timed beside) of each benchmarked variant."""
         ratios: Dict[int, List[float]] = {}
-        by_run: Dict[Tuple[str, int, str], Dict[str, float]] = {}
+        by_run: Dict[Tuple[Optional[str], int, str], Dict[str, float]] = {}
         for r in self.ledger.bench_results(op=ctx.op, bucket=ctx.bucket, dtype=ctx.dtype):
             if r.candidate_id is not None and not r.implausible and r.median_ms > 0:
                 role = "candidate" if r.label == "candidate" else \

@@ -133,9 +133,9 @@ class SearchProposer(Proposer):
                     [(i, v) for i, vals in enumerate(space.values) for v in vals], 2):
                 if i >= j:
                     continue
-                c = list(st.best_cfg)
-                c[i], c[j] = vi, vj
-                c = tuple(c)
+                fields = list(st.best_cfg)
+                fields[i], fields[j] = vi, vj
+                c = tuple(fields)
                 if c not in st.tried and all(space.valid(c, s) for s in st.shapes):
                     out.append(c)
         self.rng.shuffle(out)

@@ -9,12 +9,13 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, Optional, Sequence, cast
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RP
 from rich.table import Table
 from rich.text import Text
 
@@ -59,11 +60,11 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
           justify: Optional[Sequence[str]] = None, wrap: Sequence[str] = ()) -> None:
     """A table: on a terminal fitted to its width (`fit_columns`), where the columns named in `wrap` (a detail
     that is the point of the table) fold onto more lines instead of being cut; elsewhere plain, uncut."""
-    rows = [[("" if v is None else str(v)) for v in r] for r in rows]
+    cells = [[("" if v is None else str(v)) for v in r] for r in rows]
     if is_tty():
-        _rich_table(title, list(columns), rows, justify, [columns.index(c) for c in wrap])
+        _rich_table(title, list(columns), cells, justify, [columns.index(c) for c in wrap])
         return
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     if title:
         sys.stdout.write(title + "\n")
 
@@ -75,7 +76,7 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
         return "  ".join(out).rstrip()
 
     sys.stdout.write(fmt(list(columns)) + "\n")
-    for r in rows:
+    for r in cells:
         sys.stdout.write(fmt(r) + "\n")
     sys.stdout.flush()
 
@@ -125,7 +126,8 @@ def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: 
     shown = [i for i, w in enumerate(widths) if w is not None]
     for i in shown:
         folds = i in wrap
-        t.add_column(columns[i], justify=(justify[i] if justify else "left"), no_wrap=not folds,
+        align = cast(JustifyMethod, justify[i] if justify else "left")
+        t.add_column(columns[i], justify=align, no_wrap=not folds,
                      overflow="fold" if folds else "ellipsis", width=widths[i], min_width=widths[i])
     for r in rows:
         t.add_row(*[r[i] if i < len(r) else "" for i in shown])
@@ -215,7 +217,7 @@ class StatusLine:
 
     def __init__(self, plain_every_s: float = 60.0):
         self.plain_every_s = plain_every_s
-        self._live = None
+        self._live: Optional[Live] = None
         self._last_plain = 0.0
 
     def update(self, text: str) -> None:

@@ -90,8 +90,10 @@ def history_data(led: Ledger, op: Optional[str] = None, status: Optional[str] = 
                  leaderboard: bool = False, trend: bool = False) -> History:
     """The runs newest first (`Ledger.runs` filters them), and with `op` its leaderboard and trend."""
     runs = led.runs(op=op, status=status, since=since, until=until, proposer=proposer, gpu=gpu, limit=limit)
-    return History(runs, [run_row(led, r) for r in runs], led.leaderboard(op) if leaderboard else None,
-                   speedup_trend(led, op, runs) if trend else None)
+    # both need an op (`history` refuses them without --op)
+    board = led.leaderboard(op) if leaderboard else None  # type: ignore[arg-type]
+    points = speedup_trend(led, op, runs) if trend else None  # type: ignore[arg-type]
+    return History(runs, [run_row(led, r) for r in runs], board, points)
 
 
 # -- a run and a candidate ------------------------------------------------------------------------
@@ -283,9 +285,10 @@ def reproduce_check(led: Ledger, c, mode: str) -> str:
 # -- the serving set, as the ledger records it ----------------------------------------------------------
 
 def _geomean(xs: List[Optional[float]]) -> Optional[float]:
-    if not xs or any(x is None or x <= 0 for x in xs):
+    known = [x for x in xs if x is not None and x > 0]
+    if not xs or len(known) < len(xs):
         return None
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+    return math.exp(sum(math.log(x) for x in known) / len(known))
 
 
 def _over_baseline(p, promos_by_candidate: Dict[int, Any]) -> Optional[float]:
@@ -312,8 +315,8 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
     from ..harness.dispatch import choices_from_rows  # here: as the serving set
     promos = led.promotions()
     active: Dict[tuple, Any] = {}
-    for p in promos:  # newest first: the newest active promotion of a key serves it
-        active.setdefault((p.op, p.bucket, p.dtype, serving.gpu_slug(p.gpu_name)), p)
+    for promo in promos:  # newest first: the newest active promotion of a key serves it
+        active.setdefault((promo.op, promo.bucket, promo.dtype, serving.gpu_slug(promo.gpu_name)), promo)
     by_candidate = {p.candidate_id: p for p in reversed(promos)}
     choices = {(c.op, c.bucket, c.dtype, serving.gpu_slug(c.gpu or "")): c for c in choices_from_rows(
         led.bench_results(), {k: p.candidate_id for k, p in active.items()})}
@@ -323,10 +326,10 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
         figs = [f for f in led.figures(candidate_id=p.candidate_id, run_id=p.run_id) if f.bucket == p.bucket] \
             if p is not None else []
         buckets.append({
-            "op": key[0], "bucket": key[1], "dtype": key[2], "gpu": p.gpu_name if p is not None else ch.gpu,
+            "op": key[0], "bucket": key[1], "dtype": key[2], "gpu": p.gpu_name if p is not None else ch.gpu,  # type: ignore[union-attr]
             "serves": ch.impl if ch is not None else (serving.KERNEL if p is not None else serving.BASELINE),
             "candidate_id": p.candidate_id if p is not None else None,
-            "over_baseline": _over_baseline(p, by_candidate) if p is not None else None,
+            "over_baseline": _over_baseline(p, by_candidate) if p is not None else None,  # type: ignore[arg-type]
             # torch's time over the Triton side's: above 1 the Triton side is faster
             "vs_torch": ch.ratio if ch is not None else _geomean([f.anchor_ratio() for f in figs]),
             "torch_reason": ch.reason if ch is not None else None,

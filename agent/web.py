@@ -108,7 +108,7 @@ def _filters(request: Request) -> Dict[str, Optional[str]]:
     if q["status"] is not None and q["status"] not in RUN_STATUSES:
         raise HTTPException(400, f"unknown status {q['status']!r}")
     for k in ("since", "until"):
-        if q[k] is not None and not _DATE.fullmatch(q[k]):
+        if q[k] is not None and not _DATE.fullmatch(q[k]):  # type: ignore[arg-type]
             raise HTTPException(400, f"{k}: a date as YYYY-MM-DD")
     return q
 
@@ -147,7 +147,7 @@ class WebView:
             limit = int(request.query_params.get("limit", "100"))
         except ValueError:
             raise HTTPException(400, "limit: a whole number") from None
-        return history_data(self.led, limit=max(1, limit), **_filters(request))
+        return history_data(self.led, limit=max(1, limit), **_filters(request))  # type: ignore[arg-type]
 
     def _plot_state(self, run) -> Tuple:
         """What the plots of a run are drawn from changes only with these (a run in progress adds to them)."""

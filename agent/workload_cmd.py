@@ -7,10 +7,26 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from ..harness.kv_plan import (CACHE_FORMATS, DEFAULT_MAX_ERROR, DEFAULT_PAGE_SIZES, ESTIMATE_BASIS, KvPlanError,
-                               estimate_options, install_plan, make_plan, write_plan)
-from ..harness.model_step import (KV_MODES, ModelConfigError, Point, load_model_config, parse_bytes, parse_names,
-                                  run_point)
+from ..harness.kv_plan import (
+    CACHE_FORMATS,
+    DEFAULT_MAX_ERROR,
+    DEFAULT_PAGE_SIZES,
+    ESTIMATE_BASIS,
+    KvPlanError,
+    estimate_options,
+    install_plan,
+    make_plan,
+    write_plan,
+)
+from ..harness.model_step import (
+    KV_MODES,
+    ModelConfigError,
+    Point,
+    load_model_config,
+    parse_bytes,
+    parse_names,
+    run_point,
+)
 from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
 from ..harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
 from . import ui

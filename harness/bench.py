@@ -328,7 +328,7 @@ def timed_calls(fn: Callable[[], Any], refresh: Callable[[], None], warmup_ms: f
         ends[i].record()
         if i == at:
             torch.cuda.synchronize()
-            check(out)
+            check(out)  # type: ignore[misc]
         del out
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))

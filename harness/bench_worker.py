@@ -24,9 +24,9 @@ from dataclasses import asdict
 from typing import Any, Dict, Optional, Union
 
 from ..sanitizer import sandbox
+from ..sanitizer.canonical import canonical_source, judged_hash
 from ..sanitizer.isolation import run_tracked
 from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
-from ..sanitizer.canonical import canonical_source, judged_hash
 from ..sanitizer.static_gate import check_source
 from .bench_records import BenchKernel, BenchSpec, ShapeResult
 from .env import versions

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..sanitizer import sandbox
-from ..sanitizer.isolation import run_tracked
 from ..sanitizer.canonical import canonical_source
+from ..sanitizer.isolation import run_tracked
 from ..sanitizer.static_gate import check_source
 from .source_text import source_hash
 

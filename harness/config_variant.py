@@ -122,12 +122,12 @@ def _override(tail: Sequence[ast.stmt]) -> Optional[Tuple[str, ConfigStep]]:
     if not isinstance(fn, ast.FunctionDef) or fn.name != "_config" or not all(
             isinstance(c, ast.Assign) and len(c.targets) == 1 and isinstance(c.targets[0], ast.Name) for c in consts):
         return None
-    names = [c.targets[0].id for c in consts]
+    names = [c.targets[0].id for c in consts]  # type: ignore[attr-defined]  # checked above
     sfx = names[0][len(_OVERRIDE_NAMES[0]):]
     if names != [f"{name}{sfx}" for name in _OVERRIDE_NAMES] or not (sfx == "" or sfx.isdigit()):
         return None
     try:
-        bucket, fields, old, new = (ast.literal_eval(c.value) for c in consts)
+        bucket, fields, old, new = (ast.literal_eval(c.value) for c in consts)  # type: ignore[attr-defined]
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
     if not (isinstance(bucket, str) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, LaunchProfile, profile_source
 from .ops import get_op
@@ -103,7 +103,7 @@ def _main_launches(profile: CompileProfile) -> List[LaunchProfile]:
 
 def measured_roofline(rows: Sequence) -> tuple:
     """(median fraction of the ceiling, its kind, the GPU) over the latest benchmark row of each shape."""
-    latest: Dict[str, object] = {}
+    latest: Dict[str, Any] = {}
     for r in rows:
         if r.fraction_of_ceiling is not None and not r.implausible:
             latest[r.shape_key] = r  # rows come oldest first

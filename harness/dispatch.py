@@ -136,7 +136,7 @@ def choices_from_rows(rows: Iterable[BenchResult], promoted: Optional[Dict[tuple
 
 def promoted_kernels(dir=None) -> Dict[tuple, int]:
     """(op, bucket, dtype, GPU slug) -> candidate id of each promoted kernel in the serving set."""
-    return {(e["op"], e["bucket"], e["dtype"], serving.gpu_slug(str(e["gpu"]))): e.get("candidate_id")
+    return {(e["op"], e["bucket"], e["dtype"], serving.gpu_slug(str(e["gpu"]))): e.get("candidate_id")  # type: ignore[misc]
             for e in serving.kernel_entries(serving.load_manifest(dir)) if e.get("candidate_id") is not None}
 
 
@@ -160,7 +160,7 @@ def record_choices(choices: Iterable[Choice], dir=None, led: Optional[Ledger] = 
     """Write each choice into the serving manifest: the entry written, or None where nothing changed (a
     promoted kernel that is still the faster keeps its entry). A promoted kernel that torch beats is
     demoted, in the ledger too when `led` is given."""
-    out = []
+    out: List[Tuple[Choice, Optional[dict]]] = []
     for c in choices:
         if c.impl == serving.KERNEL:
             out.append((c, None))

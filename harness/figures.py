@@ -149,7 +149,8 @@ class Reading:
 
     def ms(self, clock: str) -> float:
         """The time on `clock`, rounded as printed."""
-        return round_ms(self.graph_ms if clock == "graph" else self.event_ms)
+        # callers ask for the graph clock only where has("graph")
+        return round_ms(self.graph_ms if clock == "graph" else self.event_ms)  # type: ignore[arg-type]
 
     def spread_ms(self, clock: str) -> Optional[float]:
         s = self.graph_spread_ms if clock == "graph" else self.event_spread_ms
@@ -161,7 +162,8 @@ class Reading:
         if not self.fraction_of_ceiling:
             return None
         raw = self.graph_ms if clock == "graph" else self.event_ms
-        return self.fraction_of_ceiling * self.event_ms / raw
+        # callers ask for the graph clock only where has("graph")
+        return self.fraction_of_ceiling * self.event_ms / raw  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,8 @@ class JudgedFigure:
 
     @property
     def anchor_ms(self) -> Optional[float]:
-        return self.anchor.ms(self.anchor_clock) if self.anchor is not None else None
+        # anchor_clock is set whenever there is an anchor
+        return self.anchor.ms(self.anchor_clock) if self.anchor is not None else None  # type: ignore[arg-type]
 
     def anchor_ratio(self, who: Optional[Reading] = None) -> Optional[float]:
         """anchor time / `who`'s time (default the candidate), when both are on the figure's clock:
@@ -265,8 +268,8 @@ def judged_figures(rows: Iterable[Any]) -> List[JudgedFigure]:
     """The judged figures of benchmark rows (`ledger.BenchResult`), one per candidate row, in the
     order recorded. A benchmark is the rows stored under one candidate id in one run at one shape
     (its 'candidate' row, the incumbent and the anchor timed beside it); a role (candidate,
-    incumbent, anchor) met twice there starts the next benchmark of the same candidate. Rows with no candidate id (timed on their own
-    by `bench`) belong to no benchmark of a candidate and give no figure."""
+    incumbent, anchor) met twice there starts the next benchmark of the same candidate. Rows with no candidate
+    id (timed on their own by `bench`) belong to no benchmark of a candidate and give no figure."""
     groups: Dict[tuple, List[List[Any]]] = {}
     for r in sorted(rows, key=lambda r: r.id):
         if r.candidate_id is None:
@@ -312,9 +315,10 @@ class CandidateResult:
     def speedup(self) -> Optional[float]:
         """Geometric mean of the per-shape speedups (None when a shape has no incumbent)."""
         sps = [f.speedup for f in self.figures]
-        if not sps or any(s is None for s in sps):
+        known = [s for s in sps if s is not None]
+        if not sps or len(known) < len(sps):
             return None
-        return math.exp(sum(math.log(s) for s in sps) / len(sps))
+        return math.exp(sum(math.log(s) for s in known) / len(known))
 
     @property
     def clocks(self) -> str:
@@ -359,7 +363,8 @@ def best_per_bucket(results: Iterable[CandidateResult]) -> Dict[tuple, Candidate
         if r.implausible or r.speedup is None:
             continue
         key = (r.op, r.bucket, r.dtype, r.gpu_name)
-        if key not in best or r.speedup > best[key].speedup:
+        # only results with a speedup reach best
+        if key not in best or r.speedup > best[key].speedup:  # type: ignore[operator]
             best[key] = r
     return best
 
@@ -367,7 +372,8 @@ def best_per_bucket(results: Iterable[CandidateResult]) -> Dict[tuple, Candidate
 def best_result(results: Iterable[CandidateResult]) -> Optional[CandidateResult]:
     """The result with the highest speedup among the best per bucket (None when there is none)."""
     best = list(best_per_bucket(results).values())
-    return max(best, key=lambda r: r.speedup) if best else None
+    # best_per_bucket keeps only results with a speedup
+    return max(best, key=lambda r: r.speedup) if best else None  # type: ignore[arg-type, return-value]
 
 
 # -- the leaderboard ---------------------------------------------------------------------------------
@@ -407,7 +413,8 @@ def leaderboard(op: str, figures: Iterable[JudgedFigure], labels: Dict[int, Tupl
             continue
         key = (f.bucket, f.shape_key, f.dtype, f.gpu_name)
         seen.add(key)
-        if f.beats_incumbent and (key not in best or f.speedup > best[key].speedup):
+        # a figure that beats its incumbent has a speedup
+        if f.beats_incumbent and (key not in best or f.speedup > best[key].speedup):  # type: ignore[operator]
             best[key] = f
     entries = tuple(LeaderboardEntry(best[k], *labels.get(best[k].candidate_id, (None, ""))) for k in sorted(best))
     return Leaderboard(op, entries, tuple(" ".join(k) for k in sorted(seen - set(best))))
@@ -423,7 +430,7 @@ class TrendPoint:
 
     @property
     def speedup(self) -> float:
-        return self.best.speedup
+        return self.best.speedup  # type: ignore[return-value]  # best_result has a speedup
 
     def to_json(self) -> Dict[str, Any]:
         return {"run": self.run_id, "started": self.started_at.isoformat(), "speedup": self.speedup,

@@ -32,8 +32,8 @@ the foreign keys and ask the ledger again).
 from __future__ import annotations
 
 import json
-import secrets
 import os
+import secrets
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timedelta, timezone
@@ -64,9 +64,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.types import TypeDecorator
 
 from ..sanitizer.verdict import CheckStatus, Verdict
-from .source_text import source_hash as hash_source  # the ledger's name for it (candidates are keyed by it)
 from . import figures as _figures
 from . import ledger_migrations as _migrations
+from .source_text import source_hash as hash_source  # the ledger's name for it (candidates are keyed by it)
 
 # The version of the schema the models below create; an older ledger reaches it through the steps of
 # harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
@@ -841,7 +841,7 @@ class Ledger:
             raise LedgerError(f"ledger {self._shown} cannot be initialised: {e.orig}") from None
 
     def _open_server(self, read_only: bool) -> None:
-        self._write_engine, self._read_engine = _server_engines(self.url, self._shown, read_only)
+        self._write_engine, self._read_engine = _server_engines(self.url, self._shown, read_only)  # type: ignore[arg-type]
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
         try:
@@ -872,7 +872,7 @@ class Ledger:
             Base.metadata.create_all(conn, checkfirst=True)
             row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
             if row is None:
-                conn.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+                conn.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))  # type: ignore[attr-defined]
             elif int(row) != SCHEMA_VERSION:  # changed between the inspection and now
                 raise LedgerError(f"ledger {self._shown} has schema version {row}; this kernel-agent reads "
                                   f"version {SCHEMA_VERSION}")
@@ -984,8 +984,8 @@ class Ledger:
                 s.add(cand)
                 s.flush()
             duplicate = (not new) if replayed is None else (replayed and not new)
-            s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=duplicate))
-        return cand, new
+            s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=duplicate))  # type: ignore[union-attr]
+        return cand, new  # type: ignore[return-value]
 
     def find_candidate(self, op: str, source: str) -> Candidate | None:
         """The candidate with this source's hash, if it was ever proposed."""
@@ -1050,7 +1050,7 @@ class Ledger:
                     status = CheckStatus.SKIPPED
                 elif "passed" in c:
                     status = CheckStatus.PASSED if c["passed"] else CheckStatus.FAILED
-            _check_choice(f"status of check {c.get('name')!r}", status, CHECK_STATUSES)
+            _check_choice(f"status of check {c.get('name')!r}", status, CHECK_STATUSES)  # type: ignore[arg-type]
             rows.append(CheckResult(candidate_id=cid, name=str(c["name"]), status=status,
                                     detail=str(c.get("detail") or ""), duration_s=float(c.get("duration_s") or 0.0),
                                     mode=mode, created_at=now))
@@ -1270,7 +1270,7 @@ class Ledger:
                                                                     Proposal.duplicate.is_(False))))
             timed = set(s.scalars(select(BenchResult.candidate_id).where(BenchResult.run_id == run_id,
                                                                          BenchResult.candidate_id.is_not(None))))
-        return (new | timed) & proposed
+        return (new | timed) & proposed  # type: ignore[return-value]
 
     def run_summary(self, run_id: str) -> RunSummary:
         """What a run did, for `show` and reports: candidates by status, failed checks by

@@ -364,6 +364,7 @@ def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtyp
     """Random K and V (standard normal, as the projections produce) for `batch` sequences of `context`
     tokens, in the paged layout, and as asked the contiguous copy and the int8 copy (the quantize_kv rule)."""
     import torch  # keeps the CLI's startup light (torch)
+
     from .ops.decode_attention_int8 import quantize_rows  # keeps the CLI's startup light (torch)
     g = torch.Generator(device=device)
     g.manual_seed(seed)
@@ -459,7 +460,7 @@ class DecodeStep:
                                          cfg.head_dim, cfg.page_size, state.k_paged.dtype)
         if stack == "serving":
             from . import serving  # keeps the CLI's startup light (torch)
-            self._fns = {op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv",
+            self._fns: Dict[str, Any] = {op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv",
                                                         "decode_attention_int8")}
         else:
             base = stack in ("baseline", "hybrid")
@@ -491,6 +492,7 @@ class DecodeStep:
         q = qkv[:, : Hq * D].view(B, Hq, D)
         kv_new = qkv[:, Hq * D:].view(B, 2 * Hkv, D)  # the new token's k heads, then its v heads
         if self.stack == "torch":
+            assert st.k_contig is not None and st.v_contig is not None  # make_kv_state(contiguous=True) made them
             last = st.context - 1
             st.k_contig[:, :, last].copy_(kv_new[:, :Hkv])
             st.v_contig[:, :, last].copy_(kv_new[:, Hkv:])
@@ -503,6 +505,8 @@ class DecodeStep:
         else:
             # one quantize_kv call for both: its rows are (token, head) pairs, K's and V's alike
             codes, scale = self._op("quantize_kv", "quantize_kv", self._fns["quantize_kv"], kv_new)
+            assert st.k_codes is not None and st.v_codes is not None and st.k_scale is not None \
+                and st.v_scale is not None  # make_kv_state(int8=True) made them
             st.k_codes.view(-1, Hkv, D).index_copy_(0, st.slots, codes[:, :Hkv])
             st.v_codes.view(-1, Hkv, D).index_copy_(0, st.slots, codes[:, Hkv:])
             st.k_scale.view(-1, Hkv).index_copy_(0, st.slots, scale[:, :Hkv])
@@ -521,11 +525,11 @@ class DecodeStep:
         out = []
         for c in self.calls:
             if self.stack == "serving":
-                impl = str(c.fn.resolve(*c.args))
+                impl = str(c.fn.resolve(*c.args))  # type: ignore[attr-defined]  # a serving Dispatcher
             elif c.fn is _sdpa_decode:
                 impl = "torch SDPA (contiguous cache)"
             elif self.stack == "flashinfer" and c.op != "matmul":
-                impl = f"FlashInfer paged decode ({self._decoder.label})"
+                impl = f"FlashInfer paged decode ({self._decoder.label})"  # type: ignore[union-attr]
             elif self.stack in ("torch", "flashinfer") or (self.stack == "hybrid" and c.op == "matmul"):
                 impl = "torch.matmul (cuBLAS)"
             else:
@@ -535,10 +539,11 @@ class DecodeStep:
 
 
 def reference_step(cfg: ModelConfig, weights: LayerWeights, state: KVState, x: "torch.Tensor",
-                   precision: "torch.dtype" = None) -> StepOutput:
+                   precision: Optional["torch.dtype"] = None) -> StepOutput:
     """The function every stack computes, in `precision` (default float64) from the same weights, input
     and cache: the cached tokens are the paged bf16 cache's (the new token's K and V in `precision`)."""
     import torch  # keeps the CLI's startup light (torch)
+
     from .ops.paged import gather_tokens  # keeps the CLI's startup light (torch)
     p = precision or torch.float64
     w = {f.name: getattr(weights, f.name).to(p) for f in dataclasses.fields(weights)}
@@ -728,6 +733,7 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
               log: Callable[[str], None] = lambda s: None) -> PointResult:
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""
     import torch  # keeps the CLI's startup light (torch)
+
     from .ops import get_op  # keeps the CLI's startup light (torch)
     dt = torch.bfloat16
     B = point.batch

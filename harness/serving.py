@@ -139,7 +139,7 @@ def load_manifest(dir: str | Path | None = None) -> dict:
     if data.get("version") not in READABLE_VERSIONS:
         raise ServingError(f"{path} has manifest version {data.get('version')!r}; this kernel-agent reads "
                            f"versions {', '.join(map(str, READABLE_VERSIONS))}")
-    for e in data["entries"]:
+    for e in data["entries"]:  # type: ignore[misc]
         if not isinstance(e, dict):
             raise ServingError(f"{path}: a manifest entry is not an object")
         e.setdefault("impl", KERNEL)  # version 1
@@ -245,7 +245,7 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
         entry["variant"] = variant
     else:
         entry["file"] = _free_file_name(manifest, kernel_file_name(op, bucket, dtype, gpu))
-        _atomic_write(d / entry["file"], text)
+        _atomic_write(d / entry["file"], text)  # type: ignore[operator]
     manifest["entries"] = [e for e in manifest["entries"] if not _same_key(e, op, bucket, dtype, gpu)] + [entry]
     _write_manifest(d, manifest)
     _delete_orphans(d, manifest, old)
@@ -638,7 +638,7 @@ class Dispatcher:
         first = bound[self._required[0]]
         shape = self._spec.shape_of(bound)
         bucket = self._spec.bucket(shape)
-        dtype = DTYPE_NAMES.get(getattr(first, "dtype", None), str(getattr(first, "dtype", "")))
+        dtype = DTYPE_NAMES.get(getattr(first, "dtype", None), str(getattr(first, "dtype", "")))  # type: ignore[arg-type]
         gpu = self.gpu if self.gpu is not None else _device_gpu_name(first)
         return bucket, dtype, gpu
 
@@ -705,7 +705,7 @@ class Dispatcher:
         """The function a call with these arguments would run."""
         r, entry = self._resolve_key(*self.key(*args, **kwargs))
         if r.impl == KERNEL:
-            return self._load(entry)
+            return self._load(entry)  # type: ignore[arg-type]
         return self._torch_fn() if r.impl == TORCH else self._baseline_fn()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

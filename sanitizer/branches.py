@@ -21,7 +21,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 # (qualified name of the code object, its first line, offset of the jump, offset executed next)
 Arc = Tuple[str, int, int, int]
@@ -255,7 +255,7 @@ def host_branches(source: str, path: str) -> List[Side]:
     return sides
 
 
-def taken(arcs: Iterable[Iterable], sides: List[Side]) -> Set[Tuple[str, int, int, int]]:
+def taken(arcs: Iterable[Sequence], sides: List[Side]) -> Set[Tuple[str, int, int, int]]:
     """The sides that the recorded arcs took (an arc that lands on neither successor counts as falling
     through: an instruction the event loop reports differently). Coverage is by decision: the operands of
     an `and`/`or` chain (and nested `if`s) that jump to the same place are one decision, so a side counts as
@@ -285,7 +285,7 @@ def uncovered(sides: List[Side], took: Set[Tuple[str, int, int, int]]) -> List[S
     return sorted((s for s in sides if not s.exempt and s.key() not in took), key=lambda s: (s.line, s.jump))
 
 
-def spec_key(kernel: str, constexprs: Dict[str, object]) -> str:
+def spec_key(kernel: str, constexprs: Mapping[str, object]) -> str:
     """One Triton specialisation: the kernel and the constexpr values (and warps/stages) of a launch."""
     return f"{kernel}(" + ", ".join(f"{k}={constexprs[k]!r}" for k in sorted(constexprs)) + ")"
 

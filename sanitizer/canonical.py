@@ -24,7 +24,7 @@ import re
 import threading
 import tokenize
 from collections import OrderedDict
-from typing import List, Tuple, Union
+from typing import List, Set, Tuple, Union
 
 # a PEP 263 declaration, in either spelling (`# -*- coding: X -*-`, `# vim: set fileencoding=X :`)
 _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
@@ -62,10 +62,11 @@ def _decode(raw: bytes) -> str:
         raise TextRefused(raw.count(b"\n", 0, e.start) + 1, "the file is not valid UTF-8") from None
     if "\ufeff" in text:
         raise TextRefused(text.count("\n", 0, text.index("\ufeff")) + 1, "a byte order mark (U+FEFF) inside the file")
-    m = _CONTROL.search(text)
-    if m:
-        what = {"\x00": "a NUL byte", "\x0c": "a form feed"}.get(m.group(), f"the control character {m.group()!r}")
-        raise TextRefused(text.count("\n", 0, m.start()) + 1, f"{what}: the file must hold printable text only")
+    control = _CONTROL.search(text)
+    if control:
+        what = {"\x00": "a NUL byte", "\x0c": "a form feed"}.get(control.group(),
+                                                                  f"the control character {control.group()!r}")
+        raise TextRefused(text.count("\n", 0, control.start()) + 1, f"{what}: the file must hold printable text only")
     return text
 
 
@@ -167,7 +168,12 @@ def canonical_source(source: Union[str, bytes]) -> str:
         if source in _MADE:
             _MADE.move_to_end(source)
             return _MADE[source]
-    text = _print(_parsed(source))
+    tree = _parsed(source)
+    try:
+        text = _print(tree)
+    except (ValueError, RecursionError, MemoryError) as e:
+        # a tree that parses but nests too deep to print back (a 700-term constant sum): it crashed the loop
+        raise TextRefused(0, f"the file cannot be printed back: {type(e).__name__}") from None
     try:
         tree = ast.parse(text)
         again = _print(ast.parse(text))
@@ -175,7 +181,8 @@ def canonical_source(source: Union[str, bytes]) -> str:
         again = None
     if again != text:
         raise TextRefused(0, "the printed text does not read back as itself")
-    starts, decorators = set(), set()
+    starts: Set[int] = set()
+    decorators: Set[int] = set()
     for n in ast.walk(tree):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             starts.add(n.lineno)

@@ -17,15 +17,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import hypothesis
 import torch
-from hypothesis import HealthCheck, Phase, given, strategies as st
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
 
 from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_to
-from . import static_gate
-from . import wire
+from . import static_gate, wire
 from .branches import host_branches, taken, uncovered
-from .compared import TooManyCompared, compared_values
 from .canonical import TextRefused, canonical_source
+from .compared import TooManyCompared, compared_values
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
@@ -129,7 +129,7 @@ class Subject:
     op: Op
     path: str
     source: bytes  # the file as it is on disk; what runs is its canonical text (sanitizer/canonical.py)
-    fn: Optional[Callable] = None
+    fn: Any = None  # the candidate: the Executor that check_load starts (a stand-in in some tests)
     baseline: Optional[Callable] = None
     refs: Dict[int, Any] = field(default_factory=dict)
     fpsan_equivalent: Optional[bool] = None
@@ -181,7 +181,7 @@ def _run_or_fail(subject: Subject, case: Case, **kw) -> RunResult:
 
 # -- the checks -------------------------------------------------------------------------
 
-def check_static(subject: Subject, s: Settings) -> str:
+def check_static(subject: Subject, s: Optional[Settings]) -> str:
     if subject.skip_gate:
         raise CheckSkipped("turned off (a test of the layers behind the gate)")
     g = static_gate.check_source(subject.source, subject.op.name)
@@ -190,7 +190,7 @@ def check_static(subject: Subject, s: Settings) -> str:
     return g.describe()
 
 
-def check_load(subject: Subject, s: Settings) -> str:
+def check_load(subject: Subject, s: Optional[Settings]) -> str:
     ex = subject.executor
     if ex is None:
         raise CheckFailed("internal: no executor for the candidate")
@@ -384,7 +384,8 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
             out = _run_or_fail(subject, case).out
             _compare_or_fail(subject, case, out, f"after changing {name}{list(pos)}: ")
             done += 1
-    return f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} (first, last, random)"
+    return (f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} "
+            f"(first, last, random)")
 
 
 def _draw_case(op: Op, data, big: bool = False) -> Case:
@@ -405,7 +406,7 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
     if "sm_scale" in op.optional_args and data.draw(st.sampled_from([True, False]), label="custom sm_scale"):
         case.args["sm_scale"] = data.draw(st.floats(0.05, 1.5), label="sm_scale")  # a kernel may ignore it
     if mode.startswith("bfloat16"):
-        for k, v in case.args.items():
+        for v in case.args.values():
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 v.copy_(round_to(v, torch.bfloat16))
         case.dist = f"{dist} (bfloat16 values in float32)"
@@ -435,7 +436,7 @@ def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bo
     except CheckFailed:
         raise
     except Exception as e:  # hypothesis wraps the first failure
-        inner = e
+        inner: Optional[BaseException] = e
         while inner is not None and not isinstance(inner, CheckFailed):
             inner = inner.__cause__ or (inner.__context__ if inner.__context__ is not inner else None)
         if isinstance(inner, CheckFailed):
@@ -601,7 +602,8 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
                           f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); a branch "
                           f"of the host code must be exercised both ways by the checks")
     exempt = sorted({x.exempt for x in sides if x.exempt})
-    return (f"every side of the host code's {len({(x.qualname, x.firstlineno, x.jump) for x in sides})} branch(es) taken ({tried} extra case(s) "
+    branches = len({(x.qualname, x.firstlineno, x.jump) for x in sides})
+    return (f"every side of the host code's {branches} branch(es) taken ({tried} extra case(s) "
             f"drawn); exempt: {'; '.join(exempt) or 'none'}; {len(specs)} kernel specialisation(s) launched")
 
 

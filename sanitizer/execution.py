@@ -147,7 +147,7 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
 def _counting_launches(count: List[int], specs: List[str]):
     """On the device: count Triton launches and record their specialisations, and let the launcher's own torch
     calls past the host-code guard (in the interpreter, Instrumentation does all three)."""
-    from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
+    from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported
     original = JITFunction.run
 
     def run(self, *args, **kwargs):

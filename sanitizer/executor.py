@@ -52,6 +52,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          limits=limits, tool_ports=tool_ports)
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
+
     from . import wire  # deferred: inside the sandbox
     from .branches import BranchRecorder  # deferred: inside the sandbox
     from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
@@ -335,6 +336,7 @@ class Executor:
              sentinel: int = 0, readable: Optional[Dict[str, Any]] = None, keep: bool = False):
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU)."""
         import torch  # deferred: as wire
+
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         from .execution import RunResult  # deferred: execution loads torch, as wire
         if not hasattr(case, "_executor_id"):

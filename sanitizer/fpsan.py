@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Dict
 
 import numpy as np
 
-_UINT = {16: np.uint16, 32: np.uint32, 64: np.uint64}
+_UINT: Dict[int, Any] = {16: np.uint16, 32: np.uint32, 64: np.uint64}
 _INT = {16: np.int16, 32: np.int32, 64: np.int64}
 
 

@@ -19,9 +19,9 @@ As on the CPU, this process judges and the candidate runs in a sandboxed executo
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
-import inspect
 import shutil
 import time
 from typing import Callable, List, Optional
@@ -29,12 +29,21 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
+from .branches import host_branches, taken
 from .canonical import TextRefused, canonical_source
-from .checks import (CheckSkipped, Subject, cases_n, check_load, check_static, compared_regions, first_difference,
-                     outputs, run_case)
+from .checks import (
+    CheckSkipped,
+    Subject,
+    cases_n,
+    check_load,
+    check_static,
+    compared_regions,
+    first_difference,
+    outputs,
+    run_case,
+)
 from .execution import CheckFailed, baseline_fn, describe_exception
 from .executor import Executor, ExecutorError
-from .branches import host_branches, taken
 from .static_gate import check_source
 from .verdict import CheckOutcome, CheckStatus, Verdict
 
@@ -197,7 +206,7 @@ def check_native_fpsan(subject: Subject) -> str:
                     f"checks applies")
     env = {"TRITON_INSTRUMENTATION_MODE": "fpsan", "TRITON_FPSAN_HOMOMORPHIC_CASTS": "1"}
     cand = _tool_executor(subject, subject.path, env=env)
-    base = _tool_executor(subject, inspect.getsourcefile(subject.baseline), env=env)
+    base = _tool_executor(subject, inspect.getsourcefile(subject.baseline), env=env)  # type: ignore[arg-type]
     try:
         for case in _probe_cases(subject):
             rc, rb = run_case(subject, cand, case, bounds=False), run_case(subject, base, case, bounds=False)
@@ -277,7 +286,7 @@ GPU_CHECK_NAMES = [n for n, _ in GPU_CHECKS]
 def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutcome], None]] = None,
                  on_start: Optional[Callable[[str], None]] = None, only: Optional[List[str]] = None,
                  seed_base: int = 0, deadline: Optional[float] = None, skip_gate: bool = False,
-                 before_gpu: Optional[Callable[[], None]] = None) -> Verdict:
+                 before_gpu: Optional[Callable[[], object]] = None) -> Verdict:
     """The GPU checks: judged here, with the candidate in a sandboxed executor on the device.
     `before_gpu`: called once, after the static gate and the load (which need no GPU) and before the
     first check that runs on the device (a gated child waits there for its GPU lease)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ _interp = None
 def _interpreter():
     global _interp
     if _interp is None:
-        import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
+        import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported
         _interp = interp
     return _interp
 
@@ -109,8 +109,8 @@ class _Region:
             return self._maps[esize]
         n = self.nbytes // esize
         if all(v[0].element_size() == esize for v in self.views):
-            read = np.zeros(n, dtype=bool)
-            write = np.zeros(n, dtype=bool)
+            read: np.ndarray = np.zeros(n, dtype=bool)
+            write: np.ndarray = np.zeros(n, dtype=bool)
             for t, readable, writable, _ in self.views:
                 self._mark(t, readable, read, write if writable else None)
         else:  # views of other widths: an access is allowed when every byte it covers is
@@ -121,13 +121,13 @@ class _Region:
                 idx = _element_indices(t)
                 if readable is not None:
                     idx = idx[readable]
-                idx = idx.reshape(-1).numpy()
-                byte_idx = (idx[:, None] * e + np.arange(e)[None, :]).reshape(-1)
+                flat = idx.reshape(-1).numpy()
+                byte_idx = (flat[:, None] * e + np.arange(e)[None, :]).reshape(-1)
                 rb[byte_idx] = True
                 if writable:
                     wb[byte_idx] = True
-            read = rb[: n * esize].reshape(n, esize).all(axis=1)
-            write = wb[: n * esize].reshape(n, esize).all(axis=1)
+            read = rb[: n * esize].reshape(n, esize).all(axis=1)  # type: ignore[assignment]
+            write = wb[: n * esize].reshape(n, esize).all(axis=1)  # type: ignore[assignment]
         self._maps[esize] = (read, write)
         return read, write
 
@@ -142,10 +142,10 @@ class _Region:
         idx = _element_indices(t)
         if readable is not None:
             idx = idx[readable.to(torch.bool)]
-        idx = idx.reshape(-1).numpy()
-        read[idx] = True
+        flat = idx.reshape(-1).numpy()
+        read[flat] = True
         if write is not None:
-            write[idx] = True
+            write[flat] = True
 
     def describe(self, offset_bytes: int, esize: int) -> str:
         """Name the element an offset falls on, relative to the first view of this storage."""
@@ -259,7 +259,7 @@ class Instrumentation:
         if bad_lane is not None:
             self._fail(kind, reason)
 
-    def _fail(self, kind: str, what: str):
+    def _fail(self, kind: str, what: str) -> NoReturn:
         pid = getattr(_interpreter().interpreter_builder, "grid_idx", None)
         msg = f"out-of-bounds {kind} in kernel `{self._kernel}` (program {tuple(pid) if pid else '?'}): {what}"
         self.violations.append(msg)
@@ -371,7 +371,7 @@ class Instrumentation:
 
             def set_grid_idx(x, y, z):
                 nx, ny, nz = builder.grid_dim
-                lin = int(inst._perm[(x * ny + y) * nz + z])
+                lin = int(inst._perm[(x * ny + y) * nz + z])  # type: ignore[index]  # set_grid_dim came first
                 orig_idx(builder, lin // (ny * nz), (lin // nz) % ny, lin % nz)
 
             patch(builder, "set_grid_dim", set_grid_dim)
@@ -412,9 +412,9 @@ def _tensors_in(values: Iterable[Any]) -> List[torch.Tensor]:
             out.append(v)
         elif isinstance(v, (tuple, list)):
             out.extend(_tensors_in(v))
-        elif hasattr(v, "base") and isinstance(getattr(v, "base"), torch.Tensor):  # TensorDescriptor
+        elif hasattr(v, "base") and isinstance(v.base, torch.Tensor):  # TensorDescriptor
             out.append(v.base)
-        elif hasattr(v, "base") and hasattr(getattr(v, "base"), "base"):  # TensorWrapper
+        elif hasattr(v, "base") and hasattr(v.base, "base"):  # TensorWrapper
             b = v.base
             if isinstance(b, torch.Tensor):
                 out.append(b)
@@ -435,6 +435,11 @@ def _fmt_of(tt) -> Optional[F.Format]:
     if s == tl.float64:
         return F.fmt("fp64")
     return None
+
+
+def _float_fmt(tt) -> F.Format:
+    """_fmt_of for a value the hook receives only in a float format (the hooks of float operations)."""
+    return _fmt_of(tt)  # type: ignore[return-value]
 
 
 _NP_FLOAT = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32, "fp64": np.float64}
@@ -482,7 +487,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
 
     def compare(op):
         def impl(lhs, rhs):
-            f = _fmt_of(lhs.dtype)
+            f = _float_fmt(lhs.dtype)
             a = F.signed(_payload(lhs, f), f.w)
             b = F.signed(_payload(rhs, f), f.w)
             return TH(op(a, b), tl.int1)
@@ -530,25 +535,25 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
         return wrap(F.add(F.mul(_payload(x, f), _payload(y, f), f.w), _payload(z, f), f.w), f, z.dtype)
 
     def clampf(arg, lo, hi, propagate_nans):
-        f = _fmt_of(arg.dtype)
+        f = _float_fmt(arg.dtype)
         p = F.smin(F.smax(_payload(arg, f), _payload(lo, f), f.w), _payload(hi, f), f.w)
         return wrap(p, f, arg.dtype)
 
     def cast_float(src, dst_type, *rest):
-        fs, fd = _fmt_of(src.dtype), _fmt_of(dst_type)
+        fs, fd = _float_fmt(src.dtype), _float_fmt(dst_type)
         return wrap(F.sext(_payload(src, fs), fs.w, fd.w), fd, dst_type)
 
     def int_to_float(signed_src):
         # homomorphic: integer i becomes the payload i modulo 2^w (sign- or zero-extended)
         def impl(src, dst_type):
-            fd = _fmt_of(dst_type)
+            fd = _float_fmt(dst_type)
             data = np.asarray(src.data)
             wide = data.astype(np.int64).astype(np.uint64) if signed_src else data.astype(np.uint64)
             return wrap(wide.astype(F._UINT[fd.w]), fd, dst_type)
         return impl
 
     def float_to_int(src, dst_type):
-        fs = _fmt_of(src.dtype)
+        fs = _float_fmt(src.dtype)
         np_dst = interp._get_np_dtype(dst_type)
         p = F.signed(_payload(src, fs), fs.w)
         return TH(p.astype(np_dst), dst_type.scalar)
@@ -578,7 +583,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
 def _fpsan_atomic(builder, rmwOp, ptr, val, mask):
     """Float atomics under FpSan, applied lane by lane in order (the interpreter is sequential)."""
     interp = _interpreter()
-    f = _fmt_of(val.dtype)
+    f = _float_fmt(val.dtype)
     np_t = _NP_FLOAT[f.name]
     m = np.ones(ptr.data.shape, bool) if mask is None else np.broadcast_to(mask.data, ptr.data.shape)
     old = interp._interpreter.load(ptr.data, m, np.zeros(ptr.data.shape, np_t), np.dtype(np_t))

@@ -67,7 +67,7 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         child_env = sandbox.env_for(tmp, env)
         if mode != "gpu":
             child_env["TRITON_INTERPRET"] = "1"
-        if gated:
+        if gated and on_ready is not None:
             rc, log = run_gated(cmd, timeout_s, child_env, tmp, on_ready)
         else:
             rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=tmp)
@@ -100,7 +100,7 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     if timed_out:
         # slowness is not a fault: the verdict says the candidate could not be verified, not that it is wrong
         reason = f"{TIME_LIMIT_PREFIX} ({timeout_s:.0f}s){where} (a hang, or too slow to check here)"
-    elif rc < 0:
+    elif rc is not None and rc < 0:  # None is a time-out, above
         reason = f"crashed with {signal_name(rc)}{where}"
     else:
         last = tail[-1] if tail else ""

@@ -60,7 +60,7 @@ import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 NOBODY = 65534
 # What a child may inherit: locale, paths to the interpreter and libraries, the GPU it may use,
@@ -304,7 +304,7 @@ def _become_pid1(prot: Protections) -> None:
         if os.getppid() == 1:
             os._exit(137)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda s, f: (os.kill(pid, signal.SIGKILL), os._exit(128 + s)))
+            signal.signal(sig, lambda s, f: (os.kill(pid, signal.SIGKILL), os._exit(128 + s)))  # type: ignore[func-returns-value]
         while True:
             try:
                 _, status = os.waitpid(pid, 0)
@@ -519,8 +519,8 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
                 os.close(fd)
     if abi >= 4:
         for port in tool_ports:  # connect only: the tool's front end listens, the sandbox never does
-            rule = NetPort(LL_NET_CONNECT_TCP, port)
-            libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT, ctypes.byref(rule), 0)
+            port_rule = NetPort(LL_NET_CONNECT_TCP, port)
+            libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT, ctypes.byref(port_rule), 0)
     if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
         prot.missing.append(_err("Landlock could not be enforced"))
         os.close(ruleset)
@@ -616,7 +616,7 @@ TOOL_NAMESPACE_ENV = "KA_SANDBOX_TOOL_NETNS"  # set by tool_namespace_main: the 
 TOOL_DIR_ENV = "KA_SANDBOX_TOOL_DIR"  # set by tool_namespace_main: where the tool is installed (GPU_READABLE)
 REFUSED_EXIT = 86  # the exit code of a process the fatal audit hook ended
 _violations: List[str] = []
-_config = {"scratch": "", "gpu": False}
+_config: Dict[str, Any] = {"scratch": "", "gpu": False}
 
 
 def violations() -> List[str]:

@@ -194,7 +194,7 @@ def _dotted(node: ast.AST) -> Optional[str]:
 
 
 def _is_dunder(name: Optional[str]) -> bool:
-    return bool(name) and name.startswith("__") and name.endswith("__") and len(name) > 4
+    return name is not None and name.startswith("__") and name.endswith("__") and len(name) > 4
 
 
 def _jit_decorator(dec: ast.AST) -> str:
@@ -433,7 +433,7 @@ class _Gate:
 
     def walk_scope(self, body: List[ast.stmt]):
         """The nodes of a function body, not descending into nested functions or classes (rejected anyway)."""
-        stack = list(body)
+        stack: List[ast.AST] = list(body)
         while stack:
             node = stack.pop()
             yield node
@@ -597,8 +597,8 @@ class _Gate:
         elif isinstance(st, ast.ClassDef):
             self.bad(st, "state", "classes are not allowed in a candidate (they can keep state across calls)")
         elif isinstance(st, (ast.Global, ast.Nonlocal)):
-            kw = "global" if isinstance(st, ast.Global) else "nonlocal"
-            self.bad(st, "state", f"`{kw}` statements are not allowed (state across calls)")
+            statement = "global" if isinstance(st, ast.Global) else "nonlocal"
+            self.bad(st, "state", f"`{statement}` statements are not allowed (state across calls)")
         elif isinstance(st, (ast.With, ast.AsyncWith)):
             self.bad(st, "structure", "`with` blocks are not allowed in a candidate")
         elif isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
@@ -752,7 +752,7 @@ class _Gate:
             return
         dotted = _dotted(node)
         root = dotted.split(".")[0] if dotted else None
-        if root in MODULE_NAMES:  # a local of that name was already rejected as a rebinding
+        if dotted and root in MODULE_NAMES:  # a local of that name was already rejected as a rebinding
             self.module_path(node, dotted, s)
             return
         if isinstance(node.value, ast.Name) and node.value.id in self.kernels:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
-
 # How a verdict says that the time limit ended the judging, not a fault of the candidate: slowness (a loaded
 # machine, the interpreter) is no reason to reject, so such a candidate stays "not verified", to be judged again.
 TIME_LIMIT_PREFIX = "not verified: time limit"

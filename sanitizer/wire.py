@@ -54,7 +54,7 @@ def storage_bytes(t: torch.Tensor) -> memoryview:
     st = t.untyped_storage()
     if st.device.type != "cpu":
         st = st.cpu()
-    return memoryview(torch.empty(0, dtype=torch.uint8).set_(st).numpy()).cast("B")
+    return memoryview(torch.empty(0, dtype=torch.uint8).set_(st).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 def digest(t: torch.Tensor) -> str:
@@ -71,7 +71,7 @@ def send(sock: socket.socket, header: Dict[str, Any], tensors: Sequence[torch.Te
 
 
 def _tensor(desc: Dict[str, Any], raw: bytearray, device: str) -> torch.Tensor:
-    dtype = WIRE_DTYPES.get(desc.get("dtype"))
+    dtype = WIRE_DTYPES.get(desc.get("dtype", ""))
     if dtype is None:
         raise WireError(f"tensor of a dtype that is not allowed: {str(desc.get('dtype'))[:40]}")
     shape, stride, offset = desc.get("shape"), desc.get("stride"), desc.get("offset")

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the local cluster the cluster tests start, shared with them
 from local_ray_cluster import LocalRayCluster  # noqa: E402
+
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 # the judges run Triton in its interpreter on every node, as on a CPU-only machine
 ENV = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1",

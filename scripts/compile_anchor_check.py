@@ -28,8 +28,10 @@ with torch._inductor.config.patch(deterministic=deterministic):
 torch.cuda.synchronize()
 warm_gpu()
 times = [triton.testing.do_bench_cudagraph(lambda: c.fn(**case.args), rep=20, return_mode="median") for _ in range(5)]
-configs = sorted({json.dumps({k: v for k, v in json.load(open(f)).items() if k.isupper() or k in ("num_warps", "num_stages")},
-                             sort_keys=True) for f in glob.glob(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "/**/*.best_config", recursive=True)})
+best_configs = glob.glob(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "/**/*.best_config", recursive=True)
+configs = sorted({json.dumps({k: v for k, v in json.load(open(f)).items()
+                              if k.isupper() or k in ("num_warps", "num_stages")}, sort_keys=True)
+                  for f in best_configs})
 print(json.dumps({"mode": sys.argv[1], "graph_ms": statistics.median(times), "rounds": times, "configs": configs}))
 '''
 

@@ -502,7 +502,7 @@ def study_point(B, ctx, mods, rounds, log):
         names = names[r % len(names):] + names[: r % len(names)]
         for name in names:
             rows[name]["times"].append(timers[name]())
-    for name, row in rows.items():
+    for row in rows.values():
         if "times" in row:
             row["ms"] = statistics.median(row["times"])
             row["tbps"] = row["bytes"] / (row["ms"] * 1e-3) / 1e12
@@ -532,7 +532,8 @@ def main(argv=None):
             json.dump(results, f, indent=1)
         sdpa = rows.get("sdpa (contiguous)", {}).get("ms")
         print(f"\nB={B} ctx={ctx}")
-        print(f"{'variant':32s} {'ms':>8s} {'TB/s':>6s} {'%copy':>6s} {'vs sdpa':>8s} {'max err':>9s} {'err vs bf16':>11s}")
+        print(f"{'variant':32s} {'ms':>8s} {'TB/s':>6s} {'%copy':>6s} {'vs sdpa':>8s} {'max err':>9s} "
+              f"{'err vs bf16':>11s}")
         for name, row in sorted(rows.items(), key=lambda kv: kv[1].get("ms", 1e9)):
             if "ms" not in row:
                 print(f"{name:32s} {row.get('error', '')[:80]}")

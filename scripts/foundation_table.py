@@ -2,7 +2,8 @@
 baseline's time, the torch anchor's, their ratio, the fraction of the measured ceiling, and the
 floors of the Foundation issue checked. Also the GPU sanitizer verdicts of the baselines.
 
-    python3 scripts/foundation_table.py [--rebalance] OUTDIR|BENCH.json [RUN2.json [MORE.json...]]  [> results/FOUNDATION.md]
+    python3 scripts/foundation_table.py [--rebalance] OUTDIR|BENCH.json [RUN2.json [MORE.json...]] \
+        [> results/FOUNDATION.md]
 
 The table is the first run's; the second checks it figure by figure; with more runs, a line per pair
 of all the runs says how many judged figures agree and which do not. --rebalance: runs recorded before
@@ -129,7 +130,8 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         print("| op | shape | kernel | run 1 ms | run 2 ms | spread ms | agree |")
         print("|---|---|---|---:|---:|---:|---|")
         for (op, shape, label), a, b, sp, agree in rows:
-            print(f"| {op} | {shape} | {label} | {a:.4f} | {b:.4f} | {sp:.4f} | {'yes' if agree else f'no ({abs(a - b) / a:.1%})'} |")
+            same = "yes" if agree else f"no ({abs(a - b) / a:.1%})"
+            print(f"| {op} | {shape} | {label} | {a:.4f} | {b:.4f} | {sp:.4f} | {same} |")
     if more_paths:
         paths = [out_path, run2_path, *more_paths]
         docs = [doc, run2] + [load(p, rebalance) for p in more_paths]

@@ -25,7 +25,8 @@ def main() -> int:
         extra.setdefault(name, []).append(OPS[name].parse_shape(text))
     dtype = dtype_from_name(args.dtype)
     bad = 0
-    print(f"serving set: {serving.serving_dir()} ({len(serving.kernel_entries(serving.load_manifest()))} promoted kernels)")
+    promoted = len(serving.kernel_entries(serving.load_manifest()))
+    print(f"serving set: {serving.serving_dir()} ({promoted} promoted kernels)")
     for name, op in OPS.items():
         fn = serving.get(name)
         for shape in list(op.shapes("serving")) + extra.get(name, []):

@@ -44,7 +44,7 @@ def report(ledger_path: str, run_id: str) -> dict:
         statuses[c.status] = statuses.get(c.status, 0) + 1
     ledger.close()
     rows = []
-    for i, s in enumerate(sessions):
+    for s in sessions:
         n_gpus = s.get("n_gpus") or 0
         hours = s["wall_s"] * max(1, n_gpus) / 3600.0
         rows.append({

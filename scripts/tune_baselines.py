@@ -20,6 +20,7 @@ import importlib
 import json
 import sys
 import time
+from functools import partial
 
 import torch
 import triton
@@ -116,7 +117,7 @@ def main():
             t0 = time.time()
             ref = op.reference(case.args, torch.float32)
             anchor = anchor_for(op, case)  # the benchmark's: the torch implementation, else the op's bench_anchor
-            t_anchor = triton.testing.do_bench(lambda: anchor.fn(**case.args), warmup=25, rep=100,
+            t_anchor = triton.testing.do_bench(partial(anchor.fn, **case.args), warmup=25, rep=100,
                                                return_mode="median")
             best = None
             for cfg in (neighbour_configs(op_name, shape, original) if args.neighbours
@@ -126,7 +127,7 @@ def main():
                     out = case.call(fn)
                     torch.cuda.synchronize()
                     cmp = op.compare(out, case.args, ref)
-                    ms = triton.testing.do_bench(lambda: case.call(fn), warmup=25, rep=100, return_mode="median")
+                    ms = triton.testing.do_bench(partial(case.call, fn), warmup=25, rep=100, return_mode="median")
                     err = None if cmp.ok else cmp.describe()
                 except Exception as e:  # a config that does not compile (shared memory) is skipped
                     ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"

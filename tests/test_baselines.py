@@ -9,12 +9,12 @@ import importlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-
-from kernel_agent.harness.ops import OPS
-from kernel_agent.harness.ops.common import LAYOUTS, round_to
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 import mutants
+from kernel_agent.harness.ops import OPS
+from kernel_agent.harness.ops.common import LAYOUTS, round_to
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}
 PROPERTY = settings(max_examples=14, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],

@@ -74,3 +74,12 @@ def test_sizes_outside_the_contract_are_not_drawn():
     assert OPS["decode_attention"].value_regions([300]) and \
         all(r.name.split("=")[0] not in ("D", "block_size", "group") for r in OPS["decode_attention"].value_regions([300]))
     assert not [r for r in OPS["quantize_kv"].value_regions([5000]) if r.name.startswith("D=")]
+
+
+def test_a_file_too_deep_to_print_back_is_refused_in_one_line():
+    """A constant sum of 727 terms parses, but printing it back recursed past the limit: the loop process,
+    which canonicalises every proposal, raised RecursionError and stopped. Now a TextRefused, as the gate's."""
+    from kernel_agent.sanitizer.canonical import TextRefused
+    src = "ROW_STEPS = " + " + ".join(["1"] * 727) + "\n"
+    with pytest.raises(TextRefused, match="printed back|parsed"):
+        canonical_source(src)

@@ -9,8 +9,13 @@ from kernel_agent.agent.proposal import ProposeContext
 from kernel_agent.agent.rewrites import CATALOG, apply_rewrite, target_for
 from kernel_agent.agent.screen import Screen, compile_objection, fit_speed_model, label_config
 from kernel_agent.agent.search import SearchProposer, baseline_config, baseline_source, with_config
-from kernel_agent.harness.compile_probe import (CompileProfile, LaunchProfile, innermost_loop_mix, profile_source,
-                                                resource_usage)
+from kernel_agent.harness.compile_probe import (
+    CompileProfile,
+    LaunchProfile,
+    innermost_loop_mix,
+    profile_source,
+    resource_usage,
+)
 from kernel_agent.harness.diagnosis import Diagnosis, diagnose, diagnose_incumbent, programs_per_sm
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from kernel_agent.harness import serving
+from kernel_agent.harness.bench_records import BenchOutcome, ShapeResult
 from kernel_agent.harness.bench_worker import refused_here
 from kernel_agent.harness.dispatch import choices_from_rows, measured_choices, record_choices
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.matmul import torch_matmul
-from kernel_agent.harness.bench_records import BenchOutcome, ShapeResult
 from kernel_agent.harness.promotion import judge_benchmark as judge_outcome
 
 GPU = "NVIDIA H200"
@@ -94,7 +94,7 @@ def test_a_promoted_kernel_that_torch_beats_is_demoted_and_one_that_beats_torch_
     src = open(KERNEL_SRC).read()
     slow, _ = led.add_candidate("matmul", src + "\n# slow\n", "search", run)
     fast, _ = led.add_candidate("matmul", src + "\n# fast\n", "search", run)
-    for cand, bucket, shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
+    for cand, bucket, _shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
         serving.install("matmul", bucket, "bfloat16", GPU, src + f"\n# {cand.id}\n", cand.id, 0.05, "test", {},
                         dir=sdir)
         led.record_promotion(run_id=run, op="matmul", bucket=bucket, dtype="bfloat16", gpu_name=GPU,

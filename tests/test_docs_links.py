@@ -60,7 +60,7 @@ def links(path):
 
 def broken_links(path):
     broken = []
-    for line, target in links(path):
+    for _line, target in links(path):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not ours to check
             continue
         file_part, _, anchor = target.partition("#")

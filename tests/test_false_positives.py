@@ -19,7 +19,8 @@ import os
 import hypothesis
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, strategies as st
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
 
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.common import compare_tensor
@@ -154,8 +155,8 @@ def _split(qd, kc, ks, vc, vs, score_scale, scale_max, dot_dtype, block_n):
     """One split of the split-KV loop over one kv head's tokens: (running max, normaliser, accumulator)."""
     g = qd.shape[0]
     m, l, acc = torch.full((g,), float("-inf")), torch.zeros(g), torch.zeros(g, vc.shape[-1])
-    for st in range(0, kc.shape[0], block_n):
-        sl = slice(st, st + block_n)
+    for start in range(0, kc.shape[0], block_n):
+        sl = slice(start, start + block_n)
         qk = (qd @ kc[sl].T) * (ks[sl] * score_scale)[None, :]
         m_new = torch.maximum(m, qk.amax(1))
         p = torch.exp2(qk - m_new[:, None])
@@ -189,7 +190,8 @@ def emulate_int8_decode(args, scale_max: bool, splits: int, block_n: int = 128) 
         L = int(args["seq_lens"][b])
         kc, ks, vc, vs = (gather_tokens(args[n], args["block_table"], b, L).float()
                           for n in ("k_cache", "k_scale", "v_cache", "v_scale"))
-        chunk = -(-(-(-L // splits)) // block_n) * block_n
+        per_split = -(-L // splits)  # ceil(L / splits), rounded up to whole blocks below
+        chunk = -(-per_split // block_n) * block_n
         for h in range(hkv):
             qd, factor = _query_for_dots(q[b, h * g:(h + 1) * g].float(), scale_max, dot_dtype)
             parts = [_split(qd, kc[lo:lo + chunk, h], ks[lo:lo + chunk, h], vc[lo:lo + chunk, h],

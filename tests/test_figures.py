@@ -8,11 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from committed_h200 import H200, RUN, copied_ledger, table_rows
 from kernel_agent.harness import figures as F
 from kernel_agent.harness.bench_records import Measurement
 from kernel_agent.harness.promotion import judged_pair
-
-from committed_h200 import H200, RUN, copied_ledger, table_rows
 
 T0 = datetime(2026, 11, 30, 16, 0, tzinfo=timezone.utc)
 
@@ -104,6 +103,7 @@ def h200(tmp_path):
 def test_the_committed_h200_report_agrees_with_its_plots_trend_and_leaderboard(h200, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import matplotlib.axes
+
     from kernel_agent.agent.review import speedup_trend, write_report
 
     drawn = []  # what the plots draw: (legend label, bar heights)

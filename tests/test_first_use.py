@@ -18,8 +18,7 @@ from kernel_agent.agent import loop as loop_mod
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus
 from kernel_agent.sanitizer.canonical import file_hash
 from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
-
-from test_loop import CLI, GOOD, ROOT, FakeDevices, FakeEvaluator
+from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator
 
 TIME_LIMIT = "not verified: time limit (108s) during check `near_serving` (a hang, or too slow to check here)"
 
@@ -121,8 +120,8 @@ def test_a_reachable_endpoint_that_is_not_the_openai_api_is_refused_before_the_r
 
 
 def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch):
-    from openai_stub import Stub
     from kernel_agent.agent.commands import _print_run_summary
+    from openai_stub import Stub
     stub = Stub([{"status": 501}])
     port = stub.start()
     try:
@@ -205,9 +204,9 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
     inc, _ = led.add_candidate("quantize_kv", incumbent, "search", run.id, label="incumbent")
     cand, _ = led.add_candidate("quantize_kv", incumbent + "\n# a code change\nX = 1\n", "model", run.id, label="c")
     from kernel_agent.harness.bench import record_shape_result
+    from kernel_agent.harness.bench_records import ShapeResult
     from kernel_agent.harness.ledger import hash_source
     from test_loop import _measured
-    from kernel_agent.harness.bench_records import ShapeResult
     record_shape_result(led, run.id, ShapeResult.from_json({"op": "quantize_kv", "shape": "T=16,H=8,D=128", "bucket": "b",
                                       "dtype": "bfloat16", "gpu": "G", "measurements": [
                                           _measured("incumbent", 1.0), _measured("candidate", 0.9)]}),
@@ -279,9 +278,9 @@ def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, mon
 # -- 6. demote writes where a promotion would ------------------------------------------------------------
 
 def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monkeypatch, capsys):
-    from test_git_promotions import _checkout, _git
     from kernel_agent.agent.commands import cmd_demote
     from kernel_agent.harness import serving
+    from test_git_promotions import _checkout, _git
     r = _git_repo(tmp_path, monkeypatch)
     before = _checkout(r)
     db = tmp_path / "l.db"
@@ -337,6 +336,7 @@ def _git_repo(tmp_path, monkeypatch):
 
 def _terminal(monkeypatch, width=80):
     from rich.console import Console
+
     from kernel_agent.agent import ui
     buf = io.StringIO()
     monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=width, color_system=None,
@@ -409,6 +409,7 @@ def test_the_gate_says_it_is_still_working_through_a_pipe_before_its_first_verdi
     """One op's full pass took 286 s on a loaded 2-core machine before its first kernel's line: through a pipe
     the gate gives a status line meanwhile, as the run does every minute (here every 50 ms)."""
     import time
+
     from kernel_agent.agent import review
     before_verdict = []
 

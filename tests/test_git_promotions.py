@@ -16,7 +16,6 @@ from kernel_agent.agent import publish
 from kernel_agent.agent.search import SearchProposer
 from kernel_agent.harness import serving
 from kernel_agent.harness.ledger import Ledger
-
 from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator, _fake_gpu, _measured, _stream
 
 
@@ -63,8 +62,8 @@ def _commits(repo, base, branch):
 
 
 def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5):
-    """A whole `run_loop` over quantize_kv's first serving bucket on two fake GPUs; every candidate is promoted (0.5 ms against
-    1.0 for the baseline and 0.8 for a promoted incumbent). Returns (summary, notes, ledger path)."""
+    """A whole `run_loop` over quantize_kv's first serving bucket on two fake GPUs; every candidate is promoted
+    (0.5 ms against 1.0 for the baseline and 0.8 for a promoted incumbent). Returns (summary, notes, ledger path)."""
     serving_dir = os.environ[serving.ENV_DIR]
     gpu = _fake_gpu(tmp_path, monkeypatch, ms)
     _serve_from(monkeypatch, serving_dir)  # (the fake names a scratch folder of its own)

@@ -15,9 +15,9 @@ import torch
 from kernel_agent.agent.search import baseline_config, baseline_source, with_config
 from kernel_agent.harness import serving
 from kernel_agent.harness.bench import Contender, balanced_median, benchmark_shape, load_ceilings
+from kernel_agent.harness.bench_records import BenchOutcome
 from kernel_agent.harness.bench_worker import run_bench_isolated
 from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.bench_records import BenchOutcome
 from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
 
 pytestmark = [pytest.mark.gpu,
@@ -289,6 +289,7 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
     scratch directory is refused, the verdict fails, and nothing leaves."""
     import socket
     import threading
+
     from kernel_agent.sanitizer.runner import run_isolated
     canary = "sk-canary-" + os.urandom(8).hex()
     monkeypatch.setenv("OPENAI_API_KEY", canary)
@@ -315,7 +316,8 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
         "import os as _os, socket as _socket\n"
         "_k = _os.environ.get('OPENAI_API_KEY', 'none')\n"
         "try:\n"
-        f"    _s = _socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2); _s.sendall(_k.encode())\n"
+        f"    _s = _socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2); "
+        "_s.sendall(_k.encode())\n"
         "except Exception:\n    pass\n"
         "try:\n"
         f"    open({str(leak)!r}, 'w').write(_k)\n"
@@ -383,6 +385,7 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
     alone, and times exactly as an ungated one; a gated GPU check asks once, for a shared lease. A
     benchmark refused the GPU alone never times: it waits until its time limit."""
     import time
+
     from kernel_agent.sanitizer.runner import run_isolated
     asked = []
 
@@ -435,6 +438,7 @@ def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkey
     import socket
     import threading
     import time
+
     from kernel_agent.sanitizer.runner import run_isolated
     canary = "sk-canary-" + os.urandom(8).hex()
     monkeypatch.setenv("OPENAI_API_KEY", canary)

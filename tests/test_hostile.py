@@ -751,9 +751,8 @@ def test_agent_run_with_hostile_model_replies_verifies_nothing(observation, tmp_
     """`kernel-agent run` against a loopback model endpoint whose replies are hostile rewrites:
     the run finishes (exit 0), no candidate is verified, and the canary reaches neither the
     listeners, nor the model endpoint, nor any file (ledger included)."""
-    from openai_stub import Stub
-
     from kernel_agent.harness.ledger import Ledger
+    from openai_stub import Stub
 
     probes = [observation.add(next(h for h in HOSTILES if h.rel == rel)) for rel in E2E]
     stub = Stub([{"reply": "Here is a faster version:\n\n```python\n" + p.path.read_text() + "```\n"}

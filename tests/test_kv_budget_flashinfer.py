@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from kernel_agent.harness import bench
-from kernel_agent.harness.model_step import (PRESETS, ModelConfigError, available_stacks, cache_bytes_per_token,
-                                             kv_budget_points, parse_bytes)
+from kernel_agent.harness.model_step import (
+    PRESETS,
+    ModelConfigError,
+    available_stacks,
+    cache_bytes_per_token,
+    kv_budget_points,
+    parse_bytes,
+)
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.flashinfer_paged import FlashInferUnavailable, version
 

@@ -2,8 +2,8 @@
 with scripted replies (good rewrites, every cheat family, malformed replies, server faults), and
 the built-in search path killed with SIGKILL and resumed."""
 import json
-import re
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -16,10 +16,9 @@ import pytest
 
 from kernel_agent.agent.model import ReplyError, extract_source
 from kernel_agent.agent.search import baseline_source, with_config
-from kernel_agent.harness.ops import OPS
 from kernel_agent.harness.ledger import Ledger
+from kernel_agent.harness.ops import OPS
 from kernel_agent.sanitizer.canonical import file_hash
-
 from openai_stub import Stub
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -296,6 +295,7 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one():
     """Timings never share a GPU (with each other or with a check); checks share one, up to the bound;
     a GPU task starts only when a GPU can take it, and every lease comes back."""
     import threading
+
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
     lock = threading.Lock()
     on_gpu = {"3": [], "5": []}  # GPU -> kinds running on it
@@ -357,6 +357,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone():
     is granted there until the checks on it have ended and its timing is over; nothing runs beside the
     timing. The spans say what held the GPU when, and every lease comes back."""
     import threading
+
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask, occupied_fraction
     lock = threading.Lock()
     on_gpu: list = []
@@ -432,6 +433,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone():
 
 def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop():
     import threading
+
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
     check_go, asked = threading.Event(), threading.Event()
 
@@ -458,6 +460,7 @@ def test_the_gated_child_goes_on_only_once_the_parent_grants_each_phase(tmp_path
     """The parent side of the lease with a stand-in child: the child asks for each phase in turn and
     goes on only when granted; refused, it waits until its time limit kills it."""
     import sys
+
     from kernel_agent.sanitizer.lease import run_gated
     child = [sys.executable, "-c", "from kernel_agent.sanitizer.lease import wait_for_grant\n"
              "wait_for_grant('gpu'); print('compiled', flush=True)\nwait_for_grant('alone'); print('timed')"]
@@ -640,7 +643,6 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     """A second run over the same ledger re-proposes what the first one tried: those are not timed
     again, their recorded times (and the incumbent's beside them) steer the climb."""
     from kernel_agent.agent.search import SearchProposer, baseline_config, source_config
-    from kernel_agent.harness.ops import get_op
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)  # everything slower than the baseline
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
@@ -864,6 +866,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     unjudged, at the stage it reached, for a resume; so is a stage that needs a GPU once none is left."""
     from collections import Counter
     from concurrent.futures import Future
+
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.placement import LocalPlacement, TaskLost, default_jobs
 
@@ -934,7 +937,9 @@ def test_the_live_status_line(monkeypatch):
     """What the status line says, and that on a terminal it is drawn in place below the printed lines
     (transient: gone once the run ends) while elsewhere it is a plain line at most once a minute."""
     import io
+
     from rich.console import Console
+
     from kernel_agent.agent import ui
     from kernel_agent.agent.loop import LiveStatus
     st = LiveStatus(125, 600, 3, None, {"quick": 1, "gpu": 2, "bench": 1}, 4, 7, 0.031)

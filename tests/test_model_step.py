@@ -12,9 +12,24 @@ import pytest
 import torch
 
 from kernel_agent.agent.cli import build_parser, main
-from kernel_agent.harness.model_step import (KV_MODES, PRESETS, STACKS, DecodeStep, ModelConfig, ModelConfigError,
-                                             Point, int8_accuracy, load_model_config, make_kv_state, make_weights,
-                                             parse_names, parse_points, reference_step, rel_error, step_op_calls)
+from kernel_agent.harness.model_step import (
+    KV_MODES,
+    PRESETS,
+    STACKS,
+    DecodeStep,
+    ModelConfig,
+    ModelConfigError,
+    Point,
+    int8_accuracy,
+    load_model_config,
+    make_kv_state,
+    make_weights,
+    parse_names,
+    parse_points,
+    reference_step,
+    rel_error,
+    step_op_calls,
+)
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.common import TOLERANCES, compare_tensor
 from kernel_agent.harness.ops.matmul import MatmulShape

@@ -9,14 +9,13 @@ import sys
 
 import pytest
 
+from committed_h200 import RUN, copied_ledger, table_rows
 from kernel_agent.agent import ci_templates
 from kernel_agent.agent.pr import run_branch, write_pr
 from kernel_agent.agent.review import write_report
 from kernel_agent.harness import figures as F
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.serving import kernel_file_name
-
-from committed_h200 import H200, RUN, copied_ledger, table_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]

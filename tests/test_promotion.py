@@ -195,8 +195,7 @@ def test_the_sessions_whose_plain_medians_disagreed_agree_position_balanced():
 def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
     """What bench reports for another run to check: the judged figure (graph replays for a small kernel,
     events otherwise), its spread never under the run-to-run floor of its bound, and larger when measured so."""
-    from kernel_agent.harness.bench import (CHOSEN_BY_TIMING_FLOOR, RUN_TO_RUN_FLOOR, reported_time,
-                                            with_reported_times)
+    from kernel_agent.harness.bench import CHOSEN_BY_TIMING_FLOOR, RUN_TO_RUN_FLOOR, reported_time, with_reported_times
     from kernel_agent.harness.bench_records import Measurement, ShapeResult
 
     def m(ms, spread, kind, graph=None, label="baseline"):

@@ -205,7 +205,7 @@ def test_version_and_a_closed_pipe(tmp_path):
     r = _run(["--version"])
     assert r.returncode == 0 and r.stdout.strip() == f"kernel-agent {__version__}"
     led = Ledger(tmp_path / "l.db")
-    for i in range(1500):  # more than a pipe holds (64 KiB), so the writer meets the closed end
+    for _ in range(1500):  # more than a pipe holds (64 KiB), so the writer meets the closed end
         led.start_run({}, {}, "search", ["matmul"], None, {})
     led.close()
     p = subprocess.Popen(CLI + ["history", "--ledger", str(tmp_path / "l.db"), "--limit", "1500"], cwd=ROOT,
@@ -281,7 +281,9 @@ def test_internal_errors_do_not_leak_into_usage_errors(tmp_path):
 @pytest.mark.parametrize("width", [60, 80, 120])
 def test_terminal_tables_fit_the_width_and_never_cut_an_id(monkeypatch, width):
     import io
+
     from rich.console import Console
+
     from kernel_agent.agent import ui
     buf = io.StringIO()
     monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=width, color_system=None,
@@ -359,6 +361,7 @@ def test_show_of_an_unusable_reply_shows_no_diff(tmp_path):
 def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, capsys):
     """run_summary's failed checks by name are what the summary after a run and the report print."""
     import argparse
+
     from kernel_agent.agent.commands import _print_run_summary
     from kernel_agent.agent.review import write_report
     led = Ledger(tmp_path / "l.db")

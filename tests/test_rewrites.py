@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_agent.agent.rewrites import (CATALOG, NotApplicable, RewriteTarget, apply_rewrite, applicable,
-                                         target_for)
+from kernel_agent.agent.rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, target_for
 from kernel_agent.harness.ops import NAMES
 from kernel_agent.sanitizer.runner import run_isolated
 

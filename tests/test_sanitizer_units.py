@@ -41,7 +41,8 @@ def test_gate_accepts_the_baselines(op):
     ("def matmul(a, b, memo={}):\n    return a\n", "state"),
     ("def matmul(a, b):\n    global X\n    return a\n", "state"),
     ("def matmul(a, b):\n    matmul.last = a\n    return a\n", "state"),
-    ("@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\ndef matmul(a, b):\n    return a\n", "autotune"),
+    ("@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\n"
+     "def matmul(a, b):\n    return a\n", "autotune"),
     ("def matmul(a, b):\n    s = torch.cuda.Stream()\n    return a\n", "torch-compute"),
     ("def matmul(a, b):\n    return getattr(torch, 'mm')(a, b)\n", "forbidden-call"),
     ("def matmul(a, b):\n    return a.__class__\n", "introspection"),
@@ -299,6 +300,7 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     compiling the same text, names the sides never taken. A side that only raises, and a condition on the
     device, are exempt; a kernel's body is not host code."""
     import importlib.util
+
     from kernel_agent.sanitizer.branches import BranchRecorder, host_branches, taken, uncovered
     src = HEADER + ("def helper(n):\n    if n > 100:\n        return 1\n    return 2 if n % 2 else 0\n\n"
                     "def f(x, n):\n    if n < 0:\n        raise ValueError('no')\n"
@@ -322,3 +324,27 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     assert {s.exempt for s in sides} >= {"only raises (a guard on the contract's limits)",
                                           "reads the device or bfloat16: taken on the GPU"}
     assert not any(s.qualname == "_k" for s in sides)
+
+
+def test_the_gpu_check_of_bfloat16_branches_reads_the_file_as_text(tmp_path):
+    """The GPU differential check finds the host branches on bfloat16 in the file it read as bytes: it
+    compiles the canonical text (as the CPU check does), and names the side the device cases never took."""
+    from kernel_agent.harness.ops import get_op
+    from kernel_agent.sanitizer.checks import Subject
+    from kernel_agent.sanitizer.execution import CheckFailed
+    from kernel_agent.sanitizer.gpu import _bf16_branches_taken
+
+    class NoArcs:  # an executor whose device cases took no branch
+        def coverage(self):
+            return [], []
+
+    src = ("import torch\n\n\n"
+           "def matmul(a, b):\n"
+           "    if a.dtype == torch.bfloat16:\n"
+           "        return (a.float() @ b.float()).to(a.dtype)\n"
+           "    return a @ b\n")
+    path = tmp_path / "cand.py"
+    path.write_bytes(src.encode())
+    subject = Subject(get_op("matmul"), str(path), path.read_bytes(), fn=NoArcs())
+    with pytest.raises(CheckFailed, match="branches on bfloat16 and the device cases never took one side"):
+        _bf16_branches_taken(subject)

@@ -94,6 +94,7 @@ def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monk
     # the climb that replaced an incumbent it cannot tune is the one for that incumbent: the next proposals
     # continue it (from the best config measured) without importing the incumbent again
     from pathlib import Path
+
     from kernel_agent.agent import search
     op = get_op("decode_attention")
     shape = op.parse_shape("2,4,2,96,16,300")

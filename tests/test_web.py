@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from committed_h200 import H200, ROOT, RUN as H200_RUN
+from committed_h200 import H200, ROOT
+from committed_h200 import RUN as H200_RUN
 from kernel_agent.harness.figures import fmt_x
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
 
@@ -505,8 +506,8 @@ def test_serve_without_a_ledger_says_so_before_the_web_view_loads_torch(tmp_path
 
 
 def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys):
-    from kernel_agent.agent.cli import main
     import kernel_agent.agent as agent_package
+    from kernel_agent.agent.cli import main
     monkeypatch.setitem(sys.modules, "kernel_agent.agent.web", None)  # as if starlette were missing
     monkeypatch.delattr(agent_package, "web", raising=False)
     assert main(["serve", "--ledger", PR_EXAMPLE, "--port", "0"]) == 2

@@ -12,10 +12,25 @@ from kernel_agent.agent.cli import main
 from kernel_agent.agent.loop import RunConfig, targets_for
 from kernel_agent.harness import kv_plan, serving
 from kernel_agent.harness.model_step import PRESETS, ModelConfig, step_op_calls
-from kernel_agent.harness.workload import (Schedule, StepModel, analyze, budget_pages, bucket_shares, replay_trace,
-                                           simulate, workload_points)
-from kernel_agent.harness.workload_trace import (EngineStep, Request, TraceError, TraceReader, check_trace,
-                                                 import_trace, read_header)
+from kernel_agent.harness.workload import (
+    Schedule,
+    StepModel,
+    analyze,
+    bucket_shares,
+    budget_pages,
+    replay_trace,
+    simulate,
+    workload_points,
+)
+from kernel_agent.harness.workload_trace import (
+    EngineStep,
+    Request,
+    TraceError,
+    TraceReader,
+    check_trace,
+    import_trace,
+    read_header,
+)
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "workloads")
 LLAMA = PRESETS["llama-3-8b"]
@@ -217,8 +232,8 @@ def test_a_workloads_heavier_point_gets_the_larger_share_of_proposals():
 
 
 def test_a_workload_sets_the_runs_weighted_points(tmp_path):
-    from kernel_agent.agent.commands import _run_config
     from kernel_agent.agent.cli import build_parser
+    from kernel_agent.agent.commands import _run_config
     trace = os.path.join(DATA, "chat_300.jsonl")
     args = build_parser().parse_args(["run", "--target-model", "llama-3-8b", "--workload", trace,
                                       "--kv-budget", "8GiB", "--proposer", "search"])
@@ -358,7 +373,6 @@ def test_measured_options_scale_the_roofline_by_what_the_gpu_step_took():
 
 def test_the_pull_request_body_shows_a_plan(tmp_path):
     from committed_h200 import RUN, copied_ledger
-
     from kernel_agent.agent.pr import write_pr
     led, _ = copied_ledger(tmp_path)
     try:

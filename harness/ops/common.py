@@ -213,7 +213,7 @@ def fill(shape: Sequence[int], dist: str, gen: torch.Generator, device, scale: f
     return x
 
 
-def strided_like(x: torch.Tensor, gen: torch.Generator, pad_value: float = float("nan")) -> torch.Tensor:
+def strided_like(x: torch.Tensor, gen: Optional[torch.Generator], pad_value: float = float("nan")) -> torch.Tensor:
     """The same values as `x` in a non-contiguous view: each dim is padded inside a larger
     storage filled with `pad_value`, and the last two dims are transposed in memory.
     A kernel that ignores strides, or reads outside the view, sees garbage."""
@@ -278,7 +278,7 @@ LAYOUTS = ("contiguous", "strided", "fused")
 DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd")
 
 
-def relaid(x: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
+def relaid(x: torch.Tensor, layout: str, gen: Optional[torch.Generator]) -> torch.Tensor:
     """`x`'s values in the view a layout names (strided_like, fused_slice_like, pair_slice_like, swapped_like)."""
     if layout == "strided":
         return strided_like(x, gen)

@@ -6,8 +6,15 @@ from typing import Any, Dict
 import torch
 
 from .common import fill
-from .paged import DecodeShape, PagedDecodeOp, decode_config_fits, garbage_fill, make_paged_layout, owned_from_args, \
-    slot_readable
+from .paged import (
+    DecodeShape,
+    PagedDecodeOp,
+    decode_config_fits,
+    garbage_fill,
+    make_paged_layout,
+    owned_from_args,
+    slot_readable,
+)
 from .tuning import Space
 
 CONTRACT = """decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None) -> o

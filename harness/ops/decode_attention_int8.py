@@ -6,8 +6,15 @@ from typing import Any, Dict
 import torch
 
 from .common import fill
-from .paged import DecodeShape, PagedDecodeOp, decode_config_fits, garbage_fill, make_paged_layout, owned_from_args, \
-    slot_readable
+from .paged import (
+    DecodeShape,
+    PagedDecodeOp,
+    decode_config_fits,
+    garbage_fill,
+    make_paged_layout,
+    owned_from_args,
+    slot_readable,
+)
 from .tuning import Space
 
 CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table,

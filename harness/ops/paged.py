@@ -19,6 +19,7 @@ from .attention import HEAD_DIMS_DRAWN, SOFTMAX_BOUND_TOL, attention_reference, 
 from .common import COMMON_LIMITS, Anchor, Case, Domain, ElementBound, Op, ReferenceUnavailable, Region, Shape, ValueDim
 from .tuning import SMEM_LIMIT
 
+
 # Ids no cache has: below zero, at the end, far past the end, and huge.
 def _invalid_ids(num_blocks: int):
     return (-1, num_blocks, num_blocks + 12345, 2**30)

@@ -7,9 +7,7 @@ may take, and which tuples the hardware can hold at a shape (agent/search.py cli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
-
-from .common import Shape
+from typing import Any, Callable, Tuple
 
 SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (232448 minus headroom)
 
@@ -18,4 +16,4 @@ SMEM_LIMIT = 220 * 1024  # bytes of shared memory a program may use on Hopper (2
 class Space:
     fields: Tuple[str, ...]
     values: Tuple[Tuple[int, ...], ...]
-    valid: Callable[[Tuple[int, ...], Shape], bool]
+    valid: Callable[[Tuple[int, ...], Any], bool]  # (configuration, a shape of the op's own Shape class)

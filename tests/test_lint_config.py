@@ -1,0 +1,70 @@
+"""The linters' and the type checker's setup (docs/CHECKS.md): the pre-commit hooks use the ruff CI pins, and
+the link tree that shows mypy the package `kernel_agent` follows pyproject.toml's package-dir."""
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _typecheck():
+    spec = importlib.util.spec_from_file_location("ka_typecheck", ROOT / ".ci" / "typecheck.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pins(text: str, name: str) -> list:
+    return re.findall(rf"(?<![\w-]){re.escape(name)}==([\w.]+)", text)
+
+
+def test_pre_commit_runs_the_ruff_that_ci_installs():
+    ci_pins = _pins((ROOT / "requirements-dev.txt").read_text(), "ruff")
+    hook_pins = _pins((ROOT / ".pre-commit-config.yaml").read_text(), "ruff")
+    assert len(ci_pins) == 1 and hook_pins and set(hook_pins) == set(ci_pins), (ci_pins, hook_pins)
+
+
+def test_ci_runs_ruff():
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in ("ruff check .",):
+        assert command in ci, f".ci/run does not run {command}"
+
+
+def test_mypy_checks_packages_the_link_tree_holds():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapping = config["tool"]["setuptools"]["package-dir"]
+    assert config["tool"]["mypy"]["mypy_path"] == _typecheck().TREE
+    for package in config["tool"]["mypy"]["packages"]:
+        assert package in mapping, f"mypy checks {package}, which package-dir does not map"
+
+
+def test_the_link_tree_maps_each_folder_where_python_imports_it(tmp_path):
+    for folder in ("kernel_agent", "harness/ops", "agent"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text(f"# {folder}\n")
+    (tmp_path / "harness" / "__init__.py").write_text("# harness\n")
+    mapping = {
+        "kernel_agent": "kernel_agent",
+        "kernel_agent.agent": "agent",
+        "kernel_agent.harness": "harness",
+        "kernel_agent.harness.ops": "harness/ops",
+    }
+    tree = Path(_typecheck().lay_out_tree(mapping, str(tmp_path)))
+    assert sorted(os.listdir(tree)) == ["__init__.py", "agent", "harness"]
+    assert (tree / "__init__.py").read_text() == "# kernel_agent\n"
+    assert (tree / "harness" / "ops" / "__init__.py").read_text() == "# harness/ops\n"
+    assert (tree / "agent").resolve() == (tmp_path / "agent").resolve()
+    _typecheck().lay_out_tree(mapping, str(tmp_path))  # laid out again from scratch, not on top
+
+
+def test_the_link_tree_refuses_a_nested_package_mapped_elsewhere(tmp_path):
+    (tmp_path / "kernel_agent").mkdir()
+    (tmp_path / "kernel_agent" / "__init__.py").write_text("")
+    mapping = {"kernel_agent": "kernel_agent", "kernel_agent.harness": "harness", "kernel_agent.harness.ops": "ops"}
+    with pytest.raises(SystemExit, match="maps kernel_agent.harness.ops to ops, not inside harness"):
+        _typecheck().lay_out_tree(mapping, str(tmp_path))
