@@ -163,6 +163,9 @@ class _Evaluator:
     def binop(self, op: ast.operator, left: Any, right: Any) -> Any:
         if isinstance(op, (ast.Pow, ast.LShift)) and (not isinstance(right, (int, float)) or abs(right) > 64):
             raise ConfigUnreadable("an exponent or shift larger than 64")
+        if isinstance(op, ast.Mod) and isinstance(left, str):
+            # printf-style formatting builds its string before any size check (`"%*d" % (6e10, 1)`)
+            raise ConfigUnreadable("string formatting is not a computation the search evaluates")
         if isinstance(op, ast.Mult) and _repeats_too_far(left, right):
             raise ConfigUnreadable("a value grows too large")  # checked before the repetition is built
         try:

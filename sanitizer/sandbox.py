@@ -60,7 +60,7 @@ import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 NOBODY = 65534
 # What a child may inherit: locale, paths to the interpreter and libraries, the GPU it may use,
@@ -113,6 +113,8 @@ GPU_READABLE = (
     ("env:KA_SANDBOX_TOOL_DIR", "the wrapping tool's installation, whose libraries it loads into the process "
      "(compute-sanitizer outside /usr); set by tool_namespace_main"),
     ("ld.so.conf", "the loader's configured folders, where libcuda may lie outside /usr (an /opt driver)"),
+    ("compiler", "the C compiler Triton builds its launchers with (CC, else gcc, cc or clang on PATH), where it is "
+     "installed outside /usr (an /opt toolchain): its prefix, for its driver, cc1, headers and libraries"),
     ("/etc/hosts", "the name `localhost`, by which a wrapping tool's injected library may reach its front end"),
     ("/etc/host.conf", "the same lookup's configuration"),
     ("/etc/gai.conf", "the same lookup's address order"),
@@ -410,6 +412,8 @@ def gpu_readable_paths(environ: Optional[Dict[str, str]] = None) -> List[str]:
             found = [p for p in value.replace(" ", os.pathsep).split(os.pathsep) if os.path.isabs(p)]
         elif source == "ld.so.conf":
             found = _loader_folders()
+        elif source == "compiler":
+            found = _compiler_prefixes(env)
         else:
             out.append(source)  # a file: readable itself, not its folder
             continue
@@ -417,6 +421,20 @@ def gpu_readable_paths(environ: Optional[Dict[str, str]] = None) -> List[str]:
             p = os.path.dirname(p) if os.path.isfile(p) else p
             if os.path.realpath(p) != "/" and p not in out:
                 out.append(p)
+    return out
+
+
+def _compiler_prefixes(env: Mapping[str, str]) -> List[str]:
+    """The installation prefix (the folder above bin/) of each C compiler Triton may call, outside /usr."""
+    out: List[str] = []
+    for name in [env.get("CC", ""), "gcc", "cc", "clang"]:
+        found = shutil.which(name, path=env.get("PATH")) if name else None
+        if not found:
+            continue
+        for path in (os.path.abspath(found), os.path.realpath(found)):  # the link Triton opens, and its target
+            prefix = os.path.dirname(os.path.dirname(path))
+            if prefix not in ("/", "/usr", "/usr/local") and prefix not in out:
+                out.append(prefix)
     return out
 
 

@@ -134,6 +134,7 @@ def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
     # a repetition sized past memory is refused before it is built (it used to exhaust the loop's memory)
     ("    tag = (D,) * (D << 23)\n    return 8, 4 + len(tag) * 0", "grows too large"),
     ("    tag = 'r' * (D << 50)\n    return 8, 4 + len(tag) * 0", "grows too large"),
+    ("    tag = '%*d' % (D << 30, 1)\n    return 8, 4 + len(tag) * 0", "string formatting"),
 ])
 def test_a_configuration_that_does_more_is_refused_without_running(body, why, tmp_path):
     from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
