@@ -25,7 +25,7 @@ from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_t
 from . import static_gate, wire
 from .branches import host_branches, taken, uncovered
 from .canonical import TextRefused, canonical_source
-from .compared import TooManyCompared, compared_values
+from .compared import TooManyCompared, compared_joints, compared_values
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
@@ -53,12 +53,15 @@ class Settings:
     extended_examples: int
     fail_fast: bool = True
     branch_search_s: float = 30.0  # what host_branches may spend drawing inputs to take a side never taken
+    compared_regions: int = 1 << 30  # the first n (most telling first) cases of compared_values
 
 
 # Quick mode still runs every near-serving shape: each gates a different dimension (long K, large M, ...).
 # Bounds run every layout: a slice of a fused tensor ("fused": unit last stride, rows further apart than
 # the last dim) is where a kernel that takes unit stride to mean packed rows reads its neighbours.
-QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0)
+# Quick mode draws the first cases of compared_values only (the sizes the comparisons name exactly, first);
+# full mode, which a promotion needs, draws them all.
+QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0, compared_regions=32)
 FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
 MODES = {"quick": QUICK, "full": FULL}
 
@@ -538,12 +541,13 @@ def compared_regions(subject: Subject) -> List[Region]:
     """The op's value regions for the sizes the candidate compares against (sanitizer/compared.py), read from
     the canonical text the executor runs. CheckFailed when the file names more than the check draws."""
     try:
-        values = compared_values(canonical_source(subject.source))
+        text = canonical_source(subject.source)
+        values, joints = compared_values(text), compared_joints(text)
     except TooManyCompared as e:
         raise CheckFailed(str(e))
     except (SyntaxError, TextRefused, RecursionError) as e:
         raise CheckFailed(f"the judge cannot read the file's comparisons: {type(e).__name__}: {e}")
-    return subject.op.value_regions(values)
+    return subject.op.joint_regions(joints) + subject.op.value_regions(values)
 
 
 def check_compared_values(subject: Subject, s: Settings) -> str:
@@ -552,7 +556,7 @@ def check_compared_values(subject: Subject, s: Settings) -> str:
     contract that admits it, the others tiny: a cheat wrong only at a magic size names that size. Sizes the
     interpreter cannot afford are drawn by the GPU stage (gpu_domain)."""
     regions = compared_regions(subject)
-    cpu = [r for r in regions if r.where == "cpu"]
+    cpu = [r for r in regions if r.where == "cpu"][: s.compared_regions]
     for i, region in enumerate(cpu):
         case = _region_case(subject, region, i, 161)
         r = run_case(subject, subject.fn, case)
@@ -561,9 +565,11 @@ def check_compared_values(subject: Subject, s: Settings) -> str:
                               f"reproduce: {case.describe()}")
         _compare_or_fail(subject, case, r.out, f"at a size the code compares against ({region.name}): ")
         subject.refs.pop(id(case), None)
-    gpu = len(regions) - len(cpu)
+    gpu = sum(r.where == "gpu" for r in regions)
+    left = sum(r.where == "cpu" for r in regions) - len(cpu)
     return (f"correct at {len(cpu)} size(s) the code compares against"
-            + (f" ({gpu} more on the GPU)" if gpu else "") + ": " + ", ".join(r.name for r in cpu))
+            + (f" ({gpu} more on the GPU)" if gpu else "") + (f" ({left} more in full mode)" if left else "")
+            + ": " + ", ".join(r.name for r in cpu))
 
 
 def check_host_branches(subject: Subject, s: Settings) -> str:

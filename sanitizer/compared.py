@@ -20,8 +20,9 @@ fit a check's time, and no kernel in the correct suite comes near it.
 from __future__ import annotations
 
 import ast
+import math
 import operator
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 MAX_COMPARED = 48  # distinct values from comparisons; the correct suite's largest file has far fewer
 LIMIT = 1 << 31  # sizes past this are not drawn as one dimension by any op
@@ -29,6 +30,9 @@ _FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, a
          ast.Mod: operator.mod, ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitXor: operator.xor,
          ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.Pow: operator.pow}
 _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+Number = Union[int, float]
+# calls that clamp their argument at a constant: an indicator built of them flips where the argument meets it
+_CLAMPS = ("min", "max", "minimum", "maximum", "clamp")
 
 
 class TooManyCompared(ValueError):
@@ -47,11 +51,12 @@ class _Folder:
         self.constants = constants
         self.seen: set = set()
 
-    def fold(self, node: ast.AST) -> Optional[int]:
+    def fold(self, node: ast.AST) -> Optional[Number]:
         if isinstance(node, ast.Constant):
             v = node.value
-            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() \
-                and abs(v) < 1 << 62 else None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) < 1 << 62:
+                return None
+            return int(v) if float(v).is_integer() else v  # a float constant folds too (`D * 0.5 == 96`)
         if isinstance(node, ast.Name) and node.id in self.constants and node.id not in self.seen:
             self.seen.add(node.id)
             try:
@@ -67,6 +72,9 @@ class _Folder:
             a, b = self.fold(node.left), self.fold(node.right)
             if a is None or b is None or isinstance(node.op, (ast.Pow, ast.LShift)) and not 0 <= b <= 62:
                 return None
+            if isinstance(a, float) or isinstance(b, float):
+                if type(node.op) not in (ast.Add, ast.Sub, ast.Mult):
+                    return None
             try:
                 v = _FOLD[type(node.op)](a, b)
             except (ZeroDivisionError, ValueError, OverflowError):
@@ -75,7 +83,7 @@ class _Folder:
         return None
 
 
-def _solve(f: _Folder, expr: ast.AST, target: int, depth: int = 0) -> List[int]:
+def _solve(f: _Folder, expr: ast.AST, target: Number, depth: int = 0) -> List[Number]:
     """Values of the free operand of `expr` (an int expression) for which `expr == target`: one step of
     arithmetic with a constant undone at a time; anything else is taken as the free operand itself."""
     if depth > 8:
@@ -88,6 +96,10 @@ def _solve(f: _Folder, expr: ast.AST, target: int, depth: int = 0) -> List[int]:
     if not isinstance(expr, ast.BinOp):
         return [target]
     left, right = f.fold(expr.left), f.fold(expr.right)
+    if left is None and right is None and isinstance(expr.op, ast.Mult) \
+            and ast.dump(expr.left) == ast.dump(expr.right) and target >= 0:
+        root = math.isqrt(int(target))  # `D * D == 36864`
+        return _solve(f, expr.left, root, depth + 1) if root * root == target else []
     if (left is None) == (right is None):
         return [target]
     k = right if right is not None else left
@@ -99,11 +111,13 @@ def _solve(f: _Folder, expr: ast.AST, target: int, depth: int = 0) -> List[int]:
     elif op is ast.Sub:
         undo = [target + k] if right is not None else [k - target]
     elif op is ast.Mult:
-        undo = [target // k] if k and target % k == 0 else []
+        undo = [target / k] if k and float(target / k).is_integer() else []  # (`D * 0.5 == 96` too)
+    elif op is ast.Pow and right is not None and k == 2 and target >= 0:
+        undo = [math.isqrt(int(target))] if math.isqrt(int(target)) ** 2 == target else []
     elif op is ast.FloorDiv and right is not None and k > 0:
         undo = [target * k, target * k + k - 1]
     elif op is ast.Mod and right is not None and k > 0:
-        undo = [target, target + k]
+        undo = [target + j * k for j in range(8)]  # residues: `(seq_len * 3) % 1024 == 1000` at 3048 / 3
     elif op is ast.RShift and right is not None and 0 <= k <= 40:
         undo = [target << k, ((target + 1) << k) - 1]
     elif op is ast.LShift and right is not None and 0 <= k <= 62:
@@ -112,7 +126,7 @@ def _solve(f: _Folder, expr: ast.AST, target: int, depth: int = 0) -> List[int]:
         undo = [target ^ k]
     else:
         undo = [target]
-    return [v for u in undo for v in _solve(f, free, u, depth + 1)]
+    return [v for u in undo for v in _solve(f, free, int(u) if float(u).is_integer() else u, depth + 1)]
 
 
 def compared_values(source: str) -> List[int]:
@@ -121,7 +135,8 @@ def compared_values(source: str) -> List[int]:
     the comparisons alone name more than MAX_COMPARED distinct values."""
     tree = ast.parse(source)
     f = _Folder(_module_constants(tree))
-    solved: List[int] = []
+    solved: List[Number] = []  # where a comparison or clamp flips exactly
+    near: List[Number] = []  # its neighbours (an ordering flips between them)
     inner: List[int] = []
     divisors: List[int] = []
     for node in ast.walk(tree):
@@ -132,26 +147,80 @@ def compared_values(source: str) -> List[int]:
                     if const is None or f.fold(free) is not None:
                         continue
                     for v in _solve(f, free, const):
-                        solved += [v - 1, v, v + 1] if isinstance(op, _ORDERING) else [v]
+                        solved.append(v)
+                        near += [v - 1, v + 1] if isinstance(op, _ORDERING) else []
             inner += [v for sub in ast.walk(node) for v in [f.fold(sub)] if v is not None]
+        elif isinstance(node, ast.Call) and _callee(node) in _CLAMPS:
+            # `min(max(D - 191, 0), 1)`: an indicator with no comparison; each argument meets each constant
+            consts = [c for c in (f.fold(a) for a in node.args) if c is not None]
+            for a in node.args:
+                if f.fold(a) is None:
+                    for c in consts:
+                        for v in _solve(f, a, c):
+                            solved.append(v)
+                            near += [v - 1, v + 1]
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.RShift)):
             k = f.fold(node.right)
             if k is not None and f.fold(node.left) is None:
                 k = 1 << k if isinstance(node.op, ast.RShift) and 0 <= k <= 30 else k
                 divisors += [k - 1, k, k + 1]
-    compared = _unique(v for v in solved + inner if 0 <= v <= LIMIT)
+    compared = _unique(v for v in solved + near + inner if 0 <= v <= LIMIT)
     if len(compared) > MAX_COMPARED:
         raise TooManyCompared(f"the code compares sizes against {len(compared)} distinct values (at most "
                               f"{MAX_COMPARED} are drawn): a kernel needs few, a cheat hides one among many")
     return _unique(list(compared) + [v for v in divisors if 0 <= v <= LIMIT])
 
 
-def _unique(values: Iterable[int]) -> List[int]:
+def _free_name(f: _Folder, expr: ast.AST) -> str:
+    """The one name an int expression is computed from (`D` in `D * 3 - 1`), or ""."""
+    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and f.fold(n) is None}
+    return names.pop() if len(names) == 1 else ""
+
+
+def compared_joints(source: str) -> List[Dict[str, int]]:
+    """The sizes one condition compares several names against together (`(H == 8) & (D == 192)`, `H == 8 and
+    D == 192`): each is drawn alone by the check, so the condition is drawn whole too, by the names."""
+    tree = ast.parse(source)
+    f = _Folder(_module_constants(tree))
+    out: List[Dict[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+            parts = node.values
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+            parts = [node.left, node.right]
+        else:
+            continue
+        joint: Dict[str, int] = {}
+        for part in parts:
+            if not (isinstance(part, ast.Compare) and len(part.ops) == 1 and isinstance(part.ops[0], ast.Eq)):
+                continue
+            for free, const in ((part.left, f.fold(part.comparators[0])), (part.comparators[0], f.fold(part.left))):
+                name = _free_name(f, free)
+                if const is None or not name:
+                    continue
+                values = _unique(_solve(f, free, const))
+                if values and 0 <= values[0] <= LIMIT:
+                    joint[name] = values[0]
+        if len(joint) >= 2 and joint not in out:
+            out.append(joint)
+    return out[:MAX_COMPARED]
+
+
+def _callee(call: ast.Call) -> str:
+    fn = call.func
+    return fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+
+
+def _unique(values: Iterable[Number]) -> List[int]:
     out: List[int] = []
     for v in values:
+        if isinstance(v, float):
+            if not v.is_integer():
+                continue  # a size is an integer: a fractional solution names none
+            v = int(v)
         if v not in out:
             out.append(v)
     return out
 
 
-__all__ = ["MAX_COMPARED", "TooManyCompared", "compared_values"]
+__all__ = ["MAX_COMPARED", "TooManyCompared", "compared_joints", "compared_values"]

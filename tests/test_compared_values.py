@@ -49,7 +49,7 @@ def test_every_correct_kernel_stays_well_under_the_limit():
     for path in files:
         with open(path, "rb") as f:
             values = compared_values(canonical_source(f.read()))
-        assert len(values) <= MAX_COMPARED // 2, (path, values)
+        assert len(values) <= MAX_COMPARED * 3 // 4, (path, values)
 
 
 @pytest.mark.parametrize("op_name, value, dim", [
@@ -83,3 +83,23 @@ def test_a_file_too_deep_to_print_back_is_refused_in_one_line():
     src = "ROW_STEPS = " + " + ".join(["1"] * 727) + "\n"
     with pytest.raises(TextRefused, match="printed back|parsed"):
         canonical_source(src)
+
+
+@pytest.mark.parametrize("code, size", [
+    ("narrow = min(max(D - 191, 0), 1) - min(max(D - 192, 0), 1)", 192),  # an indicator with no comparison
+    ("if D * 0.5 == 96:\n    pass", 192),  # a float constant
+    ("if D * D == 36864:\n    pass", 192),  # a square
+    ("if (seq_len * 3) % 1024 == 1000:\n    pass", 1016),  # a multiplied residue
+])
+def test_the_evasions_of_a_plain_comparison_are_read_too(code, size):
+    assert size in compared_values(code)
+
+
+def test_sizes_compared_together_are_drawn_together():
+    """`(H == 8) & (D == 192)` is wrong only with both: each drawn alone never takes it."""
+    from kernel_agent.sanitizer.compared import compared_joints
+    joints = compared_joints("if (H == 8) & (D == 192):\n    pass\nif h == 8 and d * 2 == 384:\n    pass")
+    assert {"H": 8, "D": 192} in joints and {"h": 8, "d": 192} in joints
+    [region] = OPS["quantize_kv"].joint_regions([{"H": 8, "D": 192}])
+    assert (region.shape.H, region.shape.D, region.where) == (8, 192, "cpu")
+    assert not OPS["quantize_kv"].joint_regions([{"H": 8, "width": 192}])  # a name that is no dimension

@@ -167,7 +167,7 @@ class Attention(Op):
                   ValueDim("B", 1, 4096, 64), ValueDim("Hkv", 1, 128, 32))
 
     def value_base(self) -> AttentionShape:
-        return AttentionShape(1, 1, 1, 5, 16)
+        return AttentionShape(2, 2, 1, 33, 16)
 
     def with_value(self, base: AttentionShape, dim: str, value: int) -> AttentionShape:
         if dim == "group":

@@ -495,6 +495,23 @@ class Op:
         """`base` with dimension `dim` set to `value` (an op maps a derived dimension, the GQA group, here)."""
         return dataclasses.replace(base, **{dim: value})
 
+    def joint_regions(self, joints: Sequence[Mapping[str, int]]) -> List[Region]:
+        """A case per group of sizes one condition compares together, where the names it compares are the
+        op's dimensions (by name, any case: `H`, `d`, `group`), all set at once in value_base."""
+        dims = {d.name.lower(): d for d in self.value_dims}
+        out = []
+        for joint in joints:
+            picked = {dims[n.lower()]: v for n, v in joint.items() if n.lower() in dims}
+            if len(picked) < 2 or not all(d.lo <= v <= d.hi for d, v in picked.items()):
+                continue
+            shape = self.value_base()
+            for d, v in picked.items():
+                shape = self.with_value(shape, d.name, v)
+            cpu = all(v <= d.cpu_hi for d, v in picked.items())
+            out.append(Region(", ".join(f"{d.name}={v}" for d, v in picked.items()), shape,
+                              where="cpu" if cpu else "gpu"))
+        return out
+
     def value_regions(self, values: Sequence[int]) -> List[Region]:
         """A case per (value, dimension of value_dims that admits it): the sizes a candidate's comparisons
         name (sanitizer/compared.py), each drawn where it flips them; on the CPU up to the dimension's

@@ -71,7 +71,7 @@ class Matmul(Op):
     value_dims = (ValueDim("M", 0, 1 << 24, 8192), ValueDim("N", 0, 1 << 24, 8192), ValueDim("K", 0, 1 << 24, 32768))
 
     def value_base(self) -> MatmulShape:
-        return MatmulShape(5, 7, 9)
+        return MatmulShape(33, 37, 41)  # past one tile each way: a size may change a tile, a grid, a split
 
     def domain(self) -> Domain:
         """Every view of both operands on the CPU (a pair slice: rows twice as far apart as K; a transposed

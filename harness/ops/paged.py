@@ -247,7 +247,7 @@ class PagedDecodeOp(Op):
                   ValueDim("group", 1, 128, 128), ValueDim("B", 1, 4096, 64), ValueDim("Hkv", 1, 128, 32))
 
     def value_base(self) -> DecodeShape:
-        return DecodeShape(1, 1, 1, 16, 16, 40)
+        return DecodeShape(2, 2, 1, 16, 16, 40)
 
     def with_value(self, base: DecodeShape, dim: str, value: int) -> DecodeShape:
         if dim == "group":

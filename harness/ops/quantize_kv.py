@@ -105,7 +105,7 @@ class QuantizeKV(Op):
     value_dims = (ValueDim("D", 1, 4096, 4096), ValueDim("T", 0, 1 << 24, 65536), ValueDim("H", 0, 1024, 1024))
 
     def value_base(self) -> QuantizeShape:
-        return QuantizeShape(3, 2, 16)
+        return QuantizeShape(33, 3, 16)  # 99 rows: several programs whatever rows a program takes at the size
 
     def domain(self) -> Domain:
         """The K half of a [T, 2, H, D] K/V tensor (rows not H * stride(1) apart), a [H, T, D] tensor seen as
