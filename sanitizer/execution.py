@@ -114,8 +114,8 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
     else:
         watched = [Watched(k, v, readable.get(k)) for k, v in tensors.items()] if bounds else \
             [Watched(k, v, None) for k, v in tensors.items()]
-        inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched)
         guard = HostGuard(sentinel=sentinel)
+        inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched, fresh=guard.fresh)
         try:
             with inst.active():
                 with guard, _traced(recorder):

@@ -67,6 +67,7 @@ class HostGuard(TorchFunctionMode):
     sentinel: int = 0  # which sentinel fills allocations (0 or 1); -1: leave them as allocated
     violations: List[str] = field(default_factory=list)
     allocations: int = 0
+    fresh: List[torch.Tensor] = field(default_factory=list)  # what this call allocated (Instrumentation's init map)
 
     def __post_init__(self):
         super().__init__()
@@ -81,6 +82,8 @@ class HostGuard(TorchFunctionMode):
         if name in ALLOCATORS:
             out = func(*args, **kwargs)
             self.allocations += 1
+            if isinstance(out, torch.Tensor):
+                self.fresh.append(out)
             if self.sentinel >= 0 and isinstance(out, torch.Tensor) and out.numel():
                 out.fill_(sentinel_value(out.dtype, self.sentinel))
             return out

@@ -180,12 +180,17 @@ class Instrumentation:
     violations: List[str] = field(default_factory=list)
     fpsan_unsupported: List[str] = field(default_factory=list)
     specs: List[str] = field(default_factory=list)  # each launch's specialisation (branches.launch_spec)
+    # the tensors the candidate's host code allocated in this call (HostGuard.fresh): a load of an element of
+    # theirs that no kernel of the call stored first reads whatever the allocator left there, which is how a
+    # kernel keeps state from call to call (a counter in a workspace) that the checks never see
+    fresh: List[torch.Tensor] = field(default_factory=list)
 
     # per launch
     _regions: List[_Region] = field(default_factory=list)
     _starts: Optional[np.ndarray] = None
     _kernel: str = ""
     _perm: Optional[np.ndarray] = None
+    _written: Dict[int, np.ndarray] = field(default_factory=dict)  # storage base -> bytes stored, this call
 
     # -- launch bookkeeping ------------------------------------------------------------
     def _begin_launch(self, fn, args: Sequence[Any], kwargs: Dict[str, Any]):
@@ -246,6 +251,7 @@ class Instrumentation:
                 if misaligned.any():
                     j = int(np.argmax(misaligned))
                     self._fail(kind, f"misaligned {esize}-byte access at byte {int(off[j])} of {r.views[0][3]}")
+                self._track_init(r, off, esize, kind)
                 read, write = r.maps(esize)
                 allowed = (write if kind == "store" else read)[off // esize]
                 if kind == "atomic":
@@ -259,9 +265,28 @@ class Instrumentation:
         if bad_lane is not None:
             self._fail(kind, reason)
 
-    def _fail(self, kind: str, what: str) -> NoReturn:
+    def _track_init(self, r: "_Region", off: np.ndarray, esize: int, kind: str) -> None:
+        """Stores mark the bytes of a fresh allocation written; a load of bytes not yet written fails."""
+        if not any(_storage_span(t)[0] == r.base for t in self.fresh):
+            return
+        written = self._written.setdefault(r.base, np.zeros(r.nbytes, dtype=bool))
+        idx = (off[:, None] + np.arange(esize)[None, :]).reshape(-1)
+        idx = idx[(idx >= 0) & (idx < r.nbytes)]
+        if kind == "store":
+            written[idx] = True
+            return
+        unset = ~written[idx]
+        if unset.any():
+            at = int(idx[int(np.argmax(unset))])
+            self._fail(kind, f"byte {at} of {r.views[0][3]}, which this call allocated and no kernel of it stored "
+                             f"before (its contents are whatever the allocator left, so a kernel can keep state there "
+                             f"from call to call)", title="uninitialised")
+        if kind == "atomic":
+            written[idx] = True
+
+    def _fail(self, kind: str, what: str, title: str = "out-of-bounds") -> NoReturn:
         pid = getattr(_interpreter().interpreter_builder, "grid_idx", None)
-        msg = f"out-of-bounds {kind} in kernel `{self._kernel}` (program {tuple(pid) if pid else '?'}): {what}"
+        msg = f"{title} {kind} in kernel `{self._kernel}` (program {tuple(pid) if pid else '?'}): {what}"
         self.violations.append(msg)
         raise BoundsViolation(msg)
 
