@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from ..harness.ops import get_op
+from ..sanitizer.canonical import holding_ast_lock
 from ..sanitizer.static_gate import language_summary
 from ..sanitizer.verdict import fence_for, quote_untrusted
 from .model_config import ModelConfig
@@ -55,6 +56,7 @@ class ReplyError(Exception):
     """A reply that cannot become a candidate; the message is recorded as the reason."""
 
 
+@holding_ast_lock
 def extract_source(reply: Optional[str], op_name: str) -> str:
     """The candidate file in a model reply, or ReplyError with the reason."""
     if reply is None or not reply.strip():

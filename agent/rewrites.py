@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeGuard, cast
 
 from ..harness.ops import get_op
+from ..sanitizer.canonical import holding_ast_lock
 
 LOG2E = 1.4426950408889634  # float32 log2(e) is the FpSan payload constant exp is defined by
 
@@ -53,6 +54,7 @@ class Rewrite:
     precondition: str  # when it applies, in words (the code says it exactly)
     collect: Callable[[ast.Module, RewriteTarget], List[Edit]]
 
+    @holding_ast_lock
     def apply(self, source: str, target: RewriteTarget = RewriteTarget()) -> str:
         try:
             tree = ast.parse(source)

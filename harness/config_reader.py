@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List
 import torch
 import triton
 
-from ..sanitizer.canonical import TextRefused, canonical_source
+from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
 
 MAX_STEPS = 20_000
 MAX_DEPTH = 16
@@ -267,6 +267,7 @@ class _Evaluator:
         raise ConfigUnreadable(f"`{ast.unparse(node)[:60]}`: not an attribute the search evaluates")
 
 
+@holding_ast_lock
 def read_config(source: str, args: tuple) -> tuple:
     """What the source's `_config(*args)` returns, evaluated on its syntax tree. ConfigUnreadable (one line)
     when it cannot be read that way."""

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..sanitizer.canonical import TextRefused, canonical_source
+from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
 
 if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
     from .ops.tuning import Space
@@ -68,12 +68,14 @@ def _fields_text(fields: Sequence[str], values: Sequence) -> str:
     return ", ".join(f"{f}={v}" for f, v in zip(fields, values))
 
 
+@holding_ast_lock
 def with_config(source: str, old: tuple, new: tuple, bucket: str, space: "Space") -> str:
     """The source with `_config` overridden for the shapes that used `old`. A source that is
     itself a variant keeps its override; the new one is stacked on top under fresh names."""
     return apply_config(source, ConfigStep(bucket, tuple(space.fields), tuple(old), tuple(new)))
 
 
+@holding_ast_lock
 def apply_config(source: str, step: ConfigStep) -> str:
     """`with_config` for a recorded step: the text is a function of the source and the step alone, so the
     serving set can rebuild a promoted variant from its base. The result is canonical text

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import ast
 import codecs
+import functools
 import hashlib
 import io
 import re
 import threading
 import tokenize
 from collections import OrderedDict
-from typing import List, Set, Tuple, Union
+from typing import Any, Callable, List, Set, Tuple, TypeVar, Union, cast
 
 # a PEP 263 declaration, in either spelling (`# -*- coding: X -*-`, `# vim: set fileencoding=X :`)
 _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
@@ -157,9 +158,24 @@ def _print(tree: ast.Module) -> str:
 # a text canonicalised again on its way (the search, the loop, the serving set) costs a look-up
 _MADE: "OrderedDict[Union[str, bytes], str]" = OrderedDict()
 _MADE_LOCK = threading.Lock()
+# Python 3.11's ast module keeps a recursion counter that threads parsing at once can corrupt ("AST constructor
+# recursion depth mismatch", seen in the loop, whose threads canonicalise, read configurations and rewrite at
+# the same time): every syntax-tree job of the loop's process holds this lock.
+AST_LOCK = threading.RLock()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def holding_ast_lock(fn: _F) -> _F:
+    """`fn` runs holding AST_LOCK."""
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with AST_LOCK:
+            return fn(*args, **kwargs)
+    return cast(_F, locked)
 _MADE_MAX = 256
 
 
+@holding_ast_lock
 def canonical_source(source: Union[str, bytes]) -> str:
     """The canonical text of a candidate: its syntax tree printed back, docstrings and comments dropped.
     TextRefused (one line) for bytes that do not read one way only. The result is a fixed point (its

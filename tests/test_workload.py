@@ -237,6 +237,7 @@ def test_a_workload_sets_the_runs_weighted_points(tmp_path):
     trace = os.path.join(DATA, "chat_300.jsonl")
     args = build_parser().parse_args(["run", "--target-model", "llama-3-8b", "--workload", trace,
                                       "--kv-budget", "8GiB", "--proposer", "search"])
+    args.time_limit_s = args.file_time_limit_s = None  # as _check_run_flags leaves them
     cfg = _run_config(args, {})
     expect = workload_points(analyze(trace, LLAMA, ("bf16", "int8"), 8 * 2**30))
     assert cfg.target_weights == expect and cfg.target_workload["requests"] == 300
@@ -455,6 +456,7 @@ def test_a_config_files_run_section_names_the_workload(tmp_path):
     from kernel_agent.agent.commands import _run_config
     trace = os.path.join(DATA, "chat_300.jsonl")
     args = build_parser().parse_args(["run", "--proposer", "search"])
+    args.time_limit_s = args.file_time_limit_s = None  # as _check_run_flags leaves them
     cfg = _run_config(args, {"target_model": "llama-3-8b", "workload": trace, "kv_budget": "8GiB"})
     assert cfg.target_workload == {"trace": trace, "kv_budget_bytes": 8 * 2**30, "requests": 300}
 
