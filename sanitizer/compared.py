@@ -10,10 +10,13 @@ each of them as every dimension of the op's contract that admits it (Op.value_re
 What is read:
 * each side of a comparison that folds to a constant (`96 * 2`, a module constant, `192 if c else -1`),
   solved back through the arithmetic on the other side (`D * 3 == 576`, `(D ^ 5) == 197`, `x - 192 == 0`,
-  `seq_len % 1024 == 1000` gives 1000 and 2024, `D // 64 == 3` gives 192 and 255); an ordering (`<`, `>=`)
-  adds the neighbours, where it flips;
+  `seq_len % 1024 == 1000` gives 1000, 2024, ... (eight residues, for a multiplied one), `D // 64 == 3` gives
+  192 and 255, `D * 0.5 == 96` and `D * D == 36864` give 192); an ordering (`<`, `>=`) adds the neighbours,
+  where it flips;
+* each constant a `min`/`max`/`clamp` meets (an indicator with no comparison), as a comparison's;
 * every integer constant inside a comparison, whatever wraps it;
 * the divisor of every floor division, modulo and shift by a constant (`amax * (1 + D // 192)` flips at 192).
+`compared_joints` reads the sizes one condition compares together (`(H == 8) & (D == 192)`), drawn together.
 A file that compares against more than MAX_COMPARED distinct values is refused: drawing them all would not
 fit a check's time, and no kernel in the correct suite comes near it.
 """
@@ -105,7 +108,7 @@ def _solve(f: _Folder, expr: ast.AST, target: Number, depth: int = 0) -> List[Nu
     k = right if right is not None else left
     free = expr.left if right is not None else expr.right
     op = type(expr.op)
-    undo: List[int]
+    undo: List[Number]
     if op is ast.Add:
         undo = [target - k]
     elif op is ast.Sub:

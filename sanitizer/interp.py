@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -191,6 +191,7 @@ class Instrumentation:
     _kernel: str = ""
     _perm: Optional[np.ndarray] = None
     _written: Dict[int, np.ndarray] = field(default_factory=dict)  # storage base -> bytes stored, this call
+    _fresh_bases: Set[int] = field(default_factory=set)  # storage bases of `fresh`, as of this launch
 
     # -- launch bookkeeping ------------------------------------------------------------
     def _begin_launch(self, fn, args: Sequence[Any], kwargs: Dict[str, Any]):
@@ -216,6 +217,8 @@ class Instrumentation:
                                       f"buffer)")
         self._regions = sorted(regions.values(), key=lambda r: r.base)
         self._starts = np.array([r.base for r in self._regions], dtype=np.uint64)
+        # once per launch, not per access: host code allocates before it launches
+        self._fresh_bases = {_storage_span(t)[0] for t in self.fresh}
 
     def _check(self, ptrs: np.ndarray, mask: Optional[np.ndarray], esize: int, kind: str):
         if not self.bounds:
@@ -267,7 +270,7 @@ class Instrumentation:
 
     def _track_init(self, r: "_Region", off: np.ndarray, esize: int, kind: str) -> None:
         """Stores mark the bytes of a fresh allocation written; a load of bytes not yet written fails."""
-        if not any(_storage_span(t)[0] == r.base for t in self.fresh):
+        if r.base not in self._fresh_bases:
             return
         written = self._written.setdefault(r.base, np.zeros(r.nbytes, dtype=bool))
         idx = (off[:, None] + np.arange(esize)[None, :]).reshape(-1)
