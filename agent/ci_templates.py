@@ -15,6 +15,7 @@ It writes two files into a checkout of a repository that holds a kernel-agent se
 
 This repository's own `.github/workflows/kernel-agent.yml` is this template (a test holds them equal).
 """
+
 from __future__ import annotations
 
 import json
@@ -137,18 +138,24 @@ HOOKS = tuple(Hook(op) for op in OP_NAMES)
 
 
 def pre_commit_text() -> str:
-    lines = ["# kernel-agent's pre-commit hooks, as `kernel-agent ci init` writes them: each changed kernel file is",
-             "# sanitized in quick mode, by the op its path names (kernels/serving/<op>__<bucket>__<dtype>__<gpu>.py,",
-             "# kernels/baseline/<op>.py). Set up once per clone: pip install pre-commit && pre-commit install",
-             "repos:", "  - repo: local", "    hooks:"]
+    lines = [
+        "# kernel-agent's pre-commit hooks, as `kernel-agent ci init` writes them: each changed kernel file is",
+        "# sanitized in quick mode, by the op its path names (kernels/serving/<op>__<bucket>__<dtype>__<gpu>.py,",
+        "# kernels/baseline/<op>.py). Set up once per clone: pip install pre-commit && pre-commit install",
+        "repos:",
+        "  - repo: local",
+        "    hooks:",
+    ]
     for h in HOOKS:
         # JSON strings are YAML double-quoted scalars: the regular expressions' backslashes survive as written
-        lines += [f"      - id: {h.id}",
-                  f"        name: {json.dumps(f'kernel-agent sanitize --quick ({h.op})')}",
-                  f"        entry: {json.dumps(h.entry)}",
-                  "        language: system",
-                  f"        files: {json.dumps(h.files)}",
-                  "        require_serial: true"]
+        lines += [
+            f"      - id: {h.id}",
+            f"        name: {json.dumps(f'kernel-agent sanitize --quick ({h.op})')}",
+            f"        entry: {json.dumps(h.entry)}",
+            "        language: system",
+            f"        files: {json.dumps(h.files)}",
+            "        require_serial: true",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -163,12 +170,22 @@ class Template:
 
 
 def templates() -> List[Template]:
-    return [Template("workflow", WORKFLOW_PATH, WORKFLOW,
-                     "GitHub Actions: the CPU gate on pull requests that touch kernels (JUnit + step summary), "
-                     f"the GPU gate on a self-hosted runner when the variable {GPU_RUNNER_VAR} names its label"),
-            Template("pre-commit", PRE_COMMIT_PATH, pre_commit_text(),
-                     "pre-commit hooks: changed kernel files sanitized in quick mode (pip install pre-commit && "
-                     "pre-commit install)")]
+    return [
+        Template(
+            "workflow",
+            WORKFLOW_PATH,
+            WORKFLOW,
+            "GitHub Actions: the CPU gate on pull requests that touch kernels (JUnit + step summary), "
+            f"the GPU gate on a self-hosted runner when the variable {GPU_RUNNER_VAR} names its label",
+        ),
+        Template(
+            "pre-commit",
+            PRE_COMMIT_PATH,
+            pre_commit_text(),
+            "pre-commit hooks: changed kernel files sanitized in quick mode (pip install pre-commit && "
+            "pre-commit install)",
+        ),
+    ]
 
 
 def write_templates(root: str, force: bool = False, only: Optional[str] = None) -> List[Template]:
@@ -180,8 +197,10 @@ def write_templates(root: str, force: bool = False, only: Optional[str] = None) 
     if not force:
         there = [t.path for t in chosen if os.path.exists(os.path.join(root, t.path))]
         if there:
-            raise UsageError(f"{os.path.join(root, there[0])} exists: pass --force to overwrite "
-                             f"{'it' if len(there) == 1 else 'them'}")
+            raise UsageError(
+                f"{os.path.join(root, there[0])} exists: pass --force to overwrite "
+                f"{'it' if len(there) == 1 else 'them'}"
+            )
     for t in chosen:
         path = os.path.join(root, t.path)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -208,5 +227,17 @@ def cmd_ci(args) -> int:
     return 0
 
 
-__all__ = ["register", "cmd_ci", "write_templates", "templates", "Template", "Hook", "HOOKS", "WORKFLOW",
-           "WORKFLOW_PATH", "PRE_COMMIT_PATH", "pre_commit_text", "GPU_RUNNER_VAR"]
+__all__ = [
+    "register",
+    "cmd_ci",
+    "write_templates",
+    "templates",
+    "Template",
+    "Hook",
+    "HOOKS",
+    "WORKFLOW",
+    "WORKFLOW_PATH",
+    "PRE_COMMIT_PATH",
+    "pre_commit_text",
+    "GPU_RUNNER_VAR",
+]

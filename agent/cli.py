@@ -14,6 +14,7 @@
 
 Usage errors print one line and exit 2; failures of what was checked exit 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,7 @@ def _values_starting_with_minus(argv: List[str]) -> List[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making "
-                                                                  "them wrong.")
+    p = OneLineParser(prog="kernel-agent", description="Makes Triton GPU kernels faster without making them wrong.")
     p.add_argument("--version", action="version", version=f"kernel-agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -72,12 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-going", action="store_true", help="run every check even after one fails")
     s.add_argument("--jobs", type=int, default=1, help="files sanitized in parallel (default 1)")
     s.add_argument("--timeout", type=float, default=None, help="seconds per file (default 120 quick, 600 full)")
-    s.add_argument("--gpu", choices=["auto", "on", "off"], default="auto",
-                   help="GPU checks: auto runs them when a CUDA GPU is present")
-    s.add_argument("--seed", type=int, default=None,
-                   help="the inputs' seed base, to reproduce a failure (default: a secret one per file)")
-    s.add_argument("--sandbox", action="store_true",
-                   help="print the protections the candidate sandbox has on this host and exit")
+    s.add_argument(
+        "--gpu",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="GPU checks: auto runs them when a CUDA GPU is present",
+    )
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the inputs' seed base, to reproduce a failure (default: a secret one per file)",
+    )
+    s.add_argument(
+        "--sandbox", action="store_true", help="print the protections the candidate sandbox has on this host and exit"
+    )
 
     for module in COMMAND_MODULES:
         module.register(sub)
@@ -102,16 +111,28 @@ def cmd_sanitize(args) -> int:
         raise UsageError("--gpu on: no CUDA GPU on this machine")
     total = len(args.files) * (2 if gpu else 1)
     with ui.Progress(f"sanitize {args.op} ({mode}{' + gpu' if gpu else ''})", total) as prog:
+
         def done(v):
             # one file without a terminal: the report below says the same, so no progress line too
             if not args.json and (total > 1 or ui.is_tty()):
-                prog.advance(f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, "
-                             f"{v.duration_s:.0f}s)")
-        verdicts = run_many(args.files, args.op, mode, jobs=args.jobs, timeout_s=args.timeout,
-                            keep_going=args.keep_going, on_done=done, seed=args.seed)
+                prog.advance(
+                    f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, {v.duration_s:.0f}s)"
+                )
+
+        verdicts = run_many(
+            args.files,
+            args.op,
+            mode,
+            jobs=args.jobs,
+            timeout_s=args.timeout,
+            keep_going=args.keep_going,
+            on_done=done,
+            seed=args.seed,
+        )
         if gpu:
-            gpu_verdicts = run_many(args.files, args.op, "gpu", jobs=args.jobs, timeout_s=args.timeout, on_done=done,
-                                    seed=args.seed)
+            gpu_verdicts = run_many(
+                args.files, args.op, "gpu", jobs=args.jobs, timeout_s=args.timeout, on_done=done, seed=args.seed
+            )
             verdicts = [merge_gpu(v, g) for v, g in zip(verdicts, gpu_verdicts)]
     if args.junit:
         write_junit(verdicts, args.junit)
@@ -137,11 +158,16 @@ def print_verdicts(verdicts: List[Verdict], as_json: bool, op: str, mode: str) -
         return
     for v in verdicts:
         mark = "PASS" if v.passed else "FAIL"
-        ui.line(f"{mark} {os.path.relpath(v.file)} [{v.op}, {v.mode}, {v.duration_s:.1f}s]: {v.summary()}",
-                style="bold green" if v.passed else "bold red")
-        ui.table("", ["check", "result", "time", "detail"],
-                 [[c.name, ui.STATUS_MARK[c.status], f"{c.duration_s:.1f}s", c.detail] for c in v.checks],
-                 justify=["left", "left", "right", "left"])
+        ui.line(
+            f"{mark} {os.path.relpath(v.file)} [{v.op}, {v.mode}, {v.duration_s:.1f}s]: {v.summary()}",
+            style="bold green" if v.passed else "bold red",
+        )
+        ui.table(
+            "",
+            ["check", "result", "time", "detail"],
+            [[c.name, ui.STATUS_MARK[c.status], f"{c.duration_s:.1f}s", c.detail] for c in v.checks],
+            justify=["left", "left", "right", "left"],
+        )
     n_pass = sum(v.passed for v in verdicts)
     ui.line(f"{n_pass}/{len(verdicts)} file(s) passed", style="bold")
 
@@ -175,8 +201,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if isinstance(e, (LedgerError, ValueError, FileNotFoundError)):
             ui.error(str(e).splitlines()[0] if str(e) else type(e).__name__)
             return 2
-        ui.error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                 f"(set KERNEL_AGENT_DEBUG=1 for the traceback)")
+        ui.error(
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+            f"(set KERNEL_AGENT_DEBUG=1 for the traceback)"
+        )
         return 1
     finally:
         for led in getattr(args, "_ledgers", {}).values():  # its connections (a PostgreSQL server counts them)

@@ -4,6 +4,7 @@ The command modules (commands.py, review.py, pr.py, serving_cmd.py, ci_templates
 never each other's parsers; agent/cli.py, the entry point, imports them all. Nothing here imports torch, so a
 usage error comes at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,11 @@ COMMANDS: Dict[str, Callable[[Any], int]] = {}  # subcommand name -> handler(arg
 
 def command(name: str):
     """Decorator: `fn` handles the subcommand `name`."""
+
     def register(fn):
         COMMANDS[name] = fn
         return fn
+
     return register
 
 
@@ -35,8 +38,9 @@ def check_ledger_exists(path: str) -> None:
     """A command that needs what a ledger holds (a read, a resume, a demotion) refuses a path that does not
     exist: a typo would otherwise create an empty ledger there."""
     if server_url(path) is None and not os.path.exists(sqlite_path(path)):
-        raise UsageError(f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names "
-                         f"another)")
+        raise UsageError(
+            f"no ledger at {path} (`kernel-agent run` creates it; --ledger or KERNEL_AGENT_LEDGER names another)"
+        )
 
 
 def open_ledger(args, read: bool = False, existing: bool = False) -> Ledger:
@@ -101,6 +105,7 @@ def cuda_available() -> bool:
         return False
     try:
         import torch  # here, not at the top: flags are checked before torch is imported
+
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
@@ -110,8 +115,23 @@ def cuda_available() -> bool:
 # that would otherwise be ignored without a word (`candidatez = 3` would leave the budget at its default).
 CONFIG_KEYS: Dict[str, tuple] = {
     "model": ("name", "base_url", "api_key", "temperature", "max_tokens", "timeout_s", "max_retries", "concurrency"),
-    "run": ("ops", "candidates", "per_round", "time_limit", "tokens", "jobs", "gpus", "dtype", "shapes", "seed",
-            "in_place", "target_model", "target_points", "workload", "kv_budget"),
+    "run": (
+        "ops",
+        "candidates",
+        "per_round",
+        "time_limit",
+        "tokens",
+        "jobs",
+        "gpus",
+        "dtype",
+        "shapes",
+        "seed",
+        "in_place",
+        "target_model",
+        "target_points",
+        "workload",
+        "kv_budget",
+    ),
     "cluster": ("address", "gpu_model"),
 }
 
@@ -119,6 +139,7 @@ CONFIG_KEYS: Dict[str, tuple] = {
 def read_config(path: str) -> Dict[str, Any]:
     """A TOML config file, its sections and keys checked against CONFIG_KEYS (no torch: a usage error at once)."""
     import tomllib  # deferred: only a run with a config file reads one
+
     if os.path.isdir(path):
         raise UsageError(f"--config {path}: is a folder; give the TOML file")
     if not os.path.isfile(path):
@@ -130,14 +151,17 @@ def read_config(path: str) -> Dict[str, Any]:
         raise UsageError(f"config file {path}: {e}") from None
     for section, body in doc.items():
         if section not in CONFIG_KEYS:
-            raise UsageError(f"config file {path}: unknown section [{section}]; expected "
-                             f"{', '.join(f'[{k}]' for k in CONFIG_KEYS)}")
+            raise UsageError(
+                f"config file {path}: unknown section [{section}]; expected {', '.join(f'[{k}]' for k in CONFIG_KEYS)}"
+            )
         if not isinstance(body, dict):
             raise UsageError(f"config file {path}: {section} must be a section ([{section}])")
         unknown = [k for k in body if k not in CONFIG_KEYS[section]]
         if unknown:
-            raise UsageError(f"config file {path}: unknown key {unknown[0]!r} in [{section}]; expected one of "
-                             f"{', '.join(CONFIG_KEYS[section])}")
+            raise UsageError(
+                f"config file {path}: unknown key {unknown[0]!r} in [{section}]; expected one of "
+                f"{', '.join(CONFIG_KEYS[section])}"
+            )
     return doc
 
 
@@ -155,4 +179,3 @@ def check_counts(**counts: Any) -> None:
                 raise UsageError(f"{flag}: expected an integer, got {v!r}") from None
         if v < 1:
             raise UsageError(f"--{flag} must be at least 1, got {v}")
-

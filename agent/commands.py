@@ -1,4 +1,5 @@
 """`run`, `bench`, `history`, `show`, `promote` and `demote`: their parsers and handlers (agent/cli.py dispatches)."""
+
 from __future__ import annotations
 
 import collections
@@ -78,77 +79,123 @@ def register(sub) -> None:
 def _add_run_parser(sub) -> None:
     r = sub.add_parser("run", help="the overnight loop: propose, sanitize, benchmark, promote")
     r.add_argument("--ops", default="all", help="comma list of ops, or all (default)")
-    r.add_argument("--proposer", choices=["auto", "search", "model"], default="auto",
-                   help="auto: the code model when an endpoint is configured, else the built-in search")
+    r.add_argument(
+        "--proposer",
+        choices=["auto", "search", "model"],
+        default="auto",
+        help="auto: the code model when an endpoint is configured, else the built-in search",
+    )
     r.add_argument("--model", help="model name at the OpenAI-compatible endpoint")
     r.add_argument("--base-url", help="endpoint URL (default: OPENAI_BASE_URL)")
     r.add_argument("--config", help="TOML config file ([model] and [run] sections)")
-    r.add_argument("--candidates", type=int, help="candidate budget for the run (default 10, or no cap when "
-                                                             "--time-limit is given)")
-    r.add_argument("--per-round", type=int, help="proposals asked of the proposer at a time for one op and bucket (default 2)")
-    r.add_argument("--time-limit", help="wall-time budget, e.g. 30m or 8h (default 30m); the run stops at it. With "
-                                        "--resume: the time from now")
+    r.add_argument(
+        "--candidates", type=int, help="candidate budget for the run (default 10, or no cap when --time-limit is given)"
+    )
+    r.add_argument(
+        "--per-round", type=int, help="proposals asked of the proposer at a time for one op and bucket (default 2)"
+    )
+    r.add_argument(
+        "--time-limit",
+        help="wall-time budget, e.g. 30m or 8h (default 30m); the run stops at it. With --resume: the time from now",
+    )
     r.add_argument("--tokens", type=int, help="model token budget")
-    r.add_argument("--jobs", type=int, help="sanitizer processes in parallel (default: the usable cores, less one per GPU)")
+    r.add_argument(
+        "--jobs", type=int, help="sanitizer processes in parallel (default: the usable cores, less one per GPU)"
+    )
     r.add_argument("--gpus", type=int, help="GPUs to evaluate on, one child each (default: every visible one)")
     r.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="dtype of the target shapes")
-    r.add_argument("--shapes", help="target shapes: serving (default), near_serving, or explicit: 'a,b,c;...' for "
-                                    "one op, 'op:a,b,c;op:...' for several (ops not named keep serving shapes)")
+    r.add_argument(
+        "--shapes",
+        help="target shapes: serving (default), near_serving, or explicit: 'a,b,c;...' for "
+        "one op, 'op:a,b,c;op:...' for several (ops not named keep serving shapes)",
+    )
     r.add_argument("--seed", type=int, help="seed of the search proposer")
-    r.add_argument("--target-model", metavar="CONFIG",
-                   help="target the op calls of this model's decode step (a preset such as llama-3-8b, or a JSON "
-                        "config; see `bench --model`), each bucket weighted by its share of the step")
-    r.add_argument("--target-points", metavar="BxCTX,...",
-                   help="batch x context points of --target-model's step (default 32x8192)")
-    r.add_argument("--workload", metavar="TRACE",
-                   help="with --target-model: target the buckets a workload trace's decode steps call, each weighted "
-                        "by its share of their time (`kernel-agent workload analyze`; docs/WORKLOADS.md)")
-    r.add_argument("--kv-budget", metavar="SIZE", help="--workload: the KV-cache budget per GPU the trace is replayed "
-                                                       "under (default 60GiB)")
+    r.add_argument(
+        "--target-model",
+        metavar="CONFIG",
+        help="target the op calls of this model's decode step (a preset such as llama-3-8b, or a JSON "
+        "config; see `bench --model`), each bucket weighted by its share of the step",
+    )
+    r.add_argument(
+        "--target-points", metavar="BxCTX,...", help="batch x context points of --target-model's step (default 32x8192)"
+    )
+    r.add_argument(
+        "--workload",
+        metavar="TRACE",
+        help="with --target-model: target the buckets a workload trace's decode steps call, each weighted "
+        "by its share of their time (`kernel-agent workload analyze`; docs/WORKLOADS.md)",
+    )
+    r.add_argument(
+        "--kv-budget",
+        metavar="SIZE",
+        help="--workload: the KV-cache budget per GPU the trace is replayed under (default 60GiB)",
+    )
     r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
     r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
     r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
-    r.add_argument("--cluster", metavar="ADDRESS",
-                   help="evaluate on a Ray cluster: auto, ray://HOST:PORT or HOST:PORT (or [cluster] address in "
-                        "--config); needs kernel-agent[cluster]. Default: this machine")
-    r.add_argument("--in-place", action="store_true",
-                   help="write promotions into the serving folder as it is (default, where git tracks it: commits "
-                        "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true")
-    r.add_argument("--ledger", default=None,
-                   help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL")
+    r.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="evaluate on a Ray cluster: auto, ray://HOST:PORT or HOST:PORT (or [cluster] address in "
+        "--config); needs kernel-agent[cluster]. Default: this machine",
+    )
+    r.add_argument(
+        "--in-place",
+        action="store_true",
+        help="write promotions into the serving folder as it is (default, where git tracks it: commits "
+        "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true",
+    )
+    r.add_argument(
+        "--ledger", default=None, help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL"
+    )
     r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
 
-
 def _add_bench_parser(sub) -> None:
-    b = sub.add_parser("bench", help="time kernels on the GPU against the incumbent and the torch anchor, or a "
-                                      "model's decode step (--model)")
+    b = sub.add_parser(
+        "bench",
+        help="time kernels on the GPU against the incumbent and the torch anchor, or a model's decode step (--model)",
+    )
     b.add_argument("--op", help="an op, or all (required unless --model)")
     b.add_argument("files", nargs="*", metavar="FILE", help="candidate files (default: the baseline only)")
     b.add_argument("--shapes", default="serving", help="serving | tiny | explicit shapes 'a,b,c;d,e,f'")
     b.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     b.add_argument("--json", action="store_true", help="print the JSON document instead of the tables")
-    b.add_argument("--model", metavar="CONFIG", help="time one decode step of a model: a preset (llama-3-8b, "
-                                                     "llama-3-70b-tp8, qwen2.5-7b, mistral-7b) or a JSON config file")
+    b.add_argument(
+        "--model",
+        metavar="CONFIG",
+        help="time one decode step of a model: a preset (llama-3-8b, "
+        "llama-3-70b-tp8, qwen2.5-7b, mistral-7b) or a JSON config file",
+    )
     b.add_argument("--batch", type=int, help="--model: sequences per step (default 32)")
     b.add_argument("--context", type=int, help="--model: tokens per sequence (default 8192)")
     b.add_argument("--points", help="--model: several BATCHxCONTEXT points, e.g. 32x8192,8x32768,64x2048")
     b.add_argument("--kv", help="--model: KV cache modes, bf16 and/or int8 (default bf16,int8)")
-    b.add_argument("--stacks", help="--model: torch, baseline, serving, hybrid (cuBLAS matmuls with the baseline "
-                                    "attention) and/or flashinfer (cuBLAS matmuls with FlashInfer's paged decode; "
-                                    "the flashinfer extra) (default torch,baseline,serving)")
-    b.add_argument("--kv-budget", metavar="SIZE", help="--model: a KV-cache memory budget per GPU (e.g. 60GiB): each "
-                                                       "KV mode runs the most sequences of --context tokens whose "
-                                                       "cache fits it, and tokens/s are compared at equal memory")
+    b.add_argument(
+        "--stacks",
+        help="--model: torch, baseline, serving, hybrid (cuBLAS matmuls with the baseline "
+        "attention) and/or flashinfer (cuBLAS matmuls with FlashInfer's paged decode; "
+        "the flashinfer extra) (default torch,baseline,serving)",
+    )
+    b.add_argument(
+        "--kv-budget",
+        metavar="SIZE",
+        help="--model: a KV-cache memory budget per GPU (e.g. 60GiB): each "
+        "KV mode runs the most sequences of --context tokens whose "
+        "cache fits it, and tokens/s are compared at equal memory",
+    )
     b.add_argument("--seed", type=int, default=0, help="--model: seed of the random weights, cache and input")
     b.add_argument("--out", help="also write the JSON document to this file")
     b.add_argument("--ledger", default=None, help="record the results in this ledger (default runs/ledger.db)")
     b.add_argument("--no-ledger", action="store_true")
     b.add_argument("--remeasure-ceilings", action="store_true")
-    b.add_argument("--processes", type=int, default=1,
-                   help="time each shape in this many processes, one after the other, and report a spread that "
-                        "includes the differences between them (default 1)")
-
+    b.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="time each shape in this many processes, one after the other, and report a spread that "
+        "includes the differences between them (default 1)",
+    )
 
 
 def _add_ledger_view_parsers(sub) -> None:
@@ -162,8 +209,11 @@ def _add_ledger_view_parsers(sub) -> None:
     h.add_argument("--limit", type=int, default=20)
     h.add_argument("--leaderboard", action="store_true", help="per-op leaderboard (needs --op)")
     h.add_argument("--trend", action="store_true", help="best speedup per run over time (needs --op)")
-    h.add_argument("--serving", action="store_true",
-                   help="what serves each op and bucket by the ledger, and every promotion and demotion")
+    h.add_argument(
+        "--serving",
+        action="store_true",
+        help="what serves each op and bucket by the ledger, and every promotion and demotion",
+    )
     h.add_argument("--ledger", default=None)
     h.add_argument("--json", action="store_true")
 
@@ -172,7 +222,6 @@ def _add_ledger_view_parsers(sub) -> None:
     s.add_argument("--ledger", default=None)
     s.add_argument("--json", action="store_true")
     s.add_argument("--source", action="store_true", help="print the candidate's whole source")
-
 
 
 def _add_serving_change_parsers(sub) -> None:
@@ -184,9 +233,12 @@ def _add_serving_change_parsers(sub) -> None:
     p.add_argument("--reason", default="", help="why (recorded with the promotion)")
     p.add_argument("--margin", type=float, default=0.02)
     p.add_argument("--ledger", default=None)
-    p.add_argument("--in-place", action="store_true",
-                   help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
-                        "kernel-agent/<run>, the checkout untouched)")
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
+        "kernel-agent/<run>, the checkout untouched)",
+    )
 
     d = sub.add_parser("demote", help="remove a kernel from the serving set")
     d.add_argument("--op", required=True)
@@ -195,13 +247,16 @@ def _add_serving_change_parsers(sub) -> None:
     d.add_argument("--gpu", default=None, help="GPU name (default: this machine's)")
     d.add_argument("--reason", required=True)
     d.add_argument("--ledger", default=None)
-    d.add_argument("--in-place", action="store_true",
-                   help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
-                        "kernel-agent/<run>, the checkout untouched)")
-
+    d.add_argument(
+        "--in-place",
+        action="store_true",
+        help="write the serving folder as it is (default, where git tracks it: a commit on a branch "
+        "kernel-agent/<run>, the checkout untouched)",
+    )
 
 
 # -- run ---------------------------------------------------------------------------------------
+
 
 def _interrupt_on_signals() -> None:
     """SIGINT and SIGTERM stop a run cleanly (marked interrupted, resumable), also when the process
@@ -210,6 +265,7 @@ def _interrupt_on_signals() -> None:
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
+
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
 
@@ -235,8 +291,9 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
     parse_ops(args.ops)
     # each time limit parsed once, here: the flag's (a new run's budget, or what a resume may take from now) and
     # the config file's (a new run's, where no flag is given)
-    args.time_limit_s, args.file_time_limit_s = (None if value is None else parse_duration(str(value))
-                                                 for value in (args.time_limit, file_run.get("time_limit")))
+    args.time_limit_s, args.file_time_limit_s = (
+        None if value is None else parse_duration(str(value)) for value in (args.time_limit, file_run.get("time_limit"))
+    )
     counts = {k: getattr(args, k) for k in ("candidates", "per_round", "jobs", "gpus", "tokens")}
     for key in counts:
         if counts[key] is None:
@@ -256,8 +313,10 @@ def _check_model_flags(args) -> None:
     """A new run's model, when it asks one: configured, and its endpoint answering as the API does."""
     model = ModelConfig.resolve(args.model, args.base_url, args.config)
     if args.proposer == "model" and model is None:
-        raise UsageError("--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
-                         "--base-url and --model)")
+        raise UsageError(
+            "--proposer model: no endpoint configured (set OPENAI_BASE_URL / OPENAI_API_KEY, or pass "
+            "--base-url and --model)"
+        )
     if model is not None and args.proposer in ("model", "auto"):
         _check_endpoint(model)
 
@@ -309,6 +368,7 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
 
 def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
+
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
@@ -317,8 +377,14 @@ def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     # the ledger before the cluster: one this version cannot use (an older schema) is refused before a
     # cluster is joined
     with Ledger(ledger_path) as ledger:
-        summary = run_loop(cfg, resume=args.resume, events=events, time_limit_s=limit,
-                           placement=_cluster_placement(args, cluster), ledger=ledger)
+        summary = run_loop(
+            cfg,
+            resume=args.resume,
+            events=events,
+            time_limit_s=limit,
+            placement=_cluster_placement(args, cluster),
+            ledger=ledger,
+        )
     return _print_run_summary(summary, args)
 
 
@@ -326,6 +392,7 @@ def _run_config(args, file_run: Dict[str, Any]):
     """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
     here, before anything is recorded."""
     from .loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
+
     cfg = RunConfig()
     _apply_budget_and_flags(args, file_run, cfg)
     _apply_target_model(args, file_run, cfg)
@@ -340,8 +407,10 @@ def _run_config(args, file_run: Dict[str, Any]):
     model = ModelConfig.resolve(args.model, args.base_url, args.config)  # (checked by _check_model_flags)
     if model is not None and args.proposer in ("model", "auto"):
         cfg.proposer = "model"
-        cfg.model = {k: getattr(model, k) for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s",
-                                                    "max_retries", "concurrency")}
+        cfg.model = {
+            k: getattr(model, k)
+            for k in ("model", "base_url", "temperature", "max_tokens", "timeout_s", "max_retries", "concurrency")
+        }
     else:
         cfg.proposer = "search"
     return cfg
@@ -353,9 +422,16 @@ def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
         cfg.ops = parse_ops(",".join(file_run["ops"]) if isinstance(file_run["ops"], list) else file_run["ops"])
     if args.ops != "all" or "ops" not in file_run:
         cfg.ops = parse_ops(args.ops)
-    for key, attr, conv in (("candidates", "max_candidates", int), ("per_round", "per_round", int),
-                            ("tokens", "token_budget", int), ("jobs", "jobs", int), ("dtype", "dtype", str),
-                            ("shapes", "bench_shapes", str), ("seed", "seed", int), ("gpus", "gpus", int)):
+    for key, attr, conv in (
+        ("candidates", "max_candidates", int),
+        ("per_round", "per_round", int),
+        ("tokens", "token_budget", int),
+        ("jobs", "jobs", int),
+        ("dtype", "dtype", str),
+        ("shapes", "bench_shapes", str),
+        ("seed", "seed", int),
+        ("gpus", "gpus", int),
+    ):
         v = getattr(args, key, None)
         if v is None:
             v = file_run.get(key)
@@ -363,15 +439,17 @@ def _apply_budget_and_flags(args, file_run: Dict[str, Any], cfg) -> None:
             try:
                 setattr(cfg, attr, conv(v))
             except (TypeError, ValueError):
-                raise UsageError(f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, "
-                                 f"got {v!r}") from None
+                raise UsageError(
+                    f"{key.replace('_', '-')}: expected {'an integer' if conv is int else 'text'}, got {v!r}"
+                ) from None
     tl = args.time_limit_s if args.time_limit_s is not None else args.file_time_limit_s
     if tl is not None:
         cfg.time_limit_s = tl
         if args.candidates is None and "candidates" not in file_run:
             cfg.max_candidates = None  # a run given a time budget runs for that time
-    check_counts(candidates=cfg.max_candidates, per_round=cfg.per_round, jobs=cfg.jobs, gpus=cfg.gpus,
-                 tokens=cfg.token_budget)
+    check_counts(
+        candidates=cfg.max_candidates, per_round=cfg.per_round, jobs=cfg.jobs, gpus=cfg.gpus, tokens=cfg.token_budget
+    )
     cfg.compute_sanitizer = not args.no_compute_sanitizer
     in_place = args.in_place or file_run.get("in_place", False)
     if not isinstance(in_place, bool):
@@ -402,8 +480,9 @@ def _apply_target_model(args, file_run: Dict[str, Any], cfg) -> None:
             raise UsageError("--workload needs --target-model CONFIG: the model that serves the trace")
         if points:
             raise UsageError("--workload chooses the points: leave out --target-points")
-        _apply_workload(str(workload), None if budget is None else str(budget), load_model_config(str(target_model)),
-                        cfg)
+        _apply_workload(
+            str(workload), None if budget is None else str(budget), load_model_config(str(target_model)), cfg
+        )
     elif budget:
         raise UsageError("--kv-budget needs --workload")
 
@@ -416,8 +495,11 @@ def _apply_workload(trace: str, budget: Optional[str], model, cfg) -> None:
     except ValueError as e:  # a malformed trace (TraceError names its line), a budget that holds nothing
         raise UsageError(f"--workload: {str(e).splitlines()[0]}") from None
     cfg.target_weights = workload_points(analyses)
-    cfg.target_workload = {"trace": trace, "kv_budget_bytes": budget_bytes,
-                           "requests": analyses[KV_MODES[0]].schedule.requests}
+    cfg.target_workload = {
+        "trace": trace,
+        "kv_budget_bytes": budget_bytes,
+        "requests": analyses[KV_MODES[0]].schedule.requests,
+    }
 
 
 def _check_endpoint(model) -> None:
@@ -425,8 +507,10 @@ def _check_endpoint(model) -> None:
     (without a URL the client goes to OpenAI's API, which needs a key)."""
     url = model.base_url or OPENAI_DEFAULT_URL
     if not model.base_url and not model.api_key:
-        raise UsageError(f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
-                     f"OPENAI_API_KEY for {OPENAI_DEFAULT_URL}")
+        raise UsageError(
+            f"model {model.model!r}: no endpoint: pass --base-url (or set OPENAI_BASE_URL), or set "
+            f"OPENAI_API_KEY for {OPENAI_DEFAULT_URL}"
+        )
     u = urllib.parse.urlparse(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise UsageError(f"bad endpoint URL {url!r}")
@@ -442,28 +526,35 @@ def _check_openai_api(url: str, api_key: Optional[str]) -> None:
     OpenAI-compatible server serves it). A server that is not the API (a URL missing its /v1, another
     service on the port) would otherwise fail every model call of the run."""
     models = url.rstrip("/") + "/models"
-    hint = f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)" \
-        if urllib.parse.urlparse(url).path.rstrip("/") == "" else ""
+    hint = (
+        f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)"
+        if urllib.parse.urlparse(url).path.rstrip("/") == ""
+        else ""
+    )
     req = urllib.request.Request(models, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
         with urllib.request.urlopen(req, timeout=ENDPOINT_CHECK_TIMEOUT_S) as r:
             body = r.read(1 << 22)
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
-            raise UsageError(f"the model endpoint {url} refused the API key (HTTP {e.code} for GET {models}): set "
-                             f"OPENAI_API_KEY or api_key in [model]") from None
+            raise UsageError(
+                f"the model endpoint {url} refused the API key (HTTP {e.code} for GET {models}): set "
+                f"OPENAI_API_KEY or api_key in [model]"
+            ) from None
         raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} answered HTTP {e.code}{hint}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        raise UsageError(f"cannot reach the model endpoint {url}: {getattr(reason, 'strerror', None) or reason}") \
-            from None
+        raise UsageError(
+            f"cannot reach the model endpoint {url}: {getattr(reason, 'strerror', None) or reason}"
+        ) from None
     try:
         doc = json.loads(body)
     except ValueError:
         doc = None
     if not (isinstance(doc, dict) and isinstance(doc.get("data"), list)):
-        raise UsageError(f"{url} is not an OpenAI-compatible API: GET {models} did not answer with a list of models"
-                         f"{hint}")
+        raise UsageError(
+            f"{url} is not an OpenAI-compatible API: GET {models} did not answer with a list of models{hint}"
+        )
 
 
 ENDPOINT_CHECK_TIMEOUT_S = 15.0
@@ -474,18 +565,29 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes
 
 def _run_events(args):
     from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
+
     if getattr(args, "json", False):
         return RunEvents()
-    marks = {CandidateStatus.REJECTED: "reject", CandidateStatus.VERIFIED: "verified",
-             CandidateStatus.BENCHMARKED: "bench", CandidateStatus.PROMOTED: "PROMOTED"}
+    marks = {
+        CandidateStatus.REJECTED: "reject",
+        CandidateStatus.VERIFIED: "verified",
+        CandidateStatus.BENCHMARKED: "bench",
+        CandidateStatus.PROMOTED: "PROMOTED",
+    }
 
     def cand(label, status, detail):
-        ui.line(f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
-                style={CandidateStatus.PROMOTED: "bold green", CandidateStatus.REJECTED: "red"}.get(status))
+        ui.line(
+            f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
+            style={CandidateStatus.PROMOTED: "bold green", CandidateStatus.REJECTED: "red"}.get(status),
+        )
+
     live = ui.StatusLine(plain_every_s=60.0)  # a live line on a terminal; a plain one a minute elsewhere
     args._status_line = live
-    return RunEvents(note=lambda s: ui.line(s, style="bold"), candidate=cand,
-                     status=lambda st: live.update(f"status: {st.describe()}"))
+    return RunEvents(
+        note=lambda s: ui.line(s, style="bold"),
+        candidate=cand,
+        status=lambda st: live.update(f"status: {st.describe()}"),
+    )
 
 
 def _print_run_summary(summary: RunSummary, args) -> int:
@@ -497,21 +599,41 @@ def _print_run_summary(summary: RunSummary, args) -> int:
         return 1 if failed else 0
     counts, session = summary.judged_now_by_status, summary.session
     ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
-    ui.table("", ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed",
-                  "tokens", "wall"],
-             [[summary.judged_now, counts.get(CandidateStatus.REJECTED, 0), counts.get(CandidateStatus.PROPOSED, 0),
-               counts.get(CandidateStatus.VERIFIED, 0), counts.get(CandidateStatus.BENCHMARKED, 0),
-               counts.get(CandidateStatus.PROMOTED, 0), summary.replayed, summary.model.total_tokens,
-               f"{summary.wall_s or 0:.0f}s"]], justify=["right"] * 9)
+    ui.table(
+        "",
+        ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed", "tokens", "wall"],
+        [
+            [
+                summary.judged_now,
+                counts.get(CandidateStatus.REJECTED, 0),
+                counts.get(CandidateStatus.PROPOSED, 0),
+                counts.get(CandidateStatus.VERIFIED, 0),
+                counts.get(CandidateStatus.BENCHMARKED, 0),
+                counts.get(CandidateStatus.PROMOTED, 0),
+                summary.replayed,
+                summary.model.total_tokens,
+                f"{summary.wall_s or 0:.0f}s",
+            ]
+        ],
+        justify=["right"] * 9,
+    )
     if summary.replayed:
-        ui.line(f"replayed: {summary.replayed} candidate(s) judged by earlier runs, replayed from the ledger, not "
-                f"judged again and not counted against the budget (nor above)")
+        ui.line(
+            f"replayed: {summary.replayed} candidate(s) judged by earlier runs, replayed from the ledger, not "
+            f"judged again and not counted against the budget (nor above)"
+        )
     if summary.pruned:
-        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
-                f"(`kernel-agent show {summary.run_id}` says why)")
+        ui.line(
+            f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+            f"(`kernel-agent show {summary.run_id}` says why)"
+        )
     if summary.checks_failed:
-        ui.table("rejections by check", ["check", "candidates"], sorted(summary.checks_failed.items()),
-                 justify=["left", "right"])
+        ui.table(
+            "rejections by check",
+            ["check", "candidates"],
+            sorted(summary.checks_failed.items()),
+            justify=["left", "right"],
+        )
     if not (session and session.benchmarked):
         ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")
     for p in summary.promotions:
@@ -530,14 +652,24 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     children (`evaluator`; default: sandboxed children of this process) on this machine's GPU (`devices`)."""
     if args.model:
         return _bench_model(args)
-    model_flags = [f for f, v in (("--batch", args.batch), ("--context", args.context), ("--points", args.points),
-                                  ("--kv", args.kv), ("--stacks", args.stacks), ("--kv-budget", args.kv_budget))
-                   if v is not None]
+    model_flags = [
+        f
+        for f, v in (
+            ("--batch", args.batch),
+            ("--context", args.context),
+            ("--points", args.points),
+            ("--kv", args.kv),
+            ("--stacks", args.stacks),
+            ("--kv-budget", args.kv_budget),
+        )
+        if v is not None
+    ]
     if model_flags:
         raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
         raise UsageError("bench: give --op (an op, or all) or --model")
     from ..harness.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
+
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     ops = parse_ops(args.op)
     check_files(args.files)
@@ -558,7 +690,8 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
         except ValueError as e:
             raise UsageError(str(e))
         kernels = [BenchKernel("baseline")] + [
-            BenchKernel(f"candidate:{os.path.basename(f)}", os.path.abspath(f)) for f in args.files]
+            BenchKernel(f"candidate:{os.path.basename(f)}", os.path.abspath(f)) for f in args.files
+        ]
         with ui.Progress(f"bench {name}", len(shapes)) as prog:
             for s in shapes:
                 _bench_one_shape(args, evaluator, name, s.key(), kernels, doc)
@@ -572,10 +705,12 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
     return 1 if doc["errors"] else 0
 
 
-def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kernels: List[BenchKernel],
-                     doc: Dict[str, Any]) -> None:
+def _bench_one_shape(
+    args, evaluator: Evaluator, name: str, shape_key: str, kernels: List[BenchKernel], doc: Dict[str, Any]
+) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
     from ..harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
+
     # references: what serving engines run (FlashInfer's paged decode), shown beside the torch anchor
     spec = BenchSpec(name, (shape_key,), args.dtype, tuple(kernels), references=True)
     outs = [BenchOutcome.from_json(evaluator.bench(spec.to_json())) for _ in range(args.processes)]
@@ -598,10 +733,17 @@ def _bench_one_shape(args, evaluator: Evaluator, name: str, shape_key: str, kern
 
 def _record_bench_doc(args, doc, results) -> None:
     from ..harness.bench import record_shape_result  # here: torch, after the flags
+
     led = open_ledger(args)
     if not doc.get("run_id"):
-        run = led.start_run({"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
-                            env.versions(), "bench", parse_ops(args.op), (doc.get("ceilings") or {}).get("gpu"), {})
+        run = led.start_run(
+            {"command": "bench", "shapes": args.shapes, "dtype": args.dtype, "files": args.files},
+            env.versions(),
+            "bench",
+            parse_ops(args.op),
+            (doc.get("ceilings") or {}).get("gpu"),
+            {},
+        )
         doc["run_id"] = run.id
     for res in results:
         record_shape_result(led, doc["run_id"], res)
@@ -609,6 +751,7 @@ def _record_bench_doc(args, doc, results) -> None:
 
 def print_bench(doc) -> None:
     from ..harness.bench import reported_time  # here: torch, after the flags
+
     c = doc.get("ceilings") or {}
     if c:
         ui.line(f"{c.get('gpu')}: ceilings copy {c.get('copy_tbps')} TB/s, bf16 matmul {c.get('bf16_tflops')} TFLOP/s")
@@ -619,18 +762,54 @@ def print_bench(doc) -> None:
         fi = next((m for m in ms if m["label"].startswith("anchor:flashinfer") and not m.get("error")), None)
         for m in ms:
             if m.get("error"):
-                rows.append([res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]])
+                rows.append(
+                    [res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]]
+                )
                 continue
             ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
             fi_ratio = f"{fi['median_ms'] / m['median_ms']:.2f}x" if fi else ""
             rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
             rep_ms, rep_spread, rep_kind = reported_time(Measurement.from_json(m))
-            rows.append([res["op"], res["shape"], res["dtype"], m["label"], f"{m['median_ms']:.4f}",
-                         f"±{m['spread_ms']:.4f}", (f"{m['graph_ms']:.4f}" + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""))
-                         if m.get("graph_ms") else "", f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}", ratio, fi_ratio, rate,
-                         f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else "")])
-    ui.table("", ["op", "shape", "dtype", "kernel", "median ms", "spread", "graph ms", "reported (run to run)",
-                  "anchor/this", "flashinfer/this", "rate", "of ceiling"], rows, justify=["left"] * 4 + ["right"] * 8)
+            rows.append(
+                [
+                    res["op"],
+                    res["shape"],
+                    res["dtype"],
+                    m["label"],
+                    f"{m['median_ms']:.4f}",
+                    f"±{m['spread_ms']:.4f}",
+                    (
+                        f"{m['graph_ms']:.4f}"
+                        + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else "")
+                    )
+                    if m.get("graph_ms")
+                    else "",
+                    f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}",
+                    ratio,
+                    fi_ratio,
+                    rate,
+                    f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else ""),
+                ]
+            )
+    ui.table(
+        "",
+        [
+            "op",
+            "shape",
+            "dtype",
+            "kernel",
+            "median ms",
+            "spread",
+            "graph ms",
+            "reported (run to run)",
+            "anchor/this",
+            "flashinfer/this",
+            "rate",
+            "of ceiling",
+        ],
+        rows,
+        justify=["left"] * 4 + ["right"] * 8,
+    )
     for res in doc["results"]:  # what the table has no column for: e.g. which SDPA backend ran
         for m in res["measurements"]:
             if m.get("note") and not m.get("error"):
@@ -640,6 +819,7 @@ def print_bench(doc) -> None:
 
 
 # -- bench --model ---------------------------------------------------------------------------------
+
 
 def _bench_model(args) -> int:
     """`bench --model CONFIG`: one decode step of a model per stack and KV cache (harness/model_step.py)."""
@@ -651,7 +831,9 @@ def _bench_model(args) -> int:
     if args.points and (args.batch is not None or args.context is not None):
         raise UsageError("bench --model: give --points, or --batch and --context, not both")
     if args.kv_budget and (args.points or args.batch is not None):
-        raise UsageError("bench --model --kv-budget: the budget sets the batch; give --context, not --points or --batch")
+        raise UsageError(
+            "bench --model --kv-budget: the budget sets the batch; give --context, not --points or --batch"
+        )
     try:
         cfg = load_model_config(args.model)
         budget = parse_bytes(args.kv_budget) if args.kv_budget else None
@@ -701,32 +883,58 @@ def print_model_bench(result, budget: Optional[int] = None) -> None:
     the op shares, what served each op in the serving stack, and the int8 cache's accuracy."""
     cfg = result.config
     tp = f", tensor parallel {cfg.tp} (one GPU's shard; all-reduces not timed)" if cfg.tp > 1 else ""
-    ui.line(f"{cfg.name}: decode step of {cfg.layers} layers (hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} "
-            f"KV heads, D {cfg.head_dim}, MLP {cfg.intermediate}{tp}) on {result.gpu}; one layer as a CUDA graph, "
-            f"x {cfg.layers}", style="bold")
+    ui.line(
+        f"{cfg.name}: decode step of {cfg.layers} layers (hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} "
+        f"KV heads, D {cfg.head_dim}, MLP {cfg.intermediate}{tp}) on {result.gpu}; one layer as a CUDA graph, "
+        f"x {cfg.layers}",
+        style="bold",
+    )
     rows = []
     for p in result.points:
         for t in p.timings:
             kv = "bf16 (reference)" if t.stack == "torch" else KV_LABEL[t.kv]
-            rows.append([f"B={p.batch} ctx={p.context}", t.stack, kv, f"{t.step_ms:.2f}", f"{t.tokens_per_s:,.0f}",
-                         f"{t.vs_torch:.3f}x" if t.vs_torch is not None else "",
-                         f"{t.vs_flashinfer:.3f}x" if t.vs_flashinfer is not None else ""])
-    ui.table("", ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch", "vs flashinfer"], rows,
-             justify=["left", "left", "left", "right", "right", "right", "right"])
+            rows.append(
+                [
+                    f"B={p.batch} ctx={p.context}",
+                    t.stack,
+                    kv,
+                    f"{t.step_ms:.2f}",
+                    f"{t.tokens_per_s:,.0f}",
+                    f"{t.vs_torch:.3f}x" if t.vs_torch is not None else "",
+                    f"{t.vs_flashinfer:.3f}x" if t.vs_flashinfer is not None else "",
+                ]
+            )
+    ui.table(
+        "",
+        ["point", "stack", "KV cache", "ms/step", "tokens/s", "vs torch", "vs flashinfer"],
+        rows,
+        justify=["left", "left", "left", "right", "right", "right", "right"],
+    )
     if budget is not None:
         _print_equal_memory(result, budget)
     labels = ["qkv", "quantize_kv", "attention", "o", "gate_up", "down", "other"]
     shown = [lb for lb in labels if any(lb in t.shares for p in result.points for t in p.timings)]
-    rows = [[f"B={p.batch} ctx={p.context}", t.stack, t.kv] + [f"{t.shares[lb]:.1%}" if lb in t.shares else ""
-                                                              for lb in shown]
-            for p in result.points for t in p.timings]
-    ui.table("share of each op in the step (each op call timed alone; other: norms, SiLU, residuals, cache writes)",
-             ["point", "stack", "KV"] + shown, rows, justify=["left"] * 3 + ["right"] * len(shown))
-    served = [[f"B={p.batch} ctx={p.context}", s.kv, s.label, s.op, s.bucket, s.implementation]
-              for p in result.points for s in p.served]
+    rows = [
+        [f"B={p.batch} ctx={p.context}", t.stack, t.kv]
+        + [f"{t.shares[lb]:.1%}" if lb in t.shares else "" for lb in shown]
+        for p in result.points
+        for t in p.timings
+    ]
+    ui.table(
+        "share of each op in the step (each op call timed alone; other: norms, SiLU, residuals, cache writes)",
+        ["point", "stack", "KV"] + shown,
+        rows,
+        justify=["left"] * 3 + ["right"] * len(shown),
+    )
+    served = [
+        [f"B={p.batch} ctx={p.context}", s.kv, s.label, s.op, s.bucket, s.implementation]
+        for p in result.points
+        for s in p.served
+    ]
     if served:
-        ui.table("what served each op in the serving stack", ["point", "KV", "call", "op", "bucket", "served by"],
-                 served)
+        ui.table(
+            "what served each op in the serving stack", ["point", "KV", "call", "op", "bucket", "served by"], served
+        )
     for p in result.points:
         if p.accuracy is not None:
             ui.line(f"B={p.batch} ctx={p.context}: {p.accuracy.describe()}")
@@ -735,17 +943,31 @@ def print_model_bench(result, budget: Optional[int] = None) -> None:
 def _print_equal_memory(result, budget: int) -> None:
     """tokens/s per GPU of every stack and KV mode at the budget, against torch's bf16 stack at the budget's
     bf16 batch: the serving cost of a token at equal memory."""
-    torch_bf16 = next((t.tokens_per_s for p in result.points for t in p.timings
-                       if t.stack == "torch" and t.kv == "bf16"), None)
-    rows = [[KV_LABEL[t.kv] if t.stack != "torch" else "bf16 (reference)", f"{p.batch}", t.stack,
-             f"{t.tokens_per_s:,.0f}", f"{t.tokens_per_s / torch_bf16:.3f}x" if torch_bf16 else ""]
-            for p in result.points for t in p.timings]
-    ui.table(f"at a KV budget of {budget / 2**30:.1f} GiB per GPU, context {result.points[0].context}: tokens/s at "
-             f"equal memory", ["KV cache", "sequences", "stack", "tokens/s", "vs torch bf16"], rows,
-             justify=["left", "right", "left", "right", "right"])
+    torch_bf16 = next(
+        (t.tokens_per_s for p in result.points for t in p.timings if t.stack == "torch" and t.kv == "bf16"), None
+    )
+    rows = [
+        [
+            KV_LABEL[t.kv] if t.stack != "torch" else "bf16 (reference)",
+            f"{p.batch}",
+            t.stack,
+            f"{t.tokens_per_s:,.0f}",
+            f"{t.tokens_per_s / torch_bf16:.3f}x" if torch_bf16 else "",
+        ]
+        for p in result.points
+        for t in p.timings
+    ]
+    ui.table(
+        f"at a KV budget of {budget / 2**30:.1f} GiB per GPU, context {result.points[0].context}: tokens/s at "
+        f"equal memory",
+        ["KV cache", "sequences", "stack", "tokens/s", "vs torch bf16"],
+        rows,
+        justify=["left", "right", "left", "right", "right"],
+    )
 
 
 # -- history and show --------------------------------------------------------------------------
+
 
 @command("history")
 def cmd_history(args) -> int:
@@ -768,6 +990,7 @@ def cmd_show(args) -> int:
 
 def _show_run(led, run, args) -> int:
     from .publish import recorded_target  # here: publication imports the serving set, which imports torch
+
     if args.json:
         sys.stdout.write(json.dumps(run_doc(led, run), indent=2, default=str) + "\n")
         return 0
@@ -776,8 +999,11 @@ def _show_run(led, run, args) -> int:
     target = recorded_target(run_notes(run))  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
     ended = run_end_note(run)
-    ui.line(f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
-            + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"), style="bold")
+    ui.line(
+        f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
+        + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"),
+        style="bold",
+    )
     ui.line(f"versions: {versions_line(run.versions)}")
     rows = []
     results = {r.candidate_id: r for r in candidate_results(led.figures(run_id=run.id))}
@@ -791,13 +1017,14 @@ def _show_run(led, run, args) -> int:
         rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
     ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
     if summary.pruned:
-        ui.line(f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
-                f"(`kernel-agent show {summary.run_id}` says why)")
+        ui.line(
+            f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
+            f"(`kernel-agent show {summary.run_id}` says why)"
+        )
     for line in diagnosis_lines(led, run.id):  # what bounds each incumbent, and why proposals were pruned
         ui.line(line)
     for p in summary.promotions:
-        ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}",
-                style="green")
+        ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}", style="green")
     if target is not None:
         ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
     for line in session_lines(run_notes(run)):
@@ -816,8 +1043,10 @@ def _timing_words(result) -> str:
     """A candidate's judged speedup in a run (harness/figures.py), as the report and history show it."""
     if result is None or result.speedup is None:
         return ""
-    return f"{fmt_x(result.speedup)} over {_short_incumbent(result.incumbent_label or 'mixed')} " \
-           f"({result.clocks.replace('event', 'events')})"
+    return (
+        f"{fmt_x(result.speedup)} over {_short_incumbent(result.incumbent_label or 'mixed')} "
+        f"({result.clocks.replace('event', 'events')})"
+    )
 
 
 def _show_candidate(led, cid: int, args) -> int:
@@ -828,17 +1057,33 @@ def _show_candidate(led, cid: int, args) -> int:
         sys.stdout.write(json.dumps(candidate_doc(led, c), indent=2, default=str) + "\n")
         return 0
     eq = {True: "FpSan-equivalent to the baseline", False: "not structurally equivalent", None: "FpSan undecided"}[
-        c.fpsan_equivalent]
-    ui.line(f"candidate #{c.id} {c.label} [{c.op}, {c.status}] by {c.proposer}; {eq}; hash {c.source_hash[:12]}",
-            style="bold")
+        c.fpsan_equivalent
+    ]
+    ui.line(
+        f"candidate #{c.id} {c.label} [{c.op}, {c.status}] by {c.proposer}; {eq}; hash {c.source_hash[:12]}",
+        style="bold",
+    )
     _print_checks(led.checks(cid))
     figs = led.figures(candidate_id=cid, judged_only=False)
     if figs:
-        ui.table("timings (against the incumbent timed beside it)",
-                 ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
-                 [[f.run_id or "", f.shape_key, fmt_ms(f.kernel_ms), fmt_spread(f.kernel_spread_ms),
-                   _short_incumbent(f.incumbent_label), fmt_ms(f.incumbent_ms), fmt_x(f.speedup), CLOCK_WORDS[f.clock],
-                   f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else ""] for f in figs])
+        ui.table(
+            "timings (against the incumbent timed beside it)",
+            ["run", "shape", "ms", "spread", "incumbent", "its ms", "speedup", "clock", "of ceiling"],
+            [
+                [
+                    f.run_id or "",
+                    f.shape_key,
+                    fmt_ms(f.kernel_ms),
+                    fmt_spread(f.kernel_spread_ms),
+                    _short_incumbent(f.incumbent_label),
+                    fmt_ms(f.incumbent_ms),
+                    fmt_x(f.speedup),
+                    CLOCK_WORDS[f.clock],
+                    f"{f.kernel.fraction(f.clock):.0%}" if f.kernel.fraction(f.clock) else "",
+                ]
+                for f in figs
+            ],
+        )
     unusable = any(x.get("name") == "reply" for x in (c.verdict or {}).get("checks", []))
     if unusable:  # no source came back: a diff would show the whole parent deleted
         ui.line(f"no source: the model's reply was unusable ({(c.verdict or {}).get('error', '')[:200]})")
@@ -869,18 +1114,39 @@ def _print_checks(checks) -> None:
         by_mode: Dict[str, List[Any]] = {}
         for k in checks:
             by_mode.setdefault(k.mode, []).append(k)
-        totals = "; ".join(f"{mode}: " + ", ".join(f"{n} {ui.STATUS_MARK.get(st, st)}" for st, n in sorted(
-            collections.Counter(k.status for k in ks).items())) + f" in {sum(k.duration_s for k in ks):.1f}s"
-                           for mode, ks in by_mode.items())
-        ui.table(f"checks ({totals})", ["mode", "check", "result", "time", "detail"],
-                 [[best[n].mode, n, ui.STATUS_MARK.get(best[n].status, best[n].status), f"{best[n].duration_s:.1f}s",
-                   best[n].detail] for n in order], wrap=["detail"])  # the detail (a failure, its --seed) is the point
+        totals = "; ".join(
+            f"{mode}: "
+            + ", ".join(
+                f"{n} {ui.STATUS_MARK.get(st, st)}"
+                for st, n in sorted(collections.Counter(k.status for k in ks).items())
+            )
+            + f" in {sum(k.duration_s for k in ks):.1f}s"
+            for mode, ks in by_mode.items()
+        )
+        ui.table(
+            f"checks ({totals})",
+            ["mode", "check", "result", "time", "detail"],
+            [
+                [
+                    best[n].mode,
+                    n,
+                    ui.STATUS_MARK.get(best[n].status, best[n].status),
+                    f"{best[n].duration_s:.1f}s",
+                    best[n].detail,
+                ]
+                for n in order
+            ],
+            wrap=["detail"],
+        )  # the detail (a failure, its --seed) is the point
 
 
 def _print_model_exchanges(calls) -> None:
     for m in calls:
-        ui.line(f"model exchange: {m.model}, {m.prompt_tokens}+{m.completion_tokens} tokens, {m.latency_s:.1f}s"
-                + (f", error: {m.error}" if m.error else ""), style="bold")
+        ui.line(
+            f"model exchange: {m.model}, {m.prompt_tokens}+{m.completion_tokens} tokens, {m.latency_s:.1f}s"
+            + (f", error: {m.error}" if m.error else ""),
+            style="bold",
+        )
         try:
             msgs = json.loads(m.prompt)
             user = next((x["content"] for x in msgs if x.get("role") == "user"), "")
@@ -892,6 +1158,7 @@ def _print_model_exchanges(calls) -> None:
 
 # -- promote / demote --------------------------------------------------------------------------
 
+
 @command("promote")
 def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[Devices] = None) -> int:
     """Sanitize (full, GPU checks included), benchmark against the incumbent, apply the rule, and promote
@@ -900,6 +1167,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     benchmark children (sandboxed children), `devices` says whether there is a GPU and its name."""
     from ..harness.bench import NO_GPU, resolve_shapes  # here: torch, after the flags
     from .publish import plan_target  # here: publication imports the serving set, which imports torch
+
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
     check_files([args.file])
@@ -916,11 +1184,24 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     except TextRefused:
         source = raw.decode("utf-8", errors="replace")  # as it is: the sanitizer refuses it with the reason
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
-    run = led.start_run({"command": "promote", "file": os.path.abspath(args.file), "dtype": args.dtype,
-                         "shapes": args.shapes, "reason": args.reason, "in_place": args.in_place},
-                        env.versions(), "manual", [args.op], devices.name(), {})
-    cand, _ = led.add_candidate(args.op, source, "manual", run.id, path=os.path.abspath(args.file),
-                                label=os.path.basename(args.file))
+    run = led.start_run(
+        {
+            "command": "promote",
+            "file": os.path.abspath(args.file),
+            "dtype": args.dtype,
+            "shapes": args.shapes,
+            "reason": args.reason,
+            "in_place": args.in_place,
+        },
+        env.versions(),
+        "manual",
+        [args.op],
+        devices.name(),
+        {},
+    )
+    cand, _ = led.add_candidate(
+        args.op, source, "manual", run.id, path=os.path.abspath(args.file), label=os.path.basename(args.file)
+    )
     ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
     v = merge_gpu(evaluator.sanitize(args.file, args.op, "full"), evaluator.sanitize(args.file, args.op, "gpu"))
     led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
@@ -929,8 +1210,9 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
         led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
         ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
         return 1
-    led.set_candidate_status(cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(),
-                             fpsan_equivalent=v.fpsan_equivalent)
+    led.set_candidate_status(
+        cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent
+    )
     gname = devices.name()
     shapes = resolve_shapes(op, args.shapes)
     by_bucket: Dict[str, list] = {}
@@ -942,8 +1224,21 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            promoted_any = _promote_bucket(args, led, evaluator, run.id, cand.id, source, target, gname,  # type: ignore[arg-type]
-                                           bucket, bshapes) or promoted_any
+            promoted_any = (
+                _promote_bucket(
+                    args,
+                    led,
+                    evaluator,
+                    run.id,
+                    cand.id,
+                    source,
+                    target,
+                    gname,  # type: ignore[arg-type]
+                    bucket,
+                    bshapes,
+                )
+                or promoted_any
+            )
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
@@ -951,32 +1246,59 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     return 0 if promoted_any else 1
 
 
-def _promote_bucket(args, led, evaluator: Evaluator, run_id: str, cid: int, source: str, target, gname: str,
-                    bucket: str, bshapes) -> bool:
+def _promote_bucket(
+    args, led, evaluator: Evaluator, run_id: str, cid: int, source: str, target, gname: str, bucket: str, bshapes
+) -> bool:
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
     from ..harness import serving  # here: torch, after the flags
     from ..harness.bench import record_shape_result  # here: torch, after the flags
     from .publish import PromotionRequest, publish_promotion  # here: as the serving set
+
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
     inc_file = str(serving.entry_path(entry, target.dir)) if entry else None
-    spec = BenchSpec.judging(args.op, [s.key() for s in bshapes], args.dtype, BenchKernel(INCUMBENT, inc_file),
-                             BenchKernel(CANDIDATE, os.path.abspath(args.file), source_hash(source)))
+    spec = BenchSpec.judging(
+        args.op,
+        [s.key() for s in bshapes],
+        args.dtype,
+        BenchKernel(INCUMBENT, inc_file),
+        BenchKernel(CANDIDATE, os.path.abspath(args.file), source_hash(source)),
+    )
     outcome = BenchOutcome.from_json(evaluator.bench(spec.to_json()))
     for res in outcome.results:
-        record_shape_result(led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}")
+        record_shape_result(
+            led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}"
+        )
     j = judge_benchmark(outcome, [s.key() for s in bshapes], args.margin)
     if j.error:
         ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
         return False
     for shape, (tc, ti), kind in zip(j.shapes, j.pairs, j.kinds):
-        ui.line(f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
-                f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else ""))
+        ui.line(
+            f"  {shape}: candidate {tc.median_ms:.4f} ms ±{tc.spread_ms:.4f}, incumbent "
+            f"{ti.median_ms:.4f} ms ±{ti.spread_ms:.4f}" + (" (CUDA-graph replay)" if kind == "graph" else "")
+        )
     if not j.decision.promote:  # type: ignore[union-attr]  # a judgement without an error has a decision
         ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")  # type: ignore[union-attr]
         return False
-    done = publish_promotion(target, led, PromotionRequest(
-        run_id, args.op, bucket, args.dtype, gname, cid, os.path.basename(args.file), source, j, args.margin,
-        env.versions(), note=args.reason, source_hash=source_hash(source)))
+    done = publish_promotion(
+        target,
+        led,
+        PromotionRequest(
+            run_id,
+            args.op,
+            bucket,
+            args.dtype,
+            gname,
+            cid,
+            os.path.basename(args.file),
+            source,
+            j,
+            args.margin,
+            env.versions(),
+            note=args.reason,
+            source_hash=source_hash(source),
+        ),
+    )
     where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""
     ui.line(f"{bucket}: PROMOTED -> {_shown_entry(target, done.entry)}{where}: {done.reason}", style="bold green")
     return True
@@ -987,6 +1309,7 @@ def _shown_entry(target, entry) -> str:
     if entry.get("file"):
         return target.shown(entry["file"])
     from ..harness import serving  # here: torch, after the flags
+
     return f"{target.shown(serving.MANIFEST_NAME)} ({serving.describe_entry(entry)})"
 
 
@@ -997,6 +1320,7 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     else (or with --in-place) in place. The GPU is `--gpu`, else this machine's (`devices`)."""
     from ..harness import serving  # here: torch, after the flags
     from .publish import plan_target  # here: publication imports the serving set, which imports torch
+
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
     led = open_ledger(args, existing=True)  # a demotion changes what a ledger records: a typo creates none
@@ -1004,19 +1328,35 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
     promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
     if served is None and promo is None:
-        raise UsageError(f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
-                         + _served_elsewhere(serving.load_manifest(plan.source_dir), args))
+        raise UsageError(
+            f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
+            + _served_elsewhere(serving.load_manifest(plan.source_dir), args)
+        )
     # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
-    run = led.start_run({"command": "demote", "op": args.op, "bucket": args.bucket, "dtype": args.dtype,
-                         "reason": args.reason, "in_place": args.in_place}, env.versions(), "manual", [args.op],
-                        gname, {})
+    run = led.start_run(
+        {
+            "command": "demote",
+            "op": args.op,
+            "bucket": args.bucket,
+            "dtype": args.dtype,
+            "reason": args.reason,
+            "in_place": args.in_place,
+        },
+        env.versions(),
+        "manual",
+        [args.op],
+        gname,
+        {},
+    )
     target = plan.open(run.id)
     try:
         removed = serving.remove(args.op, args.bucket, args.dtype, gname, dir=target.dir)
         if promo is not None:
             led.demote(promo.id, args.reason)
-        target.commit(f"Demote {args.op} {args.bucket} {args.dtype} on {gname}\n\n{args.reason}\n\n"
-                      f"The baseline serves the bucket again (kernel-agent run {run.id}).\n")
+        target.commit(
+            f"Demote {args.op} {args.bucket} {args.dtype} on {gname}\n\n{args.reason}\n\n"
+            f"The baseline serves the bucket again (kernel-agent run {run.id}).\n"
+        )
     finally:
         info = target.close()
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
@@ -1029,8 +1369,13 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
 def _served_elsewhere(manifest: Dict[str, Any], args) -> str:
     """'; it is served on GPU (--gpu 'GPU' names it)' when the serving set has the bucket on other GPUs: on a
     machine without one, `demote` takes the GPU from `--gpu`."""
-    gpus = sorted({e["gpu"] for e in manifest["entries"]
-                   if (e["op"], e["bucket"], e["dtype"]) == (args.op, args.bucket, args.dtype)})
+    gpus = sorted(
+        {
+            e["gpu"]
+            for e in manifest["entries"]
+            if (e["op"], e["bucket"], e["dtype"]) == (args.op, args.bucket, args.dtype)
+        }
+    )
     return f"; it is served on {', '.join(gpus)} (--gpu {shlex.quote(gpus[0])} names it)" if gpus else ""
 
 
@@ -1038,9 +1383,15 @@ def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):
     """The ledger's active promotion of a bucket on a GPU, whatever the spelling of the GPU's name (the manifest
     names GPUs by slug)."""
     from ..harness import serving  # here: torch, after the flags
+
     promo = led.active_promotion(op, bucket, dtype, gname)
     if promo is None:
-        promo = next((p for p in led.promotions(op=op, active_only=True)
-                      if p.bucket == bucket and p.dtype == dtype and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)),
-                     None)
+        promo = next(
+            (
+                p
+                for p in led.promotions(op=op, active_only=True)
+                if p.bucket == bucket and p.dtype == dtype and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(gname)
+            ),
+            None,
+        )
     return promo

@@ -5,6 +5,7 @@ several machines, and one that is upgraded refuses the older kernel-agents still
 person who upgrades it should be the one who decided to. A SQLite file is copied to
 `<file>.v<version>.bak` first.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,10 +18,13 @@ from .cli_common import UsageError, command, default_ledger
 def register(sub) -> None:
     led = sub.add_parser("ledger", help="the ledger itself: `ledger upgrade` migrates an older one")
     actions = led.add_subparsers(dest="ledger_action", metavar="ACTION")
-    up = actions.add_parser("upgrade", help=f"migrate the ledger to schema version {SCHEMA_VERSION} (a SQLite "
-                                            f"file is copied to FILE.vN.bak first)")
-    up.add_argument("--ledger", default=None,
-                    help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL")
+    up = actions.add_parser(
+        "upgrade",
+        help=f"migrate the ledger to schema version {SCHEMA_VERSION} (a SQLite file is copied to FILE.vN.bak first)",
+    )
+    up.add_argument(
+        "--ledger", default=None, help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL"
+    )
     up.add_argument("--no-backup", action="store_true", help="do not copy a SQLite file before upgrading it")
     command("ledger")(cmd_ledger)
 
@@ -36,6 +40,8 @@ def cmd_ledger(args) -> int:
         ui.line(f"ledger {done.location} is at schema version {done.version}: nothing to upgrade")
         return 0
     kept = f"; the version-{done.from_version} file is kept as {done.backup}" if done.backup else ""
-    ui.line(f"ledger {done.location} upgraded from schema version {done.from_version} to {done.version}{kept}",
-            style="bold green")
+    ui.line(
+        f"ledger {done.location} upgraded from schema version {done.from_version} to {done.version}{kept}",
+        style="bold green",
+    )
     return 0

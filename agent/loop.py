@@ -23,6 +23,7 @@ Candidate files are written to kernels/candidates/<run>/<op>/<bucket>/. The serv
 its incumbents from and promotes into is its serving target (agent/publish.py): in a git repository a
 branch of the run's own, through a worktree; else the serving folder in place.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,11 +79,37 @@ FINISH_ALLOWANCE_S = 600.0
 # answers every call with an error (a wrong URL, a server that is not the API) would burn the whole budget.
 MODEL_FAILURES_LIMIT = 3
 
-__all__ = ["ALL_OPS", "SHAPE_SUITES", "Budget", "RunConfig", "Target", "model_targets", "run_shapes", "targets_for",
-           "time_limit_reached", "weighted_pick", "Incumbent", "LiveStatus", "RunEvents", "Stage", "Work",
-           "DUPLICATE_STREAK_LIMIT", "GPU_QUICK_CHECKS", "PIPELINE_PER_GPU", "TASK_LOST_RETRIES", "HISTORY_ATTEMPTS",
-           "NOT_VERIFIED", "FINISH_ALLOWANCE_S", "MODEL_FAILURES_LIMIT", "Loop", "run_loop", "placement_for",
-           "devices_for", "make_proposer", "compiler_of"]
+__all__ = [
+    "ALL_OPS",
+    "SHAPE_SUITES",
+    "Budget",
+    "RunConfig",
+    "Target",
+    "model_targets",
+    "run_shapes",
+    "targets_for",
+    "time_limit_reached",
+    "weighted_pick",
+    "Incumbent",
+    "LiveStatus",
+    "RunEvents",
+    "Stage",
+    "Work",
+    "DUPLICATE_STREAK_LIMIT",
+    "GPU_QUICK_CHECKS",
+    "PIPELINE_PER_GPU",
+    "TASK_LOST_RETRIES",
+    "HISTORY_ATTEMPTS",
+    "NOT_VERIFIED",
+    "FINISH_ALLOWANCE_S",
+    "MODEL_FAILURES_LIMIT",
+    "Loop",
+    "run_loop",
+    "placement_for",
+    "devices_for",
+    "make_proposer",
+    "compiler_of",
+]
 
 
 def placement_for(cfg: RunConfig, devices: Devices, evaluator: Optional[Evaluator] = None) -> LocalPlacement:
@@ -104,8 +131,18 @@ class Loop:
     per target), knows what serves each target now, and streams the works (agent/stream.py), whose results its
     recorder writes to the ledger (agent/recorder.py)."""
 
-    def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, proposer: Proposer, events: RunEvents,
-                 gpu: bool, gpu_name: str, placement: LocalPlacement, target: Optional[ServingTarget] = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        ledger: Ledger,
+        run_id: str,
+        proposer: Proposer,
+        events: RunEvents,
+        gpu: bool,
+        gpu_name: str,
+        placement: LocalPlacement,
+        target: Optional[ServingTarget] = None,
+    ):
         self.cfg = cfg
         # the one serving set this run reads and writes (promotions and dispatch choices alike)
         self.target = target or ServingTarget.in_place(serving.serving_dir())
@@ -163,18 +200,36 @@ class Loop:
             self._history_loaded.add(key)
             attempts[key] = self.recorder.history(t, set(self.known.values())) + attempts.get(key, [])
         inc = self.incumbent(t)
-        return ProposeContext(t.op, t.bucket, self.cfg.dtype, t.shapes, inc.source, inc.label,
-                              self.recorder.incumbent_ms.get(key), self.gpu_name if self.gpu else None,
-                              self.recorder.ceilings, list(attempts.get(key, [])), diagnosis=self._diagnosis(t, inc))
+        return ProposeContext(
+            t.op,
+            t.bucket,
+            self.cfg.dtype,
+            t.shapes,
+            inc.source,
+            inc.label,
+            self.recorder.incumbent_ms.get(key),
+            self.gpu_name if self.gpu else None,
+            self.recorder.ceilings,
+            list(attempts.get(key, [])),
+            diagnosis=self._diagnosis(t, inc),
+        )
 
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
         """What bounds the bucket's incumbent (harness/diagnosis.py), once per incumbent source and run;
         recorded in the ledger. None where the placement's children cannot compile (a test's fakes)."""
         key = (t.op, t.bucket, hash_source(inc.source))
         if key not in self.diagnoses and compiler_of(self.placement) is not None:
-            self.diagnoses[key] = diagnose_incumbent(self.ledger, self.run_id, t.op, t.bucket, self.cfg.dtype,
-                                                     t.shapes, inc.source, inc.label,
-                                                     profile=compiler_of(self.placement))
+            self.diagnoses[key] = diagnose_incumbent(
+                self.ledger,
+                self.run_id,
+                t.op,
+                t.bucket,
+                self.cfg.dtype,
+                t.shapes,
+                inc.source,
+                inc.label,
+                profile=compiler_of(self.placement),
+            )
         return self.diagnoses.get(key)
 
     def bench_task(self, w: Work) -> BenchTask:
@@ -182,8 +237,16 @@ class Loop:
         benchmark times no file that changed since it was judged."""
         inc = self.incumbent(w.target)
         incumbent = BenchKernel(INCUMBENT, inc.file, judged_hash(inc.source) if inc.file else "")
-        return BenchTask(BenchSpec.judging(w.target.op, [s.key() for s in w.target.shapes], self.cfg.dtype, incumbent,
-                                           BenchKernel(CANDIDATE, w.path, w.source_hash), race=True))
+        return BenchTask(
+            BenchSpec.judging(
+                w.target.op,
+                [s.key() for s in w.target.shapes],
+                self.cfg.dtype,
+                incumbent,
+                BenchKernel(CANDIDATE, w.path, w.source_hash),
+                race=True,
+            )
+        )
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
@@ -216,16 +279,18 @@ class Loop:
         existing = self.ledger.find_candidate(p.op, p.source)
         path = self._write(p, h, t)
         replay = existing is not None and not self._needs_work(existing, t)
-        cand, new = self.ledger.add_candidate(p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id,
-                                              path=path, label=p.label, replayed=replay)
+        cand, new = self.ledger.add_candidate(
+            p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id, path=path, label=p.label, replayed=replay
+        )
         self.known[h] = cand.id
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
         if replay:
             # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
             # so a run over a ledger that holds earlier runs still judges as many new candidates
-            self.events.candidate(p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): "
-                                                       f"not judged again")
+            self.events.candidate(
+                p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): not judged again"
+            )
             self.recorder.replay(ctx, p, existing.id)
             return None
         self.duplicate_streak[key] = 0
@@ -244,8 +309,10 @@ class Loop:
         n = self.model_calls["failed"]
         if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
             # "its first n": calls still in flight then may fail too, and print after this line is set
-            self.failure = (f"the model endpoint failed on its first {n} calls and answered none, last: "
-                            f"{p.rejected[len(MODEL_CALL_FAILED) + 2:][:200]}")
+            self.failure = (
+                f"the model endpoint failed on its first {n} calls and answered none, last: "
+                f"{p.rejected[len(MODEL_CALL_FAILED) + 2 :][:200]}"
+            )
 
     def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str, h: str) -> Work:
         c = self.ledger.candidate(cid)
@@ -259,8 +326,11 @@ class Loop:
         sanitizer's time limit (slowness is no fault: recorded as rejected by an older version too), or
         verified without a GPU (or before a time limit) and this run has one. Its finished stages are not run
         again."""
-        return c.status == CandidateStatus.PROPOSED or rejected_for_time(c) or \
-            (self.gpu and c.status == CandidateStatus.VERIFIED)
+        return (
+            c.status == CandidateStatus.PROPOSED
+            or rejected_for_time(c)
+            or (self.gpu and c.status == CandidateStatus.VERIFIED)
+        )
 
     def _needs_work(self, c: Candidate, t: Target) -> bool:
         """Whether candidate `c`, proposed for target `t`, needs a work there that this session has not
@@ -316,8 +386,12 @@ class Loop:
         rec = self.recorder
         log = self.placement.log()
         end = time.time()
-        th = Throughput(judged=len(rec.judged), wall_s=end - self.t_start, raced_out=rec.raced_out,
-                        benchmarks=sum(1 for span in log if span.kind == Stage.BENCH))
+        th = Throughput(
+            judged=len(rec.judged),
+            wall_s=end - self.t_start,
+            raced_out=rec.raced_out,
+            benchmarks=sum(1 for span in log if span.kind == Stage.BENCH),
+        )
         if rec.first_benchmark_at is not None:
             th.first_benchmark_s = rec.first_benchmark_at - self.t_start
         by_stage: Dict[str, List[float]] = {}
@@ -333,11 +407,19 @@ class Loop:
 
 
 # long: a run's setup, streaming session and summary in order
-def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional[str] = None,
-             events: Optional[RunEvents] = None, proposer: Optional[Proposer] = None,
-             time_limit_s: Optional[float] = None, placement: Optional[LocalPlacement] = None,
-             devices: Optional[Devices] = None, evaluator: Optional[Evaluator] = None,
-             ledger: Optional[Ledger] = None, serving_plan: Optional[TargetPlan] = None) -> RunSummary:
+def run_loop(
+    cfg: RunConfig,
+    ledger_path: Optional[str] = None,
+    resume: Optional[str] = None,
+    events: Optional[RunEvents] = None,
+    proposer: Optional[Proposer] = None,
+    time_limit_s: Optional[float] = None,
+    placement: Optional[LocalPlacement] = None,
+    devices: Optional[Devices] = None,
+    evaluator: Optional[Evaluator] = None,
+    ledger: Optional[Ledger] = None,
+    serving_plan: Optional[TargetPlan] = None,
+) -> RunSummary:
     """Run (or resume) the loop; returns the run summary. Raises KeyboardInterrupt after marking the run.
     `time_limit_s` on a resume: the time it may take from now (default: what the run had left, and at
     least enough to finish what it left in flight). The collaborators left out are this machine's:
@@ -350,8 +432,19 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
         if ledger_path is None:
             raise TypeError("run_loop needs a ledger or the path of one")
         with Ledger(ledger_path) as own:  # opened here, so closed here however the run ends
-            return run_loop(cfg, None, resume, events, proposer, time_limit_s, placement, devices, evaluator,
-                            ledger=own, serving_plan=serving_plan)
+            return run_loop(
+                cfg,
+                None,
+                resume,
+                events,
+                proposer,
+                time_limit_s,
+                placement,
+                devices,
+                evaluator,
+                ledger=own,
+                serving_plan=serving_plan,
+            )
     events = events or RunEvents()
     devices = devices or devices_for(placement)
     gpu = devices.available()
@@ -373,9 +466,14 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
         run_id = resume
         previous = recorded_target(progress)
     else:
-        run = ledger.start_run(cfg.to_json(), versions(), cfg.proposer, list(cfg.ops), gname if gpu else None,
-                               {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s,
-                                "token_budget": cfg.token_budget})
+        run = ledger.start_run(
+            cfg.to_json(),
+            versions(),
+            cfg.proposer,
+            list(cfg.ops),
+            gname if gpu else None,
+            {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s, "token_budget": cfg.token_budget},
+        )
         run_id = run.id
         elapsed_before = 0.0
         progress = {}
@@ -389,28 +487,41 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
         placement = placement or placement_for(cfg, devices, evaluator)
         # the compile screen saves GPU time; without a GPU its compiles would only cost the sanitizer's cores
         screen_compiler = compiler_of(placement) if gpu else None
-        loop = Loop(cfg, ledger, run_id, proposer or make_proposer(cfg, ledger, run_id, screen_compiler),
-                    events, gpu, gname, placement, target)
+        loop = Loop(
+            cfg,
+            ledger,
+            run_id,
+            proposer or make_proposer(cfg, ledger, run_id, screen_compiler),
+            events,
+            gpu,
+            gname,
+            placement,
+            target,
+        )
         targets = targets_for(cfg)
         pending = loop.pending_works(targets) if resume else []
         if resume:
             if run.status == RunStatus.FINISHED and not pending:
                 raise ValueError(f"run {resume} already finished; nothing to resume")
             ledger.set_run_status(resume, RunStatus.RUNNING, finished=False)
-            events.note(f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already "
-                        f"recorded" + (f", {len(pending)} to finish" if pending else ""))
+            events.note(
+                f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already "
+                f"recorded" + (f", {len(pending)} to finish" if pending else "")
+            )
         else:
-            events.note(f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
-                        f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
-                        f"{cfg.time_limit_s:.0f}s"
-                        + ("" if gpu else "; no GPU: candidates are verified, not benchmarked"))
+            events.note(
+                f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
+                f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
+                f"{cfg.time_limit_s:.0f}s" + ("" if gpu else "; no GPU: candidates are verified, not benchmarked")
+            )
         if target.info.mode != NONE:  # (without a GPU the line above already says that nothing is promoted)
             events.note(target.info.describe())
         if cfg.target_model and not resume:
-            where = (f"the workload {cfg.target_workload.get('trace')}" if cfg.target_workload
-                     else cfg.target_points)
-            events.note(f"targets: the decode step of {cfg.target_model.get('name')} at {where}, by "
-                        f"share: " + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets))
+            where = f"the workload {cfg.target_workload.get('trace')}" if cfg.target_workload else cfg.target_points
+            events.note(
+                f"targets: the decode step of {cfg.target_model.get('name')} at {where}, by "
+                f"share: " + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets)
+            )
         events.note(f"evaluating with {describe(loop.placement)}")
         # the budget counts what this run proposed that no earlier run had judged (replays are free)
         budget = Budget(cfg, sum(1 for p in ledger.proposals(run_id=run_id) if not p.duplicate), elapsed_before)
@@ -434,19 +545,32 @@ def run_loop(cfg: RunConfig, ledger_path: Optional[str] = None, resume: Optional
             loop.proposer_thread.shutdown()
         _end_target(target, events)
         if loop.recorder.unjudged:
-            stop_reason = (f"{stop_reason}; " if stop_reason else "") + \
-                f"{loop.recorder.unjudged} candidate(s) left unjudged at the time limit (kept in the ledger)"
+            stop_reason = (
+                f"{stop_reason}; " if stop_reason else ""
+            ) + f"{loop.recorder.unjudged} candidate(s) left unjudged at the time limit (kept in the ledger)"
         th = loop.throughput()
-        session = dict(asdict(th), resumed=bool(resume), n_gpus=len(loop.placement.gpus),
-                       cpu_slots=loop.placement.cpu_slots, time_limit_s=round(max(0.0, left), 1),
-                       past_limit_s=round(time.time() - loop.deadline, 1), unjudged=loop.recorder.unjudged,
-                       stop=stop_reason)
+        session = dict(
+            asdict(th),
+            resumed=bool(resume),
+            n_gpus=len(loop.placement.gpus),
+            cpu_slots=loop.placement.cpu_slots,
+            time_limit_s=round(max(0.0, left), 1),
+            past_limit_s=round(time.time() - loop.deadline, 1),
+            unjudged=loop.recorder.unjudged,
+            stop=stop_reason,
+        )
         ended = RunStatus.FAILED if loop.failure is not None else RunStatus.FINISHED
         ledger.set_run_status(run_id, ended, finished=True, notes=notes.text(session))
         summary = ledger.run_summary(run_id)
-        summary.session = RunSession(stop_reason, gname if gpu else None, gpu, session,
-                                     th.describe(len(loop.placement.gpus)), notes.serving().to_json(),
-                                     notes.serving().outcome())
+        summary.session = RunSession(
+            stop_reason,
+            gname if gpu else None,
+            gpu,
+            session,
+            th.describe(len(loop.placement.gpus)),
+            notes.serving().to_json(),
+            notes.serving().outcome(),
+        )
         return summary
     except BaseException as e:
         _record_end(ledger, run_id, e)
@@ -472,8 +596,12 @@ class RunNotes:
 
     def text(self, session: Optional[Dict[str, Any]] = None) -> str:
         """The notes as stored, with this `session`'s record once it has ended."""
-        d = {"elapsed_s": round(self.budget.elapsed(), 1), "tokens": self.proposer.tokens(), "sessions": self.sessions,
-             "serving": self.serving().to_json()}
+        d = {
+            "elapsed_s": round(self.budget.elapsed(), 1),
+            "tokens": self.proposer.tokens(),
+            "sessions": self.sessions,
+            "serving": self.serving().to_json(),
+        }
         if session is not None:
             d["stop"] = session["stop"]
             d["sessions"] = self.sessions + [session]
@@ -516,8 +644,9 @@ def compiler_of(placement) -> Optional[Callable[..., CompileProfile]]:
     return getattr(getattr(placement, "evaluator", None), "profile", None)
 
 
-def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str,
-                  profile: Optional[Callable[..., CompileProfile]] = None) -> Proposer:
+def make_proposer(
+    cfg: RunConfig, ledger: Ledger, run_id: str, profile: Optional[Callable[..., CompileProfile]] = None
+) -> Proposer:
     if cfg.proposer == "model":
         if not cfg.model:
             raise ValueError("the model proposer needs a model endpoint (--model / --base-url or OPENAI_* variables)")
@@ -525,7 +654,16 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_id: str,
         mc.setdefault("api_key", os.environ.get("OPENAI_API_KEY"))
 
         def on_call(rec: CallRecord) -> int:
-            return ledger.record_model_call(run_id, mc["model"], rec.prompt, rec.response, rec.prompt_tokens,
-                                            rec.completion_tokens, rec.latency_s, rec.error)
+            return ledger.record_model_call(
+                run_id,
+                mc["model"],
+                rec.prompt,
+                rec.response,
+                rec.prompt_tokens,
+                rec.completion_tokens,
+                rec.latency_s,
+                rec.error,
+            )
+
         return ModelProposer(ModelConfig(**mc), on_call=on_call, token_budget=cfg.token_budget)
     return SearchProposer(seed=cfg.seed, screen=Screen(ledger, run_id, profile))

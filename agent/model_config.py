@@ -2,6 +2,7 @@
 variables. Apart from the proposer (agent/model.py) because `run` resolves and checks it before torch is
 imported: a usage error the flags decide comes at once. Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,9 @@ class ModelConfig:
     concurrency: int = 4
 
     @classmethod
-    def resolve(cls, model: Optional[str], base_url: Optional[str], config_path: Optional[str]) -> Optional["ModelConfig"]:
+    def resolve(
+        cls, model: Optional[str], base_url: Optional[str], config_path: Optional[str]
+    ) -> Optional["ModelConfig"]:
         """From flags, then the config file's [model] section, then OPENAI_* variables; None if no endpoint."""
         file_cfg: Dict[str, Any] = {}
         if config_path:
@@ -32,16 +35,19 @@ class ModelConfig:
         if not (base_url or api_key or model):
             return None
         if not model:
-            raise ValueError("a model endpoint is configured but no model name: pass --model or set "
-                             "KERNEL_AGENT_MODEL")
-        kwargs = {k: file_cfg[k] for k in ("temperature", "max_tokens", "timeout_s", "max_retries", "concurrency")
-                  if k in file_cfg}
+            raise ValueError("a model endpoint is configured but no model name: pass --model or set KERNEL_AGENT_MODEL")
+        kwargs = {
+            k: file_cfg[k]
+            for k in ("temperature", "max_tokens", "timeout_s", "max_retries", "concurrency")
+            if k in file_cfg
+        }
         return cls(model, base_url, api_key, **kwargs)
 
 
 def load_config(path: str) -> Dict[str, Any]:
     """A TOML config file ([model] name, base_url, api_key...; [run] ops, budgets)."""
     import tomllib  # deferred: in the standard library from Python 3.11; on 3.10 only a config file needs it
+
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such config file: {path}")
     with open(path, "rb") as f:

@@ -17,6 +17,7 @@ in child processes of this machine (sanitizer/runner.py, harness/bench_worker.py
 
 `stop()` is the hard stop: no task starts after it, and every running child is killed at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -142,11 +143,20 @@ class Evaluator(Protocol):
     """What runs a task's child processes and stops them: the judge of a sanitizer stage, the benchmark
     child. `ChildEvaluator` is this machine's; tests hand a placement a fake."""
 
-    def sanitize(self, path: str, op: str, mode: str, checks: Optional[Sequence[str]] = None,
-                 env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None) -> Verdict: ...
+    def sanitize(
+        self,
+        path: str,
+        op: str,
+        mode: str,
+        checks: Optional[Sequence[str]] = None,
+        env: Optional[Dict[str, str]] = None,
+        on_ready: Optional[OnReady] = None,
+    ) -> Verdict: ...
 
-    def bench(self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None,
-              on_ready: Optional[OnReady] = None) -> Dict[str, Any]: ...
+    def bench(
+        self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None
+    ) -> Dict[str, Any]: ...
+
     # (a benchmark's spec and its document are JSON here, as they cross into the child: BenchSpec.to_json in,
     # BenchOutcome.from_json out)
 
@@ -159,16 +169,30 @@ class ChildEvaluator:
     """Each task in sandboxed children of this process: the sanitizer's judge (sanitizer/runner.py) and
     the benchmark child (harness/bench_worker.py), under the process-wide hard stop (sanitizer/isolation.py)."""
 
-    def sanitize(self, path: str, op: str, mode: str, checks: Optional[Sequence[str]] = None,
-                 env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None) -> Verdict:
+    def sanitize(
+        self,
+        path: str,
+        op: str,
+        mode: str,
+        checks: Optional[Sequence[str]] = None,
+        env: Optional[Dict[str, str]] = None,
+        on_ready: Optional[OnReady] = None,
+    ) -> Verdict:
         return runner.run_isolated(path, op, mode, checks=checks, env=env, on_ready=on_ready)
 
-    def bench(self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None,
-              on_ready: Optional[OnReady] = None) -> Dict[str, Any]:
+    def bench(
+        self, spec: Dict[str, Any], env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None
+    ) -> Dict[str, Any]:
         return bench_worker.run_bench_isolated(spec, env=env, on_ready=on_ready)
 
-    def profile(self, source: str, op: str, shapes: Sequence[str], dtype: str,
-                timeout_s: float = compile_probe.INCUMBENT_TIMEOUT_S) -> CompileProfile:
+    def profile(
+        self,
+        source: str,
+        op: str,
+        shapes: Sequence[str],
+        dtype: str,
+        timeout_s: float = compile_probe.INCUMBENT_TIMEOUT_S,
+    ) -> CompileProfile:
         """The kernel compiled for the H200 on this machine's CPU, in a sandboxed child (harness/compile_probe.py).
         An evaluator without `profile` (a test's fake) gives the run no compiled diagnosis or compile screen."""
         return compile_probe.profile_source(source, op, shapes, dtype, timeout_s)
@@ -180,8 +204,12 @@ class ChildEvaluator:
         isolation.resume_starting()
 
 
-def run_task(task: Task, env: Optional[Dict[str, str]] = None, on_ready: Optional[OnReady] = None,
-             evaluator: Optional[Evaluator] = None) -> Any:
+def run_task(
+    task: Task,
+    env: Optional[Dict[str, str]] = None,
+    on_ready: Optional[OnReady] = None,
+    evaluator: Optional[Evaluator] = None,
+) -> Any:
     """Run one task through `evaluator` (default: this machine's children). `on_ready`: a gated task's
     requests for the GPU (sanitizer/lease.py)."""
     evaluator = evaluator or ChildEvaluator()
@@ -208,6 +236,7 @@ class LocalDevices:
         if os.environ.get("TRITON_INTERPRET") == "1":
             return False
         import torch  # deferred: the cluster nodes import placement and never ask which GPUs this machine has
+
         return torch.cuda.is_available()
 
     def name(self) -> Optional[str]:
@@ -216,6 +245,7 @@ class LocalDevices:
     def visible(self, limit: Optional[int] = None) -> List[str]:
         """At most `limit` of the GPUs this process may use."""
         import torch  # deferred: as in `available`
+
         n = torch.cuda.device_count()
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = [x.strip() for x in env.split(",") if x.strip()][:n] if env else [str(i) for i in range(n)]
@@ -250,8 +280,14 @@ class LocalPlacement:
     request for the GPU alone until the timing ends no lease is granted on that GPU, so the tasks on it
     drain and none joins the timing."""
 
-    def __init__(self, cpu_slots: int, gpus: Sequence[str] = (), threads: Optional[int] = None,
-                 checks_per_gpu: int = GPU_CHECKS_PER_GPU, evaluator: Optional[Evaluator] = None):
+    def __init__(
+        self,
+        cpu_slots: int,
+        gpus: Sequence[str] = (),
+        threads: Optional[int] = None,
+        checks_per_gpu: int = GPU_CHECKS_PER_GPU,
+        evaluator: Optional[Evaluator] = None,
+    ):
         self.evaluator = evaluator or ChildEvaluator()
         self.cpu_slots = max(1, cpu_slots)
         self.gpus = list(gpus)
@@ -259,8 +295,9 @@ class LocalPlacement:
         self.admitted_per_gpu = 2 * self.checks_per_gpu
         self.threads = threads or threads_per_child(self.cpu_slots)
         self._cpu = ThreadPoolExecutor(max_workers=self.cpu_slots, thread_name_prefix="ka-cpu")
-        self._gpu = ThreadPoolExecutor(max_workers=max(1, len(self.gpus) * (self.admitted_per_gpu + 1)),
-                                       thread_name_prefix="ka-gpu")
+        self._gpu = ThreadPoolExecutor(
+            max_workers=max(1, len(self.gpus) * (self.admitted_per_gpu + 1)), thread_name_prefix="ka-gpu"
+        )
         self._lock = threading.Condition()  # notified whenever a lease comes back
         self._shared = {g: 0 for g in self.gpus}  # GPU -> shared leases (checks, benchmarks compiling)
         self._alone = {g: False for g in self.gpus}  # GPU -> a task has it alone (a timing)
@@ -275,8 +312,11 @@ class LocalPlacement:
         """A GPU that can take `task` now (call under the lock): for a gated task, the admitted GPU with
         the fewest tasks; otherwise the first that can lease it at once."""
         if task.gated:
-            free = [g for g in self.gpus if self._admitted[g] < self.admitted_per_gpu
-                    and not (task.exclusive and self._benches[g])]
+            free = [
+                g
+                for g in self.gpus
+                if self._admitted[g] < self.admitted_per_gpu and not (task.exclusive and self._benches[g])
+            ]
             return min(free, key=lambda g: (self._admitted[g] + self._shared[g], self.gpus.index(g)), default=None)
         for g in self.gpus:
             if self._alone[g] or self._draining[g]:
@@ -293,8 +333,10 @@ class LocalPlacement:
         stops or the task no longer waits (its lease, if any, stays as it was)."""
         with self._lock:
             if phase == "gpu":
-                if not self._wait_until(lambda: not (self._alone[gpu] or self._draining[gpu]
-                                                     or self._shared[gpu] >= self.checks_per_gpu), still_wanted):
+                if not self._wait_until(
+                    lambda: not (self._alone[gpu] or self._draining[gpu] or self._shared[gpu] >= self.checks_per_gpu),
+                    still_wanted,
+                ):
                     return False
                 self._shared[gpu] += 1
                 return True
@@ -338,8 +380,9 @@ class LocalPlacement:
             if resource == "gpu":
                 gpu = self._gpu_for(task)
                 if gpu is None:
-                    raise ValueError("no GPU can take this task now" if self.gpus else
-                                     "a GPU task on a placement without GPUs")
+                    raise ValueError(
+                        "no GPU can take this task now" if self.gpus else "a GPU task on a placement without GPUs"
+                    )
                 if task.gated:
                     self._admitted[gpu] += 1
                     self._benches[gpu] += int(task.exclusive)
@@ -429,14 +472,35 @@ class LocalPlacement:
 def describe(placement: LocalPlacement) -> str:
     if hasattr(placement, "describe"):  # a cluster's placement says what it chose itself
         return placement.describe()
-    gpus = f"{len(placement.gpus)} GPU{'s' if len(placement.gpus) != 1 else ''} ({', '.join(placement.gpus)})" \
-        if placement.gpus else "no GPU"
-    return (f"{placement.cpu_slots} sanitizer process{'es' if placement.cpu_slots != 1 else ''} "
-            f"({placement.threads} thread{'s' if placement.threads != 1 else ''} each, {usable_cores()} usable "
-            f"cores), {gpus}")
+    gpus = (
+        f"{len(placement.gpus)} GPU{'s' if len(placement.gpus) != 1 else ''} ({', '.join(placement.gpus)})"
+        if placement.gpus
+        else "no GPU"
+    )
+    return (
+        f"{placement.cpu_slots} sanitizer process{'es' if placement.cpu_slots != 1 else ''} "
+        f"({placement.threads} thread{'s' if placement.threads != 1 else ''} each, {usable_cores()} usable "
+        f"cores), {gpus}"
+    )
 
 
-__all__: List[str] = ["SanitizeTask", "BenchTask", "Task", "TaskLost", "LocalPlacement", "run_task", "Evaluator",
-                      "ChildEvaluator", "Devices", "LocalDevices", "ClusterDevices", "default_jobs",
-                      "GPU_CHECKS_PER_GPU", "TaskSpan", "occupied_fraction",
-                      "threads_per_child", "usable_cores", "describe"]
+__all__: List[str] = [
+    "SanitizeTask",
+    "BenchTask",
+    "Task",
+    "TaskLost",
+    "LocalPlacement",
+    "run_task",
+    "Evaluator",
+    "ChildEvaluator",
+    "Devices",
+    "LocalDevices",
+    "ClusterDevices",
+    "default_jobs",
+    "GPU_CHECKS_PER_GPU",
+    "TaskSpan",
+    "occupied_fraction",
+    "threads_per_child",
+    "usable_cores",
+    "describe",
+]

@@ -11,6 +11,7 @@ Where the promotions are: a run that committed them on a branch records it in it
 'serving', as agent/publish.py writes it: mode, branch, repo, base, commits); a run from before that,
 or one that wrote in place, has no branch, and the body says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,19 +49,29 @@ def register(sub) -> None:
     p = sub.add_parser("pr", help="pull-request body (markdown) and plots for a run's promotions; --open opens it")
     p.add_argument("run", help="run id")
     p.add_argument("--out", default=None, help="output folder (default runs/<run>/pr)")
-    p.add_argument("--open", action="store_true",
-                   help="push the run's branch and open the pull request with the GitHub CLI (gh) when it is "
-                        "installed and signed in; otherwise print the commands to run")
-    p.add_argument("--model-step", metavar="FILE",
-                   help="a `kernel-agent bench --model ... --out FILE` document, measured with the run's serving "
-                        "set: the decode-step effect of each promoted kernel that the step calls")
-    p.add_argument("--kv-plan", metavar="FILE", help="a `kernel-agent workload plan` file: its choice and options "
-                                                     "as a section of the body")
+    p.add_argument(
+        "--open",
+        action="store_true",
+        help="push the run's branch and open the pull request with the GitHub CLI (gh) when it is "
+        "installed and signed in; otherwise print the commands to run",
+    )
+    p.add_argument(
+        "--model-step",
+        metavar="FILE",
+        help="a `kernel-agent bench --model ... --out FILE` document, measured with the run's serving "
+        "set: the decode-step effect of each promoted kernel that the step calls",
+    )
+    p.add_argument(
+        "--kv-plan",
+        metavar="FILE",
+        help="a `kernel-agent workload plan` file: its choice and options as a section of the body",
+    )
     p.add_argument("--ledger", default=None)
     command("pr")(cmd_pr)
 
 
 # -- where the promotions are -------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RunBranch:
@@ -89,13 +100,17 @@ class RunBranch:
                 return [f"**Branch:** `{self.branch}`, {n} (`git log -p {self.base[:12]}..{self.branch}`)."]
             return [f"**Branch:** `{self.branch}` (`git log -p {self.branch}`)."]
         if self.mode == "in_place":
-            return [f"**No branch:** the run wrote the serving set in place (`{self.serving_dir}`"
-                    f"{': ' + self.why if self.why else ''}). Commit its changes under `kernels/serving/` on a "
-                    f"branch to open this pull request."]
+            return [
+                f"**No branch:** the run wrote the serving set in place (`{self.serving_dir}`"
+                f"{': ' + self.why if self.why else ''}). Commit its changes under `kernels/serving/` on a "
+                f"branch to open this pull request."
+            ]
         why = f" ({self.why})" if self.why else ""
-        return [f"**No branch:** the ledger records no branch for this run{why}, so its promotions were written in "
-                "place into the serving set of the checkout it ran in. Commit the changes under `kernels/serving/` on "
-                "a branch to open this pull request."]
+        return [
+            f"**No branch:** the ledger records no branch for this run{why}, so its promotions were written in "
+            "place into the serving set of the checkout it ran in. Commit the changes under `kernels/serving/` on "
+            "a branch to open this pull request."
+        ]
 
 
 def run_branch(run) -> RunBranch:
@@ -112,19 +127,31 @@ def run_branch(run) -> RunBranch:
     if isinstance(target, dict) and target.get("mode"):
         commits = target.get("commits") or 0
         if target["mode"] == "branch" and target.get("branch") and commits:
-            return RunBranch("branch", target["branch"], target.get("repo"), target.get("base"), int(commits),
-                             configs=tuple(target.get("configs") or ()))
+            return RunBranch(
+                "branch",
+                target["branch"],
+                target.get("repo"),
+                target.get("base"),
+                int(commits),
+                configs=tuple(target.get("configs") or ()),
+            )
         if target["mode"] == "branch":  # a branch that received no commit is deleted again: nothing there
             return RunBranch("unrecorded", why="its branch received no commit")
         return RunBranch("in_place", serving_dir=target.get("serving_dir"), why=target.get("why") or "")
     branch = notes.get("branch") or run.config.get("branch")
     if isinstance(branch, str) and branch:
-        return RunBranch("branch", branch, notes.get("repo") or run.config.get("repo"), notes.get("base"),
-                         int(notes.get("commits") or 0))
+        return RunBranch(
+            "branch",
+            branch,
+            notes.get("repo") or run.config.get("repo"),
+            notes.get("base"),
+            int(notes.get("commits") or 0),
+        )
     return RunBranch("unrecorded")
 
 
 # -- the decode step ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StepEffect:
@@ -175,6 +202,7 @@ def load_model_step(path: str) -> Dict[str, Any]:
 
 def step_measurement(doc: Dict[str, Any], pk: PromotedKernel) -> StepMeasurement:
     from ..harness.serving import gpu_slug, kernel_file_name  # here: the serving set imports torch; flags come first
+
     pr = pk.promotion
     mine = kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
     same_gpu = gpu_slug(str(doc.get("gpu") or "")) == gpu_slug(pr.gpu_name)
@@ -186,22 +214,35 @@ def step_measurement(doc: Dict[str, Any], pk: PromotedKernel) -> StepMeasurement
         for kv in dict.fromkeys(s["kv"] for s in p.get("served", [])):
             served = [s for s in p["served"] if s["kv"] == kv and s["op"] == pr.op and s["bucket"] == pr.bucket]
             calls = tuple(s["label"] for s in served if s["implementation"] == mine and same_gpu)
-            other += [f"{point} {kv}: {s['label']} served by {s['implementation']}" for s in served
-                      if s["label"] not in calls]
+            other += [
+                f"{point} {kv}: {s['label']} served by {s['implementation']}" for s in served if s["label"] not in calls
+            ]
             serving = timings.get(("serving", kv))
             if not calls or serving is None:
                 continue
             base = timings.get(("baseline", kv))
             torch_t = timings.get(("torch", "bf16"))
-            effects.append(StepEffect(
-                point, kv, calls, layers, sum(serving["op_ms"].get(c, 0.0) for c in calls),
-                sum(base["op_ms"].get(c, 0.0) for c in calls) if base and all(c in base["op_ms"] for c in calls)
-                else None,
-                {name: t["step_ms"] for name, t in (("torch", torch_t), ("baseline", base), ("serving", serving))
-                 if t is not None},
-                serving.get("vs_torch")))
-    return StepMeasurement(str((doc.get("config") or {}).get("name")), str(doc.get("gpu")), tuple(effects),
-                           tuple(other))
+            effects.append(
+                StepEffect(
+                    point,
+                    kv,
+                    calls,
+                    layers,
+                    sum(serving["op_ms"].get(c, 0.0) for c in calls),
+                    sum(base["op_ms"].get(c, 0.0) for c in calls)
+                    if base and all(c in base["op_ms"] for c in calls)
+                    else None,
+                    {
+                        name: t["step_ms"]
+                        for name, t in (("torch", torch_t), ("baseline", base), ("serving", serving))
+                        if t is not None
+                    },
+                    serving.get("vs_torch"),
+                )
+            )
+    return StepMeasurement(
+        str((doc.get("config") or {}).get("name")), str(doc.get("gpu")), tuple(effects), tuple(other)
+    )
 
 
 @dataclass(frozen=True)
@@ -244,8 +285,11 @@ def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
     for name, m, pt in tries:
         [point] = parse_points(pt)
         for kv in ("bf16", "int8"):
-            calls = tuple(c.label for c in step_op_calls(m, point.batch, point.context, kv)
-                          if c.op == pr.op and c.bucket == pr.bucket)
+            calls = tuple(
+                c.label
+                for c in step_op_calls(m, point.batch, point.context, kv)
+                if c.op == pr.op and c.bucket == pr.bucket
+            )
             if calls:
                 return StepSuggestion(name, pt, kv, calls)
     return StepSuggestion(None, None, None)
@@ -253,60 +297,83 @@ def suggest_step(run, pk: PromotedKernel) -> StepSuggestion:
 
 def _step_command(s: StepSuggestion, out: str) -> str:
     kv = "bf16,int8" if s.kv == "int8" else "bf16"
-    return (f"kernel-agent bench --model {shlex.quote(s.model or 'llama-3-8b')} --points {s.point or '32x8192'} "
-            f"--kv {kv} --stacks torch,baseline,serving --out {shlex.quote(out)}")
+    return (
+        f"kernel-agent bench --model {shlex.quote(s.model or 'llama-3-8b')} --points {s.point or '32x8192'} "
+        f"--kv {kv} --stacks torch,baseline,serving --out {shlex.quote(out)}"
+    )
 
 
-def step_section(run, pk: PromotedKernel, doc: Optional[Dict[str, Any]], doc_path: Optional[str],
-                 rerun: str) -> List[str]:
+def step_section(
+    run, pk: PromotedKernel, doc: Optional[Dict[str, Any]], doc_path: Optional[str], rerun: str
+) -> List[str]:
     lines = ["", "### Decode step", ""]
     pr = pk.promotion
     doc_name = os.path.basename(doc_path or "")  # given with the document
     if doc is not None:
         m = step_measurement(doc, pk)
         if m.effects:
-            lines += [f"`bench --model` on {_md_word(m.model, extra=' ')} ({_md_word(m.gpu, extra=' ')}; "
-                      f"`{doc_name}`), "
-                      f"one layer as a CUDA graph x the layers: the op calls this kernel served in the serving stack, "
-                      f"against the same calls in the baseline stack, and the whole step of each stack.", "",
-                      "| point | KV cache | calls | these calls, ms/step | baseline's, ms/step | saved ms/step | "
-                      "step ms: serving | baseline | torch | serving tokens/s vs torch |",
-                      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [
+                f"`bench --model` on {_md_word(m.model, extra=' ')} ({_md_word(m.gpu, extra=' ')}; "
+                f"`{doc_name}`), "
+                f"one layer as a CUDA graph x the layers: the op calls this kernel served in the serving stack, "
+                f"against the same calls in the baseline stack, and the whole step of each stack.",
+                "",
+                "| point | KV cache | calls | these calls, ms/step | baseline's, ms/step | saved ms/step | "
+                "step ms: serving | baseline | torch | serving tokens/s vs torch |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            ]
             for e in m.effects:
                 base = e.baseline_calls_ms * e.layers if e.baseline_calls_ms is not None else None
                 saved = e.saved_ms_per_step
                 lines.append(
                     f"| {e.point} | {e.kv} | {', '.join(e.calls)} | {e.kernel_ms * e.layers:.3f} | "
                     f"{'' if base is None else f'{base:.3f}'} | {'' if saved is None else f'{saved:+.3f}'} | "
-                    + " | ".join(f"{e.step_ms[k]:.2f}" if k in e.step_ms else ""
-                                 for k in ("serving", "baseline", "torch"))
-                    + f" | {fmt_x(e.tokens_vs_torch)} |")
+                    + " | ".join(
+                        f"{e.step_ms[k]:.2f}" if k in e.step_ms else "" for k in ("serving", "baseline", "torch")
+                    )
+                    + f" | {fmt_x(e.tokens_vs_torch)} |"
+                )
             if pr.replaced_candidate_id is not None:
-                lines += ["", f"The baseline column is the baseline kernel, not candidate #{pr.replaced_candidate_id} "
-                              f"that this kernel replaces."]
+                lines += [
+                    "",
+                    f"The baseline column is the baseline kernel, not candidate #{pr.replaced_candidate_id} "
+                    f"that this kernel replaces.",
+                ]
             return lines
         if m.other:
-            lines += [f"The `bench --model` document given (`{doc_name}`, "
-                      f"{_md_word(m.model, extra=' ')} on {_md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
-                      f"but this kernel did not serve it there: "
-                      + "; ".join(_md_word(o, extra=":, ") for o in m.other[:6])
-                      + ". It was measured without this kernel in the serving set."]
+            lines += [
+                f"The `bench --model` document given (`{doc_name}`, "
+                f"{_md_word(m.model, extra=' ')} on {_md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
+                f"but this kernel did not serve it there: "
+                + "; ".join(_md_word(o, extra=":, ") for o in m.other[:6])
+                + ". It was measured without this kernel in the serving set."
+            ]
         else:
-            lines += [f"The `bench --model` document given (`{doc_name}`, "
-                      f"{_md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
-                      f"step does not run this kernel."]
+            lines += [
+                f"The `bench --model` document given (`{doc_name}`, "
+                f"{_md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
+                f"step does not run this kernel."
+            ]
     else:
-        lines += ["No decode-step measurement is recorded for this kernel (`kernel-agent bench --model` was not "
-                  "given to this command)."]
+        lines += [
+            "No decode-step measurement is recorded for this kernel (`kernel-agent bench --model` was not "
+            "given to this command)."
+        ]
     s = suggest_step(run, pk)
     if s.model is None:
-        lines += ["", f"No preset model's decode step at the usual points calls `{pr.op}` bucket `{pr.bucket}`; "
-                      f"to measure it, time a step of a model that calls it (its JSON config, see `bench --model`) "
-                      f"on a GPU machine with this pull request's serving set:"]
+        lines += [
+            "",
+            f"No preset model's decode step at the usual points calls `{pr.op}` bucket `{pr.bucket}`; "
+            f"to measure it, time a step of a model that calls it (its JSON config, see `bench --model`) "
+            f"on a GPU machine with this pull request's serving set:",
+        ]
         s = StepSuggestion("your-model.json", "32x8192", _kv_mode_calling(pr.op))
     else:
-        lines += ["", f"{s.model} at batch x context {s.point} calls it ({', '.join(s.calls)}, {s.kv} KV cache); to "
-                      f"measure the effect, on a GPU machine with this pull request's serving set:"]
+        lines += [
+            "",
+            f"{s.model} at batch x context {s.point} calls it ({', '.join(s.calls)}, {s.kv} KV cache); to "
+            f"measure the effect, on a GPU machine with this pull request's serving set:",
+        ]
     lines += ["", "```bash", _step_command(s, "step.json"), rerun + " --model-step step.json", "```"]
     return lines
 
@@ -320,6 +387,7 @@ def _kv_mode_calling(op: str) -> str:
 
 # -- the commands that reproduce each figure and verdict ----------------------------------------------
 
+
 def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> bool:
     """Whether kernels/serving/ (on the run's branch, else in this checkout's serving set) holds the
     promoted kernel: not when a later promotion of the run replaced it or it was demoted; without a
@@ -329,6 +397,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
     if branch.has_branch:
         return True  # the branch's commit of this promotion wrote it, and nothing later in the run replaced it
     from ..harness.serving import kernel_file_name, serving_dir  # here: as above
+
     pr = pk.promotion
     path = serving_dir() / kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
     try:
@@ -341,6 +410,7 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
     """The exact commands behind the sections above: the sanitizer's verdict, the benchmark's timings
     (the shapes judged, in order) and the ledger's record."""
     from ..harness.serving import kernel_file_name  # here: as above
+
     pr, c = pk.promotion, pk.candidate
     if c is None:
         return []
@@ -354,37 +424,50 @@ def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBran
         # the serving file holds what replaced it (a later promotion of the bucket, a demotion) or is gone, or
         # the promotion is a configuration the manifest records without a file
         kernel = f"candidate-{c.id}.py"
-        held = ("the serving set records it as a configuration of its base, without a file"
-                if c.id in branch.configs else "the serving set no longer holds it")
+        held = (
+            "the serving set records it as a configuration of its base, without a file"
+            if c.id in branch.configs
+            else "the serving set no longer holds it"
+        )
         lines += [f"# the kernel as judged ({held}), from the ledger", extract_command(c.id, ledger_flag, kernel)]
     seed = seed_of(led, c.id)
-    lines += ["# the sanitizer verdict: full mode, and the GPU checks on a machine with a CUDA GPU"
-              + ("" if seed is not None else " (inputs from a fresh secret seed)"),
-              f"kernel-agent sanitize --op {pr.op} {shlex.quote(kernel)}" + (f" --seed {seed}" if seed is not None
-                                                                               else "")]
+    lines += [
+        "# the sanitizer verdict: full mode, and the GPU checks on a machine with a CUDA GPU"
+        + ("" if seed is not None else " (inputs from a fresh secret seed)"),
+        f"kernel-agent sanitize --op {pr.op} {shlex.quote(kernel)}" + (f" --seed {seed}" if seed is not None else ""),
+    ]
     if pk.result is not None:
         shapes = ";".join(f.shape_key for f in pk.result.figures)
         files = [kernel]
         if pr.replaced_candidate_id is not None:  # the incumbent was a promoted kernel: time it beside this one
             inc = f"candidate-{pr.replaced_candidate_id}.py"
-            lines += [f"# the incumbent it replaces, candidate #{pr.replaced_candidate_id}, from the ledger",
-                      extract_command(pr.replaced_candidate_id, ledger_flag, inc)]
+            lines += [
+                f"# the incumbent it replaces, candidate #{pr.replaced_candidate_id}, from the ledger",
+                extract_command(pr.replaced_candidate_id, ledger_flag, inc),
+            ]
             files.insert(0, inc)
         clocks = " and ".join(CLOCK_PHRASES[k] for k in pk.result.clocks.split("+"))
-        lines += [f"# the timings ({pr.gpu_name}): beside the baseline and the torch anchor, interleaved; the "
-                  f"table above is on {clocks}",
-                  f"kernel-agent bench --op {pr.op} {' '.join(shlex.quote(f) for f in files)} --shapes "
-                  f"{shlex.quote(shapes)} --dtype {pr.dtype}"]
-    lines += ["# every check, every figure per shape and the diff, as recorded",
-              f"kernel-agent show {c.id}{ledger_flag}"]
+        lines += [
+            f"# the timings ({pr.gpu_name}): beside the baseline and the torch anchor, interleaved; the "
+            f"table above is on {clocks}",
+            f"kernel-agent bench --op {pr.op} {' '.join(shlex.quote(f) for f in files)} --shapes "
+            f"{shlex.quote(shapes)} --dtype {pr.dtype}",
+        ]
+    lines += [
+        "# every check, every figure per shape and the diff, as recorded",
+        f"kernel-agent show {c.id}{ledger_flag}",
+    ]
     if branch.has_branch and branch.base:
-        lines += ["# the change itself",
-                  f"git diff {branch.base[:12]} {shlex.quote(branch.branch or '')} -- kernels/serving/"]
+        lines += [
+            "# the change itself",
+            f"git diff {branch.base[:12]} {shlex.quote(branch.branch or '')} -- kernels/serving/",
+        ]
     lines.append("```")
     return lines
 
 
 # -- the body --------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class PullRequest:
@@ -402,24 +485,41 @@ class PullRequest:
         """The commands that open it: push the branch, then `gh pr create` from it. Without a branch,
         first commit the serving set on one named after the run (the convention of branch mode)."""
         name: str = self.branch.branch if self.branch.has_branch else f"kernel-agent/{self.run_id}"  # type: ignore[assignment]
-        gh = ["gh", "pr", "create", "--head", name, "--title", self.title, "--body-file",
-              os.path.abspath(self.body_path)]
+        gh = [
+            "gh",
+            "pr",
+            "create",
+            "--head",
+            name,
+            "--title",
+            self.title,
+            "--body-file",
+            os.path.abspath(self.body_path),
+        ]
         if self.branch.has_branch:
             return [["git", "push", "origin", name], gh]
-        return [["git", "switch", "-c", name], ["git", "add", "kernels/serving"], ["git", "commit", "-m", self.title],
-                ["git", "push", "origin", name], gh]
+        return [
+            ["git", "switch", "-c", name],
+            ["git", "add", "kernels/serving"],
+            ["git", "commit", "-m", self.title],
+            ["git", "push", "origin", name],
+            gh,
+        ]
 
 
 def _title(run, kernels: Sequence[PromotedKernel]) -> str:
-    parts = [f"{pk.promotion.op} {pk.promotion.bucket}"
-             + (f" {fmt_x(pk.result.speedup)}" if pk.result is not None and pk.result.speedup is not None else "")
-             for pk in kernels]
+    parts = [
+        f"{pk.promotion.op} {pk.promotion.bucket}"
+        + (f" {fmt_x(pk.result.speedup)}" if pk.result is not None and pk.result.speedup is not None else "")
+        for pk in kernels
+    ]
     shown = ", ".join(parts[:3]) + (f" and {len(parts) - 3} more" if len(parts) > 3 else "")
     return f"kernel-agent {run.id}: promote {shown}"
 
 
-def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional[str] = None,
-             plan: Optional[KvPlan] = None) -> Optional[PullRequest]:
+def write_pr(
+    led, run, out_dir: str, ledger_flag: str = "", model_step: Optional[str] = None, plan: Optional[KvPlan] = None
+) -> Optional[PullRequest]:
     """Write the body (out_dir/pr.md) and the plots; None when the run promoted nothing (nothing written).
     ledger_flag: ' --ledger PATH' for the commands, or '' for the default ledger. plan: a KV-cache plan to show."""
     results = candidate_results(led.figures(run_id=run.id))
@@ -431,33 +531,49 @@ def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional
     branch = run_branch(run)
     title = _title(run, kernels)
     v = run.versions
-    stack = ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
-                                                            ("driver", "driver")) if v.get(key))
+    stack = ", ".join(
+        f"{name} {v[key]}"
+        for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"), ("driver", "driver"))
+        if v.get(key)
+    )
     n = len(kernels)
-    lines = [f"# {title}", "",
-             f"Run `{run.id}` ({run.proposer} proposer, ops {run.ops}, on {run.gpu_name or 'no GPU'}; {stack}) "
-             f"promoted {n} kernel{'s' if n != 1 else ''} into the serving set. Each passed the sanitizer and the "
-             f"promotion rule, whose decision is quoted below. Every figure is a judged figure of the run's ledger: "
-             f"the candidate against the incumbent and the torch anchor timed beside it in the same benchmark, on "
-             f"the clock named (`kernel-agent show` and `kernel-agent report` print the same numbers).", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Run `{run.id}` ({run.proposer} proposer, ops {run.ops}, on {run.gpu_name or 'no GPU'}; {stack}) "
+        f"promoted {n} kernel{'s' if n != 1 else ''} into the serving set. Each passed the sanitizer and the "
+        f"promotion rule, whose decision is quoted below. Every figure is a judged figure of the run's ledger: "
+        f"the candidate against the incumbent and the torch anchor timed beside it in the same benchmark, on "
+        f"the clock named (`kernel-agent show` and `kernel-agent report` print the same numbers).",
+        "",
+    ]
     lines += branch.describe() + [""]
     lines += ["| kernel | replaces | speedup | clock | FpSan |", "|---|---|---:|---|---|"]
     for pk in kernels:
         pr, c, res = pk.promotion, pk.candidate, pk.result
         eq = {True: "equivalent", False: "not equivalent", None: "undecided"}[c.fpsan_equivalent if c else None]
-        lines.append(f"| `{pr.op}` `{pr.bucket}` {pr.dtype} (#{pr.candidate_id}) | {pk.replaced_what} | "
-                     f"{fmt_x(res.speedup) if res else ''} | "
-                     f"{res.clocks.replace('event', 'events') if res else ''} | {eq} |")
+        lines.append(
+            f"| `{pr.op}` `{pr.bucket}` {pr.dtype} (#{pr.candidate_id}) | {pk.replaced_what} | "
+            f"{fmt_x(res.speedup) if res else ''} | "
+            f"{res.clocks.replace('event', 'events') if res else ''} | {eq} |"
+        )
     lines.append("")
     plots = _plots(run, results, out_dir, [pk.promotion for pk in kernels])
     if plots:
-        lines += ["Plots to attach (beside this file): " + "; ".join(
-            f"`{os.path.basename(p)}`, {alt}" for alt, p in plots) + ".", ""]
+        lines += [
+            "Plots to attach (beside this file): "
+            + "; ".join(f"`{os.path.basename(p)}`, {alt}" for alt, p in plots)
+            + ".",
+            "",
+        ]
     rerun = f"kernel-agent pr {run.id}{ledger_flag}"
     for i, pk in enumerate(kernels):
         pr = pk.promotion
-        later = any((o.promotion.op, o.promotion.bucket, o.promotion.dtype, o.promotion.gpu_name)
-                    == (pr.op, pr.bucket, pr.dtype, pr.gpu_name) for o in kernels[i + 1:])
+        later = any(
+            (o.promotion.op, o.promotion.bucket, o.promotion.dtype, o.promotion.gpu_name)
+            == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)
+            for o in kernels[i + 1 :]
+        )
         lines += promotion_header(pk)
         if pk.candidate is None:
             lines += ["The ledger holds no candidate for this promotion: no timings, verdict or diff to show.", ""]
@@ -467,9 +583,12 @@ def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional
         lines += reproduce_section(led, run, pk, later, branch, ledger_flag) + [""]
     if plan is not None:
         lines += ["## KV-cache plan", ""] + plan.summary_lines() + [""]
-    lines += ["---", "",
-              f"Written by `{rerun}`. Every candidate and benchmark of the run: "
-              f"`kernel-agent report {run.id}{ledger_flag}`; the run: `kernel-agent show {run.id}{ledger_flag}`."]
+    lines += [
+        "---",
+        "",
+        f"Written by `{rerun}`. Every candidate and benchmark of the run: "
+        f"`kernel-agent report {run.id}{ledger_flag}`; the run: `kernel-agent show {run.id}{ledger_flag}`.",
+    ]
     path = os.path.join(out_dir, BODY)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -477,6 +596,7 @@ def write_pr(led, run, out_dir: str, ledger_flag: str = "", model_step: Optional
 
 
 # -- the command -------------------------------------------------------------------------------------
+
 
 def gh_unavailable() -> Optional[str]:
     """Why the GitHub CLI cannot open a pull request here (None: it can)."""
@@ -506,11 +626,18 @@ def cmd_pr(args) -> int:
     pr = write_pr(led, run, out, ledger_flag, args.model_step, plan)
     if pr is None:
         # no body: a pull request needs a change, and the run made none (its report says what it tried)
-        ui.line(f"run {run.id} promoted nothing: no pull request to write (kernel-agent report {run.id} summarizes "
-                f"the run)")
+        ui.line(
+            f"run {run.id} promoted nothing: no pull request to write (kernel-agent report {run.id} summarizes the run)"
+        )
         return 1
-    ui.line(f"wrote {pr.body_path}" + (f" and {len(pr.plots)} plot(s) to attach: "
-                                       + ", ".join(os.path.basename(p) for p in pr.plots) if pr.plots else ""))
+    ui.line(
+        f"wrote {pr.body_path}"
+        + (
+            f" and {len(pr.plots)} plot(s) to attach: " + ", ".join(os.path.basename(p) for p in pr.plots)
+            if pr.plots
+            else ""
+        )
+    )
     ui.line(f"title: {pr.title}")
     ui.line(branch_line(pr.branch))
     cmds = pr.open_commands()
@@ -547,6 +674,19 @@ def branch_line(b: RunBranch) -> str:
     return "no branch: the ledger records none for this run; its promotions were written in place"
 
 
-__all__ = ["register", "cmd_pr", "write_pr", "PullRequest", "RunBranch", "run_branch", "StepEffect",
-           "StepMeasurement", "StepSuggestion", "load_model_step", "step_measurement", "suggest_step",
-           "gh_unavailable", "BODY"]
+__all__ = [
+    "register",
+    "cmd_pr",
+    "write_pr",
+    "PullRequest",
+    "RunBranch",
+    "run_branch",
+    "StepEffect",
+    "StepMeasurement",
+    "StepSuggestion",
+    "load_model_step",
+    "step_measurement",
+    "suggest_step",
+    "gh_unavailable",
+    "BODY",
+]

@@ -1,5 +1,6 @@
 """What proposers produce and what they are told (shared by the search and model proposers), and the thread a
 run calls its proposer on."""
+
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor

@@ -20,6 +20,7 @@ change lands is the serving target of the run (or of the `promote` command, whic
 Git is used through its command line (no library): every call runs in the worktree or names the
 repository explicitly, and none writes the user's index or checkout.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,15 @@ WORKTREES = "kernel-agent-worktrees"  # under the repository's common git direct
 # Who commits when the repository configures no identity (an unattended machine often has none).
 FALLBACK_NAME, FALLBACK_EMAIL = "kernel-agent", "kernel-agent@localhost"
 # Variables a git hook exports: inherited, they would point every call at the hook's repository and index.
-_GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_PREFIX", "GIT_COMMON_DIR",
-                      "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES")
+_GIT_LOCATION_VARS = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_PREFIX",
+    "GIT_COMMON_DIR",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+)
 
 
 class PublishError(Exception):
@@ -57,14 +65,23 @@ def _git_env() -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARS}
 
 
-def _git(cwd: Path, *args: str, check: bool = True, stdin: Optional[str] = None,
-         env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+def _git(
+    cwd: Path, *args: str, check: bool = True, stdin: Optional[str] = None, env: Optional[Dict[str, str]] = None
+) -> subprocess.CompletedProcess:
     try:
-        p = subprocess.run(["git", *args], cwd=str(cwd), input=stdin, capture_output=True, text=True,
-                           env=env or _git_env(), timeout=120)
+        p = subprocess.run(
+            ["git", *args],
+            cwd=str(cwd),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env or _git_env(),
+            timeout=120,
+        )
     except FileNotFoundError:
-        raise PublishError("git is not installed: install it, or pass --in-place to write the serving set "
-                           "in place") from None
+        raise PublishError(
+            "git is not installed: install it, or pass --in-place to write the serving set in place"
+        ) from None
     except subprocess.TimeoutExpired:
         raise PublishError(f"git {args[0]} in {cwd} did not finish in 120s") from None
     if check and p.returncode != 0:
@@ -132,8 +149,10 @@ class TargetInfo:
             n = f"{self.commits} commit{'s' if self.commits != 1 else ''}"
             if not self.commits:
                 return f"serving set: no change, so no branch (promotions would have gone to {self.branch})"
-            return (f"serving set: branch {self.branch}, {n} on {(self.base or '')[:12]} in {self.repo} "
-                    f"(review: git log -p {(self.base or '')[:12]}..{self.branch})")
+            return (
+                f"serving set: branch {self.branch}, {n} on {(self.base or '')[:12]} in {self.repo} "
+                f"(review: git log -p {(self.base or '')[:12]}..{self.branch})"
+            )
         if self.mode == IN_PLACE:
             return f"serving set: written in place to {self.serving_dir} ({self.why})"
         return f"serving set: not written ({self.why})"
@@ -185,8 +204,10 @@ class TargetPlan:
             # what that session wrote and did not commit (the ledger has no record of it either)
             on = _git(wt, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
             if on != branch:
-                raise PublishError(f"{wt} exists but is not the worktree of branch {branch}: remove it "
-                                   f"(git worktree remove --force {wt}) or pass --in-place")
+                raise PublishError(
+                    f"{wt} exists but is not the worktree of branch {branch}: remove it "
+                    f"(git worktree remove --force {wt}) or pass --in-place"
+                )
             _git(wt, "reset", "-q", "--hard")
             _git(wt, "clean", "-q", "-fd", "--", rel)
         elif _git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False).returncode == 0:
@@ -201,8 +222,16 @@ class TargetPlan:
             base = previous.base
         else:
             base = _out(repo, "merge-base", "HEAD", branch)
-        info = TargetInfo(BRANCH, str(wt / rel), str(self.source_dir), self.why, repo=str(repo),
-                          branch=branch, worktree=str(wt), base=base)
+        info = TargetInfo(
+            BRANCH,
+            str(wt / rel),
+            str(self.source_dir),
+            self.why,
+            repo=str(repo),
+            branch=branch,
+            worktree=str(wt),
+            base=base,
+        )
         return ServingTarget(info, self)
 
 
@@ -220,8 +249,10 @@ def plan_target(in_place: bool = False, writes: bool = True, dir: Optional[Path]
     if shutil.which("git") is None:
         top = _dot_git_above(d)
         if top is not None:
-            raise PublishError(f"the serving folder {d} is in the git repository {top}, but git is not installed: "
-                               f"install git, or pass --in-place to write the serving set in place")
+            raise PublishError(
+                f"the serving folder {d} is in the git repository {top}, but git is not installed: "
+                f"install git, or pass --in-place to write the serving set in place"
+            )
         return TargetPlan(IN_PLACE, d, "not in a git repository")
     where = _existing_ancestor(d)
     p = _git(where, "rev-parse", "--show-toplevel", check=False)
@@ -289,17 +320,18 @@ class ServingTarget:
         wt, rel = Path(self.info.worktree or ""), str(self._plan.rel)
         # exactly what the serving set is made of (its manifest and kernel files, and the tracked files it
         # deleted), so that a bytecode cache or a temporary file written beside them never enters the branch
-        names = {p.name for p in self.dir.iterdir()
-                 if p.is_file() and (p.suffix == ".py" or p.name == serving.MANIFEST_NAME)}
-        names |= {Path(f).name for f in _out(wt, "ls-files", "--", rel).splitlines()
-                  if Path(f).parent.as_posix() == rel}
+        names = {
+            p.name for p in self.dir.iterdir() if p.is_file() and (p.suffix == ".py" or p.name == serving.MANIFEST_NAME)
+        }
+        names |= {
+            Path(f).name for f in _out(wt, "ls-files", "--", rel).splitlines() if Path(f).parent.as_posix() == rel
+        }
         _git(wt, "add", "-A", "--", *sorted(f"{rel}/{n}" for n in names))
         if _git(wt, "diff", "--cached", "--quiet", check=False).returncode == 0:
             return None
         # --no-verify: the change was sanitized in full and benchmarked before it got here, which is more
         # than a commit hook checks; --no-gpg-sign: an unattended run cannot answer a passphrase prompt
-        _git(wt, "commit", "-q", "--no-verify", "--no-gpg-sign", "-F", "-", stdin=message,
-             env=self._identity_env(wt))
+        _git(wt, "commit", "-q", "--no-verify", "--no-gpg-sign", "-F", "-", stdin=message, env=self._identity_env(wt))
         sha = _out(wt, "rev-parse", "HEAD")
         self.info = dataclasses.replace(self.info, commits=self.info.commits + 1)
         return sha
@@ -369,8 +401,9 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
 
-def promotion_message(req: PromotionRequest, replaced: Optional[Dict[str, Any]], file: str,
-                      config: Optional[str] = None) -> str:
+def promotion_message(
+    req: PromotionRequest, replaced: Optional[Dict[str, Any]], file: str, config: Optional[str] = None
+) -> str:
     """The commit message of a promotion: the rule's decision (gain, noise, margin, shapes) and the
     candidate, so that the branch's log reads as the night's verdicts. `config`: for a configuration
     recorded in the manifest without a file, what it tunes and how (serving.describe_entry)."""
@@ -378,8 +411,11 @@ def promotion_message(req: PromotionRequest, replaced: Optional[Dict[str, Any]],
     d = j.decision
     if d is None:
         raise ValueError(f"candidate #{req.candidate_id} has no decision of the rule")
-    was = (f"the promoted kernel {serving.entry_name(replaced)} (candidate #{replaced.get('candidate_id')})"
-           if replaced else "the baseline")
+    was = (
+        f"the promoted kernel {serving.entry_name(replaced)} (candidate #{replaced.get('candidate_id')})"
+        if replaced
+        else "the baseline"
+    )
     clocks = sorted(set(j.kinds))
     lines = [
         f"Promote candidate #{req.candidate_id} for {req.op} {req.bucket} {req.dtype} ({_pct(d.gain)} faster)",
@@ -407,9 +443,20 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
     if j.decision is None or not j.decision.promote:
         raise ValueError(f"candidate #{req.candidate_id} was not chosen by the rule: nothing to promote")
     replaced = serving.promoted(req.op, req.bucket, req.dtype, req.gpu_name, dir=target.dir)
-    entry = serving.install(req.op, req.bucket, req.dtype, req.gpu_name, req.source, req.candidate_id,
-                            j.decision.gain, req.reason, req.versions, dir=target.dir, shapes=list(j.shapes),
-                            judged_hash=req.source_hash)
+    entry = serving.install(
+        req.op,
+        req.bucket,
+        req.dtype,
+        req.gpu_name,
+        req.source,
+        req.candidate_id,
+        j.decision.gain,
+        req.reason,
+        req.versions,
+        dir=target.dir,
+        shapes=list(j.shapes),
+        judged_hash=req.source_hash,
+    )
     if entry.get("file"):
         path, config = target.dir / entry["file"], None
     else:  # a configuration: the manifest entry is the whole change
@@ -417,22 +464,35 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
     if config is not None:
         target.info = dataclasses.replace(target.info, configs=(*target.info.configs, req.candidate_id))
     sha = target.commit(promotion_message(req, replaced, target.shown(path.name), config))
-    promo = ledger.record_promotion(run_id=req.run_id, op=req.op, bucket=req.bucket, dtype=req.dtype,
-                                    gpu_name=req.gpu_name, candidate_id=req.candidate_id, new_ms=j.candidate_ms,
-                                    old_ms=j.incumbent_ms, gain=j.decision.gain, spread=j.decision.spread,
-                                    reason=req.reason, versions=req.versions)
+    promo = ledger.record_promotion(
+        run_id=req.run_id,
+        op=req.op,
+        bucket=req.bucket,
+        dtype=req.dtype,
+        gpu_name=req.gpu_name,
+        candidate_id=req.candidate_id,
+        new_ms=j.candidate_ms,
+        old_ms=j.incumbent_ms,
+        gain=j.decision.gain,
+        spread=j.decision.spread,
+        reason=req.reason,
+        versions=req.versions,
+    )
     return Published(entry, path, promo.id, sha, req.reason)
 
 
 def choice_message(c: Choice) -> str:
     """The commit message of a dispatch choice (what serves a bucket, from measurements side by side)."""
     served = {serving.TORCH: f"torch ({c.torch_label.split(':', 1)[-1]})", serving.BASELINE: "the baseline"}[c.impl]
-    return (f"Serve {c.op} {c.bucket} {c.dtype} by {served}\n\n{c.reason}.\n"
-            f"shapes: {'; '.join(s.shape for s in c.shapes)}\nGPU: {c.gpu}\n")
+    return (
+        f"Serve {c.op} {c.bucket} {c.dtype} by {served}\n\n{c.reason}.\n"
+        f"shapes: {'; '.join(s.shape for s in c.shapes)}\nGPU: {c.gpu}\n"
+    )
 
 
-def publish_choices(target: ServingTarget, ledger: Ledger, choices: Iterable[Choice]
-                    ) -> List[Tuple[Choice, Optional[Dict[str, Any]]]]:
+def publish_choices(
+    target: ServingTarget, ledger: Ledger, choices: Iterable[Choice]
+) -> List[Tuple[Choice, Optional[Dict[str, Any]]]]:
     """Record dispatch choices in the target's manifest (harness.dispatch.record_choices) and commit each
     one that changed it (branch mode): the choices travel with the promotions they are measured against."""
     if not target.writes:
@@ -445,6 +505,21 @@ def publish_choices(target: ServingTarget, ledger: Ledger, choices: Iterable[Cho
     return out
 
 
-__all__ = ["BRANCH", "IN_PLACE", "NONE", "BRANCH_PREFIX", "PublishError", "TargetInfo", "TargetPlan",
-           "ServingTarget", "plan_target", "recorded_target", "PromotionRequest", "Published", "promotion_message",
-           "publish_promotion", "choice_message", "publish_choices"]
+__all__ = [
+    "BRANCH",
+    "IN_PLACE",
+    "NONE",
+    "BRANCH_PREFIX",
+    "PublishError",
+    "TargetInfo",
+    "TargetPlan",
+    "ServingTarget",
+    "plan_target",
+    "recorded_target",
+    "PromotionRequest",
+    "Published",
+    "promotion_message",
+    "publish_promotion",
+    "choice_message",
+    "publish_choices",
+]

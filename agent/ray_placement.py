@@ -22,6 +22,7 @@ Faults: tasks are never retried by Ray (max_retries=0): one whose worker or node
 over its time limit is cancelled (ray.cancel force=True) and comes back failed, as a child over its
 limit does on one machine. `stop()` cancels every running task and starts no new one.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -54,6 +55,7 @@ ACCELERATOR_PREFIX = "accelerator_type:"
 
 
 # -- on the node -----------------------------------------------------------------------------------
+
 
 def _runner():
     name = os.environ.get(RUNNER_ENV)
@@ -96,8 +98,13 @@ def execute_on_node(task: Task, sources: Dict[str, str], threads: int) -> Dict[s
         n = "1" if slot else str(threads)
         env = dict(os.environ, OMP_NUM_THREADS=n, MKL_NUM_THREADS=n)
         result = _runner().run_task(_pointed_at(task, local), env)
-        return {"result": result, "gpu": slot, "gpu_name": node_gpu_name() if slot else None,
-                "start": t0, "end": time.time()}
+        return {
+            "result": result,
+            "gpu": slot,
+            "gpu_name": node_gpu_name() if slot else None,
+            "start": t0,
+            "end": time.time(),
+        }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -107,6 +114,7 @@ def _probe_gpu() -> Optional[str]:
 
 
 # -- the sources a task names, and the task pointed at copies of them ------------------------------
+
 
 def task_sources(task: Task) -> Dict[str, str]:
     """The files a task reads (candidate, incumbent), as text: what travels to the node."""
@@ -146,6 +154,7 @@ def time_limit(task: Task) -> float:
 
 # -- the cluster's shape ---------------------------------------------------------------------------
 
+
 @dataclass
 class Node:
     node_id: str
@@ -161,9 +170,16 @@ def cluster_nodes() -> List[Node]:
         if not n.get("Alive"):
             continue
         res = n.get("Resources", {})
-        models = [k[len(ACCELERATOR_PREFIX):] for k in res if k.startswith(ACCELERATOR_PREFIX)]
-        nodes.append(Node(n["NodeID"], n.get("NodeManagerAddress", "?"), int(res.get("CPU", 0)),
-                          int(res.get("GPU", 0)), models[0] if models else None))
+        models = [k[len(ACCELERATOR_PREFIX) :] for k in res if k.startswith(ACCELERATOR_PREFIX)]
+        nodes.append(
+            Node(
+                n["NodeID"],
+                n.get("NodeManagerAddress", "?"),
+                int(res.get("CPU", 0)),
+                int(res.get("GPU", 0)),
+                models[0] if models else None,
+            )
+        )
     return nodes
 
 
@@ -175,8 +191,9 @@ def choose_gpu_model(nodes: List[Node], wanted: Optional[str] = None) -> Optiona
             counts[n.gpu_model] = counts.get(n.gpu_model, 0) + n.gpus
     if wanted is not None:
         if wanted not in counts:
-            raise ValueError(f"no node of the cluster has a {wanted} GPU (models: "
-                             f"{', '.join(str(m) for m in counts) or 'none'})")
+            raise ValueError(
+                f"no node of the cluster has a {wanted} GPU (models: {', '.join(str(m) for m in counts) or 'none'})"
+            )
         return wanted
     if not counts:
         return None
@@ -208,8 +225,13 @@ class RayPlacement:
 
     remote = True  # the loop takes GPU and GPU name from the cluster, not from this machine
 
-    def __init__(self, address: Optional[str] = None, gpu_model: Optional[str] = None,
-                 time_limits: Optional[Dict[str, float]] = None, poll_s: float = 0.2):
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        gpu_model: Optional[str] = None,
+        time_limits: Optional[Dict[str, float]] = None,
+        poll_s: float = 0.2,
+    ):
         self._ray = ray
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
@@ -272,19 +294,26 @@ class RayPlacement:
             ray.cancel(ref, force=True)
             raise RuntimeError("no GPU of the cluster answered within 300 s (all busy?)") from None
         if not name:  # every result would then be refused: say why now
-            raise RuntimeError("a GPU node of the cluster sees no CUDA device (TRITON_INTERPRET=1 in the "
-                               "environment of its `ray start`?)")
+            raise RuntimeError(
+                "a GPU node of the cluster sees no CUDA device (TRITON_INTERPRET=1 in the "
+                "environment of its `ray start`?)"
+            )
         return name
 
     def describe(self) -> str:
         s = self._shape
         models = sorted({str(n.gpu_model) for n in s.nodes if n.gpus})
-        gpus = (f"{len(s.gpus)} {self.gpu_name or s.gpu_model or 'GPU'} GPU{'s' if len(s.gpus) != 1 else ''}"
-                if s.gpus else "no GPU")
+        gpus = (
+            f"{len(s.gpus)} {self.gpu_name or s.gpu_model or 'GPU'} GPU{'s' if len(s.gpus) != 1 else ''}"
+            if s.gpus
+            else "no GPU"
+        )
         other = [m for m in models if m != str(s.gpu_model)]
-        return (f"Ray cluster at {self.address}: {len(s.nodes)} node{'s' if len(s.nodes) != 1 else ''}, "
-                f"{s.cpus} CPUs, {gpus}; {self.cpu_slots} sanitizer task{'s' if self.cpu_slots != 1 else ''} at "
-                f"once" + (f"; GPUs of other models left unused: {', '.join(other)}" if other else ""))
+        return (
+            f"Ray cluster at {self.address}: {len(s.nodes)} node{'s' if len(s.nodes) != 1 else ''}, "
+            f"{s.cpus} CPUs, {gpus}; {self.cpu_slots} sanitizer task{'s' if self.cpu_slots != 1 else ''} at "
+            f"once" + (f"; GPUs of other models left unused: {', '.join(other)}" if other else "")
+        )
 
     # -- the seam ----------------------------------------------------------------------------------
     def can_start(self, task: Task) -> bool:
@@ -313,8 +342,9 @@ class RayPlacement:
                 ref = remote.options(**self._gpu_options()).remote(task, sources, 1)
             else:
                 ref = remote.options(num_cpus=1, max_retries=0).remote(task, sources, self.threads)
-            self._tasks[ref] = _Running(task, fut, task.resource, time.time(),
-                                        self.time_limits.get(task.kind, time_limit(task)))
+            self._tasks[ref] = _Running(
+                task, fut, task.resource, time.time(), self.time_limits.get(task.kind, time_limit(task))
+            )
             self._running[task.resource] += 1
             self._lock.notify_all()
         return fut
@@ -338,8 +368,11 @@ class RayPlacement:
                 self._settle(ref)
             now = time.time()
             with self._lock:
-                late = [(ref, r) for ref, r in self._tasks.items()
-                        if r.cancelled_for is None and now - r.submitted > r.limit_s]
+                late = [
+                    (ref, r)
+                    for ref, r in self._tasks.items()
+                    if r.cancelled_for is None and now - r.submitted > r.limit_s
+                ]
                 for _, r in late:
                     r.cancelled_for = "time limit"
             for ref, _ in late:
@@ -373,8 +406,11 @@ class RayPlacement:
             self._tasks.pop(ref, None)
             self._running[r.resource] -= 1
             start = info["start"] if info else r.submitted
-            self._log.append(TaskSpan(r.task.kind, r.resource, start, info["end"] if info else end,
-                                      info.get("gpu") if info else None))
+            self._log.append(
+                TaskSpan(
+                    r.task.kind, r.resource, start, info["end"] if info else end, info.get("gpu") if info else None
+                )
+            )
             self._lock.notify_all()
         if isinstance(result, TaskLost) and not self.stopped:
             self._refresh_shape()
@@ -434,5 +470,14 @@ class RayPlacement:
             self._ray.shutdown()
 
 
-__all__ = ["RayPlacement", "execute_on_node", "cluster_nodes", "choose_gpu_model", "task_sources",
-           "failed_result", "time_limit", "RUNNER_ENV", "Node"]
+__all__ = [
+    "RayPlacement",
+    "execute_on_node",
+    "cluster_nodes",
+    "choose_gpu_model",
+    "task_sources",
+    "failed_result",
+    "time_limit",
+    "RUNNER_ENV",
+    "Node",
+]

@@ -3,6 +3,7 @@ decides of a benchmark, a winner installed, and what the run reads back of its o
 (a stage a resume need not run again, the times a replay tells the proposer, the attempts a prompt lists).
 It tells the run's output (`RunEvents`) and the proposer (`ProposerThread`) what each result was. The ledger
 is the record of the candidates' statuses: nothing here keeps a copy of them."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,16 @@ class Recorder:
     """What one run records, and the figures it keeps of this session (the best gain, the incumbents' times,
     the benchmarks' phases) for its status line, its prompts and its throughput."""
 
-    def __init__(self, cfg: RunConfig, ledger: Ledger, run_id: str, events: RunEvents, proposer: ProposerThread,
-                 gpu_name: str, target: ServingTarget):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        ledger: Ledger,
+        run_id: str,
+        events: RunEvents,
+        proposer: ProposerThread,
+        gpu_name: str,
+        target: ServingTarget,
+    ):
         self.cfg, self.ledger, self.run_id, self.events = cfg, ledger, run_id, events
         self.proposer = proposer
         self.gpu_name = gpu_name
@@ -71,13 +80,23 @@ class Recorder:
         model is told what was tried before this run too); `mine`: this run's candidates, left out."""
         out = []
         for c in self.ledger.candidates(op=t.op):
-            if c.id in mine or c.status == CandidateStatus.PROPOSED or not c.path or \
-                    os.path.basename(os.path.dirname(c.path)) != t.bucket:
+            if (
+                c.id in mine
+                or c.status == CandidateStatus.PROPOSED
+                or not c.path
+                or os.path.basename(os.path.dirname(c.path)) != t.bucket
+            ):
                 continue
             passed = c.status in PASSED_SANITIZER
             why = c.status if passed else (c.stored_verdict.failure() or "rejected")
-            out.append(Attempt(c.label or f"candidate-{c.id}", passed, f"{why} (an earlier run)"[:300],
-                               self.bench_ms(c.id) if c.status in TIMED else None))
+            out.append(
+                Attempt(
+                    c.label or f"candidate-{c.id}",
+                    passed,
+                    f"{why} (an earlier run)"[:300],
+                    self.bench_ms(c.id) if c.status in TIMED else None,
+                )
+            )
         return out[-HISTORY_ATTEMPTS:]
 
     def bench_ms(self, cid: int, incumbent: bool = False) -> Optional[float]:
@@ -87,8 +106,7 @@ class Recorder:
         for b in self.ledger.bench_results(candidate_id=cid):
             if not b.label.startswith("anchor:"):
                 by_shape.setdefault(b.shape_key, []).append(b)
-        times = [row_time(rows)(b) for rows in by_shape.values() for b in rows
-                 if (b.label != "candidate") == incumbent]
+        times = [row_time(rows)(b) for rows in by_shape.values() for b in rows if (b.label != "candidate") == incumbent]
         return sum(times) / len(times) if times else None
 
     def replay(self, ctx: ProposeContext, p: Proposal, cid: int) -> None:
@@ -121,8 +139,12 @@ class Recorder:
         verdict = c.stored_verdict if c is not None else Verdict("", "", "")
         old_style = is_time_limit(verdict.error) and verdict.mode == mode
         # (by the judge's words only: a failed check's detail may quote the candidate's own messages)
-        stopped = [k for k in done if (k.status == CheckStatus.SKIPPED and is_time_limit(k.detail))
-                   or (old_style and k.status == CheckStatus.FAILED)]
+        stopped = [
+            k
+            for k in done
+            if (k.status == CheckStatus.SKIPPED and is_time_limit(k.detail))
+            or (old_style and k.status == CheckStatus.FAILED)
+        ]
         if not stopped:
             return done
         last = max(k.created_at for k in stopped)
@@ -133,8 +155,14 @@ class Recorder:
         """A model reply that could not become a candidate, recorded as a rejected one; (its id, its hash)."""
         body = f"# unusable model reply ({p.label}, model call {p.model_call_id}): {p.rejected}\n"
         cand, _ = self.ledger.add_candidate(p.op, body, p.proposer, self.run_id, label=p.label)
-        verdict = Verdict("", p.op, "reply", [CheckOutcome("reply", CheckStatus.FAILED, p.rejected)], error=p.rejected,
-                          source_hash=hash_source(body))
+        verdict = Verdict(
+            "",
+            p.op,
+            "reply",
+            [CheckOutcome("reply", CheckStatus.FAILED, p.rejected)],
+            error=p.rejected,
+            source_hash=hash_source(body),
+        )
         self.ledger.record_checks(cand.id, Stage.QUICK.value, [asdict(c) for c in verdict.checks])
         self.ledger.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=verdict.to_json())
         if p.model_call_id:
@@ -153,12 +181,15 @@ class Recorder:
         self.ledger.record_checks(cid, mode.value, [asdict(c) for c in v.checks])
         if v.passed:
             if mode == Stage.FULL:
-                self.ledger.set_candidate_status(cid, CandidateStatus.VERIFIED, verdict=v.to_json(),
-                                                 fpsan_equivalent=v.fpsan_equivalent)
+                self.ledger.set_candidate_status(
+                    cid, CandidateStatus.VERIFIED, verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent
+                )
             return True
         self.ledger.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=v.to_json())
         self.judged.add(cid)
-        self.events.candidate(works[0].proposal.label, CandidateStatus.REJECTED, f"{works[0].target.op} {mode}: {v.summary()}")
+        self.events.candidate(
+            works[0].proposal.label, CandidateStatus.REJECTED, f"{works[0].target.op} {mode}: {v.summary()}"
+        )
         for w in works:
             self.attempt(w, Attempt(w.proposal.label, False, v.summary()))
             self.proposer.feedback(w.ctx, w.proposal, False, None)
@@ -173,15 +204,21 @@ class Recorder:
         """Why a verdict does not count for the candidate: it is about another text (the file changed after the
         loop wrote it, or the judge did not say what it read)."""
         got = f"sha256 {v.source_hash[:12]}" if v.source_hash else "a text it did not name"
-        return (f"{w.target.op} {mode}: the file judged is not the candidate's text ({got}, the candidate's "
-                f"{w.source_hash[:12]}): {w.path} changed after it was written")
+        return (
+            f"{w.target.op} {mode}: the file judged is not the candidate's text ({got}, the candidate's "
+            f"{w.source_hash[:12]}): {w.path} changed after it was written"
+        )
 
     def _judged_other_text(self, works: Sequence[Work], mode: Stage, v: Verdict) -> bool:
         """A verdict about another text than the candidate's is no verdict on it: nothing is recorded, the
         candidate stays where it was (a later run or `--resume` judges it again), and nothing follows in this
         session. Returns False."""
-        self.events.candidate(works[0].proposal.label, NOT_VERIFIED, f"{self._other_text(works[0], mode, v)}; "
-                              f"not judged: `kernel-agent run --resume {self.run_id}` judges it again")
+        self.events.candidate(
+            works[0].proposal.label,
+            NOT_VERIFIED,
+            f"{self._other_text(works[0], mode, v)}; "
+            f"not judged: `kernel-agent run --resume {self.run_id}` judges it again",
+        )
         for w in works:
             self.proposer.feedback(w.ctx, w.proposal, False, None)
         return False
@@ -191,15 +228,24 @@ class Recorder:
         or verified), the check the limit stopped is recorded as not run, with the limit's words, and a later
         run or `--resume` judges it again. Returns False: nothing follows in this session."""
         cid, w0 = works[0].cid, works[0]
-        checks = [CheckOutcome(k.name, CheckStatus.SKIPPED, v.error if not is_time_limit(k.detail) else k.detail,
-                               k.duration_s) if k.status == CheckStatus.FAILED else k for k in v.checks]
+        checks = [
+            CheckOutcome(
+                k.name, CheckStatus.SKIPPED, v.error if not is_time_limit(k.detail) else k.detail, k.duration_s
+            )
+            if k.status == CheckStatus.FAILED
+            else k
+            for k in v.checks
+        ]
         self.ledger.record_checks(cid, mode.value, [asdict(k) for k in checks])
         c = self.ledger.candidate(cid)
         if c is not None and c.status == CandidateStatus.PROPOSED:  # (a verified one keeps its full verdict)
             self.ledger.set_candidate_status(cid, CandidateStatus.PROPOSED, verdict=v.to_json())
-        self.events.candidate(w0.proposal.label, NOT_VERIFIED,
-                              f"{w0.target.op} {mode}: {v.error}; judged again by a later run or "
-                              f"`kernel-agent run --resume {self.run_id}`")
+        self.events.candidate(
+            w0.proposal.label,
+            NOT_VERIFIED,
+            f"{w0.target.op} {mode}: {v.error}; judged again by a later run or "
+            f"`kernel-agent run --resume {self.run_id}`",
+        )
         for w in works:
             self.proposer.feedback(w.ctx, w.proposal, False, None)  # the proposer moves on; the ledger keeps it open
         return False
@@ -209,9 +255,13 @@ class Recorder:
         self.judged.add(w0.cid)
         c = self.ledger.candidate(w0.cid)
         eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
-            c.fpsan_equivalent if c else None]
-        self.events.candidate(w0.proposal.label, CandidateStatus.VERIFIED,
-                              f"{w0.target.op}: passed the full sanitizer ({eq}); not benchmarked: no GPU")
+            c.fpsan_equivalent if c else None
+        ]
+        self.events.candidate(
+            w0.proposal.label,
+            CandidateStatus.VERIFIED,
+            f"{w0.target.op}: passed the full sanitizer ({eq}); not benchmarked: no GPU",
+        )
         for w in works:
             self.attempt(w, Attempt(w.proposal.label, True, "verified, not benchmarked"))
             self.proposer.feedback(w.ctx, w.proposal, True, None)
@@ -243,8 +293,11 @@ class Recorder:
         j = judge_benchmark(outcome, [s.key() for s in t.shapes], self.cfg.margin)
         self.judged.add(cid)
         if j.error:
-            self.ledger.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=Verdict(
-                w.path, t.op, Stage.BENCH.value, error=j.error, source_hash=w.source_hash).to_json())
+            self.ledger.set_candidate_status(
+                cid,
+                CandidateStatus.REJECTED,
+                verdict=Verdict(w.path, t.op, Stage.BENCH.value, error=j.error, source_hash=w.source_hash).to_json(),
+            )
             self.events.candidate(p.label, CandidateStatus.REJECTED, f"benchmark: {j.error}")
             self.proposer.feedback(w.ctx, p, False, None)
             return False
@@ -273,8 +326,9 @@ class Recorder:
         of the two serves the bucket from now on (harness.dispatch)."""
         if not get_op(t.op).torch_label:
             return
-        choices = measured_choices(self.ledger, ops=[t.op], bucket=t.bucket, dtype=self.cfg.dtype, gpu=self.gpu_name,
-                                   dir=self.target.dir)
+        choices = measured_choices(
+            self.ledger, ops=[t.op], bucket=t.bucket, dtype=self.cfg.dtype, gpu=self.gpu_name, dir=self.target.dir
+        )
         for c, entry in publish_choices(self.target, self.ledger, choices):
             if entry is not None and entry.get("measured_at"):
                 self.events.note(f"{t.op} {t.bucket}: {c.reason}; it serves the bucket")
@@ -284,15 +338,20 @@ class Recorder:
         the serving set; True when they passed. A verdict about another text than the candidate's promotes
         nothing."""
         if v.source_hash != w.source_hash:
-            self.events.candidate(w.proposal.label, CandidateStatus.BENCHMARKED,
-                                  f"faster, but not promoted: {self._other_text(w, Stage.PROMOTE, v)}")
+            self.events.candidate(
+                w.proposal.label,
+                CandidateStatus.BENCHMARKED,
+                f"faster, but not promoted: {self._other_text(w, Stage.PROMOTE, v)}",
+            )
             return False
-        self.ledger.record_checks(w.cid, Stage.GPU.value, [asdict(c) for c in v.checks
-                                                            if c.name in GPU_PROMOTION_CHECKS])
+        self.ledger.record_checks(
+            w.cid, Stage.GPU.value, [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS]
+        )
         if not v.passed:
             self.ledger.set_candidate_status(w.cid, CandidateStatus.REJECTED, verdict=v.to_json())
-            self.events.candidate(w.proposal.label, CandidateStatus.BENCHMARKED,
-                                  f"faster, but not promoted: {v.summary()}")
+            self.events.candidate(
+                w.proposal.label, CandidateStatus.BENCHMARKED, f"faster, but not promoted: {v.summary()}"
+            )
             return False
         return True
 
@@ -300,13 +359,29 @@ class Recorder:
         """Install the text the loop holds (never the file again), named by the hash every stage judged."""
         t, p, j = w.target, w.proposal, w.judgement
         try:
-            done = publish_promotion(self.target, self.ledger, PromotionRequest(
-                self.run_id, t.op, t.bucket, self.cfg.dtype, self.gpu_name, w.cid, p.label, p.source, j,
-                self.cfg.margin, versions(), source_hash=w.source_hash))
+            done = publish_promotion(
+                self.target,
+                self.ledger,
+                PromotionRequest(
+                    self.run_id,
+                    t.op,
+                    t.bucket,
+                    self.cfg.dtype,
+                    self.gpu_name,
+                    w.cid,
+                    p.label,
+                    p.source,
+                    j,
+                    self.cfg.margin,
+                    versions(),
+                    source_hash=w.source_hash,
+                ),
+            )
         except serving.ServingError as e:
             self.events.candidate(p.label, CandidateStatus.BENCHMARKED, f"faster, but not promoted: {e}")
             return
         self.incumbent_ms[(t.op, t.bucket)] = j.candidate_ms
         where = f" ({self.target.info.branch} {done.commit[:10]})" if done.commit else ""
-        self.events.candidate(p.label, CandidateStatus.PROMOTED,
-                              f"{done.reason} -> {serving.describe_entry(done.entry)}{where}")
+        self.events.candidate(
+            p.label, CandidateStatus.PROMOTED, f"{done.reason} -> {serving.describe_entry(done.entry)}{where}"
+        )

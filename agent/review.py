@@ -1,4 +1,5 @@
 """The surfaces reviewers touch: `history`, `report` (pull-request markdown + plots) and `gate` (CI)."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,11 @@ def register(sub) -> None:
     g.add_argument("--junit", default=None, help="write JUnit XML here")
     g.add_argument("--summary", default=None, help="write the markdown summary here (and to $GITHUB_STEP_SUMMARY)")
     g.add_argument("--quick", action="store_true", help="quick sanitizer subset")
-    g.add_argument("--since-versions", action="store_true",
-                   help="only entries measured under other torch/triton/driver versions than this machine's")
+    g.add_argument(
+        "--since-versions",
+        action="store_true",
+        help="only entries measured under other torch/triton/driver versions than this machine's",
+    )
     g.add_argument("--no-baselines", action="store_true", help="do not re-check the baselines (the fallbacks)")
     g.add_argument("--jobs", type=int, default=2)
     g.add_argument("--gpu", choices=["auto", "on", "off"], default="auto")
@@ -63,43 +67,107 @@ def register(sub) -> None:
 
 # -- history -----------------------------------------------------------------------------------
 
+
 def history(args, led) -> int:
     if (args.leaderboard or args.trend) and not args.op:
         raise UsageError("--leaderboard and --trend need --op")
     if getattr(args, "serving", False):
         return _print_serving(serving_doc(led), args.json)
-    h = history_data(led, op=args.op, status=args.status, since=args.since, until=args.until, proposer=args.proposer,
-                     gpu=getattr(args, "gpu", None), limit=args.limit, leaderboard=args.leaderboard, trend=args.trend)
+    h = history_data(
+        led,
+        op=args.op,
+        status=args.status,
+        since=args.since,
+        until=args.until,
+        proposer=args.proposer,
+        gpu=getattr(args, "gpu", None),
+        limit=args.limit,
+        leaderboard=args.leaderboard,
+        trend=args.trend,
+    )
     runs, board, trend = h.runs, h.board, h.trend
     doc = h.to_json()
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
     # the counts before the text columns: at 80 columns a text column is cut or left out, never a count
-    ui.table(f"runs ({len(runs)}); judged: by the run itself, of which rej(ected), ver(ified), bench(marked); "
-             f"replay: judged by earlier runs", ["run", "status", "judged", "rej", "ver", "bench", "promoted",
-                                                 "replay", "proposer", "started (UTC)", "ops", "gpu"],
-             [[r["id"], r["status"], r["judged_now"], r["judged_now_by_status"].get(CandidateStatus.REJECTED, 0),
-               r["judged_now_by_status"].get(CandidateStatus.VERIFIED, 0),
-               r["judged_now_by_status"].get(CandidateStatus.BENCHMARKED, 0), r["promotions"], r["replayed"],
-               r["proposer"], r["started"][:16].replace("T", " "), r["ops"], r["gpu"] or "-"] for r in doc["runs"]],
-             justify=["left"] * 2 + ["right"] * 6 + ["left"] * 4)
+    ui.table(
+        f"runs ({len(runs)}); judged: by the run itself, of which rej(ected), ver(ified), bench(marked); "
+        f"replay: judged by earlier runs",
+        [
+            "run",
+            "status",
+            "judged",
+            "rej",
+            "ver",
+            "bench",
+            "promoted",
+            "replay",
+            "proposer",
+            "started (UTC)",
+            "ops",
+            "gpu",
+        ],
+        [
+            [
+                r["id"],
+                r["status"],
+                r["judged_now"],
+                r["judged_now_by_status"].get(CandidateStatus.REJECTED, 0),
+                r["judged_now_by_status"].get(CandidateStatus.VERIFIED, 0),
+                r["judged_now_by_status"].get(CandidateStatus.BENCHMARKED, 0),
+                r["promotions"],
+                r["replayed"],
+                r["proposer"],
+                r["started"][:16].replace("T", " "),
+                r["ops"],
+                r["gpu"] or "-",
+            ]
+            for r in doc["runs"]
+        ],
+        justify=["left"] * 2 + ["right"] * 6 + ["left"] * 4,
+    )
     if args.leaderboard and board is not None:  # history_data made it
-        rows = [[e.figure.bucket, e.figure.shape_key, f"#{e.figure.candidate_id} {e.label or ''}".strip(),
-                 fmt_ms(e.figure.kernel_ms), _short_label(e.figure.incumbent_label), fmt_ms(e.figure.incumbent_ms),
-                 fmt_x(e.figure.speedup), CLOCK_WORDS[e.figure.clock], fmt_ms(e.figure.anchor_ms),
-                 e.figure.dtype, e.figure.gpu_name] for e in board.entries]
-        ui.table(f"leaderboard: {args.op} (candidates faster than the incumbent timed beside them)",
-                 ["bucket", "shape", "candidate", "ms", "over", "its ms", "speedup", "clock", "anchor ms", "dtype",
-                  "gpu"], rows)
+        rows = [
+            [
+                e.figure.bucket,
+                e.figure.shape_key,
+                f"#{e.figure.candidate_id} {e.label or ''}".strip(),
+                fmt_ms(e.figure.kernel_ms),
+                _short_label(e.figure.incumbent_label),
+                fmt_ms(e.figure.incumbent_ms),
+                fmt_x(e.figure.speedup),
+                CLOCK_WORDS[e.figure.clock],
+                fmt_ms(e.figure.anchor_ms),
+                e.figure.dtype,
+                e.figure.gpu_name,
+            ]
+            for e in board.entries
+        ]
+        ui.table(
+            f"leaderboard: {args.op} (candidates faster than the incumbent timed beside them)",
+            ["bucket", "shape", "candidate", "ms", "over", "its ms", "speedup", "clock", "anchor ms", "dtype", "gpu"],
+            rows,
+        )
         if board.unbeaten:
             ui.line(f"no candidate beat its incumbent at: {'; '.join(board.unbeaten)}")
     if args.trend and trend is not None:  # history_data made it
-        ui.table(f"speedup trend: {args.op} (each run's best candidate, geometric mean over its bucket's shapes)",
-                 ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
-                 [[t.run_id, t.started_at.isoformat()[:16].replace("T", " "), f"#{t.best.candidate_id}", t.best.bucket,
-                   fmt_x(t.speedup), _short_label(t.best.incumbent_label), t.best.clocks.replace("event", "events")]
-                  for t in trend])
+        ui.table(
+            f"speedup trend: {args.op} (each run's best candidate, geometric mean over its bucket's shapes)",
+            ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
+            [
+                [
+                    t.run_id,
+                    t.started_at.isoformat()[:16].replace("T", " "),
+                    f"#{t.best.candidate_id}",
+                    t.best.bucket,
+                    fmt_x(t.speedup),
+                    _short_label(t.best.incumbent_label),
+                    t.best.clocks.replace("event", "events"),
+                ]
+                for t in trend
+            ],
+        )
     return 0
 
 
@@ -108,15 +176,30 @@ def _print_serving(doc: Dict[str, Any], as_json: bool) -> int:
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
-    ui.table("serving set (by the ledger: promotions, and torch against the Triton side where both were timed)",
-             ["op", "bucket", "dtype", "gpu", "serves", "promoted", "over baseline", "torch/it", "promoted in"],
-             [[b["op"], b["bucket"], b["dtype"], b["gpu"] or "-", b["serves"],
-               f"#{b['candidate_id']}" if b["candidate_id"] is not None else "", fmt_x(b["over_baseline"]),
-               f"{b['vs_torch']:.3f}" if b["vs_torch"] else "", b["run_id"] or ""] for b in doc["buckets"]])
+    ui.table(
+        "serving set (by the ledger: promotions, and torch against the Triton side where both were timed)",
+        ["op", "bucket", "dtype", "gpu", "serves", "promoted", "over baseline", "torch/it", "promoted in"],
+        [
+            [
+                b["op"],
+                b["bucket"],
+                b["dtype"],
+                b["gpu"] or "-",
+                b["serves"],
+                f"#{b['candidate_id']}" if b["candidate_id"] is not None else "",
+                fmt_x(b["over_baseline"]),
+                f"{b['vs_torch']:.3f}" if b["vs_torch"] else "",
+                b["run_id"] or "",
+            ]
+            for b in doc["buckets"]
+        ],
+    )
     for p in doc["promotions"]:
-        ui.line(f"{p['created_at'][:16].replace('T', ' ')} #{p['candidate_id']} {p['op']} {p['bucket']} {p['dtype']}: "
-                f"{p['reason']}" + (f"; demoted {p['demoted_at'][:16].replace('T', ' ')}: {p['demote_reason']}"
-                                    if p["demoted_at"] else ""))
+        ui.line(
+            f"{p['created_at'][:16].replace('T', ' ')} #{p['candidate_id']} {p['op']} {p['bucket']} {p['dtype']}: "
+            f"{p['reason']}"
+            + (f"; demoted {p['demoted_at'][:16].replace('T', ' ')}: {p['demote_reason']}" if p["demoted_at"] else "")
+        )
     return 0
 
 
@@ -128,6 +211,7 @@ def _short_label(label) -> str:
 
 
 # -- report ------------------------------------------------------------------------------------
+
 
 def cmd_report(args) -> int:
     led = open_ledger(args, read=True)
@@ -146,15 +230,21 @@ def write_report(led, run, out_dir: str) -> str:
     # every figure below (tables, headlines, plots) is one of these: harness/figures.py
     results = candidate_results(led.figures(run_id=run.id))
     stack = versions_line(run.versions)
-    lines = [f"# kernel-agent run `{run.id}`", "",
-             f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
-             f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
-             f"- candidates: {summary.candidates} "
-             f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
-             ""]
+    lines = [
+        f"# kernel-agent run `{run.id}`",
+        "",
+        f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
+        f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
+        f"- candidates: {summary.candidates} "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
+        "",
+    ]
     if summary.checks_failed:
-        lines += ["Rejections by the check that caught them: " +
-                  ", ".join(f"`{k}` {n}" for k, n in sorted(summary.checks_failed.items())), ""]
+        lines += [
+            "Rejections by the check that caught them: "
+            + ", ".join(f"`{k}` {n}" for k, n in sorted(summary.checks_failed.items())),
+            "",
+        ]
     for name in _STALE_PLOTS:  # plots an earlier version wrote here would sit beside the new ones
         if os.path.exists(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
@@ -182,6 +272,7 @@ def write_report(led, run, out_dir: str) -> str:
 
 # -- the sections of one promoted kernel: shared by `report` and `pr` (agent/pr.py) -----------------
 
+
 @dataclass(frozen=True)
 class PromotedKernel:
     """A promotion of the run with what its sections show. candidate: the promoted candidate (None for a
@@ -205,17 +296,28 @@ class PromotedKernel:
 def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedKernel]:
     """The run's promotions in the order they were made, each with its judged result from `results`."""
     from .search import baseline_source  # here: the search imports torch; flags are checked first
+
     out = []
     for pr in sorted(led.promotions(run_id=run.id), key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
-        res = next((r for r in results if r.candidate_id == pr.candidate_id and (r.op, r.bucket, r.dtype, r.gpu_name)
-                    == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)), None)
+        res = next(
+            (
+                r
+                for r in results
+                if r.candidate_id == pr.candidate_id
+                and (r.op, r.bucket, r.dtype, r.gpu_name) == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)
+            ),
+            None,
+        )
         if c is not None:
             base = judged_base(led, c, pr.replaced_candidate_id)
         else:
             old = led.candidate(pr.replaced_candidate_id) if pr.replaced_candidate_id else None
-            base = JudgedBase(f"candidate #{old.id}", old.source) if old is not None else \
-                JudgedBase(f"kernels/baseline/{pr.op}.py", baseline_source(pr.op))
+            base = (
+                JudgedBase(f"candidate #{old.id}", old.source)
+                if old is not None
+                else JudgedBase(f"kernels/baseline/{pr.op}.py", baseline_source(pr.op))
+            )
         out.append(PromotedKernel(pr, c, res, base.label, base.source, base.note))
     return out
 
@@ -225,28 +327,41 @@ def promotion_header(pk: PromotedKernel) -> List[str]:
     pr, res = pk.promotion, pk.result
     if res is not None and res.speedup is not None:
         n = len(res.figures)
-        head = (f"Replaces {pk.replaced_what}: **{fmt_x(res.speedup)}** ({fmt_saved(res.speedup)}), the geometric "
-                f"mean over {n} shape{'s' if n != 1 else ''} of the speedups below, on {_clock_phrase(res.clocks)}; "
-                f"the rule's noise {pr.spread:.1%}.")
+        head = (
+            f"Replaces {pk.replaced_what}: **{fmt_x(res.speedup)}** ({fmt_saved(res.speedup)}), the geometric "
+            f"mean over {n} shape{'s' if n != 1 else ''} of the speedups below, on {_clock_phrase(res.clocks)}; "
+            f"the rule's noise {pr.spread:.1%}."
+        )
     else:  # no benchmark of it in this run (a promotion by hand, say): the rule's record
-        head = (f"Replaces {pk.replaced_what}: {fmt_saved(1 / (1 - pr.gain)) if pr.gain < 1 else ''} as the rule "
-                f"recorded it (noise {pr.spread:.1%}); no benchmark of it in this run.")
-    return [f"## Promoted: `{pr.op}` bucket `{pr.bucket}`, {pr.dtype}, {pr.gpu_name}", "",
-            f"The rule: {pr.reason}", "",
-            head + (" Demoted later: " + (pr.demote_reason or "") if pr.demoted_at else ""), ""]
+        head = (
+            f"Replaces {pk.replaced_what}: {fmt_saved(1 / (1 - pr.gain)) if pr.gain < 1 else ''} as the rule "
+            f"recorded it (noise {pr.spread:.1%}); no benchmark of it in this run."
+        )
+    return [
+        f"## Promoted: `{pr.op}` bucket `{pr.bucket}`, {pr.dtype}, {pr.gpu_name}",
+        "",
+        f"The rule: {pr.reason}",
+        "",
+        head + (" Demoted later: " + (pr.demote_reason or "") if pr.demoted_at else ""),
+        "",
+    ]
 
 
 def timings_section(pk: PromotedKernel) -> List[str]:
     """Per shape: the incumbent, the candidate and the torch anchor timed side by side, clock named."""
     if pk.result is None or pk.candidate is None:
         return []
-    lines = ["### Timings", "",
-             "Each shape: the candidate against the incumbent timed beside it, on the clock the rule judged "
-             "them by; speedup = incumbent ms / candidate ms, vs anchor = anchor ms / kernel ms (the torch "
-             "anchor of the same benchmark), of ceiling: the kernel's fraction of the measured hardware "
-             "ceiling at that time.", "",
-             "| shape | kernel | ms | spread ms | clock | speedup | vs anchor | of ceiling |",
-             "|---|---|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        "### Timings",
+        "",
+        "Each shape: the candidate against the incumbent timed beside it, on the clock the rule judged "
+        "them by; speedup = incumbent ms / candidate ms, vs anchor = anchor ms / kernel ms (the torch "
+        "anchor of the same benchmark), of ceiling: the kernel's fraction of the measured hardware "
+        "ceiling at that time.",
+        "",
+        "| shape | kernel | ms | spread ms | clock | speedup | vs anchor | of ceiling |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
     for f in pk.result.figures:
         lines += _timing_rows(f, pk.candidate.id)
     return lines
@@ -257,9 +372,11 @@ def verdict_section(led, pk: PromotedKernel) -> List[str]:
     c = pk.candidate
     if c is None:
         return []
-    eq = {True: "**FpSan-equivalent** to the baseline (bitwise identical under the payload algebra)",
-          False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
-          None: "FpSan equivalence undecided"}[c.fpsan_equivalent]
+    eq = {
+        True: "**FpSan-equivalent** to the baseline (bitwise identical under the payload algebra)",
+        False: "**not structurally equivalent** under FpSan; passed the extended numeric suite",
+        None: "FpSan equivalence undecided",
+    }[c.fpsan_equivalent]
     lines = ["", "### Sanitizer verdict", "", eq + ".", ""]
     # check details and FpSan's detail can carry the candidate's own messages: quoted as data
     if (c.verdict or {}).get("fpsan_detail"):
@@ -279,14 +396,23 @@ def diff_section(pk: PromotedKernel) -> List[str]:
         return []
     diff = unified_diff(pk.replaced_label, pk.replaced_source, f"candidate #{c.id} ({c.label})", c.source)
     fence = fence_for(diff)  # the candidate's source may hold backticks: the block must outlast them
-    return ["", f"### Diff against {pk.replaced_label}", "", *([pk.replaced_note, ""] if pk.replaced_note else []),
-            *config_lines(pk.replaced_source, c.source),
-            f"{fence}diff", diff.rstrip() or "(identical)", fence, ""]
+    return [
+        "",
+        f"### Diff against {pk.replaced_label}",
+        "",
+        *([pk.replaced_note, ""] if pk.replaced_note else []),
+        *config_lines(pk.replaced_source, c.source),
+        f"{fence}diff",
+        diff.rstrip() or "(identical)",
+        fence,
+        "",
+    ]
 
 
 def _have_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401 - optional extra (report): whether the plots can be drawn
+
         return True
     except ImportError:
         return False
@@ -303,9 +429,11 @@ def _timing_rows(f, cid: int) -> List[str]:
         speed = fmt_x(f.speedup) if who is f.kernel else ""
         ratio = fmt_x(f.anchor_ratio(who)) if who is not f.anchor else ""
         frac = who.fraction(clock)
-        rows.append(f"| {f.shape_key} | {name or _md_word(who.label, extra=':')} | {fmt_ms(who.ms(clock))} | "
-                    f"{fmt_spread(who.spread_ms(clock))} | {CLOCK_WORDS[clock]} | {speed} | {ratio} | "
-                    f"{f'{frac:.0%} ({who.ceiling_kind})' if frac else ''} |")
+        rows.append(
+            f"| {f.shape_key} | {name or _md_word(who.label, extra=':')} | {fmt_ms(who.ms(clock))} | "
+            f"{fmt_spread(who.spread_ms(clock))} | {CLOCK_WORDS[clock]} | {speed} | {ratio} | "
+            f"{f'{frac:.0%} ({who.ceiling_kind})' if frac else ''} |"
+        )
     return rows
 
 
@@ -320,18 +448,28 @@ def _results_table(results) -> List[str]:
     """Every benchmark of a candidate in the run, with the figures it was judged on."""
     if not results:
         return []
-    lines = ["## Benchmarks", "",
-             "Each candidate over the incumbent timed beside it: per shape incumbent ms -> candidate ms (speedup), "
-             "and the geometric mean of the speedups over the shapes timed.", "",
-             "| # | op | bucket | over | speedup | per shape | clock |", "|---:|---|---|---|---:|---|---|"]
+    lines = [
+        "## Benchmarks",
+        "",
+        "Each candidate over the incumbent timed beside it: per shape incumbent ms -> candidate ms (speedup), "
+        "and the geometric mean of the speedups over the shapes timed.",
+        "",
+        "| # | op | bucket | over | speedup | per shape | clock |",
+        "|---:|---|---|---|---:|---|---|",
+    ]
     for r in sorted(results, key=lambda r: r.candidate_id):
-        shapes = "; ".join(f"{f.shape_key}: {fmt_ms(f.incumbent_ms)} -> {fmt_ms(f.kernel_ms)} ({fmt_x(f.speedup)})"
-                           if f.incumbent is not None else f"{f.shape_key}: {fmt_ms(f.kernel_ms)} (no incumbent)"
-                           for f in r.figures)
-        lines.append(f"| {r.candidate_id} | {_md_word(r.op)} | {_md_word(r.bucket)} | "
-                     f"{_md_word(_short_label(r.incumbent_label))} | {fmt_x(r.speedup)} | {shapes}"
-                     f"{_IMPLAUSIBLE if r.implausible else ''} | "
-                     f"{r.clocks.replace('event', 'events')} |")
+        shapes = "; ".join(
+            f"{f.shape_key}: {fmt_ms(f.incumbent_ms)} -> {fmt_ms(f.kernel_ms)} ({fmt_x(f.speedup)})"
+            if f.incumbent is not None
+            else f"{f.shape_key}: {fmt_ms(f.kernel_ms)} (no incumbent)"
+            for f in r.figures
+        )
+        lines.append(
+            f"| {r.candidate_id} | {_md_word(r.op)} | {_md_word(r.bucket)} | "
+            f"{_md_word(_short_label(r.incumbent_label))} | {fmt_x(r.speedup)} | {shapes}"
+            f"{_IMPLAUSIBLE if r.implausible else ''} | "
+            f"{r.clocks.replace('event', 'events')} |"
+        )
     return lines + [""]
 
 
@@ -355,8 +493,11 @@ def _candidate_table(led, run, results=()) -> List[str]:
         else:
             n = sum(1 for x in v.checks if x.status == CheckStatus.PASSED)
             eq = {True: "FpSan-equivalent", False: "not structurally equivalent", None: "FpSan undecided"}[
-                c.fpsan_equivalent]
-            why = f"passed {n} checks; {eq}" + ("; benchmarked" if c.status in (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED) else "")
+                c.fpsan_equivalent
+            ]
+            why = f"passed {n} checks; {eq}" + (
+                "; benchmarked" if c.status in (CandidateStatus.BENCHMARKED, CandidateStatus.PROMOTED) else ""
+            )
             r = speedups.get(c.id)
             if r is not None and r.speedup is not None:
                 why += f": {fmt_x(r.speedup)} over {_md_word(_short_label(r.incumbent_label))}"
@@ -391,6 +532,7 @@ def _plots(run, results, out_dir: str, promotions=()):
         return []
     try:
         import matplotlib  # optional extra (report): without it there are no plots
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # after the backend is chosen: pyplot reads it when first imported
     except ImportError:
@@ -405,16 +547,30 @@ def _speedup_plot(plt, run, best, out_dir: str) -> Tuple[str, str]:
     sp = [f.speedup for _, f in figs]
     an = [f.anchor_speedup for _, f in figs]
     bars = ax.bar([i - 0.2 for i in x], sp, width=0.4, label="best candidate of the bucket / incumbent")
-    abars = ax.bar([i + 0.2 for i in x], [a or 0.0 for a in an], width=0.4, alpha=0.6,
-                   label="torch anchor / the same incumbent")
+    abars = ax.bar(
+        [i + 0.2 for i in x], [a or 0.0 for a in an], width=0.4, alpha=0.6, label="torch anchor / the same incumbent"
+    )
     for b, val in list(zip(bars, sp)) + list(zip(abars, an)):
         if val:
-            ax.annotate(fmt_x(val), (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
-                        fontsize=7, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                fmt_x(val),
+                (b.get_x() + b.get_width() / 2, b.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x)
-    ax.set_xticklabels([f"{r.op} {r.bucket}\n{f.shape_key}\n#{r.candidate_id} over {_short_label(f.incumbent_label)}, "
-                        f"{CLOCK_WORDS[f.clock]}" for r, f in figs], fontsize=7)
+    ax.set_xticklabels(
+        [
+            f"{r.op} {r.bucket}\n{f.shape_key}\n#{r.candidate_id} over {_short_label(f.incumbent_label)}, "
+            f"{CLOCK_WORDS[f.clock]}"
+            for r, f in figs
+        ],
+        fontsize=7,
+    )
     ax.set_ylabel("speedup over the incumbent (higher is better)")
     ax.set_ylim(0, max([v for v in sp + an if v] + [1.0]) * 1.15)
     ax.set_title(f"run {run.id}: speedup per shape of each bucket's best candidate", fontsize=10)
@@ -438,8 +594,14 @@ def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, st
     for pr in promotions:  # from here on the bucket's candidates are timed beside the promoted kernel
         m = (pr.created_at - run.started_at).total_seconds() / 60
         ax.axvline(m, color="g", lw=0.8, ls=":")
-        ax.annotate(f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it", (m, 1.0), fontsize=6,
-                    color="g", xytext=(3, -22), textcoords="offset points")
+        ax.annotate(
+            f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it",
+            (m, 1.0),
+            fontsize=6,
+            color="g",
+            xytext=(3, -22),
+            textcoords="offset points",
+        )
     ax.axhline(1.0, color="k", lw=0.8)
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo, hi + 0.05 * (hi - lo))
@@ -456,6 +618,7 @@ def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, st
 
 # -- gate --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GateItem:
     """One kernel the gate re-verifies."""
@@ -471,6 +634,7 @@ def serving_gate_item(d: str, e: Dict[str, Any]) -> GateItem:
     """The gate's item for a kernel entry: its file, or its configuration rebuilt and checked against the
     hash that was judged (serving.entry_path), which is a failure of its own when they disagree."""
     from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+
     label = f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}"
     shown = os.path.join(d, serving.entry_name(e))
     if not e.get("variant"):
@@ -483,6 +647,7 @@ def serving_gate_item(d: str, e: Dict[str, Any]) -> GateItem:
 
 def cmd_gate(args) -> int:
     from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+
     d = args.serving_dir or str(serving.serving_dir())
     manifest = serving.load_manifest(d)
     entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own
@@ -490,8 +655,11 @@ def cmd_gate(args) -> int:
     stale = []
     for e in entries:
         old = e.get("versions") or {}
-        diffs = [f"{k} {old.get(k)} -> {now.get(k)}" for k in ("torch", "triton", "driver")
-                 if old.get(k) and now.get(k) and old.get(k) != now.get(k)]
+        diffs = [
+            f"{k} {old.get(k)} -> {now.get(k)}"
+            for k in ("torch", "triton", "driver")
+            if old.get(k) and now.get(k) and old.get(k) != now.get(k)
+        ]
         e["_stale"] = diffs
         if diffs:
             stale.append(e)
@@ -505,8 +673,14 @@ def cmd_gate(args) -> int:
     mode = "quick" if args.quick else "full"
     verdicts = _judge_gate_items(items, mode, gpu, args.jobs)
     ok = all(v.passed for v in verdicts)
-    md = _gate_markdown(verdicts, stale, now, mode + ("+gpu" if gpu else ""), d,
-                        [serving.describe_entry(e) for e in entries if e.get("variant")])
+    md = _gate_markdown(
+        verdicts,
+        stale,
+        now,
+        mode + ("+gpu" if gpu else ""),
+        d,
+        [serving.describe_entry(e) for e in entries if e.get("variant")],
+    )
     if args.junit:
         write_junit(verdicts, args.junit)
     if args.summary:
@@ -517,9 +691,11 @@ def cmd_gate(args) -> int:
     if step:
         with open(step, "a") as f:
             f.write(md)
-    ui.line(f"gate {'PASSED' if ok else 'FAILED'}: {sum(v.passed for v in verdicts)}/{len(verdicts)} kernel(s) "
-            f"passed" + (f"; {len(stale)} measured under other versions" if stale else ""),
-            style="bold green" if ok else "bold red")
+    ui.line(
+        f"gate {'PASSED' if ok else 'FAILED'}: {sum(v.passed for v in verdicts)}/{len(verdicts)} kernel(s) "
+        f"passed" + (f"; {len(stale)} measured under other versions" if stale else ""),
+        style="bold green" if ok else "bold red",
+    )
     for v in verdicts:
         if not v.passed:
             ui.line(f"  FAIL {os.path.relpath(v.file)}: {v.summary()}", style="red")
@@ -554,13 +730,22 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
 
             judged = {mode: 0, "gpu": 0}
 
-            def done(v: Verdict, stage: str = mode, shown: Dict[str, str] = label, judged: Dict[str, int] = judged,
-                     op: str = op, n: int = len(present)) -> None:
+            def done(
+                v: Verdict,
+                stage: str = mode,
+                shown: Dict[str, str] = label,
+                judged: Dict[str, int] = judged,
+                op: str = op,
+                n: int = len(present),
+            ) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
-                prog.note(f"  {stage} {'PASS' if v.passed else 'FAIL'} {shown.get(v.file, v.file)} "
-                          f"({v.duration_s:.0f}s, seed {v.seed}): {v.summary()[:120]}")
+                prog.note(
+                    f"  {stage} {'PASS' if v.passed else 'FAIL'} {shown.get(v.file, v.file)} "
+                    f"({v.duration_s:.0f}s, seed {v.seed}): {v.summary()[:120]}"
+                )
                 judged[stage] += 1
                 prog.working_on(f"{op}: {judged[stage]}/{n} kernel(s) through {stage}")
+
             prog.working_on(f"{op}: 0/{len(present)} kernel(s) through {mode}")
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
             if gpu:
@@ -576,16 +761,26 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
 
 def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
     ok = all(v.passed for v in verdicts)
-    lines = [f"## kernel-agent gate: {'passed' if ok else 'FAILED'}", "",
-             f"Serving set `{d}`, sanitizer mode {mode}; {versions_line(now)}. Each kernel's inputs came from the "
-             f"seed base shown: `kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.", "",
-             "| kernel | result | FpSan | seed | first failure |", "|---|---|---|---:|---|"]
+    lines = [
+        f"## kernel-agent gate: {'passed' if ok else 'FAILED'}",
+        "",
+        f"Serving set `{d}`, sanitizer mode {mode}; {versions_line(now)}. Each kernel's inputs came from the "
+        f"seed base shown: `kernel-agent sanitize --op OP --seed N FILE` gives it the same inputs.",
+        "",
+        "| kernel | result | FpSan | seed | first failure |",
+        "|---|---|---|---:|---|",
+    ]
     for v in verdicts:
         f = v.first_failure
         eq = {True: "equivalent", False: "not equivalent", None: "-"}[v.fpsan_equivalent]
         # a check's detail and the run's error can carry the candidate's own messages: quoted as data
-        why = (f"`{_md_word(f.name)}`: {quote_untrusted(f.detail, 200, markdown=True)}" if f else
-               quote_untrusted(v.error, 200, markdown=True) if v.error else "")
+        why = (
+            f"`{_md_word(f.name)}`: {quote_untrusted(f.detail, 200, markdown=True)}"
+            if f
+            else quote_untrusted(v.error, 200, markdown=True)
+            if v.error
+            else ""
+        )
         seed = "" if v.seed is None else str(v.seed)
         lines.append(f"| `{os.path.relpath(v.file)}` | {'pass' if v.passed else '**FAIL**'} | {eq} | {seed} | {why} |")
     if stale:

@@ -12,6 +12,7 @@ how data moves, not what is computed, and exp -> exp2 folds the constant log2(e)
 (the FpSan algebra defines exp(x) as exp2(x * log2e), so the two are the same symbolic function).
 The candidate is judged by the sanitizer like any other. docs/REWRITES.md lists the catalog for readers.
 """
+
 from __future__ import annotations
 
 import ast
@@ -98,8 +99,13 @@ def render(source: str, tree: ast.Module, edits: Sequence[Edit]) -> str:
     to match, and the text must parse back to exactly that tree. Columns are UTF-8 byte offsets."""
     data = source.encode()
     starts = _offsets(data)
-    spans = sorted(((starts[old.lineno] + old.col_offset, starts[old.end_lineno] + old.end_col_offset, old, new)
-                    for old, new in edits), key=lambda s: s[0])
+    spans = sorted(
+        (
+            (starts[old.lineno] + old.col_offset, starts[old.end_lineno] + old.end_col_offset, old, new)
+            for old, new in edits
+        ),
+        key=lambda s: s[0],
+    )
     for (_, end, _, _), (start, _, _, _) in zip(spans, spans[1:]):
         if start < end:
             raise RuntimeError("rewrite: overlapping edits")
@@ -126,8 +132,12 @@ def _dotted(node: ast.AST) -> str:
 
 
 def _jit_functions(tree: ast.Module) -> List[ast.FunctionDef]:
-    return [f for f in tree.body if isinstance(f, ast.FunctionDef)
-            and any(_dotted(d.func if isinstance(d, ast.Call) else d) in ("triton.jit", "jit") for d in f.decorator_list)]
+    return [
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
+        and any(_dotted(d.func if isinstance(d, ast.Call) else d) in ("triton.jit", "jit") for d in f.decorator_list)
+    ]
 
 
 def _constexpr_params(fn: ast.FunctionDef) -> set:
@@ -157,8 +167,12 @@ def _named_loads(tree: ast.Module, names: Sequence[str], free_of: str) -> List[a
     out = []
     for fn in _jit_functions(tree):
         for node in ast.walk(fn):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                    and node.targets[0].id in names:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in names
+            ):
                 call = _unwrap_to(node.value)
                 if _is_load(call) and not any(k.arg == free_of for k in call.keywords):
                     out.append(call)
@@ -171,15 +185,19 @@ def _named_loads(tree: ast.Module, names: Sequence[str], free_of: str) -> List[a
 def _evict_first(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
     if not target.streaming:
         raise NotApplicable("evict-first: the op does not stream its inputs (its tiles are read again)")
-    return [(c, _with_keyword(c, "eviction_policy", "evict_first"))
-            for c in _named_loads(tree, target.streamed_names, "eviction_policy")]
+    return [
+        (c, _with_keyword(c, "eviction_policy", "evict_first"))
+        for c in _named_loads(tree, target.streamed_names, "eviction_policy")
+    ]
 
 
 def _cache_global(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
     if not target.streaming:
         raise NotApplicable("cache-global: the op does not stream its inputs (its tiles are read again)")
-    return [(c, _with_keyword(c, "cache_modifier", ".cg"))
-            for c in _named_loads(tree, target.streamed_names, "cache_modifier")]
+    return [
+        (c, _with_keyword(c, "cache_modifier", ".cg"))
+        for c in _named_loads(tree, target.streamed_names, "cache_modifier")
+    ]
 
 
 def _dot_operands(fn: ast.FunctionDef) -> set:
@@ -202,11 +220,18 @@ def _evict_last(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
         operands = _dot_operands(fn)
         for loop in (n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.While))):
             for node in ast.walk(loop):
-                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                        and node.targets[0].id in operands:
+                if (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id in operands
+                ):
                     call = _unwrap_to(node.value)
-                    if _is_load(call) and not any(k.arg == "eviction_policy" for k in call.keywords) \
-                            and all(call is not old for old, _ in edits):
+                    if (
+                        _is_load(call)
+                        and not any(k.arg == "eviction_policy" for k in call.keywords)
+                        and all(call is not old for old, _ in edits)
+                    ):
                         edits.append((call, _with_keyword(call, "eviction_policy", "evict_last")))
     return edits
 
@@ -216,13 +241,22 @@ def _block_offsets(node: ast.AST, constexprs: set) -> Optional[str]:
     if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
         return None
     for base, rng in ((node.left, node.right), (node.right, node.left)):
-        if not (isinstance(rng, ast.Call) and _dotted(rng.func) == "tl.arange" and len(rng.args) == 2
-                and isinstance(rng.args[0], ast.Constant) and rng.args[0].value == 0
-                and isinstance(rng.args[1], ast.Name) and rng.args[1].id in constexprs):
+        if not (
+            isinstance(rng, ast.Call)
+            and _dotted(rng.func) == "tl.arange"
+            and len(rng.args) == 2
+            and isinstance(rng.args[0], ast.Constant)
+            and rng.args[0].value == 0
+            and isinstance(rng.args[1], ast.Name)
+            and rng.args[1].id in constexprs
+        ):
             continue
         c = rng.args[1].id
-        if isinstance(base, ast.BinOp) and isinstance(base.op, ast.Mult) and \
-                any(isinstance(s, ast.Name) and s.id == c for s in (base.left, base.right)):
+        if (
+            isinstance(base, ast.BinOp)
+            and isinstance(base.op, ast.Mult)
+            and any(isinstance(s, ast.Name) and s.id == c for s in (base.left, base.right))
+        ):
             return c
     return None
 
@@ -231,15 +265,24 @@ def _load_hints(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
     edits: List[Edit] = []
     for fn in _jit_functions(tree):
         constexprs = _constexpr_params(fn)
-        hinted = {id(n.args[0]) for n in ast.walk(fn) if isinstance(n, ast.Call)
-                  and _dotted(n.func) in ("tl.multiple_of", "tl.max_contiguous") and n.args}
+        hinted = {
+            id(n.args[0])
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and _dotted(n.func) in ("tl.multiple_of", "tl.max_contiguous") and n.args
+        }
         for node in ast.walk(fn):
             c = _block_offsets(node, constexprs)
             if c and id(node) not in hinted:
-                inner = ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "multiple_of", ast.Load()),
-                                 [cast(ast.expr, copy.deepcopy(node)), ast.Name(c, ast.Load())], [])
-                outer = ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "max_contiguous", ast.Load()),
-                                 [inner, ast.Name(c, ast.Load())], [])
+                inner = ast.Call(
+                    ast.Attribute(ast.Name("tl", ast.Load()), "multiple_of", ast.Load()),
+                    [cast(ast.expr, copy.deepcopy(node)), ast.Name(c, ast.Load())],
+                    [],
+                )
+                outer = ast.Call(
+                    ast.Attribute(ast.Name("tl", ast.Load()), "max_contiguous", ast.Load()),
+                    [inner, ast.Name(c, ast.Load())],
+                    [],
+                )
                 edits.append((node, outer))
     return edits
 
@@ -248,33 +291,65 @@ def _exp2(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
     edits: List[Edit] = []
     for fn in _jit_functions(tree):
         for node in ast.walk(fn):
-            if isinstance(node, ast.Call) and _dotted(node.func) in ("tl.exp", "tl.math.exp") \
-                    and len(node.args) == 1 and not node.keywords:
+            if (
+                isinstance(node, ast.Call)
+                and _dotted(node.func) in ("tl.exp", "tl.math.exp")
+                and len(node.args) == 1
+                and not node.keywords
+            ):
                 scaled = ast.BinOp(copy.deepcopy(node.args[0]), ast.Mult(), ast.Constant(LOG2E))
-                edits.append((node, ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "exp2", ast.Load()),
-                                             [scaled], [])))
+                edits.append(
+                    (node, ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "exp2", ast.Load()), [scaled], []))
+                )
     # an exp nested inside another exp's argument: rewrite the outer one only, the next pass takes the inner
     return [e for e in edits if not any(o is not e[0] and e[0] in ast.walk(o) for o, _ in edits)]
 
 
-CATALOG: Dict[str, Rewrite] = {r.name: r for r in (
-    Rewrite("evict-first", "eviction_policy='evict_first' on the loads of the streamed operands",
-            ("memory",), "the op streams its inputs (read once per call) and a kernel assigns a tl.load of a "
-            "streamed operand (k, v, x) without an eviction policy", _evict_first),
-    Rewrite("cache-global", "cache_modifier='.cg' (cache in L2 only, bypass L1) on the loads of the streamed "
-            "operands", ("memory",), "the op streams its inputs and a kernel assigns a tl.load of a streamed "
-            "operand without a cache modifier", _cache_global),
-    Rewrite("evict-last", "eviction_policy='evict_last' on the loads that feed tl.dot inside a loop, so tiles "
-            "other programs read again stay in L2", ("memory", "compute"), "the op does not stream its inputs "
-            "and a loop in a kernel loads a tl.dot operand without an eviction policy", _evict_last),
-    Rewrite("load-hints", "tl.max_contiguous(tl.multiple_of(offs, C), C) around block offsets "
-            "`X * C + tl.arange(0, C)`, so loads and stores through them vectorise", ("memory", "latency"),
+CATALOG: Dict[str, Rewrite] = {
+    r.name: r
+    for r in (
+        Rewrite(
+            "evict-first",
+            "eviction_policy='evict_first' on the loads of the streamed operands",
+            ("memory",),
+            "the op streams its inputs (read once per call) and a kernel assigns a tl.load of a "
+            "streamed operand (k, v, x) without an eviction policy",
+            _evict_first,
+        ),
+        Rewrite(
+            "cache-global",
+            "cache_modifier='.cg' (cache in L2 only, bypass L1) on the loads of the streamed operands",
+            ("memory",),
+            "the op streams its inputs and a kernel assigns a tl.load of a streamed operand without a cache modifier",
+            _cache_global,
+        ),
+        Rewrite(
+            "evict-last",
+            "eviction_policy='evict_last' on the loads that feed tl.dot inside a loop, so tiles "
+            "other programs read again stay in L2",
+            ("memory", "compute"),
+            "the op does not stream its inputs "
+            "and a loop in a kernel loads a tl.dot operand without an eviction policy",
+            _evict_last,
+        ),
+        Rewrite(
+            "load-hints",
+            "tl.max_contiguous(tl.multiple_of(offs, C), C) around block offsets "
+            "`X * C + tl.arange(0, C)`, so loads and stores through them vectorise",
+            ("memory", "latency"),
             "a kernel builds offsets as X * C + tl.arange(0, C) with C a constexpr parameter, not hinted yet",
-            _load_hints),
-    Rewrite("exp2", "tl.exp(x) -> tl.exp2(x * log2(e)): one MUFU.EX2 instead of a multiply and the ex2 "
-            "sequence exp lowers to, with the constant where a scale can absorb it", ("compute", "latency"),
-            "a kernel calls tl.exp (or tl.math.exp) with one argument", _exp2),
-)}
+            _load_hints,
+        ),
+        Rewrite(
+            "exp2",
+            "tl.exp(x) -> tl.exp2(x * log2(e)): one MUFU.EX2 instead of a multiply and the ex2 "
+            "sequence exp lowers to, with the constant where a scale can absorb it",
+            ("compute", "latency"),
+            "a kernel calls tl.exp (or tl.math.exp) with one argument",
+            _exp2,
+        ),
+    )
+}
 
 
 def apply_rewrite(name: str, source: str, target: RewriteTarget = RewriteTarget()) -> str:

@@ -2,6 +2,7 @@
 targets it asks proposals for (one per op and bucket, or a model's decode step weighted by share), and the
 `Budget` that says when to stop (candidates, the time limit, tokens), with the one sentence a run ends on at
 its time limit (`time_limit_reached`)."""
+
 from __future__ import annotations
 
 import collections
@@ -66,7 +67,6 @@ class Target:
     weight: float = 1.0  # the share of proposals it gets (its share of a model's decode step; else equal)
 
 
-
 def time_limit_reached(cfg: RunConfig) -> str:
     """Why a run stopped at its time limit: the one sentence, whether the budget or the hard stop saw it first."""
     return f"time limit reached ({cfg.time_limit_s:.0f}s)"
@@ -91,7 +91,6 @@ class Budget:
         return None
 
 
-
 SHAPE_SUITES = ("serving", "tiny", "near_serving")
 
 
@@ -108,8 +107,10 @@ def run_shapes(op_name: str, spec: str, ops: Sequence[str]) -> List[Shape]:
     named = [p for p in parts if re.match(r"^[a-z_0-9]+:", p)]
     if not named:
         if len(ops) > 1:
-            raise ValueError(f"explicit shapes for a run over several ops need the op of each shape: "
-                             f"'op:a,b,c;op:d,e,f' (e.g. '{ops[0]}:{parts[0]}')")
+            raise ValueError(
+                f"explicit shapes for a run over several ops need the op of each shape: "
+                f"'op:a,b,c;op:d,e,f' (e.g. '{ops[0]}:{parts[0]}')"
+            )
         return [op.parse_shape(p) for p in parts]
     if len(named) != len(parts):
         raise ValueError(f"name the op of every shape or of none: {spec!r}")

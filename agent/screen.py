@@ -13,6 +13,7 @@ later run proposes the same source again and a run's summary counts them:
   every changed field value was measured before and whose predicted speed is below PREDICTED_FLOOR is
   not benchmarked: the GPU time goes to proposals that can win.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,6 +73,7 @@ def fit_speed_model(measured: Sequence[Tuple[tuple, float]], base: tuple) -> Cal
     def predict(cfg: tuple) -> Optional[float]:
         x = row(tuple(cfg))
         return None if x is None else float(math.exp(x @ w))
+
     return predict
 
 
@@ -82,23 +84,31 @@ def compile_objection(candidate: CompileProfile, incumbent: CompileProfile) -> s
             return f"does not fit an H200 program: {candidate.error}"
         # ptxas grinds for minutes on a kernel that spills heavily; a loaded machine slows every compile alike
         if "timed out" in candidate.error and 0 < incumbent.wall_s * SLOW_COMPILE < COMPILE_TIMEOUT_S:
-            return f"its sm_90 compile did not finish within {COMPILE_TIMEOUT_S:.0f} s on the CPU, where the " \
-                   f"incumbent's took {incumbent.wall_s:.0f} s"
+            return (
+                f"its sm_90 compile did not finish within {COMPILE_TIMEOUT_S:.0f} s on the CPU, where the "
+                f"incumbent's took {incumbent.wall_s:.0f} s"
+            )
         return ""  # a compile failure of another kind is the sanitizer's to report, with its reproduction
     inc = {(x.shape, x.kernel): x for x in incumbent.launches}
     for x in candidate.launches:
         before = inc.get((x.shape, x.kernel))
         if x.shared_bytes > SHARED_PER_PROGRAM:
-            return f"{x.kernel} needs {x.shared_bytes} bytes of shared memory at {x.shape}, over the {SHARED_PER_PROGRAM} " \
-                   f"an H200 program may use"
+            return (
+                f"{x.kernel} needs {x.shared_bytes} bytes of shared memory at {x.shape}, over the {SHARED_PER_PROGRAM} "
+                f"an H200 program may use"
+            )
         if before is None:
             continue
         if (x.spill_bytes or 0) > (before.spill_bytes or 0):
-            return f"{x.kernel} spills {x.spill_bytes} bytes per thread at {x.shape} ({x.registers} registers; " \
-                   f"the incumbent spills {before.spill_bytes or 0})"
+            return (
+                f"{x.kernel} spills {x.spill_bytes} bytes per thread at {x.shape} ({x.registers} registers; "
+                f"the incumbent spills {before.spill_bytes or 0})"
+            )
         if x.programs < SM_COUNT <= before.programs:
-            return f"{x.kernel} runs {x.programs} programs for {SM_COUNT} SMs at {x.shape}, where the incumbent " \
-                   f"fills them with {before.programs}"
+            return (
+                f"{x.kernel} runs {x.programs} programs for {SM_COUNT} SMs at {x.shape}, where the incumbent "
+                f"fills them with {before.programs}"
+            )
     return ""
 
 
@@ -132,8 +142,13 @@ class Screen:
         by_run: Dict[Tuple[Optional[str], int, str], Dict[str, float]] = {}
         for r in self.ledger.bench_results(op=ctx.op, bucket=ctx.bucket, dtype=ctx.dtype):
             if r.candidate_id is not None and not r.implausible and r.median_ms > 0:
-                role = "candidate" if r.label == "candidate" else \
-                    "incumbent" if r.label == "baseline" or r.label.startswith("serving:") else None
+                role = (
+                    "candidate"
+                    if r.label == "candidate"
+                    else "incumbent"
+                    if r.label == "baseline" or r.label.startswith("serving:")
+                    else None
+                )
                 if role:
                     by_run.setdefault((r.run_id, r.candidate_id, r.shape_key), {})[role] = r.median_ms
         for (_, cid, _), t in by_run.items():
@@ -153,5 +168,6 @@ class Screen:
         return fit_speed_model(measured, base) if measured else (lambda cfg: None)
 
     def record(self, ctx: ProposeContext, proposal: Proposal, reason: str) -> None:
-        self.ledger.record_pruned(self.run_id, ctx.op, ctx.bucket, ctx.dtype, proposal.label,
-                                  source_hash(proposal.source), reason)
+        self.ledger.record_pruned(
+            self.run_id, ctx.op, ctx.bucket, ctx.dtype, proposal.label, source_hash(proposal.source), reason
+        )

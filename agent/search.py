@@ -19,6 +19,7 @@ after it are composed with it (and a better configuration with the rewrites). Wi
 (agent/screen.py), proposals whose compiled kernel cannot run well on an H200, or that a model fitted to
 the ledger's timings predicts far slower, are recorded as pruned instead of proposed.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -65,7 +66,7 @@ def one_field_neighbours(space: Space, cfg: tuple, shapes: Sequence[Shape]) -> L
     out = []
     for i, values in enumerate(space.values):
         for v in values:
-            c = cfg[:i] + (v,) + cfg[i + 1:]
+            c = cfg[:i] + (v,) + cfg[i + 1 :]
             if v != cfg[i] and all(space.valid(c, s) for s in shapes):
                 out.append(c)
     return out
@@ -130,7 +131,8 @@ class SearchProposer(Proposer):
         # two fields at once, when single steps are exhausted
         if not out:
             for (i, vi), (j, vj) in itertools.combinations(
-                    [(i, v) for i, vals in enumerate(space.values) for v in vals], 2):
+                [(i, v) for i, vals in enumerate(space.values) for v in vals], 2
+            ):
                 if i >= j:
                     continue
                 fields = list(st.best_cfg)
@@ -144,12 +146,16 @@ class SearchProposer(Proposer):
     def _rewrite_order(self, ctx: ProposeContext, st: _OpState) -> List[str]:
         """Untried catalog rewrites, those that help the diagnosed bound first (catalog order otherwise)."""
         bound = ctx.diagnosis.bound if ctx.diagnosis is not None else None
-        names = [n for n in applicable(st.source, target_for(ctx.op))
-                 if n not in st.rewrites_tried and n not in st.best_rewrites]
+        names = [
+            n
+            for n in applicable(st.source, target_for(ctx.op))
+            if n not in st.rewrites_tried and n not in st.best_rewrites
+        ]
         return sorted(names, key=lambda n: bound not in CATALOG[n].helps)
 
-    def _make(self, ctx: ProposeContext, st: _OpState, space: Space, cfg: tuple,
-              rewrites: Tuple[str, ...]) -> Optional[Proposal]:
+    def _make(
+        self, ctx: ProposeContext, st: _OpState, space: Space, cfg: tuple, rewrites: Tuple[str, ...]
+    ) -> Optional[Proposal]:
         """The incumbent with configuration `cfg` and `rewrites` applied, or None where one does not apply."""
         src = st.source if cfg == st.base_cfg else with_config(st.source, st.base_cfg, cfg, ctx.bucket, space)
         try:
@@ -158,8 +164,10 @@ class SearchProposer(Proposer):
         except NotApplicable:
             return None
         parts = list(rewrites) + ([] if cfg == st.base_cfg else ["cfg-" + "-".join(str(v) for v in cfg)])
-        note = ", ".join([CATALOG[r].summary for r in rewrites] +
-                         ([", ".join(f"{f}={v}" for f, v in zip(space.fields, cfg))] if cfg != st.base_cfg else []))
+        note = ", ".join(
+            [CATALOG[r].summary for r in rewrites]
+            + ([", ".join(f"{f}={v}" for f, v in zip(space.fields, cfg))] if cfg != st.base_cfg else [])
+        )
         return Proposal(ctx.op, src, "+".join(parts), "search", note=note)
 
     def _candidates(self, ctx: ProposeContext, st: _OpState, space: Space):

@@ -1,4 +1,5 @@
 """`kernel-agent serve`: the read-only web view of the ledger (agent/web.py), on this machine by default."""
+
 from __future__ import annotations
 
 import socket
@@ -13,11 +14,14 @@ DEFAULT_PORT = 8765
 
 def register(sub) -> None:
     s = sub.add_parser("serve", help="a read-only web view of the ledger: runs, candidates, the serving set")
-    s.add_argument("--ledger", default=None,
-                   help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL")
-    s.add_argument("--host", default=DEFAULT_HOST,
-                   help=f"the address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it "
-                        f"to the network)")
+    s.add_argument(
+        "--ledger", default=None, help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL"
+    )
+    s.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"the address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to the network)",
+    )
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free one")
     command("serve")(cmd_serve)
 
@@ -49,12 +53,16 @@ def cmd_serve(args) -> int:
     sock = _listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    where = ("this machine only (--host 0.0.0.0 opens it to the network)" if args.host in (DEFAULT_HOST, "localhost",
-             "::1") else f"every machine that can reach {args.host}")
+    where = (
+        "this machine only (--host 0.0.0.0 opens it to the network)"
+        if args.host in (DEFAULT_HOST, "localhost", "::1")
+        else f"every machine that can reach {args.host}"
+    )
 
     def announce() -> None:
-        ui.line(f"serving {led.shown} read-only at http://{shown}:{port}/ (listening on {host}: {where}); "
-                f"Ctrl-C stops it")
+        ui.line(
+            f"serving {led.shown} read-only at http://{shown}:{port}/ (listening on {host}: {where}); Ctrl-C stops it"
+        )
         sys.stdout.flush()
 
     web.serve(led, sock, announce)

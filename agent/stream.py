@@ -2,6 +2,7 @@
 its current one ends, GPU work first (the scarce resource), and the proposer is asked again as candidates
 leave the pipeline. What runs where is the placement's business (agent/placement.py); what each result means
 for the ledger is the recorder's (agent/recorder.py); this module decides what runs next."""
+
 from __future__ import annotations
 
 import collections
@@ -163,8 +164,9 @@ class Stream:
             return SanitizeTask(w.path, w.target.op, Stage.GPU.value, GPU_QUICK_CHECKS, gated=True)
         if stage == Stage.BENCH:
             return self.session.bench_task(w)
-        return SanitizeTask(w.path, w.target.op, Stage.GPU.value, GPU_PROMOTION_CHECKS, stage=Stage.PROMOTE.value,
-                            gated=True)
+        return SanitizeTask(
+            w.path, w.target.op, Stage.GPU.value, GPU_PROMOTION_CHECKS, stage=Stage.PROMOTE.value, gated=True
+        )
 
     def _start(self) -> None:
         """Hand queued stages to free slots: GPU work first (the scarce resource), promotion checks before
@@ -220,8 +222,9 @@ class Stream:
         t, ctx, i = asked.target, asked.ctx, asked.index
         self.proposing, self.proposing_for = None, None
         if not proposals:
-            self._exhaust(i, "search space exhausted" if lp.proposer.name == "search" else
-                          "the proposer has nothing new")
+            self._exhaust(
+                i, "search space exhausted" if lp.proposer.name == "search" else "the proposer has nothing new"
+            )
             return
         for p in proposals:
             lp.count_model_call(p)
@@ -291,8 +294,11 @@ class Stream:
             if sanitizer:
                 self.sharing.pop(key, None)
             self.busy_targets.discard((w0.target.op, w0.target.bucket))
-            self.recorder.left_unjudged(1, f"{w0.proposal.label} {stage}: {reason}, {n} times: left at that stage; "
-                                           f"`kernel-agent run --resume {lp.run_id}` finishes it")
+            self.recorder.left_unjudged(
+                1,
+                f"{w0.proposal.label} {stage}: {reason}, {n} times: left at that stage; "
+                f"`kernel-agent run --resume {lp.run_id}` finishes it",
+            )
             for w in sharing:
                 if not w.rejected:
                     w.rejected = True  # nothing more runs for it in this session (a stage beside it only records)
@@ -315,8 +321,18 @@ class Stream:
         running: Dict[str, int] = {}
         for started in self.running.values():
             running[started.stage.value] = running.get(started.stage.value, 0) + 1
-        lp.events.status(LiveStatus(self.budget.elapsed(), lp.cfg.time_limit_s, self.budget.used, lp.cfg.max_candidates,
-                                   running, len(self.cpu_queue) + len(self.gpu_queue), len(rec.judged), rec.best_gain))
+        lp.events.status(
+            LiveStatus(
+                self.budget.elapsed(),
+                lp.cfg.time_limit_s,
+                self.budget.used,
+                lp.cfg.max_candidates,
+                running,
+                len(self.cpu_queue) + len(self.gpu_queue),
+                len(rec.judged),
+                rec.best_gain,
+            )
+        )
 
     def _unjudged(self) -> List[Work]:
         works: Dict[int, Work] = {}
@@ -335,10 +351,13 @@ class Stream:
             wait(list(self.running), timeout=STOP_GRACE_S)
         self.running.clear()
         if left:
-            self.recorder.left_unjudged(len(left), f"{why}: stopped {len(left)} candidate(s) in flight "
-                                        f"({', '.join(w.proposal.label for w in left[:4])}"
-                                        f"{', ...' if len(left) > 4 else ''}); they stay at the stage they reached: "
-                                        f"`kernel-agent run --resume {lp.run_id}` finishes them")
+            self.recorder.left_unjudged(
+                len(left),
+                f"{why}: stopped {len(left)} candidate(s) in flight "
+                f"({', '.join(w.proposal.label for w in left[:4])}"
+                f"{', ...' if len(left) > 4 else ''}); they stay at the stage they reached: "
+                f"`kernel-agent run --resume {lp.run_id}` finishes them",
+            )
 
     def run(self, works: Sequence[Work]) -> Optional[str]:
         lp = self.session

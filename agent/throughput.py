@@ -1,5 +1,6 @@
 """How a run used the machine: the figures each session of `kernel-agent run` keeps in the run's notes,
 and the throughput line they are read back as (after a run, in `show`, `history` and the web view)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields

@@ -3,6 +3,7 @@
 Long work shows progress; when stdout is not a terminal (CI logs, pipes, files), the
 same information comes out as one plain line per event, with no control characters.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,13 @@ def error(text: str) -> None:
     err_console().print(f"kernel-agent: error: {text}", style="bold red", markup=False, soft_wrap=True)
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
-          justify: Optional[Sequence[str]] = None, wrap: Sequence[str] = ()) -> None:
+def table(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    justify: Optional[Sequence[str]] = None,
+    wrap: Sequence[str] = (),
+) -> None:
     """A table: on a terminal fitted to its width (`fit_columns`), where the columns named in `wrap` (a detail
     that is the point of the table) fold onto more lines instead of being cut; elsewhere plain, uncut."""
     cells = [[("" if v is None else str(v)) for v in r] for r in rows]
@@ -94,13 +100,15 @@ def fit_columns(columns: Sequence[str], rows: Sequence[Sequence[str]], width: in
     def total() -> int:
         shown = [w for w in widths if w is not None]
         return sum(shown) + gap * (len(shown) - 1)
+
     for i in sorted((i for i in range(len(columns)) if text[i]), key=lambda i: -natural[i]):
         if total() <= width:
             break
         widths[i] = max(min(natural[i], 12), natural[i] - (total() - width))
     # text columns go first (they were cut already), then the others, from the right
-    for i in [i for i in range(len(columns) - 1, 0, -1) if text[i]] + \
-            [i for i in range(len(columns) - 1, 0, -1) if not text[i]]:
+    for i in [i for i in range(len(columns) - 1, 0, -1) if text[i]] + [
+        i for i in range(len(columns) - 1, 0, -1) if not text[i]
+    ]:
         if total() <= width:
             break
         widths[i] = None
@@ -111,8 +119,9 @@ def fit_columns(columns: Sequence[str], rows: Sequence[Sequence[str]], width: in
 MIN_WRAP_WIDTH = 24
 
 
-def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: Optional[Sequence[str]],
-                wrap: Sequence[int] = ()) -> None:
+def _rich_table(
+    title: str, columns: List[str], rows: List[List[str]], justify: Optional[Sequence[str]], wrap: Sequence[int] = ()
+) -> None:
     width = console().width
     # the folding columns take what the others leave: fitted as if they held their header only
     fitted_rows = [[c if i not in wrap else columns[i] for i, c in enumerate(r)] for r in rows]
@@ -121,14 +130,27 @@ def _rich_table(title: str, columns: List[str], rows: List[List[str]], justify: 
     for i in wrap:
         natural = max([len(columns[i])] + [len(r[i]) for r in rows if i < len(r)])
         widths[i] = max(min(natural, rest // max(1, len(wrap))), min(natural, MIN_WRAP_WIDTH))
-    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-              padding=(0, 1, 0, 1), collapse_padding=True)
+    t = Table(
+        title=title or None,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        padding=(0, 1, 0, 1),
+        collapse_padding=True,
+    )
     shown = [i for i, w in enumerate(widths) if w is not None]
     for i in shown:
         folds = i in wrap
         align = cast(JustifyMethod, justify[i] if justify else "left")
-        t.add_column(columns[i], justify=align, no_wrap=not folds,
-                     overflow="fold" if folds else "ellipsis", width=widths[i], min_width=widths[i])
+        t.add_column(
+            columns[i],
+            justify=align,
+            no_wrap=not folds,
+            overflow="fold" if folds else "ellipsis",
+            width=widths[i],
+            min_width=widths[i],
+        )
     for r in rows:
         t.add_row(*[r[i] if i < len(r) else "" for i in shown])
     console().print(t)
@@ -163,8 +185,15 @@ class Progress:
     def __enter__(self):
         self._t0 = time.time()
         if is_tty():
-            self._rich = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[status]}"), console=console(), transient=False)
+            self._rich = RP(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=console(),
+                transient=False,
+            )
             self._rich.__enter__()
             self._task = self._rich.add_task(self.description, total=self.total, status="")
         elif self.plain_status_every_s:
@@ -181,8 +210,9 @@ class Progress:
 
     def status_text(self) -> str:
         total = f"/{self.total}" if self.total else ""
-        return (f"status: {clock(time.time() - self._t0)} {self.description}: {self.done}{total} done"
-                + (f"; {self.current}" if self.current else ""))
+        return f"status: {clock(time.time() - self._t0)} {self.description}: {self.done}{total} done" + (
+            f"; {self.current}" if self.current else ""
+        )
 
     def _tick(self) -> None:
         while not self._stop.wait(self.plain_status_every_s):
@@ -224,8 +254,9 @@ class StatusLine:
         if is_tty():
             if self._live is None:
                 self._text = Text
-                self._live = Live(self._line(text), console=console(), transient=True, refresh_per_second=4,
-                                  auto_refresh=True)
+                self._live = Live(
+                    self._line(text), console=console(), transient=True, refresh_per_second=4, auto_refresh=True
+                )
                 self._live.__enter__()
             else:
                 self._live.update(self._line(text))

@@ -3,6 +3,7 @@
 command line never disagree. Nothing here has SQL of its own: it reads through harness/ledger.py, and
 every timing through harness/figures.py.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -40,11 +41,21 @@ def run_end_note(run: Run) -> str:
 def versions_line(v: Dict[str, Any]) -> str:
     """The versions a run or a gate was judged under, as one phrase; those not recorded (no CUDA or driver on a
     machine without a GPU) are left out rather than printed as None."""
-    return ", ".join(f"{name} {v[key]}" for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"),
-                                                          ("driver", "driver"), ("python", "python")) if v.get(key))
+    return ", ".join(
+        f"{name} {v[key]}"
+        for key, name in (
+            ("torch", "torch"),
+            ("triton", "triton"),
+            ("cuda", "CUDA"),
+            ("driver", "driver"),
+            ("python", "python"),
+        )
+        if v.get(key)
+    )
 
 
 # -- history ------------------------------------------------------------------------------------
+
 
 def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
     """Per run (oldest first) that judged a candidate of `op`: its best candidate, by the geometric mean
@@ -60,11 +71,21 @@ def speedup_trend(led, op: str, runs) -> List[TrendPoint]:
 def run_row(led: Ledger, r: Run) -> Dict[str, Any]:
     """One run as `history` lists it: its counts and each session's throughput line."""
     s = led.run_summary(r.id)
-    return {"id": r.id, "status": r.status, "proposer": r.proposer, "ops": r.ops,
-            "started": r.started_at.isoformat(), "gpu": r.gpu_name, "candidates": s.candidates,
-            "by_status": s.candidates_by_status, "judged_now": s.judged_now,
-            "judged_now_by_status": s.judged_now_by_status, "replayed": s.replayed, "promotions": len(s.promotions),
-            "throughput": session_lines(run_notes(r))}
+    return {
+        "id": r.id,
+        "status": r.status,
+        "proposer": r.proposer,
+        "ops": r.ops,
+        "started": r.started_at.isoformat(),
+        "gpu": r.gpu_name,
+        "candidates": s.candidates,
+        "by_status": s.candidates_by_status,
+        "judged_now": s.judged_now,
+        "judged_now_by_status": s.judged_now_by_status,
+        "replayed": s.replayed,
+        "promotions": len(s.promotions),
+        "throughput": session_lines(run_notes(r)),
+    }
 
 
 @dataclass
@@ -85,9 +106,18 @@ class History:
         return doc
 
 
-def history_data(led: Ledger, op: Optional[str] = None, status: Optional[str] = None, since=None, until=None,
-                 proposer: Optional[str] = None, gpu: Optional[str] = None, limit: Optional[int] = 20,
-                 leaderboard: bool = False, trend: bool = False) -> History:
+def history_data(
+    led: Ledger,
+    op: Optional[str] = None,
+    status: Optional[str] = None,
+    since=None,
+    until=None,
+    proposer: Optional[str] = None,
+    gpu: Optional[str] = None,
+    limit: Optional[int] = 20,
+    leaderboard: bool = False,
+    trend: bool = False,
+) -> History:
     """The runs newest first (`Ledger.runs` filters them), and with `op` its leaderboard and trend."""
     runs = led.runs(op=op, status=status, since=since, until=until, proposer=proposer, gpu=gpu, limit=limit)
     # both need an op (`history` refuses them without --op)
@@ -98,20 +128,28 @@ def history_data(led: Ledger, op: Optional[str] = None, status: Optional[str] = 
 
 # -- a run and a candidate ------------------------------------------------------------------------
 
+
 def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     """`show RUN --json`: the run's summary, configuration, versions, where it promoted, why it ended, its
     candidates, the diagnosis of each incumbent and the proposals pruned before the GPU (also as the lines
     `show` prints, which the web view shows)."""
     from .publish import recorded_target  # here: publication imports the serving set, which imports torch
+
     target = recorded_target(run_notes(run))
-    return {"run": led.run_summary(run.id).to_json(), "config": run.config, "versions": run.versions,
-            "serving": target.to_json() if target is not None else None,
-            "throughput": session_lines(run_notes(run)), "ended": run_end_note(run)[2:] or None,
-            "candidates": _run_candidates(led, run.id),
-            "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
-            "pruned": [{"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason}
-                       for p in led.pruned(run_id=run.id)],
-            "diagnosis_lines": diagnosis_lines(led, run.id)}
+    return {
+        "run": led.run_summary(run.id).to_json(),
+        "config": run.config,
+        "versions": run.versions,
+        "serving": target.to_json() if target is not None else None,
+        "throughput": session_lines(run_notes(run)),
+        "ended": run_end_note(run)[2:] or None,
+        "candidates": _run_candidates(led, run.id),
+        "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
+        "pruned": [
+            {"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason} for p in led.pruned(run_id=run.id)
+        ],
+        "diagnosis_lines": diagnosis_lines(led, run.id),
+    }
 
 
 def _run_candidates(led: Ledger, run_id: str) -> List[Dict[str, Any]]:
@@ -124,14 +162,24 @@ def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:
     """`show C --json`: a candidate's verdict, checks (a failed one with the commands that reproduce it) and
     every benchmark of it, judged or not; `full` adds its source, the diff against what it was derived from,
     its promotions and demotions, and the model exchanges that produced it."""
-    doc = {"id": c.id, "op": c.op, "bucket": os.path.basename(os.path.dirname(c.path)) if c.path else None,
-           "label": c.label, "status": c.status, "proposer": c.proposer,
-           "fpsan_equivalent": c.fpsan_equivalent, "hash": c.source_hash, "parent_id": c.parent_id,
-           "verdict": c.verdict,
-           "checks": [{"name": k.name, "status": k.status, "detail": k.detail, "mode": k.mode,
-                       "duration_s": k.duration_s} for k in led.checks(c.id)],
-           # every benchmark of it, judged or not (a candidate rejected after timing shows its figures too)
-           "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)]}
+    doc = {
+        "id": c.id,
+        "op": c.op,
+        "bucket": os.path.basename(os.path.dirname(c.path)) if c.path else None,
+        "label": c.label,
+        "status": c.status,
+        "proposer": c.proposer,
+        "fpsan_equivalent": c.fpsan_equivalent,
+        "hash": c.source_hash,
+        "parent_id": c.parent_id,
+        "verdict": c.verdict,
+        "checks": [
+            {"name": k.name, "status": k.status, "detail": k.detail, "mode": k.mode, "duration_s": k.duration_s}
+            for k in led.checks(c.id)
+        ],
+        # every benchmark of it, judged or not (a candidate rejected after timing shows its figures too)
+        "figures": [f.to_json() for f in led.figures(candidate_id=c.id, judged_only=False)],
+    }
     if not full:
         return doc
     for k in doc["checks"]:
@@ -140,28 +188,57 @@ def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:
     promos = led.promotions(op=c.op)
     promo = next((p for p in promos if p.candidate_id == c.id), None)
     base = judged_base(led, c, promo.replaced_candidate_id if promo else None)
-    doc.update(source=c.source, diff_against=base.label, diff_note=base.note or None,
-               diff=None if unusable else unified_diff(base.label, base.source, f"candidate #{c.id}", c.source),
-               config_change=[s.describe() for s in steps_over(base.source, c.source) or ()],
-               promotions=[promotion_doc(p) for p in promos if c.id in (p.candidate_id, p.replaced_candidate_id)],
-               model_calls=[{"model": m.model, "prompt": m.prompt, "response": m.response,
-                             "prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens,
-                             "latency_s": m.latency_s, "error": m.error} for m in led.model_calls(candidate_id=c.id)])
+    doc.update(
+        source=c.source,
+        diff_against=base.label,
+        diff_note=base.note or None,
+        diff=None if unusable else unified_diff(base.label, base.source, f"candidate #{c.id}", c.source),
+        config_change=[s.describe() for s in steps_over(base.source, c.source) or ()],
+        promotions=[promotion_doc(p) for p in promos if c.id in (p.candidate_id, p.replaced_candidate_id)],
+        model_calls=[
+            {
+                "model": m.model,
+                "prompt": m.prompt,
+                "response": m.response,
+                "prompt_tokens": m.prompt_tokens,
+                "completion_tokens": m.completion_tokens,
+                "latency_s": m.latency_s,
+                "error": m.error,
+            }
+            for m in led.model_calls(candidate_id=c.id)
+        ],
+    )
     return doc
 
 
 def promotion_doc(p) -> Dict[str, Any]:
-    return {"id": p.id, "run_id": p.run_id, "op": p.op, "bucket": p.bucket, "dtype": p.dtype, "gpu": p.gpu_name,
-            "candidate_id": p.candidate_id, "replaced_candidate_id": p.replaced_candidate_id, "old_ms": p.old_ms,
-            "new_ms": p.new_ms, "gain": p.gain, "spread": p.spread, "reason": p.reason, "versions": p.versions,
-            "created_at": p.created_at.isoformat(), "active": p.active,
-            "demoted_at": p.demoted_at.isoformat() if p.demoted_at else None, "demote_reason": p.demote_reason}
+    return {
+        "id": p.id,
+        "run_id": p.run_id,
+        "op": p.op,
+        "bucket": p.bucket,
+        "dtype": p.dtype,
+        "gpu": p.gpu_name,
+        "candidate_id": p.candidate_id,
+        "replaced_candidate_id": p.replaced_candidate_id,
+        "old_ms": p.old_ms,
+        "new_ms": p.new_ms,
+        "gain": p.gain,
+        "spread": p.spread,
+        "reason": p.reason,
+        "versions": p.versions,
+        "created_at": p.created_at.isoformat(),
+        "active": p.active,
+        "demoted_at": p.demoted_at.isoformat() if p.demoted_at else None,
+        "demote_reason": p.demote_reason,
+    }
 
 
 def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
     """What bounded each incumbent the run diagnosed (harness/diagnosis.py), and the proposals it kept off the
     GPU with why: for `show` (plain lines) and `report` (markdown)."""
     from ..harness.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
+
     out: List[str] = ["## Diagnoses", ""] if markdown else []
     latest = {}
     for row in led.diagnoses(run_id=run_id):
@@ -169,19 +246,28 @@ def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
     for (op, bucket, dtype), row in latest.items():
         d = Diagnosis.from_json(row.document)
         head = f"{op} {bucket} {dtype}, incumbent {row.incumbent}"
-        out += ([f"**{head}**", ""] + [f"- {ln.lstrip('- ')}" for ln in d.lines()] + [""]) if markdown \
+        out += (
+            ([f"**{head}**", ""] + [f"- {ln.lstrip('- ')}" for ln in d.lines()] + [""])
+            if markdown
             else [f"diagnosis: {head}"] + [f"  {ln}" for ln in d.lines()]
+        )
     pruned = led.pruned(run_id=run_id)
     if pruned:
-        out += ([f"Pruned before the GPU: {len(pruned)} proposal(s)", ""] if markdown
-                else [f"pruned before the GPU: {len(pruned)} proposal(s)"])
-        out += [f"- {p.op} {p.bucket} `{p.label}`: {p.reason}" if markdown else f"  {p.op} {p.bucket} {p.label}: {p.reason}"
-                for p in pruned]
+        out += (
+            [f"Pruned before the GPU: {len(pruned)} proposal(s)", ""]
+            if markdown
+            else [f"pruned before the GPU: {len(pruned)} proposal(s)"]
+        )
+        out += [
+            f"- {p.op} {p.bucket} `{p.label}`: {p.reason}" if markdown else f"  {p.op} {p.bucket} {p.label}: {p.reason}"
+            for p in pruned
+        ]
         out += [""] if markdown else []
     return out if len(out) > 2 or not markdown else []
 
 
 # -- the diff a candidate is shown with, and the commands that reproduce a verdict ---------------------
+
 
 def config_lines(old: str, new: str) -> List[str]:
     """A launch-configuration change in words, one line per `_config` override (none for a code change): the
@@ -189,8 +275,11 @@ def config_lines(old: str, new: str) -> List[str]:
     steps = steps_over(old, new)
     if not steps:
         return []
-    return (["A launch-configuration change (the kernels are untouched):", ""]
-            + [f"- `{s.describe()}`" for s in steps] + [""])
+    return (
+        ["A launch-configuration change (the kernels are untouched):", ""]
+        + [f"- `{s.describe()}`" for s in steps]
+        + [""]
+    )
 
 
 @dataclass(frozen=True)
@@ -210,6 +299,7 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
     whose hash its benchmark recorded, found in the ledger; the baseline file as it is now only when nothing
     says otherwise (the note says when the hashes show it is not the one judged)."""
     from .search import baseline_source  # here: the search imports torch; flags are checked first
+
     for cid in (replaced_candidate_id, c.parent_id):
         p = led.candidate(cid) if cid else None
         if p is not None:
@@ -225,10 +315,15 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
         return JudgedBase(f"candidate #{known.id}", known.source)
     changed = f"{baseline_label} has changed since the candidate was judged"
     if split is not None:
-        return JudgedBase(baseline_label, split[0], f"({changed}: the diff is against the source the candidate "
-                                                    f"was made of)")
-    return JudgedBase(baseline_label, today, f"({changed}, and the ledger does not hold the source it was judged "
-                                             f"against, hash {wanted[:12]}: the diff is against today's file)")
+        return JudgedBase(
+            baseline_label, split[0], f"({changed}: the diff is against the source the candidate was made of)"
+        )
+    return JudgedBase(
+        baseline_label,
+        today,
+        f"({changed}, and the ledger does not hold the source it was judged "
+        f"against, hash {wanted[:12]}: the diff is against today's file)",
+    )
 
 
 def _incumbent_hash(led, cid: int) -> Optional[str]:
@@ -253,8 +348,11 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
     """The diff between the canonical texts (a candidate is stored as one; the baseline's comments and
     docstrings are not a change)."""
     old, new = _as_judged(old), _as_judged(new)
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=old_label, tofile=new_label, n=3))
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=old_label, tofile=new_label, n=3
+        )
+    )
 
 
 def seed_of(led, cid: int, mode: str = "full") -> Optional[int]:
@@ -268,8 +366,10 @@ def seed_of(led, cid: int, mode: str = "full") -> Optional[int]:
 
 def extract_command(cid: int, ledger_flag: str, dest: str) -> str:
     """A command that writes candidate #cid's source, as the ledger holds it, to `dest`."""
-    return (f"kernel-agent show {cid} --json{ledger_flag} | python3 -c 'import json, sys; "
-            f"sys.stdout.write(json.load(sys.stdin)[\"source\"])' > {shlex.quote(dest)}")
+    return (
+        f"kernel-agent show {cid} --json{ledger_flag} | python3 -c 'import json, sys; "
+        f'sys.stdout.write(json.load(sys.stdin)["source"])\' > {shlex.quote(dest)}'
+    )
 
 
 def reproduce_check(led: Ledger, c, mode: str) -> str:
@@ -278,11 +378,16 @@ def reproduce_check(led: Ledger, c, mode: str) -> str:
     dest = f"candidate-{c.id}.py"
     seed = seed_of(led, c.id, mode if mode != "gpu" else "full")
     flags = {"quick": " --quick", "gpu": " --gpu on"}.get(mode, "")
-    return (extract_command(c.id, f" --ledger {shlex.quote(led.shown)}", dest) + "\n"
-            + f"kernel-agent sanitize --op {c.op} {dest}{flags}" + (f" --seed {seed}" if seed is not None else ""))
+    return (
+        extract_command(c.id, f" --ledger {shlex.quote(led.shown)}", dest)
+        + "\n"
+        + f"kernel-agent sanitize --op {c.op} {dest}{flags}"
+        + (f" --seed {seed}" if seed is not None else "")
+    )
 
 
 # -- the serving set, as the ledger records it ----------------------------------------------------------
+
 
 def _geomean(xs: List[Optional[float]]) -> Optional[float]:
     known = [x for x in xs if x is not None and x > 0]
@@ -313,30 +418,46 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
     promotion and demotion, newest first; and per op each run's best candidate (`history --trend`)."""
     from ..harness import serving  # here: the serving set imports torch; flags are checked first
     from ..harness.dispatch import choices_from_rows  # here: as the serving set
+
     promos = led.promotions()
     active: Dict[tuple, Any] = {}
     for promo in promos:  # newest first: the newest active promotion of a key serves it
         active.setdefault((promo.op, promo.bucket, promo.dtype, serving.gpu_slug(promo.gpu_name)), promo)
     by_candidate = {p.candidate_id: p for p in reversed(promos)}
-    choices = {(c.op, c.bucket, c.dtype, serving.gpu_slug(c.gpu or "")): c for c in choices_from_rows(
-        led.bench_results(), {k: p.candidate_id for k, p in active.items()})}
+    choices = {
+        (c.op, c.bucket, c.dtype, serving.gpu_slug(c.gpu or "")): c
+        for c in choices_from_rows(led.bench_results(), {k: p.candidate_id for k, p in active.items()})
+    }
     buckets = []
     for key in sorted(set(active) | set(choices)):
         p, ch = active.get(key), choices.get(key)
-        figs = [f for f in led.figures(candidate_id=p.candidate_id, run_id=p.run_id) if f.bucket == p.bucket] \
-            if p is not None else []
-        buckets.append({
-            "op": key[0], "bucket": key[1], "dtype": key[2], "gpu": p.gpu_name if p is not None else ch.gpu,  # type: ignore[union-attr]
-            "serves": ch.impl if ch is not None else (serving.KERNEL if p is not None else serving.BASELINE),
-            "candidate_id": p.candidate_id if p is not None else None,
-            "over_baseline": _over_baseline(p, by_candidate) if p is not None else None,  # type: ignore[arg-type]
-            # torch's time over the Triton side's: above 1 the Triton side is faster
-            "vs_torch": ch.ratio if ch is not None else _geomean([f.anchor_ratio() for f in figs]),
-            "torch_reason": ch.reason if ch is not None else None,
-            "versions": p.versions if p is not None else None,
-            "promoted_at": p.created_at.isoformat() if p is not None else None,
-            "run_id": p.run_id if p is not None else None, "reason": p.reason if p is not None else None})
+        figs = (
+            [f for f in led.figures(candidate_id=p.candidate_id, run_id=p.run_id) if f.bucket == p.bucket]
+            if p is not None
+            else []
+        )
+        buckets.append(
+            {
+                "op": key[0],
+                "bucket": key[1],
+                "dtype": key[2],
+                "gpu": p.gpu_name if p is not None else ch.gpu,  # type: ignore[union-attr]
+                "serves": ch.impl if ch is not None else (serving.KERNEL if p is not None else serving.BASELINE),
+                "candidate_id": p.candidate_id if p is not None else None,
+                "over_baseline": _over_baseline(p, by_candidate) if p is not None else None,  # type: ignore[arg-type]
+                # torch's time over the Triton side's: above 1 the Triton side is faster
+                "vs_torch": ch.ratio if ch is not None else _geomean([f.anchor_ratio() for f in figs]),
+                "torch_reason": ch.reason if ch is not None else None,
+                "versions": p.versions if p is not None else None,
+                "promoted_at": p.created_at.isoformat() if p is not None else None,
+                "run_id": p.run_id if p is not None else None,
+                "reason": p.reason if p is not None else None,
+            }
+        )
     runs = led.runs(limit=None)
     ops = sorted({o for r in runs for o in r.op_list})
-    return {"buckets": buckets, "promotions": [promotion_doc(p) for p in promos],
-            "trend": {op: [t.to_json() for t in speedup_trend(led, op, runs)] for op in ops}}
+    return {
+        "buckets": buckets,
+        "promotions": [promotion_doc(p) for p in promos],
+        "trend": {op: [t.to_json() for t in speedup_trend(led, op, runs)] for op in ops},
+    }

@@ -10,6 +10,7 @@ templates autoescape it, the scripts set it as text, never as markup, and a Cont
 only this server's own scripts and styles. The ledger is opened read-only (SQLite `mode=ro`, PostgreSQL
 read-only transactions) and there is no route but GET.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ STATIC = os.path.join(HERE, "web_static")
 POLL_MS = 2000  # how often a page with a run in progress asks for news
 PLOT_NAMES = ("speedup.png", "progress.png")
 # Only this server's own files: an injected <script> or event attribute would not run even if one got through.
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 _FILTER_PARAMS = ("op", "status", "gpu", "since", "until")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -72,11 +75,17 @@ def _messages(prompt: str):
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
-    env.filters.update(ms=fmt_ms, spread=fmt_spread, x=fmt_x, clock=lambda c: CLOCK_WORDS.get(c, c or ""),
-                       python=lambda s: _highlighted(s or "", PythonLexer()),
-                       diff=lambda s: _highlighted(s or "", DiffLexer()),
-                       pct=lambda v: f"{v:.0%}" if v else "", when=lambda s: (s or "")[:16].replace("T", " "),
-                       messages=_messages)
+    env.filters.update(
+        ms=fmt_ms,
+        spread=fmt_spread,
+        x=fmt_x,
+        clock=lambda c: CLOCK_WORDS.get(c, c or ""),
+        python=lambda s: _highlighted(s or "", PythonLexer()),
+        diff=lambda s: _highlighted(s or "", DiffLexer()),
+        pct=lambda v: f"{v:.0%}" if v else "",
+        when=lambda s: (s or "")[:16].replace("T", " "),
+        messages=_messages,
+    )
     return env
 
 
@@ -200,11 +209,13 @@ def create_app(led: Ledger) -> Starlette:
     view = WebView(led)
     get = ["GET"]
     routes = [
-        Route("/", view.runs_page, methods=get), Route("/runs/{run_id}", view.run_page, methods=get),
+        Route("/", view.runs_page, methods=get),
+        Route("/runs/{run_id}", view.run_page, methods=get),
         Route("/runs/{run_id}/plots/{name}", view.plot, methods=get),
         Route("/candidates/{cid:int}", view.candidate_page, methods=get),
         Route("/serving", view.serving_page, methods=get),
-        Route("/api/runs", view.api_runs, methods=get), Route("/api/runs/{run_id}", view.api_run, methods=get),
+        Route("/api/runs", view.api_runs, methods=get),
+        Route("/api/runs/{run_id}", view.api_run, methods=get),
         Route("/api/candidates/{cid:int}", view.api_candidate, methods=get),
         Route("/api/serving", view.api_serving, methods=get),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -212,23 +223,32 @@ def create_app(led: Ledger) -> Starlette:
 
     def error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 503)
-        detail = exc.detail if isinstance(exc, HTTPException) else \
-            f"the ledger cannot be read now: {str(getattr(exc, 'orig', exc)).splitlines()[0]}"
+        detail = (
+            exc.detail
+            if isinstance(exc, HTTPException)
+            else f"the ledger cannot be read now: {str(getattr(exc, 'orig', exc)).splitlines()[0]}"
+        )
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": detail}, status_code=status)
         return view.page("error.html", status=status, message=detail)
 
     # a ledger that went away or is busy past its timeout: one line, status 503, never a traceback page
-    return Starlette(routes=routes, exception_handlers={HTTPException: error, LedgerError: error, DBAPIError: error},
-                     middleware=[Middleware(SecurityHeaders)])
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: error, LedgerError: error, DBAPIError: error},
+        middleware=[Middleware(SecurityHeaders)],
+    )
 
 
 class SecurityHeaders:
     """ASGI middleware: every response carries the Content-Security-Policy and tells the browser not to
     guess content types or send this server's addresses elsewhere."""
 
-    HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
-               (b"referrer-policy", b"no-referrer")]
+    HEADERS = [
+        (b"content-security-policy", CSP.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+    ]
 
     def __init__(self, app):
         self.app = app

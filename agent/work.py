@@ -1,6 +1,7 @@
 """What a run's parts hand each other: the `Stage`s of a candidate, the `Incumbent` a target's candidates are
 judged against, a candidate's `Work` for one target, and the events a run reports (`RunEvents`, drawn by the
 command line; `LiveStatus`, where a streaming run stands)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,7 +63,6 @@ class Work:
     rejected: bool = False  # a stage failed: whatever runs beside it is recorded, nothing follows
 
 
-
 @dataclass
 class RunEvents:
     """Callbacks for progress output (the CLI draws them; tests collect them)."""
@@ -87,8 +87,11 @@ class LiveStatus:
 
     def describe(self) -> str:
         budget = f"{self.new_candidates}" + (f"/{self.max_candidates}" if self.max_candidates is not None else "")
-        stages = " ".join(f"{k} {self.running.get(k, 0)}" for k in Stage
-                          if k in self.running or k in (Stage.QUICK, Stage.FULL))
+        stages = " ".join(
+            f"{k} {self.running.get(k, 0)}" for k in Stage if k in self.running or k in (Stage.QUICK, Stage.FULL)
+        )
         best = f"best {self.best_gain:+.1%}" if self.best_gain is not None else "best -"
-        return (f"{ui.clock(self.elapsed_s)}/{ui.clock(self.time_limit_s)} cand {budget}; {stages}; queued {self.queued}; "
-                f"judged {self.judged}; {best}")
+        return (
+            f"{ui.clock(self.elapsed_s)}/{ui.clock(self.time_limit_s)} cand {budget}; {stages}; queued {self.queued}; "
+            f"judged {self.judged}; {best}"
+        )

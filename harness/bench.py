@@ -45,6 +45,7 @@ Protocol, per (op, shape, dtype):
 
 The measurements behind each of these choices and constants are in results/h200/protocol_evidence.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,8 +90,10 @@ class NoGPU(Exception):
     """Benchmarks need a CUDA GPU; the interpreter's times are not GPU times."""
 
 
-NO_GPU = ("benchmarks need a CUDA GPU and none is available here (Triton interpreter times are not GPU times); "
-          "run `kernel-agent bench` on a GPU machine")
+NO_GPU = (
+    "benchmarks need a CUDA GPU and none is available here (Triton interpreter times are not GPU times); "
+    "run `kernel-agent bench` on a GPU machine"
+)
 
 
 def require_gpu() -> None:
@@ -99,6 +102,7 @@ def require_gpu() -> None:
 
 
 # -- ceilings ------------------------------------------------------------------------------
+
 
 @dataclass
 class Ceilings:
@@ -110,8 +114,9 @@ class Ceilings:
 
 
 def ceilings_path(cache_dir: Optional[str] = None) -> str:
-    d = cache_dir or os.environ.get("KERNEL_AGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
-                                                                        "kernel-agent"))
+    d = cache_dir or os.environ.get(
+        "KERNEL_AGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "kernel-agent")
+    )
     v = versions()
     return os.path.join(d, f"ceilings-v2-{slug(v['gpu'])}-{slug(v['driver'])}.json")  # v2: two matmul sizes
 
@@ -130,6 +135,7 @@ def warm_gpu(seconds: float = WARM_S) -> None:
 
 def measure_ceilings() -> Ceilings:
     import triton.testing  # deferred: only a timing needs triton; the loop imports this module to record results
+
     require_gpu()
     warm_gpu(1.0)
     n = 1 << 30  # 1 GiB each way
@@ -143,7 +149,7 @@ def measure_ceilings() -> Ceilings:
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
-        tflops = max(tflops, 2 * n ** 3 / ms / 1e9)
+        tflops = max(tflops, 2 * n**3 / ms / 1e9)
         del a, b
     torch.cuda.empty_cache()
     v = versions()
@@ -166,6 +172,7 @@ def load_ceilings(cache_dir: Optional[str] = None, remeasure: bool = False) -> C
 
 
 # -- kernels under test ------------------------------------------------------------------
+
 
 @dataclass
 class Contender:
@@ -190,6 +197,7 @@ def anchor_for(op: Op, case: Case) -> Contender:
 
 
 # -- measurement -----------------------------------------------------------------------------
+
 
 def _iqr_half(xs: Sequence[float]) -> float:
     if len(xs) < 2:
@@ -223,14 +231,17 @@ def restore_positions(res: Dict[str, Any]) -> Dict[str, Any]:
     positions the rotation gave them (the timed kernels are the measurements with rounds, in order) and
     its times re-estimated position-balanced; measurements that have positions are left alone."""
     timed = [m for m in res["measurements"] if m.get("rounds")]
-    for rounds_key, positions_key, ms_key in (("rounds", "positions", "median_ms"),
-                                              ("graph_rounds", "graph_positions", "graph_ms")):
+    for rounds_key, positions_key, ms_key in (
+        ("rounds", "positions", "median_ms"),
+        ("graph_rounds", "graph_positions", "graph_ms"),
+    ):
         live = [m for m in timed if m.get(rounds_key)]
         for i, m in enumerate(live):
             if m.get(positions_key):
                 continue
-            m[positions_key] = [next(p for p, x in _rotation(range(len(live)), r) if x == i)
-                                for r in range(len(m[rounds_key]))]
+            m[positions_key] = [
+                next(p for p, x in _rotation(range(len(live)), r) if x == i) for r in range(len(m[rounds_key]))
+            ]
             m[ms_key] = balanced_median(m[rounds_key], m[positions_key])
     return res
 
@@ -241,8 +252,9 @@ def _spread(rounds: Sequence[float], median: float, between: float = 0.0) -> flo
     return max(_iqr_half(rounds), between, REPRO_FLOOR * median)
 
 
-def _beyond_ceilings(ms: float, flops: float, nbytes: float, ceilings: Ceilings, l2_flushed: bool = True,
-                     l2_bytes: int = 0) -> bool:
+def _beyond_ceilings(
+    ms: float, flops: float, nbytes: float, ceilings: Ceilings, l2_flushed: bool = True, l2_bytes: int = 0
+) -> bool:
     """Faster than the measured ceilings allow: over COMPUTE_PLAUSIBLE times the matmul rate, or over twice
     the copy rate (a memory-bound kernel may read at more than the copy rate, as a copy also writes). A
     time without an L2 flush (a graph replay) is held to the memory bound only for data too large for L2."""
@@ -285,11 +297,18 @@ def refresher(case: Case, seed: int) -> Callable[..., None]:
             v.normal_(0.0, std or 1.0, generator=g)
         for v in codes:
             v.random_(-127, 128, generator=g)
+
     return refresh
 
 
-def timed_calls(fn: Callable[[], Any], refresh: Callable[[], None], warmup_ms: float = 10, rep_ms: float = 30,
-                check_at: Optional[float] = None, check: Optional[Callable[[Any], None]] = None) -> float:
+def timed_calls(
+    fn: Callable[[], Any],
+    refresh: Callable[[], None],
+    warmup_ms: float = 10,
+    rep_ms: float = 30,
+    check_at: Optional[float] = None,
+    check: Optional[Callable[[Any], None]] = None,
+) -> float:
     """triton.testing.do_bench's protocol (an estimate, warm-up, then each repetition timed alone by device
     events after an L2 flush; the median), with fresh inputs before every call (`refresh`, outside the
     events and before the flush, so the values it writes are not left in L2), and `check(output)` called on
@@ -300,6 +319,7 @@ def timed_calls(fn: Callable[[], Any], refresh: Callable[[], None], warmup_ms: f
     the reference, after that call's end event: the next call starts from an idle GPU, one repetition of
     many, and the median absorbs it."""
     from triton import runtime  # deferred: as in measure_ceilings
+
     driver = runtime.driver.active
     cache = driver.get_empty_cache_for_benchmark()
     clear = getattr(driver, "clear_cache", None) or (lambda buf: buf.zero_())
@@ -337,6 +357,7 @@ def timed_calls(fn: Callable[[], Any], refresh: Callable[[], None], warmup_ms: f
 def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     """Names of the CUDA kernels one call runs (profiler), after a warm-up call."""
     from torch.profiler import ProfilerActivity, profile  # deferred: the profiler loads only for this diagnosis
+
     fn(**kwargs)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -369,6 +390,7 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
 def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> List[Contender]:
     """The op's reference anchors as contenders; one that cannot run here is a row with its one-line reason."""
     from .ops.common import ReferenceUnavailable  # the exception the hook raises
+
     try:
         return [Contender(a.label, a.fn, is_anchor=True) for a in op.reference_anchors(probe)]
     except ReferenceUnavailable as e:
@@ -378,9 +400,18 @@ def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> Lis
 
 
 # long: the benchmark protocol for one shape (warm-up, interleaved rounds, graph replays, checks) read top to bottom
-def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence[Contender], ceilings: Ceilings,
-                    n_sets: Optional[int] = None, seed: int = 0, check: bool = True,
-                    log: Optional[Callable[[str], None]] = None, references: bool = False) -> ShapeResult:
+def benchmark_shape(
+    op: Op,
+    shape: Shape,
+    dtype: torch.dtype,
+    contenders: Sequence[Contender],
+    ceilings: Ceilings,
+    n_sets: Optional[int] = None,
+    seed: int = 0,
+    check: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+    references: bool = False,
+) -> ShapeResult:
     """Time every contender on one shape (see the module docstring for the protocol). references: also time
     the op's reference anchors (Op.reference_anchors: what serving engines run), after the torch anchor."""
     require_gpu()
@@ -413,8 +444,9 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
             if c.kernel_names:
                 seen = kernels_seen(c.fn, probe.args)
                 if not any(any(k in s for k in c.kernel_names) for s in seen):
-                    raise RuntimeError(f"none of its Triton kernels ({', '.join(c.kernel_names)}) ran; the "
-                                       f"profiler saw {seen[:4]}")
+                    raise RuntimeError(
+                        f"none of its Triton kernels ({', '.join(c.kernel_names)}) ran; the profiler saw {seen[:4]}"
+                    )
             live.append(c)
         except Exception as e:  # noqa: BLE001 - a contender that fails is reported, the others are timed
             results[c.label] = Measurement(c.label, math.nan, math.nan, 0, [], error=str(e).splitlines()[0][:300])
@@ -441,6 +473,7 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
             case = cases[counters[c.label] % len(cases)]
             cmp = op.compare(out, case.args, op.reference(case.args, torch.float32))
             checks[c.label].append({"call": counters[c.label], "ok": cmp.ok, "detail": cmp.describe()[:300]})
+
         return call, refresh, check
 
     warm_gpu()
@@ -448,11 +481,15 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         for pos, c in _rotation(live, r):
             call, refresh, verify = runner(c)
             checked = check and not c.is_anchor
-            rounds[c.label].append(timed_calls(call, refresh, warmup_ms=10, rep_ms=30, check_at=rng.random(),
-                                               check=verify if checked else None))
+            rounds[c.label].append(
+                timed_calls(
+                    call, refresh, warmup_ms=10, rep_ms=30, check_at=rng.random(), check=verify if checked else None
+                )
+            )
             positions[c.label].append(pos)
-        if r + 1 >= max(MIN_ROUNDS, len(live)) and all(_iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v)
-                                       for v in rounds.values()):
+        if r + 1 >= max(MIN_ROUNDS, len(live)) and all(
+            _iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v) for v in rounds.values()
+        ):
             break
     flops = op.flops(shape)
     nbytes_min = op.bytes(shape, dtype)
@@ -460,13 +497,23 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
     for c in live:
         xs = rounds[c.label]
         med = balanced_median(xs, positions[c.label])
-        m = Measurement(c.label, med, _spread(xs, med), len(xs), xs, positions=positions[c.label],
-                        within_spread_ms=_iqr_half(xs), serves=c.serves, timed_checks=checks[c.label])
+        m = Measurement(
+            c.label,
+            med,
+            _spread(xs, med),
+            len(xs),
+            xs,
+            positions=positions[c.label],
+            within_spread_ms=_iqr_half(xs),
+            serves=c.serves,
+            timed_checks=checks[c.label],
+        )
         m.tflops = flops / med / 1e9
         m.tbps = nbytes_min / med / 1e9
         m.ceiling_kind = bound
-        m.fraction_of_ceiling = (m.tflops / ceilings.bf16_tflops) if bound == "compute" else (m.tbps /
-                                                                                             ceilings.copy_tbps)
+        m.fraction_of_ceiling = (
+            (m.tflops / ceilings.bf16_tflops) if bound == "compute" else (m.tbps / ceilings.copy_tbps)
+        )
         if _beyond_ceilings(med, flops, nbytes_min, ceilings):
             m.implausible = True
             m.add_note("faster than the measured ceilings allow")
@@ -479,19 +526,26 @@ def benchmark_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequen
         torch.cuda.synchronize()
         m.device_ms = (time.perf_counter() - t0) * 1e3 / reps
         if m.device_ms > 2.0 * med + 0.1:
-            m.add_note(f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work "
-                       f"outside the timed stream or host-bound")
+            m.add_note(
+                f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work "
+                f"outside the timed stream or host-bound"
+            )
             if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
                 m.implausible = True
         if c.label in notes:
             m.add_note(notes[c.label])
         results[c.label] = m
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
-    _graph_rounds([c for c in live if is_small(results[c.label])], cases[0].args, results,
-                  lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
-                  refresh=refreshers[0])
+    _graph_rounds(
+        [c for c in live if is_small(results[c.label])],
+        cases[0].args,
+        results,
+        lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
+        refresh=refreshers[0],
+    )
     ordered = [results[c.label] for c in all_c if c.label in results] + (
-        [results["anchor"]] if "anchor" in results else [])
+        [results["anchor"]] if "anchor" in results else []
+    )
     del cases, probe
     torch.cuda.empty_cache()
     return ShapeResult(op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered)
@@ -505,8 +559,10 @@ def is_small(m: Measurement) -> bool:
     return bool(m.rounds) and min(m.rounds) < GRAPH_BELOW_MS
 
 
-UNJOINED_NOTE = ("work forked onto another stream is not joined back to the caller's stream (graph capture: "
-                 "unjoined work), so events on the caller's stream cannot time it")
+UNJOINED_NOTE = (
+    "work forked onto another stream is not joined back to the caller's stream (graph capture: "
+    "unjoined work), so events on the caller's stream cannot time it"
+)
 
 
 def _graph_failed(m: Measurement, c: Contender, e: Exception) -> None:
@@ -521,9 +577,13 @@ def _graph_failed(m: Measurement, c: Contender, e: Exception) -> None:
         m.add_note(f"CUDA graph timing failed: {text[:120]}")
 
 
-def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: Dict[str, Measurement],
-                  too_fast: Callable[[float], bool] = lambda ms: False,
-                  refresh: Optional[Callable[..., None]] = None) -> None:
+def _graph_rounds(
+    small: Sequence[Contender],
+    kwargs: Dict[str, Any],
+    results: Dict[str, Measurement],
+    too_fast: Callable[[float], bool] = lambda ms: False,
+    refresh: Optional[Callable[..., None]] = None,
+) -> None:
     """CUDA-graph replay times of the small kernels, interleaved round by round like the event rounds.
     A replay time faster than the ceilings allow (`too_fast`) marks the kernel implausible, as an
     event time does: work launched outside the captured streams is missing from the graph.
@@ -534,6 +594,7 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
     noisier than one median (the spread shows it), and the call reads inputs the refresh just wrote, partly
     from L2, as graph replays (which flush nothing) always did."""
     import triton.testing  # deferred: as in measure_ceilings
+
     live = []
     for c in small:
         try:  # warm up on a side stream, as graph capture requires
@@ -557,10 +618,10 @@ def _graph_rounds(small: Sequence[Contender], kwargs: Dict[str, Any], results: D
                 if refresh is None:
                     ms = triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20, return_mode="median")
                 else:
-                    both = triton.testing.do_bench_cudagraph(lambda: (refresh(graph=True), c.fn(**kwargs)), rep=20,
-                                                             return_mode="median")
-                    alone = triton.testing.do_bench_cudagraph(lambda: refresh(graph=True), rep=20,
-                                                              return_mode="median")
+                    both = triton.testing.do_bench_cudagraph(
+                        lambda: (refresh(graph=True), c.fn(**kwargs)), rep=20, return_mode="median"
+                    )
+                    alone = triton.testing.do_bench_cudagraph(lambda: refresh(graph=True), rep=20, return_mode="median")
                     ms = max(both - alone, 1e-4)
                 m.graph_rounds.append(ms)
                 m.graph_positions.append(pos)
@@ -587,8 +648,10 @@ def reported_time(m: Measurement, timing: Optional[str] = None) -> Tuple[float, 
         ms, spread, kind = m.graph_ms, m.graph_spread_ms, "graph"
     else:
         ms, spread, kind = m.median_ms, m.spread_ms, "event"
-    floor = max(RUN_TO_RUN_FLOOR.get(m.ceiling_kind or "compute", RUN_TO_RUN_FLOOR["compute"]),
-                CHOSEN_BY_TIMING_FLOOR.get(m.label, 0.0))
+    floor = max(
+        RUN_TO_RUN_FLOOR.get(m.ceiling_kind or "compute", RUN_TO_RUN_FLOOR["compute"]),
+        CHOSEN_BY_TIMING_FLOOR.get(m.label, 0.0),
+    )
     return ms, max(spread, floor * ms), kind
 
 
@@ -623,36 +686,58 @@ def merge_processes(runs: Sequence[ShapeResult]) -> ShapeResult:
         rounds, positions, med, spread = _pooled(good, "rounds", "positions", "median_ms")
         scale = good[0].median_ms / med  # rates follow the time
         m = dataclasses.replace(
-            good[0], median_ms=med, rounds=rounds, positions=positions, n=len(rounds),
-            within_spread_ms=_iqr_half(rounds), spread_ms=spread, implausible=any(g.implausible for g in good),
-            note="; ".join(dict.fromkeys(g.note for g in good if g.note)), processes=len(good),
-            **{k: getattr(good[0], k) * scale for k in ("tflops", "tbps", "fraction_of_ceiling")
-               if getattr(good[0], k) is not None})
+            good[0],
+            median_ms=med,
+            rounds=rounds,
+            positions=positions,
+            n=len(rounds),
+            within_spread_ms=_iqr_half(rounds),
+            spread_ms=spread,
+            implausible=any(g.implausible for g in good),
+            note="; ".join(dict.fromkeys(g.note for g in good if g.note)),
+            processes=len(good),
+            **{
+                k: getattr(good[0], k) * scale
+                for k in ("tflops", "tbps", "fraction_of_ceiling")
+                if getattr(good[0], k) is not None
+            },
+        )
         if all(g.graph_rounds for g in good):
             grounds, gpositions, gmed, gspread = _pooled(good, "graph_rounds", "graph_positions", "graph_ms")
-            m = dataclasses.replace(m, graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed,
-                                    graph_spread_ms=gspread)
+            m = dataclasses.replace(
+                m, graph_rounds=grounds, graph_positions=gpositions, graph_ms=gmed, graph_spread_ms=gspread
+            )
         else:
             m = dataclasses.replace(m, graph_rounds=[], graph_positions=[], graph_ms=None, graph_spread_ms=None)
         merged.append(m)
     return dataclasses.replace(runs[0], measurements=merged)
 
 
-def _pooled(measurements: Sequence[Measurement], rounds_key: str, positions_key: str,
-            ms_key: str) -> Tuple[List[float], List[int], float, float]:
+def _pooled(
+    measurements: Sequence[Measurement], rounds_key: str, positions_key: str, ms_key: str
+) -> Tuple[List[float], List[int], float, float]:
     """One kernel's rounds (event or graph) from several processes, pooled: (rounds, positions, their
     position-balanced median, a spread of at least half the range of the processes' own times). The
     positions are left out (plain median) unless every process recorded them."""
     rounds = [x for g in measurements for x in getattr(g, rounds_key)]
-    positions = ([p for g in measurements for p in getattr(g, positions_key)]
-                 if all(len(getattr(g, positions_key)) == len(getattr(g, rounds_key)) for g in measurements) else [])
+    positions = (
+        [p for g in measurements for p in getattr(g, positions_key)]
+        if all(len(getattr(g, positions_key)) == len(getattr(g, rounds_key)) for g in measurements)
+        else []
+    )
     med = balanced_median(rounds, positions)
     times = [getattr(g, ms_key) for g in measurements]
     return rounds, positions, med, _spread(rounds, med, between=(max(times) - min(times)) / 2)
 
 
-def record_shape_result(ledger, run_id: Optional[str], res: ShapeResult, candidate_id: Optional[int] = None,
-                        incumbent_label: str = "incumbent", incumbent_hash: Optional[str] = None) -> None:
+def record_shape_result(
+    ledger,
+    run_id: Optional[str],
+    res: ShapeResult,
+    candidate_id: Optional[int] = None,
+    incumbent_label: str = "incumbent",
+    incumbent_hash: Optional[str] = None,
+) -> None:
     """Store one shape's measurements in the ledger, every row of it under the candidate id (the incumbent
     and the anchor timed beside it too: the label says which), the 'incumbent' row under `incumbent_label`,
     with the source hash of the incumbent where given (what the candidate was judged against, for its
@@ -660,16 +745,29 @@ def record_shape_result(ledger, run_id: Optional[str], res: ShapeResult, candida
     for m in res.measurements:
         if m.error:
             continue
-        extra = {k: getattr(m, k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms",
-                                            "graph_spread_ms")}
+        extra = {
+            k: getattr(m, k) for k in ("tflops", "tbps", "device_ms", "note", "within_spread_ms", "graph_spread_ms")
+        }
         if m.label == "incumbent" and incumbent_hash:
             extra["incumbent_hash"] = incumbent_hash
-        ledger.record_bench(run_id=run_id, candidate_id=candidate_id,
-                            label=incumbent_label if m.label == "incumbent" else m.label, op=res.op,
-                            shape_key=res.shape, bucket=res.bucket, dtype=res.dtype, gpu_name=res.gpu,
-                            median_ms=m.median_ms, spread_ms=m.spread_ms, n_samples=m.n, graph_ms=m.graph_ms,
-                            fraction_of_ceiling=m.fraction_of_ceiling, ceiling_kind=m.ceiling_kind,
-                            implausible=bool(m.implausible), extra=extra)
+        ledger.record_bench(
+            run_id=run_id,
+            candidate_id=candidate_id,
+            label=incumbent_label if m.label == "incumbent" else m.label,
+            op=res.op,
+            shape_key=res.shape,
+            bucket=res.bucket,
+            dtype=res.dtype,
+            gpu_name=res.gpu,
+            median_ms=m.median_ms,
+            spread_ms=m.spread_ms,
+            n_samples=m.n,
+            graph_ms=m.graph_ms,
+            fraction_of_ceiling=m.fraction_of_ceiling,
+            ceiling_kind=m.ceiling_kind,
+            implausible=bool(m.implausible),
+            extra=extra,
+        )
 
 
 def resolve_shapes(op: Op, spec: str) -> List[Shape]:

@@ -2,6 +2,7 @@
 child (`BenchSpec`, its contenders `BenchKernel`) and the child's document (`BenchOutcome` of `ShapeResult`s of
 `Measurement`s). They cross a process as JSON; each is parsed once where it comes in (`from_json`) and passed
 typed from there. Free of torch, so that the promotion rule and the parent read them without loading it."""
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,17 @@ class Measurement:
         """A measurement document; keys it does not know (a report's added figures) are left out, and the
         figures of one that failed before it was timed read as not a number."""
         known = {f.name for f in fields(cls)}
-        optional = {"within_spread_ms", "graph_ms", "graph_spread_ms", "device_ms", "tflops", "tbps",
-                    "fraction_of_ceiling", "ceiling_kind", "processes"}
+        optional = {
+            "within_spread_ms",
+            "graph_ms",
+            "graph_spread_ms",
+            "device_ms",
+            "tflops",
+            "tbps",
+            "fraction_of_ceiling",
+            "ceiling_kind",
+            "processes",
+        }
         kw = {k: v for k, v in d.items() if k in known and (v is not None or k in optional)}
         kw.setdefault("label", "")
         kw.setdefault("median_ms", math.nan)
@@ -82,13 +92,25 @@ class ShapeResult:
     measurements: List[Measurement]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"op": self.op, "shape": self.shape, "bucket": self.bucket, "dtype": self.dtype, "gpu": self.gpu,
-                "measurements": [m.to_json() for m in self.measurements]}
+        return {
+            "op": self.op,
+            "shape": self.shape,
+            "bucket": self.bucket,
+            "dtype": self.dtype,
+            "gpu": self.gpu,
+            "measurements": [m.to_json() for m in self.measurements],
+        }
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "ShapeResult":
-        return cls(d.get("op", ""), d["shape"], d.get("bucket", ""), d.get("dtype", ""), d.get("gpu", ""),
-                   [Measurement.from_json(m) for m in d.get("measurements") or []])
+        return cls(
+            d.get("op", ""),
+            d["shape"],
+            d.get("bucket", ""),
+            d.get("dtype", ""),
+            d.get("gpu", ""),
+            [Measurement.from_json(m) for m in d.get("measurements") or []],
+        )
 
     def measurement(self, label: str) -> Optional[Measurement]:
         return next((m for m in self.measurements if m.label == label), None)
@@ -132,11 +154,23 @@ class BenchSpec:
     ceilings: Optional[Dict[str, Any]] = None
 
     @classmethod
-    def judging(cls, op: str, shapes: Sequence[str], dtype: str, incumbent: BenchKernel, candidate: BenchKernel,
-                race: bool = False) -> "BenchSpec":
+    def judging(
+        cls,
+        op: str,
+        shapes: Sequence[str],
+        dtype: str,
+        incumbent: BenchKernel,
+        candidate: BenchKernel,
+        race: bool = False,
+    ) -> "BenchSpec":
         """The benchmark of a candidate against a bucket's incumbent (labelled as the rule reads them)."""
-        return cls(op, tuple(shapes), dtype, (replace(incumbent, label=INCUMBENT), replace(candidate, label=CANDIDATE)),
-                   race=race)
+        return cls(
+            op,
+            tuple(shapes),
+            dtype,
+            (replace(incumbent, label=INCUMBENT), replace(candidate, label=CANDIDATE)),
+            race=race,
+        )
 
     def kernel(self, label: str) -> Optional[BenchKernel]:
         return next((k for k in self.kernels if k.label == label), None)
@@ -157,18 +191,33 @@ class BenchSpec:
         return replace(self, kernels=tuple(replace(k, file=files[k.file]) if k.file else k for k in self.kernels))
 
     def to_json(self) -> Dict[str, Any]:
-        d: Dict[str, Any] = {"op": self.op, "shapes": list(self.shapes), "dtype": self.dtype,
-                             "kernels": [k.to_json() for k in self.kernels], "seed": self.seed, "race": self.race,
-                             "references": self.references, "gated": self.gated}
+        d: Dict[str, Any] = {
+            "op": self.op,
+            "shapes": list(self.shapes),
+            "dtype": self.dtype,
+            "kernels": [k.to_json() for k in self.kernels],
+            "seed": self.seed,
+            "race": self.race,
+            "references": self.references,
+            "gated": self.gated,
+        }
         if self.ceilings:
             d["ceilings"] = self.ceilings
         return d
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "BenchSpec":
-        return cls(str(d["op"]), tuple(d.get("shapes") or ()), str(d.get("dtype") or "bfloat16"),
-                   tuple(BenchKernel.from_json(k) for k in d.get("kernels") or ()), int(d.get("seed") or 0),
-                   bool(d.get("race")), bool(d.get("references")), bool(d.get("gated")), d.get("ceilings") or None)
+        return cls(
+            str(d["op"]),
+            tuple(d.get("shapes") or ()),
+            str(d.get("dtype") or "bfloat16"),
+            tuple(BenchKernel.from_json(k) for k in d.get("kernels") or ()),
+            int(d.get("seed") or 0),
+            bool(d.get("race")),
+            bool(d.get("references")),
+            bool(d.get("gated")),
+            d.get("ceilings") or None,
+        )
 
 
 @dataclass
@@ -195,16 +244,28 @@ class BenchOutcome:
             shapes = [ShapeResult.from_json(r) for r in results]
         except (AttributeError, KeyError, TypeError, ValueError) as e:  # not a benchmark's results: no verdict on them
             return cls(error=f"the benchmark's results cannot be read ({type(e).__name__}: {str(e)[:200]})")
-        return cls(shapes, str(d.get("error") or ""),
-                   d.get("ceilings") if isinstance(d.get("ceilings"), dict) else None,
-                   {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))},
-                   d.get("raced_out") or None, str(d.get("log") or ""), d.get("wall_s"),
-                   list(d.get("sandbox_refused") or []))
+        return cls(
+            shapes,
+            str(d.get("error") or ""),
+            d.get("ceilings") if isinstance(d.get("ceilings"), dict) else None,
+            {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))},
+            d.get("raced_out") or None,
+            str(d.get("log") or ""),
+            d.get("wall_s"),
+            list(d.get("sandbox_refused") or []),
+        )
 
     def to_json(self) -> Dict[str, Any]:
-        return {"results": [r.to_json() for r in self.results], "error": self.error or None,
-                "ceilings": self.ceilings, "phases": self.phases, "raced_out": self.raced_out, "log": self.log,
-                "wall_s": self.wall_s, "sandbox_refused": self.sandbox_refused}
+        return {
+            "results": [r.to_json() for r in self.results],
+            "error": self.error or None,
+            "ceilings": self.ceilings,
+            "phases": self.phases,
+            "raced_out": self.raced_out,
+            "log": self.log,
+            "wall_s": self.wall_s,
+            "sandbox_refused": self.sandbox_refused,
+        }
 
 
 __all__ = ["INCUMBENT", "CANDIDATE", "Measurement", "ShapeResult", "BenchKernel", "BenchSpec", "BenchOutcome"]

@@ -10,6 +10,7 @@ before it reads its spec, and kernel files are loaded through the static gate. S
 stopped at a shape on which the promotion rule refuses the candidate (slower beyond the noise, say):
 the other shapes cannot change that verdict, so they are not timed}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ def _contenders(spec: BenchSpec):
     names by its hash); the baseline from the package."""
     from ..sanitizer.execution import baseline_fn, load_module  # deferred: torch, loaded inside the child's sandbox
     from .bench import Contender  # deferred: torch, loaded inside the child's sandbox
+
     out = []
     for i, k in enumerate(spec.kernels):
         path = k.file or inspect.getsourcefile(baseline_fn(spec.op))
@@ -69,8 +71,10 @@ def hash_mismatch(kernel: BenchKernel, raw: bytes) -> str:
     got = judged_hash(raw)
     if got == kernel.source_hash:
         return ""
-    return (f"{kernel.label}: the file is not the judged text (sha256 {got[:12]}, judged "
-            f"{kernel.source_hash[:12]}): it changed after it was judged")
+    return (
+        f"{kernel.label}: the file is not the judged text (sha256 {got[:12]}, judged "
+        f"{kernel.source_hash[:12]}): it changed after it was judged"
+    )
 
 
 # long: the benchmark child's life in order: sandbox, spec, ceilings, kernels, the GPU lease, each shape's timing
@@ -94,6 +98,7 @@ def main(argv=None) -> int:
 
     from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape  # deferred: torch, inside the sandbox
     from .ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
+
     op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
     doc["phases"] = {}
@@ -126,8 +131,16 @@ def main(argv=None) -> int:
     for key in spec.shapes:
         t0 = time.time()
         shape = op.parse_shape(key)
-        res = benchmark_shape(op, shape, dtype, contenders, ceilings, seed=spec.seed,
-                              log=lambda s: print(s, flush=True), references=spec.references)
+        res = benchmark_shape(
+            op,
+            shape,
+            dtype,
+            contenders,
+            ceilings,
+            seed=spec.seed,
+            log=lambda s: print(s, flush=True),
+            references=spec.references,
+        )
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
         doc["phases"][key] = round(time.time() - t0, 2)
@@ -146,6 +159,7 @@ def _prepare_references() -> None:
     """Import the reference libraries (FlashInfer) before the audit hook is armed: they are trusted, and their
     import loads ctypes (NVML bindings). One that is missing is the reference's own row, later."""
     from .ops.flashinfer_paged import FlashInferUnavailable, require  # the optional extra, for bench --op only
+
     try:
         require()
     except FlashInferUnavailable:
@@ -169,8 +183,12 @@ def refused_here(res: ShapeResult) -> str:
 
 
 # long: one child's life in order: copy the files into scratch, write the spec, run it, read its results
-def run_bench_isolated(spec: Union[BenchSpec, Dict[str, Any]], timeout_s: float = 900.0, env: Optional[dict] = None,
-                       on_ready: Optional[OnReady] = None) -> dict:
+def run_bench_isolated(
+    spec: Union[BenchSpec, Dict[str, Any]],
+    timeout_s: float = 900.0,
+    env: Optional[dict] = None,
+    on_ready: Optional[OnReady] = None,
+) -> dict:
     """Run one benchmark spec (a BenchSpec, or its JSON) in a sandboxed child process (`env`: variables it may
     see on top of the allowlist, e.g. the GPU it may use); a crash or hang comes back as {'error': ...}, and
     Ctrl-C takes the child down at once. The child reads copies of the kernel files inside its scratch
@@ -180,6 +198,7 @@ def run_bench_isolated(spec: Union[BenchSpec, Dict[str, Any]], timeout_s: float 
     With `on_ready`, the benchmark is gated (sanitizer/lease.py): the child starts and loads its kernels
     without the GPU, asks for phase "gpu" to compile them, and for phase "alone" to time them."""
     from .bench import Ceilings, ceilings_path  # deferred: torch, loaded inside the child's sandbox
+
     spec = spec if isinstance(spec, BenchSpec) else BenchSpec.from_json(spec)
     scratch = sandbox.make_scratch("ka-bench-")
     try:

@@ -15,6 +15,7 @@ these shapes. Results are cached in this process per (source hash, op, dtype, sh
 
     python -m kernel_agent.harness.compile_probe --spec SPEC.json --out OUT.json   (the child)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,18 @@ from .source_text import source_hash
 
 ARCH = 90  # the H200
 INCUMBENT_TIMEOUT_S = 300.0  # every serving shape of a large kernel: a minute on a busy 2-core machine
-_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
-          "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
+_TYPES = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "fp32",
+    "float64": "fp64",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "bool": "i1",
+}
 
 
 @dataclass
@@ -106,7 +117,7 @@ def innermost_loop_mix(ptx: str) -> Dict[str, int]:
     if best is None:
         return {}
     mix: Dict[str, int] = {}
-    for ln in lines[best[0] + 1: best[1] + 1]:
+    for ln in lines[best[0] + 1 : best[1] + 1]:
         if not ln or ln.startswith(("//", ".", "$", "{", "}")) or ln.endswith(":"):
             continue
         instr = re.sub(r"^@!?%\w+\s+", "", ln)  # a predicate guard does not change the class
@@ -130,7 +141,7 @@ def _programs(grid, kwargs: dict) -> int:
     if callable(grid):
         grid = grid(kwargs)
     n = 1
-    for g in (grid if isinstance(grid, (tuple, list)) else (grid,)):
+    for g in grid if isinstance(grid, (tuple, list)) else (grid,):
         n *= int(g)
     return n
 
@@ -138,6 +149,7 @@ def _programs(grid, kwargs: dict) -> int:
 def _capture(fn, args: dict) -> list:
     """(jit function, positional args, keyword args, programs) of each launch `fn(**args)` makes."""
     from triton.runtime.jit import JITFunction  # deferred: triton loads inside the child's sandbox
+
     seen = []
     original = JITFunction.run
 
@@ -155,6 +167,7 @@ def _capture(fn, args: dict) -> list:
 def _compile_args(jit, a: tuple, kw: dict):
     """(signature, constexprs, attrs, options) as a launch with these arguments would specialise them."""
     import torch  # deferred: inside the child's sandbox
+
     params = list(inspect.signature(jit.fn).parameters)
     options = {k: kw[k] for k in ("num_warps", "num_stages") if k in kw}
     constexprs = {k: v for k, v in kw.items() if k in params}
@@ -169,7 +182,7 @@ def _compile_args(jit, a: tuple, kw: dict):
         elif isinstance(value, bool):
             sig[name] = "i1"
         elif isinstance(value, int):
-            sig[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             if value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
@@ -183,9 +196,11 @@ def _compile_launch(jit, a: tuple, kw: dict, programs: int, shape: str, tools: s
     import triton  # deferred: inside the child's sandbox
     from triton.backends.compiler import GPUTarget  # deferred: as above
     from triton.compiler import ASTSource  # deferred: as above
+
     sig, constexprs, attrs, options = _compile_args(jit, a, kw)
-    compiled = triton.compile(ASTSource(jit, sig, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", ARCH, 32), options=options)
+    compiled = triton.compile(
+        ASTSource(jit, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", ARCH, 32), options=options
+    )
     name = compiled.metadata.name
     registers = spills = None
     cuobjdump = os.path.join(tools, "cuobjdump")
@@ -195,9 +210,17 @@ def _compile_launch(jit, a: tuple, kw: dict, programs: int, shape: str, tools: s
             f.write(compiled.asm["cubin"])
         out = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True, timeout=60).stdout
         registers, spills = resource_usage(out, name)
-    return LaunchProfile(jit.fn.__name__, shape, programs, compiled.metadata.num_warps,
-                         compiled.metadata.num_stages, registers, spills, int(compiled.metadata.shared),
-                         innermost_loop_mix(compiled.asm["ptx"]))
+    return LaunchProfile(
+        jit.fn.__name__,
+        shape,
+        programs,
+        compiled.metadata.num_warps,
+        compiled.metadata.num_stages,
+        registers,
+        spills,
+        int(compiled.metadata.shared),
+        innermost_loop_mix(compiled.asm["ptx"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -223,6 +246,7 @@ def _profile_in_child(spec: ProbeSpec) -> CompileProfile:
 
     from ..sanitizer.execution import load_module  # deferred: torch, inside the child's sandbox
     from .ops import dtype_from_name, get_op  # deferred: as above
+
     with open(spec.file, "rb") as f:
         raw = f.read()
     gate = check_source(raw, spec.op)
@@ -258,12 +282,15 @@ def main(argv=None) -> int:
     # trusted imports first: torch loads its own libraries through ctypes, which the hook refuses to candidates
     import torch  # noqa: F401  deferred: inside the sandbox, before the hook (as the executor does)
     import triton.compiler  # noqa: F401  deferred: as torch
+
     sandbox.prepare_gpu()
     sandbox.arm_audit_hook(fatal=False)
     try:
         result = _profile_in_child(spec)
     except Exception as e:  # noqa: BLE001 - a kernel that does not compile is a result, reported in one line
-        result = CompileProfile(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}")
+        result = CompileProfile(
+            error=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        )
     if sandbox.violations():
         result = CompileProfile(error=f"the sandbox refused: {sandbox.violations()[0]}")
     with open(args.out, "w") as f:
@@ -276,8 +303,9 @@ def main(argv=None) -> int:
 _CACHE: Dict[Tuple[str, str, str, Tuple[str, ...]], CompileProfile] = {}
 
 
-def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str,
-                   timeout_s: float = INCUMBENT_TIMEOUT_S) -> CompileProfile:
+def profile_source(
+    source: str, op: str, shapes: Sequence[str], dtype: str, timeout_s: float = INCUMBENT_TIMEOUT_S
+) -> CompileProfile:
     """The compiled launches of `source` (a kernel file for `op`) at each shape key, from a sandboxed child;
     a failure (the gate, a compile error, a timeout) is a CompileProfile with `error`, never an exception."""
     key = (source_hash(source), op, dtype, tuple(shapes))
@@ -295,8 +323,12 @@ def profile_source(source: str, op: str, shapes: Sequence[str], dtype: str,
         env = sandbox.env_for(scratch)
         env.pop("TRITON_INTERPRET", None)  # this compiles for the GPU
         t0 = time.time()
-        rc, log = run_tracked([sys.executable, "-m", "kernel_agent.harness.compile_probe", "--spec", sp, "--out", out],
-                              timeout_s, env=env, cwd=scratch)
+        rc, log = run_tracked(
+            [sys.executable, "-m", "kernel_agent.harness.compile_probe", "--spec", sp, "--out", out],
+            timeout_s,
+            env=env,
+            cwd=scratch,
+        )
         try:
             with open(out) as f:
                 result = CompileProfile.from_json(json.load(f))

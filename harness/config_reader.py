@@ -8,6 +8,7 @@ strings, tuples and the device. It knows a fixed table of operations (arithmetic
 `torch.cuda.get_device_properties(device).multi_processor_count`) and calls nothing else: anything outside
 it, or a computation that runs too long or grows too large, is `ConfigUnreadable`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,21 +26,72 @@ MAX_DEPTH = 16
 MAX_INT = 1 << 64
 
 _BINOPS: Dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
-    ast.BitXor: operator.xor, ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift}
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+}
 _COMPARE: Dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
-    ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_, ast.IsNot: operator.is_not}
-_UNARY: Dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
-                                           ast.Invert: operator.invert}
-_BUILTINS: Dict[str, Callable] = {"min": min, "max": max, "int": int, "float": float, "abs": abs, "bool": bool,
-                                  "tuple": tuple, "len": len, "divmod": divmod}
-_MATH = ("sqrt", "isqrt", "log", "log2", "log10", "exp", "ceil", "floor", "trunc", "fabs", "gcd", "lcm", "prod",
-         "copysign", "isfinite", "isinf", "isnan")
-_FUNCTIONS: Dict[str, Callable] = {"triton.cdiv": triton.cdiv, "triton.next_power_of_2": triton.next_power_of_2,
-                                   **{f"math.{n}": getattr(math, n) for n in _MATH}}
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
+_UNARY: Dict[type, Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Not: operator.not_,
+    ast.Invert: operator.invert,
+}
+_BUILTINS: Dict[str, Callable] = {
+    "min": min,
+    "max": max,
+    "int": int,
+    "float": float,
+    "abs": abs,
+    "bool": bool,
+    "tuple": tuple,
+    "len": len,
+    "divmod": divmod,
+}
+_MATH = (
+    "sqrt",
+    "isqrt",
+    "log",
+    "log2",
+    "log10",
+    "exp",
+    "ceil",
+    "floor",
+    "trunc",
+    "fabs",
+    "gcd",
+    "lcm",
+    "prod",
+    "copysign",
+    "isfinite",
+    "isinf",
+    "isnan",
+)
+_FUNCTIONS: Dict[str, Callable] = {
+    "triton.cdiv": triton.cdiv,
+    "triton.next_power_of_2": triton.next_power_of_2,
+    **{f"math.{n}": getattr(math, n) for n in _MATH},
+}
 _CONSTANTS = {"math.pi": math.pi, "math.e": math.e, "math.inf": math.inf, "math.tau": math.tau}
 
 
@@ -91,8 +143,11 @@ def _jit(fn: ast.FunctionDef) -> bool:
 class _Evaluator:
     def __init__(self, tree: ast.Module):
         self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not _jit(n)}
-        self.constant_nodes = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)
-                               and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+        self.constant_nodes = {
+            n.targets[0].id: n.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+        }
         self.constants: Dict[str, Any] = {}
         self.steps = 0
         self.depth = 0
@@ -114,10 +169,10 @@ class _Evaluator:
         if len(args) > len(params) and not a.vararg or len(args) < len(params) - len(defaults):
             raise ConfigUnreadable(f"`{name}` called with {len(args)} arguments")
         scope: Dict[str, Any] = dict(zip(params, args))
-        for p, d in zip(params[len(params) - len(defaults):], defaults):
+        for p, d in zip(params[len(params) - len(defaults) :], defaults):
             scope.setdefault(p, d)
         if a.vararg:
-            scope[a.vararg.arg] = tuple(args[len(params):])
+            scope[a.vararg.arg] = tuple(args[len(params) :])
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise ConfigUnreadable("host functions nest too deeply")
@@ -138,7 +193,7 @@ class _Evaluator:
         if isinstance(st, ast.Return):
             raise _Return(None if st.value is None else self.expr(st.value, scope))
         if isinstance(st, (ast.Assign, ast.AnnAssign)) and st.value is not None:
-            for t in (st.targets if isinstance(st, ast.Assign) else [st.target]):
+            for t in st.targets if isinstance(st, ast.Assign) else [st.target]:
                 self.assign(t, self.expr(st.value, scope), scope)
         elif isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name) and type(st.op) in _BINOPS:
             scope[st.target.id] = self.binop(st.op, self.expr(st.target, scope), self.expr(st.value, scope))
@@ -153,8 +208,11 @@ class _Evaluator:
     def assign(self, target: ast.AST, value: Any, scope: Dict[str, Any]) -> None:
         if isinstance(target, ast.Name):
             scope[target.id] = value
-        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (tuple, list)) \
-                and len(target.elts) == len(value):
+        elif (
+            isinstance(target, (ast.Tuple, ast.List))
+            and isinstance(value, (tuple, list))
+            and len(target.elts) == len(value)
+        ):
             for t, v in zip(target.elts, value):
                 self.assign(t, v, scope)
         else:

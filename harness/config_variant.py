@@ -10,6 +10,7 @@ byte, else it is not a variant and is kept as a whole file). A variant is canoni
 (sanitizer/canonical.py), as every candidate is once proposed: its bucket and fields are constants of the
 file, not a comment.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,21 +48,29 @@ class ConfigStep:
 
     def describe(self) -> str:
         """One line, e.g. `_config for bucket tsmall-d16: (64, 4) -> (32, 8)  [BLOCK_R=32, num_warps=8]`."""
-        return (f"_config for bucket {self.bucket}: {tuple(self.tuned_from)!r} -> {tuple(self.tuned_to)!r}  "
-                f"[{_fields_text(self.fields, self.tuned_to)}]")
+        return (
+            f"_config for bucket {self.bucket}: {tuple(self.tuned_from)!r} -> {tuple(self.tuned_to)!r}  "
+            f"[{_fields_text(self.fields, self.tuned_to)}]"
+        )
 
     def to_json(self) -> dict:
-        return {"bucket": self.bucket, "fields": list(self.fields), "tuned_from": list(self.tuned_from),
-                "tuned_to": list(self.tuned_to)}
+        return {
+            "bucket": self.bucket,
+            "fields": list(self.fields),
+            "tuned_from": list(self.tuned_from),
+            "tuned_to": list(self.tuned_to),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "ConfigStep":
         try:
-            return cls(str(d["bucket"]), tuple(str(f) for f in d["fields"]), tuple(d["tuned_from"]),
-                       tuple(d["tuned_to"]))
+            return cls(
+                str(d["bucket"]), tuple(str(f) for f in d["fields"]), tuple(d["tuned_from"]), tuple(d["tuned_to"])
+            )
         except (KeyError, TypeError) as e:
-            raise ValueError(f"a configuration record lacks {e} (expected bucket, fields, tuned_from, "
-                             f"tuned_to)") from None
+            raise ValueError(
+                f"a configuration record lacks {e} (expected bucket, fields, tuned_from, tuned_to)"
+            ) from None
 
 
 def _fields_text(fields: Sequence[str], values: Sequence) -> str:
@@ -86,7 +95,8 @@ def apply_config(source: str, step: ConfigStep) -> str:
     if not own:
         raise ValueError("the source has no module-level `_config` function")
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
-        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+    }
     n = 0
     while any(f"{name}{n or ''}" in used for name in ("_config_base",) + _OVERRIDE_NAMES):
         n += 1
@@ -121,19 +131,29 @@ def _override(tail: Sequence[ast.stmt]) -> Optional[Tuple[str, ConfigStep]]:
     """(the suffix, the step) when the module's last five statements are an override as `apply_config`
     writes it (its text is checked afterwards by regenerating it)."""
     *consts, fn = tail
-    if not isinstance(fn, ast.FunctionDef) or fn.name != "_config" or not all(
-            isinstance(c, ast.Assign) and len(c.targets) == 1 and isinstance(c.targets[0], ast.Name) for c in consts):
+    if (
+        not isinstance(fn, ast.FunctionDef)
+        or fn.name != "_config"
+        or not all(
+            isinstance(c, ast.Assign) and len(c.targets) == 1 and isinstance(c.targets[0], ast.Name) for c in consts
+        )
+    ):
         return None
     names = [c.targets[0].id for c in consts]  # type: ignore[attr-defined]  # checked above
-    sfx = names[0][len(_OVERRIDE_NAMES[0]):]
+    sfx = names[0][len(_OVERRIDE_NAMES[0]) :]
     if names != [f"{name}{sfx}" for name in _OVERRIDE_NAMES] or not (sfx == "" or sfx.isdigit()):
         return None
     try:
         bucket, fields, old, new = (ast.literal_eval(c.value) for c in consts)  # type: ignore[attr-defined]
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
-    if not (isinstance(bucket, str) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields)
-            and isinstance(old, tuple) and isinstance(new, tuple)):
+    if not (
+        isinstance(bucket, str)
+        and isinstance(fields, tuple)
+        and all(isinstance(f, str) for f in fields)
+        and isinstance(old, tuple)
+        and isinstance(new, tuple)
+    ):
         return None
     return sfx, ConfigStep(bucket, fields, old, new)
 
@@ -166,7 +186,8 @@ _LEGACY_OVERRIDE = re.compile(
     r"\n\n\n# Launch configuration found by kernel-agent's search for bucket (?P<bucket>.*): (?P<desc>.*)\n"
     r"_TUNED_FROM(?P<sfx>\d*) = (?P<old>.*)\n_TUNED_TO(?P=sfx) = (?P<new>.*)\n\n\n"
     r"def _config\(\*args\):\n    cfg = tuple\(_config_base(?P=sfx)\(\*args\)\)\n"
-    r"    return _TUNED_TO(?P=sfx) if cfg == _TUNED_FROM(?P=sfx) else cfg\n\Z")
+    r"    return _TUNED_TO(?P=sfx) if cfg == _TUNED_FROM(?P=sfx) else cfg\n\Z"
+)
 
 
 def _legacy_split(source: str) -> Optional[Tuple[str, ConfigStep]]:
@@ -181,7 +202,7 @@ def _legacy_split(source: str) -> Optional[Tuple[str, ConfigStep]]:
     pairs = [p.split("=", 1) for p in m["desc"].split(", ")] if m["desc"] else []
     if not isinstance(old, tuple) or not isinstance(new, tuple) or any(len(p) != 2 for p in pairs):
         return None
-    base = re.sub(rf"^def _config_base{m['sfx']}\(", "def _config(", source[:m.start()], flags=re.M) + "\n"
+    base = re.sub(rf"^def _config_base{m['sfx']}\(", "def _config(", source[: m.start()], flags=re.M) + "\n"
     return base, ConfigStep(m["bucket"], tuple(p[0] for p in pairs), old, new)
 
 
@@ -215,4 +236,14 @@ def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
     return None
 
 
-__all__ = ["ConfigStep", "with_config", "apply_config", "rebuild", "split_config", "split_stored", "steps_over", "baseline_source", "has_config"]
+__all__ = [
+    "ConfigStep",
+    "with_config",
+    "apply_config",
+    "rebuild",
+    "split_config",
+    "split_stored",
+    "steps_over",
+    "baseline_source",
+    "has_config",
+]

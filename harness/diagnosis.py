@@ -17,6 +17,7 @@ What bounds it, first rule that holds (each rule's words go into `reasons`, all 
 5. otherwise the op's own roofline side (Op.bound: arithmetic intensity against the machine's balance).
 The proposers read `bound` to order what they try (agent/search.py) and print `lines()` in prompts.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -65,17 +66,22 @@ class Diagnosis:
 
     def lines(self) -> List[str]:
         """What people and prompts read: the bound, the roofline, the compiled kernel, the reasons."""
-        roof = (f"{self.roofline:.0%} of the {self.ceiling_kind} ceiling (measured on {self.measured_on})"
-                if self.roofline is not None else "no measurement on a GPU yet")
+        roof = (
+            f"{self.roofline:.0%} of the {self.ceiling_kind} ceiling (measured on {self.measured_on})"
+            if self.roofline is not None
+            else "no measurement on a GPU yet"
+        )
         out = [f"bound: {self.bound}; roofline: {roof}"]
         if self.compile_error:
             out.append(f"compiled kernel: not read ({self.compile_error})")
         elif self.programs is not None:
             mix = ", ".join(f"{k} {v}" for k, v in sorted(self.loop_mix.items(), key=lambda kv: -kv[1]))
-            out.append(f"compiled for sm_90: {self.programs} programs for {SM_COUNT} SMs "
-                       f"({self.programs_per_sm} resident per SM), {self.registers} registers, "
-                       f"{self.spill_bytes} bytes spilled, {self.shared_bytes} bytes shared memory"
-                       + (f"; inner loop: {mix}" if mix else "; no loop"))
+            out.append(
+                f"compiled for sm_90: {self.programs} programs for {SM_COUNT} SMs "
+                f"({self.programs_per_sm} resident per SM), {self.registers} registers, "
+                f"{self.spill_bytes} bytes spilled, {self.shared_bytes} bytes shared memory"
+                + (f"; inner loop: {mix}" if mix else "; no loop")
+            )
         out += [f"- {r}" for r in self.reasons]
         return out
 
@@ -146,15 +152,25 @@ def _classify(d: Diagnosis, op_bound: str) -> None:
     issue = mix.get("integer", 0) + mix.get("convert", 0)
     if busy and issue > ISSUE_RATIO * busy and not mix.get("wgmma"):
         bounds.append("latency")
-        d.reasons.append(f"issue-bound: the inner loop spends {issue} instructions on integer arithmetic and "
-                         f"conversions against {busy} that move or compute data")
+        d.reasons.append(
+            f"issue-bound: the inner loop spends {issue} instructions on integer arithmetic and "
+            f"conversions against {busy} that move or compute data"
+        )
     d.bound = bounds[0] if bounds else op_bound
     if not bounds:
         d.reasons.append(f"by its arithmetic intensity the op is {op_bound}-bound on the H200")
 
 
-def diagnose(op: str, bucket: str, dtype: str, shapes: Sequence, source: str, incumbent: str,
-             profile: CompileProfile, bench_rows: Sequence = ()) -> Diagnosis:
+def diagnose(
+    op: str,
+    bucket: str,
+    dtype: str,
+    shapes: Sequence,
+    source: str,
+    incumbent: str,
+    profile: CompileProfile,
+    bench_rows: Sequence = (),
+) -> Diagnosis:
     """The diagnosis from a compiled profile and the incumbent's benchmark rows on the bucket."""
     d = Diagnosis(op, bucket, dtype, incumbent, source_hash(source), bound="")
     d.roofline, d.ceiling_kind, d.measured_on = measured_roofline(bench_rows)
@@ -163,8 +179,17 @@ def diagnose(op: str, bucket: str, dtype: str, shapes: Sequence, source: str, in
     return d
 
 
-def diagnose_incumbent(ledger, run_id: Optional[str], op: str, bucket: str, dtype: str, shapes: Sequence,
-                       source: str, incumbent: str, profile: Callable[..., CompileProfile] = profile_source) -> Diagnosis:
+def diagnose_incumbent(
+    ledger,
+    run_id: Optional[str],
+    op: str,
+    bucket: str,
+    dtype: str,
+    shapes: Sequence,
+    source: str,
+    incumbent: str,
+    profile: Callable[..., CompileProfile] = profile_source,
+) -> Diagnosis:
     """Diagnose the bucket's incumbent and record it in the ledger. The compiled facts of a source are
     read from an earlier diagnosis of the same source and bucket when there is one (the compile is the
     slow part); the measurements are read afresh."""

@@ -11,6 +11,7 @@ of torch's time over the baseline's, each pair on one clock (CUDA-graph replays 
 them, as the promotion rule reads them). Why side by side only: the two were then timed in one
 process, interleaved, on the same inputs, so drift between benchmarks cancels out of the ratio.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,14 +76,27 @@ class Choice:
             times = f"geometric mean over {n} shapes of {name}'s time over {self.triton_side}'s {self.ratio:.3f}"
         bench = max(s.benchmarks for s in self.shapes)
         winner = f"torch ({name})" if self.impl == serving.TORCH else self.triton_side
-        return (f"{winner} is faster: {times} ({'/'.join(clocks)} times, median of up to {bench} "
-                f"benchmark{'s' if bench != 1 else ''} side by side)")
+        return (
+            f"{winner} is faster: {times} ({'/'.join(clocks)} times, median of up to {bench} "
+            f"benchmark{'s' if bench != 1 else ''} side by side)"
+        )
 
     def measured(self) -> dict:
         """The figures as the manifest records them."""
-        return {"torch_label": self.torch_label, "against": self.triton_side, "torch_over_it": round(self.ratio, 4),
-                "shapes": {s.shape: {"its_ms": round(s.baseline_ms, 5), "torch_ms": round(s.torch_ms, 5),
-                                     "clock": s.clock, "benchmarks": s.benchmarks} for s in self.shapes}}
+        return {
+            "torch_label": self.torch_label,
+            "against": self.triton_side,
+            "torch_over_it": round(self.ratio, 4),
+            "shapes": {
+                s.shape: {
+                    "its_ms": round(s.baseline_ms, 5),
+                    "torch_ms": round(s.torch_ms, 5),
+                    "clock": s.clock,
+                    "benchmarks": s.benchmarks,
+                }
+                for s in self.shapes
+            },
+        }
 
 
 def choices_from_rows(rows: Iterable[BenchResult], promoted: Optional[Dict[tuple, int]] = None) -> List[Choice]:
@@ -98,8 +112,13 @@ def choices_from_rows(rows: Iterable[BenchResult], promoted: Optional[Dict[tuple
             continue
         op = get_op(r.op)
         kernel = promoted.get((r.op, r.bucket, r.dtype, serving.gpu_slug(r.gpu_name or "")))
-        if kernel is None and r.label == "baseline" or kernel is not None and r.label == "candidate" \
-                and r.candidate_id == kernel:
+        if (
+            kernel is None
+            and r.label == "baseline"
+            or kernel is not None
+            and r.label == "candidate"
+            and r.candidate_id == kernel
+        ):
             role = "triton"
         elif op.torch_label and r.label == op.torch_label:
             role = "torch"
@@ -122,9 +141,15 @@ def choices_from_rows(rows: Iterable[BenchResult], promoted: Optional[Dict[tuple
     by_bucket: Dict[tuple, List[ShapeTimes]] = defaultdict(list)
     for (op, bucket, dtype, gpu, shape), s in sorted(per_shape.items()):
         clocks = set(s["clock"])
-        by_bucket[(op, bucket, dtype, gpu)].append(ShapeTimes(
-            shape, statistics.median(s["baseline"]), statistics.median(s["torch"]),
-            clocks.pop() if len(clocks) == 1 else "mixed", len(s["baseline"])))
+        by_bucket[(op, bucket, dtype, gpu)].append(
+            ShapeTimes(
+                shape,
+                statistics.median(s["baseline"]),
+                statistics.median(s["torch"]),
+                clocks.pop() if len(clocks) == 1 else "mixed",
+                len(s["baseline"]),
+            )
+        )
     out = []
     for (op, bucket, dtype, gpu), shapes in sorted(by_bucket.items()):
         kernel = promoted.get((op, bucket, dtype, serving.gpu_slug(gpu or "")))
@@ -136,12 +161,21 @@ def choices_from_rows(rows: Iterable[BenchResult], promoted: Optional[Dict[tuple
 
 def promoted_kernels(dir=None) -> Dict[tuple, int]:
     """(op, bucket, dtype, GPU slug) -> candidate id of each promoted kernel in the serving set."""
-    return {(e["op"], e["bucket"], e["dtype"], serving.gpu_slug(str(e["gpu"]))): e.get("candidate_id")  # type: ignore[misc]
-            for e in serving.kernel_entries(serving.load_manifest(dir)) if e.get("candidate_id") is not None}
+    return {
+        (e["op"], e["bucket"], e["dtype"], serving.gpu_slug(str(e["gpu"]))): e.get("candidate_id")  # type: ignore[misc]
+        for e in serving.kernel_entries(serving.load_manifest(dir))
+        if e.get("candidate_id") is not None
+    }
 
 
-def measured_choices(led: Ledger, ops: Optional[Sequence[str]] = None, bucket: Optional[str] = None,
-                     dtype: Optional[str] = None, gpu: Optional[str] = None, dir=None) -> List[Choice]:
+def measured_choices(
+    led: Ledger,
+    ops: Optional[Sequence[str]] = None,
+    bucket: Optional[str] = None,
+    dtype: Optional[str] = None,
+    gpu: Optional[str] = None,
+    dir=None,
+) -> List[Choice]:
     """The choices the ledger's benchmarks support, optionally for some ops, one bucket, dtype or GPU,
     against the promoted kernels of the serving set in `dir`."""
     names = ops if ops is not None else [name for name in NAMES if get_op(name).torch_label]
@@ -150,13 +184,17 @@ def measured_choices(led: Ledger, ops: Optional[Sequence[str]] = None, bucket: O
         if not get_op(name).torch_label:
             continue
         # the bucket and dtype are selected by the ledger's (op, bucket, dtype) index; the GPU by its slug, here
-        rows += [r for r in led.bench_results(op=name, bucket=bucket, dtype=dtype)
-                 if gpu is None or serving.gpu_slug(r.gpu_name or "") == serving.gpu_slug(gpu)]
+        rows += [
+            r
+            for r in led.bench_results(op=name, bucket=bucket, dtype=dtype)
+            if gpu is None or serving.gpu_slug(r.gpu_name or "") == serving.gpu_slug(gpu)
+        ]
     return choices_from_rows(rows, promoted_kernels(dir))
 
 
-def record_choices(choices: Iterable[Choice], dir=None, led: Optional[Ledger] = None
-                   ) -> List[Tuple[Choice, Optional[dict]]]:
+def record_choices(
+    choices: Iterable[Choice], dir=None, led: Optional[Ledger] = None
+) -> List[Tuple[Choice, Optional[dict]]]:
     """Write each choice into the serving manifest: the entry written, or None where nothing changed (a
     promoted kernel that is still the faster keeps its entry). A promoted kernel that torch beats is
     demoted, in the ledger too when `led` is given."""
@@ -165,12 +203,21 @@ def record_choices(choices: Iterable[Choice], dir=None, led: Optional[Ledger] = 
         if c.impl == serving.KERNEL:
             out.append((c, None))
             continue
-        entry = serving.set_choice(c.op, c.bucket, c.dtype, c.gpu, c.impl, c.reason, c.measured(), dir=dir,
-                                   replace_kernel=c.kernel_candidate)
+        entry = serving.set_choice(
+            c.op, c.bucket, c.dtype, c.gpu, c.impl, c.reason, c.measured(), dir=dir, replace_kernel=c.kernel_candidate
+        )
         if entry is not None and c.kernel_candidate is not None and led is not None:
-            promo = next((p for p in led.promotions(op=c.op, active_only=True)
-                          if p.bucket == c.bucket and p.dtype == c.dtype and p.candidate_id == c.kernel_candidate
-                          and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(c.gpu)), None)
+            promo = next(
+                (
+                    p
+                    for p in led.promotions(op=c.op, active_only=True)
+                    if p.bucket == c.bucket
+                    and p.dtype == c.dtype
+                    and p.candidate_id == c.kernel_candidate
+                    and serving.gpu_slug(p.gpu_name) == serving.gpu_slug(c.gpu)
+                ),
+                None,
+            )
             if promo is not None:
                 led.demote(promo.id, f"torch serves the bucket: {c.reason}")
         out.append((c, entry))

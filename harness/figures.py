@@ -23,6 +23,7 @@ numbers everywhere. The conventions:
 Pure functions over row objects (`ledger.BenchResult` or anything with its fields): no database
 here, so the ledger can build on this module.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ JUDGED_STATUSES = ("benchmarked", "promoted")  # candidates whose benchmark was 
 
 # -- numbers as printed -------------------------------------------------------------------------
 
+
 def round_ms(x: float) -> float:
     """A time at the precision it is printed with (4 significant figures)."""
     if not x:
@@ -51,7 +53,7 @@ def fmt_ms(x: Optional[float]) -> str:
     """A time in ms as printed everywhere: 4 significant figures, trailing zeros kept ('0.05000')."""
     if x is None:
         return ""
-    if abs(x) >= 10 ** SIGNIFICANT:
+    if abs(x) >= 10**SIGNIFICANT:
         return f"{x:.0f}"
     return f"{round_ms(x):#.{SIGNIFICANT}g}".rstrip(".")
 
@@ -83,6 +85,7 @@ def _ratio(num: float, den: float) -> float:
 
 
 # -- reading one row ------------------------------------------------------------------------------
+
 
 def _graph_spread(row: Any) -> Optional[float]:
     return (row.extra or {}).get("graph_spread_ms")
@@ -136,9 +139,18 @@ class Reading:
     @classmethod
     def from_row(cls, row: Any) -> "Reading":
         timed = row_graph_timed(row)
-        return cls(row.label, row.id, row.median_ms, row.spread_ms, row.graph_ms if timed else None,
-                   _graph_spread(row) if timed else None, row.n_samples, row.fraction_of_ceiling,
-                   row.ceiling_kind, bool(row.implausible))
+        return cls(
+            row.label,
+            row.id,
+            row.median_ms,
+            row.spread_ms,
+            row.graph_ms if timed else None,
+            _graph_spread(row) if timed else None,
+            row.n_samples,
+            row.fraction_of_ceiling,
+            row.ceiling_kind,
+            bool(row.implausible),
+        )
 
     @property
     def graph_timed(self) -> bool:
@@ -253,15 +265,29 @@ class JudgedFigure:
         return self.speedup is not None and round(self.speedup, 3) > 1.0
 
     def to_json(self) -> Dict[str, Any]:
-        return {"op": self.op, "bucket": self.bucket, "shape_key": self.shape_key, "dtype": self.dtype,
-                "gpu_name": self.gpu_name, "run_id": self.run_id, "candidate_id": self.candidate_id,
-                "clock": self.clock, "kernel_ms": self.kernel_ms, "kernel_spread_ms": self.kernel_spread_ms,
-                "incumbent": self.incumbent_label, "incumbent_ms": self.incumbent_ms,
-                "incumbent_spread_ms": self.incumbent_spread_ms, "speedup": self.speedup,
-                "anchor": self.anchor.label if self.anchor is not None else None, "anchor_ms": self.anchor_ms,
-                "anchor_clock": self.anchor_clock, "vs_anchor": self.anchor_ratio(),
-                "fraction_of_ceiling": self.kernel.fraction(self.clock), "ceiling_kind": self.kernel.ceiling_kind,
-                "implausible": self.implausible}
+        return {
+            "op": self.op,
+            "bucket": self.bucket,
+            "shape_key": self.shape_key,
+            "dtype": self.dtype,
+            "gpu_name": self.gpu_name,
+            "run_id": self.run_id,
+            "candidate_id": self.candidate_id,
+            "clock": self.clock,
+            "kernel_ms": self.kernel_ms,
+            "kernel_spread_ms": self.kernel_spread_ms,
+            "incumbent": self.incumbent_label,
+            "incumbent_ms": self.incumbent_ms,
+            "incumbent_spread_ms": self.incumbent_spread_ms,
+            "speedup": self.speedup,
+            "anchor": self.anchor.label if self.anchor is not None else None,
+            "anchor_ms": self.anchor_ms,
+            "anchor_clock": self.anchor_clock,
+            "vs_anchor": self.anchor_ratio(),
+            "fraction_of_ceiling": self.kernel.fraction(self.clock),
+            "ceiling_kind": self.kernel.ceiling_kind,
+            "implausible": self.implausible,
+        }
 
 
 def judged_figures(rows: Iterable[Any]) -> List[JudgedFigure]:
@@ -290,14 +316,28 @@ def judged_figures(rows: Iterable[Any]) -> List[JudgedFigure]:
             kernel = Reading.from_row(cand)
             incumbent = Reading.from_row(inc) if inc is not None else None
             clock = clock_of([kernel.graph_timed] + ([incumbent.graph_timed] if incumbent else []))
-            out.append(JudgedFigure(cand.op, cand.bucket, cand.shape_key, cand.dtype, cand.gpu_name, cand.run_id,
-                                    cand.candidate_id, cand.created_at, kernel, incumbent,
-                                    Reading.from_row(anc) if anc is not None else None, clock))
+            out.append(
+                JudgedFigure(
+                    cand.op,
+                    cand.bucket,
+                    cand.shape_key,
+                    cand.dtype,
+                    cand.gpu_name,
+                    cand.run_id,
+                    cand.candidate_id,
+                    cand.created_at,
+                    kernel,
+                    incumbent,
+                    Reading.from_row(anc) if anc is not None else None,
+                    clock,
+                )
+            )
     out.sort(key=lambda f: f.kernel.bench_id)
     return out
 
 
 # -- a candidate over its bucket's shapes ----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CandidateResult:
@@ -340,10 +380,18 @@ class CandidateResult:
         return any(f.implausible for f in self.figures)
 
     def to_json(self) -> Dict[str, Any]:
-        return {"op": self.op, "bucket": self.bucket, "dtype": self.dtype, "gpu_name": self.gpu_name,
-                "run_id": self.run_id, "candidate_id": self.candidate_id, "speedup": self.speedup,
-                "clocks": self.clocks, "incumbent": self.incumbent_label,
-                "figures": [f.to_json() for f in self.figures]}
+        return {
+            "op": self.op,
+            "bucket": self.bucket,
+            "dtype": self.dtype,
+            "gpu_name": self.gpu_name,
+            "run_id": self.run_id,
+            "candidate_id": self.candidate_id,
+            "speedup": self.speedup,
+            "clocks": self.clocks,
+            "incumbent": self.incumbent_label,
+            "figures": [f.to_json() for f in self.figures],
+        }
 
 
 def candidate_results(figures: Iterable[JudgedFigure]) -> List[CandidateResult]:
@@ -377,6 +425,7 @@ def best_result(results: Iterable[CandidateResult]) -> Optional[CandidateResult]
 
 
 # -- the leaderboard ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LeaderboardEntry:
@@ -433,12 +482,41 @@ class TrendPoint:
         return self.best.speedup  # type: ignore[return-value]  # best_result has a speedup
 
     def to_json(self) -> Dict[str, Any]:
-        return {"run": self.run_id, "started": self.started_at.isoformat(), "speedup": self.speedup,
-                "candidate_id": self.best.candidate_id, "bucket": self.best.bucket, "clocks": self.best.clocks,
-                "incumbent": self.best.incumbent_label}
+        return {
+            "run": self.run_id,
+            "started": self.started_at.isoformat(),
+            "speedup": self.speedup,
+            "candidate_id": self.best.candidate_id,
+            "bucket": self.best.bucket,
+            "clocks": self.best.clocks,
+            "incumbent": self.best.incumbent_label,
+        }
 
 
-__all__ = ["Reading", "JudgedFigure", "CandidateResult", "Leaderboard", "LeaderboardEntry", "TrendPoint",
-           "judged_figures", "candidate_results", "best_per_bucket", "best_result", "leaderboard", "round_ms",
-           "fmt_ms", "fmt_spread", "fmt_x", "fmt_saved", "time_saved", "row_clock", "row_ms", "row_spread", "row_graph_timed",
-           "is_incumbent_label", "CLOCK_WORDS", "CLOCK_PHRASES", "JUDGED_STATUSES"]
+__all__ = [
+    "Reading",
+    "JudgedFigure",
+    "CandidateResult",
+    "Leaderboard",
+    "LeaderboardEntry",
+    "TrendPoint",
+    "judged_figures",
+    "candidate_results",
+    "best_per_bucket",
+    "best_result",
+    "leaderboard",
+    "round_ms",
+    "fmt_ms",
+    "fmt_spread",
+    "fmt_x",
+    "fmt_saved",
+    "time_saved",
+    "row_clock",
+    "row_ms",
+    "row_spread",
+    "row_graph_timed",
+    "is_incumbent_label",
+    "CLOCK_WORDS",
+    "CLOCK_PHRASES",
+    "JUDGED_STATUSES",
+]

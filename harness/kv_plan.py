@@ -19,6 +19,7 @@ The plan file is JSON; the serving set's is `kv_plan.json` in its folder (`servi
 it (its version, format, page size, model, that the choice is among its options) and raises KvPlanError in
 one line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,22 +78,35 @@ class KvPlan:
         return next(o for o in self.options if (o.kv, o.page_size) == (self.kv_format, self.page_size))
 
     def to_json(self) -> Dict[str, Any]:
-        return {"kv_plan": PLAN_VERSION, "model": self.model, "kv_budget_bytes": self.kv_budget_bytes,
-                "max_error": self.max_error, "kv_format": self.kv_format, "page_size": self.page_size,
-                "basis": self.basis, "trace": self.trace, "options": [o.to_json() for o in self.options],
-                "not_offered": self.not_offered}
+        return {
+            "kv_plan": PLAN_VERSION,
+            "model": self.model,
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "max_error": self.max_error,
+            "kv_format": self.kv_format,
+            "page_size": self.page_size,
+            "basis": self.basis,
+            "trace": self.trace,
+            "options": [o.to_json() for o in self.options],
+            "not_offered": self.not_offered,
+        }
 
     def summary_lines(self) -> List[str]:
         """The plan in a few markdown lines: the choice, then every option (a pull request's section)."""
         best = self.chosen()
-        lines = [f"KV-cache plan for {self.model.get('name')} at {self.kv_budget_bytes / 2**30:.1f} GiB per GPU "
-                 f"(error budget {self.max_error:g}; {self.basis}): **{self.kv_format} cache, {self.page_size}-token "
-                 f"pages**, {best.tokens_per_s:,.0f} tokens/s per GPU.", "",
-                 "| cache | page | tokens/s per GPU | mean batch | error vs bf16 | within budget |",
-                 "|---|---:|---:|---:|---:|---|"]
+        lines = [
+            f"KV-cache plan for {self.model.get('name')} at {self.kv_budget_bytes / 2**30:.1f} GiB per GPU "
+            f"(error budget {self.max_error:g}; {self.basis}): **{self.kv_format} cache, {self.page_size}-token "
+            f"pages**, {best.tokens_per_s:,.0f} tokens/s per GPU.",
+            "",
+            "| cache | page | tokens/s per GPU | mean batch | error vs bf16 | within budget |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
         for o in self.options:
-            lines.append(f"| {o.kv} | {o.page_size} | {o.tokens_per_s:,.0f} | {o.mean_batch:.1f} | {o.error:.2e} | "
-                         f"{'yes' if o.within_error else 'no'} |")
+            lines.append(
+                f"| {o.kv} | {o.page_size} | {o.tokens_per_s:,.0f} | {o.mean_batch:.1f} | {o.error:.2e} | "
+                f"{'yes' if o.within_error else 'no'} |"
+            )
         lines += [""] + [f"{k} not offered: {v}." for k, v in self.not_offered.items()]
         return lines
 
@@ -112,6 +126,7 @@ def int8_error_estimate(model: ModelConfig, context: int, seed: int = 0, batch: 
     import torch  # keeps the CLI's startup light (torch)
 
     from .ops.quantize_kv import quantize_eager  # the contract's own rule, not a copy
+
     g = torch.Generator().manual_seed(seed)
     L, Hkv, D = max(1, min(context, 2048)), model.shard_kv_heads, model.head_dim
     group = model.shard_heads // Hkv
@@ -121,6 +136,7 @@ def int8_error_estimate(model: ModelConfig, context: int, seed: int = 0, batch: 
     def attend(kk, vv):
         s = torch.einsum("bhgd,blhd->bhgl", q, kk) / math.sqrt(D)
         return torch.einsum("bhgl,blhd->bhgd", torch.softmax(s, -1), vv)
+
     codes_k, sk = quantize_eager(k)
     codes_v, sv = quantize_eager(v)
     ref = attend(k.float(), v.float())
@@ -131,10 +147,18 @@ def int8_error_estimate(model: ModelConfig, context: int, seed: int = 0, batch: 
 Measure = Callable[[ModelConfig, str, int, int], Dict[str, float]]  # (cfg, kv, batch, ctx) -> step_ms, error
 
 
-def estimate_options(trace: str, model: ModelConfig, budget_bytes: int, max_error: float,
-                     page_sizes: Sequence[int] = DEFAULT_PAGE_SIZES, formats: Sequence[str] = CACHE_FORMATS,
-                     max_batch: int = DEFAULT_MAX_BATCH, measure: Optional[Measure] = None, basis: str = ESTIMATE_BASIS,
-                     progress: Optional[Callable[[str], None]] = None) -> List[PlanOption]:
+def estimate_options(
+    trace: str,
+    model: ModelConfig,
+    budget_bytes: int,
+    max_error: float,
+    page_sizes: Sequence[int] = DEFAULT_PAGE_SIZES,
+    formats: Sequence[str] = CACHE_FORMATS,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    measure: Optional[Measure] = None,
+    basis: str = ESTIMATE_BASIS,
+    progress: Optional[Callable[[str], None]] = None,
+) -> List[PlanOption]:
     """Every (format, page size) option replayed on the trace; with `measure` (a GPU), each option's tokens/s
     scaled by measured over roofline step time at its heaviest point, and its error the measured one."""
     options = []
@@ -148,8 +172,16 @@ def estimate_options(trace: str, model: ModelConfig, budget_bytes: int, max_erro
             cost = StepModel(cfg, kv)
             _, points = bucket_shares(sched, cfg, cost=cost)
             top = points[0]
-            opt = PlanOption(kv, page, sched.tokens_per_s(), sched.decode_tokens / max(sched.steps, 1), sched.steps,
-                             0.0, basis=basis, point=[top.batch, top.context])
+            opt = PlanOption(
+                kv,
+                page,
+                sched.tokens_per_s(),
+                sched.decode_tokens / max(sched.steps, 1),
+                sched.steps,
+                0.0,
+                basis=basis,
+                point=[top.batch, top.context],
+            )
             if measure is not None:
                 got = measure(cfg, kv, top.batch, top.context)
                 opt.measured_ratio = got["step_ms"] / cost.ms(top.batch, top.context // page)
@@ -172,11 +204,13 @@ def trace_identity(path: str, requests: Optional[int] = None) -> Dict[str, Any]:
     return {"path": path, "sha256": h.hexdigest(), **({"requests": requests} if requests is not None else {})}
 
 
-def make_plan(trace: str, model: ModelConfig, budget_bytes: int, max_error: float, options: List[PlanOption],
-              basis: str) -> KvPlan:
+def make_plan(
+    trace: str, model: ModelConfig, budget_bytes: int, max_error: float, options: List[PlanOption], basis: str
+) -> KvPlan:
     best = choose(options, max_error)
-    return KvPlan(model.to_json(), budget_bytes, max_error, best.kv, best.page_size, basis, options,
-                  trace_identity(trace))
+    return KvPlan(
+        model.to_json(), budget_bytes, max_error, best.kv, best.page_size, basis, options, trace_identity(trace)
+    )
 
 
 def write_plan(plan: KvPlan, path: str) -> None:
@@ -190,7 +224,7 @@ def write_plan(plan: KvPlan, path: str) -> None:
 def plan_from_json(doc: Any, where: str = "plan") -> KvPlan:
     """A plan document checked: KvPlanError naming the first problem."""
     if not isinstance(doc, dict) or doc.get("kv_plan") != PLAN_VERSION:
-        raise KvPlanError(f"{where}: not a KV-cache plan of version {PLAN_VERSION} (\"kv_plan\": {PLAN_VERSION})")
+        raise KvPlanError(f'{where}: not a KV-cache plan of version {PLAN_VERSION} ("kv_plan": {PLAN_VERSION})')
     try:
         model = ModelConfig.from_mapping(doc.get("model"), "plan")
     except ModelConfigError as e:
@@ -207,8 +241,17 @@ def plan_from_json(doc: Any, where: str = "plan") -> KvPlan:
         options = [PlanOption(**{k: v for k, v in o.items() if k in fields_}) for o in doc.get("options") or []]
     except (TypeError, AttributeError):
         raise KvPlanError(f"{where}: options must be a list of option objects") from None
-    plan = KvPlan(model.to_json(), budget, float(doc.get("max_error", DEFAULT_MAX_ERROR)), fmt, page,
-                  str(doc.get("basis", "")), options, dict(doc.get("trace") or {}), dict(doc.get("not_offered") or {}))
+    plan = KvPlan(
+        model.to_json(),
+        budget,
+        float(doc.get("max_error", DEFAULT_MAX_ERROR)),
+        fmt,
+        page,
+        str(doc.get("basis", "")),
+        options,
+        dict(doc.get("trace") or {}),
+        dict(doc.get("not_offered") or {}),
+    )
     if not any((o.kv, o.page_size) == (fmt, page) for o in options):
         raise KvPlanError(f"{where}: the chosen {fmt} cache with {page}-token pages is not among its options")
     return plan
@@ -219,6 +262,7 @@ SERVING_PLAN_FILE = "kv_plan.json"  # in the serving folder, beside its manifest
 
 def _serving_plan_path(dir: Optional[str]) -> str:
     from .serving import serving_dir  # keeps the CLI's startup light (the serving set imports torch)
+
     return os.path.join(str(dir) if dir is not None else str(serving_dir()), SERVING_PLAN_FILE)
 
 
@@ -248,7 +292,25 @@ def load_plan(path: str) -> KvPlan:
     return plan_from_json(doc, path)
 
 
-__all__ = ["PLAN_VERSION", "CACHE_FORMATS", "NOT_OFFERED", "DEFAULT_PAGE_SIZES", "DEFAULT_MAX_ERROR", "ESTIMATE_BASIS",
-           "KvPlanError", "PlanOption", "KvPlan", "choose", "int8_error_estimate", "estimate_options",
-           "trace_identity", "make_plan", "write_plan", "plan_from_json", "SERVING_PLAN_FILE", "install_plan",
-           "serving_plan", "load_plan"]
+__all__ = [
+    "PLAN_VERSION",
+    "CACHE_FORMATS",
+    "NOT_OFFERED",
+    "DEFAULT_PAGE_SIZES",
+    "DEFAULT_MAX_ERROR",
+    "ESTIMATE_BASIS",
+    "KvPlanError",
+    "PlanOption",
+    "KvPlan",
+    "choose",
+    "int8_error_estimate",
+    "estimate_options",
+    "trace_identity",
+    "make_plan",
+    "write_plan",
+    "plan_from_json",
+    "SERVING_PLAN_FILE",
+    "install_plan",
+    "serving_plan",
+    "load_plan",
+]

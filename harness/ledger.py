@@ -29,6 +29,7 @@ Times are stored as naive UTC and come back as timezone-aware UTC datetimes.
 Objects returned by `Ledger` are detached from their session (no lazy loading; read
 the foreign keys and ask the ledger again).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,6 @@ BUSY_TIMEOUT_S = 30.0
 # The advisory lock every write transaction of a PostgreSQL ledger takes first (any constant will do,
 # as long as every kernel-agent uses the same one): "kaledger" in ASCII, a positive signed 64-bit key.
 WRITE_LOCK_KEY = int.from_bytes(b"kaledger", "big")
-
 
 
 class RunStatus(str, Enum):
@@ -490,11 +490,28 @@ class PrunedProposal(Base):
 
 # Fields a caller may pass to record_bench / record_promotion (the rest are managed here).
 _BENCH_REQUIRED = ("op", "shape_key", "bucket", "dtype", "gpu_name", "median_ms", "spread_ms", "n_samples")
-_BENCH_OPTIONAL = ("run_id", "candidate_id", "label", "graph_ms", "fraction_of_ceiling", "ceiling_kind",
-                   "implausible", "extra_json", "extra", "created_at")
+_BENCH_OPTIONAL = (
+    "run_id",
+    "candidate_id",
+    "label",
+    "graph_ms",
+    "fraction_of_ceiling",
+    "ceiling_kind",
+    "implausible",
+    "extra_json",
+    "extra",
+    "created_at",
+)
 _PROMOTION_REQUIRED = ("op", "bucket", "dtype", "gpu_name", "new_ms", "old_ms", "gain", "spread")
-_PROMOTION_OPTIONAL = ("run_id", "candidate_id", "replaced_candidate_id", "reason", "versions_json", "versions",
-                       "created_at")
+_PROMOTION_OPTIONAL = (
+    "run_id",
+    "candidate_id",
+    "replaced_candidate_id",
+    "reason",
+    "versions_json",
+    "versions",
+    "created_at",
+)
 
 
 def _where_equal(q, model, **values: Any):
@@ -530,11 +547,15 @@ def _check_file_access(path: Path, shown: str, read_only: bool) -> None:
     if not path.is_file():
         return
     if read_only and path.stat().st_size == 0:
-        raise LedgerError(f"ledger {shown} is an empty file (0 bytes): nothing was ever recorded in it "
-                          f"(`kernel-agent run --ledger {shown}` records a run there)")
+        raise LedgerError(
+            f"ledger {shown} is an empty file (0 bytes): nothing was ever recorded in it "
+            f"(`kernel-agent run --ledger {shown}` records a run there)"
+        )
     if not read_only and not os.access(path, os.W_OK):
-        raise LedgerError(f"ledger {shown} is read-only: this command records in it (history, show and report only "
-                          f"read, and read it as it is)")
+        raise LedgerError(
+            f"ledger {shown} is read-only: this command records in it (history, show and report only "
+            f"read, and read it as it is)"
+        )
     if not read_only and not _writable_dir(path):
         raise LedgerError(f"ledger {shown}: its folder is read-only, and SQLite writes its journal beside the file")
 
@@ -548,8 +569,9 @@ def _inspect_existing(path: Path, shown: str, immutable: bool = False, purpose: 
     if not path.exists() or path.stat().st_size == 0:
         return None
     try:
-        conn = sqlite3.connect(path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro"), uri=True,
-                               timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(
+            path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro"), uri=True, timeout=BUSY_TIMEOUT_S
+        )
     except sqlite3.Error as e:
         raise LedgerError(f"ledger {shown} cannot be opened: {e}") from None
     try:
@@ -560,8 +582,10 @@ def _inspect_existing(path: Path, shown: str, immutable: bool = False, purpose: 
         if not tables:
             return None  # an empty database: ours to initialise
         if "meta" not in tables:
-            raise LedgerError(f"ledger {shown} is a SQLite database but not a kernel-agent ledger "
-                              f"(no meta table); refusing to modify it")
+            raise LedgerError(
+                f"ledger {shown} is a SQLite database but not a kernel-agent ledger "
+                f"(no meta table); refusing to modify it"
+            )
         try:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.DatabaseError as e:
@@ -585,8 +609,10 @@ def server_url(location: str | Path) -> URL | None:
     if url.get_backend_name() == "sqlite":
         return None
     if url.get_backend_name() != "postgresql":
-        raise LedgerError(f"ledger {url.render_as_string(hide_password=True)}: a ledger is a SQLite file or a "
-                          f"PostgreSQL database (postgresql://...), not {url.get_backend_name()}")
+        raise LedgerError(
+            f"ledger {url.render_as_string(hide_password=True)}: a ledger is a SQLite file or a "
+            f"PostgreSQL database (postgresql://...), not {url.get_backend_name()}"
+        )
     if url.drivername == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
     return url
@@ -613,8 +639,10 @@ def _server_engines(url: URL, shown: str, read_only: bool) -> tuple[Engine, Engi
             return read, read
         write = create_engine(url, pool_pre_ping=True)
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise LedgerError(f"ledger {shown} cannot be opened: {e} (a PostgreSQL ledger needs its driver: "
-                          f"pip install 'kernel-agent[postgres]')") from None
+        raise LedgerError(
+            f"ledger {shown} cannot be opened: {e} (a PostgreSQL ledger needs its driver: "
+            f"pip install 'kernel-agent[postgres]')"
+        ) from None
 
     @event.listens_for(write, "begin")
     def _take_write_lock(conn) -> None:
@@ -633,8 +661,9 @@ def _inspect_server(engine: Engine, shown: str, purpose: str = "write") -> Optio
             if not tables:
                 return None
             if "meta" not in tables:
-                raise LedgerError(f"ledger {shown} holds tables but no kernel-agent ledger (no meta table); "
-                                  f"refusing to modify it")
+                raise LedgerError(
+                    f"ledger {shown} holds tables but no kernel-agent ledger (no meta table); refusing to modify it"
+                )
             row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one_or_none()
     except DBAPIError as e:
         raise LedgerError(f"ledger {shown} cannot be opened: {str(e.orig).strip().splitlines()[0]}") from None
@@ -653,20 +682,26 @@ def _check_version(value: str | None, shown: str, purpose: str = "write") -> int
     except (TypeError, ValueError):
         raise LedgerError(f"ledger {shown} has an invalid schema version {value!r}") from None
     if version > SCHEMA_VERSION:
-        raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
-                          f"{SCHEMA_VERSION} (upgrade kernel-agent)")
+        raise LedgerError(
+            f"ledger {shown} has schema version {version}; this kernel-agent reads version "
+            f"{SCHEMA_VERSION} (upgrade kernel-agent)"
+        )
     if version == SCHEMA_VERSION:
         return version
     if version < _migrations.OLDEST_VERSION:
-        raise LedgerError(f"ledger {shown} has schema version {version}; this kernel-agent reads version "
-                          f"{SCHEMA_VERSION} (the ledger is older, and this version has no migration from it: "
-                          f"start a new ledger)")
+        raise LedgerError(
+            f"ledger {shown} has schema version {version}; this kernel-agent reads version "
+            f"{SCHEMA_VERSION} (the ledger is older, and this version has no migration from it: "
+            f"start a new ledger)"
+        )
     if purpose == "upgrade":
         return version
     if purpose == "read" and all(m.reads_older for m in _migrations.pending(version, SCHEMA_VERSION)):
         return version
-    raise LedgerError(f"ledger {shown} has schema version {version}, older than this kernel-agent's "
-                      f"{SCHEMA_VERSION}: upgrade it with `kernel-agent ledger upgrade --ledger {shown}`")
+    raise LedgerError(
+        f"ledger {shown} has schema version {version}, older than this kernel-agent's "
+        f"{SCHEMA_VERSION}: upgrade it with `kernel-agent ledger upgrade --ledger {shown}`"
+    )
 
 
 def _make_engine(path: Path, begin: str, read_only: str = "") -> Engine:
@@ -678,8 +713,9 @@ def _make_engine(path: Path, begin: str, read_only: str = "") -> Engine:
     that a WAL ledger on read-only media can be read)."""
     if read_only:
         uri = f"{path.resolve().as_uri()}?{read_only}"
-        engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S,
-                                                                             check_same_thread=False))
+        engine = create_engine(
+            "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        )
     else:
         engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
 
@@ -817,8 +853,12 @@ class Ledger:
         self.path = sqlite_path(path)
         self._shown = str(path)
         _check_file_access(self.path, self._shown, read_only)
-        _inspect_existing(self.path, self._shown, immutable=read_only and not _writable_dir(self.path),
-                          purpose="read" if read_only else "write")
+        _inspect_existing(
+            self.path,
+            self._shown,
+            immutable=read_only and not _writable_dir(self.path),
+            purpose="read" if read_only else "write",
+        )
         if read_only:  # reads an existing ledger, even on read-only media; writes fail
             if not self.path.is_file():
                 raise LedgerError(f"no ledger at {self._shown}")
@@ -854,8 +894,9 @@ class Ledger:
             self._init_schema()
         except DBAPIError as e:
             self.close()
-            raise LedgerError(f"ledger {self._shown} cannot be initialised: "
-                              f"{str(e.orig).strip().splitlines()[0]}") from None
+            raise LedgerError(
+                f"ledger {self._shown} cannot be initialised: {str(e.orig).strip().splitlines()[0]}"
+            ) from None
         except LedgerError:
             self.close()
             raise
@@ -874,8 +915,9 @@ class Ledger:
             if row is None:
                 conn.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))  # type: ignore[attr-defined]
             elif int(row) != SCHEMA_VERSION:  # changed between the inspection and now
-                raise LedgerError(f"ledger {self._shown} has schema version {row}; this kernel-agent reads "
-                                  f"version {SCHEMA_VERSION}")
+                raise LedgerError(
+                    f"ledger {self._shown} has schema version {row}; this kernel-agent reads version {SCHEMA_VERSION}"
+                )
 
     def close(self) -> None:
         """Release the connections (the file stays consistent either way)."""
@@ -901,15 +943,32 @@ class Ledger:
             return int(s.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar_one())
 
     # -- runs ---------------------------------------------------------------------------
-    def start_run(self, config: dict, versions: dict, proposer: str, ops: list[str], gpu_name: str | None,
-                  budget: dict, notes: str = "") -> Run:
+    def start_run(
+        self,
+        config: dict,
+        versions: dict,
+        proposer: str,
+        ops: list[str],
+        gpu_name: str | None,
+        budget: dict,
+        notes: str = "",
+    ) -> Run:
         """Record a new run (status 'running') and return it."""
         for _ in range(5):
             now = utcnow()
-            run = Run(id=f"r{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}", started_at=now, finished_at=None,
-                      status=RunStatus.RUNNING, config_json=_dumps(config), versions_json=_dumps(versions),
-                      gpu_name=gpu_name, proposer=proposer, ops=",".join(ops), budget_json=_dumps(budget),
-                      notes=notes)
+            run = Run(
+                id=f"r{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}",
+                started_at=now,
+                finished_at=None,
+                status=RunStatus.RUNNING,
+                config_json=_dumps(config),
+                versions_json=_dumps(versions),
+                gpu_name=gpu_name,
+                proposer=proposer,
+                ops=",".join(ops),
+                budget_json=_dumps(budget),
+                notes=notes,
+            )
             try:
                 with self._write.begin() as s:
                     s.add(run)
@@ -938,9 +997,16 @@ class Ledger:
                 run.notes = notes
         return run
 
-    def runs(self, op: str | None = None, status: str | None = None, since: datetime | date | str | None = None,
-             until: datetime | date | str | None = None, proposer: str | None = None,
-             limit: int | None = 50, gpu: str | None = None) -> list[Run]:
+    def runs(
+        self,
+        op: str | None = None,
+        status: str | None = None,
+        since: datetime | date | str | None = None,
+        until: datetime | date | str | None = None,
+        proposer: str | None = None,
+        limit: int | None = 50,
+        gpu: str | None = None,
+    ) -> list[Run]:
         """Runs, newest first. `op` matches runs whose op list includes it; `since` and
         `until` bound the start time (a bare date as `until` includes that whole day); `gpu` is the
         GPU's name as recorded, '' for runs without one."""
@@ -964,9 +1030,17 @@ class Ledger:
             return list(s.scalars(q))
 
     # -- candidates ---------------------------------------------------------------------
-    def add_candidate(self, op: str, source: str, proposer: str, run_id: str | None, parent_id: int | None = None,
-                      path: str | None = None, label: str | None = None,
-                      replayed: bool | None = None) -> tuple[Candidate, bool]:
+    def add_candidate(
+        self,
+        op: str,
+        source: str,
+        proposer: str,
+        run_id: str | None,
+        parent_id: int | None = None,
+        path: str | None = None,
+        label: str | None = None,
+        replayed: bool | None = None,
+    ) -> tuple[Candidate, bool]:
         """Record that `run_id` proposed `source` for `op`. Returns the candidate and
         whether it is new; a known (op, hash) returns the existing candidate untouched,
         so the same source is evaluated once. A Proposal row is recorded either way, a duplicate (replayed,
@@ -978,9 +1052,18 @@ class Ledger:
             new = cand is None
             now = utcnow()
             if new:
-                cand = Candidate(op=op, source_hash=h, source=source, path=path, parent_id=parent_id,
-                                 proposer=proposer, label=label, created_at=now, first_run_id=run_id,
-                                 status=CandidateStatus.PROPOSED)
+                cand = Candidate(
+                    op=op,
+                    source_hash=h,
+                    source=source,
+                    path=path,
+                    parent_id=parent_id,
+                    proposer=proposer,
+                    label=label,
+                    created_at=now,
+                    first_run_id=run_id,
+                    status=CandidateStatus.PROPOSED,
+                )
                 s.add(cand)
                 s.flush()
             duplicate = (not new) if replayed is None else (replayed and not new)
@@ -994,11 +1077,13 @@ class Ledger:
     def find_candidate_by_hash(self, op: str, source_hash: str) -> Candidate | None:
         """The candidate of `op` whose source has this hash (harness/source_text.py), if it was ever proposed."""
         with self._read() as s:
-            return s.scalars(select(Candidate).where(Candidate.op == op,
-                                                     Candidate.source_hash == source_hash)).one_or_none()
+            return s.scalars(
+                select(Candidate).where(Candidate.op == op, Candidate.source_hash == source_hash)
+            ).one_or_none()
 
-    def set_candidate_status(self, cid: int, status: str, verdict: dict | None = None,
-                             fpsan_equivalent: bool | None = None) -> Candidate:
+    def set_candidate_status(
+        self, cid: int, status: str, verdict: dict | None = None, fpsan_equivalent: bool | None = None
+    ) -> Candidate:
         """Move a candidate along proposed -> rejected | verified -> benchmarked -> promoted.
         `verdict` and `fpsan_equivalent` are stored when given, kept otherwise."""
         _check_choice("candidate status", status, CANDIDATE_STATUSES)
@@ -1021,7 +1106,9 @@ class Ledger:
         with self._read() as s:
             return s.get(Candidate, cid)
 
-    def candidates(self, run_id: str | None = None, op: str | None = None, status: str | None = None) -> list[Candidate]:
+    def candidates(
+        self, run_id: str | None = None, op: str | None = None, status: str | None = None
+    ) -> list[Candidate]:
         """Candidates in id order; with `run_id`, those that run proposed (new or not)."""
         q = select(Candidate)
         if run_id is not None:
@@ -1051,9 +1138,17 @@ class Ledger:
                 elif "passed" in c:
                     status = CheckStatus.PASSED if c["passed"] else CheckStatus.FAILED
             _check_choice(f"status of check {c.get('name')!r}", status, CHECK_STATUSES)  # type: ignore[arg-type]
-            rows.append(CheckResult(candidate_id=cid, name=str(c["name"]), status=status,
-                                    detail=str(c.get("detail") or ""), duration_s=float(c.get("duration_s") or 0.0),
-                                    mode=mode, created_at=now))
+            rows.append(
+                CheckResult(
+                    candidate_id=cid,
+                    name=str(c["name"]),
+                    status=status,
+                    detail=str(c.get("detail") or ""),
+                    duration_s=float(c.get("duration_s") or 0.0),
+                    mode=mode,
+                    created_at=now,
+                )
+            )
         with self._write.begin() as s:
             self._get_candidate(s, cid)
             s.add_all(rows)
@@ -1065,13 +1160,31 @@ class Ledger:
             return list(s.scalars(q.order_by(CheckResult.id)))
 
     # -- model calls --------------------------------------------------------------------
-    def record_model_call(self, run_id: str | None, model: str, prompt: str, response: str | None,
-                          prompt_tokens: int, completion_tokens: int, latency_s: float, error: str | None = None,
-                          candidate_id: int | None = None) -> int:
+    def record_model_call(
+        self,
+        run_id: str | None,
+        model: str,
+        prompt: str,
+        response: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        latency_s: float,
+        error: str | None = None,
+        candidate_id: int | None = None,
+    ) -> int:
         """Store one call to the code model (failed calls too: they cost tokens and time)."""
-        call = ModelCall(run_id=run_id, candidate_id=candidate_id, model=model, prompt=prompt, response=response,
-                         prompt_tokens=int(prompt_tokens or 0), completion_tokens=int(completion_tokens or 0),
-                         latency_s=float(latency_s or 0.0), error=error, created_at=utcnow())
+        call = ModelCall(
+            run_id=run_id,
+            candidate_id=candidate_id,
+            model=model,
+            prompt=prompt,
+            response=response,
+            prompt_tokens=int(prompt_tokens or 0),
+            completion_tokens=int(completion_tokens or 0),
+            latency_s=float(latency_s or 0.0),
+            error=error,
+            created_at=utcnow(),
+        )
         with self._write.begin() as s:
             s.add(call)
             s.flush()
@@ -1095,36 +1208,76 @@ class Ledger:
         """Whether the tables of version 3 exist (an older ledger is read as it is: it has none)."""
         return self.schema_version() >= 3
 
-    def record_diagnosis(self, run_id: str | None, op: str, bucket: str, dtype: str, source_hash: str,
-                         incumbent: str, bound: str, document: Mapping[str, Any]) -> int:
-        row = DiagnosisRecord(run_id=run_id, op=op, bucket=bucket, dtype=dtype, source_hash=source_hash,
-                              incumbent=incumbent, bound=bound, document_json=json.dumps(document),
-                              created_at=utcnow())
+    def record_diagnosis(
+        self,
+        run_id: str | None,
+        op: str,
+        bucket: str,
+        dtype: str,
+        source_hash: str,
+        incumbent: str,
+        bound: str,
+        document: Mapping[str, Any],
+    ) -> int:
+        row = DiagnosisRecord(
+            run_id=run_id,
+            op=op,
+            bucket=bucket,
+            dtype=dtype,
+            source_hash=source_hash,
+            incumbent=incumbent,
+            bound=bound,
+            document_json=json.dumps(document),
+            created_at=utcnow(),
+        )
         with self._write.begin() as s:
             s.add(row)
             s.flush()
             return row.id
 
-    def diagnoses(self, run_id: str | None = None, op: str | None = None, bucket: str | None = None,
-                  dtype: str | None = None, source_hash: str | None = None) -> list[DiagnosisRecord]:
+    def diagnoses(
+        self,
+        run_id: str | None = None,
+        op: str | None = None,
+        bucket: str | None = None,
+        dtype: str | None = None,
+        source_hash: str | None = None,
+    ) -> list[DiagnosisRecord]:
         if not self._has_v3():
             return []
-        q = _where_equal(select(DiagnosisRecord), DiagnosisRecord, run_id=run_id, op=op, bucket=bucket,
-                         dtype=dtype, source_hash=source_hash)
+        q = _where_equal(
+            select(DiagnosisRecord),
+            DiagnosisRecord,
+            run_id=run_id,
+            op=op,
+            bucket=bucket,
+            dtype=dtype,
+            source_hash=source_hash,
+        )
         with self._read() as s:
             return list(s.scalars(q.order_by(DiagnosisRecord.id)))
 
-    def record_pruned(self, run_id: str | None, op: str, bucket: str, dtype: str, label: str, source_hash: str,
-                      reason: str) -> int:
-        row = PrunedProposal(run_id=run_id, op=op, bucket=bucket, dtype=dtype, label=label,
-                             source_hash=source_hash, reason=reason, created_at=utcnow())
+    def record_pruned(
+        self, run_id: str | None, op: str, bucket: str, dtype: str, label: str, source_hash: str, reason: str
+    ) -> int:
+        row = PrunedProposal(
+            run_id=run_id,
+            op=op,
+            bucket=bucket,
+            dtype=dtype,
+            label=label,
+            source_hash=source_hash,
+            reason=reason,
+            created_at=utcnow(),
+        )
         with self._write.begin() as s:
             s.add(row)
             s.flush()
             return row.id
 
-    def pruned(self, run_id: str | None = None, op: str | None = None, bucket: str | None = None,
-               dtype: str | None = None) -> list[PrunedProposal]:
+    def pruned(
+        self, run_id: str | None = None, op: str | None = None, bucket: str | None = None, dtype: str | None = None
+    ) -> list[PrunedProposal]:
         if not self._has_v3():
             return []
         q = _where_equal(select(PrunedProposal), PrunedProposal, run_id=run_id, op=op, bucket=bucket, dtype=dtype)
@@ -1152,11 +1305,25 @@ class Ledger:
             s.add(row)
         return row
 
-    def bench_results(self, candidate_id: int | None = None, run_id: str | None = None, op: str | None = None,
-                      label: str | None = None, bucket: str | None = None,
-                      dtype: str | None = None) -> list[BenchResult]:
-        q = _where_equal(select(BenchResult), BenchResult, candidate_id=candidate_id, run_id=run_id, op=op,
-                         bucket=bucket, dtype=dtype, label=label)
+    def bench_results(
+        self,
+        candidate_id: int | None = None,
+        run_id: str | None = None,
+        op: str | None = None,
+        label: str | None = None,
+        bucket: str | None = None,
+        dtype: str | None = None,
+    ) -> list[BenchResult]:
+        q = _where_equal(
+            select(BenchResult),
+            BenchResult,
+            candidate_id=candidate_id,
+            run_id=run_id,
+            op=op,
+            bucket=bucket,
+            dtype=dtype,
+            label=label,
+        )
         with self._read() as s:
             return list(s.scalars(q.order_by(BenchResult.id)))
 
@@ -1190,10 +1357,18 @@ class Ledger:
 
     @staticmethod
     def _active(s: Session, op: str, bucket: str, dtype: str, gpu_name: str) -> Promotion | None:
-        return s.scalars(select(Promotion).where(
-            Promotion.op == op, Promotion.bucket == bucket, Promotion.dtype == dtype,
-            Promotion.gpu_name == gpu_name, Promotion.demoted_at.is_(None),
-        ).order_by(Promotion.created_at.desc(), Promotion.id.desc()).limit(1)).first()
+        return s.scalars(
+            select(Promotion)
+            .where(
+                Promotion.op == op,
+                Promotion.bucket == bucket,
+                Promotion.dtype == dtype,
+                Promotion.gpu_name == gpu_name,
+                Promotion.demoted_at.is_(None),
+            )
+            .order_by(Promotion.created_at.desc(), Promotion.id.desc())
+            .limit(1)
+        ).first()
 
     def _demote(self, s: Session, promo: Promotion, reason: str, when: datetime) -> None:
         promo.demoted_at = when
@@ -1202,8 +1377,11 @@ class Ledger:
         if promo.candidate_id is None:
             return
         # a candidate serving no bucket any more is back to 'benchmarked'
-        still = s.scalar(select(func.count(Promotion.id)).where(
-            Promotion.candidate_id == promo.candidate_id, Promotion.demoted_at.is_(None)))
+        still = s.scalar(
+            select(func.count(Promotion.id)).where(
+                Promotion.candidate_id == promo.candidate_id, Promotion.demoted_at.is_(None)
+            )
+        )
         cand = s.get(Candidate, promo.candidate_id)
         if cand is not None and not still and cand.status == CandidateStatus.PROMOTED:
             cand.status = CandidateStatus.BENCHMARKED
@@ -1224,7 +1402,9 @@ class Ledger:
             self._demote(s, promo, reason, utcnow())
             return True
 
-    def promotions(self, op: str | None = None, active_only: bool = False, run_id: str | None = None) -> list[Promotion]:
+    def promotions(
+        self, op: str | None = None, active_only: bool = False, run_id: str | None = None
+    ) -> list[Promotion]:
         """Promotions, newest first."""
         q = _where_equal(select(Promotion), Promotion, op=op, run_id=run_id)
         if active_only:
@@ -1233,8 +1413,13 @@ class Ledger:
             return list(s.scalars(q.order_by(Promotion.created_at.desc(), Promotion.id.desc())))
 
     # -- views for people -----------------------------------------------------------------
-    def figures(self, op: str | None = None, run_id: str | None = None, candidate_id: int | None = None,
-                judged_only: bool = True) -> list[_figures.JudgedFigure]:
+    def figures(
+        self,
+        op: str | None = None,
+        run_id: str | None = None,
+        candidate_id: int | None = None,
+        judged_only: bool = True,
+    ) -> list[_figures.JudgedFigure]:
         """The judged figures (harness/figures.py) of the candidates' benchmarks, in the order recorded:
         each candidate at each shape against the incumbent and the anchor timed beside it. judged_only:
         only candidates whose benchmark stands (status 'benchmarked' or 'promoted'; one rejected
@@ -1242,7 +1427,8 @@ class Ledger:
         q = select(BenchResult).where(BenchResult.candidate_id.is_not(None))
         if judged_only:
             q = q.join(Candidate, Candidate.id == BenchResult.candidate_id).where(
-                Candidate.status.in_(_figures.JUDGED_STATUSES))
+                Candidate.status.in_(_figures.JUDGED_STATUSES)
+            )
         q = _where_equal(q, BenchResult, op=op, run_id=run_id, candidate_id=candidate_id)
         with self._read() as s:
             return _figures.judged_figures(s.scalars(q.order_by(BenchResult.id)))
@@ -1257,8 +1443,12 @@ class Ledger:
         figs = [f for f in self.figures(op=op) if dtype is None or f.dtype == dtype]
         ids = {f.candidate_id for f in figs}
         with self._read() as s:
-            labels = {cid: (label, status) for cid, label, status in s.execute(
-                select(Candidate.id, Candidate.label, Candidate.status).where(Candidate.id.in_(ids)))}
+            labels = {
+                cid: (label, status)
+                for cid, label, status in s.execute(
+                    select(Candidate.id, Candidate.label, Candidate.status).where(Candidate.id.in_(ids))
+                )
+            }
         return _figures.leaderboard(op, figs, labels)
 
     def judged_now(self, run_id: str) -> set[int]:
@@ -1266,10 +1456,16 @@ class Ledger:
         verified). The others it proposed were judged by earlier runs and replayed from the ledger."""
         with self._read() as s:
             proposed = set(s.scalars(select(Proposal.candidate_id).where(Proposal.run_id == run_id)))
-            new = set(s.scalars(select(Proposal.candidate_id).where(Proposal.run_id == run_id,
-                                                                    Proposal.duplicate.is_(False))))
-            timed = set(s.scalars(select(BenchResult.candidate_id).where(BenchResult.run_id == run_id,
-                                                                         BenchResult.candidate_id.is_not(None))))
+            new = set(
+                s.scalars(select(Proposal.candidate_id).where(Proposal.run_id == run_id, Proposal.duplicate.is_(False)))
+            )
+            timed = set(
+                s.scalars(
+                    select(BenchResult.candidate_id).where(
+                        BenchResult.run_id == run_id, BenchResult.candidate_id.is_not(None)
+                    )
+                )
+            )
         return (new | timed) & proposed  # type: ignore[return-value]
 
     def run_summary(self, run_id: str) -> RunSummary:
@@ -1282,55 +1478,128 @@ class Ledger:
         now_ids = self.judged_now(run_id)
         has_v3 = self._has_v3()  # (read before the session: it reads the version in one of its own)
         with self._read() as s:
-            by_status = {st: n for st, n in s.execute(
-                select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(proposed))
-                .group_by(Candidate.status))}
+            by_status = {
+                st: n
+                for st, n in s.execute(
+                    select(Candidate.status, func.count(Candidate.id))
+                    .where(Candidate.id.in_(proposed))
+                    .group_by(Candidate.status)
+                )
+            }
             proposed_ids = set(s.scalars(proposed))
-            now_by_status = {st: n for st, n in s.execute(
-                select(Candidate.status, func.count(Candidate.id)).where(Candidate.id.in_(now_ids))
-                .group_by(Candidate.status))}
-            n_prop, n_dup = s.execute(select(
-                func.count(Proposal.id),
-                func.coalesce(func.sum(case((Proposal.duplicate, 1), else_=0)), 0),
-            ).where(Proposal.run_id == run_id)).one()
-            failed = {name: n for name, n in s.execute(
-                select(CheckResult.name, func.count(CheckResult.id))
-                .where(CheckResult.candidate_id.in_(now_ids), CheckResult.status == CheckStatus.FAILED.value)
-                .group_by(CheckResult.name).order_by(func.count(CheckResult.id).desc(), CheckResult.name))}
-            calls, errors, ptok, ctok, lat = s.execute(select(
-                func.count(ModelCall.id),
-                func.count(ModelCall.error),
-                func.coalesce(func.sum(ModelCall.prompt_tokens), 0),
-                func.coalesce(func.sum(ModelCall.completion_tokens), 0),
-                func.coalesce(func.sum(ModelCall.latency_s), 0.0),
-            ).where(ModelCall.run_id == run_id)).one()
+            now_by_status = {
+                st: n
+                for st, n in s.execute(
+                    select(Candidate.status, func.count(Candidate.id))
+                    .where(Candidate.id.in_(now_ids))
+                    .group_by(Candidate.status)
+                )
+            }
+            n_prop, n_dup = s.execute(
+                select(
+                    func.count(Proposal.id),
+                    func.coalesce(func.sum(case((Proposal.duplicate, 1), else_=0)), 0),
+                ).where(Proposal.run_id == run_id)
+            ).one()
+            failed = {
+                name: n
+                for name, n in s.execute(
+                    select(CheckResult.name, func.count(CheckResult.id))
+                    .where(CheckResult.candidate_id.in_(now_ids), CheckResult.status == CheckStatus.FAILED.value)
+                    .group_by(CheckResult.name)
+                    .order_by(func.count(CheckResult.id).desc(), CheckResult.name)
+                )
+            }
+            calls, errors, ptok, ctok, lat = s.execute(
+                select(
+                    func.count(ModelCall.id),
+                    func.count(ModelCall.error),
+                    func.coalesce(func.sum(ModelCall.prompt_tokens), 0),
+                    func.coalesce(func.sum(ModelCall.completion_tokens), 0),
+                    func.coalesce(func.sum(ModelCall.latency_s), 0.0),
+                ).where(ModelCall.run_id == run_id)
+            ).one()
             n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
             promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
-            n_pruned = s.scalar(select(func.count(PrunedProposal.id)).where(PrunedProposal.run_id == run_id)) \
-                if has_v3 else 0
+            n_pruned = (
+                s.scalar(select(func.count(PrunedProposal.id)).where(PrunedProposal.run_id == run_id)) if has_v3 else 0
+            )
         end = run.finished_at or (utcnow() if run.status == RunStatus.RUNNING else None)
         return RunSummary(
-            run_id=run.id, status=RunStatus(run.status), proposer=run.proposer, ops=run.op_list, gpu_name=run.gpu_name,
-            started_at=run.started_at, finished_at=run.finished_at,
+            run_id=run.id,
+            status=RunStatus(run.status),
+            proposer=run.proposer,
+            ops=run.op_list,
+            gpu_name=run.gpu_name,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
             wall_s=(end - run.started_at).total_seconds() if end is not None else None,
-            proposals=int(n_prop), duplicates=int(n_dup), candidates=sum(by_status.values()),
+            proposals=int(n_prop),
+            duplicates=int(n_dup),
+            candidates=sum(by_status.values()),
             candidates_by_status={st: by_status.get(st, 0) for st in CANDIDATE_STATUSES},
-            checks_failed=failed, bench_results=int(n_bench or 0),
-            promotions=[PromotionSummary(
-                id=p.id, op=p.op, bucket=p.bucket, dtype=p.dtype, gpu_name=p.gpu_name, candidate_id=p.candidate_id,
-                replaced_candidate_id=p.replaced_candidate_id, new_ms=p.new_ms, old_ms=p.old_ms, gain=p.gain,
-                spread=p.spread, reason=p.reason, active=p.demoted_at is None) for p in promos],
-            model=ModelUsage(calls=int(calls), errors=int(errors), prompt_tokens=int(ptok), completion_tokens=int(ctok),
-                             total_tokens=int(ptok) + int(ctok), latency_s=float(lat)),
+            checks_failed=failed,
+            bench_results=int(n_bench or 0),
+            promotions=[
+                PromotionSummary(
+                    id=p.id,
+                    op=p.op,
+                    bucket=p.bucket,
+                    dtype=p.dtype,
+                    gpu_name=p.gpu_name,
+                    candidate_id=p.candidate_id,
+                    replaced_candidate_id=p.replaced_candidate_id,
+                    new_ms=p.new_ms,
+                    old_ms=p.old_ms,
+                    gain=p.gain,
+                    spread=p.spread,
+                    reason=p.reason,
+                    active=p.demoted_at is None,
+                )
+                for p in promos
+            ],
+            model=ModelUsage(
+                calls=int(calls),
+                errors=int(errors),
+                prompt_tokens=int(ptok),
+                completion_tokens=int(ctok),
+                total_tokens=int(ptok) + int(ctok),
+                latency_s=float(lat),
+            ),
             judged_now_by_status={st: now_by_status.get(st, 0) for st in CANDIDATE_STATUSES},
             replayed=len(proposed_ids - now_ids),
-            pruned=int(n_pruned or 0))
+            pruned=int(n_pruned or 0),
+        )
 
 
 __all__ = [
-    "SCHEMA_VERSION", "LedgerError", "RunStatus", "CandidateStatus", "RunSummary", "RunSession", "PromotionSummary",
-    "ModelUsage", "Ledger", "Upgrade", "upgrade_ledger", "hash_source", "server_url", "sqlite_path", "Base", "Meta",
-    "Run", "Candidate", "Proposal", "ModelCall", "CheckResult", "BenchResult", "Promotion", "DiagnosisRecord",
-    "PrunedProposal", "RUN_STATUSES", "CANDIDATE_STATUSES",
-    "CHECK_STATUSES", "CHECK_MODES",
+    "SCHEMA_VERSION",
+    "LedgerError",
+    "RunStatus",
+    "CandidateStatus",
+    "RunSummary",
+    "RunSession",
+    "PromotionSummary",
+    "ModelUsage",
+    "Ledger",
+    "Upgrade",
+    "upgrade_ledger",
+    "hash_source",
+    "server_url",
+    "sqlite_path",
+    "Base",
+    "Meta",
+    "Run",
+    "Candidate",
+    "Proposal",
+    "ModelCall",
+    "CheckResult",
+    "BenchResult",
+    "Promotion",
+    "DiagnosisRecord",
+    "PrunedProposal",
+    "RUN_STATUSES",
+    "CANDIDATE_STATUSES",
+    "CHECK_STATUSES",
+    "CHECK_MODES",
 ]

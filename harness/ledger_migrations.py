@@ -23,6 +23,7 @@ for them. The rules:
 This module depends on nothing of the ledger's (the ledger imports it): the steps use SQL text and the
 `meta` table by name.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,15 +90,19 @@ def _v2_diagnoses_and_pruned_proposals(conn: Connection) -> None:
     Nothing existing changes: a ledger that has not had this step reads as one with no diagnoses."""
     dt = "TIMESTAMP WITHOUT TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
     pk = "SERIAL" if conn.dialect.name == "postgresql" else "INTEGER"
-    conn.execute(text(f"""CREATE TABLE diagnosis (
+    conn.execute(
+        text(f"""CREATE TABLE diagnosis (
     id {pk} NOT NULL, run_id VARCHAR, op VARCHAR NOT NULL, bucket VARCHAR NOT NULL, dtype VARCHAR NOT NULL,
     source_hash VARCHAR(64) NOT NULL, incumbent VARCHAR NOT NULL, bound VARCHAR NOT NULL,
     document_json TEXT NOT NULL, created_at {dt} NOT NULL,
-    PRIMARY KEY (id), FOREIGN KEY(run_id) REFERENCES run (id))"""))
-    conn.execute(text(f"""CREATE TABLE pruned_proposal (
+    PRIMARY KEY (id), FOREIGN KEY(run_id) REFERENCES run (id))""")
+    )
+    conn.execute(
+        text(f"""CREATE TABLE pruned_proposal (
     id {pk} NOT NULL, run_id VARCHAR, op VARCHAR NOT NULL, bucket VARCHAR NOT NULL, dtype VARCHAR NOT NULL,
     label VARCHAR NOT NULL, source_hash VARCHAR(64) NOT NULL, reason TEXT NOT NULL, created_at {dt} NOT NULL,
-    PRIMARY KEY (id), FOREIGN KEY(run_id) REFERENCES run (id))"""))
+    PRIMARY KEY (id), FOREIGN KEY(run_id) REFERENCES run (id))""")
+    )
     for table in ("diagnosis", "pruned_proposal"):
         conn.execute(text(f"CREATE INDEX ix_{table}_run_id ON {table} (run_id)"))
         conn.execute(text(f"CREATE INDEX ix_{table}_op_bucket_dtype ON {table} (op, bucket, dtype)"))
@@ -116,8 +121,10 @@ def check_registry(schema_version: int) -> None:
     versions = [m.from_version for m in MIGRATIONS]
     expected = list(range(OLDEST_VERSION, schema_version))
     if versions != expected:
-        raise AssertionError(f"ledger migrations go from versions {versions}; a chain to schema version "
-                             f"{schema_version} needs {expected}")
+        raise AssertionError(
+            f"ledger migrations go from versions {versions}; a chain to schema version "
+            f"{schema_version} needs {expected}"
+        )
     undocumented = [m.from_version for m in MIGRATIONS if not m.doc]
     if undocumented:
         raise AssertionError(f"ledger migrations from versions {undocumented} have no docstring")

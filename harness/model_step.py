@@ -53,6 +53,7 @@ the arguments it had in the step) and reported as a share of its stack's layer t
 torch is imported inside the functions that need it, so that the command line checks a config and its
 flags without paying for that import.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,6 +79,7 @@ class ModelConfigError(ValueError):
 
 # -- the model config --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer's shape. head_dim may differ from hidden / heads (e.g. Gemma)."""
@@ -101,22 +103,25 @@ class ModelConfig:
         if isinstance(self.rms_eps, bool) or not isinstance(self.rms_eps, (int, float)) or not self.rms_eps > 0:
             raise ModelConfigError(f"model {self.name!r}: rms_eps must be a positive number, got {self.rms_eps!r}")
         if self.heads % self.kv_heads:
-            raise ModelConfigError(f"model {self.name!r}: heads={self.heads} is not divisible by "
-                                   f"kv_heads={self.kv_heads}")
+            raise ModelConfigError(
+                f"model {self.name!r}: heads={self.heads} is not divisible by kv_heads={self.kv_heads}"
+            )
         if self.heads % self.tp:
             raise ModelConfigError(f"model {self.name!r}: heads={self.heads} is not divisible by tp={self.tp}")
         if self.kv_heads % self.tp and self.tp % self.kv_heads:
-            raise ModelConfigError(f"model {self.name!r}: kv_heads={self.kv_heads} and tp={self.tp}: one must divide "
-                                   f"the other (KV heads are split, or replicated when fewer than GPUs)")
+            raise ModelConfigError(
+                f"model {self.name!r}: kv_heads={self.kv_heads} and tp={self.tp}: one must divide "
+                f"the other (KV heads are split, or replicated when fewer than GPUs)"
+            )
         if self.intermediate % self.tp:
-            raise ModelConfigError(f"model {self.name!r}: intermediate={self.intermediate} is not divisible by "
-                                   f"tp={self.tp}")
+            raise ModelConfigError(
+                f"model {self.name!r}: intermediate={self.intermediate} is not divisible by tp={self.tp}"
+            )
         if self.page_size & (self.page_size - 1):
             raise ModelConfigError(f"model {self.name!r}: page_size={self.page_size} is not a power of two")
         if self.head_dim not in (16, 32, 64, 128, 256):
             # the paged decode kernels' contract range; the timing would fail deep inside a kernel otherwise
-            raise ModelConfigError(f"model {self.name!r}: head_dim={self.head_dim} must be one of 16, 32, 64, "
-                                   f"128, 256")
+            raise ModelConfigError(f"model {self.name!r}: head_dim={self.head_dim} must be one of 16, 32, 64, 128, 256")
 
     # one GPU's shard of a layer (the whole layer when tp == 1)
     @property
@@ -141,13 +146,14 @@ class ModelConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], default_name: str = "model") -> "ModelConfig":
         if not isinstance(data, Mapping):
-            raise ModelConfigError(f"model config {default_name!r}: expected a JSON object, got "
-                                   f"{type(data).__name__}")
+            raise ModelConfigError(f"model config {default_name!r}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ModelConfigError(f"model config {default_name!r}: unknown key(s) {', '.join(unknown)}; keys are "
-                                   f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+            raise ModelConfigError(
+                f"model config {default_name!r}: unknown key(s) {', '.join(unknown)}; keys are "
+                f"{', '.join(f.name for f in dataclasses.fields(cls))}"
+            )
         missing = [k for k in ("layers", "hidden", "heads", "kv_heads", "intermediate") if k not in data]
         if missing:
             raise ModelConfigError(f"model config {default_name!r}: missing key(s) {', '.join(missing)}")
@@ -156,22 +162,29 @@ class ModelConfig:
         if "head_dim" not in values:
             hidden, heads = values["hidden"], values["heads"]
             if not (isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads == 0):
-                raise ModelConfigError(f"model config {default_name!r}: no head_dim, and hidden={hidden!r} is not "
-                                       f"a multiple of heads={heads!r}; give head_dim")
+                raise ModelConfigError(
+                    f"model config {default_name!r}: no head_dim, and hidden={hidden!r} is not "
+                    f"a multiple of heads={heads!r}; give head_dim"
+                )
             values["head_dim"] = hidden // heads
         if not isinstance(values["name"], str) or not values["name"]:
             raise ModelConfigError(f"model config {default_name!r}: name must be a non-empty string")
         return cls(**values)
 
 
-PRESETS: Dict[str, ModelConfig] = {c.name: c for c in (
-    ModelConfig("llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336),
-    ModelConfig("llama-3-70b-tp8", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, intermediate=28672,
-                tp=8),
-    ModelConfig("qwen2.5-7b", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, intermediate=18944,
-                rms_eps=1e-6),
-    ModelConfig("mistral-7b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336),
-)}
+PRESETS: Dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        ModelConfig("llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336),
+        ModelConfig(
+            "llama-3-70b-tp8", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, intermediate=28672, tp=8
+        ),
+        ModelConfig(
+            "qwen2.5-7b", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, intermediate=18944, rms_eps=1e-6
+        ),
+        ModelConfig("mistral-7b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336),
+    )
+}
 
 
 def load_model_config(spec: str) -> ModelConfig:
@@ -227,8 +240,9 @@ def parse_names(text: str, allowed: Sequence[str], what: str) -> Tuple[str, ...]
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
     bad = [n for n in names if n not in allowed]
     if bad or not names:
-        raise ModelConfigError(f"{what}: {', '.join(map(repr, bad)) or 'none given'}; expected a comma list of "
-                               f"{', '.join(allowed)}")
+        raise ModelConfigError(
+            f"{what}: {', '.join(map(repr, bad)) or 'none given'}; expected a comma list of {', '.join(allowed)}"
+        )
     return tuple(n for n in allowed if n in names)
 
 
@@ -271,8 +285,9 @@ def paged_blocks(cfg: ModelConfig, context: int) -> int:
     return -(-context // cfg.page_size)
 
 
-def step_op_calls(cfg: ModelConfig, batch: int, context: int, kv: str = "bf16",
-                  dtype: str = "bfloat16") -> List[OpCall]:
+def step_op_calls(
+    cfg: ModelConfig, batch: int, context: int, kv: str = "bf16", dtype: str = "bfloat16"
+) -> List[OpCall]:
     """Every registry op call of one decode step, as the serving dispatcher sees it (shape, bucket,
     dtype), with a roofline share of the step (NOMINAL_TBPS, NOMINAL_TFLOPS). Work that is no registry
     op (norms, SiLU, residuals, cache writes) is left out: it is the same in every stack and no kernel of
@@ -281,6 +296,7 @@ def step_op_calls(cfg: ModelConfig, batch: int, context: int, kv: str = "bf16",
     from .ops.matmul import MatmulShape  # keeps the CLI's startup light (torch)
     from .ops.paged import DecodeShape  # keeps the CLI's startup light (torch)
     from .ops.quantize_kv import QuantizeShape  # keeps the CLI's startup light (torch)
+
     if kv not in KV_MODES:
         raise ModelConfigError(f"unknown KV mode {kv!r}; expected one of {', '.join(KV_MODES)}")
     if batch < 1 or context < 1:
@@ -291,12 +307,17 @@ def step_op_calls(cfg: ModelConfig, batch: int, context: int, kv: str = "bf16",
     decode = DecodeShape(batch, Hq, Hkv, D, cfg.page_size, paged_blocks(cfg, context) * cfg.page_size)
     calls: List[Tuple[str, str, Any]] = [("qkv", "matmul", MatmulShape(batch, cfg.qkv_width, H))]
     if kv == "int8":
-        calls += [("quantize_kv", "quantize_kv", QuantizeShape(batch, 2 * Hkv, D)),
-                  ("attention", "decode_attention_int8", decode)]
+        calls += [
+            ("quantize_kv", "quantize_kv", QuantizeShape(batch, 2 * Hkv, D)),
+            ("attention", "decode_attention_int8", decode),
+        ]
     else:
         calls.append(("attention", "decode_attention", decode))
-    calls += [("o", "matmul", MatmulShape(batch, H, Hq * D)), ("gate_up", "matmul", MatmulShape(batch, 2 * I, H)),
-              ("down", "matmul", MatmulShape(batch, H, I))]
+    calls += [
+        ("o", "matmul", MatmulShape(batch, H, Hq * D)),
+        ("gate_up", "matmul", MatmulShape(batch, 2 * I, H)),
+        ("down", "matmul", MatmulShape(batch, H, I)),
+    ]
     rows = []
     for label, name, shape in calls:
         op = get_op(name)
@@ -304,11 +325,14 @@ def step_op_calls(cfg: ModelConfig, batch: int, context: int, kv: str = "bf16",
         ms = roofline_ms(flops, nbytes)
         rows.append((label, name, shape, op.bucket(shape), flops, nbytes, ms))
     total = sum(r[-1] for r in rows)
-    return [OpCall(label, name, shape, bucket, dtype, cfg.layers, flops, nbytes, ms, ms / total)
-            for label, name, shape, bucket, flops, nbytes, ms in rows]
+    return [
+        OpCall(label, name, shape, bucket, dtype, cfg.layers, flops, nbytes, ms, ms / total)
+        for label, name, shape, bucket, flops, nbytes, ms in rows
+    ]
 
 
 # -- weights, cache and the step ------------------------------------------------------------------
+
 
 @dataclass
 class LayerWeights:
@@ -325,6 +349,7 @@ class LayerWeights:
 def make_weights(cfg: ModelConfig, dtype: "torch.dtype", device, seed: int = 0) -> LayerWeights:
     """Random weights scaled by 1/sqrt(fan-in), so activations stay of order one through the layer."""
     import torch  # keeps the CLI's startup light (torch)
+
     g = torch.Generator(device=device)
     g.manual_seed(seed)
 
@@ -333,9 +358,16 @@ def make_weights(cfg: ModelConfig, dtype: "torch.dtype", device, seed: int = 0) 
 
     def norm():
         return (1.0 + 0.1 * torch.randn(cfg.hidden, generator=g, device=device)).to(dtype)
+
     H, D = cfg.hidden, cfg.head_dim
-    return LayerWeights(norm(), mat(H, cfg.qkv_width), mat(cfg.shard_heads * D, H), norm(),
-                        mat(H, 2 * cfg.shard_intermediate), mat(cfg.shard_intermediate, H))
+    return LayerWeights(
+        norm(),
+        mat(H, cfg.qkv_width),
+        mat(cfg.shard_heads * D, H),
+        norm(),
+        mat(H, 2 * cfg.shard_intermediate),
+        mat(cfg.shard_intermediate, H),
+    )
 
 
 @dataclass
@@ -359,13 +391,22 @@ class KVState:
     v_scale: Optional["torch.Tensor"] = None
 
 
-def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtype", device, seed: int = 1,
-                  contiguous: bool = True, int8: bool = True) -> KVState:
+def make_kv_state(
+    cfg: ModelConfig,
+    batch: int,
+    context: int,
+    dtype: "torch.dtype",
+    device,
+    seed: int = 1,
+    contiguous: bool = True,
+    int8: bool = True,
+) -> KVState:
     """Random K and V (standard normal, as the projections produce) for `batch` sequences of `context`
     tokens, in the paged layout, and as asked the contiguous copy and the int8 copy (the quantize_kv rule)."""
     import torch  # keeps the CLI's startup light (torch)
 
     from .ops.decode_attention_int8 import quantize_rows  # keeps the CLI's startup light (torch)
+
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     Hkv, D, page = cfg.shard_kv_heads, cfg.head_dim, cfg.page_size
@@ -379,9 +420,11 @@ def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtyp
     v = torch.randn(num_blocks, page, Hkv, D, generator=g, device=device).to(dtype)
     state = KVState(context, block_table, torch.full((batch,), context, dtype=torch.int32, device=device), slots, k, v)
     if contiguous:
+
         def gather(cache):
             flat = cache[block_table.to(torch.int64)].reshape(batch, blocks * page, Hkv, D)[:, :context]
             return flat.permute(0, 2, 1, 3).contiguous()
+
         state.k_contig, state.v_contig = gather(k), gather(v)
     if int8:
         state.k_codes, state.k_scale = quantize_rows(k.float())
@@ -392,6 +435,7 @@ def make_kv_state(cfg: ModelConfig, batch: int, context: int, dtype: "torch.dtyp
 def rms_norm(x: "torch.Tensor", weight: "torch.Tensor", eps: float) -> "torch.Tensor":
     """Llama's RMSNorm: normalised in float32, rounded to x's dtype, then scaled."""
     import torch  # keeps the CLI's startup light (torch)
+
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
@@ -421,16 +465,20 @@ def _baseline_fn(op: str) -> Callable:
 
 def _flashinfer_attention(decoder) -> Callable:
     """The contract's decode_attention signature over a planned FlashInfer decoder (its table is planned)."""
+
     def flashinfer_decode(q, k_cache, v_cache, block_table, seq_lens):
         return decoder.run(q, k_cache, v_cache)
+
     return flashinfer_decode
 
 
 def _sdpa_decode(q, k_contig, v_contig):
     """SDPA of one query per sequence over the contiguous cache: q [B, Hq, D] -> [B, Hq, D]."""
     import torch.nn.functional as F  # keeps the CLI's startup light (torch)
-    return F.scaled_dot_product_attention(q[:, :, None, :], k_contig, v_contig,
-                                          enable_gqa=q.shape[1] != k_contig.shape[1])[:, :, 0, :]
+
+    return F.scaled_dot_product_attention(
+        q[:, :, None, :], k_contig, v_contig, enable_gqa=q.shape[1] != k_contig.shape[1]
+    )[:, :, 0, :]
 
 
 class DecodeStep:
@@ -438,9 +486,9 @@ class DecodeStep:
     be captured as a CUDA graph). Calling it runs the layer once and returns its StepOutput; the op calls
     of the last call are in `calls`."""
 
-    def __init__(self, cfg: ModelConfig, stack: str, kv: str, weights: LayerWeights, state: KVState,
-                 x: "torch.Tensor"):
+    def __init__(self, cfg: ModelConfig, stack: str, kv: str, weights: LayerWeights, state: KVState, x: "torch.Tensor"):
         import torch  # keeps the CLI's startup light (torch)
+
         if stack not in STACKS:
             raise ModelConfigError(f"unknown stack {stack!r}; expected one of {', '.join(STACKS)}")
         if kv not in KV_MODES:
@@ -456,21 +504,33 @@ class DecodeStep:
         self._decoder = None
         if stack == "flashinfer":
             from .ops.flashinfer_paged import PagedDecoder  # the optional extra, loaded only for its stack
-            self._decoder = PagedDecoder(state.block_table, state.seq_lens, cfg.shard_heads, cfg.shard_kv_heads,
-                                         cfg.head_dim, cfg.page_size, state.k_paged.dtype)
+
+            self._decoder = PagedDecoder(
+                state.block_table,
+                state.seq_lens,
+                cfg.shard_heads,
+                cfg.shard_kv_heads,
+                cfg.head_dim,
+                cfg.page_size,
+                state.k_paged.dtype,
+            )
         if stack == "serving":
             from . import serving  # keeps the CLI's startup light (torch)
-            self._fns: Dict[str, Any] = {op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv",
-                                                        "decode_attention_int8")}
+
+            self._fns: Dict[str, Any] = {
+                op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv", "decode_attention_int8")
+            }
         else:
             base = stack in ("baseline", "hybrid")
             attention = _baseline_fn("decode_attention") if base else None
             if self._decoder is not None:
                 attention = _flashinfer_attention(self._decoder)
-            self._fns = {"matmul": _baseline_fn("matmul") if stack == "baseline" else torch.matmul,
-                         "decode_attention": attention,
-                         "quantize_kv": _baseline_fn("quantize_kv") if base else None,
-                         "decode_attention_int8": _baseline_fn("decode_attention_int8") if base else None}
+            self._fns = {
+                "matmul": _baseline_fn("matmul") if stack == "baseline" else torch.matmul,
+                "decode_attention": attention,
+                "quantize_kv": _baseline_fn("quantize_kv") if base else None,
+                "decode_attention_int8": _baseline_fn("decode_attention_int8") if base else None,
+            }
 
     @property
     def name(self) -> str:
@@ -483,6 +543,7 @@ class DecodeStep:
 
     def __call__(self) -> StepOutput:
         import torch.nn.functional as F  # keeps the CLI's startup light (torch)
+
         cfg, w, st, x = self.cfg, self.weights, self.state, self.x
         B = x.shape[0]
         Hq, Hkv, D, I = cfg.shard_heads, cfg.shard_kv_heads, cfg.head_dim, cfg.shard_intermediate
@@ -490,7 +551,7 @@ class DecodeStep:
         self.calls = []
         qkv = self._op("qkv", "matmul", mm, rms_norm(x, w.attn_norm, cfg.rms_eps), w.w_qkv)
         q = qkv[:, : Hq * D].view(B, Hq, D)
-        kv_new = qkv[:, Hq * D:].view(B, 2 * Hkv, D)  # the new token's k heads, then its v heads
+        kv_new = qkv[:, Hq * D :].view(B, 2 * Hkv, D)  # the new token's k heads, then its v heads
         if self.stack == "torch":
             assert st.k_contig is not None and st.v_contig is not None  # make_kv_state(contiguous=True) made them
             last = st.context - 1
@@ -500,19 +561,38 @@ class DecodeStep:
         elif self.kv == "bf16":
             st.k_paged.view(-1, Hkv, D).index_copy_(0, st.slots, kv_new[:, :Hkv])
             st.v_paged.view(-1, Hkv, D).index_copy_(0, st.slots, kv_new[:, Hkv:])
-            o = self._op("attention", "decode_attention", self._fns["decode_attention"], q, st.k_paged, st.v_paged,
-                         st.block_table, st.seq_lens)
+            o = self._op(
+                "attention",
+                "decode_attention",
+                self._fns["decode_attention"],
+                q,
+                st.k_paged,
+                st.v_paged,
+                st.block_table,
+                st.seq_lens,
+            )
         else:
             # one quantize_kv call for both: its rows are (token, head) pairs, K's and V's alike
             codes, scale = self._op("quantize_kv", "quantize_kv", self._fns["quantize_kv"], kv_new)
-            assert st.k_codes is not None and st.v_codes is not None and st.k_scale is not None \
-                and st.v_scale is not None  # make_kv_state(int8=True) made them
+            assert (
+                st.k_codes is not None and st.v_codes is not None and st.k_scale is not None and st.v_scale is not None
+            )  # make_kv_state(int8=True) made them
             st.k_codes.view(-1, Hkv, D).index_copy_(0, st.slots, codes[:, :Hkv])
             st.v_codes.view(-1, Hkv, D).index_copy_(0, st.slots, codes[:, Hkv:])
             st.k_scale.view(-1, Hkv).index_copy_(0, st.slots, scale[:, :Hkv])
             st.v_scale.view(-1, Hkv).index_copy_(0, st.slots, scale[:, Hkv:])
-            o = self._op("attention", "decode_attention_int8", self._fns["decode_attention_int8"], q, st.k_codes,
-                         st.k_scale, st.v_codes, st.v_scale, st.block_table, st.seq_lens)
+            o = self._op(
+                "attention",
+                "decode_attention_int8",
+                self._fns["decode_attention_int8"],
+                q,
+                st.k_codes,
+                st.k_scale,
+                st.v_codes,
+                st.v_scale,
+                st.block_table,
+                st.seq_lens,
+            )
         attn = o.reshape(B, Hq * D)
         h = x + self._op("o", "matmul", mm, attn, w.w_o)
         gate_up = self._op("gate_up", "matmul", mm, rms_norm(h, w.mlp_norm, cfg.rms_eps), w.w_gate_up)
@@ -538,13 +618,19 @@ class DecodeStep:
         return out
 
 
-def reference_step(cfg: ModelConfig, weights: LayerWeights, state: KVState, x: "torch.Tensor",
-                   precision: Optional["torch.dtype"] = None) -> StepOutput:
+def reference_step(
+    cfg: ModelConfig,
+    weights: LayerWeights,
+    state: KVState,
+    x: "torch.Tensor",
+    precision: Optional["torch.dtype"] = None,
+) -> StepOutput:
     """The function every stack computes, in `precision` (default float64) from the same weights, input
     and cache: the cached tokens are the paged bf16 cache's (the new token's K and V in `precision`)."""
     import torch  # keeps the CLI's startup light (torch)
 
     from .ops.paged import gather_tokens  # keeps the CLI's startup light (torch)
+
     p = precision or torch.float64
     w = {f.name: getattr(weights, f.name).to(p) for f in dataclasses.fields(weights)}
     B = x.shape[0]
@@ -552,11 +638,12 @@ def reference_step(cfg: ModelConfig, weights: LayerWeights, state: KVState, x: "
 
     def norm(t, weight):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + cfg.rms_eps) * weight
+
     xp = x.to(p)
     qkv = norm(xp, w["attn_norm"]) @ w["w_qkv"]
     q = qkv[:, : Hq * D].view(B, Hq, D)
-    k_new = qkv[:, Hq * D: (Hq + Hkv) * D].view(B, Hkv, D)
-    v_new = qkv[:, (Hq + Hkv) * D:].view(B, Hkv, D)
+    k_new = qkv[:, Hq * D : (Hq + Hkv) * D].view(B, Hkv, D)
+    v_new = qkv[:, (Hq + Hkv) * D :].view(B, Hkv, D)
     attn = torch.empty(B, Hq, D, dtype=p, device=x.device)
     L, group = state.context, Hq // Hkv
     for b in range(B):
@@ -581,6 +668,7 @@ def rel_error(out: "torch.Tensor", ref: "torch.Tensor") -> float:
 
 # -- the int8 KV cache's accuracy -------------------------------------------------------------------
 
+
 @dataclass
 class Int8Accuracy:
     """What the int8 KV cache costs in accuracy on the model shape: the int8 step of `stack` against its
@@ -596,9 +684,11 @@ class Int8Accuracy:
     def describe(self) -> str:
         floor = ""
         if self.bf16_attn_floor is not None:
-            floor = (f" (bf16 {self.stack} vs torch: {self.bf16_attn_floor:.2e} and {self.bf16_hidden_floor:.2e})")
-        return (f"int8 KV cache ({self.stack} stack): relative error of the attention output "
-                f"{self.attn_rel_error:.2e}, of the layer's output {self.hidden_rel_error:.2e}{floor}")
+            floor = f" (bf16 {self.stack} vs torch: {self.bf16_attn_floor:.2e} and {self.bf16_hidden_floor:.2e})"
+        return (
+            f"int8 KV cache ({self.stack} stack): relative error of the attention output "
+            f"{self.attn_rel_error:.2e}, of the layer's output {self.hidden_rel_error:.2e}{floor}"
+        )
 
 
 def int8_accuracy(steps: Mapping[Tuple[str, str], DecodeStep], stack: str) -> Int8Accuracy:
@@ -665,22 +755,32 @@ class ModelBenchResult:
 
     def to_json(self) -> Dict[str, Any]:
         def point(p: PointResult) -> Dict[str, Any]:
-            return {"batch": p.batch, "context": p.context,
-                    "timings": [dataclasses.asdict(t) for t in p.timings],
-                    "served": [dataclasses.asdict(s) for s in p.served],
-                    "accuracy": dataclasses.asdict(p.accuracy) if p.accuracy else None,
-                    "op_calls": {kv: [c.to_json() for c in calls] for kv, calls in p.op_calls.items()}}
-        return {"config": self.config.to_json(), "gpu": self.gpu, "versions": self.versions,
-                "stacks": list(self.stacks), "kv_modes": list(self.kv_modes),
-                "method": "one layer captured as a CUDA graph and replayed, interleaved round by round; step = "
-                          "layer x layers; tensor-parallel all-reduces not timed",
-                "points": [point(p) for p in self.points]}
+            return {
+                "batch": p.batch,
+                "context": p.context,
+                "timings": [dataclasses.asdict(t) for t in p.timings],
+                "served": [dataclasses.asdict(s) for s in p.served],
+                "accuracy": dataclasses.asdict(p.accuracy) if p.accuracy else None,
+                "op_calls": {kv: [c.to_json() for c in calls] for kv, calls in p.op_calls.items()},
+            }
+
+        return {
+            "config": self.config.to_json(),
+            "gpu": self.gpu,
+            "versions": self.versions,
+            "stacks": list(self.stacks),
+            "kv_modes": list(self.kv_modes),
+            "method": "one layer captured as a CUDA graph and replayed, interleaved round by round; step = "
+            "layer x layers; tensor-parallel all-reduces not timed",
+            "points": [point(p) for p in self.points],
+        }
 
 
 def _capture(fn: Callable[[], Any]):
     """A CUDA graph of one call of `fn`, after warm-up calls on a side stream (Triton compiles, cuBLAS
     picks its kernels, and the caching allocator settles before the capture, as graph capture needs)."""
     import torch  # keeps the CLI's startup light (torch)
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -698,6 +798,7 @@ def _capture(fn: Callable[[], Any]):
 def _replay_ms(graph, n: int) -> float:
     """Mean time of one replay over n back-to-back replays, by CUDA events."""
     import torch  # keeps the CLI's startup light (torch)
+
     for _ in range(WARMUP_REPLAYS):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -714,6 +815,7 @@ def _interleaved(graphs: Sequence[Tuple[Any, Any]], rounds: int) -> Dict[Any, Tu
     per key (time, spread, rounds). The time is the position-balanced median when every key was timed at
     every position, else the plain median."""
     from .bench import _rotation, _spread, balanced_median  # keeps the CLI's startup light (torch)
+
     reps = {key: max(10, min(500, int(ROUND_MS / max(_replay_ms(g, 3), 1e-3)))) for key, g in graphs}
     times: Dict[Any, List[float]] = {key: [] for key, _ in graphs}
     positions: Dict[Any, List[int]] = {key: [] for key, _ in graphs}
@@ -729,12 +831,19 @@ def _interleaved(graphs: Sequence[Tuple[Any, Any]], rounds: int) -> Dict[Any, Tu
 
 
 # long: one decode-step point: build every stack and KV mode, check them against torch, time them, measure accuracy
-def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: Sequence[str], seed: int = 0,
-              log: Callable[[str], None] = lambda s: None) -> PointResult:
+def run_point(
+    cfg: ModelConfig,
+    point: Point,
+    stacks: Sequence[str],
+    kv_modes: Sequence[str],
+    seed: int = 0,
+    log: Callable[[str], None] = lambda s: None,
+) -> PointResult:
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""
     import torch  # keeps the CLI's startup light (torch)
 
     from .ops import get_op  # keeps the CLI's startup light (torch)
+
     dt = torch.bfloat16
     B = point.batch
     want_int8 = "int8" in kv_modes and any(s not in BF16_ONLY_STACKS for s in stacks)
@@ -746,8 +855,12 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
     # torch is the bf16 reference of both modes; int8 accuracy needs the bf16 step of the stack it
     # judges, timed or not
     keys = [(s, "bf16") for s in BF16_ONLY_STACKS if s in stacks]
-    keys += [(s, kv) for kv in KV_MODES for s in stacks
-             if s not in BF16_ONLY_STACKS and (kv in kv_modes or (kv == "bf16" and want_int8))]
+    keys += [
+        (s, kv)
+        for kv in KV_MODES
+        for s in stacks
+        if s not in BF16_ONLY_STACKS and (kv in kv_modes or (kv == "bf16" and want_int8))
+    ]
     steps = {k: DecodeStep(cfg, k[0], k[1], weights, state, x) for k in keys}
     timed = [k for k in keys if k[1] in kv_modes or k[0] in BF16_ONLY_STACKS]
     log(f"{cfg.name} B={B} ctx={point.context}: checking {len(steps)} steps")
@@ -758,8 +871,10 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
         if not bool(torch.isfinite(out.hidden).all()):
             raise RuntimeError(f"{step.name}: the layer's output has non-finite values")
         if ref is not None and k[1] == "bf16" and rel_error(out.hidden, ref.hidden) > 2e-2:
-            raise RuntimeError(f"{step.name}: the layer's output differs from torch's by "
-                               f"{rel_error(out.hidden, ref.hidden):.2e} (more than bf16 rounding)")
+            raise RuntimeError(
+                f"{step.name}: the layer's output differs from torch's by "
+                f"{rel_error(out.hidden, ref.hidden):.2e} (more than bf16 rounding)"
+            )
     judge = next((s for s in ("serving", "baseline", "hybrid") if s in stacks), None)
     accuracy = int8_accuracy(steps, judge) if want_int8 and judge else None
     served = []
@@ -772,6 +887,7 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
                 served.append(Served(kv, label, op, bucket, impl))
     log(f"{cfg.name} B={B} ctx={point.context}: capturing and timing {len(timed)} layers")
     from .bench import warm_gpu  # keeps the CLI's startup light (torch)
+
     layer_graphs = [(k, _capture(steps[k])) for k in timed]
     warm_gpu()
     layer = _interleaved(layer_graphs, max(LAYER_ROUNDS, len(layer_graphs)))
@@ -791,20 +907,39 @@ def run_point(cfg: ModelConfig, point: Point, stacks: Sequence[str], kv_modes: S
         shares = {label: t / ms for label, t in op_ms.items()}
         shares["other"] = max(0.0, 1.0 - sum(shares.values()))
         step_ms = ms * cfg.layers
-        timings.append(StackTiming(k[0], k[1], ms, spread, step_ms, B / (step_ms / 1e3),
-                                   torch_ms / ms if torch_ms else None, rounds, op_ms, shares,
-                                   flashinfer_ms / ms if flashinfer_ms else None))
+        timings.append(
+            StackTiming(
+                k[0],
+                k[1],
+                ms,
+                spread,
+                step_ms,
+                B / (step_ms / 1e3),
+                torch_ms / ms if torch_ms else None,
+                rounds,
+                op_ms,
+                shares,
+                flashinfer_ms / ms if flashinfer_ms else None,
+            )
+        )
     del layer_graphs, op_graphs, op_calls, steps, state
     torch.cuda.empty_cache()
-    return PointResult(B, point.context, timings, served, accuracy,
-                       {kv: step_op_calls(cfg, B, point.context, kv) for kv in kv_modes})
+    return PointResult(
+        B, point.context, timings, served, accuracy, {kv: step_op_calls(cfg, B, point.context, kv) for kv in kv_modes}
+    )
 
 
-def run_model_bench(cfg: ModelConfig, points: Sequence[Point], stacks: Sequence[str] = ("torch", "baseline", "serving"),
-                    kv_modes: Sequence[str] = KV_MODES, seed: int = 0,
-                    log: Callable[[str], None] = lambda s: None) -> ModelBenchResult:
+def run_model_bench(
+    cfg: ModelConfig,
+    points: Sequence[Point],
+    stacks: Sequence[str] = ("torch", "baseline", "serving"),
+    kv_modes: Sequence[str] = KV_MODES,
+    seed: int = 0,
+    log: Callable[[str], None] = lambda s: None,
+) -> ModelBenchResult:
     """Every point's PointResult, on this process's CUDA GPU (harness.bench.NoGPU without one)."""
     from .bench import require_gpu  # keeps the CLI's startup light (torch)
+
     require_gpu()
     for s in stacks:
         if s not in STACKS:
@@ -822,6 +957,7 @@ def available_stacks(stacks: Sequence[str], log: Callable[[str], None]) -> Tuple
     if "flashinfer" not in stacks:
         return tuple(stacks)
     from .ops.flashinfer_paged import FlashInferUnavailable, require  # keeps the CLI's startup light (torch)
+
     try:
         require()
     except FlashInferUnavailable as e:
@@ -832,6 +968,7 @@ def available_stacks(stacks: Sequence[str], log: Callable[[str], None]) -> Tuple
 
 # -- the cost of a token at a fixed KV memory budget -------------------------------------------------
 
+
 def cache_bytes_per_token(cfg: ModelConfig, kv: str) -> int:
     """Bytes one token's K and V take in one GPU's cache over every layer: bf16 values, or int8 codes plus a
     float32 scale per (token, KV head) (the quantize_kv rule)."""
@@ -839,8 +976,9 @@ def cache_bytes_per_token(cfg: ModelConfig, kv: str) -> int:
     return cfg.layers * 2 * cfg.shard_kv_heads * per_head
 
 
-def kv_budget_points(cfg: ModelConfig, budget_bytes: int, context: int,
-                     kv_modes: Sequence[str] = KV_MODES) -> Dict[str, Point]:
+def kv_budget_points(
+    cfg: ModelConfig, budget_bytes: int, context: int, kv_modes: Sequence[str] = KV_MODES
+) -> Dict[str, Point]:
     """For each KV mode, the point with the most sequences of `context` tokens whose cache fits the budget
     (whole pages: a sequence holds ceil(context / page_size) pages)."""
     out = {}
@@ -848,8 +986,10 @@ def kv_budget_points(cfg: ModelConfig, budget_bytes: int, context: int,
         per_seq = paged_blocks(cfg, context) * cfg.page_size * cache_bytes_per_token(cfg, kv)
         batch = budget_bytes // per_seq
         if batch < 1:
-            raise ModelConfigError(f"a KV budget of {budget_bytes / 2**30:.1f} GiB holds no sequence of {context} "
-                                   f"tokens in {kv} ({per_seq / 2**30:.2f} GiB each)")
+            raise ModelConfigError(
+                f"a KV budget of {budget_bytes / 2**30:.1f} GiB holds no sequence of {context} "
+                f"tokens in {kv} ({per_seq / 2**30:.2f} GiB each)"
+            )
         out[kv] = Point(int(batch), context)
     return out
 
@@ -862,12 +1002,19 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
-def run_kv_budget(cfg: ModelConfig, budget_bytes: int, context: int, stacks: Sequence[str],
-                  kv_modes: Sequence[str] = KV_MODES, seed: int = 0,
-                  log: Callable[[str], None] = lambda s: None) -> "ModelBenchResult":
+def run_kv_budget(
+    cfg: ModelConfig,
+    budget_bytes: int,
+    context: int,
+    stacks: Sequence[str],
+    kv_modes: Sequence[str] = KV_MODES,
+    seed: int = 0,
+    log: Callable[[str], None] = lambda s: None,
+) -> "ModelBenchResult":
     """Each KV mode at its budget point (kv_budget_points): the bf16 stacks (torch, flashinfer) at the bf16
     point, every other stack at each mode's own point. The result's points are in KV-mode order."""
     from .bench import require_gpu  # keeps the CLI's startup light (torch)
+
     require_gpu()
     stacks = available_stacks(stacks, log)
     points = kv_budget_points(cfg, budget_bytes, context, kv_modes)
@@ -881,10 +1028,44 @@ def run_kv_budget(cfg: ModelConfig, budget_bytes: int, context: int, stacks: Seq
     return ModelBenchResult(cfg, gpu_name() or "?", versions(), tuple(stacks), tuple(kv_modes), results)
 
 
-__all__ = ["ModelConfig", "ModelConfigError", "PRESETS", "load_model_config", "STACKS", "KV_MODES", "Point",
-           "parse_points", "parse_names", "OpCall", "step_op_calls", "NOMINAL_TBPS", "NOMINAL_TFLOPS", "LayerWeights",
-           "make_weights", "KVState", "make_kv_state", "rms_norm", "StepOutput", "RecordedCall", "DecodeStep",
-           "reference_step", "rel_error", "Int8Accuracy", "int8_accuracy", "StackTiming", "Served", "PointResult",
-           "ModelBenchResult", "run_point", "run_model_bench", "paged_blocks", "BF16_ONLY_STACKS",
-           "cache_bytes_per_token", "kv_budget_points", "parse_bytes", "run_kv_budget", "available_stacks",
-           "roofline_ms"]
+__all__ = [
+    "ModelConfig",
+    "ModelConfigError",
+    "PRESETS",
+    "load_model_config",
+    "STACKS",
+    "KV_MODES",
+    "Point",
+    "parse_points",
+    "parse_names",
+    "OpCall",
+    "step_op_calls",
+    "NOMINAL_TBPS",
+    "NOMINAL_TFLOPS",
+    "LayerWeights",
+    "make_weights",
+    "KVState",
+    "make_kv_state",
+    "rms_norm",
+    "StepOutput",
+    "RecordedCall",
+    "DecodeStep",
+    "reference_step",
+    "rel_error",
+    "Int8Accuracy",
+    "int8_accuracy",
+    "StackTiming",
+    "Served",
+    "PointResult",
+    "ModelBenchResult",
+    "run_point",
+    "run_model_bench",
+    "paged_blocks",
+    "BF16_ONLY_STACKS",
+    "cache_bytes_per_token",
+    "kv_budget_points",
+    "parse_bytes",
+    "run_kv_budget",
+    "available_stacks",
+    "roofline_ms",
+]

@@ -12,6 +12,7 @@ flagged as implausible (faster than a measured hardware ceiling is a bug, not a 
 This module is pure arithmetic: no GPU, no ledger, so it is trivially testable and
 the same rule can be replayed over recorded timings.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,8 +83,13 @@ def _gate(candidate: Timing, incumbent: Timing, sanitizer_passed: bool, implausi
     return None
 
 
-def decide(candidate: Timing, incumbent: Timing, sanitizer_passed: bool, implausible: bool = False,
-           margin: float = DEFAULT_MARGIN) -> Decision:
+def decide(
+    candidate: Timing,
+    incumbent: Timing,
+    sanitizer_passed: bool,
+    implausible: bool = False,
+    margin: float = DEFAULT_MARGIN,
+) -> Decision:
     """Promote `candidate` over `incumbent` on one shape only if
     gain > (candidate.spread + incumbent.spread) / incumbent.median + margin."""
     refused = _gate(candidate, incumbent, sanitizer_passed, implausible)
@@ -115,15 +121,24 @@ def refused_at_shape(cand: Timing, inc: Timing, name: str, against: str = "the i
     gain = (inc.median_ms - cand.median_ms) / inc.median_ms
     noise = (cand.spread_ms + inc.spread_ms) / inc.median_ms
     if gain < -noise:
-        return Decision(False, gain, noise,
-                        f"not promoted: {_pct(-gain)} slower than {against} on {name} "
-                        f"({_ms(inc.median_ms)} ms -> {_ms(cand.median_ms)} ms), beyond the noise {_pct(noise)}")
+        return Decision(
+            False,
+            gain,
+            noise,
+            f"not promoted: {_pct(-gain)} slower than {against} on {name} "
+            f"({_ms(inc.median_ms)} ms -> {_ms(cand.median_ms)} ms), beyond the noise {_pct(noise)}",
+        )
     return None
 
 
-def decide_over_shapes(per_shape: Sequence[tuple[Timing, Timing]], sanitizer_passed: bool,
-                       implausible: bool = False, margin: float = DEFAULT_MARGIN,
-                       labels: Optional[Sequence[str]] = None, against: str = "the incumbent") -> Decision:
+def decide_over_shapes(
+    per_shape: Sequence[tuple[Timing, Timing]],
+    sanitizer_passed: bool,
+    implausible: bool = False,
+    margin: float = DEFAULT_MARGIN,
+    labels: Optional[Sequence[str]] = None,
+    against: str = "the incumbent",
+) -> Decision:
     """The rule for a bucket timed on several shapes: each pair is (candidate, reference), the
     reference being what serves the shape now (`against` names it in the reason).
 
@@ -176,10 +191,16 @@ def judged_pair(candidate: Measurement, incumbent: Measurement) -> Tuple[Timing,
     'event'). The CUDA-graph replay times where both have graph rounds (small kernels, whose event times
     carry host launch overhead), else the event times."""
     if clock_of((graph_timed(candidate), graph_timed(incumbent))) == "graph":
-        return (Timing(candidate.graph_ms, candidate.graph_spread_ms, len(candidate.graph_rounds)),
-                Timing(incumbent.graph_ms, incumbent.graph_spread_ms, len(incumbent.graph_rounds)), "graph")
-    return (Timing(candidate.median_ms, candidate.spread_ms, candidate.n),
-            Timing(incumbent.median_ms, incumbent.spread_ms, incumbent.n), "event")
+        return (
+            Timing(candidate.graph_ms, candidate.graph_spread_ms, len(candidate.graph_rounds)),
+            Timing(incumbent.graph_ms, incumbent.graph_spread_ms, len(incumbent.graph_rounds)),
+            "graph",
+        )
+    return (
+        Timing(candidate.median_ms, candidate.spread_ms, candidate.n),
+        Timing(incumbent.median_ms, incumbent.spread_ms, incumbent.n),
+        "event",
+    )
 
 
 @dataclass(frozen=True)
@@ -290,20 +311,34 @@ def judge_benchmark(outcome: BenchOutcome, shapes: Sequence[str], margin: float 
     if j.error:
         return j
     j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None
-    d = decide_over_shapes(j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes,
-                           against=j.against)
+    d = decide_over_shapes(
+        j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes, against=j.against
+    )
     if raced and d.promote:  # cannot happen with the rule as it is: a raced-out shape refuses
         j.error = "the benchmark stopped early at a shape the rule does not refuse"
         return j
     if raced and len(j.pairs) < len(shapes):
-        d = dataclasses.replace(d, reason=d.reason + f" (timing stopped there: {len(shapes) - len(j.pairs)} "
-                                                     f"shape(s) not timed)")
+        d = dataclasses.replace(
+            d, reason=d.reason + f" (timing stopped there: {len(shapes) - len(j.pairs)} shape(s) not timed)"
+        )
     if "graph" in j.kinds:
         d = dataclasses.replace(d, reason=d.reason + " (CUDA-graph replay times)")
     j.decision = d
     return j
 
 
-__all__ = ["Timing", "Decision", "decide", "decide_over_shapes", "clock_of", "judged_pair", "ShapePair", "shape_pair",
-           "reference_words", "Judgement", "judge_benchmark",
-           "DEFAULT_MARGIN", "MIN_SAMPLES"]
+__all__ = [
+    "Timing",
+    "Decision",
+    "decide",
+    "decide_over_shapes",
+    "clock_of",
+    "judged_pair",
+    "ShapePair",
+    "shape_pair",
+    "reference_words",
+    "Judgement",
+    "judge_benchmark",
+    "DEFAULT_MARGIN",
+    "MIN_SAMPLES",
+]

@@ -28,6 +28,7 @@ kernel or half a manifest. The manifest is sorted, so promotions diff cleanly in
 requests. This module imports no database code: serving needs torch, triton and the
 op registry only.
 """
+
 from __future__ import annotations
 
 import ast
@@ -137,15 +138,19 @@ def load_manifest(dir: str | Path | None = None) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise ServingError(f"{path} is not a serving manifest (expected an object with an 'entries' list)")
     if data.get("version") not in READABLE_VERSIONS:
-        raise ServingError(f"{path} has manifest version {data.get('version')!r}; this kernel-agent reads "
-                           f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+        raise ServingError(
+            f"{path} has manifest version {data.get('version')!r}; this kernel-agent reads "
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}"
+        )
     for e in data["entries"]:  # type: ignore[misc]
         if not isinstance(e, dict):
             raise ServingError(f"{path}: a manifest entry is not an object")
         e.setdefault("impl", KERNEL)  # version 1
         if e["impl"] not in IMPLS:
-            raise ServingError(f"{path}: entry {e.get('op')}/{e.get('bucket')} has impl {e['impl']!r}; expected "
-                               f"one of {', '.join(IMPLS)}")
+            raise ServingError(
+                f"{path}: entry {e.get('op')}/{e.get('bucket')} has impl {e['impl']!r}; expected "
+                f"one of {', '.join(IMPLS)}"
+            )
         if e["impl"] == KERNEL:
             _check_kernel_entry(path, e)
     return data
@@ -159,8 +164,13 @@ def _check_kernel_entry(path: Path, e: dict) -> None:
         if not isinstance(e.get("file"), str):
             raise ServingError(f"{where} names no kernel file and records no variant")
         return
-    if not (isinstance(v, dict) and isinstance(v.get("base"), str) and isinstance(v.get("base_hash"), str)
-            and isinstance(v.get("configs"), list) and v["configs"]):
+    if not (
+        isinstance(v, dict)
+        and isinstance(v.get("base"), str)
+        and isinstance(v.get("base_hash"), str)
+        and isinstance(v.get("configs"), list)
+        and v["configs"]
+    ):
         raise ServingError(f"{where}: its variant needs base, base_hash and a non-empty configs list")
     try:
         for c in v["configs"]:
@@ -182,8 +192,12 @@ def _write_manifest(dir: Path, manifest: dict) -> None:
 
 
 def _same_key(entry: dict, op: str, bucket: str, dtype: str, gpu: str) -> bool:
-    return (entry.get("op") == op and entry.get("bucket") == bucket and entry.get("dtype") == dtype
-            and gpu_slug(str(entry.get("gpu", ""))) == gpu_slug(gpu))
+    return (
+        entry.get("op") == op
+        and entry.get("bucket") == bucket
+        and entry.get("dtype") == dtype
+        and gpu_slug(str(entry.get("gpu", ""))) == gpu_slug(gpu)
+    )
 
 
 def lookup(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> dict | None:
@@ -208,9 +222,20 @@ def _defines_function(source: str, name: str) -> bool:
     return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
 
 
-def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_id: int | None, gain: float,
-            reason: str, versions: dict, dir: str | Path | None = None, shapes: Sequence[str] = (),
-            judged_hash: Optional[str] = None) -> dict:
+def install(
+    op: str,
+    bucket: str,
+    dtype: str,
+    gpu: str,
+    source: str,
+    candidate_id: int | None,
+    gain: float,
+    reason: str,
+    versions: dict,
+    dir: str | Path | None = None,
+    shapes: Sequence[str] = (),
+    judged_hash: Optional[str] = None,
+) -> dict:
     """Put `source` in the serving set for (op, bucket, dtype, gpu), replacing any entry
     for that key, and return the manifest entry. `shapes`: the shape keys it was judged on (a
     reviewer, and a check of the serving set, find them there). `judged_hash`: the hash of the text the
@@ -230,15 +255,25 @@ def install(op: str, bucket: str, dtype: str, gpu: str, source: str, candidate_i
     d = _dir(dir)
     text = canonical_source(source)  # what the set holds and hashes: the text that runs (sanitizer/canonical.py)
     if judged_hash is not None and source_hash(text) != judged_hash:
-        raise ServingError(f"kernel source for {op} {bucket} is not the judged text (sha256 {source_hash(text)[:12]}, "
-                           f"judged {judged_hash[:12]}): not installed")
+        raise ServingError(
+            f"kernel source for {op} {bucket} is not the judged text (sha256 {source_hash(text)[:12]}, "
+            f"judged {judged_hash[:12]}): not installed"
+        )
     manifest = load_manifest(d)
     old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
     entry = {
-        "op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "impl": KERNEL,
-        "source_hash": source_hash(text), "candidate_id": candidate_id,
+        "op": op,
+        "bucket": bucket,
+        "dtype": dtype,
+        "gpu": gpu,
+        "impl": KERNEL,
+        "source_hash": source_hash(text),
+        "candidate_id": candidate_id,
         "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gain": float(gain), "reason": reason, "versions": dict(versions or {}), "shapes": list(shapes),
+        "gain": float(gain),
+        "reason": reason,
+        "versions": dict(versions or {}),
+        "shapes": list(shapes),
     }
     variant = as_variant(op, text, [e for e in old if e.get("impl", KERNEL) == KERNEL], d)
     if variant is not None:
@@ -274,8 +309,7 @@ def as_variant(op: str, text: str, replaced: Sequence[dict], d: Path) -> Optiona
     return None
 
 
-def _stored_base(op: str, h: str, replaced: Sequence[dict], d: Path
-                 ) -> Optional[tuple[str, str, list[ConfigStep]]]:
+def _stored_base(op: str, h: str, replaced: Sequence[dict], d: Path) -> Optional[tuple[str, str, list[ConfigStep]]]:
     """(base, its hash, configurations stacked on it before) when the set can rebuild a source of hash `h`:
     the baseline, the file of the entry being replaced, or the variant being replaced (its own base)."""
     if source_hash(_baseline_text(op)) == h:
@@ -304,8 +338,11 @@ def _free_file_name(manifest: dict, name: str) -> str:
 
 
 def _base_files(entries: Sequence[dict]) -> set[str]:
-    return {e["variant"]["base"] for e in entries
-            if isinstance(e.get("variant"), dict) and e["variant"].get("base") not in (None, BASE_BASELINE)}
+    return {
+        e["variant"]["base"]
+        for e in entries
+        if isinstance(e.get("variant"), dict) and e["variant"].get("base") not in (None, BASE_BASELINE)
+    }
 
 
 def _files(entries: Sequence[dict]) -> set[str]:
@@ -313,8 +350,17 @@ def _files(entries: Sequence[dict]) -> set[str]:
     return {e["file"] for e in entries if e.get("file")} | _base_files(entries)
 
 
-def set_choice(op: str, bucket: str, dtype: str, gpu: str, impl: str, reason: str, measured: dict,
-               dir: str | Path | None = None, replace_kernel: Optional[int] = None) -> Optional[dict]:
+def set_choice(
+    op: str,
+    bucket: str,
+    dtype: str,
+    gpu: str,
+    impl: str,
+    reason: str,
+    measured: dict,
+    dir: str | Path | None = None,
+    replace_kernel: Optional[int] = None,
+) -> Optional[dict]:
     """Record that (op, bucket, dtype, gpu) is served by `impl` ('baseline' or 'torch'), with the
     measurements that chose it (`measured`: the times compared, their clock and shapes), and return the
     entry. A promoted kernel is replaced only when `replace_kernel` is its candidate id (the measurement
@@ -330,11 +376,21 @@ def set_choice(op: str, bucket: str, dtype: str, gpu: str, impl: str, reason: st
     d = _dir(dir)
     manifest = load_manifest(d)
     old = next((e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)), None)
-    if old is not None and old.get("impl", KERNEL) == KERNEL and (
-            replace_kernel is None or old.get("candidate_id") != replace_kernel):
+    if (
+        old is not None
+        and old.get("impl", KERNEL) == KERNEL
+        and (replace_kernel is None or old.get("candidate_id") != replace_kernel)
+    ):
         return None
-    entry = {"op": op, "bucket": bucket, "dtype": dtype, "gpu": gpu, "impl": impl, "reason": reason,
-             "measured": dict(measured)}
+    entry = {
+        "op": op,
+        "bucket": bucket,
+        "dtype": dtype,
+        "gpu": gpu,
+        "impl": impl,
+        "reason": reason,
+        "measured": dict(measured),
+    }
     if old is not None and {k: old.get(k) for k in entry} == entry:
         return old
     entry["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -350,16 +406,20 @@ def default_choice(op: str, dtype: str, gpu: str, entries: Sequence[dict]) -> tu
     spec = get_op(op)
     if spec.torch_impl() is None:
         return BASELINE, f"{op} has no torch implementation; the baseline serves where nothing was promoted"
-    chosen = [e for e in entries if e.get("op") == op and e.get("dtype") == dtype and e.get("impl") in (BASELINE, TORCH)]
+    chosen = [
+        e for e in entries if e.get("op") == op and e.get("dtype") == dtype and e.get("impl") in (BASELINE, TORCH)
+    ]
     here = [e for e in chosen if gpu_slug(str(e.get("gpu", ""))) == gpu_slug(gpu)]
     pool, where = (here, f"on {gpu}") if here else (chosen, "on other GPUs")
     n_torch = sum(1 for e in pool if e["impl"] == TORCH)
     if not pool:
         return BASELINE, f"nothing measured for {op} {dtype}: the baseline"
     impl = TORCH if n_torch * 2 > len(pool) else BASELINE
-    return impl, (f"this bucket was not measured; {'torch' if impl == TORCH else 'the baseline'} was faster in "
-                  f"{n_torch if impl == TORCH else len(pool) - n_torch} of the {len(pool)} measured {op} {dtype} "
-                  f"buckets {where}")
+    return impl, (
+        f"this bucket was not measured; {'torch' if impl == TORCH else 'the baseline'} was faster in "
+        f"{n_torch if impl == TORCH else len(pool) - n_torch} of the {len(pool)} measured {op} {dtype} "
+        f"buckets {where}"
+    )
 
 
 def remove(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> bool:
@@ -490,9 +550,11 @@ def rebuild_variant(op: str, variant: dict, dir: str | Path | None = None) -> st
         except FileNotFoundError:
             raise ServingError(f"{path}, the base of a promoted configuration of {op}, is missing") from None
     if source_hash(text) != variant["base_hash"]:
-        raise ServingError(f"{where} changed since a configuration of it was promoted (hash "
-                           f"{source_hash(text)[:12]}, recorded {str(variant['base_hash'])[:12]}); re-verify and "
-                           f"reinstall it")
+        raise ServingError(
+            f"{where} changed since a configuration of it was promoted (hash "
+            f"{source_hash(text)[:12]}, recorded {str(variant['base_hash'])[:12]}); re-verify and "
+            f"reinstall it"
+        )
     try:
         return rebuild(text, [ConfigStep.from_json(c) for c in variant["configs"]])
     except ValueError as e:
@@ -506,8 +568,10 @@ def entry_source(entry: dict, dir: str | Path | None = None) -> str:
     if entry.get("variant"):
         text = rebuild_variant(entry["op"], entry["variant"], dir)
         if source_hash(text) != entry.get("source_hash"):
-            raise ServingError(f"serving kernel {name} rebuilt from its base and configuration does not match its "
-                               f"manifest hash (configuration edited after promotion?); re-verify and reinstall it")
+            raise ServingError(
+                f"serving kernel {name} rebuilt from its base and configuration does not match its "
+                f"manifest hash (configuration edited after promotion?); re-verify and reinstall it"
+            )
         return text
     path = _dir(dir) / entry["file"]
     try:
@@ -517,8 +581,10 @@ def entry_source(entry: dict, dir: str | Path | None = None) -> str:
     except UnicodeDecodeError:
         raise ServingError(f"serving kernel {path} is not UTF-8 text (edited after promotion?)") from None
     if entry.get("source_hash") and source_hash(text) != entry["source_hash"]:
-        raise ServingError(f"serving kernel {path} does not match its manifest hash "
-                           f"(edited after promotion?); re-verify and reinstall it")
+        raise ServingError(
+            f"serving kernel {path} does not match its manifest hash "
+            f"(edited after promotion?); re-verify and reinstall it"
+        )
     return text
 
 
@@ -654,8 +720,11 @@ class Dispatcher:
             return
         with self._lock:
             manifest = load_manifest(self.dir) if stamp is not None else _empty_manifest()
-            self._table = {(e["bucket"], e["dtype"], gpu_slug(str(e["gpu"]))): e
-                           for e in manifest["entries"] if e.get("op") == self.op}
+            self._table = {
+                (e["bucket"], e["dtype"], gpu_slug(str(e["gpu"]))): e
+                for e in manifest["entries"]
+                if e.get("op") == self.op
+            }
             self._entries = list(manifest["entries"])
             self._defaults = {}
             self._stamp = stamp
@@ -720,8 +789,35 @@ def get(op: str, gpu: str | None = None, dir: str | Path | None = None) -> Dispa
     return Dispatcher(op, gpu=gpu, dir=dir)
 
 
-__all__ = ["ServingError", "Dispatcher", "Resolution", "get", "serving_dir", "load_manifest", "kernel_entries",
-           "install", "as_variant", "set_choice", "default_choice", "remove", "lookup", "promoted", "load_kernel_file",
-           "baseline", "entry_name", "entry_source", "entry_path", "rebuild_variant", "variant_steps",
-           "describe_entry", "gpu_slug", "kernel_file_name", "source_hash", "MANIFEST_NAME", "KERNEL", "BASELINE",
-           "TORCH", "BASE_BASELINE"]
+__all__ = [
+    "ServingError",
+    "Dispatcher",
+    "Resolution",
+    "get",
+    "serving_dir",
+    "load_manifest",
+    "kernel_entries",
+    "install",
+    "as_variant",
+    "set_choice",
+    "default_choice",
+    "remove",
+    "lookup",
+    "promoted",
+    "load_kernel_file",
+    "baseline",
+    "entry_name",
+    "entry_source",
+    "entry_path",
+    "rebuild_variant",
+    "variant_steps",
+    "describe_entry",
+    "gpu_slug",
+    "kernel_file_name",
+    "source_hash",
+    "MANIFEST_NAME",
+    "KERNEL",
+    "BASELINE",
+    "TORCH",
+    "BASE_BASELINE",
+]

@@ -4,6 +4,7 @@ canonical (sanitizer/canonical.py: the syntax tree printed back, what runs): the
 proposal before the ledger keys it by this hash, the serving set stores and checks canonical text, and a
 configuration variant and its base are canonical text. Defined once, beside the canonical text in
 sanitizer/canonical.py, where the judge and the benchmark child hash what they load with it too."""
+
 from __future__ import annotations
 
 from ..sanitizer.canonical import normalized_source, source_hash

@@ -18,6 +18,7 @@ Streaming. The trace is read once, record by record; the schedule keeps only the
 per (batch, block-table capacity in pages), a count of steps, their cached tokens and their time: memory
 is bounded by max_batch x the longest context in pages, whatever the trace's length.
 """
+
 from __future__ import annotations
 
 import collections
@@ -70,11 +71,23 @@ class StepModel:
             two = step_op_calls(self.model, batch, 2 * page, self.kv, self.dtype)
             got = []
             for a, b in zip(one, two):
-                grows = tuple((f.name, getattr(b.shape, f.name) - getattr(a.shape, f.name))
-                              for f in dataclasses.fields(a.shape)
-                              if getattr(b.shape, f.name) != getattr(a.shape, f.name))
-                got.append(CallLine(a.label, a.op, a.dtype, a.bucket, a.shape, grows, (a.flops, b.flops - a.flops),
-                                    (a.bytes, b.bytes - a.bytes)))
+                grows = tuple(
+                    (f.name, getattr(b.shape, f.name) - getattr(a.shape, f.name))
+                    for f in dataclasses.fields(a.shape)
+                    if getattr(b.shape, f.name) != getattr(a.shape, f.name)
+                )
+                got.append(
+                    CallLine(
+                        a.label,
+                        a.op,
+                        a.dtype,
+                        a.bucket,
+                        a.shape,
+                        grows,
+                        (a.flops, b.flops - a.flops),
+                        (a.bytes, b.bytes - a.bytes),
+                    )
+                )
             self._lines[batch] = got
         return got
 
@@ -92,6 +105,7 @@ class StepModel:
     def calls_at(self, batch: int, pages: int) -> List[Tuple[str, str, Any]]:
         """(op, bucket, shape) of each call at a block table of `pages` pages."""
         from .ops import get_op  # keeps the CLI's startup light (the registry imports torch)
+
         out = []
         for c in self.lines(batch):
             if c.grows:
@@ -152,9 +166,17 @@ def budget_pages(model: ModelConfig, kv: str, budget_bytes: int) -> int:
     return int(pages)
 
 
-def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_bytes: int,  # long: one hot loop
-             max_batch: int = DEFAULT_MAX_BATCH, cost: Optional[StepModel] = None, arrivals: bool = True,
-             audit: Optional[Audit] = None, schedule: Optional[Schedule] = None) -> Schedule:
+def simulate(
+    requests: Iterable[Request],
+    model: ModelConfig,
+    kv: str,
+    budget_bytes: int,  # long: one hot loop
+    max_batch: int = DEFAULT_MAX_BATCH,
+    cost: Optional[StepModel] = None,
+    arrivals: bool = True,
+    audit: Optional[Audit] = None,
+    schedule: Optional[Schedule] = None,
+) -> Schedule:
     """The decode schedule of `requests` (in arrival order) under the budget (see the module's docstring).
     A sequence admitted at step g with prompt p has context p + 1 + (s - g) at step s: its `base` is
     p + 1 - g, so the batch's cached tokens are sum(base) + batch * s and its longest context max(base) + s,
@@ -220,10 +242,15 @@ def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_by
             # the run: until the next sequence leaves, the mean context reaches its next page (the step's cost
             # changes) or the longest context does (the block table's capacity changes); contexts grow by one
             # token a step
-            n = min(ends[0][0] - step, (mean_pages * batch * page - tokens) // batch + 1,
-                    cap_pages * page - longest + 1)
-            if arrivals and head is not None and batch < max_batch and reserved + -(-(
-                    head.prompt_tokens + head.output_tokens) // page) <= limit:
+            n = min(
+                ends[0][0] - step, (mean_pages * batch * page - tokens) // batch + 1, cap_pages * page - longest + 1
+            )
+            if (
+                arrivals
+                and head is not None
+                and batch < max_batch
+                and reserved + -(-(head.prompt_tokens + head.output_tokens) // page) <= limit
+            ):
                 # the next request fits: the run ends at the step whose start is past its arrival
                 n = min(n, max(1, math.ceil((head.arrival_s - clock) / (ms / 1e3))))
         g = groups.get((batch, cap_pages))  # Schedule.add_steps, inline: this is the loop's hottest line
@@ -246,8 +273,14 @@ def simulate(requests: Iterable[Request], model: ModelConfig, kv: str, budget_by
     return sched
 
 
-def replay_steps(steps: Iterable[EngineStep], model: ModelConfig, kv: str, budget_bytes: int,
-                 cost: Optional[StepModel] = None, schedule: Optional[Schedule] = None) -> Schedule:
+def replay_steps(
+    steps: Iterable[EngineStep],
+    model: ModelConfig,
+    kv: str,
+    budget_bytes: int,
+    cost: Optional[StepModel] = None,
+    schedule: Optional[Schedule] = None,
+) -> Schedule:
     """An engine's recorded decode steps, as they were (the budget is only reported: the engine had its
     own). A step without its longest context is taken at its mean context (a lower bound of the block
     table's capacity: the attention bucket may be one too low)."""
@@ -263,8 +296,15 @@ def replay_steps(steps: Iterable[EngineStep], model: ModelConfig, kv: str, budge
     return sched
 
 
-def replay_trace(path: str, model: ModelConfig, kv: str, budget_bytes: int, max_batch: int = DEFAULT_MAX_BATCH,
-                 arrivals: bool = True, progress: Optional[Callable[[int, int], None]] = None) -> Schedule:
+def replay_trace(
+    path: str,
+    model: ModelConfig,
+    kv: str,
+    budget_bytes: int,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    arrivals: bool = True,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> Schedule:
     """One pass over the trace: its requests simulated (`simulate`), its recorded engine steps replayed
     beside them; the schedule of the requests when there are any, else the engine's. progress(bytes read,
     file size) is called as the file is read."""
@@ -282,6 +322,7 @@ def replay_trace(path: str, model: ModelConfig, kv: str, budget_bytes: int, max_
                 yield rec
             else:
                 replay_steps((rec,), model, kv, budget_bytes, cost, steps)
+
     sched = simulate(requests_only(), model, kv, budget_bytes, max_batch, cost, arrivals)
     if progress is not None:
         progress(reader.size, reader.size)
@@ -291,6 +332,7 @@ def replay_trace(path: str, model: ModelConfig, kv: str, budget_bytes: int, max_
 
 
 # -- what the steps call --------------------------------------------------------------------------------
+
 
 @dataclass
 class BucketShare:
@@ -309,10 +351,18 @@ class BucketShare:
     measured_ratio: Optional[float] = None  # measured / roofline time of its incumbent (a ledger), applied to ms
 
     def to_json(self) -> Dict[str, Any]:
-        return {"kv": self.kv, "op": self.op, "bucket": self.bucket, "dtype": self.dtype, "calls": self.calls,
-                "time_s": round(self.ms / 1e3, 6), "share": round(self.share, 6),
-                "measured_ratio": None if self.measured_ratio is None else round(self.measured_ratio, 4),
-                "shape": self.shape.key() if self.shape is not None else None, "shapes": self.shapes}
+        return {
+            "kv": self.kv,
+            "op": self.op,
+            "bucket": self.bucket,
+            "dtype": self.dtype,
+            "calls": self.calls,
+            "time_s": round(self.ms / 1e3, 6),
+            "share": round(self.share, 6),
+            "measured_ratio": None if self.measured_ratio is None else round(self.measured_ratio, 4),
+            "shape": self.shape.key() if self.shape is not None else None,
+            "shapes": self.shapes,
+        }
 
 
 @dataclass
@@ -329,8 +379,9 @@ class WeightedPoint:
         return [self.kv, self.batch, self.context, round(self.weight, 6)]
 
 
-def bucket_shares(sched: Schedule, model: ModelConfig, dtype: str = "bfloat16", cost: Optional[StepModel] = None
-                  ) -> Tuple[List[BucketShare], List[WeightedPoint]]:
+def bucket_shares(
+    sched: Schedule, model: ModelConfig, dtype: str = "bfloat16", cost: Optional[StepModel] = None
+) -> Tuple[List[BucketShare], List[WeightedPoint]]:
     """Each (op, bucket)'s calls and share of the schedule's time, heaviest first, and the weighted points.
     A group of steps (one batch, one block-table capacity) calls the shapes of that capacity (the
     dispatcher's bucket) and splits its time among them in proportion to their roofline times at the
@@ -362,25 +413,35 @@ def bucket_shares(sched: Schedule, model: ModelConfig, dtype: str = "bfloat16", 
     return (sorted(rows.values(), key=lambda r: -r.ms), sorted(points, key=lambda p: -p.weight))
 
 
-def measured_ratios(rows: Iterable[Any], dtype: str = "bfloat16", gpu: Optional[str] = None
-                    ) -> Dict[Tuple[str, str], float]:
+def measured_ratios(
+    rows: Iterable[Any], dtype: str = "bfloat16", gpu: Optional[str] = None
+) -> Dict[Tuple[str, str], float]:
     """(op, bucket) -> what the bucket's incumbent took over its roofline time, from a ledger's benchmark rows
     (harness.ledger.BenchResult): the incumbent rows (label 'baseline' or 'serving:<file>') of the bucket's
     latest benchmarked run, each at its graph-replay time where it has one (the clock the promotion rule
     prefers) and else its event time, the median of their ratios. Implausible rows are left out."""
     from .ops import dtype_from_name, get_op  # keeps the CLI's startup light (the registry imports torch)
+
     dt = dtype_from_name(dtype)
     by_bucket: Dict[Tuple[str, str], List[Any]] = collections.defaultdict(list)
     for r in rows:
-        if (r.label == "baseline" or r.label.startswith("serving:")) and r.dtype == dtype and not r.implausible \
-                and (gpu is None or r.gpu_name == gpu):
+        if (
+            (r.label == "baseline" or r.label.startswith("serving:"))
+            and r.dtype == dtype
+            and not r.implausible
+            and (gpu is None or r.gpu_name == gpu)
+        ):
             by_bucket[(r.op, r.bucket)].append(r)
     out = {}
     for (op_name, bucket), rs in by_bucket.items():
         latest = max(rs, key=lambda r: r.id).run_id
         op = get_op(op_name)
-        ratios = sorted(((r.graph_ms or r.median_ms) / roofline_ms(op.flops(shape), op.bytes(shape, dt)))
-                        for r in rs if r.run_id == latest for shape in [op.parse_shape(r.shape_key)])
+        ratios = sorted(
+            ((r.graph_ms or r.median_ms) / roofline_ms(op.flops(shape), op.bytes(shape, dt)))
+            for r in rs
+            if r.run_id == latest
+            for shape in [op.parse_shape(r.shape_key)]
+        )
         out[(op_name, bucket)] = ratios[len(ratios) // 2]
     return out
 
@@ -424,22 +485,43 @@ def distribution(sched: Schedule, top: int = 20) -> Dict[str, Any]:
         c[0] += n / steps
         c[1] += ms / total
         order[key] = (1 << max(0, math.ceil(math.log2(batch))), 1 << max(0, math.ceil(math.log2(ctx))))
-    hist = [{"batch": k[0], "context": k[1], "steps": round(v[0], 6), "time": round(v[1], 6)}
-            for k, v in sorted(cells.items(), key=lambda kv: order[kv[0]])]
+    hist = [
+        {"batch": k[0], "context": k[1], "steps": round(v[0], 6), "time": round(v[1], 6)}
+        for k, v in sorted(cells.items(), key=lambda kv: order[kv[0]])
+    ]
     heavy = sorted(sched.groups.items(), key=lambda kv: -kv[1][2])[:top]
-    points = [{"batch": b, "context": cp * sched.page_size, "steps": int(n), "mean_context": round(t / (n * b), 1),
-               "time": round(ms / total, 6)} for (b, cp), (n, t, ms) in heavy]
+    points = [
+        {
+            "batch": b,
+            "context": cp * sched.page_size,
+            "steps": int(n),
+            "mean_context": round(t / (n * b), 1),
+            "time": round(ms / total, 6),
+        }
+        for (b, cp), (n, t, ms) in heavy
+    ]
     return {"histogram": hist, "top_points": points}
 
 
 def schedule_json(sched: Schedule) -> Dict[str, Any]:
-    return {"source": sched.source, "kv": sched.kv, "page_size": sched.page_size, "budget_pages": sched.budget_pages,
-            "max_batch": sched.max_batch, "steps": sched.steps, "decode_tokens": sched.decode_tokens,
-            "busy_s": round(sched.busy_s, 6), "clock_s": round(sched.clock_s, 6),
-            "tokens_per_s": round(sched.tokens_per_s(), 3),
-            "mean_batch": round(sched.decode_tokens / sched.steps, 3) if sched.steps else 0.0,
-            "requests": sched.requests, "finished": sched.finished, "dropped": sched.dropped,
-            "peak_pages": sched.peak_pages, "groups": len(sched.groups)}
+    return {
+        "source": sched.source,
+        "kv": sched.kv,
+        "page_size": sched.page_size,
+        "budget_pages": sched.budget_pages,
+        "max_batch": sched.max_batch,
+        "steps": sched.steps,
+        "decode_tokens": sched.decode_tokens,
+        "busy_s": round(sched.busy_s, 6),
+        "clock_s": round(sched.clock_s, 6),
+        "tokens_per_s": round(sched.tokens_per_s(), 3),
+        "mean_batch": round(sched.decode_tokens / sched.steps, 3) if sched.steps else 0.0,
+        "requests": sched.requests,
+        "finished": sched.finished,
+        "dropped": sched.dropped,
+        "peak_pages": sched.peak_pages,
+        "groups": len(sched.groups),
+    }
 
 
 @dataclass
@@ -449,22 +531,40 @@ class Analysis:
     points: List[WeightedPoint]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"schedule": schedule_json(self.schedule), "distribution": distribution(self.schedule),
-                "buckets": [b.to_json() for b in self.buckets], "weighted_points": [p.to_json() for p in self.points]}
+        return {
+            "schedule": schedule_json(self.schedule),
+            "distribution": distribution(self.schedule),
+            "buckets": [b.to_json() for b in self.buckets],
+            "weighted_points": [p.to_json() for p in self.points],
+        }
 
 
-def analyze(path: str, model: ModelConfig, kv_modes: Sequence[str], budget_bytes: int,
-            max_batch: int = DEFAULT_MAX_BATCH, dtype: str = "bfloat16", arrivals: bool = True,
-            progress: Optional[Callable[[str, int, int], None]] = None,
-            ratios: Optional[Dict[Tuple[str, str], float]] = None) -> Dict[str, Analysis]:
+def analyze(
+    path: str,
+    model: ModelConfig,
+    kv_modes: Sequence[str],
+    budget_bytes: int,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    dtype: str = "bfloat16",
+    arrivals: bool = True,
+    progress: Optional[Callable[[str, int, int], None]] = None,
+    ratios: Optional[Dict[Tuple[str, str], float]] = None,
+) -> Dict[str, Analysis]:
     """Per KV mode (each its own pass over the trace: an int8 cache holds more sequences), the schedule, its
     buckets and weighted points. progress(kv, bytes read, file size). ratios (`measured_ratios`): buckets a
     ledger measured take their measured time (the schedule's clock and the weighted points stay the
     roofline's)."""
     out: Dict[str, Analysis] = {}
     for kv in kv_modes:
-        sched = replay_trace(path, model, kv, budget_bytes, max_batch, arrivals,
-                             None if progress is None else (lambda done, size, kv=kv: progress(kv, done, size)))
+        sched = replay_trace(
+            path,
+            model,
+            kv,
+            budget_bytes,
+            max_batch,
+            arrivals,
+            None if progress is None else (lambda done, size, kv=kv: progress(kv, done, size)),
+        )
         buckets, points = bucket_shares(sched, model, dtype)
         if ratios:
             apply_measured(buckets, ratios)
@@ -479,6 +579,24 @@ def workload_points(analyses: Dict[str, Analysis]) -> List[List[Any]]:
     return [[p.kv, p.batch, p.context, p.weight / n] for a in analyses.values() for p in a.points]
 
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_KV_BUDGET", "CallLine", "StepModel", "Schedule", "budget_pages", "simulate",
-           "replay_steps", "replay_trace", "BucketShare", "WeightedPoint", "bucket_shares", "distribution",
-           "schedule_json", "Analysis", "analyze", "workload_points", "measured_ratios", "apply_measured"]
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_KV_BUDGET",
+    "CallLine",
+    "StepModel",
+    "Schedule",
+    "budget_pages",
+    "simulate",
+    "replay_steps",
+    "replay_trace",
+    "BucketShare",
+    "WeightedPoint",
+    "bucket_shares",
+    "distribution",
+    "schedule_json",
+    "Analysis",
+    "analyze",
+    "workload_points",
+    "measured_ratios",
+    "apply_measured",
+]

@@ -14,6 +14,7 @@ The importers (vLLM's and SGLang's serving benchmark results, FlashInfer-Bench's
 output and write a trace: all of it or nothing (a temporary file
 renamed into place once every record was read and checked).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ class Request(NamedTuple):  # a tuple: a million of them are made in seconds
     output_tokens: int
 
     def to_json(self) -> Dict[str, Any]:
-        return {"arrival_s": round(self.arrival_s, 6), "prompt_tokens": self.prompt_tokens,
-                "output_tokens": self.output_tokens}
+        return {
+            "arrival_s": round(self.arrival_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+        }
 
 
 class EngineStep(NamedTuple):
@@ -90,8 +94,14 @@ def _plain_request(obj: Any) -> Optional[Request]:
     if type(obj) is not dict or len(obj) != 3:
         return None
     t, p, o = obj.get("arrival_s"), obj.get("prompt_tokens"), obj.get("output_tokens")
-    if type(p) is int and type(o) is int and p >= 1 and o >= 1 and \
-            (type(t) is float or type(t) is int) and 0 <= t < math.inf:
+    if (
+        type(p) is int
+        and type(o) is int
+        and p >= 1
+        and o >= 1
+        and (type(t) is float or type(t) is int)
+        and 0 <= t < math.inf
+    ):
         return Request(float(t), p, o)
     return None
 
@@ -105,15 +115,19 @@ def parse_record(obj: Any, first: bool) -> Record:
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     if "workload" in obj:
         if not first:
-            raise ValueError("a header ({\"workload\": ...}) may only be the first line")
+            raise ValueError('a header ({"workload": ...}) may only be the first line')
         unknown = sorted(set(obj) - set(HEADER_KEYS))
         if obj["workload"] != FORMAT_VERSION or unknown:
-            raise ValueError(f"header: expected \"workload\": {FORMAT_VERSION}" if obj["workload"] != FORMAT_VERSION
-                             else f"header: unknown key(s) {', '.join(unknown)}")
+            raise ValueError(
+                f'header: expected "workload": {FORMAT_VERSION}'
+                if obj["workload"] != FORMAT_VERSION
+                else f"header: unknown key(s) {', '.join(unknown)}"
+            )
         if obj.get("model") is not None and not isinstance(obj["model"], dict):
             raise ValueError("header: model must be an object of model config fields")
-        return TraceHeader(str(obj.get("source", "")), obj.get("model"),
-                           {k: obj[k] for k in ("note", "kv_layout") if k in obj})
+        return TraceHeader(
+            str(obj.get("source", "")), obj.get("model"), {k: obj[k] for k in ("note", "kv_layout") if k in obj}
+        )
     if "arrival_s" in obj:
         unknown = sorted(set(obj) - set(REQUEST_KEYS) - {"id"})
         if unknown:
@@ -133,8 +147,9 @@ def parse_record(obj: Any, first: bool) -> Record:
         if top is not None and not (tokens / batch <= top <= tokens):
             raise ValueError(f"step: max_context={top} is not between the mean context and kv_tokens={tokens}")
         return EngineStep(batch, tokens, top)
-    raise ValueError("not a trace record: expected a request (arrival_s, prompt_tokens, output_tokens) or a step "
-                     "(batch, kv_tokens)")
+    raise ValueError(
+        "not a trace record: expected a request (arrival_s, prompt_tokens, output_tokens) or a step (batch, kv_tokens)"
+    )
 
 
 class TraceReader:
@@ -171,8 +186,10 @@ class TraceReader:
                     continue
                 if type(rec) is Request:
                     if rec.arrival_s < last_arrival:
-                        raise TraceError(f"{self.path}:{lineno}: arrival_s {rec.arrival_s} is before the previous "
-                                         f"request's {last_arrival}: requests must be in arrival order")
+                        raise TraceError(
+                            f"{self.path}:{lineno}: arrival_s {rec.arrival_s} is before the previous "
+                            f"request's {last_arrival}: requests must be in arrival order"
+                        )
                     last_arrival = rec.arrival_s
                     self.requests += 1
                 else:
@@ -197,6 +214,7 @@ def check_trace(path: str) -> Tuple[int, int]:
 
 
 # -- writing, all or nothing ----------------------------------------------------------------------------
+
 
 def write_trace(out: str, header: TraceHeader, records: Callable[[], Iterator[Union[Request, EngineStep]]]) -> int:
     """Writes header and records to `out` through temporary files renamed into place when every record was
@@ -225,6 +243,7 @@ def write_trace(out: str, header: TraceHeader, records: Callable[[], Iterator[Un
 
 # -- importers ------------------------------------------------------------------------------------------
 
+
 def _load_json(path: str) -> Any:
     if not os.path.isfile(path):
         raise TraceError(f"no such file: {path}")
@@ -237,16 +256,19 @@ def _load_json(path: str) -> Any:
         raise TraceError(f"{path}: not a text file (not UTF-8)") from None
 
 
-def _benchmark_requests(doc: Any, path: str, tool: str,
-                        how: str) -> Tuple[TraceHeader, Callable[[], Iterator[Request]]]:
+def _benchmark_requests(
+    doc: Any, path: str, tool: str, how: str
+) -> Tuple[TraceHeader, Callable[[], Iterator[Request]]]:
     """The requests of a serving benchmark's result object (vLLM's and SGLang's share these fields): per
     request `input_lens`, `output_lens` and `errors` (empty for a success), and the run's `request_rate`.
     Results keep no send times: requests arrive evenly at the request rate (the rate the benchmark drew its
     Poisson arrivals at), all at once when it is inf. Failed requests, and requests that generated nothing,
     are left out."""
     if not isinstance(doc, dict) or "input_lens" not in doc or "output_lens" not in doc:
-        raise TraceError(f"{path}: not a {tool} benchmark result with per-request lengths (no input_lens and "
-                         f"output_lens; save it with {how})")
+        raise TraceError(
+            f"{path}: not a {tool} benchmark result with per-request lengths (no input_lens and "
+            f"output_lens; save it with {how})"
+        )
     ins, outs, errs = doc["input_lens"], doc["output_lens"], doc.get("errors") or []
     if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
         raise TraceError(f"{path}: input_lens and output_lens must be lists of the same length")
@@ -259,8 +281,10 @@ def _benchmark_requests(doc: Any, path: str, tool: str,
         raise TraceError(f"{path}: request_rate must be a number or inf, got {rate!r}") from None
     gap = 0.0 if not math.isfinite(rate) or rate <= 0 else 1.0 / rate
     model = doc.get("model_id") or doc.get("model") or "?"
-    header = TraceHeader(f"{tool} serving benchmark: {os.path.basename(path)} ({model}, request_rate {rate:g})",
-                         extra={"note": "arrivals evenly spaced at request_rate (the result keeps no send times)"})
+    header = TraceHeader(
+        f"{tool} serving benchmark: {os.path.basename(path)} ({model}, request_rate {rate:g})",
+        extra={"note": "arrivals evenly spaced at request_rate (the result keeps no send times)"},
+    )
 
     def records() -> Iterator[Request]:
         for i, (p, o) in enumerate(zip(ins, outs)):
@@ -271,6 +295,7 @@ def _benchmark_requests(doc: Any, path: str, tool: str,
                     raise TraceError(f"{path}: {name}[{i}]: expected a token count, got {v!r}")
             if p >= 1 and o >= 1:  # a request that produced nothing made no decode step
                 yield Request(i * gap, p, o)
+
     return header, records
 
 
@@ -305,8 +330,11 @@ FLASHINFER_DECODE = re.compile(r"gqa_paged_decode_h(\d+)_kv(\d+)_d(\d+)_ps(\d+)"
 def _flashinfer_step(obj: Any, lineno: int, path: str) -> Optional[Tuple[str, EngineStep, Dict[str, int]]]:
     """A FlashInfer-Bench trace line of a GQA paged decode as (workload uuid, step, KV layout); None for
     a line of another definition."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("definition"), str) or \
-            not isinstance(obj.get("workload"), dict):
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("definition"), str)
+        or not isinstance(obj.get("workload"), dict)
+    ):
         raise TraceError(f"{path}:{lineno}: not a FlashInfer-Bench trace line (definition and workload)")
     m = FLASHINFER_DECODE.fullmatch(obj["definition"])
     if not m:
@@ -356,6 +384,7 @@ def flashinfer_steps(path: str) -> Tuple[TraceHeader, Callable[[], Iterator[Engi
                 seen.add(got[0])
                 header.extra["kv_layout"] = got[2]
                 yield got[1]
+
     return header, records
 
 
@@ -372,6 +401,20 @@ def import_trace(fmt: str, source: str, out: str) -> int:
     return write_trace(out, header, records)
 
 
-__all__ = ["FORMAT_VERSION", "TraceError", "Request", "EngineStep", "TraceHeader", "parse_record", "TraceReader",
-           "read_header", "check_trace", "write_trace", "vllm_requests", "sglang_requests", "flashinfer_steps",
-           "IMPORTERS", "import_trace"]
+__all__ = [
+    "FORMAT_VERSION",
+    "TraceError",
+    "Request",
+    "EngineStep",
+    "TraceHeader",
+    "parse_record",
+    "TraceReader",
+    "read_header",
+    "check_trace",
+    "write_trace",
+    "vllm_requests",
+    "sglang_requests",
+    "flashinfer_steps",
+    "IMPORTERS",
+    "import_trace",
+]

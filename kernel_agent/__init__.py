@@ -6,6 +6,7 @@ is imported straight from a source checkout that was never installed (a GPU mach
 with torch and triton preinstalled and no package index), the checkout's root joins
 this package's path so the same import names work there too.
 """
+
 import os as _os
 
 __version__ = "0.1.0"

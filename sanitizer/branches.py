@@ -13,6 +13,7 @@ device or bfloat16, which the interpreter cannot take (the GPU stage runs both).
 
 Comparisons inside `min`/`max` are not branches (they compile to calls), nor is a `for` loop.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,8 +28,14 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 Arc = Tuple[str, int, int, int]
 
 _CONDITIONAL = re.compile(r"^(POP_JUMP_(FORWARD_|BACKWARD_)?IF_|JUMP_IF_(TRUE|FALSE)_OR_POP)")
-_UNCONDITIONAL = {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_ABSOLUTE", "JUMP", "JUMP_NO_INTERRUPT",
-                  "JUMP_BACKWARD_NO_INTERRUPT"}
+_UNCONDITIONAL = {
+    "JUMP_FORWARD",
+    "JUMP_BACKWARD",
+    "JUMP_ABSOLUTE",
+    "JUMP",
+    "JUMP_NO_INTERRUPT",
+    "JUMP_BACKWARD_NO_INTERRUPT",
+}
 # A condition the interpreter cannot take both ways: the device a tensor lives on, bfloat16 tensors (the CPU
 # checks draw bfloat16 values in float32 tensors). The GPU stage runs these.
 GPU_ONLY = re.compile(r"\bdevice\b|is_cuda|\bcuda\b|get_device_properties|multi_processor_count|bfloat16")
@@ -111,6 +118,7 @@ class BranchRecorder:
 
 # -- the judge's side: the branches of the candidate's host functions -------------------------------------
 
+
 @dataclass(frozen=True)
 class Side:
     qualname: str
@@ -164,8 +172,9 @@ def _raises(instrs: List[dis.Instruction], by_offset: Dict[int, int], start: int
             depth += 1
             continue
         if _CONDITIONAL.match(ins.opname):
-            return _raises(instrs, by_offset, ins.argval, depth + 1) and \
-                _raises(instrs, by_offset, instrs[i + 1].offset if i + 1 < len(instrs) else -1, depth + 1)
+            return _raises(instrs, by_offset, ins.argval, depth + 1) and _raises(
+                instrs, by_offset, instrs[i + 1].offset if i + 1 < len(instrs) else -1, depth + 1
+            )
         i += 1
     return False
 
@@ -173,8 +182,22 @@ def _raises(instrs: List[dis.Instruction], by_offset: Dict[int, int], start: int
 # What a condition the CPU cannot take may read besides the device and dtype: attributes of a tensor's or a
 # device's kind, the SM count, and the names these hang from (a bare name, a size, a stride or arithmetic on
 # them would let a condition on the inputs shelter behind the exemption: `x.is_cuda and x.stride(0) != D`)
-_GPU_ATTRS = frozenset({"device", "type", "is_cuda", "dtype", "bfloat16", "float16", "float32", "cuda",
-                        "get_device_properties", "multi_processor_count", "torch", "tl"})
+_GPU_ATTRS = frozenset(
+    {
+        "device",
+        "type",
+        "is_cuda",
+        "dtype",
+        "bfloat16",
+        "float16",
+        "float32",
+        "cuda",
+        "get_device_properties",
+        "multi_processor_count",
+        "torch",
+        "tl",
+    }
+)
 
 
 _DTYPES = frozenset({"bfloat16", "float16", "float32"})
@@ -198,13 +221,19 @@ def gpu_only_condition(text: str) -> bool:
             return False
         if isinstance(node, ast.Attribute) and node.attr not in _GPU_ATTRS:
             return False
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Attribute)
-                                               and node.func.attr == "get_device_properties"):
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Attribute) and node.func.attr == "get_device_properties"
+        ):
             return False
         parent = parents.get(id(node))
-        if isinstance(node, ast.Name) and not isinstance(parent, (ast.Attribute, ast.Call)) and not (
-                isinstance(parent, ast.Compare) and any(isinstance(c, ast.Attribute) and c.attr in _DTYPES
-                                                        for c in [parent.left, *parent.comparators])):
+        if (
+            isinstance(node, ast.Name)
+            and not isinstance(parent, (ast.Attribute, ast.Call))
+            and not (
+                isinstance(parent, ast.Compare)
+                and any(isinstance(c, ast.Attribute) and c.attr in _DTYPES for c in [parent.left, *parent.comparators])
+            )
+        ):
             return False  # a bare name, unless compared with a dtype (`dtype == torch.bfloat16`)
     return True
 
@@ -214,14 +243,18 @@ def _condition_text(source_lines: List[str], ins: dis.Instruction) -> Tuple[int,
     line = (pos.lineno if pos and pos.lineno else None) or ins.starts_line or 0
     text = ""
     if pos and pos.lineno and pos.end_lineno == pos.lineno and pos.col_offset is not None and pos.end_col_offset:
-        text = source_lines[pos.lineno - 1][pos.col_offset:pos.end_col_offset]
+        text = source_lines[pos.lineno - 1][pos.col_offset : pos.end_col_offset]
     if not text.strip() and 0 < line <= len(source_lines):
         text = source_lines[line - 1].strip()
     return line, " ".join(text.split())[:160]
 
 
-_VALUES = {"FALSE": ("false", "true"), "TRUE": ("true", "false"), "NOT_NONE": ("not None", "None"),
-           "NONE": ("None", "not None")}
+_VALUES = {
+    "FALSE": ("false", "true"),
+    "TRUE": ("true", "false"),
+    "NOT_NONE": ("not None", "None"),
+    "NONE": ("None", "not None"),
+}
 
 
 def _sides_of(code: types.CodeType, source_lines: List[str]) -> List[Side]:
@@ -231,16 +264,19 @@ def _sides_of(code: types.CodeType, source_lines: List[str]) -> List[Side]:
     for i, ins in enumerate(instrs):
         if not _CONDITIONAL.match(ins.opname) or i + 1 >= len(instrs):
             continue
-        kind = next(k for k in ("NOT_NONE", "NONE", "FALSE", "TRUE") if ins.opname.endswith(k)
-                    or f"IF_{k}_" in ins.opname)
+        kind = next(
+            k for k in ("NOT_NONE", "NONE", "FALSE", "TRUE") if ins.opname.endswith(k) or f"IF_{k}_" in ins.opname
+        )
         when_jumped, when_not = _VALUES[kind]
         line, text = _condition_text(source_lines, ins)
         gpu_only = "reads the device or bfloat16: taken on the GPU" if gpu_only_condition(text) else ""
         for jumped, dest, value in ((True, ins.argval, when_jumped), (False, instrs[i + 1].offset, when_not)):
-            exempt = gpu_only or ("only raises (a guard on the contract's limits)"
-                                  if _raises(instrs, by_offset, dest) else "")
-            sides.append(Side(_qualname(code), code.co_firstlineno, ins.offset, dest, jumped, line, text, value,
-                              exempt))
+            exempt = gpu_only or (
+                "only raises (a guard on the contract's limits)" if _raises(instrs, by_offset, dest) else ""
+            )
+            sides.append(
+                Side(_qualname(code), code.co_firstlineno, ins.offset, dest, jumped, line, text, value, exempt)
+            )
     return sides
 
 
@@ -302,6 +338,7 @@ def launch_spec(fn, constexpr_names: Iterable[str], arg_names: Optional[List[str
     for k in ("num_warps", "num_stages"):
         if k in kwargs:
             values[k] = kwargs[k]
-    safe = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else type(v).__name__)
-            for k, v in values.items()}
+    safe = {
+        k: (v if isinstance(v, (bool, int, float, str)) or v is None else type(v).__name__) for k, v in values.items()
+    }
     return spec_key(getattr(fn, "__name__", "?"), safe)

@@ -14,6 +14,7 @@ tree (`ast.unparse`), docstrings and comments dropped. The executor, the benchma
 the serving set all hold that text, and its hash (`source_hash`) is the kernel's identity: what the judge,
 the benchmark and the serving set check a file against (`judged_hash`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -49,8 +50,11 @@ def _decode(raw: bytes) -> str:
     for i, line in enumerate(raw.split(b"\n")[:2], 1):
         m = _COOKIE.match(line)
         if m and m.group(1).decode("ascii", "replace").lower().replace("_", "-") not in ("utf-8", "utf8"):
-            raise TextRefused(i, f"an encoding declaration ({m.group(1).decode('ascii', 'replace')!r}): Python "
-                                 f"would read the file in another encoding than the one judged; only UTF-8")
+            raise TextRefused(
+                i,
+                f"an encoding declaration ({m.group(1).decode('ascii', 'replace')!r}): Python "
+                f"would read the file in another encoding than the one judged; only UTF-8",
+            )
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as e:
@@ -65,8 +69,9 @@ def _decode(raw: bytes) -> str:
         raise TextRefused(text.count("\n", 0, text.index("\ufeff")) + 1, "a byte order mark (U+FEFF) inside the file")
     control = _CONTROL.search(text)
     if control:
-        what = {"\x00": "a NUL byte", "\x0c": "a form feed"}.get(control.group(),
-                                                                  f"the control character {control.group()!r}")
+        what = {"\x00": "a NUL byte", "\x0c": "a form feed"}.get(
+            control.group(), f"the control character {control.group()!r}"
+        )
         raise TextRefused(text.count("\n", 0, control.start()) + 1, f"{what}: the file must hold printable text only")
     return text
 
@@ -98,8 +103,11 @@ def _strings(tree: ast.AST) -> None:
             value = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
             for part in value.splitlines():
                 if _KERNEL_LINE.match(part):
-                    raise TextRefused(node.lineno, f"a string literal holds a line beginning "
-                                                   f"{part.strip()[:24]!r}: Triton would read it as kernel source")
+                    raise TextRefused(
+                        node.lineno,
+                        f"a string literal holds a line beginning "
+                        f"{part.strip()[:24]!r}: Triton would read it as kernel source",
+                    )
 
 
 def text_problems(source: Union[str, bytes]) -> str:
@@ -134,8 +142,11 @@ def _parsed(source: Union[str, bytes]) -> ast.Module:
 def _drop_docstrings(body: List[ast.stmt], keep_empty: bool) -> List[ast.stmt]:
     """`body` without its bare string statements (docstrings, strings used as comments), recursively through
     the statements that hold statements; a body left empty gets `pass` (the module's may stay empty)."""
-    kept = [st for st in body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
-                                      and isinstance(st.value.value, str))]
+    kept = [
+        st
+        for st in body
+        if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str))
+    ]
     for st in kept:
         for name in ("body", "orelse", "finalbody"):
             inner = getattr(st, name, None)
@@ -167,11 +178,15 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def holding_ast_lock(fn: _F) -> _F:
     """`fn` runs holding AST_LOCK."""
+
     @functools.wraps(fn)
     def locked(*args: Any, **kwargs: Any) -> Any:
         with AST_LOCK:
             return fn(*args, **kwargs)
+
     return cast(_F, locked)
+
+
 _MADE_MAX = 256
 
 
@@ -244,5 +259,12 @@ def file_hash(path: str) -> str:
         return judged_hash(f.read())
 
 
-__all__ = ["TextRefused", "canonical_source", "text_problems", "normalized_source", "source_hash", "judged_hash",
-           "file_hash"]
+__all__ = [
+    "TextRefused",
+    "canonical_source",
+    "text_problems",
+    "normalized_source",
+    "source_hash",
+    "judged_hash",
+    "file_hash",
+]

@@ -7,6 +7,7 @@ Verdict. It executes the candidate's code: call it only inside an isolated worke
 Every failure says how to reproduce it: op, shape, dtype, seed, distribution and
 layout of the case, the first bad index, observed against expected.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -66,8 +67,18 @@ FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
 MODES = {"quick": QUICK, "full": FULL}
 
 
-def run_case(subject: "Subject", fn: Any, case: Case, *, bounds: bool = True, order: str = "natural",
-             seed: int = 0, fpsan: bool = False, sentinel: int = 0, keep: bool = False) -> RunResult:
+def run_case(
+    subject: "Subject",
+    fn: Any,
+    case: Case,
+    *,
+    bounds: bool = True,
+    order: str = "natural",
+    seed: int = 0,
+    fpsan: bool = False,
+    sentinel: int = 0,
+    keep: bool = False,
+) -> RunResult:
     """Call fn (the candidate's executor, or the trusted baseline in this process) on the case's inputs,
     instrumented; the judge reads the evidence: outputs, bounds and host-code violations, launches, and
     whether an input changed."""
@@ -75,15 +86,24 @@ def run_case(subject: "Subject", fn: Any, case: Case, *, bounds: bool = True, or
     readable = op.readable(case.args) if bounds else {}
     if isinstance(fn, Executor):
         try:
-            res = fn.call(case, bounds=bounds, order=order, seed=seed, fpsan=fpsan, sentinel=sentinel,
-                          readable=readable, keep=keep)
+            res = fn.call(
+                case,
+                bounds=bounds,
+                order=order,
+                seed=seed,
+                fpsan=fpsan,
+                sentinel=sentinel,
+                readable=readable,
+                keep=keep,
+            )
         except ExecutorError as e:
             if e.timed_out:
                 raise TimedOut(str(e))
             raise CheckFailed(f"{e}; reproduce: {case.describe()}")
     else:
-        res = execute_call(fn, case.args, readable, subject.path, bounds=bounds, order=order, seed=seed,
-                           fpsan=fpsan, sentinel=sentinel)
+        res = execute_call(
+            fn, case.args, readable, subject.path, bounds=bounds, order=order, seed=seed, fpsan=fpsan, sentinel=sentinel
+        )
     if res.ok and not res.fpsan_unsupported and res.launches == 0 and not _all_empty(res.out):
         res.error = "no Triton kernel was launched: the result must be computed by the file's own kernels"
     return res
@@ -127,6 +147,7 @@ def _scalar(v: torch.Tensor):
 
 # -- the subject ------------------------------------------------------------------------
 
+
 @dataclass
 class Subject:
     op: Op
@@ -155,8 +176,15 @@ class Subject:
 
 # -- case sets --------------------------------------------------------------------------
 
-def tiny_cases(op: Op, n: int, layouts: Sequence[str], dtypes=(torch.float32, torch.float16),
-               seed: int = 11, largest_first: bool = False) -> List[Case]:
+
+def tiny_cases(
+    op: Op,
+    n: int,
+    layouts: Sequence[str],
+    dtypes=(torch.float32, torch.float16),
+    seed: int = 11,
+    largest_first: bool = False,
+) -> List[Case]:
     cases = []
     shapes = op.shapes("tiny")
     if largest_first:  # most programs per output first (order and coverage bugs need several)
@@ -184,6 +212,7 @@ def _run_or_fail(subject: Subject, case: Case, **kw) -> RunResult:
 
 # -- the checks -------------------------------------------------------------------------
 
+
 def check_static(subject: Subject, s: Optional[Settings]) -> str:
     if subject.skip_gate:
         raise CheckSkipped("turned off (a test of the layers behind the gate)")
@@ -206,9 +235,14 @@ def check_load(subject: Subject, s: Optional[Settings]) -> str:
     if ex.violations:
         raise CheckFailed(f"importing the file did what a candidate may not: the sandbox refused {ex.violations[0]}")
     try:
-        sig = inspect.Signature([inspect.Parameter(str(n), inspect._ParameterKind(int(k)),
-                                                   default=None if d else inspect.Parameter.empty)
-                                 for n, k, d in hello.get("signature") or []])
+        sig = inspect.Signature(
+            [
+                inspect.Parameter(
+                    str(n), inspect._ParameterKind(int(k)), default=None if d else inspect.Parameter.empty
+                )
+                for n, k, d in hello.get("signature") or []
+            ]
+        )
     except (TypeError, ValueError) as e:
         raise CheckFailed(f"the file's op function has no usable signature: {e}")
     subject.fn = ex
@@ -217,14 +251,20 @@ def check_load(subject: Subject, s: Optional[Settings]) -> str:
         sig.bind(*op.arg_names, **{k: None for k in op.optional_args})
         sig.bind(**{k: None for k in op.arg_names})
     except TypeError as e:
-        raise CheckFailed(f"signature {subject.op.name}{sig} does not accept the contract's arguments "
-                          f"({', '.join(op.arg_names + op.optional_args)}): {e}")
+        raise CheckFailed(
+            f"signature {subject.op.name}{sig} does not accept the contract's arguments "
+            f"({', '.join(op.arg_names + op.optional_args)}): {e}"
+        )
     for name in op.optional_args:
         p = sig.parameters.get(name)
         if p is None or p.default is inspect.Parameter.empty:
-            raise CheckFailed(f"`{name}` must be an optional keyword argument (contract: {op.contract.splitlines()[0]})")
-    return f"{subject.op.name}{sig}; inputs from seed base {subject.seed_base} (`--seed {subject.seed_base}` " \
-           f"reproduces them)"
+            raise CheckFailed(
+                f"`{name}` must be an optional keyword argument (contract: {op.contract.splitlines()[0]})"
+            )
+    return (
+        f"{subject.op.name}{sig}; inputs from seed base {subject.seed_base} (`--seed {subject.seed_base}` "
+        f"reproduces them)"
+    )
 
 
 def check_runs(subject: Subject, s: Settings) -> str:
@@ -245,8 +285,10 @@ def check_runs(subject: Subject, s: Settings) -> str:
         if tuple(o.shape) != tuple(rf.shape):
             raise CheckFailed(f"output {i} has shape {tuple(o.shape)}, expected {tuple(rf.shape)}")
     if len(outputs(r.out)) != len(op.output_names):
-        raise CheckFailed(f"returned {len(outputs(r.out))} outputs, the contract has {len(op.output_names)} "
-                          f"({', '.join(op.output_names)})")
+        raise CheckFailed(
+            f"returned {len(outputs(r.out))} outputs, the contract has {len(op.output_names)} "
+            f"({', '.join(op.output_names)})"
+        )
     return f"{r.launches} kernel launch(es) per call"
 
 
@@ -269,8 +311,10 @@ def check_bounds(subject: Subject, s: Settings) -> str:
     cases = tiny_cases(subject.op, s.bounds_shapes, s.bounds_layouts, seed=subject.seed(31))
     for case in cases:
         _run_or_fail(subject, case)
-    return f"every active load and store stayed inside its tensor on {cases_n(len(cases))} " \
-           f"(inputs read-only, unowned cache slots unread)"
+    return (
+        f"every active load and store stayed inside its tensor on {cases_n(len(cases))} "
+        f"(inputs read-only, unowned cache slots unread)"
+    )
 
 
 def check_coverage(subject: Subject, s: Settings) -> str:
@@ -282,13 +326,17 @@ def check_coverage(subject: Subject, s: Settings) -> str:
         if d:
             i, idx, va, vb = d
             name = subject.op.output_names[i] if i < len(subject.op.output_names) else f"output {i}"
-            raise CheckFailed(f"{name}{list(idx)} was never written: it holds the allocation sentinel "
-                              f"({va} in one run, {vb} in the other); reproduce: {case.describe()}")
+            raise CheckFailed(
+                f"{name}{list(idx)} was never written: it holds the allocation sentinel "
+                f"({va} in one run, {vb} in the other); reproduce: {case.describe()}"
+            )
         for i, t in enumerate(outputs(a)):
             if t.is_floating_point() and bool(torch.isnan(t).any()):
                 idx = tuple(int(j) for j in torch.isnan(t).nonzero()[0].tolist())
-                raise CheckFailed(f"{subject.op.output_names[i]}{list(idx)} is NaN (the first sentinel, or a NaN "
-                                  f"the kernel produced); reproduce: {case.describe()}")
+                raise CheckFailed(
+                    f"{subject.op.output_names[i]}{list(idx)} is NaN (the first sentinel, or a NaN "
+                    f"the kernel produced); reproduce: {case.describe()}"
+                )
     return f"outputs identical under two allocation sentinels, none left ({cases_n(len(cases))})"
 
 
@@ -297,17 +345,18 @@ def check_inputs_unchanged(subject: Subject, s: Settings) -> str:
     for case in cases:
         r = run_case(subject, subject.fn, case)
         if r.mutated:
-            raise CheckFailed(f"input(s) {', '.join(r.mutated)} changed during the call; reproduce: "
-                              f"{case.describe()}")
+            raise CheckFailed(f"input(s) {', '.join(r.mutated)} changed during the call; reproduce: {case.describe()}")
         if not r.ok:
             raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()}")
     return f"every input's storage bitwise unchanged ({cases_n(len(cases))})"
 
 
 def _same_shapes(a: Case, b: Case) -> bool:
-    return all((not isinstance(v, torch.Tensor)) or (isinstance(b.args.get(k), torch.Tensor)
-                                                     and b.args[k].shape == v.shape and b.args[k].dtype == v.dtype)
-               for k, v in a.args.items())
+    return all(
+        (not isinstance(v, torch.Tensor))
+        or (isinstance(b.args.get(k), torch.Tensor) and b.args[k].shape == v.shape and b.args[k].dtype == v.dtype)
+        for k, v in a.args.items()
+    )
 
 
 def check_no_state(subject: Subject, s: Settings) -> str:
@@ -332,12 +381,17 @@ def check_no_state(subject: Subject, s: Settings) -> str:
     subject.refs.pop(id(x), None)
     out2 = _run_or_fail(subject, x).out
     _compare_or_fail(subject, x, out2, "fresh inputs in recycled buffers gave a stale answer: ")
-    now = subject.fn.output_digests(r1.handle) if isinstance(subject.fn, Executor) else \
-        [wire.digest(t) for t in outputs(out1)]
+    now = (
+        subject.fn.output_digests(r1.handle)
+        if isinstance(subject.fn, Executor)
+        else [wire.digest(t) for t in outputs(out1)]
+    )
     for t, d in zip(outputs(out1), now or []):
         if wire.digest(t) != d:
-            raise CheckFailed("a later call overwrote the tensor an earlier call returned (outputs must be new "
-                              f"tensors); reproduce: {x.describe()}")
+            raise CheckFailed(
+                "a later call overwrote the tensor an earlier call returned (outputs must be new "
+                f"tensors); reproduce: {x.describe()}"
+            )
     return "fresh inputs in recycled buffers gave fresh answers; earlier outputs untouched"
 
 
@@ -350,9 +404,11 @@ def check_order(subject: Subject, s: Settings) -> str:
             d = first_difference(base, other)
             if d:
                 i, idx, va, vb = d
-                raise CheckFailed(f"running the grid's programs in {order} order changed "
-                                  f"{subject.op.output_names[i]}{list(idx)} from {va} to {vb} (programs depend on "
-                                  f"each other: a race on the GPU); reproduce: {case.describe()}")
+                raise CheckFailed(
+                    f"running the grid's programs in {order} order changed "
+                    f"{subject.op.output_names[i]}{list(idx)} from {va} to {vb} (programs depend on "
+                    f"each other: a race on the GPU); reproduce: {case.describe()}"
+                )
     return f"bitwise identical under {', '.join(s.orders)} program order ({cases_n(len(cases))})"
 
 
@@ -387,14 +443,19 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
             out = _run_or_fail(subject, case).out
             _compare_or_fail(subject, case, out, f"after changing {name}{list(pos)}: ")
             done += 1
-    return (f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} "
-            f"(first, last, random)")
+    return (
+        f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} "
+        f"(first, last, random)"
+    )
 
 
 def _draw_case(op: Op, data, big: bool = False) -> Case:
     shape = data.draw(op.shape_strategy(), label="shape")
-    dtypes = [d for d in ("float32", "float16", "bfloat16-via-float32")
-              if d.split("-")[0] in {DTYPE_NAMES[x] for x in op.dtypes}]
+    dtypes = [
+        d
+        for d in ("float32", "float16", "bfloat16-via-float32")
+        if d.split("-")[0] in {DTYPE_NAMES[x] for x in op.dtypes}
+    ]
     mode = data.draw(st.sampled_from(dtypes), label="dtype")
     dists = [d.name for d in op.distributions]
     if big:  # the harsher mix of the extended suite
@@ -420,8 +481,15 @@ def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bo
     count = [0]
 
     @hypothesis.seed(seed)
-    @hypothesis.settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-                         suppress_health_check=list(HealthCheck), derandomize=False, print_blob=False)
+    @hypothesis.settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        derandomize=False,
+        print_blob=False,
+    )
     @given(st.data())
     def prop(data):
         case = _draw_case(subject.op, data, big)
@@ -456,8 +524,13 @@ def _each_distribution(subject: Subject) -> int:
     shapes = op.shapes("tiny")
     shape = shapes[2 % len(shapes)]
     for i, dist in enumerate(d.name for d in op.distributions):
-        case = op.make_case(shape, (torch.float32, torch.float16)[i % 2], seed=subject.seed(95 + i), dist=dist,
-                            layout=LAYOUTS[i % len(LAYOUTS)])
+        case = op.make_case(
+            shape,
+            (torch.float32, torch.float16)[i % 2],
+            seed=subject.seed(95 + i),
+            dist=dist,
+            layout=LAYOUTS[i % len(LAYOUTS)],
+        )
         _compare_or_fail(subject, case, _run_or_fail(subject, case).out)
         subject.refs.pop(id(case), None)
     return len(op.distributions)
@@ -466,10 +539,12 @@ def _each_distribution(subject: Subject) -> int:
 def check_differential(subject: Subject, s: Settings) -> str:
     fixed = _each_distribution(subject)
     n = _hypothesis_differential(subject, s.differential_examples, seed=subject.seed(91))
-    return f"{fixed} cases, one per input distribution, and {n} property-based examples match the float64 " \
-           f"reference (odd shapes, head dims and page sizes, strided and fused-slice views, fp16/fp32/bf16 " \
-           f"values, adversarial distributions); bf16 path verified on GPU only: the interpreter has no bf16 " \
-           f"tensors, so bf16 is drawn as bf16 values in fp32 tensors, and a branch on the bf16 dtype runs on the GPU"
+    return (
+        f"{fixed} cases, one per input distribution, and {n} property-based examples match the float64 "
+        f"reference (odd shapes, head dims and page sizes, strided and fused-slice views, fp16/fp32/bf16 "
+        f"values, adversarial distributions); bf16 path verified on GPU only: the interpreter has no bf16 "
+        f"tensors, so bf16 is drawn as bf16 values in fp32 tensors, and a branch on the bf16 dtype runs on the GPU"
+    )
 
 
 def check_error_budget(subject: Subject, s: Settings) -> str:
@@ -477,8 +552,12 @@ def check_error_budget(subject: Subject, s: Settings) -> str:
     if op.exact_check:
         raise CheckSkipped(f"not applicable: {op.name} is checked exactly by its contract ({op.exact_check})")
     worst = 0.0
-    combos = [(torch.float32, "normal"), (torch.float16, "outliers"), (torch.float16, "normal"),
-              (torch.float32, "large")][: s.budget_cases]
+    combos = [
+        (torch.float32, "normal"),
+        (torch.float16, "outliers"),
+        (torch.float16, "normal"),
+        (torch.float32, "large"),
+    ][: s.budget_cases]
     shapes = op.shapes("tiny")
     for i, (dtype, dist) in enumerate(combos):
         case = op.make_case(shapes[(2 + i) % len(shapes)], dtype, seed=subject.seed(101 + i), dist=dist)
@@ -492,9 +571,11 @@ def check_error_budget(subject: Subject, s: Settings) -> str:
         floor = op.tolerance(dtype).budget_floor
         allowed = max(2.0 * err_b, floor)
         if not (err_c <= allowed):
-            raise CheckFailed(f"error {err_c:.3g} against float64 exceeds the budget {allowed:.3g} (2x the "
-                              f"baseline's {err_b:.3g}, floor {floor:g}): reduced precision?; reproduce: "
-                              f"{case.describe()}")
+            raise CheckFailed(
+                f"error {err_c:.3g} against float64 exceeds the budget {allowed:.3g} (2x the "
+                f"baseline's {err_b:.3g}, floor {floor:g}): reduced precision?; reproduce: "
+                f"{case.describe()}"
+            )
         worst = max(worst, err_c / allowed)
     return f"error within the budget on {cases_n(len(combos))} (worst {worst:.0%} of the allowance)"
 
@@ -508,8 +589,9 @@ def check_near_serving(subject: Subject, s: Settings) -> str:
         out = _run_or_fail(subject, case).out
         _compare_or_fail(subject, case, out)
         subject.refs.pop(id(case), None)
-    return f"correct with bounds checked at {len(shapes)} near-serving shape(s): " + \
-        "; ".join(sh.key() for sh in shapes)
+    return f"correct with bounds checked at {len(shapes)} near-serving shape(s): " + "; ".join(
+        sh.key() for sh in shapes
+    )
 
 
 class CheckSkipped(Exception):
@@ -518,8 +600,9 @@ class CheckSkipped(Exception):
 
 def _region_case(subject: Subject, region: Region, i: int, seed: int) -> Case:
     """A case of one region of the op's domain; float16 and float32 alternate (a float32 path is taken too)."""
-    return subject.op.make_case(region.shape, (torch.float16, torch.float32)[i % 2], seed=subject.seed(seed + i),
-                                layout=region.layout)
+    return subject.op.make_case(
+        region.shape, (torch.float16, torch.float32)[i % 2], seed=subject.seed(seed + i), layout=region.layout
+    )
 
 
 def check_domain(subject: Subject, s: Settings) -> str:
@@ -561,15 +644,20 @@ def check_compared_values(subject: Subject, s: Settings) -> str:
         case = _region_case(subject, region, i, 161)
         r = run_case(subject, subject.fn, case)
         if not r.ok:
-            raise CheckFailed(f"at a size the code compares against ({region.name}): {r.problem()}; "
-                              f"reproduce: {case.describe()}")
+            raise CheckFailed(
+                f"at a size the code compares against ({region.name}): {r.problem()}; reproduce: {case.describe()}"
+            )
         _compare_or_fail(subject, case, r.out, f"at a size the code compares against ({region.name}): ")
         subject.refs.pop(id(case), None)
     gpu = sum(r.where == "gpu" for r in regions)
     left = sum(r.where == "cpu" for r in regions) - len(cpu)
-    return (f"correct at {len(cpu)} size(s) the code compares against"
-            + (f" ({gpu} more on the GPU)" if gpu else "") + (f" ({left} more in full mode)" if left else "")
-            + ": " + ", ".join(r.name for r in cpu))
+    return (
+        f"correct at {len(cpu)} size(s) the code compares against"
+        + (f" ({gpu} more on the GPU)" if gpu else "")
+        + (f" ({left} more in full mode)" if left else "")
+        + ": "
+        + ", ".join(r.name for r in cpu)
+    )
 
 
 def check_host_branches(subject: Subject, s: Settings) -> str:
@@ -595,8 +683,10 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
         case = _region_case(subject, region, i, 151)
         r = run_case(subject, subject.fn, case)
         if not r.ok:
-            raise CheckFailed(f"drawn to take a host branch ({missing[0].describe(subject.path)}): {r.problem()}; "
-                              f"reproduce: {case.describe()}")
+            raise CheckFailed(
+                f"drawn to take a host branch ({missing[0].describe(subject.path)}): {r.problem()}; "
+                f"reproduce: {case.describe()}"
+            )
         _compare_or_fail(subject, case, r.out, f"drawn to take a host branch ({missing[0].describe(subject.path)}): ")
         subject.refs.pop(id(case), None)
         tried += 1
@@ -604,13 +694,17 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
         missing = uncovered(sides, taken(arcs, sides))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckFailed(f"host code branches on something no drawn input of the contract's domain takes both "
-                          f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); a branch "
-                          f"of the host code must be exercised both ways by the checks")
+        raise CheckFailed(
+            f"host code branches on something no drawn input of the contract's domain takes both "
+            f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); a branch "
+            f"of the host code must be exercised both ways by the checks"
+        )
     exempt = sorted({x.exempt for x in sides if x.exempt})
     branches = len({(x.qualname, x.firstlineno, x.jump) for x in sides})
-    return (f"every side of the host code's {branches} branch(es) taken ({tried} extra case(s) "
-            f"drawn); exempt: {'; '.join(exempt) or 'none'}; {len(specs)} kernel specialisation(s) launched")
+    return (
+        f"every side of the host code's {branches} branch(es) taken ({tried} extra case(s) "
+        f"drawn); exempt: {'; '.join(exempt) or 'none'}; {len(specs)} kernel specialisation(s) launched"
+    )
 
 
 def check_fpsan(subject: Subject, s: Settings) -> str:
@@ -635,9 +729,11 @@ def check_fpsan(subject: Subject, s: Settings) -> str:
             i_out, idx, vc, vb = d
             out_name = op.output_names[i_out]
             subject.fpsan_equivalent = False
-            subject.fpsan_detail = (f"not structurally equivalent: {out_name}{list(idx)} differs under FpSan "
-                                    f"(candidate bits {_hexbits(rc.out, i_out, idx)}, baseline "
-                                    f"{_hexbits(rb.out, i_out, idx)}); reproduce: {case.describe()}")
+            subject.fpsan_detail = (
+                f"not structurally equivalent: {out_name}{list(idx)} differs under FpSan "
+                f"(candidate bits {_hexbits(rc.out, i_out, idx)}, baseline "
+                f"{_hexbits(rb.out, i_out, idx)}); reproduce: {case.describe()}"
+            )
             return subject.fpsan_detail + "; the extended numeric suite decides"
         tested += 1
     subject.fpsan_equivalent = True
@@ -672,8 +768,9 @@ def check_sandbox(subject: Subject, s: Settings) -> str:
     if ex is None or not ex.hello:
         raise CheckSkipped("the candidate's process never started")
     if ex.violations:
-        raise CheckFailed(f"the sandbox refused {len(ex.violations)} action(s) of the candidate, the first: "
-                          f"{ex.violations[0]}")
+        raise CheckFailed(
+            f"the sandbox refused {len(ex.violations)} action(s) of the candidate, the first: {ex.violations[0]}"
+        )
     return sandbox_summary(ex.hello)
 
 
@@ -708,8 +805,9 @@ CHECKS: List[Tuple[str, Callable[[Subject, Settings], str]]] = [
 CHECK_NAMES = [name for name, _ in CHECKS]
 
 
-def _judge_one(subject: Subject, name: str, check: Callable[[Subject, Settings], str],
-               settings: Settings) -> Tuple[CheckOutcome, bool]:
+def _judge_one(
+    subject: Subject, name: str, check: Callable[[Subject, Settings], str], settings: Settings
+) -> Tuple[CheckOutcome, bool]:
     """Run one check, then have the executor forget its cases; (the outcome, whether the deadline passed,
     during the check or the reset after it)."""
     t0 = time.time()
@@ -734,10 +832,18 @@ def _judge_one(subject: Subject, name: str, check: Callable[[Subject, Settings],
     return outcome, timed_out
 
 
-def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optional[Callable[[CheckOutcome], None]] = None,
-                  fail_fast: Optional[bool] = None, only: Optional[Sequence[str]] = None,
-                  on_start: Optional[Callable[[str], None]] = None, executor: Optional[Executor] = None,
-                  seed_base: int = 0, skip_gate: bool = False) -> Verdict:
+def sanitize_file(
+    path: str,
+    op_name: str,
+    mode: str = "full",
+    on_check: Optional[Callable[[CheckOutcome], None]] = None,
+    fail_fast: Optional[bool] = None,
+    only: Optional[Sequence[str]] = None,
+    on_start: Optional[Callable[[str], None]] = None,
+    executor: Optional[Executor] = None,
+    seed_base: int = 0,
+    skip_gate: bool = False,
+) -> Verdict:
     """Judge one candidate file: the checks run here, in the trusted judge process, and the candidate
     runs in `executor`, a sandboxed process of its own (started by the caller; see worker.py)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -748,8 +854,15 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
         fail_fast = settings.fail_fast
     with open(path, "rb") as f:  # bytes: the gate judges how Python would read them
         source = f.read()
-    subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,
-                      executor=executor, skip_gate=skip_gate)
+    subject = Subject(
+        op,
+        os.path.abspath(path),
+        source,
+        baseline=baseline_fn(op_name),
+        seed_base=seed_base,
+        executor=executor,
+        skip_gate=skip_gate,
+    )
     verdict = Verdict(path, op_name, mode)
     t_all = time.time()
     failed = False
@@ -763,8 +876,10 @@ def sanitize_file(path: str, op_name: str, mode: str = "full", on_check: Optiona
                 on_start(name)
             outcome, timed_out = _judge_one(subject, name, check, settings)
             if timed_out:  # slowness is not a fault: the verdict says the candidate was not verified
-                verdict.error = f"{TIME_LIMIT_PREFIX} ({time.time() - t_all:.0f}s) during check `{name}` (a " \
-                                f"hang, or too slow to check here)"
+                verdict.error = (
+                    f"{TIME_LIMIT_PREFIX} ({time.time() - t_all:.0f}s) during check `{name}` (a "
+                    f"hang, or too slow to check here)"
+                )
                 fail_fast = True
             subject.refs.clear()
             if outcome.status == CheckStatus.FAILED:

@@ -20,6 +20,7 @@ What is read:
 A file that compares against more than MAX_COMPARED distinct values is refused: drawing them all would not
 fit a check's time, and no kernel in the correct suite comes near it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,9 +30,19 @@ from typing import Dict, Iterable, List, Optional, Union
 
 MAX_COMPARED = 48  # distinct values from comparisons; the correct suite's largest file has far fewer
 LIMIT = 1 << 31  # sizes past this are not drawn as one dimension by any op
-_FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-         ast.Mod: operator.mod, ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitXor: operator.xor,
-         ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.Pow: operator.pow}
+_FOLD = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitXor: operator.xor,
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.Pow: operator.pow,
+}
 _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 Number = Union[int, float]
 # calls that clamp their argument at a constant: an indicator built of them flips where the argument meets it
@@ -43,8 +54,11 @@ class TooManyCompared(ValueError):
 
 
 def _module_constants(tree: ast.Module) -> Dict[str, ast.AST]:
-    return {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-            and isinstance(n.targets[0], ast.Name)}
+    return {
+        n.targets[0].id: n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+    }
 
 
 class _Folder:
@@ -94,13 +108,19 @@ def _solve(f: _Folder, expr: ast.AST, target: Number, depth: int = 0) -> List[Nu
     if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
         return _solve(f, expr.operand, -target, depth + 1)
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("int", "abs", "min", "max"):
-        return [v for a in expr.args if f.fold(a) is None for v in _solve(f, a, target, depth + 1)] + \
-            ([-target] if expr.func.id == "abs" else [])
+        return [v for a in expr.args if f.fold(a) is None for v in _solve(f, a, target, depth + 1)] + (
+            [-target] if expr.func.id == "abs" else []
+        )
     if not isinstance(expr, ast.BinOp):
         return [target]
     left, right = f.fold(expr.left), f.fold(expr.right)
-    if left is None and right is None and isinstance(expr.op, ast.Mult) \
-            and ast.dump(expr.left) == ast.dump(expr.right) and target >= 0:
+    if (
+        left is None
+        and right is None
+        and isinstance(expr.op, ast.Mult)
+        and ast.dump(expr.left) == ast.dump(expr.right)
+        and target >= 0
+    ):
         root = math.isqrt(int(target))  # `D * D == 36864`
         return _solve(f, expr.left, root, depth + 1) if root * root == target else []
     if (left is None) == (right is None):
@@ -169,8 +189,10 @@ def compared_values(source: str) -> List[int]:
                 divisors += [k - 1, k, k + 1]
     compared = _unique(v for v in solved + near + inner if 0 <= v <= LIMIT)
     if len(compared) > MAX_COMPARED:
-        raise TooManyCompared(f"the code compares sizes against {len(compared)} distinct values (at most "
-                              f"{MAX_COMPARED} are drawn): a kernel needs few, a cheat hides one among many")
+        raise TooManyCompared(
+            f"the code compares sizes against {len(compared)} distinct values (at most "
+            f"{MAX_COMPARED} are drawn): a kernel needs few, a cheat hides one among many"
+        )
     return _unique(list(compared) + [v for v in divisors if 0 <= v <= LIMIT])
 
 

@@ -4,6 +4,7 @@ The executor (the sandboxed process that imports a candidate) calls `execute_cal
 calls; the judge (checks.py) calls it directly for the trusted baseline. The benchmark child loads kernels with
 `load_module` and `baseline_fn` too. Nothing here decides a verdict.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -88,9 +89,20 @@ def _traced(recorder: Optional[BranchRecorder]):
         sys.settrace(None)
 
 
-def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.Tensor], path: str, *,
-                 device: str = "cpu", bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
-                 sentinel: int = 0, recorder: Optional[BranchRecorder] = None) -> RunResult:
+def execute_call(
+    fn: Callable,
+    args: Dict[str, Any],
+    readable: Dict[str, torch.Tensor],
+    path: str,
+    *,
+    device: str = "cpu",
+    bounds: bool = True,
+    order: str = "natural",
+    seed: int = 0,
+    fpsan: bool = False,
+    sentinel: int = 0,
+    recorder: Optional[BranchRecorder] = None,
+) -> RunResult:
     """Call fn on args under the interpreter hooks and the host-code guard (on a GPU: under the guard
     alone), in the process that holds fn; `recorder` (the executor's) records the host-code branches the call
     took. What it returns is evidence for the judge, not a verdict."""
@@ -112,8 +124,11 @@ def execute_call(fn: Callable, args: Dict[str, Any], readable: Dict[str, torch.T
         res.guard = list(guard.violations)
         res.launches = launches[0]
     else:
-        watched = [Watched(k, v, readable.get(k)) for k, v in tensors.items()] if bounds else \
-            [Watched(k, v, None) for k, v in tensors.items()]
+        watched = (
+            [Watched(k, v, readable.get(k)) for k, v in tensors.items()]
+            if bounds
+            else [Watched(k, v, None) for k, v in tensors.items()]
+        )
         guard = HostGuard(sentinel=sentinel)
         inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched, fresh=guard.fresh)
         try:
@@ -148,6 +163,7 @@ def _counting_launches(count: List[int], specs: List[str]):
     """On the device: count Triton launches and record their specialisations, and let the launcher's own torch
     calls past the host-code guard (in the interpreter, Instrumentation does all three)."""
     from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported
+
     original = JITFunction.run
 
     def run(self, *args, **kwargs):
@@ -156,12 +172,20 @@ def _counting_launches(count: List[int], specs: List[str]):
         traced = BranchRecorder.pause()  # Triton's launcher is not the candidate's host code
         try:
             params = getattr(self, "params", ())
-            specs.append(launch_spec(self.fn, [p.name for p in params if getattr(p, "is_constexpr", False)],
-                                     [p.name for p in params], args, kwargs))
+            specs.append(
+                launch_spec(
+                    self.fn,
+                    [p.name for p in params if getattr(p, "is_constexpr", False)],
+                    [p.name for p in params],
+                    args,
+                    kwargs,
+                )
+            )
             return original(self, *args, **kwargs)
         finally:
             BranchRecorder.resume(traced)
             GuardPause.depth -= 1
+
     JITFunction.run = run
     try:
         yield

@@ -10,6 +10,7 @@ the Triton interpreter (or on the GPU) and returns what it saw: the outputs, the
 and host-code violations, the number of launches, which inputs the call changed
 and what the sandbox refused. The judge decides; nothing the executor says is a verdict.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ PROTOCOL = 1
 
 # -- the sandboxed side -----------------------------------------------------------------------
 
+
 # long: the sandboxed child in order: enter the sandbox, import, arm the audit hook, serve calls
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser()
@@ -44,12 +46,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--skip-gate", action="store_true")
     ap.add_argument("--tool-ports", default="", help="FIRST-LAST: TCP ports of a wrapping tool's front end")
     args = ap.parse_args(argv)
-    limits = sandbox.Limits(memory_bytes=int(args.memory_gib * (1 << 30)) or None,
-                            cpu_seconds=args.cpu_seconds or None)
+    limits = sandbox.Limits(memory_bytes=int(args.memory_gib * (1 << 30)) or None, cpu_seconds=args.cpu_seconds or None)
     first, _, last = args.tool_ports.partition("-")
     tool_ports = range(int(first), int(last or first) + 1) if first else range(0)
-    prot = sandbox.enter(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), gpu=args.device == "cuda",
-                         limits=limits, tool_ports=tool_ports)
+    prot = sandbox.enter(
+        os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()),
+        gpu=args.device == "cuda",
+        limits=limits,
+        tool_ports=tool_ports,
+    )
     sock = socket.socket(fileno=args.fd)
     import torch  # noqa: F401 - the trusted imports happen before the hook is armed
 
@@ -58,6 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
     from .guard import HostGuard  # noqa: F401 - deferred: inside the sandbox
     from .static_gate import check_source  # deferred: inside the sandbox
+
     if args.device == "cpu":
         import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
     else:
@@ -67,6 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def evidence() -> List[str]:
         procs = sandbox.foreign_processes()
         return [f"the candidate started processes (pids {procs[:5]} in its namespace)"] if procs else []
+
     hello: Dict[str, Any] = {"protocol": PROTOCOL, "sandbox": prot.active, "missing": prot.missing}
     try:
         with open(args.file) as f:
@@ -109,8 +116,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         if cmd == "digests":
             outs = kept.get(wire.as_int(req.get("call"), -1))
-            wire.send(sock, {"digests": None if outs is None else
-                             [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]})
+            wire.send(
+                sock,
+                {
+                    "digests": None
+                    if outs is None
+                    else [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]
+                },
+            )
             continue
         if cmd == "coverage":  # the host-code branches taken and the specialisations launched, over all calls
             wire.send(sock, {"arcs": recorder.evidence()[:20000], "specs": list(specs)[:2000]})
@@ -120,41 +133,59 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         calls += 1
         call_args = _bind_tensors(req, tensors, cases, args.device)
-        readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]):]))
+        readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]) :]))
         opts = req.get("opts", {})
         res = execute_call(fn, call_args, readable, args.file, device=args.device, recorder=recorder, **opts)
         specs.update(dict.fromkeys(res.specs))
         outs = list(res.out) if isinstance(res.out, (tuple, list)) else [res.out]
         if req.get("keep"):
             kept[calls] = outs
-        out_tensors = [t.detach().cpu() if t.device.type != "cpu" else t.detach() for t in outs
-                       if isinstance(t, torch.Tensor)]
-        wire.send(sock, {
-            "call": calls, "error": res.error, "bounds": res.bounds[:5], "guard": res.guard[:5],
-            "launches": res.launches, "fpsan_unsupported": res.fpsan_unsupported[:5], "specs": res.specs[:50],
-            "outputs": [("tensor" if isinstance(t, torch.Tensor) else type(t).__name__) for t in outs]
-            if res.out is not None else None,
-            "tuple": isinstance(res.out, (tuple, list)),
-            "mutated": res.mutated[:10],
-            "violations": evidence()}, out_tensors)
+        out_tensors = [
+            t.detach().cpu() if t.device.type != "cpu" else t.detach() for t in outs if isinstance(t, torch.Tensor)
+        ]
+        wire.send(
+            sock,
+            {
+                "call": calls,
+                "error": res.error,
+                "bounds": res.bounds[:5],
+                "guard": res.guard[:5],
+                "launches": res.launches,
+                "fpsan_unsupported": res.fpsan_unsupported[:5],
+                "specs": res.specs[:50],
+                "outputs": [("tensor" if isinstance(t, torch.Tensor) else type(t).__name__) for t in outs]
+                if res.out is not None
+                else None,
+                "tuple": isinstance(res.out, (tuple, list)),
+                "mutated": res.mutated[:10],
+                "violations": evidence(),
+            },
+            out_tensors,
+        )
 
 
 def _signature(fn) -> List[List[Any]]:
-    return [[p.name, int(p.kind), p.default is not inspect.Parameter.empty] for p in
-            inspect.signature(fn).parameters.values()]
+    return [
+        [p.name, int(p.kind), p.default is not inspect.Parameter.empty]
+        for p in inspect.signature(fn).parameters.values()
+    ]
 
 
 def _bind_tensors(req, tensors, cases, device):
     """The call's arguments: a new case, or the same buffers again with the judge's new contents
     (the judge reuses a case's tensors exactly where it did in one process: recycled buffers)."""
     import torch  # deferred: the sandboxed side loads torch inside its sandbox (main)
+
     names = req["tensor_names"]
     case_id = str(req.get("case"))
-    fresh = dict(zip(names, tensors[:len(names)]))  # already on the device, in the judge's exact layout
+    fresh = dict(zip(names, tensors[: len(names)]))  # already on the device, in the judge's exact layout
     old = cases.get(case_id)
-    if old is not None and all(isinstance(old.get(n), torch.Tensor) and old[n].shape == fresh[n].shape and
-                               old[n].untyped_storage().nbytes() == fresh[n].untyped_storage().nbytes()
-                               for n in names):
+    if old is not None and all(
+        isinstance(old.get(n), torch.Tensor)
+        and old[n].shape == fresh[n].shape
+        and old[n].untyped_storage().nbytes() == fresh[n].untyped_storage().nbytes()
+        for n in names
+    ):
         for n in names:
             old[n].untyped_storage().copy_(fresh[n].untyped_storage())
         args = old
@@ -168,6 +199,7 @@ def _bind_tensors(req, tensors, cases, device):
 
 # -- the judge's side -------------------------------------------------------------------------
 
+
 class ExecutorError(Exception):
     """The executor died, broke the protocol or did not answer in time: a verdict, not an outage."""
 
@@ -179,9 +211,17 @@ class ExecutorError(Exception):
 class Executor:
     """A sandboxed executor for one candidate file, driven by the judge."""
 
-    def __init__(self, path: str, op: str, device: str = "cpu", deadline: Optional[float] = None,
-                 skip_gate: bool = False, wrapper: Sequence[str] = (), env_extra: Optional[Dict[str, str]] = None,
-                 tool_ports: Sequence[int] = ()):
+    def __init__(
+        self,
+        path: str,
+        op: str,
+        device: str = "cpu",
+        deadline: Optional[float] = None,
+        skip_gate: bool = False,
+        wrapper: Sequence[str] = (),
+        env_extra: Optional[Dict[str, str]] = None,
+        tool_ports: Sequence[int] = (),
+    ):
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
         self.scratch = sandbox.make_scratch("ka-exec-")
@@ -209,8 +249,21 @@ class Executor:
         else:
             env.pop("TRITON_INTERPRET", None)
         cpu_s = max(30, int(self.deadline - time.time()) + 30)
-        cmd = [sys.executable, "-m", "kernel_agent.sanitizer.executor", "--fd", str(child.fileno()),
-               "--op", op, "--file", self.file, "--device", device, "--cpu-seconds", str(cpu_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kernel_agent.sanitizer.executor",
+            "--fd",
+            str(child.fileno()),
+            "--op",
+            op,
+            "--file",
+            self.file,
+            "--device",
+            device,
+            "--cpu-seconds",
+            str(cpu_s),
+        ]
         if skip_gate:
             cmd.append("--skip-gate")
         if tool_ports:
@@ -219,8 +272,16 @@ class Executor:
             # the tool and the executor in namespaces of their own: the tool's ports on their loopback alone
             cmd = sandbox.tool_namespace_command(list(wrapper) + cmd)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, pass_fds=(child.fileno(),), start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=self.scratch,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(child.fileno(),),
+                start_new_session=True,
+            )
         child.close()
         self.calls = 0
         self.hello: Dict[str, Any] = {}
@@ -231,6 +292,7 @@ class Executor:
     def start(self) -> Dict[str, Any]:
         """Wait for the executor to import the candidate; its hello names the sandbox and the signature."""
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
         self.hello, _ = self._recv()
         self.violations = wire.strings(self.hello.get("violations"))
         return self.hello
@@ -239,6 +301,7 @@ class Executor:
         if self.proc.poll() is None:
             try:
                 from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
                 self.sock.settimeout(1.0)
                 wire.send(self.sock, {"cmd": "exit"})
                 self.proc.wait(timeout=2)
@@ -257,6 +320,7 @@ class Executor:
         """Ask the executor to exit and wait for it; (exit code or None, the tail of its output). For the
         tools that wrap it (compute-sanitizer reports when the process ends)."""
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
         try:
             self.sock.settimeout(5.0)
             wire.send(self.sock, {"cmd": "exit"})
@@ -303,6 +367,7 @@ class Executor:
     def _recv(self, max_payload: int = 1 << 20):
         """The executor's next message; `max_payload` bounds what the judge will allocate for it."""
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
         left = self.deadline - time.time()
         if left > 0:
             self.sock.settimeout(left)
@@ -322,6 +387,7 @@ class Executor:
 
     def _send(self, header, tensors=()):
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
         self.sock.settimeout(max(1.0, self.deadline - time.time()))
         try:
             wire.send(self.sock, header, tensors)
@@ -332,13 +398,24 @@ class Executor:
         self._send({"cmd": "reset"})
         self._recv()
 
-    def call(self, case, *, bounds: bool = True, order: str = "natural", seed: int = 0, fpsan: bool = False,
-             sentinel: int = 0, readable: Optional[Dict[str, Any]] = None, keep: bool = False):
+    def call(
+        self,
+        case,
+        *,
+        bounds: bool = True,
+        order: str = "natural",
+        seed: int = 0,
+        fpsan: bool = False,
+        sentinel: int = 0,
+        readable: Optional[Dict[str, Any]] = None,
+        keep: bool = False,
+    ):
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU)."""
         import torch  # deferred: as wire
 
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
         from .execution import RunResult  # deferred: execution loads torch, as wire
+
         if not hasattr(case, "_executor_id"):
             self._case_ids += 1
             case._executor_id = self._case_ids
@@ -346,10 +423,19 @@ class Executor:
         values = {k: v for k, v in case.args.items() if not isinstance(v, torch.Tensor)}
         readable = readable or {}
         payload = [v.cpu() for v in tensors.values()] + [m.cpu() for m in readable.values()]
-        self._send({"cmd": "call", "case": case._executor_id, "order": list(case.args), "tensor_names": list(tensors),
-                    "values": values, "readable": list(readable), "keep": keep,
-                    "opts": {"bounds": bounds, "order": order, "seed": seed, "fpsan": fpsan, "sentinel": sentinel}},
-                   payload)
+        self._send(
+            {
+                "cmd": "call",
+                "case": case._executor_id,
+                "order": list(case.args),
+                "tensor_names": list(tensors),
+                "values": values,
+                "readable": list(readable),
+                "keep": keep,
+                "opts": {"bounds": bounds, "order": order, "seed": seed, "fpsan": fpsan, "sentinel": sentinel},
+            },
+            payload,
+        )
         # outputs are never larger than a few times the inputs: a bigger answer is refused unread
         reply, outs = self._recv(max_payload=4 * sum(t.untyped_storage().nbytes() for t in payload) + (64 << 20))
         self.calls += 1
@@ -376,6 +462,7 @@ class Executor:
         """(arcs, specialisations): the host-code branches the candidate's calls took (branches.Arc lists) and
         the specialisations they launched, over every call so far. Evidence: the judge decides."""
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
         self._send({"cmd": "coverage"})
         reply, _ = self._recv()
         arcs = [a for a in (wire.optional_list(reply.get("arcs")) or []) if isinstance(a, list) and len(a) == 4]
@@ -383,6 +470,7 @@ class Executor:
 
     def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+
         self._send({"cmd": "digests", "call": handle})
         reply, _ = self._recv()
         return wire.optional_list(reply.get("digests"))

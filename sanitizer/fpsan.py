@@ -24,6 +24,7 @@ Decisions for what the algebra leaves open (documented in docs/SANITIZER.md as w
   * log, log2, sqrt, rsqrt, erf, floor, ceil, sin, cos, tanh become op-specific
     invertible tags; frem has no model (a kernel using it gets FpSan "skipped").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,8 +78,21 @@ def fmt(name: str) -> Format:
     om ^= om >> shift
     B_pos = _inverse(om, w) & mag
     B_neg = (B_pos * mag) & mag
-    return Format(name, w, one, S, mag, shift, A, _inverse(A, w - 1), om, B_pos, B_neg,
-                  _inverse(B_pos, w - 1), _inverse(B_neg, w - 1))
+    return Format(
+        name,
+        w,
+        one,
+        S,
+        mag,
+        shift,
+        A,
+        _inverse(A, w - 1),
+        om,
+        B_pos,
+        B_neg,
+        _inverse(B_pos, w - 1),
+        _inverse(B_neg, w - 1),
+    )
 
 
 def embed(bits: np.ndarray, f: Format) -> np.ndarray:
@@ -134,6 +148,7 @@ def payload_of(value: float, name: str) -> int:
 
 
 # -- ring operations on payloads (unsigned ints of width w, wrapping) --------------------
+
 
 def signed(p: np.ndarray, w: int) -> np.ndarray:
     return np.asarray(p, dtype=_UINT[w]).view(_INT[w])
@@ -217,10 +232,17 @@ def exp(x, f: Format):
 
 
 _TAG_SALT = {
-    "log": 0x9E3779B97F4A7C15, "log2": 0xC2B2AE3D27D4EB4F, "sqrt": 0x165667B19E3779F9,
-    "rsqrt": 0xD6E8FEB86659FD93, "erf": 0xFF51AFD7ED558CCD, "floor": 0xC4CEB9FE1A85EC53,
-    "ceil": 0x94D049BB133111EB, "sin": 0xBF58476D1CE4E5B9, "cos": 0x2545F4914F6CDD1D,
-    "tanh": 0x27D4EB2F165667C5, "exp2_fallback": 0x61C8864680B583EB,
+    "log": 0x9E3779B97F4A7C15,
+    "log2": 0xC2B2AE3D27D4EB4F,
+    "sqrt": 0x165667B19E3779F9,
+    "rsqrt": 0xD6E8FEB86659FD93,
+    "erf": 0xFF51AFD7ED558CCD,
+    "floor": 0xC4CEB9FE1A85EC53,
+    "ceil": 0x94D049BB133111EB,
+    "sin": 0xBF58476D1CE4E5B9,
+    "cos": 0x2545F4914F6CDD1D,
+    "tanh": 0x27D4EB2F165667C5,
+    "exp2_fallback": 0x61C8864680B583EB,
 }
 
 

@@ -17,6 +17,7 @@ As on the CPU, this process judges and the candidate runs in a sandboxed executo
 * determinism: repeated runs on the same inputs are bitwise identical (order-dependent
   float atomics fail here).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -87,8 +88,13 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
     worst = 0.0
     n = 0
     for i, (shape, dtype) in enumerate(_gpu_cases(op)):
-        case = op.make_case(shape, dtype, seed=subject.seed(200 + i), device=device,
-                            layout="strided" if i % 2 and shape in op.shapes("tiny") else "contiguous")
+        case = op.make_case(
+            shape,
+            dtype,
+            seed=subject.seed(200 + i),
+            device=device,
+            layout="strided" if i % 2 and shape in op.shapes("tiny") else "contiguous",
+        )
         big = shape in op.shapes("serving")
         ref = op.reference(case.args, torch.float32 if big else torch.float64)
         out = _call(subject, subject.fn, case)
@@ -101,8 +107,10 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
             err_b = op.output_error(outputs(base)[0], outputs(ref)[0])
             allowed = max(2.0 * err_b, op.tolerance(dtype).budget_floor)
             if err_c > allowed:
-                raise CheckFailed(f"error {err_c:.3g} exceeds the budget {allowed:.3g} (2x the baseline's "
-                                  f"{err_b:.3g}); reproduce: {case.describe()} (cuda)")
+                raise CheckFailed(
+                    f"error {err_c:.3g} exceeds the budget {allowed:.3g} (2x the baseline's "
+                    f"{err_b:.3g}); reproduce: {case.describe()} (cuda)"
+                )
             worst = max(worst, err_c / allowed)
             del base
         n += 1
@@ -112,9 +120,11 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
     _bf16_branches_taken(subject)
     # every specialisation a serving shape launches is compared with the reference here, whether or not the
     # interpreter ever ran it (the CPU verdict's host_branches check counts the ones it did)
-    return f"{cases_n(n)} on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) " \
-           f"match the reference; worst error {worst:.0%} of the budget; {len(subject.specs)} kernel " \
-           f"specialisation(s) launched, each checked against the reference"
+    return (
+        f"{cases_n(n)} on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) "
+        f"match the reference; worst error {worst:.0%} of the budget; {len(subject.specs)} kernel "
+        f"specialisation(s) launched, each checked against the reference"
+    )
 
 
 def _bf16_branches_taken(subject: Subject) -> None:
@@ -130,8 +140,10 @@ def _bf16_branches_taken(subject: Subject) -> None:
     arcs, _ = subject.fn.coverage()
     missing = [x for x in sides if x.key() not in taken(arcs, sides)]
     if missing:
-        raise CheckFailed(f"host code branches on bfloat16 and the device cases never took one side: "
-                          f"{missing[0].describe(subject.path)}")
+        raise CheckFailed(
+            f"host code branches on bfloat16 and the device cases never took one side: "
+            f"{missing[0].describe(subject.path)}"
+        )
 
 
 def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
@@ -143,8 +155,9 @@ def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
     # the domain's regions, then the sizes the code compares against that the interpreter cannot afford
     regions = op.domain().on("gpu") + [r for r in compared_regions(subject) if r.where == "gpu"]
     for i, region in enumerate(regions):
-        case = op.make_case(region.shape, torch.bfloat16, seed=subject.seed(500 + i), device=device,
-                            layout=region.layout)
+        case = op.make_case(
+            region.shape, torch.bfloat16, seed=subject.seed(500 + i), device=device, layout=region.layout
+        )
         ref = op.reference(case.args, torch.float32)
         out = _call(subject, subject.fn, case)
         cmp = op.compare(out, case.args, ref)
@@ -153,8 +166,9 @@ def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
         del case, ref, out
         subject.fn.reset()
         torch.cuda.empty_cache()
-    return f"correct on {len(regions)} region(s) of the contract's domain on the device: " + \
-        "; ".join(r.name for r in regions)
+    return f"correct on {len(regions)} region(s) of the contract's domain on the device: " + "; ".join(
+        r.name for r in regions
+    )
 
 
 def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) -> str:
@@ -168,8 +182,10 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
             d = first_difference(first, again)
             if d:
                 i, idx, a, b = d
-                raise CheckFailed(f"run {r + 2} differs from run 1 at {op.output_names[i]}{list(idx)} ({a} vs {b}): "
-                                  f"not bitwise deterministic; reproduce: {case.describe()} (cuda)")
+                raise CheckFailed(
+                    f"run {r + 2} differs from run 1 at {op.output_names[i]}{list(idx)} ({a} vs {b}): "
+                    f"not bitwise deterministic; reproduce: {case.describe()} (cuda)"
+                )
         del case, first
         subject.fn.reset()
         torch.cuda.empty_cache()
@@ -178,6 +194,7 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
 
 def _triton_version():
     import triton  # deferred: triton reads TRITON_INTERPRET when first imported; importing this module must not fix it
+
     return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
 
 
@@ -185,13 +202,29 @@ def _probe_cases(subject: Subject, limit: int = 0):
     """Small device cases for the tools that wrap a whole process (odd shapes, every dtype, strided)."""
     op = subject.op
     shapes = op.shapes("tiny")[: limit or None]
-    return [op.make_case(shape, GPU_DTYPES[i % 3], seed=subject.seed(400 + i), device="cuda",
-                         layout="strided" if i % 2 else "contiguous") for i, shape in enumerate(shapes)]
+    return [
+        op.make_case(
+            shape,
+            GPU_DTYPES[i % 3],
+            seed=subject.seed(400 + i),
+            device="cuda",
+            layout="strided" if i % 2 else "contiguous",
+        )
+        for i, shape in enumerate(shapes)
+    ]
 
 
 def _tool_executor(subject: Subject, path: str, wrapper=(), env=None, tool_ports=()) -> Executor:
-    ex = Executor(path, subject.op.name, "cuda", deadline=subject.deadline, skip_gate=subject.skip_gate,
-                  wrapper=wrapper, env_extra=env, tool_ports=tool_ports)
+    ex = Executor(
+        path,
+        subject.op.name,
+        "cuda",
+        deadline=subject.deadline,
+        skip_gate=subject.skip_gate,
+        wrapper=wrapper,
+        env_extra=env,
+        tool_ports=tool_ports,
+    )
     hello = ex.start()
     if hello.get("load_error"):
         ex.close()
@@ -201,9 +234,11 @@ def _tool_executor(subject: Subject, path: str, wrapper=(), env=None, tool_ports
 
 def check_native_fpsan(subject: Subject) -> str:
     import triton  # deferred: as in _triton_version
+
     if _triton_version() < (3, 8):
-        raise CheckSkipped(f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU "
-                    f"checks applies")
+        raise CheckSkipped(
+            f"Triton {triton.__version__} has no FpSan (it needs >= 3.8); the emulated FpSan of the CPU checks applies"
+        )
     env = {"TRITON_INSTRUMENTATION_MODE": "fpsan", "TRITON_FPSAN_HOMOMORPHIC_CASTS": "1"}
     cand = _tool_executor(subject, subject.path, env=env)
     base = _tool_executor(subject, inspect.getsourcefile(subject.baseline), env=env)  # type: ignore[arg-type]
@@ -214,8 +249,10 @@ def check_native_fpsan(subject: Subject) -> str:
                 raise CheckFailed(f"native FpSan run failed: {rc.problem()}; reproduce: {case.describe()} (cuda)")
             d = first_difference(rc.out, rb.out)
             if d:
-                return (f"not structurally equivalent under native FpSan: {subject.op.output_names[d[0]]}"
-                        f"{list(d[1])}: candidate {d[2]} vs baseline {d[3]} ({case.describe()})")
+                return (
+                    f"not structurally equivalent under native FpSan: {subject.op.output_names[d[0]]}"
+                    f"{list(d[1])}: candidate {d[2]} vs baseline {d[3]} ({case.describe()})"
+                )
     finally:
         cand.close()
         base.close()
@@ -223,8 +260,11 @@ def check_native_fpsan(subject: Subject) -> str:
 
 
 def find_compute_sanitizer() -> Optional[str]:
-    for cand in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer",
-                 "/usr/local/cuda/compute-sanitizer/compute-sanitizer"):
+    for cand in (
+        shutil.which("compute-sanitizer"),
+        "/usr/local/cuda/bin/compute-sanitizer",
+        "/usr/local/cuda/compute-sanitizer/compute-sanitizer",
+    ):
         if cand and os.path.exists(cand):
             return cand
     return None
@@ -240,14 +280,30 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     # the tool's front end talks to the process it wraps over TCP on loopback, on the first free port of
     # this range: the tool and the executor share a network namespace of their own (its loopback alone),
     # and the executor may connect to these ports alone
-    wrapper = [exe, "--tool", tool, "--error-exitcode", "97", "--print-limit", "5",
-               "--port", str(TOOL_PORT_BASE), "--max-connections", str(TOOL_PORT_COUNT)]
+    wrapper = [
+        exe,
+        "--tool",
+        tool,
+        "--error-exitcode",
+        "97",
+        "--print-limit",
+        "5",
+        "--port",
+        str(TOOL_PORT_BASE),
+        "--max-connections",
+        str(TOOL_PORT_COUNT),
+    ]
     if tool == "memcheck":
         wrapper += ["--leak-check", "no"]
     t0 = time.time()
     # three tiny shapes (one per dtype): the tools slow every launch by orders of magnitude
-    ex = _tool_executor(subject, subject.path, wrapper=wrapper, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
-                        tool_ports=range(TOOL_PORT_BASE, TOOL_PORT_BASE + TOOL_PORT_COUNT))
+    ex = _tool_executor(
+        subject,
+        subject.path,
+        wrapper=wrapper,
+        env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+        tool_ports=range(TOOL_PORT_BASE, TOOL_PORT_BASE + TOOL_PORT_COUNT),
+    )
     try:
         for case in _probe_cases(subject, limit=3):
             r = run_case(subject, ex, case, bounds=False)
@@ -262,13 +318,24 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
         ex.close()
     summary = re.search(r"ERROR SUMMARY: (\d+) error", text)
     if rc == 97 or (summary and int(summary.group(1)) > 0):
-        first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and (
-            "Invalid" in ln or "Uninitialized" in ln or "hazard" in ln.lower() or "Race" in ln)), "")
+        first = next(
+            (
+                ln.strip()
+                for ln in text.splitlines()
+                if ln.startswith("=========")
+                and ("Invalid" in ln or "Uninitialized" in ln or "hazard" in ln.lower() or "Race" in ln)
+            ),
+            "",
+        )
         raise CheckFailed(f"compute-sanitizer {tool}: {summary.group(0) if summary else 'errors'}; {first[:300]}")
     if rc != 0:
-        raise CheckFailed(f"the candidate's process under compute-sanitizer {tool} exited with {rc}: "
-                          f"{text.strip().splitlines()[-1][:300] if text.strip() else ''}")
-    return f"{summary.group(0) if summary else 'no errors'} on 3 tiny shapes (bf16, fp16, fp32; {time.time() - t0:.0f}s)"
+        raise CheckFailed(
+            f"the candidate's process under compute-sanitizer {tool} exited with {rc}: "
+            f"{text.strip().splitlines()[-1][:300] if text.strip() else ''}"
+        )
+    return (
+        f"{summary.group(0) if summary else 'no errors'} on 3 tiny shapes (bf16, fp16, fp32; {time.time() - t0:.0f}s)"
+    )
 
 
 GPU_CHECKS = [
@@ -283,10 +350,17 @@ GPU_CHECKS = [
 GPU_CHECK_NAMES = [n for n, _ in GPU_CHECKS]
 
 
-def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutcome], None]] = None,
-                 on_start: Optional[Callable[[str], None]] = None, only: Optional[List[str]] = None,
-                 seed_base: int = 0, deadline: Optional[float] = None, skip_gate: bool = False,
-                 before_gpu: Optional[Callable[[], object]] = None) -> Verdict:
+def sanitize_gpu(
+    path: str,
+    op_name: str,
+    on_check: Optional[Callable[[CheckOutcome], None]] = None,
+    on_start: Optional[Callable[[str], None]] = None,
+    only: Optional[List[str]] = None,
+    seed_base: int = 0,
+    deadline: Optional[float] = None,
+    skip_gate: bool = False,
+    before_gpu: Optional[Callable[[], object]] = None,
+) -> Verdict:
     """The GPU checks: judged here, with the candidate in a sandboxed executor on the device.
     `before_gpu`: called once, after the static gate and the load (which need no GPU) and before the
     first check that runs on the device (a gated child waits there for its GPU lease)."""
@@ -294,8 +368,9 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
     with open(path, "rb") as f:  # bytes: the gate judges how Python would read them
         source = f.read()
     deadline = deadline or time.time() + 900
-    subject = Subject(op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base,
-                      skip_gate=skip_gate)
+    subject = Subject(
+        op, os.path.abspath(path), source, baseline=baseline_fn(op_name), seed_base=seed_base, skip_gate=skip_gate
+    )
     subject.deadline = deadline
     verdict = Verdict(path, op_name, "gpu")
     t_all = time.time()
@@ -327,8 +402,9 @@ def sanitize_gpu(path: str, op_name: str, on_check: Optional[Callable[[CheckOutc
                 except ExecutorError as e:
                     outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
                 except Exception as e:  # noqa: BLE001
-                    outcome = CheckOutcome(name, CheckStatus.FAILED, describe_exception(e, subject.path),
-                                           time.time() - t0)
+                    outcome = CheckOutcome(
+                        name, CheckStatus.FAILED, describe_exception(e, subject.path), time.time() - t0
+                    )
                 failed = failed or outcome.status == CheckStatus.FAILED
             verdict.checks.append(outcome)
             if on_check:

@@ -9,6 +9,7 @@ GuardViolation: torch.matmul, .sum(), a copy made by .contiguous() or .reshape()
 read-back with .item(). While a Triton launch runs, the interpreter's own torch calls
 are not the candidate's and pass (interp.GuardPause).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,27 +21,75 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from .interp import GuardPause
 
 METADATA = {
-    "torch.Tensor.shape.__get__", "torch.Tensor.dtype.__get__", "torch.Tensor.device.__get__",
-    "torch.Tensor.ndim.__get__", "torch.Tensor.is_cuda.__get__", "torch.Tensor.layout.__get__",
-    "torch.Tensor.size", "torch.Tensor.stride", "torch.Tensor.dim", "torch.Tensor.ndimension", "torch.Tensor.numel",
-    "torch.Tensor.nelement", "torch.Tensor.is_contiguous", "torch.Tensor.element_size",
-    "torch.Tensor.storage_offset", "torch.Tensor.__len__", "torch.Tensor.nbytes.__get__",
-    "torch.Tensor.itemsize.__get__", "torch.Tensor.get_device", "torch.Tensor.is_floating_point",
-    "torch.is_tensor", "torch.Tensor.requires_grad.__get__", "torch.Tensor.is_leaf.__get__",
+    "torch.Tensor.shape.__get__",
+    "torch.Tensor.dtype.__get__",
+    "torch.Tensor.device.__get__",
+    "torch.Tensor.ndim.__get__",
+    "torch.Tensor.is_cuda.__get__",
+    "torch.Tensor.layout.__get__",
+    "torch.Tensor.size",
+    "torch.Tensor.stride",
+    "torch.Tensor.dim",
+    "torch.Tensor.ndimension",
+    "torch.Tensor.numel",
+    "torch.Tensor.nelement",
+    "torch.Tensor.is_contiguous",
+    "torch.Tensor.element_size",
+    "torch.Tensor.storage_offset",
+    "torch.Tensor.__len__",
+    "torch.Tensor.nbytes.__get__",
+    "torch.Tensor.itemsize.__get__",
+    "torch.Tensor.get_device",
+    "torch.Tensor.is_floating_point",
+    "torch.is_tensor",
+    "torch.Tensor.requires_grad.__get__",
+    "torch.Tensor.is_leaf.__get__",
     "torch.Tensor.data_ptr",  # Triton's launcher reads it; the static gate keeps it out of candidates
     "torch.Tensor.__hash__",  # identity hashing inside Triton's argument handling
 }
-ALLOCATORS = {"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.Tensor.new_empty",
-              "torch.Tensor.new_empty_strided"}
+ALLOCATORS = {
+    "torch.empty",
+    "torch.empty_like",
+    "torch.empty_strided",
+    "torch.Tensor.new_empty",
+    "torch.Tensor.new_empty_strided",
+}
 VIEWS = {
-    "torch.Tensor.view", "torch.Tensor.view_as", "torch.Tensor.reshape", "torch.Tensor.reshape_as",
-    "torch.Tensor.transpose", "torch.Tensor.permute", "torch.Tensor.t", "torch.Tensor.T.__get__",
-    "torch.Tensor.mT.__get__", "torch.Tensor.unsqueeze", "torch.Tensor.squeeze", "torch.Tensor.expand",
-    "torch.Tensor.expand_as", "torch.Tensor.as_strided", "torch.Tensor.__getitem__", "torch.Tensor.select",
-    "torch.Tensor.narrow", "torch.Tensor.flatten", "torch.Tensor.unflatten", "torch.Tensor.movedim",
-    "torch.Tensor.split", "torch.Tensor.chunk", "torch.Tensor.unbind", "torch.Tensor.contiguous",
-    "torch.Tensor.swapaxes", "torch.Tensor.swapdims", "torch.transpose", "torch.permute", "torch.reshape",
-    "torch.squeeze", "torch.unsqueeze", "torch.as_strided", "torch.narrow", "torch.flatten", "torch.select",
+    "torch.Tensor.view",
+    "torch.Tensor.view_as",
+    "torch.Tensor.reshape",
+    "torch.Tensor.reshape_as",
+    "torch.Tensor.transpose",
+    "torch.Tensor.permute",
+    "torch.Tensor.t",
+    "torch.Tensor.T.__get__",
+    "torch.Tensor.mT.__get__",
+    "torch.Tensor.unsqueeze",
+    "torch.Tensor.squeeze",
+    "torch.Tensor.expand",
+    "torch.Tensor.expand_as",
+    "torch.Tensor.as_strided",
+    "torch.Tensor.__getitem__",
+    "torch.Tensor.select",
+    "torch.Tensor.narrow",
+    "torch.Tensor.flatten",
+    "torch.Tensor.unflatten",
+    "torch.Tensor.movedim",
+    "torch.Tensor.split",
+    "torch.Tensor.chunk",
+    "torch.Tensor.unbind",
+    "torch.Tensor.contiguous",
+    "torch.Tensor.swapaxes",
+    "torch.Tensor.swapdims",
+    "torch.transpose",
+    "torch.permute",
+    "torch.reshape",
+    "torch.squeeze",
+    "torch.unsqueeze",
+    "torch.as_strided",
+    "torch.narrow",
+    "torch.flatten",
+    "torch.select",
 }
 
 
@@ -92,11 +141,15 @@ class HostGuard(TorchFunctionMode):
             sources = {t.untyped_storage().data_ptr() for t in _tensors(args) + _tensors(list(kwargs.values()))}
             for t in _tensors([out]):
                 if t.untyped_storage().data_ptr() not in sources:
-                    self._violate(f"`{_short(name)}` copied tensor data (host code may only make views; "
-                                  f"pass strides to the kernel instead)")
+                    self._violate(
+                        f"`{_short(name)}` copied tensor data (host code may only make views; "
+                        f"pass strides to the kernel instead)"
+                    )
             return out
-        self._violate(f"`{_short(name)}` was called on tensor data in host code (a candidate may only allocate "
-                      f"with torch.empty*, read shapes and make views)")
+        self._violate(
+            f"`{_short(name)}` was called on tensor data in host code (a candidate may only allocate "
+            f"with torch.empty*, read shapes and make views)"
+        )
 
     def _violate(self, msg: str):
         self.violations.append(msg)

@@ -19,6 +19,7 @@ there. `Instrumentation` patches the interpreter's builder while a candidate run
 
 Also recorded: which kernels were launched (name and source file) and how many times.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,6 +41,7 @@ def _interpreter():
     global _interp
     if _interp is None:
         import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported
+
         _interp = interp
     return _interp
 
@@ -135,9 +137,9 @@ class _Region:
     def _mark(t: torch.Tensor, readable, read: np.ndarray, write: Optional[np.ndarray]):
         if readable is None and t.is_contiguous():
             lo = t.storage_offset()
-            read[lo:lo + t.numel()] = True
+            read[lo : lo + t.numel()] = True
             if write is not None:
-                write[lo:lo + t.numel()] = True
+                write[lo : lo + t.numel()] = True
             return
         idx = _element_indices(t)
         if readable is not None:
@@ -213,8 +215,9 @@ class Instrumentation:
             if base in watched_ptrs:
                 continue  # a view of an input: the input's own rules apply
             r = regions.setdefault(base, _Region(base, nbytes, f"buffer #{i}"))
-            r.add_view(t, None, True, f"kernel argument {i} (a {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} "
-                                      f"buffer)")
+            r.add_view(
+                t, None, True, f"kernel argument {i} (a {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} buffer)"
+            )
         self._regions = sorted(regions.values(), key=lambda r: r.base)
         self._starts = np.array([r.base for r in self._regions], dtype=np.uint64)
         # once per launch, not per access: host code allocates before it launches
@@ -248,8 +251,11 @@ class Instrumentation:
                 if beyond.any():
                     j = int(np.argmax(beyond))
                     nearest = r.views[0][3]
-                    self._fail(kind, f"{int(off[j]) + esize - r.nbytes} bytes past the end of the allocation of "
-                                     f"{nearest} (or in memory no argument owns)")
+                    self._fail(
+                        kind,
+                        f"{int(off[j]) + esize - r.nbytes} bytes past the end of the allocation of "
+                        f"{nearest} (or in memory no argument owns)",
+                    )
                 misaligned = off % esize != 0
                 if misaligned.any():
                     j = int(np.argmax(misaligned))
@@ -281,9 +287,13 @@ class Instrumentation:
         unset = ~written[idx]
         if unset.any():
             at = int(idx[int(np.argmax(unset))])
-            self._fail(kind, f"byte {at} of {r.views[0][3]}, which this call allocated and no kernel of it stored "
-                             f"before (its contents are whatever the allocator left, so a kernel can keep state there "
-                             f"from call to call)", title="uninitialised")
+            self._fail(
+                kind,
+                f"byte {at} of {r.views[0][3]}, which this call allocated and no kernel of it stored "
+                f"before (its contents are whatever the allocator left, so a kernel can keep state there "
+                f"from call to call)",
+                title="uninitialised",
+            )
         if kind == "atomic":
             written[idx] = True
 
@@ -315,8 +325,15 @@ class Instrumentation:
             launch["langs"] = set()
             traced = BranchRecorder.pause()  # the interpreter's Python is not the candidate's host code
             try:
-                inst.specs.append(launch_spec(executor.fn, getattr(executor, "constexprs", ()),
-                                              getattr(executor, "arg_names", None), args, kwargs))
+                inst.specs.append(
+                    launch_spec(
+                        executor.fn,
+                        getattr(executor, "constexprs", ()),
+                        getattr(executor, "arg_names", None),
+                        args,
+                        kwargs,
+                    )
+                )
                 inst._begin_launch(executor.fn, args, kwargs)
                 return orig_call(executor, *args, **kwargs)
             finally:
@@ -333,8 +350,11 @@ class Instrumentation:
         orig_patch_lang = interp._patch_lang
 
         def patch_lang(fn):
-            langs = {id(v) for v in fn.__globals__.values()
-                     if isinstance(v, types.ModuleType) and (v is interp.tl or v is interp.tl.core)}
+            langs = {
+                id(v)
+                for v in fn.__globals__.values()
+                if isinstance(v, types.ModuleType) and (v is interp.tl or v is interp.tl.core)
+            }
             done = launch["langs"]
             if done and langs and langs <= done:
                 return _NothingToRestore()
@@ -426,8 +446,6 @@ class Instrumentation:
             self._starts = None
 
 
-
-
 def _esize(ptrs) -> int:
     ety = ptrs.get_element_ty()
     return max(1, ety.primitive_bitwidth // 8)
@@ -451,8 +469,10 @@ def _tensors_in(values: Iterable[Any]) -> List[torch.Tensor]:
 
 # -- FpSan in the interpreter ------------------------------------------------------------
 
+
 def _fmt_of(tt) -> Optional[F.Format]:
     import triton.language as tl  # deferred: as in _interpreter
+
     s = tt.scalar if hasattr(tt, "scalar") else tt
     if s == tl.float16:
         return F.fmt("fp16")
@@ -486,6 +506,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
     interp = _interpreter()
     TH = interp.TensorHandle
     import triton.language as tl  # deferred: as in _interpreter
+
     cls = type(builder)
 
     def wrap(payload, f, tt):
@@ -500,6 +521,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
             if f is None:
                 return original(builder, lhs, rhs)
             return wrap(op(_payload(lhs, f), _payload(rhs, f), f.w), f, lhs.dtype)
+
         return impl
 
     def unary(op, original):
@@ -511,6 +533,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
             if f is None:
                 return original(builder, arg)
             return wrap(op(_payload(arg, f), f), f, arg.dtype)
+
         return impl
 
     def compare(op):
@@ -519,12 +542,14 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
             a = F.signed(_payload(lhs, f), f.w)
             b = F.signed(_payload(rhs, f), f.w)
             return TH(op(a, b), tl.int1)
+
         return impl
 
     def unsupported(name):
         def impl(*args, **kwargs):
             inst.fpsan_unsupported.append(name)
             raise F.FpSanUnsupported(f"FpSan has no model for {name}")
+
         return impl
 
     m = lambda name: getattr(cls, name, None)  # noqa: E731 - methods differ between Triton versions
@@ -545,13 +570,27 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
         "create_exp": unary(lambda p, f: F.exp(p, f), m("create_exp")),
         "create_exp2": unary(lambda p, f: F.exp2(p, f.w), m("create_exp2")),
     }
-    for name, tagname in (("create_log", "log"), ("create_log2", "log2"), ("create_sqrt", "sqrt"),
-                          ("create_precise_sqrt", "sqrt"), ("create_rsqrt", "rsqrt"), ("create_erf", "erf"),
-                          ("create_floor", "floor"), ("create_ceil", "ceil"), ("create_sin", "sin"),
-                          ("create_cos", "cos")):
+    for name, tagname in (
+        ("create_log", "log"),
+        ("create_log2", "log2"),
+        ("create_sqrt", "sqrt"),
+        ("create_precise_sqrt", "sqrt"),
+        ("create_rsqrt", "rsqrt"),
+        ("create_erf", "erf"),
+        ("create_floor", "floor"),
+        ("create_ceil", "ceil"),
+        ("create_sin", "sin"),
+        ("create_cos", "cos"),
+    ):
         ops[name] = unary(lambda p, f, t=tagname: F.tag(p, t, f.w), m(name))
-    cmp_ops = {"OLT": np.less, "OGT": np.greater, "OLE": np.less_equal, "OGE": np.greater_equal,
-               "OEQ": np.equal, "ONE": np.not_equal}
+    cmp_ops = {
+        "OLT": np.less,
+        "OGT": np.greater,
+        "OLE": np.less_equal,
+        "OGE": np.greater_equal,
+        "OEQ": np.equal,
+        "ONE": np.not_equal,
+    }
     for suffix, op in cmp_ops.items():
         ops[f"create_fcmp{suffix}"] = compare(op)
         ops[f"create_fcmpU{suffix[1:]}"] = compare(op)
@@ -578,6 +617,7 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
             data = np.asarray(src.data)
             wide = data.astype(np.int64).astype(np.uint64) if signed_src else data.astype(np.uint64)
             return wrap(wide.astype(F._UINT[fd.w]), fd, dst_type)
+
         return impl
 
     def float_to_int(src, dst_type):
@@ -593,18 +633,20 @@ def _fpsan_builder_ops(builder, inst: Instrumentation):
         res = F.dot(_payload(a, fa), _payload(b, fb), _payload(d, fd), fa.w, fb.w, fd.w)
         return wrap(res, fd, d.dtype)
 
-    ops.update({
-        "create_fma": fma,
-        "create_clampf": clampf,
-        "create_fp_to_fp": cast_float,
-        "create_fp_ext": cast_float,
-        "create_fp_trunc": cast_float,
-        "create_si_to_fp": int_to_float(True),
-        "create_ui_to_fp": int_to_float(False),
-        "create_fp_to_si": float_to_int,
-        "create_fp_to_ui": float_to_int,
-        "create_dot": dot,
-    })
+    ops.update(
+        {
+            "create_fma": fma,
+            "create_clampf": clampf,
+            "create_fp_to_fp": cast_float,
+            "create_fp_ext": cast_float,
+            "create_fp_trunc": cast_float,
+            "create_si_to_fp": int_to_float(True),
+            "create_ui_to_fp": int_to_float(False),
+            "create_fp_to_si": float_to_int,
+            "create_fp_to_ui": float_to_int,
+            "create_dot": dot,
+        }
+    )
     return {k: v for k, v in ops.items() if v is not None}
 
 
@@ -658,6 +700,7 @@ def _fpsan_reduce_ops(interp):
             val = self.to_tensor(F.unembed(np.asarray(v).view(F._UINT[f.w]), f).view(_NP_FLOAT[f.name]), inp.dtype)
         if idx_reduce_op is not None:
             import triton.language as tl  # deferred: as in _interpreter
+
             i = (np.argmax if is_max else np.argmin)(s, axis=self.axis, keepdims=self.keep_dims)
             idx = self.to_tensor(i, tl.int32)
         if val is not None and idx is not None:

@@ -6,6 +6,7 @@ or when this process is interrupted. `stop_all` is the hard stop of a run's dead
 `resume_starting`, and every running one is killed. The sanitizer runner, the benchmark worker and the loop's
 placement use this module; what a child may do once started is the sandbox's business (sandbox.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,9 @@ def signal_name(code: int) -> str:
 LOG_TAIL = 64 << 10
 
 
-def run_tracked(cmd: Sequence[str], timeout_s: float, env: Optional[dict] = None,
-                cwd: Optional[str] = None) -> Tuple[Optional[int], str]:
+def run_tracked(
+    cmd: Sequence[str], timeout_s: float, env: Optional[dict] = None, cwd: Optional[str] = None
+) -> Tuple[Optional[int], str]:
     """Run a child in a session of its own, killed (with its whole group) at the time limit or when
     this process is interrupted; tracked so that `kill_all` reaches it from any thread. Its output goes
     to a file, not a pipe, so a grandchild that keeps the output open cannot hold this call, and every
@@ -66,8 +68,15 @@ def run_tracked(cmd: Sequence[str], timeout_s: float, env: Optional[dict] = None
         with _live_lock:  # checked and registered under the lock, so `kill_all` cannot miss a child
             if _stopping.is_set():
                 raise ChildProcessError("interrupted: no new child is started")
-            proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                list(cmd),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             _live.add(proc)
         timed_out = False
         try:

@@ -13,6 +13,7 @@ keeps the GPU's leases). The waiting is done by the trusted code of the child (t
 benchmark worker before it times); a candidate's own code reaches the GPU only through calls that code
 makes inside a granted phase.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,9 @@ def wait_for_grant(phase: str, poll_s: float = 0.005) -> float:
     return time.time() - t0
 
 
-def run_gated(cmd: Sequence[str], timeout_s: float, env: dict, cwd: str,
-              on_ready: OnReady) -> Tuple[Optional[int], str]:
+def run_gated(
+    cmd: Sequence[str], timeout_s: float, env: dict, cwd: str, on_ready: OnReady
+) -> Tuple[Optional[int], str]:
     """(parent side) `isolation.run_tracked`, with a watcher that answers the child's requests in `cwd`
     through `on_ready`. The watcher has ended when this returns, so the caller's lease bookkeeping
     sees every grant that happened. A refused phase leaves the child waiting until its time limit, or

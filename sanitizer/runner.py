@@ -6,6 +6,7 @@ sandboxed executor of its own (executor.py, sandbox.py). A crash (segfault, abor
 fault), a hang or a runaway allocation becomes a failed verdict that names the check
 that was running, never an outage of the caller; a verdict that lacks a check fails.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,18 +28,28 @@ def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str
     """The checks a complete verdict of this mode holds (a verdict missing one fails)."""
     if mode == "gpu":
         from .gpu import GPU_CHECK_NAMES  # keeps the CLI's startup light: the GPU checks load torch
+
         names = ["static_gate", "load"] + [n for n in GPU_CHECK_NAMES if not only or n in only]
     else:
         from .checks import CHECK_NAMES  # keeps the CLI's startup light: the checks load torch
+
         names = [n for n in CHECK_NAMES if not only or n in only or n in ("static_gate", "load")]
     return names
 
 
 # long: one judged file in order: start the judge, wait, read its verdict, or say how the child died
-def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[float] = None,
-                 keep_going: bool = False, env: Optional[dict] = None,
-                 checks: Optional[Sequence[str]] = None, seed: Optional[int] = None,
-                 skip_gate: bool = False, on_ready: Optional[OnReady] = None) -> Verdict:
+def run_isolated(
+    path: str,
+    op: str,
+    mode: str = "full",
+    timeout_s: Optional[float] = None,
+    keep_going: bool = False,
+    env: Optional[dict] = None,
+    checks: Optional[Sequence[str]] = None,
+    seed: Optional[int] = None,
+    skip_gate: bool = False,
+    on_ready: Optional[OnReady] = None,
+) -> Verdict:
     """Judge one file in a child process (the judge, which runs the candidate in a sandboxed executor of
     its own); always returns a Verdict. `env`: variables for the children on top of the allowlist (e.g.
     the GPU they may see). `seed`: the inputs' seed base (default: a secret one per call). `skip_gate`:
@@ -51,8 +62,21 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         out = os.path.join(tmp, "verdict.json")
         t0 = time.time()
         # the judge's own deadline leaves it time to write the verdict before this process kills it
-        cmd = [sys.executable, "-m", "kernel_agent.sanitizer.worker", "--op", op, "--file", path, "--mode", mode,
-               "--out", out, "--deadline", f"{t0 + max(5.0, timeout_s - 5.0):.3f}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kernel_agent.sanitizer.worker",
+            "--op",
+            op,
+            "--file",
+            path,
+            "--mode",
+            mode,
+            "--out",
+            out,
+            "--deadline",
+            f"{t0 + max(5.0, timeout_s - 5.0):.3f}",
+        ]
         if keep_going:
             cmd.append("--keep-going")
         if checks:
@@ -86,8 +110,9 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
         v.file = path
         missing = [n for n in expected_checks(mode, checks) if n not in {c.name for c in v.checks}]
         if missing:  # a verdict is complete only with every check of its mode, run, skipped or failed
-            v.checks.append(CheckOutcome("verdict", CheckStatus.FAILED,
-                                         f"incomplete verdict: no result for {', '.join(missing)}"))
+            v.checks.append(
+                CheckOutcome("verdict", CheckStatus.FAILED, f"incomplete verdict: no result for {', '.join(missing)}")
+            )
         return v
     v = Verdict(path, op, mode, duration_s=elapsed)
     running = None
@@ -110,10 +135,19 @@ def run_isolated(path: str, op: str, mode: str = "full", timeout_s: Optional[flo
     return v
 
 
-def run_many(paths: Sequence[str], op: str, mode: str = "full", jobs: int = 1, timeout_s: Optional[float] = None,
-             keep_going: bool = False, on_done: Optional[Callable[[Verdict], None]] = None,
-             checks: Optional[Sequence[str]] = None, seed: Optional[int] = None) -> List[Verdict]:
+def run_many(
+    paths: Sequence[str],
+    op: str,
+    mode: str = "full",
+    jobs: int = 1,
+    timeout_s: Optional[float] = None,
+    keep_going: bool = False,
+    on_done: Optional[Callable[[Verdict], None]] = None,
+    checks: Optional[Sequence[str]] = None,
+    seed: Optional[int] = None,
+) -> List[Verdict]:
     """Sanitize several files, `jobs` processes at a time; results in input order."""
+
     def one(p: str) -> Verdict:
         v = run_isolated(p, op, mode, timeout_s, keep_going, checks=checks, seed=seed)
         if on_done:

@@ -41,6 +41,7 @@ network and PID namespace instead of making its own, and may connect to the tool
 Each layer that the host cannot provide is reported as missing (`Protections.missing`),
 never silently assumed. `kernel-agent sanitize --sandbox` prints what this host gives.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -66,12 +67,34 @@ NOBODY = 65534
 # What a child may inherit: locale, paths to the interpreter and libraries, the GPU it may use,
 # thread counts. Everything else (OPENAI_API_KEY, tokens, cloud credentials, ...) is dropped.
 ENV_ALLOWED = (
-    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
-    "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES", "TRITON_INTERPRET", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH",
-    "TRITON_INSTRUMENTATION_MODE", "TRITON_FPSAN_HOMOMORPHIC_CASTS", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-    "TORCH_CUDA_ARCH_LIST", "CC",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "TRITON_INTERPRET",
+    "TRITON_PTXAS_PATH",
+    "TRITON_LIBCUDA_PATH",
+    "TRITON_INSTRUMENTATION_MODE",
+    "TRITON_FPSAN_HOMOMORPHIC_CASTS",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "TORCH_CUDA_ARCH_LIST",
+    "CC",
 )
 # Variable names that are never passed on, even if a caller adds them to the allowlist.
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
@@ -90,9 +113,27 @@ LL_READ_FILE, LL_READ_DIR = 1 << 2, 1 << 3
 # What a CPU run may read besides the interpreter, its libraries and the package: system libraries and
 # the few files the C library and Python read at start-up. Secrets elsewhere (keys in a home
 # directory, a .netrc, the ledger) are out of reach.
-READABLE_SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/dev", "/proc", "/sys", "/etc/ld.so.cache",
-                   "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd", "/etc/group",
-                   "/etc/nsswitch.conf", "/etc/os-release", "/etc/python3", "/etc/python3.11")
+READABLE_SYSTEM = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/os-release",
+    "/etc/python3",
+    "/etc/python3.11",
+)
 PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels")
 # What a GPU run may read on top of what a CPU run may. Most of what CUDA, torch and Triton read is already
 # there: the interpreter's prefixes and site-packages (torch, triton with its ptxas and libdevice, the
@@ -110,11 +151,17 @@ GPU_READABLE = (
     ("env:LD_LIBRARY_PATH", "where the loader finds libcuda and the CUDA libraries (containers: /usr/local/nvidia)"),
     ("env:CUDA_INJECTION64_PATH", "the library compute-sanitizer injects into the process it wraps"),
     ("env:LD_PRELOAD", "libraries a wrapping tool preloads"),
-    ("env:KA_SANDBOX_TOOL_DIR", "the wrapping tool's installation, whose libraries it loads into the process "
-     "(compute-sanitizer outside /usr); set by tool_namespace_main"),
+    (
+        "env:KA_SANDBOX_TOOL_DIR",
+        "the wrapping tool's installation, whose libraries it loads into the process "
+        "(compute-sanitizer outside /usr); set by tool_namespace_main",
+    ),
     ("ld.so.conf", "the loader's configured folders, where libcuda may lie outside /usr (an /opt driver)"),
-    ("compiler", "the C compiler Triton builds its launchers with (CC, else gcc, cc or clang on PATH), where it is "
-     "installed outside /usr (an /opt toolchain): its prefix, for its driver, cc1, headers and libraries"),
+    (
+        "compiler",
+        "the C compiler Triton builds its launchers with (CC, else gcc, cc or clang on PATH), where it is "
+        "installed outside /usr (an /opt toolchain): its prefix, for its driver, cc1, headers and libraries",
+    ),
     ("/etc/hosts", "the name `localhost`, by which a wrapping tool's injected library may reach its front end"),
     ("/etc/host.conf", "the same lookup's configuration"),
     ("/etc/gai.conf", "the same lookup's address order"),
@@ -137,8 +184,21 @@ LANDLOCK_RULE_NET_PORT = 2
 # Device files a run writes to: /dev/null and friends, and the NVIDIA driver's nodes on a GPU.
 WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random")
 # Executables Triton runs on a GPU to compile a kernel and its launcher.
-GPU_TOOLS = ("ptxas", "ptxas-blackwell", "nvdisasm", "cuobjdump", "gcc", "cc", "clang", "x86_64-linux-gnu-gcc", "ldconfig",
-             "ldconfig.real", "nvidia-smi", "nvcc", "file")
+GPU_TOOLS = (
+    "ptxas",
+    "ptxas-blackwell",
+    "nvdisasm",
+    "cuobjdump",
+    "gcc",
+    "cc",
+    "clang",
+    "x86_64-linux-gnu-gcc",
+    "ldconfig",
+    "ldconfig.real",
+    "nvidia-smi",
+    "nvcc",
+    "file",
+)
 
 
 @dataclass
@@ -146,10 +206,10 @@ class Limits:
     """Resource limits of a sandboxed child (None: not limited)."""
 
     memory_bytes: Optional[int] = 8 << 30  # address space; None on a GPU (CUDA reserves huge ranges)
-    cpu_seconds: Optional[int] = None      # set from the wall-clock limit by the parent
+    cpu_seconds: Optional[int] = None  # set from the wall-clock limit by the parent
     file_bytes: int = 1 << 30
     open_files: int = 1024
-    processes: int = 512                   # threads count too; not enforced by the kernel for uid 0
+    processes: int = 512  # threads count too; not enforced by the kernel for uid 0
 
 
 @dataclass
@@ -166,16 +226,29 @@ class Protections:
         return text
 
 
-def child_env(scratch: str, extra: Optional[Dict[str, str]] = None, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def child_env(
+    scratch: str, extra: Optional[Dict[str, str]] = None, base: Optional[Dict[str, str]] = None
+) -> Dict[str, str]:
     """The environment of a sandboxed child: an allowlist of the parent's variables, with HOME, TMPDIR
     and the caches pointed into its scratch directory. Names that look like secrets never pass."""
     src = os.environ if base is None else base
     env = {k: v for k, v in src.items() if k in ENV_ALLOWED and not _looks_secret(k)}
-    env.update({"HOME": scratch, "TMPDIR": scratch, "TMP": scratch, "TEMP": scratch,
-                "TRITON_CACHE_DIR": os.path.join(scratch, ".triton"), "TRITON_HOME": scratch,
-                "XDG_CACHE_HOME": os.path.join(scratch, ".cache"), "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1", "KA_SANDBOX_SCRATCH": scratch,
-                "KA_SANDBOX_IDENTITY": identity_plan()})
+    env.update(
+        {
+            "HOME": scratch,
+            "TMPDIR": scratch,
+            "TMP": scratch,
+            "TEMP": scratch,
+            "TRITON_CACHE_DIR": os.path.join(scratch, ".triton"),
+            "TRITON_HOME": scratch,
+            "XDG_CACHE_HOME": os.path.join(scratch, ".cache"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONNOUSERSITE": "1",
+            "KA_SANDBOX_SCRATCH": scratch,
+            "KA_SANDBOX_IDENTITY": identity_plan(),
+        }
+    )
     env.setdefault("PYTHONHASHSEED", "0")
     for k, v in (extra or {}).items():
         if not _looks_secret(k):
@@ -261,8 +334,13 @@ def identity_plan() -> str:
         elif given in ("nobody", "root-without-capabilities"):
             _plan = given
         else:
-            paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
-                     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+            paths = [
+                sys.executable,
+                os.path.realpath(sys.executable),
+                sys.prefix,
+                sys.base_prefix,
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            ]
             paths += [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
             paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             _plan = "nobody" if all(_world_accessible(p, True) for p in paths if p) else "root-without-capabilities"
@@ -278,9 +356,11 @@ def _unshare(prot: Protections, network: bool = True, pid: bool = True) -> bool:
     if os.geteuid() != 0:
         flags |= CLONE_NEWUSER
     if libc.unshare(flags) != 0:
-        prot.missing.append(_err("namespaces (network, PID, mount) could not be created") +
-                            ": the network is reachable unless Landlock blocks TCP, and a process the candidate "
-                            "starts outside the session could survive it")
+        prot.missing.append(
+            _err("namespaces (network, PID, mount) could not be created")
+            + ": the network is reachable unless Landlock blocks TCP, and a process the candidate "
+            "starts outside the session could survive it"
+        )
         return False
     if flags & CLONE_NEWUSER:  # map our own ids, so nothing changes for file access
         try:
@@ -318,8 +398,10 @@ def _become_pid1(prot: Protections) -> None:
         os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
     libc = _c()
     # our own /proc: the host's processes (and their environments) are not visible
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0 and \
-            libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0:
+    if (
+        libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+        and libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0
+    ):
         prot.active.append("PID namespace with its own /proc (no other process visible; all die with it)")
     else:
         prot.active.append("PID namespace (all its processes die with it)")
@@ -335,9 +417,11 @@ def _limits(limits: Limits, prot: Protections) -> None:
             prot.missing.append(f"limit on {label}: {e}")
             return None
 
-    done = [setl(resource.RLIMIT_CORE, 0, "core dumps (off)"),
-            setl(resource.RLIMIT_FSIZE, limits.file_bytes, f"file size ({limits.file_bytes >> 20} MiB)"),
-            setl(resource.RLIMIT_NOFILE, limits.open_files, f"open files ({limits.open_files})")]
+    done = [
+        setl(resource.RLIMIT_CORE, 0, "core dumps (off)"),
+        setl(resource.RLIMIT_FSIZE, limits.file_bytes, f"file size ({limits.file_bytes >> 20} MiB)"),
+        setl(resource.RLIMIT_NOFILE, limits.open_files, f"open files ({limits.open_files})"),
+    ]
     if limits.memory_bytes:
         done.append(setl(resource.RLIMIT_AS, limits.memory_bytes, f"memory ({limits.memory_bytes >> 30} GiB)"))
     if limits.cpu_seconds:
@@ -470,11 +554,22 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
     libc = _c()
     abi = landlock_abi()
     if abi < 1:
-        prot.missing.append("Landlock (kernel without it): writes are limited only by file permissions and "
-                            "the audit hook")
+        prot.missing.append(
+            "Landlock (kernel without it): writes are limited only by file permissions and the audit hook"
+        )
         return
-    write = LL_WRITE_FILE | LL_REMOVE_DIR | LL_REMOVE_FILE | LL_MAKE_CHAR | LL_MAKE_DIR | LL_MAKE_REG | \
-        LL_MAKE_SOCK | LL_MAKE_FIFO | LL_MAKE_BLOCK | LL_MAKE_SYM
+    write = (
+        LL_WRITE_FILE
+        | LL_REMOVE_DIR
+        | LL_REMOVE_FILE
+        | LL_MAKE_CHAR
+        | LL_MAKE_DIR
+        | LL_MAKE_REG
+        | LL_MAKE_SOCK
+        | LL_MAKE_FIFO
+        | LL_MAKE_BLOCK
+        | LL_MAKE_SYM
+    )
     if abi >= 2:
         write |= LL_REFER
     if abi >= 3:
@@ -496,8 +591,11 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
     # scripts/gpu_sandbox_probe.py finds the narrower set that CUDA accepts (docs/ARCHITECTURE.md, trust).
     confine_reads = not gpu or GPU_CONFINED_READS
     read = (LL_READ_FILE | LL_READ_DIR) if confine_reads else 0
-    attr = Attr(write | read, (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
-                (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0)
+    attr = Attr(
+        write | read,
+        (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
+        (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0,
+    )
     size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
     if ruleset < 0:
@@ -511,7 +609,9 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         targets += [(root, LL_READ_DIR)]  # the package's folder is listed by the import system, not read
     if gpu:
         # the CUDA driver opens its device nodes read-write, and names its threads (GPU_PROC_WRITABLE)
-        targets += [(os.path.join("/dev", n), file_rights) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
+        targets += [
+            (os.path.join("/dev", n), file_rights) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")
+        ]
         # /proc is this process's own (PID namespace); the narrower GPU_PROC_WRITABLE alone failed on the H200
         if GPU_NARROW_PROC:
             targets += [(os.path.join("/proc", str(os.getpid()), n), file_rights) for n in GPU_PROC_WRITABLE]
@@ -545,8 +645,10 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         return
     os.close(ruleset)
     what = [f"Landlock ABI {abi}: writes only in scratch"]
-    what.append("reads only of the interpreter, the package and system libraries" +
-                (", and the CUDA driver's and toolkit's folders" if gpu else ""))
+    what.append(
+        "reads only of the interpreter, the package and system libraries"
+        + (", and the CUDA driver's and toolkit's folders" if gpu else "")
+    )
     if gpu:
         what.append("writes under /proc only to this process's thread names (the CUDA driver's)")
     if abi < 4:
@@ -582,25 +684,27 @@ def seccomp_program(machine: str) -> Optional[List[tuple]]:
         return None
     arch, nr_socket, nr_io_uring = SECCOMP_ARCH[machine]
     deny = SECCOMP_RET_ERRNO | 13  # EACCES, as Landlock answers
-    prog = [(BPF_LD_W_ABS, 0, 0, 4),
-            (BPF_JEQ_K, 1, 0, arch),                      # another ABI: refused
-            (BPF_RET_K, 0, 0, deny),
-            (BPF_LD_W_ABS, 0, 0, 0),
-            (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),           # x32 numbers: refused
-            (BPF_RET_K, 0, 0, deny),
-            (BPF_JEQ_K, 0, 1, nr_io_uring),
-            (BPF_RET_K, 0, 0, deny),
-            (BPF_JEQ_K, 1, 0, nr_socket),
-            (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),         # not socket(): allowed
-            (BPF_LD_W_ABS, 0, 0, 16),                     # the family
-            (BPF_JEQ_K, 2, 0, AF_INET),
-            (BPF_JEQ_K, 1, 0, AF_INET6),
-            (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),         # unix sockets (the judge's pair), netlink: allowed
-            (BPF_LD_W_ABS, 0, 0, 24),                     # the type, without SOCK_NONBLOCK / SOCK_CLOEXEC
-            (BPF_AND_K, 0, 0, SOCK_TYPE_MASK),
-            (BPF_JEQ_K, 0, 1, SOCK_STREAM),
-            (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),         # TCP: left to the namespace and Landlock
-            (BPF_RET_K, 0, 0, deny)]
+    prog = [
+        (BPF_LD_W_ABS, 0, 0, 4),
+        (BPF_JEQ_K, 1, 0, arch),  # another ABI: refused
+        (BPF_RET_K, 0, 0, deny),
+        (BPF_LD_W_ABS, 0, 0, 0),
+        (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),  # x32 numbers: refused
+        (BPF_RET_K, 0, 0, deny),
+        (BPF_JEQ_K, 0, 1, nr_io_uring),
+        (BPF_RET_K, 0, 0, deny),
+        (BPF_JEQ_K, 1, 0, nr_socket),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),  # not socket(): allowed
+        (BPF_LD_W_ABS, 0, 0, 16),  # the family
+        (BPF_JEQ_K, 2, 0, AF_INET),
+        (BPF_JEQ_K, 1, 0, AF_INET6),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),  # unix sockets (the judge's pair), netlink: allowed
+        (BPF_LD_W_ABS, 0, 0, 24),  # the type, without SOCK_NONBLOCK / SOCK_CLOEXEC
+        (BPF_AND_K, 0, 0, SOCK_TYPE_MASK),
+        (BPF_JEQ_K, 0, 1, SOCK_STREAM),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),  # TCP: left to the namespace and Landlock
+        (BPF_RET_K, 0, 0, deny),
+    ]
     return prog
 
 
@@ -609,8 +713,10 @@ def _seccomp(prot: Protections) -> None:
     every process the sandbox starts and cannot be removed."""
     prog = seccomp_program(platform.machine())
     if prog is None:
-        prot.missing.append(f"seccomp filter (no syscall table for {platform.machine()}): UDP and raw sockets are "
-                            f"stopped only by the network namespace and the audit hook")
+        prot.missing.append(
+            f"seccomp filter (no syscall table for {platform.machine()}): UDP and raw sockets are "
+            f"stopped only by the network namespace and the audit hook"
+        )
         return
 
     class Filter(ctypes.Structure):
@@ -622,8 +728,10 @@ def _seccomp(prot: Protections) -> None:
     filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
     fprog = Program(len(prog), filters)
     if _c().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        prot.missing.append(_err("seccomp filter") + ": UDP and raw sockets are stopped only by the network "
-                            "namespace and the audit hook")
+        prot.missing.append(
+            _err("seccomp filter") + ": UDP and raw sockets are stopped only by the network "
+            "namespace and the audit hook"
+        )
         return
     prot.active.append("seccomp: no UDP, raw or other non-stream IP socket, no io_uring, no foreign-ABI syscall")
 
@@ -646,8 +754,13 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
     """The hook, with everything it needs bound now: nothing a candidate reaches afterwards (module
     globals, os functions) changes what it refuses. Fatal: the process ends at the first refusal (exit
     REFUSED_EXIT, the reason on stderr), so a candidate cannot swallow the error and carry on."""
-    write_stderr, exit_now, fsdecode, basename, realpath = os.write, os._exit, os.fsdecode, os.path.basename, \
-        os.path.realpath
+    write_stderr, exit_now, fsdecode, basename, realpath = (
+        os.write,
+        os._exit,
+        os.fsdecode,
+        os.path.basename,
+        os.path.realpath,
+    )
     sep, devices, tools, record = os.sep, WRITABLE_DEVICES, GPU_TOOLS, _violations
     writing_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -665,8 +778,9 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
             p = realpath(fsdecode(path)) if not isinstance(path, int) else ""
         except (TypeError, ValueError):
             return False
-        return bool(p) and (p == scratch or p.startswith(scratch + sep) or p in devices or
-                            (gpu and p.startswith("/dev/nvidia")))
+        return bool(p) and (
+            p == scratch or p.startswith(scratch + sep) or p in devices or (gpu and p.startswith("/dev/nvidia"))
+        )
 
     def tool(args) -> str:
         return basename(fsdecode(args[0])) if args and isinstance(args[0], (str, bytes)) else ""
@@ -675,15 +789,30 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
         if event.startswith("socket."):
             if event == "socket.__new__" and args and len(args) > 1 and args[1] == 1:
                 return  # a unix socket pair is how the judge talks to the executor
-            if event in ("socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-                         "socket.getaddrinfo", "socket.gethostbyname"):
+            if event in (
+                "socket.__new__",
+                "socket.connect",
+                "socket.bind",
+                "socket.sendto",
+                "socket.sendmsg",
+                "socket.getaddrinfo",
+                "socket.gethostbyname",
+            ):
                 refuse(f"network access ({event})")
         elif event in ("os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen"):
             # subprocess spawns through the os events; on a GPU Triton runs its compilers
             if not (gpu and tool(args) in tools):
                 refuse(f"process creation ({event} {tool(args) or '?'})")
-        elif event in ("os.system", "os.fork", "os.forkpty", "pty.spawn", "os.kill", "os.killpg",
-                       "signal.pthread_kill", "sys.addaudithook"):
+        elif event in (
+            "os.system",
+            "os.fork",
+            "os.forkpty",
+            "pty.spawn",
+            "os.kill",
+            "os.killpg",
+            "signal.pthread_kill",
+            "sys.addaudithook",
+        ):
             refuse(f"process control ({event})" if event != "sys.addaudithook" else "a second audit hook")
         elif event == "open" and len(args) >= 2:
             path, mode = args[0], args[1]
@@ -691,8 +820,20 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & writing_flags)
             if writing and not isinstance(path, int) and not inside_scratch(path):
                 refuse(f"write outside scratch ({fsdecode(path)[:120]})")
-        elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
-                       "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile"):
+        elif event in (
+            "os.remove",
+            "os.rename",
+            "os.rmdir",
+            "os.mkdir",
+            "os.chmod",
+            "os.chown",
+            "os.symlink",
+            "os.link",
+            "os.truncate",
+            "os.utime",
+            "shutil.rmtree",
+            "shutil.copyfile",
+        ):
             path = args[0] if args else ""
             if not inside_scratch(path):
                 refuse(f"filesystem change outside scratch ({event} {fsdecode(path)[:120] if path else ''})")
@@ -723,8 +864,10 @@ def foreign_processes() -> List[int]:
 
 # -- entering the sandbox -------------------------------------------------------------------
 
-def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None,
-          tool_ports: Sequence[int] = ()) -> Protections:
+
+def enter(
+    scratch: str, gpu: bool = False, limits: Optional[Limits] = None, tool_ports: Sequence[int] = ()
+) -> Protections:
     """Confine this process (call it first thing, single-threaded, before importing torch).
 
     `tool_ports`: the process runs under a tool that talks to it over TCP on loopback and finds it by
@@ -756,10 +899,14 @@ def enter(scratch: str, gpu: bool = False, limits: Optional[Limits] = None,
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by a change of identity: set again
     _seccomp(prot)
     _landlock(scratch, gpu, prot, tool_ports)
-    if tool_ports and not shared and not any(a.startswith("Landlock") and "TCP denied except" in a
-                                             for a in prot.active):
-        prot.missing.append("network: the host's, kept for the wrapping tool, and TCP not confined (Landlock "
-                            "without TCP rules)")
+    if (
+        tool_ports
+        and not shared
+        and not any(a.startswith("Landlock") and "TCP denied except" in a for a in prot.active)
+    ):
+        prot.missing.append(
+            "network: the host's, kept for the wrapping tool, and TCP not confined (Landlock without TCP rules)"
+        )
     _finish(scratch, gpu, prot)
     return prot
 
@@ -772,12 +919,16 @@ def _tool_namespaces(prot: Protections) -> bool:
     except OSError:
         here = ""
     if here and os.environ.get(TOOL_NAMESPACE_ENV) == here:
-        prot.active.append("network namespace shared with the wrapping tool alone (loopback only), and a PID "
-                           "namespace with its own /proc")
+        prot.active.append(
+            "network namespace shared with the wrapping tool alone (loopback only), and a PID "
+            "namespace with its own /proc"
+        )
         return True
-    prot.missing.append("network and PID namespaces (the wrapping tool runs in the host's, and reaches this "
-                        "process over loopback TCP and by its pid): the host's loopback ports of the tool "
-                        "are reachable, and host processes are listed in /proc")
+    prot.missing.append(
+        "network and PID namespaces (the wrapping tool runs in the host's, and reaches this "
+        "process over loopback TCP and by its pid): the host's loopback ports of the tool "
+        "are reachable, and host processes are listed in /proc"
+    )
     return False
 
 
@@ -790,10 +941,18 @@ def host_protections(gpu: bool = False) -> Protections:
     """What `enter` gives on this host, found by entering it in a throwaway child."""
     scratch = make_scratch()
     try:
-        code = ("import json,sys; from kernel_agent.sanitizer import sandbox as s; p = s.enter(sys.argv[1], "
-                "sys.argv[2] == '1'); print(json.dumps([p.active, p.missing]))")
-        r = subprocess.run([sys.executable, "-c", code, scratch, "1" if gpu else "0"], env=child_env(scratch),
-                           capture_output=True, text=True, timeout=60, cwd=scratch)
+        code = (
+            "import json,sys; from kernel_agent.sanitizer import sandbox as s; p = s.enter(sys.argv[1], "
+            "sys.argv[2] == '1'); print(json.dumps([p.active, p.missing]))"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code, scratch, "1" if gpu else "0"],
+            env=child_env(scratch),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=scratch,
+        )
         active, missing = json.loads(r.stdout.strip().splitlines()[-1])
         return Protections(active, missing)
     except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
@@ -804,17 +963,20 @@ def host_protections(gpu: bool = False) -> Protections:
 
 # -- what runs before the sandbox's last layers ---------------------------------------------------
 
+
 def prepare_gpu() -> None:
     """Do now, in trusted code and before the audit hook is armed, what torch and Triton do through
     ctypes on their way to the GPU, so that the hook can refuse ctypes in a GPU run too: torch counts
     devices through NVML (ctypes) until CUDA is initialised, and Triton's driver probes libcuda (ctypes,
     cuInit) the first time a kernel is launched. Both results are cached for the process's life."""
     import torch  # deferred: a sandboxed child enters its sandbox before it imports what it runs
+
     if not torch.cuda.is_available():
         return
     torch.cuda.init()
     torch.cuda.device_count()  # cached once CUDA is initialised: NVML is not asked again
     from triton.runtime.driver import driver  # deferred: as torch
+
     driver.active.get_current_device()
 
 
@@ -842,8 +1004,7 @@ def tool_namespace_main(cmd: Sequence[str]) -> int:
             _loopback_up()
             os.environ[TOOL_NAMESPACE_ENV] = os.readlink("/proc/self/ns/net")
         except OSError as e:
-            sys.stderr.write(f"sandbox: the tool's loopback could not be brought up ({e}): it cannot reach its "
-                             f"child\n")
+            sys.stderr.write(f"sandbox: the tool's loopback could not be brought up ({e}): it cannot reach its child\n")
     for line in prot.missing:
         sys.stderr.write(f"sandbox: {line}\n")
     os.environ[TOOL_DIR_ENV] = os.pathsep.join(tool_folders(cmd[0]))

@@ -17,6 +17,7 @@ told the same lists through `language_summary`, so prompt and gate cannot drift 
 sanitizer/guard.py watches at run time what only run time can tell (for example whether
 `.reshape()` made a view or a copy, or a tensor was turned into a Python number).
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,30 +32,131 @@ from .canonical import TextRefused, canonical_source
 
 # (module, alias) -> the name it binds; nothing else may be imported, and only at module level
 ALLOWED_IMPORTS: Dict[Tuple[str, Optional[str]], str] = {
-    ("torch", None): "torch", ("triton", None): "triton", ("triton.language", "tl"): "tl", ("math", None): "math"}
+    ("torch", None): "torch",
+    ("triton", None): "triton",
+    ("triton.language", "tl"): "tl",
+    ("math", None): "math",
+}
 FUTURE_IMPORTS = {"annotations"}
 MODULE_NAMES = frozenset(ALLOWED_IMPORTS.values())
 
 # triton.language inside kernels: tl.<name>
-TL_FUNCTIONS = frozenset({
-    "program_id", "num_programs", "arange", "zeros", "zeros_like", "full", "load", "store", "dot",
-    "sum", "max", "min", "maximum", "minimum", "argmax", "argmin", "xor_sum", "cumsum", "cumprod",
-    "exp", "exp2", "log", "log2", "sqrt", "sqrt_rn", "rsqrt", "abs", "floor", "ceil", "erf", "sin", "cos",
-    "sigmoid", "softmax", "fma", "fdiv", "div_rn", "umulhi", "clamp", "where", "cdiv", "swizzle2d",
-    "multiple_of", "max_contiguous", "max_constancy", "cast", "reshape", "view", "trans", "permute",
-    "broadcast", "broadcast_to", "expand_dims", "ravel", "split", "join", "interleave", "flip",
-    "static_range", "range", "constexpr", "static_assert", "debug_barrier",
-    # integer max/min atomics commute; a float atomic_add does not, and the order_independence
-    # check runs the programs in several orders and demands bitwise-equal results
-    "atomic_add", "atomic_max", "atomic_min",
-})
-TL_DTYPES = frozenset({
-    "int1", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "float8e4nv", "float8e5", "float8e4b8", "float8e5b16", "float8e4b15",
-})
+TL_FUNCTIONS = frozenset(
+    {
+        "program_id",
+        "num_programs",
+        "arange",
+        "zeros",
+        "zeros_like",
+        "full",
+        "load",
+        "store",
+        "dot",
+        "sum",
+        "max",
+        "min",
+        "maximum",
+        "minimum",
+        "argmax",
+        "argmin",
+        "xor_sum",
+        "cumsum",
+        "cumprod",
+        "exp",
+        "exp2",
+        "log",
+        "log2",
+        "sqrt",
+        "sqrt_rn",
+        "rsqrt",
+        "abs",
+        "floor",
+        "ceil",
+        "erf",
+        "sin",
+        "cos",
+        "sigmoid",
+        "softmax",
+        "fma",
+        "fdiv",
+        "div_rn",
+        "umulhi",
+        "clamp",
+        "where",
+        "cdiv",
+        "swizzle2d",
+        "multiple_of",
+        "max_contiguous",
+        "max_constancy",
+        "cast",
+        "reshape",
+        "view",
+        "trans",
+        "permute",
+        "broadcast",
+        "broadcast_to",
+        "expand_dims",
+        "ravel",
+        "split",
+        "join",
+        "interleave",
+        "flip",
+        "static_range",
+        "range",
+        "constexpr",
+        "static_assert",
+        "debug_barrier",
+        # integer max/min atomics commute; a float atomic_add does not, and the order_independence
+        # check runs the programs in several orders and demands bitwise-equal results
+        "atomic_add",
+        "atomic_max",
+        "atomic_min",
+    }
+)
+TL_DTYPES = frozenset(
+    {
+        "int1",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "float8e4nv",
+        "float8e5",
+        "float8e4b8",
+        "float8e5b16",
+        "float8e4b15",
+    }
+)
 # tl.math.<name> (the same functions under the math namespace)
-TL_MATH = frozenset({"abs", "ceil", "cos", "div_rn", "erf", "exp", "exp2", "fdiv", "floor", "fma", "log", "log2",
-                     "rsqrt", "sin", "sqrt", "sqrt_rn", "umulhi"})
+TL_MATH = frozenset(
+    {
+        "abs",
+        "ceil",
+        "cos",
+        "div_rn",
+        "erf",
+        "exp",
+        "exp2",
+        "fdiv",
+        "floor",
+        "fma",
+        "log",
+        "log2",
+        "rsqrt",
+        "sin",
+        "sqrt",
+        "sqrt_rn",
+        "umulhi",
+    }
+)
 # why some well-known triton.language names are outside the language
 TL_REJECT_REASONS = {
     "inline_asm_elementwise": "inline assembly cannot be verified",
@@ -69,48 +171,188 @@ TL_REJECT_REASONS = {
     "assume": "a false assumption is undefined behaviour the interpreter cannot see",
 }
 # attributes and methods of values (tensors, pointers, dtypes) inside kernels: x.to(...), p.dtype.element_ty
-KERNEL_VALUE_ATTRS = frozenset({"to", "dtype", "element_ty", "shape", "T"} | (TL_FUNCTIONS & {
-    "abs", "argmax", "argmin", "broadcast_to", "cast", "cdiv", "ceil", "cos", "cumprod", "cumsum", "erf", "exp",
-    "exp2", "expand_dims", "flip", "floor", "log", "log2", "max", "min", "permute", "ravel", "reshape", "rsqrt",
-    "sigmoid", "sin", "softmax", "split", "sqrt", "sqrt_rn", "sum", "trans", "view", "xor_sum", "atomic_add",
-    "atomic_max", "atomic_min"}))
+KERNEL_VALUE_ATTRS = frozenset(
+    {"to", "dtype", "element_ty", "shape", "T"}
+    | (
+        TL_FUNCTIONS
+        & {
+            "abs",
+            "argmax",
+            "argmin",
+            "broadcast_to",
+            "cast",
+            "cdiv",
+            "ceil",
+            "cos",
+            "cumprod",
+            "cumsum",
+            "erf",
+            "exp",
+            "exp2",
+            "expand_dims",
+            "flip",
+            "floor",
+            "log",
+            "log2",
+            "max",
+            "min",
+            "permute",
+            "ravel",
+            "reshape",
+            "rsqrt",
+            "sigmoid",
+            "sin",
+            "softmax",
+            "split",
+            "sqrt",
+            "sqrt_rn",
+            "sum",
+            "trans",
+            "view",
+            "xor_sum",
+            "atomic_add",
+            "atomic_max",
+            "atomic_min",
+        }
+    )
+)
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "float", "int", "bool", "abs", "len"})
 
 # host code: torch.<path>, triton.<name>, math.<name>
-TORCH_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-                          "bool", "float8_e4m3fn", "float8_e5m2"})
+TORCH_DTYPES = frozenset(
+    {
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    }
+)
 TORCH_HOST = frozenset({"empty", "empty_like", "empty_strided", "Size", "cuda.get_device_properties"} | TORCH_DTYPES)
 TORCH_ANNOTATIONS = frozenset({"Tensor", "dtype", "device", "Size"})  # in annotations only
 TRITON_HOST = frozenset({"cdiv", "next_power_of_2"})  # and triton.jit, as the decorator
 JIT_KEYWORDS = frozenset({"do_not_specialize", "noinline"})
-MATH_HOST = frozenset({"sqrt", "isqrt", "log", "log2", "log10", "exp", "ceil", "floor", "trunc", "fabs", "gcd", "lcm",
-                       "prod", "pow", "copysign", "isfinite", "isinf", "isnan", "pi", "e", "inf", "nan", "tau"})
+MATH_HOST = frozenset(
+    {
+        "sqrt",
+        "isqrt",
+        "log",
+        "log2",
+        "log10",
+        "exp",
+        "ceil",
+        "floor",
+        "trunc",
+        "fabs",
+        "gcd",
+        "lcm",
+        "prod",
+        "pow",
+        "copysign",
+        "isfinite",
+        "isinf",
+        "isnan",
+        "pi",
+        "e",
+        "inf",
+        "nan",
+        "tau",
+    }
+)
 # tensor methods in host code: shape and stride queries, allocation, views (sanitizer/guard.py stops any
 # view that turns out to copy at run time)
 # (not .as_strided(): the one view that reaches storage outside the tensor's own elements)
-HOST_METHODS = frozenset({
-    "stride", "size", "dim", "numel", "element_size", "is_contiguous", "storage_offset",
-    "is_floating_point", "new_empty", "view", "reshape", "contiguous", "transpose", "permute", "t", "unsqueeze",
-    "squeeze", "expand", "select", "narrow", "flatten", "unflatten", "movedim", "split", "chunk", "unbind",
-    "swapaxes",
-})
+HOST_METHODS = frozenset(
+    {
+        "stride",
+        "size",
+        "dim",
+        "numel",
+        "element_size",
+        "is_contiguous",
+        "storage_offset",
+        "is_floating_point",
+        "new_empty",
+        "view",
+        "reshape",
+        "contiguous",
+        "transpose",
+        "permute",
+        "t",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "select",
+        "narrow",
+        "flatten",
+        "unflatten",
+        "movedim",
+        "split",
+        "chunk",
+        "unbind",
+        "swapaxes",
+    }
+)
 # attributes read (not called) in host code: of tensors, devices (.type), dtypes and
 # torch.cuda.get_device_properties(...). Not a device's index (`.index`, `.get_device()`): which GPU a tensor is
 # on is no input of the contract, and a kernel keyed on it is judged on cuda:0 and served elsewhere.
-HOST_PROPERTIES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "itemsize", "T", "mT", "type",
-                             "is_floating_point", "multi_processor_count"})
-HOST_BUILTINS = frozenset({"len", "range", "min", "max", "int", "float", "bool", "tuple", "list", "all", "any",
-                           "enumerate", "zip", "divmod"})
+HOST_PROPERTIES = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "is_cuda",
+        "itemsize",
+        "T",
+        "mT",
+        "type",
+        "is_floating_point",
+        "multi_processor_count",
+    }
+)
+HOST_BUILTINS = frozenset(
+    {"len", "range", "min", "max", "int", "float", "bool", "tuple", "list", "all", "any", "enumerate", "zip", "divmod"}
+)
 HOST_EXCEPTIONS = frozenset({"ValueError", "TypeError", "NotImplementedError", "RuntimeError"})  # `raise X("...")`
 ANNOTATION_BUILTINS = frozenset({"int", "float", "bool", "str", "tuple", "list"})
 MATH_CONSTANTS = frozenset({"pi", "e", "inf", "nan", "tau"})
 
 # every builtin (not just the allowed ones) is reserved: none may be rebound (dunders are rejected anyway)
 BUILTIN_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_")) | {
-    "exit", "quit", "help", "copyright", "credits", "license"}
-RULES = ("text", "syntax", "import", "structure", "state", "mutation", "rebind", "introspection", "forbidden-call",
-         "undefined-name", "alias", "torch-compute", "unverifiable", "autotune", "decorator", "kernel-language",
-         "contract")
+    "exit",
+    "quit",
+    "help",
+    "copyright",
+    "credits",
+    "license",
+}
+RULES = (
+    "text",
+    "syntax",
+    "import",
+    "structure",
+    "state",
+    "mutation",
+    "rebind",
+    "introspection",
+    "forbidden-call",
+    "undefined-name",
+    "alias",
+    "torch-compute",
+    "unverifiable",
+    "autotune",
+    "decorator",
+    "kernel-language",
+    "contract",
+)
 
 
 def _names(s: Iterable[str], prefix: str = "", call: bool = False) -> str:
@@ -147,15 +389,19 @@ def language_summary(op_name: str = "<op>") -> str:
         f"`kernel[grid](...)` with a tuple grid; nothing else touches a kernel object. No assignment to attributes "
         f"or items (`x[i] = ...`), no `out=`, no `@`.",
     ]
-    return ("The file's language (the static gate checks it on the syntax tree and rejects anything else, with "
-            "line and reason):\n" + "\n".join(textwrap.fill(t, 116, initial_indent="- ", subsequent_indent="  ")
-                                              for t in items) + "\n")
+    return (
+        "The file's language (the static gate checks it on the syntax tree and rejects anything else, with "
+        "line and reason):\n"
+        + "\n".join(textwrap.fill(t, 116, initial_indent="- ", subsequent_indent="  ") for t in items)
+        + "\n"
+    )
 
 
 LANGUAGE_SUMMARY = language_summary()
 
 
 # -- results ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Finding:
@@ -177,10 +423,12 @@ class GateResult:
         if self.passed:
             return f"{len(self.jit_functions)} Triton kernel(s): {', '.join(self.jit_functions)}"
         return "; ".join(str(f) for f in self.findings[:8]) + (
-            f" (+{len(self.findings) - 8} more)" if len(self.findings) > 8 else "")
+            f" (+{len(self.findings) - 8} more)" if len(self.findings) > 8 else ""
+        )
 
 
 # -- the checker -----------------------------------------------------------------------------
+
 
 def _dotted(node: ast.AST) -> Optional[str]:
     parts = []
@@ -210,9 +458,17 @@ def _jit_decorator(dec: ast.AST) -> str:
 
 
 _MODULE_STATEMENT_NAMES = {
-    ast.For: "a `for` loop", ast.While: "a `while` loop", ast.If: "an `if` statement", ast.With: "a `with` block",
-    ast.Try: "a `try` block", ast.Delete: "`del`", ast.Raise: "`raise`", ast.Assert: "`assert`",
-    ast.Pass: "`pass`", ast.AsyncFunctionDef: "an async function", ast.AsyncFor: "an async loop",
+    ast.For: "a `for` loop",
+    ast.While: "a `while` loop",
+    ast.If: "an `if` statement",
+    ast.With: "a `with` block",
+    ast.Try: "a `try` block",
+    ast.Delete: "`del`",
+    ast.Raise: "`raise`",
+    ast.Assert: "`assert`",
+    ast.Pass: "`pass`",
+    ast.AsyncFunctionDef: "an async function",
+    ast.AsyncFor: "an async loop",
     ast.AsyncWith: "an async `with`",
 }
 
@@ -254,8 +510,12 @@ class _Gate:
                 else:
                     self.host_functions.add(stmt.name)
         for i, stmt in enumerate(tree.body):
-            if i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
-                    and isinstance(stmt.value.value, str):
+            if (
+                i == 0
+                and isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
                 continue  # the module docstring
             if isinstance(stmt, ast.Import):
                 self.import_(stmt)
@@ -268,21 +528,33 @@ class _Gate:
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 self.module_assign(stmt)
             elif isinstance(stmt, ast.AugAssign):
-                self.bad(stmt, "state", "augmented assignment at module level is not allowed: module-level variables "
-                                        "are constants, assigned once")
+                self.bad(
+                    stmt,
+                    "state",
+                    "augmented assignment at module level is not allowed: module-level variables "
+                    "are constants, assigned once",
+                )
             elif isinstance(stmt, ast.ClassDef):
                 self.bad(stmt, "state", "classes are not allowed in a candidate (they can keep state across calls)")
             elif isinstance(stmt, (ast.Global, ast.Nonlocal)):
                 self.bad(stmt, "state", "`global` / `nonlocal` statements are not allowed (state across calls)")
             elif isinstance(stmt, ast.Expr):
-                self.bad(stmt, "structure", "expression statements are not allowed at module level (only the "
-                                            "module docstring): module level holds imports, functions and constants")
+                self.bad(
+                    stmt,
+                    "structure",
+                    "expression statements are not allowed at module level (only the "
+                    "module docstring): module level holds imports, functions and constants",
+                )
             else:
                 what = _MODULE_STATEMENT_NAMES.get(type(stmt), f"a `{type(stmt).__name__}` statement")
                 if type(stmt).__name__ in ("TryStar", "Match"):
                     what = "a `try` block" if type(stmt).__name__ == "TryStar" else "a `match` statement"
-                self.bad(stmt, "structure", f"{what} is not allowed at module level: module level holds only the "
-                                            f"docstring, imports, function definitions and constant assignments")
+                self.bad(
+                    stmt,
+                    "structure",
+                    f"{what} is not allowed at module level: module level holds only the "
+                    f"docstring, imports, function definitions and constant assignments",
+                )
         for fn, is_kernel in defs:
             self.function(fn, is_kernel)
 
@@ -291,8 +563,12 @@ class _Gate:
             bound = ALLOWED_IMPORTS.get((a.name, a.asname))
             if bound is None:
                 shown = a.name + (f" as {a.asname}" if a.asname else "")
-                self.bad(node, "import", f"`import {shown}` is not allowed (allowed: `import torch`, `import triton`, "
-                                         f"`import triton.language as tl`, `import math`)")
+                self.bad(
+                    node,
+                    "import",
+                    f"`import {shown}` is not allowed (allowed: `import torch`, `import triton`, "
+                    f"`import triton.language as tl`, `import math`)",
+                )
                 continue
             if bound in self.modules:
                 continue  # the same import twice binds the same module
@@ -300,13 +576,20 @@ class _Gate:
             self.bind_module(node, bound, module=True)
 
     def import_from(self, node: ast.ImportFrom) -> None:
-        if node.module == "__future__" and not node.level and all(a.name in FUTURE_IMPORTS and not a.asname
-                                                                  for a in node.names):
+        if (
+            node.module == "__future__"
+            and not node.level
+            and all(a.name in FUTURE_IMPORTS and not a.asname for a in node.names)
+        ):
             return
         names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
-        self.bad(node, "import", f"`from {'.' * node.level}{node.module or ''} import {names}` is not allowed (only "
-                                 f"`from __future__ import annotations`; use `import torch`, `import triton`, "
-                                 f"`import triton.language as tl`, `import math`)")
+        self.bad(
+            node,
+            "import",
+            f"`from {'.' * node.level}{node.module or ''} import {names}` is not allowed (only "
+            f"`from __future__ import annotations`; use `import torch`, `import triton`, "
+            f"`import triton.language as tl`, `import math`)",
+        )
 
     def bind_module(self, node: ast.AST, name: str, function: bool = False, module: bool = False) -> None:
         if _is_dunder(name):
@@ -317,8 +600,12 @@ class _Gate:
             return
         if name in self.bound_at_module:
             what = f"the op function `{name}`" if name == self.op_name else f"`{name}`"
-            self.bad(node, "rebind", f"{what} is already bound at line {self.bound_at_module[name]}: each module-level "
-                                     f"name is bound once (no redefinition or rebinding)")
+            self.bad(
+                node,
+                "rebind",
+                f"{what} is already bound at line {self.bound_at_module[name]}: each module-level "
+                f"name is bound once (no redefinition or rebinding)",
+            )
             return
         if not function and not module and name in self.functions:
             self.bad(node, "rebind", f"`{name}` is a function of the file and cannot be rebound")
@@ -330,8 +617,12 @@ class _Gate:
         for d in fn.decorator_list:
             kind = _jit_decorator(d)
             if kind == "autotune":
-                self.bad(d, "autotune", "@triton.autotune / heuristics are not allowed: launch configs must be "
-                                        "explicit (choose them per shape in host code)")
+                self.bad(
+                    d,
+                    "autotune",
+                    "@triton.autotune / heuristics are not allowed: launch configs must be "
+                    "explicit (choose them per shape in host code)",
+                )
             elif kind != "jit":
                 self.bad(d, "decorator", f"decorator `{kind[6:]}` is not allowed (only @triton.jit)")
             else:
@@ -343,8 +634,12 @@ class _Gate:
                         self.bad(d, "decorator", "@triton.jit(...) takes keyword arguments only")
                     for k in d.keywords:
                         if k.arg not in JIT_KEYWORDS or not self.literal(k.value, allow_list=True):
-                            self.bad(d, "decorator", f"@triton.jit({k.arg or '**'}=...) is not allowed (allowed: "
-                                                     f"{', '.join(sorted(JIT_KEYWORDS))} with literal values)")
+                            self.bad(
+                                d,
+                                "decorator",
+                                f"@triton.jit({k.arg or '**'}=...) is not allowed (allowed: "
+                                f"{', '.join(sorted(JIT_KEYWORDS))} with literal values)",
+                            )
         return is_kernel
 
     def literal(self, node: ast.AST, allow_list: bool = False) -> bool:
@@ -370,11 +665,18 @@ class _Gate:
         if isinstance(node, ast.Attribute):
             name = _dotted(node) or ""
             root, _, rest = name.partition(".")
-            return ((root == "torch" and rest in TORCH_DTYPES) or (root == "tl" and rest in TL_DTYPES)
-                    or (root == "math" and rest in MATH_CONSTANTS))
+            return (
+                (root == "torch" and rest in TORCH_DTYPES)
+                or (root == "tl" and rest in TL_DTYPES)
+                or (root == "math" and rest in MATH_CONSTANTS)
+            )
         if isinstance(node, ast.Call):
-            return (_dotted(node.func) == "tl.constexpr" and not node.keywords and len(node.args) == 1
-                    and self.constant(node.args[0]))
+            return (
+                _dotted(node.func) == "tl.constexpr"
+                and not node.keywords
+                and len(node.args) == 1
+                and self.constant(node.args[0])
+            )
         return False
 
     def module_assign(self, stmt) -> None:
@@ -384,17 +686,24 @@ class _Gate:
         if len(targets) != 1 or not isinstance(targets[0], ast.Name):
             t = targets[0] if targets else stmt
             if isinstance(t, (ast.Attribute, ast.Subscript)):
-                self.bad(stmt, "state", f"assignment to `{ast.unparse(t)}` at module level mutates an object (state "
-                                        f"across calls)")
+                self.bad(
+                    stmt,
+                    "state",
+                    f"assignment to `{ast.unparse(t)}` at module level mutates an object (state across calls)",
+                )
             else:
                 self.bad(stmt, "structure", "module-level assignments bind one plain name: `NAME = <constant>`")
             return
         name = targets[0].id
         value = stmt.value
         if value is None or not self.constant(value):
-            self.bad(stmt, "state", f"module-level variable `{name}` may only hold a constant (numbers, strings, "
-                                    f"tuples of them, dtypes, tl.constexpr(...)): anything else can keep state "
-                                    f"across calls")
+            self.bad(
+                stmt,
+                "state",
+                f"module-level variable `{name}` may only hold a constant (numbers, strings, "
+                f"tuples of them, dtypes, tl.constexpr(...)): anything else can keep state "
+                f"across calls",
+            )
         n = len(self.findings)
         self.bind_module(stmt, name)
         if len(self.findings) == n:
@@ -420,8 +729,11 @@ class _Gate:
             self.annotation(fn.returns)
         for default in a.defaults + [d for d in a.kw_defaults if d is not None]:
             if not self.constant(default):
-                self.bad(default, "state", f"default argument of `{fn.name}` is not a constant: it can keep state "
-                                           f"across calls")
+                self.bad(
+                    default,
+                    "state",
+                    f"default argument of `{fn.name}` is not a constant: it can keep state across calls",
+                )
         local: Set[str] = set()
         for p in params:
             self.bind_local(p, p.arg, local)
@@ -491,9 +803,13 @@ class _Gate:
     def annotation(self, node: ast.AST) -> None:
         if self.annotation_ok(node):
             return
-        self.bad(node, "structure", f"annotation `{ast.unparse(node)[:60]}` is not allowed (allowed: tl.constexpr, "
-                                    f"tl.<dtype>, {_names(TORCH_ANNOTATIONS, 'torch.')}, "
-                                    f"{_names(ANNOTATION_BUILTINS)}, None)")
+        self.bad(
+            node,
+            "structure",
+            f"annotation `{ast.unparse(node)[:60]}` is not allowed (allowed: tl.constexpr, "
+            f"tl.<dtype>, {_names(TORCH_ANNOTATIONS, 'torch.')}, "
+            f"{_names(ANNOTATION_BUILTINS)}, None)",
+        )
 
     def annotation_ok(self, node: ast.AST) -> bool:
         if isinstance(node, ast.Constant):
@@ -511,12 +827,15 @@ class _Gate:
             name = _dotted(node) or ""
             root, _, rest = name.partition(".")
             return (root == "tl" and (rest == "constexpr" or rest in TL_DTYPES)) or (
-                root == "torch" and (rest in TORCH_ANNOTATIONS or rest in TORCH_DTYPES))
+                root == "torch" and (rest in TORCH_ANNOTATIONS or rest in TORCH_DTYPES)
+            )
         if isinstance(node, ast.Subscript):
             elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            return (isinstance(node.value, ast.Name) and node.value.id in ("tuple", "list")
-                    and all(self.annotation_ok(e) or (isinstance(e, ast.Constant) and e.value is Ellipsis)
-                            for e in elts))
+            return (
+                isinstance(node.value, ast.Name)
+                and node.value.id in ("tuple", "list")
+                and all(self.annotation_ok(e) or (isinstance(e, ast.Constant) and e.value is Ellipsis) for e in elts)
+            )
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
             return self.annotation_ok(node.left) and self.annotation_ok(node.right)
         return False
@@ -570,8 +889,9 @@ class _Gate:
             return
         elif isinstance(st, ast.Assert):
             if k:
-                self.bad(st, "unverifiable", "`assert` in a kernel is a device assert: no device asserts in serving "
-                                             "kernels")
+                self.bad(
+                    st, "unverifiable", "`assert` in a kernel is a device assert: no device asserts in serving kernels"
+                )
             else:
                 self.expr(st.test, s)
                 if st.msg is not None:
@@ -604,8 +924,11 @@ class _Gate:
         elif isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
             self.bad(st, "structure", "try/except is not allowed (errors must surface to the sanitizer)")
         elif isinstance(st, (ast.Import, ast.ImportFrom)):
-            self.bad(st, "import", "imports are only allowed at module level (and only torch, triton, "
-                                   "triton.language as tl, math)")
+            self.bad(
+                st,
+                "import",
+                "imports are only allowed at module level (and only torch, triton, triton.language as tl, math)",
+            )
         elif isinstance(st, ast.Delete):
             self.bad(st, "structure", "`del` is not allowed")
         else:
@@ -622,11 +945,18 @@ class _Gate:
                 self.bad(t, "kernel-language", "starred assignment is not allowed in a kernel")
             self.target(t.value, s)
         elif isinstance(t, ast.Attribute):
-            self.bad(t, "state", f"assignment to attribute `{ast.unparse(t)[:60]}` is not allowed (mutates an "
-                                 f"object: state or input mutation)")
+            self.bad(
+                t,
+                "state",
+                f"assignment to attribute `{ast.unparse(t)[:60]}` is not allowed (mutates an "
+                f"object: state or input mutation)",
+            )
         elif isinstance(t, ast.Subscript):
-            self.bad(t, "mutation", "item assignment is not allowed (it writes tensor data or mutable state; kernels "
-                                    "write with tl.store)")
+            self.bad(
+                t,
+                "mutation",
+                "item assignment is not allowed (it writes tensor data or mutable state; kernels write with tl.store)",
+            )
         else:
             self.bad(t, "structure", f"cannot assign to `{ast.unparse(t)[:60]}`")
 
@@ -644,8 +974,11 @@ class _Gate:
             self.call(node, s)
         elif isinstance(node, ast.Subscript):
             if isinstance(node.value, ast.Name) and node.value.id in self.kernels:
-                self.bad(node, "state" if not k else "kernel-language",
-                         f"`{node.value.id}[...]` is only allowed as a launch, `{node.value.id}[grid](...)`")
+                self.bad(
+                    node,
+                    "state" if not k else "kernel-language",
+                    f"`{node.value.id}[...]` is only allowed as a launch, `{node.value.id}[grid](...)`",
+                )
             else:
                 self.expr(node.value, s)
             self.expr(node.slice, s)
@@ -659,8 +992,11 @@ class _Gate:
         elif isinstance(node, ast.BinOp):
             if isinstance(node.op, ast.MatMult) and not k:
                 self.bad(node, "torch-compute", "the `@` operator in host code computes on tensor data")
-            if isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
-                    and isinstance(node.left.value, str):
+            if (
+                isinstance(node.op, ast.Mod)
+                and isinstance(node.left, ast.Constant)
+                and isinstance(node.left.value, str)
+            ):
                 self.bad(node, "structure", "%-formatting is not allowed (formatting a tensor reads its data)")
             self.expr(node.left, s)
             self.expr(node.right, s)
@@ -696,11 +1032,15 @@ class _Gate:
         elif isinstance(node, ast.Lambda):
             self.bad(node, "structure", "lambdas are not allowed (a launch grid is a tuple computed in host code)")
         elif isinstance(node, (ast.Dict, ast.Set, ast.DictComp, ast.SetComp)):
-            self.bad(node, "structure", "dicts and sets are not in the candidate language (mutable state; pass "
-                                        "values as arguments and tuples)")
+            self.bad(
+                node,
+                "structure",
+                "dicts and sets are not in the candidate language (mutable state; pass values as arguments and tuples)",
+            )
         elif isinstance(node, (ast.JoinedStr, ast.FormattedValue)):
-            self.bad(node, "structure", "f-strings are not allowed (formatting a tensor reads its data); use a plain "
-                                        "string")
+            self.bad(
+                node, "structure", "f-strings are not allowed (formatting a tensor reads its data); use a plain string"
+            )
         elif isinstance(node, ast.NamedExpr):
             self.bad(node, "structure", "`:=` is not allowed")
         elif isinstance(node, (ast.Yield, ast.YieldFrom)):
@@ -724,10 +1064,14 @@ class _Gate:
                 self.bad(node, "undefined-name", f"`{n}` is used but not imported")
         elif n in self.kernels:
             if not (k and called):
-                self.bad(node, "state" if not k else "kernel-language",
-                         f"`{n}`: host code may only launch a kernel (`{n}[grid](...)`); its attributes hold mutable "
-                         f"caches that could keep state across calls" if not k else
-                         f"kernel `{n}` may only be called from another kernel")
+                self.bad(
+                    node,
+                    "state" if not k else "kernel-language",
+                    f"`{n}`: host code may only launch a kernel (`{n}[grid](...)`); its attributes hold mutable "
+                    f"caches that could keep state across calls"
+                    if not k
+                    else f"kernel `{n}` may only be called from another kernel",
+                )
         elif n in self.host_functions:
             if k:
                 self.bad(node, "kernel-language", f"kernels cannot use the host function `{n}`")
@@ -739,11 +1083,19 @@ class _Gate:
             allowed = KERNEL_BUILTINS if k else HOST_BUILTINS | HOST_EXCEPTIONS
             if n not in allowed:
                 where = "in a kernel" if k else "in host code"
-                self.bad(node, "forbidden-call", f"`{n}` is not allowed {where} (allowed builtins: "
-                                                 f"{', '.join(sorted(KERNEL_BUILTINS if k else HOST_BUILTINS))})")
+                self.bad(
+                    node,
+                    "forbidden-call",
+                    f"`{n}` is not allowed {where} (allowed builtins: "
+                    f"{', '.join(sorted(KERNEL_BUILTINS if k else HOST_BUILTINS))})",
+                )
         else:
-            self.bad(node, "undefined-name", f"`{n}` is not defined in the file (names are imported modules, "
-                                             f"allowed builtins, the file's functions and constants, and locals)")
+            self.bad(
+                node,
+                "undefined-name",
+                f"`{n}` is not defined in the file (names are imported modules, "
+                f"allowed builtins, the file's functions and constants, and locals)",
+            )
 
     def attribute(self, node: ast.Attribute, s: _Scope, called: bool) -> None:
         k = s.kernel
@@ -756,27 +1108,47 @@ class _Gate:
             self.module_path(node, dotted, s)
             return
         if isinstance(node.value, ast.Name) and node.value.id in self.kernels:
-            self.bad(node, "state", f"`{dotted}`: host code may only launch a kernel (`{node.value.id}[grid](...)`); "
-                                    f"its attributes hold mutable caches that could keep state across calls")
+            self.bad(
+                node,
+                "state",
+                f"`{dotted}`: host code may only launch a kernel (`{node.value.id}[grid](...)`); "
+                f"its attributes hold mutable caches that could keep state across calls",
+            )
             return
         if k and isinstance(node.value, ast.Name) and node.value.id in self.constants - s.local:
             # a module constant in a kernel is a Python value at compile time: its methods would run Python
             # in the process that compiles the kernel (the serving process included)
-            self.bad(node, "kernel-language", f"`{node.value.id}.{node.attr}`: a module constant has no attributes "
-                                              f"in a kernel (constants are values; only tensors have methods)")
+            self.bad(
+                node,
+                "kernel-language",
+                f"`{node.value.id}.{node.attr}`: a module constant has no attributes "
+                f"in a kernel (constants are values; only tensors have methods)",
+            )
             return
         if k:
             if node.attr not in KERNEL_VALUE_ATTRS:
-                self.bad(node, "kernel-language", f"`.{node.attr}` is not allowed in a kernel (values in kernels "
-                                                  f"have only the attributes and methods listed in the rules)")
+                self.bad(
+                    node,
+                    "kernel-language",
+                    f"`.{node.attr}` is not allowed in a kernel (values in kernels "
+                    f"have only the attributes and methods listed in the rules)",
+                )
         elif called:
             if node.attr not in HOST_METHODS:
-                self.bad(node, "torch-compute", f"`.{node.attr}()` is not allowed in host code: it may compute on, "
-                                                f"copy, read back or mutate data (host methods are shape and stride "
-                                                f"queries and views)")
+                self.bad(
+                    node,
+                    "torch-compute",
+                    f"`.{node.attr}()` is not allowed in host code: it may compute on, "
+                    f"copy, read back or mutate data (host methods are shape and stride "
+                    f"queries and views)",
+                )
         elif node.attr not in HOST_PROPERTIES:
-            self.bad(node, "torch-compute", f"attribute `.{node.attr}` is not allowed in host code (allowed: "
-                                            f"{', '.join(sorted(HOST_PROPERTIES))}; methods must be called)")
+            self.bad(
+                node,
+                "torch-compute",
+                f"attribute `.{node.attr}` is not allowed in host code (allowed: "
+                f"{', '.join(sorted(HOST_PROPERTIES))}; methods must be called)",
+            )
         self.expr(node.value, s)
 
     def module_path(self, node: ast.AST, dotted: str, s: _Scope) -> None:
@@ -787,8 +1159,11 @@ class _Gate:
             return
         first = rest.split(".")[0]
         if root == "tl":
-            ok = rest in TL_DTYPES or (rest in TL_FUNCTIONS if k else rest == "constexpr") or (
-                k and first == "math" and rest.count(".") == 1 and rest.split(".")[1] in TL_MATH)
+            ok = (
+                rest in TL_DTYPES
+                or (rest in TL_FUNCTIONS if k else rest == "constexpr")
+                or (k and first == "math" and rest.count(".") == 1 and rest.split(".")[1] in TL_MATH)
+            )
             if not ok:
                 reason = TL_REJECT_REASONS.get(first) or TL_REJECT_REASONS.get(rest.split(".")[-1])
                 if reason:
@@ -796,28 +1171,40 @@ class _Gate:
                 elif not k and rest in TL_FUNCTIONS:
                     self.bad(node, "kernel-language", f"`tl.{rest}` is only allowed inside kernels")
                 else:
-                    self.bad(node, "unverifiable", f"`tl.{rest}` is not in the kernel language (allowed: the tl "
-                                                   f"functions and dtypes listed in the rules)")
+                    self.bad(
+                        node,
+                        "unverifiable",
+                        f"`tl.{rest}` is not in the kernel language (allowed: the tl "
+                        f"functions and dtypes listed in the rules)",
+                    )
         elif root == "triton":
             if first in ("autotune", "Config", "heuristics"):
                 self.bad(node, "autotune", f"`triton.{rest}` is not allowed: launch configs must be explicit")
             elif k:
                 self.bad(node, "kernel-language", f"`triton.{rest}` in a kernel: use `tl.` functions")
             elif rest not in TRITON_HOST:
-                self.bad(node, "unverifiable", f"`triton.{rest}` is not allowed (allowed: "
-                                               f"{_names(TRITON_HOST, 'triton.')}; kernels use `tl.`)")
+                self.bad(
+                    node,
+                    "unverifiable",
+                    f"`triton.{rest}` is not allowed (allowed: {_names(TRITON_HOST, 'triton.')}; kernels use `tl.`)",
+                )
         elif root == "torch":
             if k:
                 self.bad(node, "kernel-language", f"`torch.{rest}` in a kernel")
             elif rest not in TORCH_HOST:
-                self.bad(node, "torch-compute", f"`torch.{rest}` is not allowed: host code may only allocate "
-                                                f"(torch.empty*), read shapes and make views")
+                self.bad(
+                    node,
+                    "torch-compute",
+                    f"`torch.{rest}` is not allowed: host code may only allocate "
+                    f"(torch.empty*), read shapes and make views",
+                )
         elif root == "math":
             if k:
                 self.bad(node, "kernel-language", f"`math.{rest}` in a kernel: use `tl.` functions")
             elif rest not in MATH_HOST:
-                self.bad(node, "forbidden-call", f"`math.{rest}` is not allowed (allowed: "
-                                                 f"{_names(MATH_HOST, 'math.')})")
+                self.bad(
+                    node, "forbidden-call", f"`math.{rest}` is not allowed (allowed: {_names(MATH_HOST, 'math.')})"
+                )
 
     def call(self, node: ast.Call, s: _Scope) -> None:
         k = s.kernel
@@ -828,8 +1215,12 @@ class _Gate:
             elif (fn.id in s.local or fn.id in self.constants) and fn.id not in MODULE_NAMES | self.functions:
                 # a value cannot be called: functions are not values in this language (a method read
                 # without its call, `t = x.type`, could otherwise be called later)
-                self.bad(node, "structure", f"`{fn.id}(...)`: only builtins, the file's functions, allowed module "
-                                            f"functions and methods can be called, not a variable")
+                self.bad(
+                    node,
+                    "structure",
+                    f"`{fn.id}(...)`: only builtins, the file's functions, allowed module "
+                    f"functions and methods can be called, not a variable",
+                )
             else:
                 self.name(fn, s, called=True)
         elif isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name) and fn.value.id in self.kernels:
@@ -839,8 +1230,11 @@ class _Gate:
         elif isinstance(fn, ast.Attribute):
             self.attribute(fn, s, called=True)
         else:
-            self.bad(node, "structure", "only named functions, methods and kernel launches (`kernel[grid](...)`) can "
-                                        "be called")
+            self.bad(
+                node,
+                "structure",
+                "only named functions, methods and kernel launches (`kernel[grid](...)`) can be called",
+            )
             self.expr(fn, s)
         for a in node.args:
             self.expr(a, s)
@@ -850,8 +1244,9 @@ class _Gate:
             elif _is_dunder(kw.arg):
                 self.bad(kw.value, "introspection", f"`{kw.arg}` is not allowed")
             elif kw.arg == "out" and not k:
-                self.bad(kw.value, "mutation", "`out=` writes into an existing tensor (allocate outputs with "
-                                               "torch.empty*)")
+                self.bad(
+                    kw.value, "mutation", "`out=` writes into an existing tensor (allocate outputs with torch.empty*)"
+                )
             self.expr(kw.value, s)
 
 
@@ -862,9 +1257,16 @@ def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
     try:
         canonical_source(source)
     except TextRefused as e:
-        return GateResult(False, [Finding(e.line, "syntax" if e.reason.startswith(("syntax error", "the file cannot "
-                                                                                   "be parsed")) else "text",
-                                          e.reason)])
+        return GateResult(
+            False,
+            [
+                Finding(
+                    e.line,
+                    "syntax" if e.reason.startswith(("syntax error", "the file cannot be parsed")) else "text",
+                    e.reason,
+                )
+            ],
+        )
     tree = ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
     gate = _Gate(op_name)
     try:
@@ -881,9 +1283,15 @@ def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
     if op_name not in top:
         findings.append(Finding(0, "contract", f"no module-level function named `{op_name}`"))
     elif op_name in gate.kernels:
-        findings.append(Finding(top[op_name].lineno, "contract", f"`{op_name}` must be the host wrapper, not a "
-                                                                 f"@triton.jit kernel"))
+        findings.append(
+            Finding(top[op_name].lineno, "contract", f"`{op_name}` must be the host wrapper, not a @triton.jit kernel")
+        )
     if not gate.kernels:
-        findings.append(Finding(0, "contract", "no @triton.jit kernel in the file: the result must be computed by "
-                                               "Triton kernels defined in it"))
+        findings.append(
+            Finding(
+                0,
+                "contract",
+                "no @triton.jit kernel in the file: the result must be computed by Triton kernels defined in it",
+            )
+        )
     return GateResult(not findings, findings, list(gate.kernels))

@@ -1,4 +1,5 @@
 """The sanitizer's result types, shared by the CLI, the ledger and reports."""
+
 from __future__ import annotations
 
 import re
@@ -27,6 +28,7 @@ class CheckStatus(str, Enum):
     def __str__(self) -> str:  # f-strings and str() give the stored word, not CheckStatus.PASSED
         return self.value
 
+
 _MARKDOWN_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|"}
 
 
@@ -42,7 +44,7 @@ def quote_untrusted(text: Any, limit: int = 400, markdown: bool = False) -> str:
     s = "".join(" " if unicodedata.category(ch)[0] in "CZ" and ch != " " else ch for ch in s)
     s = " ".join(s.split()).replace("`", "'")
     if len(s) > limit:
-        s = s[:max(0, limit - 1)].rstrip() + "\u2026"
+        s = s[: max(0, limit - 1)].rstrip() + "\u2026"
     s = s.replace("\\", "\\\\").replace('"', '\\"')
     if markdown:
         s = "".join(_MARKDOWN_ESCAPES.get(ch, ch) for ch in s).replace("](", "]\\(")
@@ -74,13 +76,19 @@ class CheckOutcome:
     @classmethod
     def from_json(cls, c: Dict[str, Any]) -> "CheckOutcome":
         """A check as a verdict document holds it (one written before checks had a status says `passed`)."""
-        status = c.get("status") or {True: CheckStatus.PASSED, False: CheckStatus.FAILED}.get(c.get("passed"),
-                                                                                           CheckStatus.SKIPPED)
+        status = c.get("status") or {True: CheckStatus.PASSED, False: CheckStatus.FAILED}.get(
+            c.get("passed"), CheckStatus.SKIPPED
+        )
         return cls(c["name"], status, c.get("detail") or "", c.get("duration_s") or 0.0)
 
     def to_json(self) -> Dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "status": self.status, "detail": self.detail,
-                "duration_s": round(self.duration_s, 3)}
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "status": self.status,
+            "detail": self.detail,
+            "duration_s": round(self.duration_s, 3),
+        }
 
 
 @dataclass
@@ -120,20 +128,40 @@ class Verdict:
             return self.error
         if self.first_failure:
             return self.failure()
-        eq = {True: "FpSan-equivalent to the baseline", False: "not structurally equivalent (passed the extended "
-              "numeric suite)", None: "FpSan equivalence undecided"}[self.fpsan_equivalent]
+        eq = {
+            True: "FpSan-equivalent to the baseline",
+            False: "not structurally equivalent (passed the extended numeric suite)",
+            None: "FpSan equivalence undecided",
+        }[self.fpsan_equivalent]
         return f"passed {sum(c.status == CheckStatus.PASSED for c in self.checks)} checks; {eq}"
 
     def to_json(self) -> Dict[str, Any]:
-        return {"file": self.file, "op": self.op, "mode": self.mode, "passed": self.passed,
-                "fpsan_equivalent": self.fpsan_equivalent, "fpsan_detail": self.fpsan_detail,
-                "error": self.error or None, "duration_s": round(self.duration_s, 3),
-                "checks": [c.to_json() for c in self.checks], "seed": self.seed, "source_hash": self.source_hash}
+        return {
+            "file": self.file,
+            "op": self.op,
+            "mode": self.mode,
+            "passed": self.passed,
+            "fpsan_equivalent": self.fpsan_equivalent,
+            "fpsan_detail": self.fpsan_detail,
+            "error": self.error or None,
+            "duration_s": round(self.duration_s, 3),
+            "checks": [c.to_json() for c in self.checks],
+            "seed": self.seed,
+            "source_hash": self.source_hash,
+        }
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
         """A verdict document: a judge's, or one the ledger stores (whose older rows may lack any key)."""
-        return cls(d.get("file") or "", d.get("op") or "", d.get("mode") or "full",
-                   [CheckOutcome.from_json(c) for c in d.get("checks") or []],
-                   d.get("fpsan_equivalent"), d.get("fpsan_detail") or "", d.get("duration_s") or 0.0,
-                   d.get("error") or "", d.get("seed"), d.get("source_hash") or "")
+        return cls(
+            d.get("file") or "",
+            d.get("op") or "",
+            d.get("mode") or "full",
+            [CheckOutcome.from_json(c) for c in d.get("checks") or []],
+            d.get("fpsan_equivalent"),
+            d.get("fpsan_detail") or "",
+            d.get("duration_s") or 0.0,
+            d.get("error") or "",
+            d.get("seed"),
+            d.get("source_hash") or "",
+        )

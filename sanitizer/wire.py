@@ -6,6 +6,7 @@ dtype, shape and stride, and it validates sizes before it allocates. A tensor tr
 with its whole storage and its view (shape, stride, offset), so strided inputs keep the
 garbage between their elements and the executor sees exactly what the judge built.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +19,21 @@ import torch
 
 MAX_HEADER = 4 << 20
 MAX_PAYLOAD = 64 << 30
-WIRE_DTYPES = {str(d).replace("torch.", ""): d for d in (
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
-    torch.int64, torch.bool)}
+WIRE_DTYPES = {
+    str(d).replace("torch.", ""): d
+    for d in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    )
+}
 
 
 class WireError(Exception):
@@ -45,8 +58,13 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 
 def describe(t: torch.Tensor) -> Dict[str, Any]:
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "stride": list(t.stride()),
-            "offset": int(t.storage_offset()), "nbytes": int(t.untyped_storage().nbytes())}
+    return {
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "offset": int(t.storage_offset()),
+        "nbytes": int(t.untyped_storage().nbytes()),
+    }
 
 
 def storage_bytes(t: torch.Tensor) -> memoryview:
@@ -75,8 +93,14 @@ def _tensor(desc: Dict[str, Any], raw: bytearray, device: str) -> torch.Tensor:
     if dtype is None:
         raise WireError(f"tensor of a dtype that is not allowed: {str(desc.get('dtype'))[:40]}")
     shape, stride, offset = desc.get("shape"), desc.get("stride"), desc.get("offset")
-    if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride) <= 8 and
-            all(isinstance(x, int) and x >= 0 for x in shape + stride) and isinstance(offset, int) and offset >= 0):
+    if not (
+        isinstance(shape, list)
+        and isinstance(stride, list)
+        and len(shape) == len(stride) <= 8
+        and all(isinstance(x, int) and x >= 0 for x in shape + stride)
+        and isinstance(offset, int)
+        and offset >= 0
+    ):
         raise WireError("malformed tensor description")
     esize = torch.empty(0, dtype=dtype).element_size()
     if len(raw) % esize:
@@ -92,8 +116,9 @@ def _tensor(desc: Dict[str, Any], raw: bytearray, device: str) -> torch.Tensor:
     return torch.as_strided(storage, shape, stride, offset)
 
 
-def recv(sock: socket.socket, device: str = "cpu",
-         max_payload: int = MAX_PAYLOAD) -> Tuple[Dict[str, Any], List[torch.Tensor]]:
+def recv(
+    sock: socket.socket, device: str = "cpu", max_payload: int = MAX_PAYLOAD
+) -> Tuple[Dict[str, Any], List[torch.Tensor]]:
     hlen, plen = struct.unpack("<QQ", _recv_exact(sock, 16))
     if hlen > MAX_HEADER or plen > max_payload:
         raise WireError(f"message too large (header {hlen} bytes, payload {plen} bytes)")

@@ -7,6 +7,7 @@ answers are evidence. It rewrites a JSON progress file after every check, so tha
 it is killed at its time limit the parent still knows which checks finished and which
 one was running (sanitizer/runner.py); the candidate cannot write that file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="the base of every input seed (default: a secret one)")
     ap.add_argument("--deadline", type=float, default=0.0, help="epoch seconds by which the candidate is judged")
     ap.add_argument("--skip-gate", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--gpu-lease", action="store_true",
-                    help="gpu mode: ask the parent for the GPU before the first check on it (sanitizer/lease.py)")
+    ap.add_argument(
+        "--gpu-lease",
+        action="store_true",
+        help="gpu mode: ask the parent for the GPU before the first check on it (sanitizer/lease.py)",
+    )
     args = ap.parse_args(argv)
     _die_with_parent()
     only = [c for c in args.checks.split(",") if c] or None
@@ -64,8 +68,16 @@ def main(argv=None) -> int:
     with open(args.file, "rb") as f:  # bytes: the gate judges how Python would read them
         raw = f.read()
     # a verdict cut short still names its inputs, and the text it is about (the loop holds it to the candidate's)
-    progress = {"file": args.file, "op": args.op, "mode": args.mode, "running": None, "checks": [],
-                "started": time.time(), "seed": seed_base, "source_hash": judged_hash(raw)}
+    progress = {
+        "file": args.file,
+        "op": args.op,
+        "mode": args.mode,
+        "running": None,
+        "checks": [],
+        "started": time.time(),
+        "seed": seed_base,
+        "source_hash": judged_hash(raw),
+    }
     _write(args.out, progress)
 
     # The candidate's process is started first, so that its imports overlap with this one's; it is
@@ -87,14 +99,33 @@ def main(argv=None) -> int:
     try:
         if args.mode == "gpu":
             from .gpu import sanitize_gpu  # deferred: torch and triton load after the executor has started
-            verdict: Verdict = sanitize_gpu(args.file, args.op, on_check=on_check, on_start=on_start, only=only,
-                                            seed_base=seed_base, deadline=deadline, skip_gate=args.skip_gate,
-                                            before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None)
+
+            verdict: Verdict = sanitize_gpu(
+                args.file,
+                args.op,
+                on_check=on_check,
+                on_start=on_start,
+                only=only,
+                seed_base=seed_base,
+                deadline=deadline,
+                skip_gate=args.skip_gate,
+                before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None,
+            )
         else:
             from .checks import sanitize_file  # deferred: after TRITON_INTERPRET is set, and the executor started
-            verdict = sanitize_file(args.file, args.op, args.mode, on_check=on_check, on_start=on_start,
-                                    fail_fast=False if args.keep_going else None, only=only, executor=executor,
-                                    seed_base=seed_base, skip_gate=args.skip_gate)
+
+            verdict = sanitize_file(
+                args.file,
+                args.op,
+                args.mode,
+                on_check=on_check,
+                on_start=on_start,
+                fail_fast=False if args.keep_going else None,
+                only=only,
+                executor=executor,
+                seed_base=seed_base,
+                skip_gate=args.skip_gate,
+            )
     finally:
         if executor is not None:
             executor.close()

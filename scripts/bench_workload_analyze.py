@@ -6,6 +6,7 @@ process whose wall time, CPU time and peak resident memory are recorded with the
 
 writes OUT.json (the figures) and OUT.txt (one line each, and the command's output).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,29 @@ def main(argv=None) -> int:
     trace = a.trace or os.path.join("runs", f"workload_{a.requests}.jsonl")
     if not os.path.isfile(trace):
         os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_workload_trace.py"), str(a.requests), trace,
-                        "--rate", str(a.rate)], check=True)
-    cmd = [sys.executable, "-m", "kernel_agent.agent.cli", "workload", "analyze", trace, "--model", a.model,
-           "--json", a.out + ".analysis.json"]
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "scripts", "gen_workload_trace.py"),
+                str(a.requests),
+                trace,
+                "--rate",
+                str(a.rate),
+            ],
+            check=True,
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernel_agent.agent.cli",
+        "workload",
+        "analyze",
+        trace,
+        "--model",
+        a.model,
+        "--json",
+        a.out + ".analysis.json",
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     load_before = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)  # the generator's, when it ran: taken off below
@@ -44,12 +64,23 @@ def main(argv=None) -> int:
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     doc = json.load(open(a.out + ".analysis.json")) if proc.returncode == 0 else {}
     sched = doc.get("kv", {}).get("bf16", {}).get("schedule", {})
-    fig = {"requests": a.requests, "rate": a.rate, "trace_bytes": os.path.getsize(trace), "model": a.model,
-           "exit": proc.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-           # the largest child's (the generator's is far smaller)
-           "peak_rss_mib": round(after.ru_maxrss / 1024, 1), "cores": os.cpu_count(),
-           "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
-           "steps": sched.get("steps"), "step_groups": sched.get("groups"), "command": " ".join(cmd[1:])}
+    fig = {
+        "requests": a.requests,
+        "rate": a.rate,
+        "trace_bytes": os.path.getsize(trace),
+        "model": a.model,
+        "exit": proc.returncode,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        # the largest child's (the generator's is far smaller)
+        "peak_rss_mib": round(after.ru_maxrss / 1024, 1),
+        "cores": os.cpu_count(),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "steps": sched.get("steps"),
+        "step_groups": sched.get("groups"),
+        "command": " ".join(cmd[1:]),
+    }
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(fig, f, indent=2)

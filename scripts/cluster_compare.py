@@ -18,6 +18,7 @@ reason: a run that ended before the cap (the time limit) is noted under the tabl
 Run it on an otherwise quiet machine with at least 2 free cores: the nodes share its cores with
 whatever else runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,12 @@ from local_ray_cluster import LocalRayCluster  # noqa: E402
 
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 # the judges run Triton in its interpreter on every node, as on a CPU-only machine
-ENV = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1",
-           PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+ENV = dict(
+    os.environ,
+    TRITON_INTERPRET="1",
+    PYTHONUNBUFFERED="1",
+    PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+)
 
 
 class LocalCluster(LocalRayCluster):
@@ -68,10 +73,26 @@ class LocalCluster(LocalRayCluster):
 def run_once(args, work: str, cluster: Optional[str]) -> Dict:
     """One `kernel-agent run` with its own ledger, candidates and serving set; its summary document."""
     os.makedirs(work, exist_ok=True)
-    cmd = CLI + ["run", "--proposer", "search", "--ops", args.ops, "--candidates", str(args.candidates),
-                 "--per-round", str(args.per_round), "--seed", str(args.seed), "--time-limit", args.time_limit,
-                 "--ledger", os.path.join(work, "ledger.db"), "--candidates-dir", os.path.join(work, "candidates"),
-                 "--json"]
+    cmd = CLI + [
+        "run",
+        "--proposer",
+        "search",
+        "--ops",
+        args.ops,
+        "--candidates",
+        str(args.candidates),
+        "--per-round",
+        str(args.per_round),
+        "--seed",
+        str(args.seed),
+        "--time-limit",
+        args.time_limit,
+        "--ledger",
+        os.path.join(work, "ledger.db"),
+        "--candidates-dir",
+        os.path.join(work, "candidates"),
+        "--json",
+    ]
     cmd += ["--cluster", cluster] if cluster else ["--jobs", str(args.local_jobs)]
     env = dict(ENV, KERNEL_AGENT_SERVING_DIR=os.path.join(work, "serving"))
     t0 = time.time()
@@ -97,18 +118,35 @@ def measure(args, config: str, work: str) -> Dict:
         nodes = cpus = int(config)
     th = doc.get("throughput") or {}
     judged, wall = int(th.get("judged", 0)), float(th.get("wall_s") or doc.get("wall_s") or 0.0)
-    return {"config": "local placement" if config == "local" else f"Ray, {nodes} node(s)", "nodes": nodes,
-            "cpus": cpus, "judged": judged, "wall_s": round(wall, 1),
-            "judged_per_min": round(judged / wall * 60.0, 2) if wall > 0 else None,
-            "process_s": round(doc["process_s"], 1), "candidates_by_status": doc.get("candidates_by_status"),
-            "run_id": doc.get("run_id"), "stop_reason": doc.get("stop_reason"), "stage_s": th.get("stage_s")}
+    return {
+        "config": "local placement" if config == "local" else f"Ray, {nodes} node(s)",
+        "nodes": nodes,
+        "cpus": cpus,
+        "judged": judged,
+        "wall_s": round(wall, 1),
+        "judged_per_min": round(judged / wall * 60.0, 2) if wall > 0 else None,
+        "process_s": round(doc["process_s"], 1),
+        "candidates_by_status": doc.get("candidates_by_status"),
+        "run_id": doc.get("run_id"),
+        "stop_reason": doc.get("stop_reason"),
+        "stage_s": th.get("stage_s"),
+    }
 
 
 def print_table(rows: List[Dict]) -> None:
     head = ["configuration", "nodes", "CPUs", "judged", "wall s", "judged/min", "process s"]
-    table = [[r["config"], str(r["nodes"] or "-"), str(r["cpus"]), str(r["judged"]), f"{r['wall_s']:.1f}",
-              "-" if r["judged_per_min"] is None else f"{r['judged_per_min']:.2f}", f"{r['process_s']:.1f}"]
-             for r in rows]
+    table = [
+        [
+            r["config"],
+            str(r["nodes"] or "-"),
+            str(r["cpus"]),
+            str(r["judged"]),
+            f"{r['wall_s']:.1f}",
+            "-" if r["judged_per_min"] is None else f"{r['judged_per_min']:.2f}",
+            f"{r['process_s']:.1f}",
+        ]
+        for r in rows
+    ]
     widths = [max(len(x) for x in col) for col in zip(head, *table)]
     for line in [head, ["-" * w for w in widths]] + table:
         print(" | ".join(x.ljust(w) for x, w in zip(line, widths)))
@@ -144,8 +182,11 @@ def main(argv=None) -> int:
             shutil.rmtree(base, ignore_errors=True)
     print_table(rows)
     settings = {k: getattr(args, k) for k in ("candidates", "ops", "seed", "per_round", "time_limit", "local_jobs")}
-    doc = {"settings": settings, "rows": rows, "machine": {"cores": os.cpu_count(), "platform": platform.platform(),
-                                                          "python": platform.python_version()}}
+    doc = {
+        "settings": settings,
+        "rows": rows,
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

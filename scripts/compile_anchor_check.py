@@ -6,6 +6,7 @@ with an empty Inductor cache, compiles the anchor at the serving shape in the de
 Inductor's deterministic mode (configs by heuristic, no benchmarking), times it as CUDA-graph replays
 and prints the configs Inductor chose. Usage (GPU machine): python3 scripts/compile_anchor_check.py [N]
 """
+
 import json
 import os
 import statistics
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-CHILD = r'''
+CHILD = r"""
 import glob, json, os, statistics, sys
 import torch, triton.testing
 from kernel_agent.harness.bench import anchor_for, warm_gpu
@@ -33,7 +34,7 @@ configs = sorted({json.dumps({k: v for k, v in json.load(open(f)).items()
                               if k.isupper() or k in ("num_warps", "num_stages")}, sort_keys=True)
                   for f in best_configs})
 print(json.dumps({"mode": sys.argv[1], "graph_ms": statistics.median(times), "rounds": times, "configs": configs}))
-'''
+"""
 
 
 def main() -> int:
@@ -43,8 +44,9 @@ def main() -> int:
         for mode in ("default", "deterministic"):
             with tempfile.TemporaryDirectory() as cache:
                 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache + "/triton")
-                p = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True,
-                                   timeout=240)
+                p = subprocess.run(
+                    [sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True, timeout=240
+                )
             if p.returncode != 0:
                 print(f"{mode} process {i}: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
                 continue
@@ -55,8 +57,10 @@ def main() -> int:
     for mode in ("default", "deterministic"):
         ms = [r["graph_ms"] for r in rows if r["mode"] == mode]
         if ms:
-            print(f"{mode:13} {len(ms)} processes: {min(ms):.4f} .. {max(ms):.4f} ms "
-                  f"({100 * (max(ms) - min(ms)) / min(ms):.1f}% apart), median {statistics.median(ms):.4f}")
+            print(
+                f"{mode:13} {len(ms)} processes: {min(ms):.4f} .. {max(ms):.4f} ms "
+                f"({100 * (max(ms) - min(ms)) / min(ms):.1f}% apart), median {statistics.median(ms):.4f}"
+            )
     return 0
 
 

@@ -18,6 +18,7 @@ Variants:
   flashinfer        FlashInfer's paged decode over the same bf16 cache and page table (if installed)
 Needs a CUDA GPU. Results: a table on stdout, every figure in DIR/decode_study.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,16 +60,41 @@ def _plane(w, i: tl.constexpr, FOLD: tl.constexpr):
 
 # long: a kernel reads best as one body (as the baseline kernels it varies)
 @triton.jit
-def _planes_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
-                   qk_scale, GROUP,
-                   stride_qb, stride_qh,
-                   stride_kb, stride_ks, stride_kh,
-                   stride_ksb, stride_kss, stride_ksh,
-                   stride_btb,
-                   stride_mb, stride_mh, stride_ms,
-                   stride_ab, stride_ah, stride_as,
-                   NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr, FOLD: tl.constexpr):
+def _planes_kernel(
+    q_ptr,
+    k_ptr,
+    ks_ptr,
+    v_ptr,
+    vs_ptr,
+    bt_ptr,
+    lens_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    qk_scale,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_ksb,
+    stride_kss,
+    stride_ksh,
+    stride_btb,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    NUM_SPLITS: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_D: tl.constexpr,
+    FOLD: tl.constexpr,
+):
     # k and v share strides (one cache layout), so one offset tile addresses both
     W: tl.constexpr = HEAD_D // 4
     b = tl.program_id(0)
@@ -87,8 +113,10 @@ def _planes_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr,
     q1 = tl.load(q_base + 4 * offs_w[None, :] + 1, mask=h_mask[:, None], other=0.0).to(tl.float32)
     q2 = tl.load(q_base + 4 * offs_w[None, :] + 2, mask=h_mask[:, None], other=0.0).to(tl.float32)
     q3 = tl.load(q_base + 4 * offs_w[None, :] + 3, mask=h_mask[:, None], other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(q0), 1), 0), tl.max(tl.max(tl.abs(q1), 1), 0)),
-                      tl.maximum(tl.max(tl.max(tl.abs(q2), 1), 0), tl.max(tl.max(tl.abs(q3), 1), 0)))
+    amax = tl.maximum(
+        tl.maximum(tl.max(tl.max(tl.abs(q0), 1), 0), tl.max(tl.max(tl.abs(q1), 1), 0)),
+        tl.maximum(tl.max(tl.max(tl.abs(q2), 1), 0), tl.max(tl.max(tl.abs(q3), 1), 0)),
+    )
     q_exp = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
     shift = tl.minimum(tl.maximum(140 - q_exp, -100), 100)
     mult = ((shift + 127) << 23).to(tl.float32, bitcast=True)
@@ -97,8 +125,12 @@ def _planes_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr,
     q2 = (q2 * mult).to(tl.float16)
     q3 = (q3 * mult).to(tl.float16)
     # the float16 planes carry code + 1152: q . (k + 1152) = q . k + 1152 * sum(q)
-    q_bias = 1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)
-                       + tl.sum(q2.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1))
+    q_bias = 1152.0 * (
+        tl.sum(q0.to(tl.float32), 1)
+        + tl.sum(q1.to(tl.float32), 1)
+        + tl.sum(q2.to(tl.float32), 1)
+        + tl.sum(q3.to(tl.float32), 1)
+    )
     score_scale = qk_scale * ((127 - shift) << 23).to(tl.float32, bitcast=True)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -157,16 +189,40 @@ def _planes_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr,
 
 
 @triton.jit
-def _fp8_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
-                qk_scale, GROUP,
-                stride_qb, stride_qh,
-                stride_kb, stride_ks, stride_kh,
-                stride_ksb, stride_kss, stride_ksh,
-                stride_btb,
-                stride_mb, stride_mh, stride_ms,
-                stride_ab, stride_ah, stride_as,
-                NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
+def _fp8_kernel(
+    q_ptr,
+    k_ptr,
+    ks_ptr,
+    v_ptr,
+    vs_ptr,
+    bt_ptr,
+    lens_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    qk_scale,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_ksb,
+    stride_kss,
+    stride_ksh,
+    stride_btb,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    NUM_SPLITS: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_D: tl.constexpr,
+):
     """e4m3 codes with one float32 scale per (slot, head): e4m3 values are exact in float16, so the dots run
     on float16 codes, with the scales on the scores and the probabilities as in the int8 kernels."""
     b = tl.program_id(0)
@@ -180,8 +236,9 @@ def _fp8_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr, l_
     offs_d = tl.arange(0, HEAD_D)
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None],
-                other=0.0).to(tl.float32)
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None], other=0.0
+    ).to(tl.float32)
     q_exp = (tl.max(tl.max(tl.abs(q), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
     # e4m3 codes reach 448 (2^8.8): keep q * code under float16's 65504 per product and sums in float32
     shift = tl.minimum(tl.maximum(133 - q_exp, -100), 100)
@@ -214,16 +271,43 @@ def _fp8_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, bt_ptr, lens_ptr, m_ptr, l_
         m_i = m_ij
     tl.store(m_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, m_i, mask=h_mask)
     tl.store(l_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, l_i, mask=h_mask)
-    tl.store(acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :], acc,
-             mask=h_mask[:, None])
+    tl.store(
+        acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :],
+        acc,
+        mask=h_mask[:, None],
+    )
 
 
 @triton.jit
-def _bf16_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, GROUP,
-                 stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_btb,
-                 stride_mb, stride_mh, stride_ms, stride_ab, stride_ah, stride_as,
-                 NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr):
+def _bf16_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    qk_scale,
+    GROUP,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_btb,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    NUM_SPLITS: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_D: tl.constexpr,
+):
     """The bf16 baseline's split kernel for a power-of-two D, with K and V addressed by one offset tile (the
     caches share strides) and the page of each token computed once per tile."""
     b = tl.program_id(0)
@@ -237,8 +321,7 @@ def _bf16_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, q
     offs_d = tl.arange(0, HEAD_D)
     h_mask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None],
-                other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None], other=0.0)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_D], dtype=tl.float32)
@@ -263,8 +346,11 @@ def _bf16_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr, q
         m_i = m_ij
     tl.store(m_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, m_i, mask=h_mask)
     tl.store(l_ptr + b * stride_mb + heads * stride_mh + split * stride_ms, l_i, mask=h_mask)
-    tl.store(acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :], acc,
-             mask=h_mask[:, None])
+    tl.store(
+        acc_ptr + b * stride_ab + heads[:, None] * stride_ah + split * stride_as + offs_d[None, :],
+        acc,
+        mask=h_mask[:, None],
+    )
 
 
 def make_bf16_call(q, k, v, bt, lens, combine, *, splits=2, block_n=64, warps=4, stages=3, maxnreg=None):
@@ -279,17 +365,61 @@ def make_bf16_call(q, k, v, bt, lens, combine, *, splits=2, block_n=64, warps=4,
     extra = {"maxnreg": maxnreg} if maxnreg else {}
 
     def run():
-        _bf16_kernel[(B, HKV, splits)](q, k, v, bt, lens, m, l, acc, 1.4426950408889634 / math.sqrt(Dq), group,
-                                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), bt.stride(0),
-                                       m.stride(0), m.stride(1), m.stride(2), acc.stride(0), acc.stride(1),
-                                       acc.stride(2), NUM_SPLITS=splits, PAGE=PAGE, BLOCK_N=block_n,
-                                       BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_D=Dq, num_warps=warps,
-                                       num_stages=stages, **extra)
-        combine[(B, Hq)](m, l, acc, o, m.stride(0), m.stride(1), m.stride(2),
-                         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
-                         o.stride(0), o.stride(1), o.stride(2), NUM_SPLITS=splits, HEAD_D=Dq, BLOCK_D=Dq,
-                         EVEN_D=True, num_warps=4)
+        _bf16_kernel[(B, HKV, splits)](
+            q,
+            k,
+            v,
+            bt,
+            lens,
+            m,
+            l,
+            acc,
+            1.4426950408889634 / math.sqrt(Dq),
+            group,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            bt.stride(0),
+            m.stride(0),
+            m.stride(1),
+            m.stride(2),
+            acc.stride(0),
+            acc.stride(1),
+            acc.stride(2),
+            NUM_SPLITS=splits,
+            PAGE=PAGE,
+            BLOCK_N=block_n,
+            BLOCK_H=max(16, triton.next_power_of_2(group)),
+            HEAD_D=Dq,
+            num_warps=warps,
+            num_stages=stages,
+            **extra,
+        )
+        combine[(B, Hq)](
+            m,
+            l,
+            acc,
+            o,
+            m.stride(0),
+            m.stride(1),
+            m.stride(2),
+            acc.stride(0),
+            acc.stride(1),
+            acc.stride(2),
+            acc.stride(3),
+            o.stride(0),
+            o.stride(1),
+            o.stride(2),
+            NUM_SPLITS=splits,
+            HEAD_D=Dq,
+            BLOCK_D=Dq,
+            EVEN_D=True,
+            num_warps=4,
+        )
         return o
+
     return run
 
 
@@ -298,8 +428,24 @@ def _splits(B, Hkv, ctx, per_sm):
     return max(1, min(triton.cdiv(per_sm * sms, B * Hkv), triton.cdiv(ctx, 256), 32))
 
 
-def make_quantized_call(kind, q, codes_k, scale_k, codes_v, scale_v, bt, lens, combine, *, per_sm=4, block_n=128,
-                        warps=4, stages=3, fold=True, maxnreg=None):
+def make_quantized_call(
+    kind,
+    q,
+    codes_k,
+    scale_k,
+    codes_v,
+    scale_v,
+    bt,
+    lens,
+    combine,
+    *,
+    per_sm=4,
+    block_n=128,
+    warps=4,
+    stages=3,
+    fold=True,
+    maxnreg=None,
+):
     """A closure that runs the study kernel `kind` ('planes' or 'fp8') and the int8 baseline's combine."""
     B, Hq, Dq = q.shape
     splits = _splits(B, HKV, bt.shape[1] * PAGE, per_sm)
@@ -310,8 +456,16 @@ def make_quantized_call(kind, q, codes_k, scale_k, codes_v, scale_v, bt, lens, c
     group = Hq // HKV
     kc, vc = (codes_k.view(torch.int32), codes_v.view(torch.int32)) if kind == "planes" else (codes_k, codes_v)
     assert kc.stride() == vc.stride() and scale_k.stride() == scale_v.stride()
-    common = dict(NUM_SPLITS=splits, PAGE=PAGE, BLOCK_N=block_n, BLOCK_H=max(16, triton.next_power_of_2(group)),
-                  HEAD_D=Dq, num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    common = dict(
+        NUM_SPLITS=splits,
+        PAGE=PAGE,
+        BLOCK_N=block_n,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_D=Dq,
+        num_warps=warps,
+        num_stages=stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
+    )
     if kind == "planes":
         kernel, extra = _planes_kernel, dict(FOLD=fold)
     else:
@@ -319,16 +473,60 @@ def make_quantized_call(kind, q, codes_k, scale_k, codes_v, scale_v, bt, lens, c
     qk_scale = 1.4426950408889634 / math.sqrt(Dq)
 
     def run():
-        kernel[(B, HKV, splits)](q, kc, scale_k, vc, scale_v, bt, lens, m, l, acc, qk_scale, group,
-                                 q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-                                 scale_k.stride(0), scale_k.stride(1), scale_k.stride(2), bt.stride(0),
-                                 m.stride(0), m.stride(1), m.stride(2), acc.stride(0), acc.stride(1), acc.stride(2),
-                                 **common, **extra)
-        combine[(B, Hq)](m, l, acc, o, m.stride(0), m.stride(1), m.stride(2),
-                         acc.stride(0), acc.stride(1), acc.stride(2), acc.stride(3),
-                         o.stride(0), o.stride(1), o.stride(2), NUM_SPLITS=splits, HEAD_D=Dq, BLOCK_D=Dq,
-                         EVEN_D=True, num_warps=4)
+        kernel[(B, HKV, splits)](
+            q,
+            kc,
+            scale_k,
+            vc,
+            scale_v,
+            bt,
+            lens,
+            m,
+            l,
+            acc,
+            qk_scale,
+            group,
+            q.stride(0),
+            q.stride(1),
+            kc.stride(0),
+            kc.stride(1),
+            kc.stride(2),
+            scale_k.stride(0),
+            scale_k.stride(1),
+            scale_k.stride(2),
+            bt.stride(0),
+            m.stride(0),
+            m.stride(1),
+            m.stride(2),
+            acc.stride(0),
+            acc.stride(1),
+            acc.stride(2),
+            **common,
+            **extra,
+        )
+        combine[(B, Hq)](
+            m,
+            l,
+            acc,
+            o,
+            m.stride(0),
+            m.stride(1),
+            m.stride(2),
+            acc.stride(0),
+            acc.stride(1),
+            acc.stride(2),
+            acc.stride(3),
+            o.stride(0),
+            o.stride(1),
+            o.stride(2),
+            NUM_SPLITS=splits,
+            HEAD_D=Dq,
+            BLOCK_D=Dq,
+            EVEN_D=True,
+            num_warps=4,
+        )
         return o
+
     return run, splits
 
 
@@ -370,6 +568,7 @@ def graph_time(fn, rounds_of=20):
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / rounds_of
+
     return eager
 
 
@@ -392,6 +591,7 @@ def _graph_timer(fn, rounds_of):
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / rounds_of
+
     return once
 
 
@@ -421,8 +621,18 @@ def flashinfer_call(q, k_cache, v_cache, bt, lens, tensor_cores=False):
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=q.device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
     t0 = time.time()
-    wrapper.plan(indptr, indices, last, q.shape[1], HKV, q.shape[2], PAGE, pos_encoding_mode="NONE",
-                 q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        q.shape[1],
+        HKV,
+        q.shape[2],
+        PAGE,
+        pos_encoding_mode="NONE",
+        q_data_type=q.dtype,
+        kv_data_type=k_cache.dtype,
+    )
     note = f"flashinfer {flashinfer.__version__} tensor_cores={tensor_cores}, plan+JIT {time.time() - t0:.1f}s"
     return (lambda: wrapper.run(q, (k_cache, v_cache))), note
 
@@ -451,20 +661,37 @@ def study_point(B, ctx, mods, rounds, log):
     q8_bytes = 2 * B * ctx * HKV * (D + 4) + 2 * B * HQ * D * 2
     base16 = mods["bf16"]
     bf16_splits = base16._config(B, HKV, ctx, q.device, D)[0]
-    for name, kw in (("", {}), (" r80", dict(maxnreg=80)), (" n128s2", dict(block_n=128, stages=2)),
-                     (" s4", dict(stages=4)), (" x2", dict(splits=2 * bf16_splits))):
+    for name, kw in (
+        ("", {}),
+        (" r80", dict(maxnreg=80)),
+        (" n128s2", dict(block_n=128, stages=2)),
+        (" s4", dict(stages=4)),
+        (" x2", dict(splits=2 * bf16_splits)),
+    ):
         kw.setdefault("splits", bf16_splits)
         fn = make_bf16_call(q, k16, v16, bt, lens, mods["bf16"]._decode_combine_kernel, **kw)
         variants[f"bf16 one-offset{name} ({kw['splits']})"] = (fn, "bf16", bf16_bytes)
     variants["bf16 baseline"] = (lambda: base16.decode_attention(q, k16, v16, bt, lens), "bf16", bf16_bytes)
-    variants["int8 baseline"] = (lambda: mods["int8"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens), "int8",
-                                 q8_bytes)
-    variants["int8 planes"] = (lambda: mods["int8_planes"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
-                               "int8", q8_bytes)
-    for name, kw in (("planes", {}), ("planes r128", dict(maxnreg=128)), ("planes r96", dict(maxnreg=96)),
-                     ("planes s8", dict(per_sm=8)), ("planes r128 s8", dict(maxnreg=128, per_sm=8)),
-                     ("planes r128 s6", dict(maxnreg=128, per_sm=6)), ("planes n256", dict(block_n=256)),
-                     ("planes r128 st4", dict(maxnreg=128, stages=4))):
+    variants["int8 baseline"] = (
+        lambda: mods["int8"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
+        "int8",
+        q8_bytes,
+    )
+    variants["int8 planes"] = (
+        lambda: mods["int8_planes"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
+        "int8",
+        q8_bytes,
+    )
+    for name, kw in (
+        ("planes", {}),
+        ("planes r128", dict(maxnreg=128)),
+        ("planes r96", dict(maxnreg=96)),
+        ("planes s8", dict(per_sm=8)),
+        ("planes r128 s8", dict(maxnreg=128, per_sm=8)),
+        ("planes r128 s6", dict(maxnreg=128, per_sm=6)),
+        ("planes n256", dict(block_n=256)),
+        ("planes r128 st4", dict(maxnreg=128, stages=4)),
+    ):
         kw.setdefault("fold", False)
         fn, splits = make_quantized_call("planes", q, k8, ks8, v8, vs8, bt, lens, combine, **kw)
         variants[f"int8 {name} ({splits})"] = (fn, "int8", q8_bytes)
@@ -474,16 +701,21 @@ def study_point(B, ctx, mods, rounds, log):
     kc = k16[bt.long()].reshape(B, ctx, HKV, D).permute(0, 2, 1, 3).contiguous()
     vc = v16[bt.long()].reshape(B, ctx, HKV, D).permute(0, 2, 1, 3).contiguous()
     qs = q.view(B, HQ, 1, D)
-    variants["sdpa (contiguous)"] = (lambda: torch.nn.functional.scaled_dot_product_attention(
-        qs, kc, vc, enable_gqa=True).view(B, HQ, D), "bf16", bf16_bytes)
+    variants["sdpa (contiguous)"] = (
+        lambda: torch.nn.functional.scaled_dot_product_attention(qs, kc, vc, enable_gqa=True).view(B, HQ, D),
+        "bf16",
+        bf16_bytes,
+    )
     for tc in (False, True):
         fi, note = flashinfer_call(q, k16, v16, bt, lens, tc)
         log(f"B={B} ctx={ctx}: {note}")
         if fi is not None:
             variants["flashinfer" + (" tensor-core" if tc else "")] = (fi, "bf16", bf16_bytes)
-    refs = {"bf16": reference(q, k16.float(), v16.float(), bt, lens),
-            "int8": reference(q, k8.float() * ks8[..., None], v8.float() * vs8[..., None], bt, lens),
-            "fp8": reference(q, kf8.float() * ksf8[..., None], vf8.float() * vsf8[..., None], bt, lens)}
+    refs = {
+        "bf16": reference(q, k16.float(), v16.float(), bt, lens),
+        "int8": reference(q, k8.float() * ks8[..., None], v8.float() * vs8[..., None], bt, lens),
+        "fp8": reference(q, kf8.float() * ksf8[..., None], vf8.float() * vsf8[..., None], bt, lens),
+    }
     exact = reference(q, k16.float(), v16.float(), bt, lens)  # what the unquantized cache gives
     rows, timers = {}, {}
     for name, (fn, kind, nbytes) in variants.items():
@@ -499,7 +731,7 @@ def study_point(B, ctx, mods, rounds, log):
             log(f"  {name}: {rows[name]['error']}")
     for r in range(rounds):
         names = list(timers)
-        names = names[r % len(names):] + names[: r % len(names)]
+        names = names[r % len(names) :] + names[: r % len(names)]
         for name in names:
             rows[name]["times"].append(timers[name]())
     for row in rows.values():
@@ -515,15 +747,26 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
-    mods = {"bf16": _load("kernels/baseline/decode_attention.py", "s_bf16"),
-            "int8": _load("kernels/baseline/decode_attention_int8.py", "s_int8"),
-            "int8_planes": _load("kernels/serving/decode_attention_int8__c8k-g4-d128__bfloat16__nvidia-h200.py",
-                                 "s_planes")}
+    mods = {
+        "bf16": _load("kernels/baseline/decode_attention.py", "s_bf16"),
+        "int8": _load("kernels/baseline/decode_attention_int8.py", "s_int8"),
+        "int8_planes": _load(
+            "kernels/serving/decode_attention_int8__c8k-g4-d128__bfloat16__nvidia-h200.py", "s_planes"
+        ),
+    }
     ceiling = copy_ceiling_tbps()
-    print(f"copy ceiling {ceiling:.2f} TB/s; {torch.cuda.get_device_name()}; torch {torch.__version__}, "
-          f"triton {triton.__version__}", flush=True)
-    results = {"copy_tbps": ceiling, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "triton": triton.__version__, "points": {}}
+    print(
+        f"copy ceiling {ceiling:.2f} TB/s; {torch.cuda.get_device_name()}; torch {torch.__version__}, "
+        f"triton {triton.__version__}",
+        flush=True,
+    )
+    results = {
+        "copy_tbps": ceiling,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "points": {},
+    }
     for p in args.points.split(","):
         B, ctx = (int(x) for x in p.lower().split("x"))
         rows = study_point(B, ctx, mods, args.rounds, lambda s: print(s, flush=True))
@@ -532,15 +775,20 @@ def main(argv=None):
             json.dump(results, f, indent=1)
         sdpa = rows.get("sdpa (contiguous)", {}).get("ms")
         print(f"\nB={B} ctx={ctx}")
-        print(f"{'variant':32s} {'ms':>8s} {'TB/s':>6s} {'%copy':>6s} {'vs sdpa':>8s} {'max err':>9s} "
-              f"{'err vs bf16':>11s}")
+        print(
+            f"{'variant':32s} {'ms':>8s} {'TB/s':>6s} {'%copy':>6s} {'vs sdpa':>8s} {'max err':>9s} "
+            f"{'err vs bf16':>11s}"
+        )
         for name, row in sorted(rows.items(), key=lambda kv: kv[1].get("ms", 1e9)):
             if "ms" not in row:
                 print(f"{name:32s} {row.get('error', '')[:80]}")
                 continue
-            print(f"{name:32s} {row['ms']:8.4f} {row['tbps']:6.2f} {100 * row['tbps'] / ceiling:5.1f}% "
-                  f"{sdpa / row['ms'] if sdpa else float('nan'):7.3f}x {row['max_err']:9.2e} "
-                  f"{row['max_err_vs_bf16_cache']:11.2e}", flush=True)
+            print(
+                f"{name:32s} {row['ms']:8.4f} {row['tbps']:6.2f} {100 * row['tbps'] / ceiling:5.1f}% "
+                f"{sdpa / row['ms'] if sdpa else float('nan'):7.3f}x {row['max_err']:9.2e} "
+                f"{row['max_err_vs_bf16_cache']:11.2e}",
+                flush=True,
+            )
     return 0
 
 

@@ -20,6 +20,7 @@ checks) already in the file is not run again, so an interrupted sweep resumes wh
 Nothing here needs a GPU: the checks run in Triton's interpreter (TRITON_INTERPRET=1 is set for the
 judges by the runner). Run it at low priority on a shared machine (`nice -n 19`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,10 +101,16 @@ def read_results(path: str) -> List[Dict]:
 
 def _commit() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -115,18 +122,26 @@ def is_timeout(row: Dict) -> bool:
     return row["verdict"] == "timeout" or (row["verdict"] == "fail" and "time limit" in row.get("detail", ""))
 
 
-def judge(kernel: str, seed: int, mode: str, checks: Optional[List[str]], commit: str,
-          timeout_s: Optional[float] = None) -> Dict:
+def judge(
+    kernel: str, seed: int, mode: str, checks: Optional[List[str]], commit: str, timeout_s: Optional[float] = None
+) -> Dict:
     """One verdict of the normal runner, as the row the results file holds."""
     t0 = time.time()
     v = run_isolated(os.path.join(ROOT, kernel), op_of(kernel), mode, timeout_s, checks=checks, seed=seed)
     bad = v.first_failure
     timed_out = (v.error or "").startswith("not verified") or (bad is not None and "time limit" in bad.detail)
-    return {"kernel": kernel, "op": op_of(kernel), "seed": seed, "mode": mode, "checks": ",".join(checks or []),
-            "verdict": "pass" if v.passed else "timeout" if timed_out else "fail",
-            "failed_check": bad.name if bad else ("verdict" if not v.passed else ""),
-            "detail": (bad.detail if bad else v.error or "")[:600], "seconds": round(time.time() - t0, 1),
-            "commit": commit}
+    return {
+        "kernel": kernel,
+        "op": op_of(kernel),
+        "seed": seed,
+        "mode": mode,
+        "checks": ",".join(checks or []),
+        "verdict": "pass" if v.passed else "timeout" if timed_out else "fail",
+        "failed_check": bad.name if bad else ("verdict" if not v.passed else ""),
+        "detail": (bad.detail if bad else v.error or "")[:600],
+        "seconds": round(time.time() - t0, 1),
+        "commit": commit,
+    }
 
 
 def summary(rows: List[Dict]) -> str:
@@ -134,8 +149,7 @@ def summary(rows: List[Dict]) -> str:
     of time (not judged); then the totals."""
     per: Dict[str, Dict] = {}
     for r in rows:
-        s = per.setdefault(r["kernel"], {"seeds": set(), "pass": 0, "fail": 0, "timeout": 0, "checks": {},
-                                         "secs": 0.0})
+        s = per.setdefault(r["kernel"], {"seeds": set(), "pass": 0, "fail": 0, "timeout": 0, "checks": {}, "secs": 0.0})
         if is_timeout(r):
             s["timeout"] += 1
             continue
@@ -149,13 +163,17 @@ def summary(rows: List[Dict]) -> str:
     for k, s in sorted(per.items()):
         n = s["pass"] + s["fail"]
         checks = ", ".join(f"{c} x{m}" for c, m in sorted(s["checks"].items())) or "-"
-        lines.append(f"{k:<{width}}  {len(s['seeds']):>5}  {s['pass']:>4}  {s['fail']:>4}  {s['timeout']:>9}  "
-                     f"{s['secs'] / max(n, 1):>6.1f}  {checks}")
+        lines.append(
+            f"{k:<{width}}  {len(s['seeds']):>5}  {s['pass']:>4}  {s['fail']:>4}  {s['timeout']:>9}  "
+            f"{s['secs'] / max(n, 1):>6.1f}  {checks}"
+        )
     total = sum(s["pass"] + s["fail"] for s in per.values())
     fails = sum(s["fail"] for s in per.values())
     timeouts = sum(s["timeout"] for s in per.values())
-    lines.append(f"{len(per)} kernels, {total} verdicts, {fails} failed ({fails / max(total, 1):.2%} false "
-                 f"positives); {timeouts} more ran out of time and judged nothing")
+    lines.append(
+        f"{len(per)} kernels, {total} verdicts, {fails} failed ({fails / max(total, 1):.2%} false "
+        f"positives); {timeouts} more ran out of time and judged nothing"
+    )
     return "\n".join(lines)
 
 
@@ -166,11 +184,19 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=50, help="seeds per kernel")
     p.add_argument("--first", type=int, default=0, help="index of the first seed")
     p.add_argument("--jobs", type=int, default=1, help="verdicts judged in parallel")
-    p.add_argument("--mode", choices=("full", "quick", "gpu"), default="full",
-                   help="full: the CPU checks (interpreter); gpu: the GPU checks (a CUDA GPU)")
+    p.add_argument(
+        "--mode",
+        choices=("full", "quick", "gpu"),
+        default="full",
+        help="full: the CPU checks (interpreter); gpu: the GPU checks (a CUDA GPU)",
+    )
     p.add_argument("--checks", default="", help="only these checks (comma-separated; default: all)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds per verdict (default: the runner's, 600 in full mode; more on a loaded machine)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per verdict (default: the runner's, 600 in full mode; more on a loaded machine)",
+    )
     p.add_argument("--out", default=os.path.join(ROOT, DEFAULT_OUT))
     p.add_argument("--summary", action="store_true", help="print the table of --out and exit")
     p.add_argument("--commit", default="", help="the commit the verdicts are of (default: the checkout's)")
@@ -191,10 +217,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     checks = [c for c in a.checks.split(",") if c] or None
     done = {_key(r["kernel"], r["seed"], r["mode"], r["checks"]) for r in read_results(a.out) if not is_timeout(r)}
-    todo = [(k, sweep_seed(i)) for i in range(a.first, a.first + a.seeds) for k in kernels
-            if _key(k, sweep_seed(i), a.mode, a.checks) not in done]
-    print(f"{len(kernels)} kernels x {a.seeds} seeds: {len(todo)} verdicts to judge, {a.jobs} at a time",
-          flush=True)
+    todo = [
+        (k, sweep_seed(i))
+        for i in range(a.first, a.first + a.seeds)
+        for k in kernels
+        if _key(k, sweep_seed(i), a.mode, a.checks) not in done
+    ]
+    print(f"{len(kernels)} kernels x {a.seeds} seeds: {len(todo)} verdicts to judge, {a.jobs} at a time", flush=True)
     commit, lock = a.commit or _commit(), threading.Lock()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
@@ -202,8 +231,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         row = judge(item[0], item[1], a.mode, checks, commit, a.timeout)
         with lock, open(a.out, "a") as f:
             f.write(json.dumps(row) + "\n")
-        print(f"{row['verdict']}  {row['seconds']:>6.1f}s  seed {row['seed']}  {row['kernel']}"
-              + (f"  [{row['failed_check']}] {row['detail'][:300]}" if row["failed_check"] else ""), flush=True)
+        print(
+            f"{row['verdict']}  {row['seconds']:>6.1f}s  seed {row['seed']}  {row['kernel']}"
+            + (f"  [{row['failed_check']}] {row['detail'][:300]}" if row["failed_check"] else ""),
+            flush=True,
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         list(pool.map(one, todo))

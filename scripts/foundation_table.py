@@ -10,6 +10,7 @@ of all the runs says how many judged figures agree and which do not. --rebalance
 rounds carried their positions get them back from the rotation and their times re-estimated
 position-balanced (bench.restore_positions), as a run today would report them.
 """
+
 import json
 import os
 import sys
@@ -54,8 +55,13 @@ def agreement(run1, run2):
     from kernel_agent.harness.promotion import graph_timed
 
     def index(doc):
-        return {(r["op"], r["shape"], m["label"]): Measurement.from_json(m) for r in doc["results"]
-                for m in r["measurements"] if not m.get("error")}
+        return {
+            (r["op"], r["shape"], m["label"]): Measurement.from_json(m)
+            for r in doc["results"]
+            for m in r["measurements"]
+            if not m.get("error")
+        }
+
     a, b = index(run1), index(run2)
     rows = []
     for key in a:
@@ -69,6 +75,7 @@ def agreement(run1, run2):
 
 def load(path, rebalance=False):
     from kernel_agent.harness.bench import restore_positions
+
     with open(path) as f:
         doc = json.load(f)
     if rebalance:
@@ -82,14 +89,19 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
     doc = load(out_path, rebalance)
     out = out if os.path.isdir(out) else os.path.dirname(out)
     c = doc.get("ceilings", {})
-    print(f"GPU: {c.get('gpu')}; measured ceilings: copy {c.get('copy_tbps')} TB/s (read + write), "
-          f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
-          f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n")
+    print(
+        f"GPU: {c.get('gpu')}; measured ceilings: copy {c.get('copy_tbps')} TB/s (read + write), "
+        f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
+        f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n"
+    )
     from kernel_agent.harness.bench import reported_time
     from kernel_agent.harness.bench_records import Measurement
     from kernel_agent.harness.promotion import graph_timed
-    print("| op | shape | dtype | baseline ms (within-run spread) | baseline as reported (± run to run) | anchor | "
-          "anchor ms | anchor/baseline | baseline rate (events) | of ceiling | floor |")
+
+    print(
+        "| op | shape | dtype | baseline ms (within-run spread) | baseline as reported (± run to run) | anchor | "
+        "anchor ms | anchor/baseline | baseline rate (events) | of ceiling | floor |"
+    )
     print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---|")
     misses = []
     for r in doc["results"]:
@@ -112,10 +124,12 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         a_ms = reported_time(ma, None if by_graph else "event")[0]
         ratio = a_ms / reported_time(mb, None if by_graph else "event")[0]
         rep_ms, rep_spread, rep_kind = reported_time(mb)
-        print(f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['median_ms']:.4f} (±{b['spread_ms']:.4f}{graph}) | "
-              f"{rep_ms:.4f} ±{rep_spread:.4f}{' (graph)' if rep_kind == 'graph' else ''} | "
-              f"{a['label'].split(':')[1] if a else ''} | {a_ms:.4f}{' (graph)' if by_graph else ''} | "
-              f"{ratio:.2f}x | {rate} | {b['fraction_of_ceiling']:.0%} | {fl}{mark} |")
+        print(
+            f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['median_ms']:.4f} (±{b['spread_ms']:.4f}{graph}) | "
+            f"{rep_ms:.4f} ±{rep_spread:.4f}{' (graph)' if rep_kind == 'graph' else ''} | "
+            f"{a['label'].split(':')[1] if a else ''} | {a_ms:.4f}{' (graph)' if by_graph else ''} | "
+            f"{ratio:.2f}x | {rate} | {b['fraction_of_ceiling']:.0%} | {fl}{mark} |"
+        )
     print()
     for op, what in FLOORS.items():
         print(f"- floor {op}: {what}")
@@ -125,8 +139,10 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         run2 = load(run2_path, rebalance)
         rows = agreement(doc, run2)
         ok = sum(r[4] for r in rows)
-        print(f"\nRun twice ({os.path.basename(run2_path)}): {ok} of {len(rows)} judged medians agree within the "
-              f"larger reported run-to-run spread (CUDA-graph replays for small kernels, events otherwise).\n")
+        print(
+            f"\nRun twice ({os.path.basename(run2_path)}): {ok} of {len(rows)} judged medians agree within the "
+            f"larger reported run-to-run spread (CUDA-graph replays for small kernels, events otherwise).\n"
+        )
         print("| op | shape | kernel | run 1 ms | run 2 ms | spread ms | agree |")
         print("|---|---|---|---:|---:|---:|---|")
         for (op, shape, label), a, b, sp, agree in rows:
@@ -139,10 +155,16 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         for i in range(len(paths)):
             for j in range(i + 1, len(paths)):
                 rows = agreement(docs[i], docs[j])
-                apart = [f"{label} at {shape} {abs(a - b) / min(a, b):.1%}" for (op, shape, label), a, b, _, ok in rows
-                         if not ok]
-                print(f"- {os.path.basename(paths[i])} and {os.path.basename(paths[j])}: "
-                      f"{sum(r[4] for r in rows)} of {len(rows)} agree" + (f"; apart: {'; '.join(apart)}" if apart else ""))
+                apart = [
+                    f"{label} at {shape} {abs(a - b) / min(a, b):.1%}"
+                    for (op, shape, label), a, b, _, ok in rows
+                    if not ok
+                ]
+                print(
+                    f"- {os.path.basename(paths[i])} and {os.path.basename(paths[j])}: "
+                    f"{sum(r[4] for r in rows)} of {len(rows)} agree"
+                    + (f"; apart: {'; '.join(apart)}" if apart else "")
+                )
     print("\nGPU sanitizer on the baselines:\n")
     print("| op | passed | checks (failed / skipped) |")
     print("|---|---|---|")
@@ -157,10 +179,16 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
             s = json.load(f)
         for v in s["files"]:
             bad = [f"{c['name']} {c['status']}: {c['detail'][:80]}" for c in v["checks"] if c["status"] != "passed"]
-            gpu = [c["name"] for c in v["checks"] if c["name"] in ("gpu_differential", "memcheck", "initcheck",
-                                                                    "racecheck", "determinism", "native_fpsan")]
-            print(f"| {op} | {v['passed']} | {len(v['checks'])} checks incl. {', '.join(gpu)}; "
-                  f"{'; '.join(bad) or 'none failed or skipped'} |")
+            gpu = [
+                c["name"]
+                for c in v["checks"]
+                if c["name"]
+                in ("gpu_differential", "memcheck", "initcheck", "racecheck", "determinism", "native_fpsan")
+            ]
+            print(
+                f"| {op} | {v['passed']} | {len(v['checks'])} checks incl. {', '.join(gpu)}; "
+                f"{'; '.join(bad) or 'none failed or skipped'} |"
+            )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ cannot drift from it (tests/test_docs.py fails when the committed page differs f
 The help text is rendered at a fixed width (COLUMNS=100) and without colour, so the page does not depend on
 the terminal.
 """
+
 from __future__ import annotations
 
 import argparse

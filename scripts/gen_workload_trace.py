@@ -5,6 +5,7 @@ the same file.
 
     python scripts/gen_workload_trace.py 1000000 runs/workload_1m.jsonl [--rate 40] [--seed 0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,15 @@ def main(argv=None) -> int:
     t = 0.0
     lp, lo = math.log(a.prompt_median), math.log(a.output_median)
     with open(a.out, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"workload": 1, "source": f"synthetic: gen_workload_trace.py {a.requests} --rate {a.rate:g} "
-                                                    f"--seed {a.seed}"}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "workload": 1,
+                    "source": f"synthetic: gen_workload_trace.py {a.requests} --rate {a.rate:g} --seed {a.seed}",
+                }
+            )
+            + "\n"
+        )
         for _ in range(a.requests):
             t += rng.expovariate(a.rate)
             prompt = min(max(1, int(rng.lognormvariate(lp, a.sigma))), a.max_context - 1)

@@ -28,6 +28,7 @@ probe finds which layer is in the way (and, for reads, which top-level folder).
 --cpu: no GPU (a CPU machine): the escapes only. --quick: skip the GPU checks and the benchmark.
 Prints a table last; exits 1 when any attempt escaped or any legitimate run failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ TOOL_PORTS = (49152, 49168)  # compute-sanitizer's range (sanitizer/gpu.py)
 
 # The child: written into its own scratch directory (the one place it may read besides the system's),
 # run as `python child.py CONFIG_JSON`. Triton needs the kernel's source in a file.
-CHILD = r'''
+CHILD = r"""
 import json, os, socket, sys, threading
 config = json.loads(sys.argv[1])
 from kernel_agent.sanitizer import sandbox
@@ -152,7 +153,7 @@ for name in config.get("attempts", []):
 if config.get("legit"):
     result["legit"] = legit()
 print("PROBE-RESULT " + json.dumps(result), flush=True)
-'''
+"""
 
 # (key, what is tried, in which places it counts: the hook alone can refuse ctypes, and the kernel grants
 # this process's thread names to the CUDA driver, so there only the hook counts)
@@ -172,8 +173,11 @@ ATTEMPTS = [
     ("tcp_tool_port_outward", "TCP connect tool port, host address", ("executor", "below hook", "tool ns")),
     ("tcp_outside", "TCP connect 1.1.1.1:443", ("executor", "below hook", "tool ns")),
 ]
-PLACES = {"executor": {"hook": "record"}, "below hook": {"hook": None},
-          "tool ns": {"hook": None, "tool_ports": TOOL_PORTS, "namespace": True}}
+PLACES = {
+    "executor": {"hook": "record"},
+    "below hook": {"hook": None},
+    "tool ns": {"hook": None, "tool_ports": TOOL_PORTS, "namespace": True},
+}
 
 
 class Listeners:
@@ -249,8 +253,9 @@ def outward_address() -> Optional[str]:
         s.close()
 
 
-def run_child(config: dict, wrapper: Tuple[str, ...] = (), timeout_s: float = 240,
-              tool_namespace: bool = True) -> Tuple[Optional[dict], str]:
+def run_child(
+    config: dict, wrapper: Tuple[str, ...] = (), timeout_s: float = 240, tool_namespace: bool = True
+) -> Tuple[Optional[dict], str]:
     """Run the child in a fresh scratch directory; (its result, or None; the tail of its output).
     `wrapper` runs in the tool namespace unless `tool_namespace` is False (a tracer of the probe's own)."""
     scratch = sandbox.make_scratch("ka-probe-")
@@ -286,9 +291,13 @@ def legit_runs(gpu: bool, quick: bool) -> List[Tuple[str, Optional[bool], str]]:
     if not gpu:
         return [("Triton kernel on CUDA", None, "no CUDA GPU (--cpu)")]
     rows = []
-    for what, config in (("Triton kernel, executor's sandbox", {"hook": "fatal", "legit": True}),
-                         ("Triton kernel, tool namespace", {"hook": "fatal", "legit": True, "namespace": True,
-                                                            "tool_ports": TOOL_PORTS})):
+    for what, config in (
+        ("Triton kernel, executor's sandbox", {"hook": "fatal", "legit": True}),
+        (
+            "Triton kernel, tool namespace",
+            {"hook": "fatal", "legit": True, "namespace": True, "tool_ports": TOOL_PORTS},
+        ),
+    ):
         res, out = run_child(config)
         ok = bool(res and res.get("legit", [""])[0] == "ran")
         rows.append((what, ok, res["legit"][1] if ok else last_error(out)))
@@ -297,10 +306,20 @@ def legit_runs(gpu: bool, quick: bool) -> List[Tuple[str, Optional[bool], str]]:
         if not ok and "namespace" not in config:
             rows += diagnose()
     from kernel_agent.sanitizer.gpu import TOOL_PORT_BASE, TOOL_PORT_COUNT, find_compute_sanitizer
+
     exe = find_compute_sanitizer()
     if exe:
-        wrapper = (exe, "--tool", "memcheck", "--error-exitcode", "97", "--port", str(TOOL_PORT_BASE),
-                   "--max-connections", str(TOOL_PORT_COUNT))
+        wrapper = (
+            exe,
+            "--tool",
+            "memcheck",
+            "--error-exitcode",
+            "97",
+            "--port",
+            str(TOOL_PORT_BASE),
+            "--max-connections",
+            str(TOOL_PORT_COUNT),
+        )
         res, out = run_child({"hook": "fatal", "legit": True, "tool_ports": TOOL_PORTS}, wrapper=wrapper)
         ok = bool(res and res.get("legit", [""])[0] == "ran") and "ERROR SUMMARY: 0 errors" in out
         rows.append(("Triton kernel under memcheck", ok, "ERROR SUMMARY: 0 errors" if ok else last_error(out)))
@@ -318,20 +337,37 @@ def pipeline_runs() -> List[Tuple[str, bool, str]]:
     from kernel_agent.harness.bench_worker import run_bench_isolated
     from kernel_agent.harness.ops import get_op
     from kernel_agent.sanitizer.runner import run_isolated
+
     rows = []
     path = os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py")
     v = run_isolated(path, "quantize_kv", "gpu", checks=("gpu_differential", "memcheck"), timeout_s=300)
-    rows.append(("GPU checks on the quantize_kv baseline", v.passed,
-                 "; ".join(f"{c.name} {c.status.value}" for c in v.checks)[:160] if v.passed else v.summary()[:160]))
+    rows.append(
+        (
+            "GPU checks on the quantize_kv baseline",
+            v.passed,
+            "; ".join(f"{c.name} {c.status.value}" for c in v.checks)[:160] if v.passed else v.summary()[:160],
+        )
+    )
     shape = get_op("quantize_kv").shapes("serving")[0].key()
-    doc = run_bench_isolated({"op": "quantize_kv", "shapes": [shape], "dtype": "bfloat16", "seed": 0,
-                              "kernels": [{"label": "baseline", "file": None}]}, timeout_s=300)
+    doc = run_bench_isolated(
+        {
+            "op": "quantize_kv",
+            "shapes": [shape],
+            "dtype": "bfloat16",
+            "seed": 0,
+            "kernels": [{"label": "baseline", "file": None}],
+        },
+        timeout_s=300,
+    )
     ms = [m for r in doc.get("results", []) for m in r.get("measurements", [])]
     errors = [f"{m['label']}: {m['error']}" for m in ms if m.get("error")]
     refused = doc.get("sandbox_refused") or []
     ok = not doc.get("error") and len(ms) >= 2 and not errors and not refused
-    detail = ", ".join(f"{m['label']} {m.get('median_ms') or 0:.4f} ms" for m in ms) if ok else \
-        str(doc.get("error") or errors or refused or "no measurement")[:160]
+    detail = (
+        ", ".join(f"{m['label']} {m.get('median_ms') or 0:.4f} ms" for m in ms)
+        if ok
+        else str(doc.get("error") or errors or refused or "no measurement")[:160]
+    )
     rows.append(("benchmark child, baseline and anchor", ok, detail))
     return rows
 
@@ -349,8 +385,13 @@ def diagnose() -> List[Tuple[str, bool, str]]:
     for what, patch in VARIANTS:
         res, out = run_child({"hook": "fatal", "legit": True, "patches": [patch]})
         ok = bool(res and res.get("legit", [""])[0] == "ran")
-        rows.append((f"  diagnosis: with {what}", True, "the kernel runs: this layer is in the way" if ok else
-                     f"still fails: {last_error(out)}"))
+        rows.append(
+            (
+                f"  diagnosis: with {what}",
+                True,
+                "the kernel runs: this layer is in the way" if ok else f"still fails: {last_error(out)}",
+            )
+        )
         if ok and what == "reads unconfined":
             rows += diagnose_reads()
     return rows
@@ -371,14 +412,17 @@ def diagnose_reads(base: Tuple[str, ...] = ()) -> List[Tuple[str, bool, str]]:
             half = candidates[: len(candidates) // 2]
             if runs_with(half):
                 candidates = half
-            elif runs_with(candidates[len(half):]):
-                candidates = candidates[len(half):]
+            elif runs_with(candidates[len(half) :]):
+                candidates = candidates[len(half) :]
             else:
                 return candidates  # more than one is needed: all of them named
         return candidates
 
-    tops = [p for p in ("/" + n for n in sorted(os.listdir("/"))) if p not in allowed and os.path.isdir(p)
-            and not os.path.islink(p)]
+    tops = [
+        p
+        for p in ("/" + n for n in sorted(os.listdir("/")))
+        if p not in allowed and os.path.isdir(p) and not os.path.islink(p)
+    ]
     if not tops or not runs_with(tops):
         return [("  diagnosis: reads needed under", True, "no top-level folder alone")]
     found = bisect(tops)
@@ -410,14 +454,18 @@ def refused_paths(patches: Tuple[str, ...]) -> List[str]:
     log_dir = tempfile.mkdtemp(prefix="ka-probe-trace-")
     log = os.path.join(log_dir, "trace")
     try:
-        run_child({"hook": "fatal", "legit": True, "patches": list(patches)}, timeout_s=150, tool_namespace=False,
-                  wrapper=(strace, "-f", "-qq", "-e", "trace=%file,%desc", "-o", log))
+        run_child(
+            {"hook": "fatal", "legit": True, "patches": list(patches)},
+            timeout_s=150,
+            tool_namespace=False,
+            wrapper=(strace, "-f", "-qq", "-e", "trace=%file,%desc", "-o", log),
+        )
         counts: Dict[str, int] = {}
         with open(log, errors="replace") as f:
             for line in f:
                 if "= -1 EACCES" in line or "= -1 EPERM" in line:
                     start = line.find('"')
-                    what = line[start + 1: line.find('"', start + 1)] if start >= 0 else line.split("(")[0]
+                    what = line[start + 1 : line.find('"', start + 1)] if start >= 0 else line.split("(")[0]
                     key = f"{what} ({line.split('= -1 ')[1].split()[0]})"
                     counts[key] = counts.get(key, 0) + 1
         return [k for k, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:40]
@@ -448,9 +496,16 @@ def narrow_rule_runs() -> List[Tuple[str, bool, str]]:
 
 def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marker: str) -> Tuple[List, dict]:
     """Every attempt in every place: (rows, the executor's protections)."""
-    config = {"attempts": [a[0] for a in ATTEMPTS], "canary": canary, "git": os.path.join(ROOT, ".git"),
-              "udp_port": listeners.udp.getsockname()[1], "tcp_port": listeners.tcp_lo.getsockname()[1],
-              "tool_port": listeners.tool_port, "outward": outward, "marker": marker}
+    config = {
+        "attempts": [a[0] for a in ATTEMPTS],
+        "canary": canary,
+        "git": os.path.join(ROOT, ".git"),
+        "udp_port": listeners.udp.getsockname()[1],
+        "tcp_port": listeners.tcp_lo.getsockname()[1],
+        "tool_port": listeners.tool_port,
+        "outward": outward,
+        "marker": marker,
+    }
     results, protections = {}, {}
     for place, extra in PLACES.items():
         res, out = run_child(dict(config, **extra))
@@ -460,8 +515,9 @@ def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marke
         if place == "executor" and res:
             protections.update(active=res["active"], missing=res["missing"])
         if place == "tool ns" and res:
-            protections["tool"] = [a for a in res["active"] if "namespace" in a] + \
-                [f"NOT AVAILABLE: {m}" for m in res["missing"]]
+            protections["tool"] = [a for a in res["active"] if "namespace" in a] + [
+                f"NOT AVAILABLE: {m}" for m in res["missing"]
+            ]
     time.sleep(1.0)  # the listeners' last accepts
     rows = []
     for key, what, counted in ATTEMPTS:
@@ -473,8 +529,11 @@ def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marke
                 escaped = escaped or place in counted
                 continue
             status, detail = got
-            cells.append(f"{'ESCAPED' if status == 'succeeded' else 'refused'}: {detail}"[:34]
-                         if place in counted else f"({status}: {detail})"[:34])
+            cells.append(
+                f"{'ESCAPED' if status == 'succeeded' else 'refused'}: {detail}"[:34]
+                if place in counted
+                else f"({status}: {detail})"[:34]
+            )
             escaped = escaped or (place in counted and status == "succeeded")
         heard = [h for h in listeners.heard.get(key, []) if marker.encode() in h or h == b"(connected)"]
         if heard:
@@ -486,11 +545,15 @@ def escape_rows(listeners: Listeners, outward: Optional[str], canary: str, marke
 
 def table(escapes, legit, protections, host: str) -> str:
     w0, w = 38, 36
-    lines = ["", f"GPU sandbox probe on {host}; the executor's protections:",
-             *[f"  + {a}" for a in protections.get("active", [])],
-             *[f"  - NOT AVAILABLE: {m}" for m in protections.get("missing", [])],
-             *[f"  tool namespace: {t}" for t in protections.get("tool", [])], "",
-             f"{'attempt':<{w0}} " + " ".join(f"{p:<{w}}" for p in PLACES) + " verdict"]
+    lines = [
+        "",
+        f"GPU sandbox probe on {host}; the executor's protections:",
+        *[f"  + {a}" for a in protections.get("active", [])],
+        *[f"  - NOT AVAILABLE: {m}" for m in protections.get("missing", [])],
+        *[f"  tool namespace: {t}" for t in protections.get("tool", [])],
+        "",
+        f"{'attempt':<{w0}} " + " ".join(f"{p:<{w}}" for p in PLACES) + " verdict",
+    ]
     for what, cells, escaped in escapes:
         lines.append(f"{what:<{w0}} " + " ".join(f"{c:<{w}}" for c in cells) + (" ESCAPED" if escaped else " refused"))
     lines.append("")
@@ -501,8 +564,10 @@ def table(escapes, legit, protections, host: str) -> str:
     n_bad = sum(1 for _, ok, _ in legit if ok is False)
     n_run = sum(1 for _, ok, _ in legit if ok is not None)
     lines.append("")
-    lines.append(f"{len(escapes) - n_esc}/{len(escapes)} attempts refused everywhere they count; "
-                 f"{n_run - n_bad}/{n_run} legitimate runs ok")
+    lines.append(
+        f"{len(escapes) - n_esc}/{len(escapes)} attempts refused everywhere they count; "
+        f"{n_run - n_bad}/{n_run} legitimate runs ok"
+    )
     return "\n".join(lines)
 
 
@@ -510,17 +575,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="no GPU: try the escapes only")
     ap.add_argument("--quick", action="store_true", help="skip the GPU checks and the benchmark child")
-    ap.add_argument("--reads", action="store_true", help="only the legitimate kernel under each narrower GPU "
-                    "rule (confined reads, /proc narrowed), with what CUDA was refused")
+    ap.add_argument(
+        "--reads",
+        action="store_true",
+        help="only the legitimate kernel under each narrower GPU "
+        "rule (confined reads, /proc narrowed), with what CUDA was refused",
+    )
     args = ap.parse_args(argv)
     gpu = not args.cpu
     import torch
     import triton
+
     if gpu and not torch.cuda.is_available():
         print("gpu_sandbox_probe: no CUDA GPU here (use --cpu on a CPU machine)", file=sys.stderr)
         return 2
-    host = f"{torch.cuda.get_device_name() if gpu else 'no GPU'}, torch {torch.__version__}, triton " \
-           f"{triton.__version__}, Linux {os.uname().release}, uid {os.getuid()}"
+    host = (
+        f"{torch.cuda.get_device_name() if gpu else 'no GPU'}, torch {torch.__version__}, triton "
+        f"{triton.__version__}, Linux {os.uname().release}, uid {os.getuid()}"
+    )
     print(host, flush=True)
     if args.reads and gpu:
         rows = narrow_rule_runs()

@@ -10,6 +10,7 @@ Needs no GPU (Triton's compiler and ptxas run on the CPU); TRITON_INTERPRET must
 arguments are compiled without the divisibility hints a real launch adds, alike for both versions: the
 comparison holds, but the PTX is not byte for byte what the GPU runs. Exit 0 when every launch matches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def _load(path: str, op_name: str, promoted: bool):
     (its canonical text, re-gated: harness/serving.py), never imported as its bytes."""
     if promoted:
         from kernel_agent.harness.serving import load_kernel_file
+
         return sys.modules[load_kernel_file(path, op_name).__module__]
     name = f"same_ptx_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -43,6 +45,7 @@ def _load(path: str, op_name: str, promoted: bool):
 def _launches(module, op_name: str, args: dict):
     """(kernel name, positional args, keyword args) of each launch the op's wrapper makes."""
     from triton.runtime.jit import JITFunction
+
     seen = []
     original = JITFunction.run
 
@@ -65,6 +68,7 @@ def _compile(module, kernel_name: str, a: tuple, kw: dict, arch: int) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
     jit = getattr(module, kernel_name)
     params = list(inspect.signature(jit.fn).parameters)
     options = {k: kw[k] for k in ("num_warps", "num_stages") if k in kw}
@@ -76,7 +80,7 @@ def _compile(module, kernel_name: str, a: tuple, kw: dict, arch: int) -> str:
         elif isinstance(value, bool):
             sig[name] = "i1"
         elif isinstance(value, int):
-            sig[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         else:
             sig[name] = "fp32"
     for name in constexprs:
@@ -84,17 +88,25 @@ def _compile(module, kernel_name: str, a: tuple, kw: dict, arch: int) -> str:
     src = ASTSource(jit, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
     ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options).asm["ptx"]
     ptx = ptx.split(".section\t.debug")[0]
-    lines = [re.sub(r"//.*", "", ln).rstrip() for ln in ptx.splitlines()
-             if not ln.strip().startswith((".loc", ".file", "$L__tmp"))]
+    lines = [
+        re.sub(r"//.*", "", ln).rstrip()
+        for ln in ptx.splitlines()
+        if not ln.strip().startswith((".loc", ".file", "$L__tmp"))
+    ]
     return "\n".join(ln for ln in lines if ln)
 
 
 def _meta_case(op, shape, dtype):
     """The case's arguments on the meta device (shapes, strides and dtypes; no data)."""
     import torch
+
     case = op.make_case(shape, dtype, seed=0)
-    return {k: (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-                if isinstance(v, torch.Tensor) else v) for k, v in case.args.items()}
+    return {
+        k: (
+            torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
+        )
+        for k, v in case.args.items()
+    }
 
 
 def main(argv=None) -> int:
@@ -109,6 +121,7 @@ def main(argv=None) -> int:
     import json
 
     from kernel_agent.harness.ops import OPS, dtype_from_name
+
     dtype = dtype_from_name(args.dtype)
     files = [(name, f"kernels/baseline/{name}.py") for name in OPS]
     manifest = os.path.join(ROOT, "kernels", "serving", "manifest.json")

@@ -5,6 +5,7 @@ op's differential check: what a serving stack gets from `kernel_agent.harness.se
 
 --extra adds shapes outside the serving suite (e.g. the buckets a `kernel-agent run --shapes` promoted in).
 """
+
 import argparse
 import sys
 

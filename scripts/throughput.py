@@ -12,6 +12,7 @@
 
 scripts/gpu_throughput.sh runs the first on a GPU machine; results/README.md quotes both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, installed or not
 
-TARGETS = {"first benchmark": "<= 120 s", "judged per GPU-hour": ">= 120", "GPU busy after 3 min": ">= 70%",
-           "past the limit": "<= 15 s"}
+TARGETS = {
+    "first benchmark": "<= 120 s",
+    "judged per GPU-hour": ">= 120",
+    "GPU busy after 3 min": ">= 70%",
+    "past the limit": "<= 15 s",
+}
 
 
 def _fmt(v, spec: str = "{:.0f}") -> str:
@@ -33,6 +38,7 @@ def _fmt(v, spec: str = "{:.0f}") -> str:
 
 def report(ledger_path: str, run_id: str) -> dict:
     from kernel_agent.harness.ledger import Ledger
+
     ledger = Ledger(ledger_path)
     run = ledger.get_run(run_id)
     if run is None:
@@ -47,36 +53,62 @@ def report(ledger_path: str, run_id: str) -> dict:
     for s in sessions:
         n_gpus = s.get("n_gpus") or 0
         hours = s["wall_s"] * max(1, n_gpus) / 3600.0
-        rows.append({
-            "session": "resume" if s.get("resumed") else "run",
-            "time limit s": s.get("time_limit_s"),
-            "wall s": round(s["wall_s"], 1),
-            "first benchmark s": s.get("first_benchmark_s"),
-            "judged": s.get("judged"),
-            "judged per GPU-hour" if n_gpus else "judged per hour": round(s["judged"] / hours) if hours else None,
-            "GPU busy after 3 min": s.get("gpu_busy_fraction"),
-            "past the limit s": s.get("past_limit_s"),
-            "left unjudged": s.get("unjudged"),
-            "benchmarks": s.get("benchmarks"),
-            "raced out": s.get("raced_out"),
-            "median s per stage": s.get("stage_s", {}),
-            "sanitizer processes": s.get("cpu_slots"),
-            "GPUs": n_gpus,
-        })
+        rows.append(
+            {
+                "session": "resume" if s.get("resumed") else "run",
+                "time limit s": s.get("time_limit_s"),
+                "wall s": round(s["wall_s"], 1),
+                "first benchmark s": s.get("first_benchmark_s"),
+                "judged": s.get("judged"),
+                "judged per GPU-hour" if n_gpus else "judged per hour": round(s["judged"] / hours) if hours else None,
+                "GPU busy after 3 min": s.get("gpu_busy_fraction"),
+                "past the limit s": s.get("past_limit_s"),
+                "left unjudged": s.get("unjudged"),
+                "benchmarks": s.get("benchmarks"),
+                "raced out": s.get("raced_out"),
+                "median s per stage": s.get("stage_s", {}),
+                "sanitizer processes": s.get("cpu_slots"),
+                "GPUs": n_gpus,
+            }
+        )
     doc = {"run": run_id, "status": run.status, "candidates": statuses, "sessions": rows}
     print(f"run {run_id} ({run.status}): candidates by status {statuses}")
-    head = ["session", "limit s", "wall s", "first bench s", "judged", "judged/h (per GPU)", "GPU busy", "past limit s",
-            "unjudged", "benchmarks (raced out)"]
+    head = [
+        "session",
+        "limit s",
+        "wall s",
+        "first bench s",
+        "judged",
+        "judged/h (per GPU)",
+        "GPU busy",
+        "past limit s",
+        "unjudged",
+        "benchmarks (raced out)",
+    ]
     print(" | ".join(head))
     for r in rows:
         rate = r.get("judged per GPU-hour", r.get("judged per hour"))
-        print(" | ".join([r["session"], _fmt(r["time limit s"]), _fmt(r["wall s"]), _fmt(r["first benchmark s"]),
-                          _fmt(r["judged"]), _fmt(rate), _fmt(r["GPU busy after 3 min"], "{:.0%}"),
-                          _fmt(r["past the limit s"], "{:+.1f}"), _fmt(r["left unjudged"]),
-                          f"{_fmt(r['benchmarks'])} ({_fmt(r['raced out'])})"]))
+        print(
+            " | ".join(
+                [
+                    r["session"],
+                    _fmt(r["time limit s"]),
+                    _fmt(r["wall s"]),
+                    _fmt(r["first benchmark s"]),
+                    _fmt(r["judged"]),
+                    _fmt(rate),
+                    _fmt(r["GPU busy after 3 min"], "{:.0%}"),
+                    _fmt(r["past the limit s"], "{:+.1f}"),
+                    _fmt(r["left unjudged"]),
+                    f"{_fmt(r['benchmarks'])} ({_fmt(r['raced out'])})",
+                ]
+            )
+        )
     for r in rows:
-        print(f"{r['session']}: median s per stage: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in r["median s per stage"].items()))
+        print(
+            f"{r['session']}: median s per stage: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in r["median s per stage"].items())
+        )
     print("targets (first run): " + "; ".join(f"{k} {v}" for k, v in TARGETS.items()))
     return doc
 
@@ -86,6 +118,7 @@ def sanitize_baselines(seed=None) -> dict:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from kernel_agent.harness.ops import NAMES, OPS  # noqa: F401  (OPS loads every op: fails early on a broken install)
     from kernel_agent.sanitizer import runner
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
     for op in NAMES:
@@ -94,13 +127,23 @@ def sanitize_baselines(seed=None) -> dict:
         v = runner.run_isolated(path, op, "full", seed=seed)
         wall = time.time() - t0
         checks = sum(c.duration_s or 0.0 for c in v.checks)
-        rows.append({"op": op, "passed": v.passed, "wall_s": round(wall, 1), "checks_s": round(checks, 1),
-                     "summary": v.summary()})
-        print(f"{op:24s} {'passed' if v.passed else 'FAILED'}  {wall:6.1f} s wall  {checks:6.1f} s in checks",
-              flush=True)
+        rows.append(
+            {
+                "op": op,
+                "passed": v.passed,
+                "wall_s": round(wall, 1),
+                "checks_s": round(checks, 1),
+                "summary": v.summary(),
+            }
+        )
+        print(
+            f"{op:24s} {'passed' if v.passed else 'FAILED'}  {wall:6.1f} s wall  {checks:6.1f} s in checks", flush=True
+        )
     med = statistics.median(r["wall_s"] for r in rows)
-    print(f"median full-sanitizer time per candidate over the five baselines: {med:.1f} s "
-          f"({os.cpu_count()} cores; target <= 25 s)")
+    print(
+        f"median full-sanitizer time per candidate over the five baselines: {med:.1f} s "
+        f"({os.cpu_count()} cores; target <= 25 s)"
+    )
     return {"baselines": rows, "median_wall_s": med, "cores": os.cpu_count(), "seed": seed}
 
 

@@ -15,6 +15,7 @@ search may propose (agent/search.py); --shape-list times shapes outside the serv
 --ops matmul --neighbours --shape-list '256,8192,8192;128,8192,8192': where a neighbour beats
 the baseline clearly, a `kernel-agent run` at that shape has something to find.
 """
+
 import argparse
 import importlib
 import json
@@ -31,24 +32,54 @@ from kernel_agent.harness.ops import NAMES, get_op
 # The hand-picked sweeps that chose each baseline's `_config`, kept as the record of how kernels/baseline
 # were tuned. An op without one is swept over its own config, or with --neighbours over the search's space.
 MATMUL_SWEEPS = {
-    "large": [(128, 256, 64, 8, 1, 8, 3), (128, 256, 64, 8, 1, 8, 4), (256, 128, 64, 8, 1, 8, 3),
-              (128, 128, 64, 8, 1, 4, 4), (128, 128, 64, 8, 1, 8, 4), (128, 256, 32, 8, 1, 8, 4),
-              (128, 256, 64, 4, 1, 8, 4), (128, 256, 64, 16, 1, 8, 4), (256, 128, 64, 8, 1, 8, 4),
-              (128, 128, 128, 8, 1, 8, 3), (256, 128, 64, 16, 1, 8, 4)],
-    "m16": [(16, 64, 128, 1, 1, 4, 4), (16, 64, 128, 1, 2, 4, 4), (16, 64, 128, 1, 4, 4, 4),
-            (16, 32, 256, 1, 1, 4, 4), (16, 128, 128, 1, 2, 4, 4), (16, 64, 256, 1, 2, 4, 3),
-            (16, 32, 128, 1, 2, 2, 5)],
-    "m64": [(64, 64, 128, 1, 1, 4, 4), (64, 64, 128, 1, 2, 4, 4), (64, 128, 64, 1, 1, 4, 4),
-            (64, 128, 128, 1, 2, 8, 3), (64, 64, 256, 1, 2, 4, 3), (64, 32, 128, 1, 2, 4, 4)],
+    "large": [
+        (128, 256, 64, 8, 1, 8, 3),
+        (128, 256, 64, 8, 1, 8, 4),
+        (256, 128, 64, 8, 1, 8, 3),
+        (128, 128, 64, 8, 1, 4, 4),
+        (128, 128, 64, 8, 1, 8, 4),
+        (128, 256, 32, 8, 1, 8, 4),
+        (128, 256, 64, 4, 1, 8, 4),
+        (128, 256, 64, 16, 1, 8, 4),
+        (256, 128, 64, 8, 1, 8, 4),
+        (128, 128, 128, 8, 1, 8, 3),
+        (256, 128, 64, 16, 1, 8, 4),
+    ],
+    "m16": [
+        (16, 64, 128, 1, 1, 4, 4),
+        (16, 64, 128, 1, 2, 4, 4),
+        (16, 64, 128, 1, 4, 4, 4),
+        (16, 32, 256, 1, 1, 4, 4),
+        (16, 128, 128, 1, 2, 4, 4),
+        (16, 64, 256, 1, 2, 4, 3),
+        (16, 32, 128, 1, 2, 2, 5),
+    ],
+    "m64": [
+        (64, 64, 128, 1, 1, 4, 4),
+        (64, 64, 128, 1, 2, 4, 4),
+        (64, 128, 64, 1, 1, 4, 4),
+        (64, 128, 128, 1, 2, 8, 3),
+        (64, 64, 256, 1, 2, 4, 3),
+        (64, 32, 128, 1, 2, 4, 4),
+    ],
 }
 CONFIGS = {
     "matmul": lambda shape: MATMUL_SWEEPS["m16" if shape.M <= 16 else "m64" if shape.M <= 64 else "large"],
-    "attention": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
-                  (128, 64, 8, 4), (128, 32, 4, 4)],
-    "decode_attention": [(s, bn, w, st) for s in (1, 2, 4, 8, 16) for bn in (32, 64, 128)
-                         for (w, st) in ((4, 3), (4, 2), (4, 4), (8, 3))],
-    "decode_attention_int8": [(s, bn, w, st) for s in (1, 2, 4, 5, 8, 16) for bn in (64, 128, 256)
-                              for (w, st) in ((4, 3), (8, 3), (4, 2))],
+    "attention": [
+        (128, 64, 8, 3),
+        (128, 128, 8, 3),
+        (128, 64, 4, 3),
+        (128, 128, 8, 2),
+        (64, 64, 4, 3),
+        (128, 64, 8, 4),
+        (128, 32, 4, 4),
+    ],
+    "decode_attention": [
+        (s, bn, w, st) for s in (1, 2, 4, 8, 16) for bn in (32, 64, 128) for (w, st) in ((4, 3), (4, 2), (4, 4), (8, 3))
+    ],
+    "decode_attention_int8": [
+        (s, bn, w, st) for s in (1, 2, 4, 5, 8, 16) for bn in (64, 128, 256) for (w, st) in ((4, 3), (8, 3), (4, 2))
+    ],
     "quantize_kv": [(8, 4), (16, 4), (32, 4), (64, 8), (32, 8), (16, 2), (4, 4), (64, 4)],
 }
 
@@ -68,6 +99,7 @@ def own_config_first(op_name, shape, base_config_fn):
 def neighbour_configs(op_name, shape, base_config_fn):
     """The baseline's config for the shape first, then the one-field changes the search may propose."""
     from kernel_agent.agent.search import one_field_neighbours
+
     op = get_op(op_name)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = tuple(base_config_fn(*op.config_args(shape, dev)))
@@ -83,6 +115,7 @@ def kernel_module(op_name, kernel_file=""):
     """(module, function) of the kernel whose `_config` is swept: a kernel file, else the op's baseline."""
     if kernel_file:
         from kernel_agent.harness.serving import ServingError, load_kernel_file
+
         try:
             fn = load_kernel_file(kernel_file, op_name)
         except ServingError as e:  # a missing, refused or broken file: one line, not a traceback
@@ -100,8 +133,9 @@ def main():
     ap.add_argument("--shapes", default="", help="only serving shapes whose key contains this text")
     ap.add_argument("--shape-list", default="", help="explicit shapes 'a,b,c;d,e,f' instead of the serving suite")
     ap.add_argument("--kernel", default="", help="sweep this kernel file's _config instead of the baseline's")
-    ap.add_argument("--neighbours", action="store_true",
-                    help="time the baseline config and the search's one-field neighbours of it")
+    ap.add_argument(
+        "--neighbours", action="store_true", help="time the baseline config and the search's one-field neighbours of it"
+    )
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.kernel and "," in args.ops:
@@ -117,11 +151,15 @@ def main():
             t0 = time.time()
             ref = op.reference(case.args, torch.float32)
             anchor = anchor_for(op, case)  # the benchmark's: the torch implementation, else the op's bench_anchor
-            t_anchor = triton.testing.do_bench(partial(anchor.fn, **case.args), warmup=25, rep=100,
-                                               return_mode="median")
+            t_anchor = triton.testing.do_bench(
+                partial(anchor.fn, **case.args), warmup=25, rep=100, return_mode="median"
+            )
             best = None
-            for cfg in (neighbour_configs(op_name, shape, original) if args.neighbours
-                        else own_config_first(op_name, shape, original)):
+            for cfg in (
+                neighbour_configs(op_name, shape, original)
+                if args.neighbours
+                else own_config_first(op_name, shape, original)
+            ):
                 mod._config = lambda *a, cfg=cfg, **k: cfg
                 try:
                     out = case.call(fn)
@@ -131,10 +169,17 @@ def main():
                     err = None if cmp.ok else cmp.describe()
                 except Exception as e:  # a config that does not compile (shared memory) is skipped
                     ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
-                row = {"op": op_name, "shape": shape.key(), "config": list(cfg), "ms": ms, "anchor_ms": t_anchor,
-                       "ok": err is None, "error": err,
-                       "tflops": op.flops(shape) / ms / 1e9 if ms == ms else None,
-                       "tbps": op.bytes(shape, dtype) / ms / 1e9 if ms == ms else None}
+                row = {
+                    "op": op_name,
+                    "shape": shape.key(),
+                    "config": list(cfg),
+                    "ms": ms,
+                    "anchor_ms": t_anchor,
+                    "ok": err is None,
+                    "error": err,
+                    "tflops": op.flops(shape) / ms / 1e9 if ms == ms else None,
+                    "tbps": op.bytes(shape, dtype) / ms / 1e9 if ms == ms else None,
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if err is None and (best is None or ms < best["ms"]):
@@ -142,12 +187,18 @@ def main():
             mod._config = original
             b = rows_base(rows, op_name, shape)
             if best and b:
-                print(f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best "
-                      f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)", flush=True)
+                print(
+                    f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best "
+                    f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)",
+                    flush=True,
+                )
             if best:
-                print(f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "
-                      f"anchor {t_anchor:.4f} ms ratio {t_anchor / best['ms']:.2f} "
-                      f"tflops {best['tflops']:.0f} tbps {best['tbps']:.2f} ({time.time() - t0:.0f}s)", flush=True)
+                print(
+                    f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "
+                    f"anchor {t_anchor:.4f} ms ratio {t_anchor / best['ms']:.2f} "
+                    f"tflops {best['tflops']:.0f} tbps {best['tbps']:.2f} ({time.time() - t0:.0f}s)",
+                    flush=True,
+                )
             del case, ref
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
 """The committed H200 search run that the report and pull-request tests check, and a reader for the
 markdown tables those documents print (shared by tests/test_figures.py and tests/test_pr_ci.py)."""
+
 import os
 import shutil
 
@@ -12,10 +13,10 @@ RUN = "r20261130-160429-f59c"  # the run that promoted candidate #33 (matmul m25
 
 def table_rows(md: str, header: str):
     """The rows of the markdown table that follows `header`, as lists of cells."""
-    lines = md[md.index(header):].splitlines()
+    lines = md[md.index(header) :].splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
     rows = []
-    for ln in lines[start + 2:]:
+    for ln in lines[start + 2 :]:
         if not ln.startswith("|"):
             break
         rows.append([c.strip() for c in ln.strip("|").split("|")])

@@ -1,4 +1,5 @@
 """Test setup: Triton kernels run in the interpreter on the CPU (set before triton is imported)."""
+
 import os
 import sys
 import warnings
@@ -18,6 +19,7 @@ def _no_test_leaves_children_refused():
     every later test that starts a child, far from the cause. Name the test instead."""
     yield
     from kernel_agent.sanitizer import isolation
+
     if isolation._stopping.is_set():
         isolation.resume_starting()
         pytest.fail("this test left the sanitizer runner refusing new children (a stop without its release)")
@@ -34,6 +36,7 @@ def postgres(tmp_path_factory):
 
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
+
     server = pgserver.get_server(str(tmp_path_factory.mktemp("postgres")), cleanup_mode="stop")
     base = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     admin = create_engine(base, isolation_level="AUTOCOMMIT")

@@ -6,6 +6,7 @@ a short --temp-dir under /tmp (Ray's socket paths must fit). A node is stopped b
 machine that goes down (raylet, object store, workers), never with `ray stop`, which would stop every
 Ray node of the machine, other clusters' too.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,9 +23,11 @@ RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
 # How many nodes (and GPUs among them) are alive, asked from a child so that the asking process never
 # joins the cluster.
-_PROBE = ("import ray, sys\nray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-          "alive = [node for node in ray.nodes() if node['Alive']]\n"
-          "print(len(alive), int(sum(node['Resources'].get('GPU', 0) for node in alive)))\n")
+_PROBE = (
+    "import ray, sys\nray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+    "alive = [node for node in ray.nodes() if node['Alive']]\n"
+    "print(len(alive), int(sum(node['Resources'].get('GPU', 0) for node in alive)))\n"
+)
 
 
 def free_port() -> int:
@@ -36,10 +39,23 @@ def free_port() -> int:
 def node_ports() -> List[str]:
     """Every port a node listens on, free ones: the nodes share this machine with each other and with
     other clusters."""
-    return ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-            "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-            "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
-            "--object-store-memory", str(100 * 1024 * 1024), "--disable-usage-stats"]
+    return [
+        "--node-manager-port",
+        str(free_port()),
+        "--object-manager-port",
+        str(free_port()),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+        "--dashboard-agent-grpc-port",
+        str(free_port()),
+        "--runtime-env-agent-port",
+        str(free_port()),
+        "--metrics-export-port",
+        str(free_port()),
+        "--object-store-memory",
+        str(100 * 1024 * 1024),
+        "--disable-usage-stats",
+    ]
 
 
 class LocalRayCluster:
@@ -55,23 +71,36 @@ class LocalRayCluster:
 
     def start(self, name: str, args: List[str], env: Optional[Mapping[str, str]] = None) -> None:
         with open(os.path.join(self.dir, f"{name}.log"), "w") as log:  # the child keeps its own descriptor
-            self.nodes[name] = subprocess.Popen([RAY, "start", "--block"] + args + node_ports(), stdout=log,
-                                                stderr=subprocess.STDOUT, start_new_session=True,
-                                                env=dict(self.env, **(env or {})))
+            self.nodes[name] = subprocess.Popen(
+                [RAY, "start", "--block"] + args + node_ports(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(self.env, **(env or {})),
+            )
 
     def start_head(self, args: List[str] = (), env: Optional[Mapping[str, str]] = None) -> None:
-        self.start("head", ["--head", "--port", str(self.port), "--include-dashboard=false", "--temp-dir", self.dir]
-                   + list(args), env)
+        self.start(
+            "head",
+            ["--head", "--port", str(self.port), "--include-dashboard=false", "--temp-dir", self.dir] + list(args),
+            env,
+        )
 
     def alive(self, connect: bool = False, timeout: float = 120.0) -> Optional[tuple]:
         """(nodes alive, GPUs among them), or None while the cluster does not answer. connect: ask from this
         process, which then stays connected (a test that calls Ray itself); else from a child."""
         if not connect:
-            got = subprocess.run([sys.executable, "-c", _PROBE, self.address], capture_output=True, text=True,
-                                 env=self.env, timeout=timeout)
+            got = subprocess.run(
+                [sys.executable, "-c", _PROBE, self.address],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=timeout,
+            )
             last = got.stdout.split("\n")[-2:-1] if got.returncode == 0 else []
             return tuple(int(x) for x in last[0].split()) if last else None
         import ray  # deferred: only a caller that joins the cluster needs Ray in its own process
+
         try:
             if not ray.is_initialized():
                 ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)

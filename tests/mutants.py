@@ -4,6 +4,7 @@ Each mutant proves that a test of the baselines can fail: the same property that
 baseline passes must reject it. The candidate suite under tests/candidates/ goes further
 (one file per exploit family, judged by the full sanitizer).
 """
+
 import importlib.util
 import os
 import sys
@@ -14,19 +15,28 @@ import kernel_agent.kernels.baseline as baseline_pkg
 # op -> [(name, old text, new text)]
 MUTANTS = {
     "matmul": [
-        ("k_tail_dropped", "    for k in range(k_start, k_end, BLOCK_K):",
-         "    for k in range(k_start, k_end - BLOCK_K + 1, BLOCK_K):"),
+        (
+            "k_tail_dropped",
+            "    for k in range(k_start, k_end, BLOCK_K):",
+            "    for k in range(k_start, k_end - BLOCK_K + 1, BLOCK_K):",
+        ),
         ("wrong_row_stride", "offs_am[:, None] * stride_am", "offs_am[:, None] * stride_ak * K"),
     ],
     "attention": [
-        ("causal_off_by_one", "valid = valid & (offs_m[:, None] >= offs_n[None, :])",
-         "valid = valid & (offs_m[:, None] > offs_n[None, :]) | (offs_n[None, :] == 0)"),
+        (
+            "causal_off_by_one",
+            "valid = valid & (offs_m[:, None] >= offs_n[None, :])",
+            "valid = valid & (offs_m[:, None] > offs_n[None, :]) | (offs_n[None, :] == 0)",
+        ),
         ("gqa_head_mapping", "off_kvh = off_h // GROUP", "off_kvh = off_h % (Hq // GROUP)"),
         ("no_normalisation", "o = acc / l_i[:, None]", "o = acc"),
     ],
     "decode_attention": [
-        ("last_partial_page_dropped", "hi = tl.minimum(lo + chunk, seq_len)",
-         "hi = tl.minimum(lo + chunk, (seq_len // PAGE) * PAGE + (seq_len < PAGE) * seq_len)"),
+        (
+            "last_partial_page_dropped",
+            "hi = tl.minimum(lo + chunk, seq_len)",
+            "hi = tl.minimum(lo + chunk, (seq_len // PAGE) * PAGE + (seq_len < PAGE) * seq_len)",
+        ),
         ("sm_scale_ignored", "sm_scale * 1.4426950408889634, group,", "1.4426950408889634 / math.sqrt(D), group,"),
     ],
     "quantize_kv": [
@@ -34,8 +44,11 @@ MUTANTS = {
         ("nan_on_zero_rows", "inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = 127.0 / amax"),
     ],
     "decode_attention_int8": [
-        ("value_scale_ignored", "acc = tl.dot((p * v_s[None, :]).to(q.dtype), _codes_to(v, q.dtype), acc)",
-         "acc = tl.dot(p.to(q.dtype), _codes_to(v, q.dtype), acc)"),
+        (
+            "value_scale_ignored",
+            "acc = tl.dot((p * v_s[None, :]).to(q.dtype), _codes_to(v, q.dtype), acc)",
+            "acc = tl.dot(p.to(q.dtype), _codes_to(v, q.dtype), acc)",
+        ),
     ],
 }
 

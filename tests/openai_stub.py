@@ -14,6 +14,7 @@ JSON list of steps; each request to /v1/chat/completions consumes the next step:
 When the script runs out, the last step repeats. Usage:
     python tests/openai_stub.py --script steps.json [--port 0]   (prints "PORT <n>")
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,9 @@ class Stub:
                 self.wfile.write(body)
 
             def do_GET(self):
-                self._send(200, json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
-                           .encode())
+                self._send(
+                    200, json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+                )
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", 0))
@@ -88,13 +90,24 @@ class Stub:
                     self._send(200, b"<html>not json</html>", "text/html")
                     return
                 text = stub.text_of(step)
-                body = {"id": f"chatcmpl-{stub.i}", "object": "chat.completion", "created": int(time.time()),
-                        "model": req.get("model", "scripted"),
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                     "finish_reason": step.get("finish_reason", "stop")}],
-                        "usage": {"prompt_tokens": sum(len(m.get("content", "")) // 4 for m in req.get("messages", [])),
-                                  "completion_tokens": len(text) // 4,
-                                  "total_tokens": 0}}
+                body = {
+                    "id": f"chatcmpl-{stub.i}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": req.get("model", "scripted"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": step.get("finish_reason", "stop"),
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": sum(len(m.get("content", "")) // 4 for m in req.get("messages", [])),
+                        "completion_tokens": len(text) // 4,
+                        "total_tokens": 0,
+                    },
+                }
                 self._send(200, json.dumps(body).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)

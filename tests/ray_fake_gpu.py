@@ -2,6 +2,7 @@
 the environment of `ray start`): GPU tasks return what a GPU child would without running one, after a
 benchmark spec's `seed` in milliseconds (the tests' way of saying how long it takes) or FAKE_GPU_SLEEP_S; CPU
 tasks run for real."""
+
 import os
 import time
 
@@ -14,6 +15,7 @@ def gpu_name():
 
 def run_task(task, env=None, on_ready=None):
     from kernel_agent.agent import placement
+
     if task.resource != "gpu":
         return placement.run_task(task, env)
     with open(os.environ.get("FAKE_GPU_LOG", os.devnull), "a") as f:  # what ran, where: for the test to read
@@ -25,6 +27,12 @@ def run_task(task, env=None, on_ready=None):
         return {"results": [], "error": None, "source_seen": source}
     from kernel_agent.sanitizer.canonical import file_hash
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
+
     time.sleep(float(os.environ.get("FAKE_GPU_SLEEP_S", "0")))
-    return Verdict(task.path, task.op, task.mode, checks=[CheckOutcome(c, "passed") for c in task.checks or ()],
-                   source_hash=file_hash(task.path))
+    return Verdict(
+        task.path,
+        task.op,
+        task.mode,
+        checks=[CheckOutcome(c, "passed") for c in task.checks or ()],
+        source_hash=file_hash(task.path),
+    )

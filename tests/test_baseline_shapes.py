@@ -6,6 +6,7 @@ Small batches and contexts keep the interpreter quick; each case is compared wit
 reference under the output dtype's tolerance (bfloat16 through float32 casts, as in test_baselines.py:
 the interpreter's bf16 arithmetic is broken).
 """
+
 import importlib
 import math
 
@@ -22,8 +23,9 @@ MODES = ["float32", "float16", "bfloat16-as-float32"]
 
 
 def _case(op, shape_text, mode, seed, layout="contiguous"):
-    case = op.make_case(op.parse_shape(shape_text), torch.float16 if mode == "float16" else torch.float32,
-                        seed=seed, layout=layout)
+    case = op.make_case(
+        op.parse_shape(shape_text), torch.float16 if mode == "float16" else torch.float32, seed=seed, layout=layout
+    )
     if mode.startswith("bfloat16"):
         for v in case.args.values():
             if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -42,8 +44,13 @@ def test_attention_any_head_dim(D):
     i = HEAD_DIMS.index(D)
     # GQA, MHA and MQA; causal and not; both layouts; S across the BLOCK_N=32 tile edge of short sequences
     for j, (hq, hkv, s) in enumerate(((4, 2, 19), (3, 3, 33), (4, 1, 7))):
-        case = _case(op, f"B=1,Hq={hq},Hkv={hkv},S={s},D={D},causal={(i + j) % 2}", MODES[(i + j) % 3],
-                     seed=10 * D + j, layout=("contiguous", "strided")[(i + j) % 2])
+        case = _case(
+            op,
+            f"B=1,Hq={hq},Hkv={hkv},S={s},D={D},causal={(i + j) % 2}",
+            MODES[(i + j) % 3],
+            seed=10 * D + j,
+            layout=("contiguous", "strided")[(i + j) % 2],
+        )
         _assert_matches(op, fn, case)
 
 
@@ -56,8 +63,13 @@ def test_paged_decode_any_head_dim_and_page_size(op_name, D, page):
     # a ragged batch whose longest context ends inside a page and whose shortest is one token; the group
     # cycles through GQA, MQA and MHA
     hq, hkv = ((4, 2), (5, 1), (2, 2))[i % 3]
-    case = _case(op, f"B=3,Hq={hq},Hkv={hkv},D={D},block_size={page},ctx={2 * page + 5},ragged=1",
-                 MODES[i % 3], seed=100 * D + page, layout=("contiguous", "strided")[i % 2])
+    case = _case(
+        op,
+        f"B=3,Hq={hq},Hkv={hkv},D={D},block_size={page},ctx={2 * page + 5},ragged=1",
+        MODES[i % 3],
+        seed=100 * D + page,
+        layout=("contiguous", "strided")[i % 2],
+    )
     _assert_matches(op, fn, case)
 
 
@@ -89,8 +101,13 @@ def test_quantize_any_row_length(D):
     i = D % 3
     rows = "T=5,H=3" if D <= 256 else "T=2,H=2"  # long rows: few of them, the interpreter is slow
     for dist in ("normal", "outliers"):
-        case = op.make_case(op.parse_shape(f"{rows},D={D}"), (torch.float32, torch.float16)[i % 2], seed=D,
-                            dist=dist, layout=("contiguous", "strided")[i % 2])
+        case = op.make_case(
+            op.parse_shape(f"{rows},D={D}"),
+            (torch.float32, torch.float16)[i % 2],
+            seed=D,
+            dist=dist,
+            layout=("contiguous", "strided")[i % 2],
+        )
         _assert_matches(op, fn, case)
 
 
@@ -100,7 +117,7 @@ def test_quantize_a_slice_of_a_fused_qkv_tensor():
     op, fn = OPS["quantize_kv"], BASELINES["quantize_kv"]
     D = 40
     qkv = torch.randn(6, 2, 3 * D, generator=torch.Generator().manual_seed(3)) * 100.0
-    x = qkv[..., D:2 * D]
+    x = qkv[..., D : 2 * D]
     x.copy_(torch.randn(6, 2, D, generator=torch.Generator().manual_seed(4)))
     assert x.stride(-1) == 1 and x.stride(-2) == 3 * D
     x_q, scale = fn(x)

@@ -5,6 +5,7 @@ Odd shapes (1, primes, block sizes +-1), non-contiguous views, float16 and float
 adversarial distributions. The same properties reject deliberately broken kernels
 (tests/mutants.py): a test that would pass on a wrong kernel is a defect.
 """
+
 import importlib
 
 import pytest
@@ -17,8 +18,14 @@ from kernel_agent.harness.ops import OPS
 from kernel_agent.harness.ops.common import LAYOUTS, round_to
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}
-PROPERTY = settings(max_examples=14, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                    suppress_health_check=list(HealthCheck), derandomize=True)
+PROPERTY = settings(
+    max_examples=14,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+)
 
 
 @st.composite
@@ -28,8 +35,9 @@ def cases(draw, op):
     dist = draw(st.sampled_from([d.name for d in op.distributions]))
     layout = draw(st.sampled_from(LAYOUTS))
     seed = draw(st.integers(0, 10_000))
-    case = op.make_case(shape, torch.float16 if mode == "float16" else torch.float32, seed=seed, dist=dist,
-                        layout=layout)
+    case = op.make_case(
+        shape, torch.float16 if mode == "float16" else torch.float32, seed=seed, dist=dist, layout=layout
+    )
     if "sm_scale" in op.optional_args and draw(st.booleans()):
         case.args["sm_scale"] = draw(st.floats(0.05, 1.5))
     if mode.startswith("bfloat16"):
@@ -46,6 +54,7 @@ def differential(op, fn):
         case = data.draw(cases(op), label="case")
         cmp = op.compare(case.call(fn), case.args)
         assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
+
     return prop
 
 

@@ -2,6 +2,7 @@
 one measured on the H200 (results/h200/shapes/bench_run14.json), so that what the command does with the
 child's answers is tested here: the table, the ledger, the --out document after every shape, a failed
 child, and no GPU."""
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ def _child(fail_shape=None):
             return {"results": [], "error": "the benchmark child was killed: time limit"}
         res = next(r for r in MEASURED["results"] if r["op"] == spec["op"] and r["shape"] == shape)
         return {"results": [res], "ceilings": MEASURED["ceilings"]}
+
     return FakeEvaluator(bench=bench), seen
 
 
@@ -42,8 +44,11 @@ def _bench(argv, evaluator, devices):
 def test_bench_prints_records_and_writes_what_the_child_measured(tmp_path, capsys):
     evaluator, seen = _child()
     db, out = tmp_path / "l.db", tmp_path / "out" / "bench.json"
-    rc = _bench(["--op", "quantize_kv", "--shapes", SHAPES, "--ledger", str(db), "--out", str(out)], evaluator,
-                FakeDevices(["0"], "NVIDIA H200"))
+    rc = _bench(
+        ["--op", "quantize_kv", "--shapes", SHAPES, "--ledger", str(db), "--out", str(out)],
+        evaluator,
+        FakeDevices(["0"], "NVIDIA H200"),
+    )
     text = capsys.readouterr().out
     assert rc == 0, text
     assert [s["shapes"] for s in seen] == [["T=65536,H=8,D=128"], ["T=65536,H=1,D=576"]]
@@ -56,8 +61,10 @@ def test_bench_prints_records_and_writes_what_the_child_measured(tmp_path, capsy
         assert run.proposer == "bench" and run.status == RunStatus.FINISHED and run.gpu_name == "NVIDIA H200"
         rows = led.bench_results(run_id=run.id)
         assert sorted((r.shape_key, r.label) for r in rows) == sorted(
-            (s, label) for s in ("T=65536,H=8,D=128", "T=65536,H=1,D=576")
-            for label in ("baseline", "anchor:torch.compile"))
+            (s, label)
+            for s in ("T=65536,H=8,D=128", "T=65536,H=1,D=576")
+            for label in ("baseline", "anchor:torch.compile")
+        )
         base = next(r for r in rows if r.label == "baseline" and r.shape_key == "T=65536,H=8,D=128")
         assert abs(base.graph_ms - 0.0525) < 5e-4
 
@@ -65,8 +72,11 @@ def test_bench_prints_records_and_writes_what_the_child_measured(tmp_path, capsy
 def test_a_failed_child_is_an_error_line_and_exit_1_and_the_shapes_before_it_are_kept(tmp_path, capsys):
     evaluator, _ = _child(fail_shape="T=65536,H=1,D=576")
     out = tmp_path / "bench.json"
-    rc = _bench(["--op", "quantize_kv", "--shapes", SHAPES, "--no-ledger", "--out", str(out)], evaluator,
-                FakeDevices(["0"], "NVIDIA H200"))
+    rc = _bench(
+        ["--op", "quantize_kv", "--shapes", SHAPES, "--no-ledger", "--out", str(out)],
+        evaluator,
+        FakeDevices(["0"], "NVIDIA H200"),
+    )
     text = capsys.readouterr().out
     assert rc == 1
     assert "error: quantize_kv T=65536,H=1,D=576: the benchmark child was killed: time limit" in text

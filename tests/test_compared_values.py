@@ -1,5 +1,6 @@
 """The sizes a candidate compares against (sanitizer/compared.py) and where each op draws them
 (Op.value_regions): a cheat wrong only at a magic size names that size in its code."""
+
 from __future__ import annotations
 
 import glob
@@ -15,20 +16,23 @@ from kernel_agent.sanitizer.compared import MAX_COMPARED, TooManyCompared, compa
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("code, size", [
-    ("if D == 192:\n    pass", 192),
-    ("x = a if K == 14336 else b", 14336),
-    ("y = tl.where(GROUP == 7, a, b)", 7),
-    ("if seq_len % 1024 == 1000:\n    pass", 2024),  # the second context that flips it
-    ("if D * 3 == 576:\n    pass", 192),  # solved back through the arithmetic
-    ("if (D ^ 5) == 197:\n    pass", 192),
-    ("if D - 192 == 0:\n    pass", 192),
-    ("if D // 64 == 3:\n    pass", 192),
-    ("MAGIC = 96 * 2\nif D == MAGIC:\n    pass", 192),  # a module constant, folded
-    ("if D == (192 if x.device.type != 'meta' else -1):\n    pass", 192),  # wrapped in a conditional
-    ("if D >= 4097:\n    pass", 4096),  # an ordering adds its neighbours, where it flips
-    ("y = amax * (1 + D // 192)", 192),  # a divisor flips a size-dependent step
-])
+@pytest.mark.parametrize(
+    "code, size",
+    [
+        ("if D == 192:\n    pass", 192),
+        ("x = a if K == 14336 else b", 14336),
+        ("y = tl.where(GROUP == 7, a, b)", 7),
+        ("if seq_len % 1024 == 1000:\n    pass", 2024),  # the second context that flips it
+        ("if D * 3 == 576:\n    pass", 192),  # solved back through the arithmetic
+        ("if (D ^ 5) == 197:\n    pass", 192),
+        ("if D - 192 == 0:\n    pass", 192),
+        ("if D // 64 == 3:\n    pass", 192),
+        ("MAGIC = 96 * 2\nif D == MAGIC:\n    pass", 192),  # a module constant, folded
+        ("if D == (192 if x.device.type != 'meta' else -1):\n    pass", 192),  # wrapped in a conditional
+        ("if D >= 4097:\n    pass", 4096),  # an ordering adds its neighbours, where it flips
+        ("y = amax * (1 + D // 192)", 192),  # a divisor flips a size-dependent step
+    ],
+)
 def test_the_size_a_comparison_flips_at_is_read(code, size):
     assert size in compared_values(code)
 
@@ -42,9 +46,11 @@ def test_a_file_comparing_against_too_many_sizes_is_refused():
 
 def test_every_correct_kernel_stays_well_under_the_limit():
     """No false positive: the baselines, the serving set and the correct suite compare against few sizes."""
-    files = glob.glob(os.path.join(ROOT, "kernels", "baseline", "[!_]*.py")) + \
-        glob.glob(os.path.join(ROOT, "kernels", "serving", "*.py")) + \
-        glob.glob(os.path.join(ROOT, "tests", "candidates", "good", "*", "*.py"))
+    files = (
+        glob.glob(os.path.join(ROOT, "kernels", "baseline", "[!_]*.py"))
+        + glob.glob(os.path.join(ROOT, "kernels", "serving", "*.py"))
+        + glob.glob(os.path.join(ROOT, "tests", "candidates", "good", "*", "*.py"))
+    )
     assert len(files) > 20
     for path in files:
         with open(path, "rb") as f:
@@ -52,10 +58,17 @@ def test_every_correct_kernel_stays_well_under_the_limit():
         assert len(values) <= MAX_COMPARED * 3 // 4, (path, values)
 
 
-@pytest.mark.parametrize("op_name, value, dim", [
-    ("quantize_kv", 192, "D"), ("matmul", 14336, "K"), ("decode_attention", 7, "group"),
-    ("decode_attention_int8", 2024, "ctx"), ("attention", 7, "group"), ("decode_attention", 131072, "ctx"),
-])
+@pytest.mark.parametrize(
+    "op_name, value, dim",
+    [
+        ("quantize_kv", 192, "D"),
+        ("matmul", 14336, "K"),
+        ("decode_attention", 7, "group"),
+        ("decode_attention_int8", 2024, "ctx"),
+        ("attention", 7, "group"),
+        ("decode_attention", 131072, "ctx"),
+    ],
+)
 def test_each_op_draws_a_compared_size_as_its_dimensions(op_name, value, dim):
     op = OPS[op_name]
     regions = {r.name: r for r in op.value_regions([value])}
@@ -71,8 +84,9 @@ def test_each_op_draws_a_compared_size_as_its_dimensions(op_name, value, dim):
 
 
 def test_sizes_outside_the_contract_are_not_drawn():
-    assert OPS["decode_attention"].value_regions([300]) and \
-        all(r.name.split("=")[0] not in ("D", "block_size", "group") for r in OPS["decode_attention"].value_regions([300]))
+    assert OPS["decode_attention"].value_regions([300]) and all(
+        r.name.split("=")[0] not in ("D", "block_size", "group") for r in OPS["decode_attention"].value_regions([300])
+    )
     assert not [r for r in OPS["quantize_kv"].value_regions([5000]) if r.name.startswith("D=")]
 
 
@@ -80,17 +94,21 @@ def test_a_file_too_deep_to_print_back_is_refused_in_one_line():
     """A constant sum of 727 terms parses, but printing it back recursed past the limit: the loop process,
     which canonicalises every proposal, raised RecursionError and stopped. Now a TextRefused, as the gate's."""
     from kernel_agent.sanitizer.canonical import TextRefused
+
     src = "ROW_STEPS = " + " + ".join(["1"] * 727) + "\n"
     with pytest.raises(TextRefused, match="printed back|parsed"):
         canonical_source(src)
 
 
-@pytest.mark.parametrize("code, size", [
-    ("narrow = min(max(D - 191, 0), 1) - min(max(D - 192, 0), 1)", 192),  # an indicator with no comparison
-    ("if D * 0.5 == 96:\n    pass", 192),  # a float constant
-    ("if D * D == 36864:\n    pass", 192),  # a square
-    ("if (seq_len * 3) % 1024 == 1000:\n    pass", 1016),  # a multiplied residue
-])
+@pytest.mark.parametrize(
+    "code, size",
+    [
+        ("narrow = min(max(D - 191, 0), 1) - min(max(D - 192, 0), 1)", 192),  # an indicator with no comparison
+        ("if D * 0.5 == 96:\n    pass", 192),  # a float constant
+        ("if D * D == 36864:\n    pass", 192),  # a square
+        ("if (seq_len * 3) % 1024 == 1000:\n    pass", 1016),  # a multiplied residue
+    ],
+)
 def test_the_evasions_of_a_plain_comparison_are_read_too(code, size):
     assert size in compared_values(code)
 
@@ -98,6 +116,7 @@ def test_the_evasions_of_a_plain_comparison_are_read_too(code, size):
 def test_sizes_compared_together_are_drawn_together():
     """`(H == 8) & (D == 192)` is wrong only with both: each drawn alone never takes it."""
     from kernel_agent.sanitizer.compared import compared_joints
+
     joints = compared_joints("if (H == 8) & (D == 192):\n    pass\nif h == 8 and d * 2 == 384:\n    pass")
     assert {"H": 8, "D": 192} in joints and {"h": 8, "d": 192} in joints
     [region] = OPS["quantize_kv"].joint_regions([{"H": 8, "D": 192}])

@@ -4,6 +4,7 @@ The serving set rebuilds it with the search's own function (harness/config_varia
 the hash that was judged, and refuses it when the base or the configuration changed; reports show it as
 the configuration in a line. Kernels run on the CPU through Triton's interpreter.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,18 @@ assert CODE_CHANGE != BASELINE
 
 
 def _install(d, source, candidate_id=7):
-    return serving.install(OP, BUCKET, DTYPE, GPU, source, candidate_id=candidate_id, gain=0.1,
-                           reason="10.0% faster than the incumbent", versions={"triton": "3.9"}, dir=d)
+    return serving.install(
+        OP,
+        BUCKET,
+        DTYPE,
+        GPU,
+        source,
+        candidate_id=candidate_id,
+        gain=0.1,
+        reason="10.0% faster than the incumbent",
+        versions={"triton": "3.9"},
+        dir=d,
+    )
 
 
 def _case(seed=0):
@@ -62,9 +73,11 @@ def test_a_configuration_of_the_baseline_is_stored_without_a_copy(tmp_path):
     entry = _install(tmp_path, CONFIG)
     assert _kernel_files(tmp_path) == []
     assert "file" not in entry and entry["impl"] == serving.KERNEL
-    assert entry["variant"] == {"base": "baseline", "base_hash": serving.source_hash(canonical_source(BASELINE)),
-                                "configs": [{"bucket": BUCKET, "fields": list(SPACE.fields),
-                                             "tuned_from": list(FROM), "tuned_to": list(TO)}]}
+    assert entry["variant"] == {
+        "base": "baseline",
+        "base_hash": serving.source_hash(canonical_source(BASELINE)),
+        "configs": [{"bucket": BUCKET, "fields": list(SPACE.fields), "tuned_from": list(FROM), "tuned_to": list(TO)}],
+    }
     assert entry["source_hash"] == serving.source_hash(CONFIG)
     doc = json.loads((tmp_path / serving.MANIFEST_NAME).read_text())
     assert doc["version"] == serving.MANIFEST_VERSION == 3
@@ -167,9 +180,26 @@ def test_the_gate_fails_a_configuration_that_no_longer_rebuilds(tmp_path):
     doc = json.loads(path.read_text())
     doc["entries"][0]["variant"]["configs"][0]["tuned_to"] = [4, 8]
     path.write_text(json.dumps(doc))
-    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "gate", "--serving-dir", str(tmp_path),
-                        "--quick", "--no-baselines", "--gpu", "off", "--summary", str(tmp_path / "s.md")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_agent.agent.cli",
+            "gate",
+            "--serving-dir",
+            str(tmp_path),
+            "--quick",
+            "--no-baselines",
+            "--gpu",
+            "off",
+            "--summary",
+            str(tmp_path / "s.md"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     summary = (tmp_path / "s.md").read_text()
     assert "does not match its manifest hash" in summary and "Promoted configurations" in summary
@@ -193,6 +223,7 @@ def test_show_names_the_configuration_before_the_diff(tmp_path, capsys):
     does; a code change gets no such line."""
     from kernel_agent.agent import cli
     from kernel_agent.harness.ledger import Ledger
+
     path = tmp_path / "ledger.db"
     with Ledger(path) as led:
         run = led.start_run({}, {}, "search", [OP], None, {})
@@ -210,18 +241,23 @@ def test_show_names_the_configuration_before_the_diff(tmp_path, capsys):
 def test_the_commit_and_the_pull_request_name_the_configuration_not_a_file(tmp_path):
     entry = _install(tmp_path, CONFIG, candidate_id=9)
     d = SimpleNamespace(reason="10.0% faster", gain=0.1, spread=0.01)
-    j = SimpleNamespace(decision=d, kinds=["event"], incumbent_ms=1.0, candidate_ms=0.9, against="the baseline",
-                        shapes=[SHAPE])
+    j = SimpleNamespace(
+        decision=d, kinds=["event"], incumbent_ms=1.0, candidate_ms=0.9, against="the baseline", shapes=[SHAPE]
+    )
     req = publish.PromotionRequest("r1", OP, BUCKET, DTYPE, GPU, 9, "cfg-2-1", CONFIG, j, 0.02, {"triton": "3.9"})
     msg = publish.promotion_message(req, None, "kernels/serving/manifest.json", serving.describe_entry(entry))
-    assert f"configuration (in kernels/serving/manifest.json): {serving.entry_name(entry)}: " \
-           f"kernels/baseline/{OP}.py with _config for bucket {BUCKET}" in msg
+    assert (
+        f"configuration (in kernels/serving/manifest.json): {serving.entry_name(entry)}: "
+        f"kernels/baseline/{OP}.py with _config for bucket {BUCKET}" in msg
+    )
     assert "\nfile: " not in msg
     # the pull request's reproduce block extracts the judged kernel: the branch holds no file of it
-    pk = PromotedKernel(SimpleNamespace(demoted_at=None, candidate_id=9), SimpleNamespace(id=9, source=CONFIG), None,
-                        "b", BASELINE)
+    pk = PromotedKernel(
+        SimpleNamespace(demoted_at=None, candidate_id=9), SimpleNamespace(id=9, source=CONFIG), None, "b", BASELINE
+    )
     assert not _serving_file_holds(pk, False, RunBranch("branch", "kernel-agent/r1", configs=(9,)))
     assert _serving_file_holds(pk, False, RunBranch("branch", "kernel-agent/r1"))  # a file, as before
-    info = publish.TargetInfo.from_json({"mode": "branch", "serving_dir": "s", "source_dir": "s", "why": "",
-                                         "configs": [9]})
+    info = publish.TargetInfo.from_json(
+        {"mode": "branch", "serving_dir": "s", "source_dir": "s", "why": "", "configs": [9]}
+    )
     assert info.configs == (9,)

@@ -1,5 +1,6 @@
 """The diagnosis of an incumbent (harness/diagnosis.py), the sm_90 compile probe it reads
 (harness/compile_probe.py), the search's screens (agent/screen.py) and the code model's catalog requests."""
+
 import re
 
 import pytest
@@ -46,20 +47,31 @@ def _launch(shape="S", programs=512, registers=128, spills=0, shared=65536, warp
 
 
 def test_the_inner_loop_and_the_resources_are_read_from_the_compiled_text():
-    assert innermost_loop_mix(PTX) == {"global": 1, "integer": 3, "convert": 1, "float": 1, "tensor": 1, "sync": 1,
-                                       "wgmma": 1, "branch": 1}
+    assert innermost_loop_mix(PTX) == {
+        "global": 1,
+        "integer": 3,
+        "convert": 1,
+        "float": 1,
+        "tensor": 1,
+        "sync": 1,
+        "wgmma": 1,
+        "branch": 1,
+    }
     assert innermost_loop_mix("mov.u32 %r1, 0;\nret;") == {}
     out = " Function _k:\n  REG:255 STACK:416 SHARED:1024 LOCAL:8 CONSTANT[0]:616 TEXTURE:0\n"
     assert resource_usage(out, "_k") == (255, 424) and resource_usage(out, "_other") == (None, None)
 
 
-@pytest.mark.parametrize("launch,bound,words", [
-    (_launch(spills=416), "latency", "registers spill: 416 bytes"),
-    (_launch(programs=64), "latency", "64 programs for 132 SMs"),
-    (_launch(mix={"integer": 900, "global": 100, "float": 50, "tensor": 30}), "latency", "issue-bound"),
-    (_launch(mix={"integer": 100, "global": 100}), "memory", "memory-bound on the H200"),
-    (_launch(mix={"integer": 84, "global": 15, "wgmma": 7}), "memory", "memory-bound on the H200"),
-])
+@pytest.mark.parametrize(
+    "launch,bound,words",
+    [
+        (_launch(spills=416), "latency", "registers spill: 416 bytes"),
+        (_launch(programs=64), "latency", "64 programs for 132 SMs"),
+        (_launch(mix={"integer": 900, "global": 100, "float": 50, "tensor": 30}), "latency", "issue-bound"),
+        (_launch(mix={"integer": 100, "global": 100}), "memory", "memory-bound on the H200"),
+        (_launch(mix={"integer": 84, "global": 15, "wgmma": 7}), "memory", "memory-bound on the H200"),
+    ],
+)
 def test_what_bounds_a_kernel_follows_the_rules_in_order(launch, bound, words):
     shape = get_op("quantize_kv").shapes("serving")[0]
     d = diagnose("quantize_kv", "b", "bfloat16", [shape], "src", "baseline", CompileProfile([launch]))
@@ -129,19 +141,24 @@ def test_compile_objections_name_the_resource():
     assert compile_objection(CompileProfile(error="CompilationError: at 3:4"), inc) == ""
     timed_out = CompileProfile(error="the compile probe failed (timed out)")
     inc.wall_s = 20.0
-    assert "did not finish within 120 s on the CPU, where the incumbent's took 20 s" in compile_objection(timed_out, inc)
+    assert "did not finish within 120 s on the CPU, where the incumbent's took 20 s" in compile_objection(
+        timed_out, inc
+    )
     inc.wall_s = 40.0  # a machine so loaded that the incumbent took a third of the limit: no conclusion
     assert compile_objection(timed_out, inc) == ""
 
 
 def _fake_profile(calls):
     """Compiles nothing: a variant with num_warps=1 'spills', everything else is clean."""
+
     def profile(source, op, shapes, dtype, timeout_s=None):
         calls.append(source)
         tuned = re.search(r"^_TUNED_TO\d* = \((\d+), (\d+)\)$", source, re.M)
         spills = 128 if tuned and tuned.group(2) == "1" else 0
-        return CompileProfile([_launch(shape=s, programs=16384, spills=spills, kernel="_quantize_kernel")
-                               for s in shapes])
+        return CompileProfile(
+            [_launch(shape=s, programs=16384, spills=spills, kernel="_quantize_kernel") for s in shapes]
+        )
+
     return profile
 
 
@@ -170,9 +187,19 @@ def test_the_diagnosis_is_recorded_and_its_compile_reused(tmp_path):
     calls = []
     args = (led, None, "quantize_kv", op.bucket(shape), "bfloat16", [shape], baseline_source("quantize_kv"), "baseline")
     d1 = diagnose_incumbent(*args, profile=_fake_profile(calls))
-    led.record_bench(op="quantize_kv", shape_key=shape.key(), bucket=op.bucket(shape), dtype="bfloat16",
-                     gpu_name="NVIDIA H200", median_ms=1.0, spread_ms=0.01, n_samples=5, label="baseline",
-                     fraction_of_ceiling=0.85, ceiling_kind="memory")
+    led.record_bench(
+        op="quantize_kv",
+        shape_key=shape.key(),
+        bucket=op.bucket(shape),
+        dtype="bfloat16",
+        gpu_name="NVIDIA H200",
+        median_ms=1.0,
+        spread_ms=0.01,
+        n_samples=5,
+        label="baseline",
+        fraction_of_ceiling=0.85,
+        ceiling_kind="memory",
+    )
     d2 = diagnose_incumbent(*args, profile=_fake_profile(calls))
     assert len(calls) == 1  # the second read the compiled facts from the ledger
     assert d1.roofline is None and d2.roofline == pytest.approx(0.85) and d2.bound == "memory"
@@ -186,16 +213,24 @@ def test_the_diagnosis_is_recorded_and_its_compile_reused(tmp_path):
 def test_the_model_is_told_the_diagnosis_and_the_catalog_and_may_ask_for_rewrites_by_name():
     op = get_op("quantize_kv")
     shape = op.shapes("serving")[0]
-    d = diagnose("quantize_kv", op.bucket(shape), "bfloat16", [shape], "s", "baseline",
-                 CompileProfile([_launch(spills=416)]))
-    ctx = ProposeContext("quantize_kv", op.bucket(shape), "bfloat16", [shape], baseline_source("quantize_kv"),
-                         diagnosis=d)
-    stub = Stub([{"reply": "Streaming loads:\nREWRITE: evict-first\nREWRITE: load-hints\n"},
-                 {"reply": "REWRITE: exp2"}, {"reply": "REWRITE: unroll"}])
+    d = diagnose(
+        "quantize_kv", op.bucket(shape), "bfloat16", [shape], "s", "baseline", CompileProfile([_launch(spills=416)])
+    )
+    ctx = ProposeContext(
+        "quantize_kv", op.bucket(shape), "bfloat16", [shape], baseline_source("quantize_kv"), diagnosis=d
+    )
+    stub = Stub(
+        [
+            {"reply": "Streaming loads:\nREWRITE: evict-first\nREWRITE: load-hints\n"},
+            {"reply": "REWRITE: exp2"},
+            {"reply": "REWRITE: unroll"},
+        ]
+    )
     port = stub.start()
     try:
-        prop = ModelProposer(ModelConfig("scripted", f"http://127.0.0.1:{port}/v1", "x", max_retries=0,
-                                         concurrency=1, timeout_s=10))
+        prop = ModelProposer(
+            ModelConfig("scripted", f"http://127.0.0.1:{port}/v1", "x", max_retries=0, concurrency=1, timeout_s=10)
+        )
         got = prop.propose(ctx, 3)
     finally:
         stub.stop()
@@ -214,6 +249,7 @@ def test_the_loop_hands_every_proposer_the_incumbents_diagnosis_and_records_it(t
 
     class CompilingGpu(type(_fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.9))):
         """The fake GPU's children, and a compile of every kernel that reports 64 programs."""
+
         compiles = []
 
         def profile(self, source, op, shapes, dtype, timeout_s=None):

@@ -1,5 +1,6 @@
 """The serving set serves the fastest trusted implementation per bucket: the rule that picks it from
 recorded measurements, the dispatcher that follows it, and the promotion rule held against torch."""
+
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from kernel_agent.harness.promotion import judge_benchmark as judge_outcome
 
 GPU = "NVIDIA H200"
 MATMUL = get_op("matmul")
-KERNEL_SRC = (serving.baseline("matmul").__globals__["__file__"])
+KERNEL_SRC = serving.baseline("matmul").__globals__["__file__"]
 
 
 @pytest.fixture
@@ -26,10 +27,22 @@ def led(tmp_path):
 
 def _row(led, run, label, shape, ms, graph=None, cid=None, op="matmul", bucket=None, implausible=False):
     s = get_op(op).parse_shape(shape)
-    return led.record_bench(run_id=run, candidate_id=cid, label=label, op=op, shape_key=s.key(),
-                            bucket=bucket or get_op(op).bucket(s), dtype="bfloat16", gpu_name=GPU, median_ms=ms,
-                            spread_ms=ms * 0.01, n_samples=10, graph_ms=graph, implausible=implausible,
-                            extra={"graph_spread_ms": graph * 0.01} if graph else {})
+    return led.record_bench(
+        run_id=run,
+        candidate_id=cid,
+        label=label,
+        op=op,
+        shape_key=s.key(),
+        bucket=bucket or get_op(op).bucket(s),
+        dtype="bfloat16",
+        gpu_name=GPU,
+        median_ms=ms,
+        spread_ms=ms * 0.01,
+        n_samples=10,
+        graph_ms=graph,
+        implausible=implausible,
+        extra={"graph_spread_ms": graph * 0.01} if graph else {},
+    )
 
 
 def _side_by_side(led, run, shape, base_ms, torch_ms, graph=True, cid=None, triton_label="baseline"):
@@ -67,7 +80,10 @@ def test_the_faster_of_baseline_and_torch_wins_each_bucket_from_recorded_measure
     manifest = json.loads((tmp_path / "serving" / "manifest.json").read_text())
     assert manifest["version"] == 2
     assert {e["bucket"]: e["impl"] for e in manifest["entries"]} == {
-        "m16-klarge": "torch", "m1-klarge": "baseline", "m64-klarge": "torch"}
+        "m16-klarge": "torch",
+        "m1-klarge": "baseline",
+        "m64-klarge": "torch",
+    }
 
     fn = serving.get("matmul", gpu=GPU, dir=tmp_path / "serving")
     a16, b = torch.randn(16, 64), torch.randn(64, 32)  # the bucket follows M and K: K=64 is 'ksmall'
@@ -95,10 +111,21 @@ def test_a_promoted_kernel_that_torch_beats_is_demoted_and_one_that_beats_torch_
     slow, _ = led.add_candidate("matmul", src + "\n# slow\n", "search", run)
     fast, _ = led.add_candidate("matmul", src + "\n# fast\n", "search", run)
     for cand, bucket, _shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
-        serving.install("matmul", bucket, "bfloat16", GPU, src + f"\n# {cand.id}\n", cand.id, 0.05, "test", {},
-                        dir=sdir)
-        led.record_promotion(run_id=run, op="matmul", bucket=bucket, dtype="bfloat16", gpu_name=GPU,
-                             candidate_id=cand.id, new_ms=0.05, old_ms=0.06, gain=0.1, spread=0.01)
+        serving.install(
+            "matmul", bucket, "bfloat16", GPU, src + f"\n# {cand.id}\n", cand.id, 0.05, "test", {}, dir=sdir
+        )
+        led.record_promotion(
+            run_id=run,
+            op="matmul",
+            bucket=bucket,
+            dtype="bfloat16",
+            gpu_name=GPU,
+            candidate_id=cand.id,
+            new_ms=0.05,
+            old_ms=0.06,
+            gain=0.1,
+            spread=0.01,
+        )
     # the benchmarks that promoted them timed each beside torch (the baseline rows say nothing here)
     _side_by_side(led, run, "256,8192,8192", 0.0660, 0.0520, cid=slow.id, triton_label="candidate")
     _side_by_side(led, run, "64,8192,8192", 0.0300, 0.0350, cid=fast.id, triton_label="candidate")
@@ -124,7 +151,9 @@ def test_ops_without_a_servable_torch_implementation_keep_the_triton_side(tmp_pa
     impl, why = serving.default_choice("decode_attention", "bfloat16", GPU, [])
     assert impl == serving.BASELINE and "no torch implementation" in why
     assert serving.default_choice("matmul", "bfloat16", GPU, []) == (
-        serving.BASELINE, "nothing measured for matmul bfloat16: the baseline")
+        serving.BASELINE,
+        "nothing measured for matmul bfloat16: the baseline",
+    )
     # SDPA anchor rows of the paged decode time a gathered cache: they never choose anything
     assert get_op("decode_attention").torch_impl() is None and not get_op("decode_attention").torch_label
 
@@ -137,14 +166,24 @@ def test_a_version_1_manifest_is_still_served(tmp_path):
     for e in doc["entries"]:
         e.pop("impl")
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
-    r = serving.get("matmul", gpu=GPU, dir=tmp_path).resolve(torch.randn(16, 2048).bfloat16(),
-                                                              torch.randn(2048, 8).bfloat16())
+    r = serving.get("matmul", gpu=GPU, dir=tmp_path).resolve(
+        torch.randn(16, 2048).bfloat16(), torch.randn(2048, 8).bfloat16()
+    )
     assert r.impl == serving.KERNEL and str(r) == entry["file"]
 
 
 def _m(label, ms, spread=0.0005, serves=False, graph=None):
-    d = {"label": label, "median_ms": ms, "spread_ms": spread, "n": 10, "rounds": [ms] * 10, "error": "",
-         "implausible": False, "serves": serves, "fraction_of_ceiling": 0.5}
+    d = {
+        "label": label,
+        "median_ms": ms,
+        "spread_ms": spread,
+        "n": 10,
+        "rounds": [ms] * 10,
+        "error": "",
+        "implausible": False,
+        "serves": serves,
+        "fraction_of_ceiling": 0.5,
+    }
     if graph is not None:
         d.update(graph_ms=graph, graph_spread_ms=spread, graph_rounds=[graph] * 5)
     return d
@@ -156,29 +195,47 @@ def judge_benchmark(doc, shapes):
 
 
 def _doc(*measurements, shape="M=16,N=8192,K=8192"):
-    return {"results": [{"op": "matmul", "shape": shape, "bucket": "m16-klarge", "dtype": "bfloat16",
-                         "gpu": GPU, "measurements": list(measurements)}], "error": None}
+    return {
+        "results": [
+            {
+                "op": "matmul",
+                "shape": shape,
+                "bucket": "m16-klarge",
+                "dtype": "bfloat16",
+                "gpu": GPU,
+                "measurements": list(measurements),
+            }
+        ],
+        "error": None,
+    }
 
 
 def test_promotion_is_judged_against_the_faster_of_the_incumbent_and_torch():
     shapes = ["M=16,N=8192,K=8192"]
     # faster than the baseline by 10%, but cuBLAS is faster still: not promoted, and the reason says torch
-    j = judge_benchmark(_doc(_m("candidate", 0.045), _m("incumbent", 0.050), _m("anchor:torch.matmul", 0.040,
-                                                                                   serves=True)), shapes)
+    j = judge_benchmark(
+        _doc(_m("candidate", 0.045), _m("incumbent", 0.050), _m("anchor:torch.matmul", 0.040, serves=True)), shapes
+    )
     assert not j.decision.promote and j.references == ["anchor:torch.matmul"]
     assert "slower than torch (torch.matmul)" in j.decision.reason
     # the same numbers with an anchor that does not serve (a gathered-cache SDPA): judged on the incumbent
-    j = judge_benchmark(_doc(_m("candidate", 0.045), _m("incumbent", 0.050), _m("anchor:sdpa-decode", 0.040)),
-                        shapes)
+    j = judge_benchmark(_doc(_m("candidate", 0.045), _m("incumbent", 0.050), _m("anchor:sdpa-decode", 0.040)), shapes)
     assert j.decision.promote and j.references == ["incumbent"] and "than the incumbent" in j.decision.reason
     # faster than both
-    j = judge_benchmark(_doc(_m("candidate", 0.030), _m("incumbent", 0.050), _m("anchor:torch.matmul", 0.040,
-                                                                                   serves=True)), shapes)
+    j = judge_benchmark(
+        _doc(_m("candidate", 0.030), _m("incumbent", 0.050), _m("anchor:torch.matmul", 0.040, serves=True)), shapes
+    )
     assert j.decision.promote and j.incumbent_ms == pytest.approx(0.040)
     assert j.decision.gain == pytest.approx(0.25)
     # torch is compared on the same clock: graph replays where all three have them
-    j = judge_benchmark(_doc(_m("candidate", 0.060, graph=0.030), _m("incumbent", 0.050, graph=0.036),
-                             _m("anchor:torch.matmul", 0.040, serves=True, graph=0.034)), shapes)
+    j = judge_benchmark(
+        _doc(
+            _m("candidate", 0.060, graph=0.030),
+            _m("incumbent", 0.050, graph=0.036),
+            _m("anchor:torch.matmul", 0.040, serves=True, graph=0.034),
+        ),
+        shapes,
+    )
     assert j.kinds == ["graph"] and j.references == ["anchor:torch.matmul"] and j.decision.promote
     # an anchor that failed is no reference
     bad = dict(_m("anchor:torch.matmul", 0.010, serves=True), error="boom")
@@ -203,6 +260,7 @@ def test_rows_of_one_shape_pair_only_within_one_benchmark(led):
 
 def test_the_dispatch_command_shows_and_writes_the_choices(led, tmp_path, capsys):
     from kernel_agent.agent.cli import main
+
     run = _run(led)
     _side_by_side(led, run, "16,8192,8192", 0.0345, 0.0334)
     _side_by_side(led, run, "1,8192,8192", 0.0300, 0.0344)
@@ -214,11 +272,15 @@ def test_the_dispatch_command_shows_and_writes_the_choices(led, tmp_path, capsys
     assert not (sdir / "manifest.json").exists()  # without --write nothing is written
     assert main(argv + ["--write"]) == 0
     assert {e["bucket"]: e["impl"] for e in serving.load_manifest(sdir)["entries"]} == {
-        "m16-klarge": "torch", "m1-klarge": "baseline"}
+        "m16-klarge": "torch",
+        "m1-klarge": "baseline",
+    }
     capsys.readouterr()
     assert main(argv + ["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {d["bucket"]: (d["measured_faster"], d["manifest"]) for d in doc} == {
-        "m16-klarge": ("torch", "torch"), "m1-klarge": ("baseline", "baseline")}
+        "m16-klarge": ("torch", "torch"),
+        "m1-klarge": ("baseline", "baseline"),
+    }
     assert main(["dispatch", "--ledger", str(tmp_path / "missing.db"), "--write"]) == 2
     assert not (tmp_path / "missing.db").exists()

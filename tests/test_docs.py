@@ -1,5 +1,6 @@
 """The documentation cannot drift from the code: docs/COMMANDS.md is what the command line's `--help` prints
 today (scripts/gen_cli_docs.py writes it)."""
+
 import importlib.util
 import re
 from pathlib import Path
@@ -16,8 +17,9 @@ def _generator():
 
 def test_commands_page_is_what_help_prints():
     committed = (ROOT / "docs" / "COMMANDS.md").read_text()
-    assert committed == _generator().render(), \
+    assert committed == _generator().render(), (
         "docs/COMMANDS.md differs from the command line's --help: run python scripts/gen_cli_docs.py"
+    )
 
 
 def test_commands_page_follows_a_changed_flag(monkeypatch):
@@ -75,5 +77,6 @@ def test_architecture_names_every_module():
 
 def test_a_module_left_unnamed_is_found():
     page = "| judged figures | `harness/figures.py` |\n| the cluster (agent/ray_placement.py) |\n| web | `agent/web.py` |\n"
-    assert unnamed_modules(page, ["harness/figures.py", "harness/env.py", "agent/ray_placement.py", "agent/we.py",
-                                  "agent/web.py"]) == ["harness/env.py", "agent/we.py"]
+    assert unnamed_modules(
+        page, ["harness/figures.py", "harness/env.py", "agent/ray_placement.py", "agent/we.py", "agent/web.py"]
+    ) == ["harness/env.py", "agent/we.py"]

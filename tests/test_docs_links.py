@@ -1,6 +1,7 @@
 """The README stays one screen, and no link in the documentation leads nowhere: every relative link in
 README.md, docs/*.md and results/README.md names a file that exists, and every #anchor names a heading of the
 page it points to, by GitHub's slug of that heading."""
+
 import re
 import sys
 from pathlib import Path
@@ -75,8 +76,9 @@ def broken_links(path):
 
 def test_readme_is_one_screen():
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; at most {README_MAX_LINES}: " \
-                                           f"move a subject to docs/"
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; at most {README_MAX_LINES}: move a subject to docs/"
+    )
 
 
 @pytest.mark.parametrize("path", pages(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -87,19 +89,27 @@ def test_every_link_resolves(path):
 def test_the_links_are_read():
     """The check reads links at all: the README's links to the pages its sections point to are found."""
     targets = {t.partition("#")[0] for _, t in links(ROOT / "README.md")}
-    assert {"docs/ERRORS.md", "docs/SANITIZER.md", "docs/COMMANDS.md", "docs/GPU_TESTS.md",
-            "results/README.md", "docs/web/run.png"} <= targets, targets
+    assert {
+        "docs/ERRORS.md",
+        "docs/SANITIZER.md",
+        "docs/COMMANDS.md",
+        "docs/GPU_TESTS.md",
+        "results/README.md",
+        "docs/web/run.png",
+    } <= targets, targets
 
 
 def test_a_broken_link_or_anchor_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / "other.md").write_text("# A page\n\n## The `run`: budgets, and more\n\n## Twice\n\n## Twice\n")
     page = tmp_path / "page.md"
-    page.write_text("see [ok](other.md#the-run-budgets-and-more), [ok](other.md#twice-1), [ok](#here)\n"
-                    "## Here\n"
-                    "```\n[in code](missing.md)\n```\n"
-                    "`[in a code span](missing.md)` and [gone](missing.md), [bad anchor](other.md#nope),\n"
-                    "![image](nope.png), [web](https://example.com/x)\n")
+    page.write_text(
+        "see [ok](other.md#the-run-budgets-and-more), [ok](other.md#twice-1), [ok](#here)\n"
+        "## Here\n"
+        "```\n[in code](missing.md)\n```\n"
+        "`[in a code span](missing.md)` and [gone](missing.md), [bad anchor](other.md#nope),\n"
+        "![image](nope.png), [web](https://example.com/x)\n"
+    )
     found = broken_links(page)
     assert len(found) == 3, found
     assert "no file missing.md" in found[0] and "#nope" in found[1] and "no file nope.png" in found[2]

@@ -1,5 +1,6 @@
 """scripts/false_positive_sweep.py's plumbing: which kernels and seeds it judges, resuming, its table. The
 verdicts here are stand-ins; tests/test_false_positives.py runs the real sanitizer."""
+
 import importlib.util
 import json
 import os
@@ -11,8 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def sweep():
-    spec = importlib.util.spec_from_file_location("false_positive_sweep",
-                                                  os.path.join(ROOT, "scripts", "false_positive_sweep.py"))
+    spec = importlib.util.spec_from_file_location(
+        "false_positive_sweep", os.path.join(ROOT, "scripts", "false_positive_sweep.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -20,8 +22,10 @@ def sweep():
 
 def test_kernels_and_their_ops(sweep):
     files = sweep.kernel_files(["baselines", "serving", "good"])
-    assert files[:5] == [f"kernels/baseline/{op}.py" for op in
-                         ("attention", "decode_attention", "decode_attention_int8", "matmul", "quantize_kv")]
+    assert files[:5] == [
+        f"kernels/baseline/{op}.py"
+        for op in ("attention", "decode_attention", "decode_attention_int8", "matmul", "quantize_kv")
+    ]
     assert len([f for f in files if f.startswith("tests/candidates/good/")]) >= 16
     assert {sweep.op_of(f) for f in files if f.startswith("kernels/serving/")} == {"decode_attention_int8"}
     assert sweep.op_of("tests/candidates/good/matmul/bk32_group4.py") == "matmul"
@@ -31,8 +35,8 @@ def test_kernels_and_their_ops(sweep):
 
 def test_seeds_are_spread_and_stable(sweep):
     seeds = [sweep.sweep_seed(i) for i in range(50)]
-    assert len(set(seeds)) == 50 and all(0 <= s < 2 ** 40 for s in seeds)
-    assert max(seeds) > 2 ** 38 and seeds == [sweep.sweep_seed(i) for i in range(50)]
+    assert len(set(seeds)) == 50 and all(0 <= s < 2**40 for s in seeds)
+    assert max(seeds) > 2**38 and seeds == [sweep.sweep_seed(i) for i in range(50)]
 
 
 def test_resumes_without_judging_twice_and_judges_a_timeout_again(sweep, tmp_path, monkeypatch, capsys):
@@ -43,18 +47,29 @@ def test_resumes_without_judging_twice_and_judges_a_timeout_again(sweep, tmp_pat
         calls.append(kernel)
         late = kernel.endswith("matmul.py") and len(calls) <= 4  # the first run's matmul verdicts time out
         bad = kernel.endswith("quantize_kv.py") and seed == sweep.sweep_seed(0)
-        return {"kernel": kernel, "op": sweep.op_of(kernel), "seed": seed, "mode": mode, "checks": "",
-                "verdict": "timeout" if late else "fail" if bad else "pass",
-                "failed_check": "differential" if bad else "", "detail": "", "seconds": 1.0, "commit": commit}
+        return {
+            "kernel": kernel,
+            "op": sweep.op_of(kernel),
+            "seed": seed,
+            "mode": mode,
+            "checks": "",
+            "verdict": "timeout" if late else "fail" if bad else "pass",
+            "failed_check": "differential" if bad else "",
+            "detail": "",
+            "seconds": 1.0,
+            "commit": commit,
+        }
 
     monkeypatch.setattr(sweep, "judge", fake_judge)
     out = tmp_path / "sweep.jsonl"
     args = ["kernels/baseline/matmul.py", "kernels/baseline/quantize_kv.py", "--seeds", "2", "--out", str(out)]
     assert sweep.main(args) == 0
-    assert judged == [("kernels/baseline/matmul.py", sweep.sweep_seed(0)),
-                      ("kernels/baseline/quantize_kv.py", sweep.sweep_seed(0)),
-                      ("kernels/baseline/matmul.py", sweep.sweep_seed(1)),
-                      ("kernels/baseline/quantize_kv.py", sweep.sweep_seed(1))]  # seed-major
+    assert judged == [
+        ("kernels/baseline/matmul.py", sweep.sweep_seed(0)),
+        ("kernels/baseline/quantize_kv.py", sweep.sweep_seed(0)),
+        ("kernels/baseline/matmul.py", sweep.sweep_seed(1)),
+        ("kernels/baseline/quantize_kv.py", sweep.sweep_seed(1)),
+    ]  # seed-major
     assert len(out.read_text().splitlines()) == 4
     judged.clear()
     assert sweep.main(args) == 0

@@ -11,6 +11,7 @@ Three kinds of test:
   that had false positives, over a few of the false-positive sweep's seeds (scripts/false_positive_sweep.py
   runs every correct kernel over many seeds in full; results/cpu/ holds its figures).
 """
+
 import glob
 import importlib.util
 import math
@@ -43,10 +44,12 @@ def _load(path: str):
 
 
 INT8_KERNELS = [("baseline", int8_baseline.decode_attention_int8)] + [
-    (os.path.basename(p).split("__")[1], _load(p)) for p in INT8_SERVING]
+    (os.path.basename(p).split("__")[1], _load(p)) for p in INT8_SERVING
+]
 
 
 # -- the cases -------------------------------------------------------------------------------------
+
 
 def test_int8_baseline_passes_the_differential_case_that_once_rejected_it():
     """`sanitize --op decode_attention_int8 --seed 103607840063` rejected the baseline at `differential`: in a
@@ -54,8 +57,13 @@ def test_int8_baseline_passes_the_differential_case_that_once_rejected_it():
     the other key's p = 7.6e-6 times its value. The baseline rounds p times the value scale (0.026) to float16,
     2e-7, a subnormal with 15% error, then multiplies by the code (30): 8e-7 off. The bound counted that
     underflow times code x scale (4.6e-8) instead of times the code."""
-    c = OP.make_case(OP.parse_shape("B=5,Hq=16,Hkv=2,D=112,block_size=4,ctx=17,ragged"), torch.float16,
-                     seed=59762, dist="normal", layout="contiguous")
+    c = OP.make_case(
+        OP.parse_shape("B=5,Hq=16,Hkv=2,D=112,block_size=4,ctx=17,ragged"),
+        torch.float16,
+        seed=59762,
+        dist="normal",
+        layout="contiguous",
+    )
     c.args["sm_scale"] = 0.5
     out = int8_baseline.decode_attention_int8(**c.args)
     ref = OP.reference(c.args, torch.float64)
@@ -95,7 +103,7 @@ def test_int8_kernels_pass_an_output_made_of_an_underflowed_probability(name, ke
     r = OP.compare(out, c.args, ref)
     assert r.ok, r.describe()
     wrong = out.clone()
-    wrong[0, 0, 0] = 2.0 ** -14  # the smallest normal float16: 2500 times the true value
+    wrong[0, 0, 0] = 2.0**-14  # the smallest normal float16: 2500 times the true value
     assert not OP.compare(wrong, c.args, ref).ok
 
 
@@ -106,13 +114,13 @@ def test_attention_outputs_of_tiny_values_are_held_to_one_step_of_their_dtype(dt
     the output dtype's subnormal step does. A value off by more than a few steps still fails."""
     op = get_op("attention")
     c = op.make_case(op.parse_shape("1,2,1,33,32"), dtype, seed=3)
-    c.args["v"] = (c.args["v"].float() * 2.0 ** -20).to(dtype)
+    c.args["v"] = (c.args["v"].float() * 2.0**-20).to(dtype)
     ref = op.reference(c.args, torch.float64)
     good = _flash_emulation(c.args, dtype)
     r = op.compare(good, c.args, ref)
     assert r.ok, r.describe()
     bad = good.clone()
-    bad.view(-1)[-1] += 8 * 2.0 ** -24 if dtype == torch.float16 else float(ref.abs().max()) * 0.05
+    bad.view(-1)[-1] += 8 * 2.0**-24 if dtype == torch.float16 else float(ref.abs().max()) * 0.05
     assert not op.compare(bad, c.args, ref).ok
 
 
@@ -130,12 +138,13 @@ def test_attention_baseline_passes_tiny_values():
     """The real kernel on the tiny values above, in float16."""
     op = get_op("attention")
     c = op.make_case(op.parse_shape("1,2,1,33,32"), torch.float16, seed=3)
-    c.args["v"] = (c.args["v"].float() * 2.0 ** -20).to(torch.float16)
+    c.args["v"] = (c.args["v"].float() * 2.0**-20).to(torch.float16)
     r = op.compare(attention_baseline.attention(**c.args), c.args, op.reference(c.args, torch.float64))
     assert r.ok, r.describe()
 
 
 # -- the bound against emulations of the int8 kernels, over the sanitizer's own draws ----------------
+
 
 def _pow2(e: int) -> torch.Tensor:
     return torch.tensor(2.0, dtype=torch.float32) ** e
@@ -188,38 +197,57 @@ def emulate_int8_decode(args, scale_max: bool, splits: int, block_n: int = 128) 
     out = torch.empty(B, Hq, D, dtype=q.dtype)
     for b in range(B):
         L = int(args["seq_lens"][b])
-        kc, ks, vc, vs = (gather_tokens(args[n], args["block_table"], b, L).float()
-                          for n in ("k_cache", "k_scale", "v_cache", "v_scale"))
+        kc, ks, vc, vs = (
+            gather_tokens(args[n], args["block_table"], b, L).float()
+            for n in ("k_cache", "k_scale", "v_cache", "v_scale")
+        )
         per_split = -(-L // splits)  # ceil(L / splits), rounded up to whole blocks below
         chunk = -(-per_split // block_n) * block_n
         for h in range(hkv):
-            qd, factor = _query_for_dots(q[b, h * g:(h + 1) * g].float(), scale_max, dot_dtype)
-            parts = [_split(qd, kc[lo:lo + chunk, h], ks[lo:lo + chunk, h], vc[lo:lo + chunk, h],
-                            vs[lo:lo + chunk, h], qk_scale * factor, scale_max, dot_dtype, block_n)
-                     for lo in range(0, splits * chunk, chunk)]
+            qd, factor = _query_for_dots(q[b, h * g : (h + 1) * g].float(), scale_max, dot_dtype)
+            parts = [
+                _split(
+                    qd,
+                    kc[lo : lo + chunk, h],
+                    ks[lo : lo + chunk, h],
+                    vc[lo : lo + chunk, h],
+                    vs[lo : lo + chunk, h],
+                    qk_scale * factor,
+                    scale_max,
+                    dot_dtype,
+                    block_n,
+                )
+                for lo in range(0, splits * chunk, chunk)
+            ]
             m_all = torch.stack([m for m, _, _ in parts]).amax(0)
             l_tot, o = torch.zeros(g), torch.zeros(g, D)
             for m, l, acc in parts:
                 w = torch.nan_to_num(torch.exp2(m - m_all), nan=0.0)  # an empty split adds nothing
                 l_tot, o = l_tot + w * l, o + w[:, None] * acc
-            out[b, h * g:(h + 1) * g] = (o / l_tot[:, None]).to(q.dtype)
+            out[b, h * g : (h + 1) * g] = (o / l_tot[:, None]).to(q.dtype)
     return out
 
 
 def test_int8_emulation_is_the_kernels_rounding():
     """The emulations agree with the kernels they stand for, to a float16 ulp, on the recorded case."""
-    c = OP.make_case(OP.parse_shape("B=5,Hq=16,Hkv=2,D=112,block_size=4,ctx=17,ragged"), torch.float16,
-                     seed=59762, dist="normal", layout="contiguous")
+    c = OP.make_case(
+        OP.parse_shape("B=5,Hq=16,Hkv=2,D=112,block_size=4,ctx=17,ragged"),
+        torch.float16,
+        seed=59762,
+        dist="normal",
+        layout="contiguous",
+    )
     c.args["sm_scale"] = 0.5
     splits = int8_baseline._config(5, 2, int(c.args["block_table"].shape[1]) * 4, torch.device("cpu"))[0]
     base = int8_baseline.decode_attention_int8(**c.args).float()
     emulated = emulate_int8_decode(c.args, False, splits).float()
     assert float(emulated[1, 2, 86]) == float(base[1, 2, 86])  # the underflowed element, bit for bit
-    assert float((emulated - base).abs().max()) <= 2.0 ** -10 * float(base.abs().max())
+    assert float((emulated - base).abs().max()) <= 2.0**-10 * float(base.abs().max())
     _, serving = INT8_KERNELS[1]
     served = serving(**c.args).float()
-    assert float((emulate_int8_decode(c.args, True, splits).float() - served).abs().max()) \
-        <= 2.0 ** -10 * float(served.abs().max())
+    assert float((emulate_int8_decode(c.args, True, splits).float() - served).abs().max()) <= 2.0**-10 * float(
+        served.abs().max()
+    )
 
 
 EMULATION_EXAMPLES = 100
@@ -233,8 +261,13 @@ def test_int8_bound_admits_the_emulated_kernels_over_the_sanitizers_draws(harsh)
     failures = []
 
     @hypothesis.seed(20261203 + harsh)
-    @hypothesis.settings(max_examples=EMULATION_EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
-                         suppress_health_check=list(HealthCheck))
+    @hypothesis.settings(
+        max_examples=EMULATION_EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def prop(data):
         c = _draw_case(OP, data, harsh)
@@ -243,8 +276,9 @@ def test_int8_bound_admits_the_emulated_kernels_over_the_sanitizers_draws(harsh)
         ref = OP.reference(c.args, torch.float64)
         bound = OP.element_bounds(c.args)  # what OP.compare uses, computed once for both emulations
         for scale_max in (False, True):
-            r = compare_tensor(emulate_int8_decode(c.args, scale_max, splits), ref,
-                               OP.tolerance(c.args["q"].dtype), element=bound)
+            r = compare_tensor(
+                emulate_int8_decode(c.args, scale_max, splits), ref, OP.tolerance(c.args["q"].dtype), element=bound
+            )
             if not r.ok:
                 failures.append(f"{'serving' if scale_max else 'baseline'}: {r.describe()}; {c.describe()}")
 
@@ -254,9 +288,11 @@ def test_int8_bound_admits_the_emulated_kernels_over_the_sanitizers_draws(harsh)
 
 # -- the real sanitizer's numeric checks over a few seeds ----------------------------------------------
 
+
 def _sweep_seed(i: int) -> int:
-    spec = importlib.util.spec_from_file_location("false_positive_sweep",
-                                                  os.path.join(ROOT, "scripts", "false_positive_sweep.py"))
+    spec = importlib.util.spec_from_file_location(
+        "false_positive_sweep", os.path.join(ROOT, "scripts", "false_positive_sweep.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.sweep_seed(i)
@@ -273,6 +309,7 @@ def test_int8_kernels_pass_the_numeric_checks_over_several_seeds():
     About 50 s per verdict on one core, 2 at a time; the full sanitizer over many seeds and every correct
     kernel is scripts/false_positive_sweep.py's job (results/cpu/false_positive_sweep.txt)."""
     from kernel_agent.sanitizer.runner import run_many
+
     files, texts = [], set()
     for f in [os.path.join(ROOT, "kernels", "baseline", "decode_attention_int8.py")] + INT8_SERVING:
         with open(f) as fh:
@@ -286,6 +323,7 @@ def test_int8_kernels_pass_the_numeric_checks_over_several_seeds():
         for v in run_many(files, OP.name, "full", jobs=2, checks=NUMERIC_CHECKS, seed=seed):
             if not v.passed:
                 f = v.first_failure
-                bad.append(f"seed {seed} {os.path.basename(v.file)}: {f.name if f else v.error}: "
-                           f"{f.detail[:300] if f else ''}")
+                bad.append(
+                    f"seed {seed} {os.path.basename(v.file)}: {f.name if f else v.error}: {f.detail[:300] if f else ''}"
+                )
     assert not bad, "\n".join(bad)

@@ -1,5 +1,6 @@
 """Judged figures (harness/figures.py): one reading of benchmark rows for the report, its plots,
 `history --trend`, the leaderboard and `show`, checked on made-up rows and on the committed H200 run."""
+
 import math
 import os
 import re
@@ -17,41 +18,75 @@ T0 = datetime(2026, 11, 30, 16, 0, tzinfo=timezone.utc)
 
 
 def _row(id, label, ms, graph=None, cid=7, run="r1", shape="M=1", frac=None, implausible=False):
-    return SimpleNamespace(id=id, run_id=run, candidate_id=cid, label=label, op="matmul", bucket="b", shape_key=shape,
-                           dtype="bfloat16", gpu_name="H200", median_ms=ms, spread_ms=ms * 0.01, n_samples=5,
-                           graph_ms=graph, extra={"graph_spread_ms": graph * 0.01} if graph else {},
-                           fraction_of_ceiling=frac, ceiling_kind="memory" if frac else None,
-                           implausible=implausible, created_at=T0 + timedelta(seconds=id))
+    return SimpleNamespace(
+        id=id,
+        run_id=run,
+        candidate_id=cid,
+        label=label,
+        op="matmul",
+        bucket="b",
+        shape_key=shape,
+        dtype="bfloat16",
+        gpu_name="H200",
+        median_ms=ms,
+        spread_ms=ms * 0.01,
+        n_samples=5,
+        graph_ms=graph,
+        extra={"graph_spread_ms": graph * 0.01} if graph else {},
+        fraction_of_ceiling=frac,
+        ceiling_kind="memory" if frac else None,
+        implausible=implausible,
+        created_at=T0 + timedelta(seconds=id),
+    )
 
 
 def test_the_clock_is_chosen_per_figure_as_the_promotion_rule_chooses_it():
-    rows = [_row(1, "baseline", 0.090, 0.055), _row(2, "candidate", 0.095, 0.050), _row(3, "anchor:t", 0.06, 0.04),
-            # another candidate at the same shape, too slow for graph replays: events, for its figure only
-            _row(4, "baseline", 0.085, 0.055, cid=8), _row(5, "candidate", 0.30, None, cid=8)]
+    rows = [
+        _row(1, "baseline", 0.090, 0.055),
+        _row(2, "candidate", 0.095, 0.050),
+        _row(3, "anchor:t", 0.06, 0.04),
+        # another candidate at the same shape, too slow for graph replays: events, for its figure only
+        _row(4, "baseline", 0.085, 0.055, cid=8),
+        _row(5, "candidate", 0.30, None, cid=8),
+    ]
     a, b = F.judged_figures(rows)
     assert (a.clock, a.incumbent_ms, a.kernel_ms, a.anchor_ms) == ("graph", 0.055, 0.050, 0.040)
     assert a.speedup == pytest.approx(1.1) and a.anchor_ratio() == pytest.approx(0.8)
     assert (b.clock, b.incumbent_ms, b.kernel_ms) == ("event", 0.085, 0.30)
 
     def m(row, rounds):  # the same timings as a benchmark measurement, which the rule judges
-        return Measurement.from_json({"median_ms": row.median_ms, "spread_ms": row.spread_ms, "n": 5,
-                                      "graph_ms": row.graph_ms, "graph_spread_ms": row.extra.get("graph_spread_ms"),
-                                      "graph_rounds": [row.graph_ms] * rounds})
+        return Measurement.from_json(
+            {
+                "median_ms": row.median_ms,
+                "spread_ms": row.spread_ms,
+                "n": 5,
+                "graph_ms": row.graph_ms,
+                "graph_spread_ms": row.extra.get("graph_spread_ms"),
+                "graph_rounds": [row.graph_ms] * rounds,
+            }
+        )
+
     for fig, (inc, cand) in ((a, rows[:2]), (b, rows[3:])):
         assert judged_pair(m(cand, 5), m(inc, 5))[2] == fig.clock
 
 
 def test_an_anchor_without_the_figures_clock_is_shown_on_events_and_not_compared():
-    [f] = F.judged_figures([_row(1, "baseline", 0.09, 0.055), _row(2, "candidate", 0.095, 0.05),
-                            _row(3, "anchor:t", 0.25, None)])
+    [f] = F.judged_figures(
+        [_row(1, "baseline", 0.09, 0.055), _row(2, "candidate", 0.095, 0.05), _row(3, "anchor:t", 0.25, None)]
+    )
     assert f.clock == "graph" and f.anchor_clock == "event" and f.anchor_ms == 0.25
     assert f.anchor_ratio() is None and f.anchor_speedup is None  # no ratio across two clocks
 
 
 def test_each_benchmark_keeps_its_own_incumbent():
     """The same candidate benchmarked twice in a run, and rows timed on their own (no candidate id)."""
-    rows = [_row(1, "baseline", 1.0), _row(2, "candidate", 0.9), _row(3, "baseline", 0.5, cid=None),
-            _row(4, "serving:x.py", 0.8), _row(5, "candidate", 0.85)]
+    rows = [
+        _row(1, "baseline", 1.0),
+        _row(2, "candidate", 0.9),
+        _row(3, "baseline", 0.5, cid=None),
+        _row(4, "serving:x.py", 0.8),
+        _row(5, "candidate", 0.85),
+    ]
     first, second = F.judged_figures(rows)
     assert (first.incumbent_label, first.incumbent_ms) == ("baseline", 1.0)
     assert (second.incumbent_label, second.incumbent_ms) == ("serving:x.py", 0.8)
@@ -77,21 +112,31 @@ def test_the_fraction_of_the_ceiling_is_on_the_figures_clock():
 
 
 def test_a_bucket_is_summed_up_by_the_geometric_mean_and_the_best_result_wins():
-    rows = [_row(1, "baseline", 1.0, shape="A"), _row(2, "candidate", 0.5, shape="A"),
-            _row(3, "baseline", 1.0, shape="B"), _row(4, "candidate", 2.0, shape="B"),
-            _row(5, "baseline", 1.0, cid=8, shape="A"), _row(6, "candidate", 0.9, cid=8, shape="A"),
-            _row(7, "baseline", 1.0, cid=8, shape="B"), _row(8, "candidate", 0.9, cid=8, shape="B"),
-            _row(9, "baseline", 1.0, cid=9, shape="A"), _row(10, "candidate", 0.1, cid=9, shape="A", implausible=True)]
+    rows = [
+        _row(1, "baseline", 1.0, shape="A"),
+        _row(2, "candidate", 0.5, shape="A"),
+        _row(3, "baseline", 1.0, shape="B"),
+        _row(4, "candidate", 2.0, shape="B"),
+        _row(5, "baseline", 1.0, cid=8, shape="A"),
+        _row(6, "candidate", 0.9, cid=8, shape="A"),
+        _row(7, "baseline", 1.0, cid=8, shape="B"),
+        _row(8, "candidate", 0.9, cid=8, shape="B"),
+        _row(9, "baseline", 1.0, cid=9, shape="A"),
+        _row(10, "candidate", 0.1, cid=9, shape="A", implausible=True),
+    ]
     results = F.candidate_results(F.judged_figures(rows))
     assert [r.candidate_id for r in results] == [7, 8, 9]
     assert results[0].speedup == pytest.approx(1.0) and results[1].speedup == pytest.approx(1 / 0.9)
     assert F.best_result(results).candidate_id == 8  # 9 is faster, but its timing is implausible
     board = F.leaderboard("matmul", F.judged_figures(rows), {7: ("seven", "benchmarked")})
     assert [(e.figure.shape_key, e.figure.candidate_id, e.label) for e in board.entries] == [
-        ("A", 7, "seven"), ("B", 8, None)]
+        ("A", 7, "seven"),
+        ("B", 8, None),
+    ]
 
 
 # -- the committed H200 run: table, plots, trend and leaderboard agree figure by figure ----------------
+
 
 @pytest.fixture
 def h200(tmp_path):
@@ -112,6 +157,7 @@ def test_the_committed_h200_report_agrees_with_its_plots_trend_and_leaderboard(h
     def recording_bar(self, x, height, *a, **kw):
         drawn.append((kw.get("label"), list(height)))
         return bar(self, x, height, *a, **kw)
+
     monkeypatch.setattr(matplotlib.axes.Axes, "bar", recording_bar)
     run = h200.get_run(RUN)
     md = open(write_report(h200, run, str(tmp_path / "report"))).read()
@@ -162,4 +208,6 @@ def test_the_committed_h200_report_agrees_with_its_plots_trend_and_leaderboard(h
         if f.candidate_id == pr.candidate_id:
             assert (f.incumbent_ms, f.kernel_ms, F.fmt_x(f.speedup)) == table[f.shape_key]
     assert {e.figure.shape_key: e.figure.candidate_id for e in board.entries if e.figure.bucket == "m256-klarge"} == {
-        "M=256,N=4096,K=14336": pr.candidate_id, "M=128,N=8192,K=8192": 29}  # #29 was faster there, slower at M=256
+        "M=256,N=4096,K=14336": pr.candidate_id,
+        "M=128,N=8192,K=8192": 29,
+    }  # #29 was faster there, slower at M=256

@@ -1,4 +1,5 @@
 """The emulated FpSan: the payload algebra's identities, bitwise, and what breaks them."""
+
 import importlib
 
 import numpy as np
@@ -26,6 +27,7 @@ def same_bits(a, b) -> bool:
 
 # -- the algebra ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32", "fp64"])
 def test_embedding_constants_and_inverse(fmt):
     f = F.fmt(fmt)
@@ -45,7 +47,7 @@ def test_log2e_payload_is_tritons_constant():
 def test_ring_identities_hold_exactly():
     w = 32
     rng = np.random.default_rng(1)
-    x, y, z = (rng.integers(0, 2 ** 32, size=1000, dtype=np.uint64).astype(np.uint32) for _ in range(3))
+    x, y, z = (rng.integers(0, 2**32, size=1000, dtype=np.uint64).astype(np.uint32) for _ in range(3))
     assert np.array_equal(F.exp2(F.add(x, y, w), w), F.mul(F.exp2(x, w), F.exp2(y, w), w))  # exp(x + y)
     f = F.fmt("fp32")
     assert np.array_equal(F.exp(x, f), F.exp2(F.mul(x, F.payload_of(1.4426950408889634, "fp32"), w), w))
@@ -60,9 +62,9 @@ def test_ring_identities_hold_exactly():
 
 def test_dot_equals_its_scalar_expansion():
     rng = np.random.default_rng(2)
-    a = rng.integers(0, 2 ** 16, size=(4, 5), dtype=np.uint64).astype(np.uint16)
-    b = rng.integers(0, 2 ** 16, size=(5, 3), dtype=np.uint64).astype(np.uint16)
-    c = rng.integers(0, 2 ** 32, size=(4, 3), dtype=np.uint64).astype(np.uint32)
+    a = rng.integers(0, 2**16, size=(4, 5), dtype=np.uint64).astype(np.uint16)
+    b = rng.integers(0, 2**16, size=(5, 3), dtype=np.uint64).astype(np.uint16)
+    c = rng.integers(0, 2**32, size=(4, 3), dtype=np.uint64).astype(np.uint32)
     d = F.dot(a, b, c, 16, 16, 32)
     expect = c.copy()
     for i in range(4):
@@ -73,6 +75,7 @@ def test_dot_equals_its_scalar_expansion():
 
 
 # -- small kernels through the interpreter ---------------------------------------------------
+
 
 @triton.jit
 def _exp_kernel(x_ptr, o_ptr, N: tl.constexpr, USE_EXP2: tl.constexpr):
@@ -121,6 +124,7 @@ def test_a_dot_equals_its_elementwise_expansion_in_a_kernel():
 
 # -- the baselines: tilings are equivalent, bugs are not ----------------------------------------
 
+
 def _with_config(module, cfg, fn, case):
     original = module._config
     module._config = lambda *a, **k: cfg
@@ -160,8 +164,15 @@ def test_decode_split_counts_are_equivalent():
     assert same_bits(one, four)
 
 
-@pytest.mark.parametrize("op_name,mutant", [("matmul", "k_tail_dropped"), ("attention", "causal_off_by_one"),
-                                            ("attention", "no_normalisation"), ("attention", "gqa_head_mapping")])
+@pytest.mark.parametrize(
+    "op_name,mutant",
+    [
+        ("matmul", "k_tail_dropped"),
+        ("attention", "causal_off_by_one"),
+        ("attention", "no_normalisation"),
+        ("attention", "gqa_head_mapping"),
+    ],
+)
 def test_typical_bugs_break_equality(op_name, mutant, tmp_path):
     op = get_op(op_name)
     shape = op.parse_shape("40,48,200") if op_name == "matmul" else op.parse_shape("1,4,2,70,32,causal=1")

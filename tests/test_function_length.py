@@ -5,6 +5,7 @@ above the `def` (above its decorators, if any) or at the end of the `def` line i
 on a function that is no longer long fails too, so the reasons stay true. Kernels (kernels/) are exempt: a
 Triton kernel's body is one unit the compiler sees whole.
 """
+
 import ast
 import re
 from pathlib import Path
@@ -30,6 +31,7 @@ def functions(source: str) -> List[Tuple[str, int, int, int]]:
                 visit(child, prefix + child.name + ".")
             else:
                 visit(child, prefix)
+
     visit(ast.parse(source), "")
     return out
 
@@ -39,7 +41,7 @@ def reason_for(lines: List[str], top: int, def_line: int) -> Optional[str]:
     for text in (lines[top - 2] if top >= 2 else "", lines[def_line - 1]):
         m = REASON.search(text)
         if m:
-            return text[m.start():].strip()
+            return text[m.start() :].strip()
     return None
 
 
@@ -73,17 +75,18 @@ def test_no_function_over_the_limit_without_a_reason():
 
 def test_the_measure_counts_nested_and_decorated_functions():
     body = "".join(f"    x{i} = {i}\n" for i in range(LIMIT))
-    source = ("import functools\n\n"
-              "@functools.lru_cache\n"
-              "def long_and_unexplained():\n" + body + "\n"
-              "# long: a table of sixty-one rows, one per case\n"
-              "@functools.lru_cache\n"
-              "def long_with_a_reason():\n" + body + "\n"
-              "class Holder:\n"
-              "    def method(self):  # long: it holds inner\n"
-              "        x = 0\n"
-              "        def inner():\n" + "".join(f"            y{i} = {i}\n" for i in range(LIMIT)) +
-              "        return inner\n")
+    source = (
+        "import functools\n\n"
+        "@functools.lru_cache\n"
+        "def long_and_unexplained():\n" + body + "\n"
+        "# long: a table of sixty-one rows, one per case\n"
+        "@functools.lru_cache\n"
+        "def long_with_a_reason():\n" + body + "\n"
+        "class Holder:\n"
+        "    def method(self):  # long: it holds inner\n"
+        "        x = 0\n"
+        "        def inner():\n" + "".join(f"            y{i} = {i}\n" for i in range(LIMIT)) + "        return inner\n"
+    )
     unexplained, stale = findings(source, "m.py")
     assert [u.split(":")[1].split()[1] for u in unexplained] == ["long_and_unexplained", "Holder.method.inner"]
     assert "61 lines" in unexplained[0]

@@ -3,6 +3,7 @@ made through a worktree, with the user's checkout untouched; in place outside gi
 
 Each test builds a temporary repository holding a copy of the committed serving set, and promotes with
 the loop's device children replaced by the fakes of test_loop.py (sanitizer and benchmark children)."""
+
 import hashlib
 import json
 import os
@@ -51,8 +52,13 @@ def _checkout(repo):
         for name in filenames:
             p = os.path.join(dirpath, name)
             files[os.path.relpath(p, repo)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    return {"head": _git(repo, "rev-parse", "HEAD"), "branch": _git(repo, "symbolic-ref", "HEAD"),
-            "index": _git(repo, "ls-files", "-s"), "staged": _git(repo, "diff", "--cached"), "files": files}
+    return {
+        "head": _git(repo, "rev-parse", "HEAD"),
+        "branch": _git(repo, "symbolic-ref", "HEAD"),
+        "index": _git(repo, "ls-files", "-s"),
+        "staged": _git(repo, "diff", "--cached"),
+        "files": files,
+    }
 
 
 def _commits(repo, base, branch):
@@ -68,17 +74,24 @@ def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5
     gpu = _fake_gpu(tmp_path, monkeypatch, ms)
     _serve_from(monkeypatch, serving_dir)  # (the fake names a scratch folder of its own)
     # one bucket (the first serving shape), so that each candidate is one promotion
-    cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=candidates, jobs=2,
-                             candidates_dir=str(tmp_path / "cands"), bench_shapes="65536,8,128", in_place=in_place)
+    cfg = loop_mod.RunConfig(
+        ops=["quantize_kv"],
+        per_round=1,
+        max_candidates=candidates,
+        jobs=2,
+        candidates_dir=str(tmp_path / "cands"),
+        bench_shapes="65536,8,128",
+        in_place=in_place,
+    )
     notes = []
     path = str(tmp_path / "l.db")
-    summary = loop_mod.run_loop(cfg, path, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices,
-                                evaluator=gpu)
+    summary = loop_mod.run_loop(
+        cfg, path, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices, evaluator=gpu
+    )
     return summary, notes, path
 
 
-def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alone(tmp_path, monkeypatch, repo,
-                                                                                   capsys):
+def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alone(tmp_path, monkeypatch, repo, capsys):
     _serve_from(monkeypatch, repo / "kernels" / "serving")
     # the user is mid-change: an edit in the serving folder and a staged file; neither may move
     manifest = repo / "kernels" / "serving" / "manifest.json"
@@ -121,17 +134,32 @@ def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alon
     assert publish.recorded_target(json.loads(led.get_run(run_id).notes)).branch == branch
     led.close()
     from kernel_agent.agent.cli import main
+
     capsys.readouterr()
     assert main(["show", run_id, "--ledger", ledger_path]) == 0
     assert f"serving set: branch {branch}, 3 commits" in capsys.readouterr().out.replace("\n", " ")
 
 
 def _branch_loop(tmp_path, led, target, gpu, run_id=None):
-    cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=20,
-                             candidates_dir=str(tmp_path / "cands"), bench_shapes="serving")
+    cfg = loop_mod.RunConfig(
+        ops=["quantize_kv"],
+        per_round=1,
+        max_candidates=20,
+        candidates_dir=str(tmp_path / "cands"),
+        bench_shapes="serving",
+    )
     run_id = run_id or led.start_run(cfg.to_json(), {}, "search", cfg.ops, "Fake GPU", {}).id
-    lp = loop_mod.Loop(cfg, led, run_id, SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU",
-                       loop_mod.placement_for(cfg, gpu.devices, gpu), target=target)
+    lp = loop_mod.Loop(
+        cfg,
+        led,
+        run_id,
+        SearchProposer(),
+        loop_mod.RunEvents(),
+        True,
+        "Fake GPU",
+        loop_mod.placement_for(cfg, gpu.devices, gpu),
+        target=target,
+    )
     return lp, run_id, loop_mod.targets_for(cfg)[:1], loop_mod.Budget(cfg, 0, 0.0)
 
 
@@ -193,10 +221,20 @@ def test_dispatch_choices_go_to_the_branch_too(tmp_path, monkeypatch, repo):
     led = Ledger(str(tmp_path / "l.db"))
     run = led.start_run({}, {}, "search", ["matmul"], "Fake GPU", {})
     target = publish.plan_target().open(run.id)
-    cfg = loop_mod.RunConfig(ops=["matmul"], per_round=1, max_candidates=20, candidates_dir=str(tmp_path / "cands"),
-                             bench_shapes="serving")
-    lp = loop_mod.Loop(cfg, led, run.id, SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU",
-                       loop_mod.placement_for(cfg, gpu.devices, gpu), target=target)
+    cfg = loop_mod.RunConfig(
+        ops=["matmul"], per_round=1, max_candidates=20, candidates_dir=str(tmp_path / "cands"), bench_shapes="serving"
+    )
+    lp = loop_mod.Loop(
+        cfg,
+        led,
+        run.id,
+        SearchProposer(),
+        loop_mod.RunEvents(),
+        True,
+        "Fake GPU",
+        loop_mod.placement_for(cfg, gpu.devices, gpu),
+        target=target,
+    )
     t = loop_mod.targets_for(cfg)[:1]
     _stream(lp, t, loop_mod.Budget(cfg, 0, 0.0), 1)
     assert len({b.candidate_id for b in led.bench_results(run_id=run.id)}) == 1
@@ -242,13 +280,24 @@ def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path
     shutil.copytree(os.path.join(ROOT, "kernels", "serving"), handed)
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)
     _serve_from(monkeypatch, repo / "kernels" / "serving")  # (the fake names a scratch folder of its own)
-    cfg = loop_mod.RunConfig(ops=["quantize_kv"], per_round=1, max_candidates=1, jobs=2,
-                             candidates_dir=str(tmp_path / "cands"), bench_shapes="65536,8,128")
+    cfg = loop_mod.RunConfig(
+        ops=["quantize_kv"],
+        per_round=1,
+        max_candidates=1,
+        jobs=2,
+        candidates_dir=str(tmp_path / "cands"),
+        bench_shapes="65536,8,128",
+    )
     notes = []
     led = Ledger(str(tmp_path / "l.db"))
-    summary = loop_mod.run_loop(cfg, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices,
-                                evaluator=gpu, ledger=led,
-                                serving_plan=publish.TargetPlan(publish.IN_PLACE, handed, "handed to the run"))
+    summary = loop_mod.run_loop(
+        cfg,
+        events=loop_mod.RunEvents(note=notes.append),
+        devices=gpu.devices,
+        evaluator=gpu,
+        ledger=led,
+        serving_plan=publish.TargetPlan(publish.IN_PLACE, handed, "handed to the run"),
+    )
     assert f"promotions are written in place to {handed} (handed to the run)" in notes
     cid = summary.promotions[0].candidate_id
     assert any(e.get("candidate_id") == cid for e in serving.load_manifest(handed)["entries"])
@@ -292,12 +341,27 @@ def _fake_promote_children():
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 
     def bench(spec, env=None, on_ready=None):
-        return {"error": None, "results": [
-            {"op": spec["op"], "shape": k, "bucket": "b", "dtype": spec["dtype"], "gpu": "Fake GPU",
-             "measurements": [_measured("incumbent", 1.0), _measured("candidate", 0.5)]} for k in spec["shapes"]]}
+        return {
+            "error": None,
+            "results": [
+                {
+                    "op": spec["op"],
+                    "shape": k,
+                    "bucket": "b",
+                    "dtype": spec["dtype"],
+                    "gpu": "Fake GPU",
+                    "measurements": [_measured("incumbent", 1.0), _measured("candidate", 0.5)],
+                }
+                for k in spec["shapes"]
+            ],
+        }
 
-    evaluator = FakeEvaluator(lambda path, op, mode="full", checks=None, env=None, on_ready=None: Verdict(
-        path, op, mode, checks=[CheckOutcome("static_gate", "passed")], source_hash=file_hash(path)), bench)
+    evaluator = FakeEvaluator(
+        lambda path, op, mode="full", checks=None, env=None, on_ready=None: Verdict(
+            path, op, mode, checks=[CheckOutcome("static_gate", "passed")], source_hash=file_hash(path)
+        ),
+        bench,
+    )
     return evaluator, FakeDevices(["0"], "Fake GPU")
 
 
@@ -305,6 +369,7 @@ def _promote(argv, evaluator, devices):
     """`kernel-agent promote ARGV` handed its collaborators."""
     from kernel_agent.agent.cli import build_parser
     from kernel_agent.agent.commands import cmd_promote
+
     return cmd_promote(build_parser().parse_args(["promote"] + argv), evaluator=evaluator, devices=devices)
 
 
@@ -313,8 +378,22 @@ def test_promote_by_hand_takes_the_same_path(tmp_path, monkeypatch, repo, capsys
     evaluator, devices = _fake_promote_children()
     _serve_from(monkeypatch, repo / "kernels" / "serving")
     before = _checkout(repo)
-    rc = _promote(["--op", "quantize_kv", GOOD, "--shapes", "4096,8,128", "--ledger", str(tmp_path / "l.db"),
-                   "--reason", "by hand"] + (["--in-place"] if in_place else []), evaluator, devices)
+    rc = _promote(
+        [
+            "--op",
+            "quantize_kv",
+            GOOD,
+            "--shapes",
+            "4096,8,128",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--reason",
+            "by hand",
+        ]
+        + (["--in-place"] if in_place else []),
+        evaluator,
+        devices,
+    )
     out = capsys.readouterr().out.replace("\n", " ")
     assert rc == 0, out
     branches = _git(repo, "branch", "--list", "kernel-agent/*").split()

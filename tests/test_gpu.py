@@ -3,6 +3,7 @@ candidate faults, on a CUDA device. Skipped on the CPU (CI); on a GPU machine:
 
     TRITON_INTERPRET=0 python -m pytest -q -m gpu tests/test_gpu.py
 """
+
 import importlib
 import os
 import re
@@ -20,9 +21,13 @@ from kernel_agent.harness.bench_worker import run_bench_isolated
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
-                                 reason="needs a CUDA GPU with TRITON_INTERPRET=0")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+        reason="needs a CUDA GPU with TRITON_INTERPRET=0",
+    ),
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUANT = get_op("quantize_kv")
@@ -36,6 +41,7 @@ def ceilings():
 
 def _baseline_contender(label="baseline"):
     from kernel_agent.kernels.baseline.quantize_kv import quantize_kv
+
     return Contender(label, quantize_kv, ("_quantize_kernel",))
 
 
@@ -67,6 +73,7 @@ def test_bench_times_the_baseline_and_its_anchor(ceilings):
 
 def test_bench_refuses_a_kernel_that_does_not_launch_its_own_kernels(ceilings):
     from kernel_agent.harness.ops.quantize_kv import quantize_eager  # torch alone: no Triton kernel of its own
+
     ms = _measure(Contender("candidate", lambda x: quantize_eager(x), ("_quantize_kernel",)), ceilings)
     assert "none of its Triton kernels" in ms["candidate"].error
 
@@ -77,18 +84,21 @@ def test_bench_refuses_a_wrong_result(ceilings):
     def wrong(x):
         q, s = quantize_kv(x)
         return q, s * 1.01
+
     ms = _measure(Contender("candidate", wrong, ("_quantize_kernel",)), ceilings)
     assert "wrong result on the device" in ms["candidate"].error
 
 
 def test_bench_is_not_fooled_by_work_on_another_stream(ceilings):
     from kernel_agent.kernels.baseline.quantize_kv import quantize_kv
+
     side = torch.cuda.Stream()
 
     def hidden(x):  # the events on the current stream never see the kernel
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             return quantize_kv(x)
+
     m = _measure(Contender("candidate", hidden, ("_quantize_kernel",)), ceilings)["candidate"]
     assert m.implausible, m
 
@@ -96,8 +106,7 @@ def test_bench_is_not_fooled_by_work_on_another_stream(ceilings):
 def _variant_file(tmp_path, name, cfg):
     base = baseline_config("quantize_kv", QSHAPE)
     path = tmp_path / f"{name}.py"
-    path.write_text(with_config(baseline_source("quantize_kv"), base, cfg, QUANT.bucket(QSHAPE),
-                                QUANT.tuning_space))
+    path.write_text(with_config(baseline_source("quantize_kv"), base, cfg, QUANT.bucket(QSHAPE), QUANT.tuning_space))
     return str(path)
 
 
@@ -117,19 +126,28 @@ def test_the_rule_promotes_a_faster_kernel_and_refuses_one_within_noise(tmp_path
     same = tmp_path / "baseline_copy.py"
     same.write_text(baseline_source("quantize_kv") + "\n# the same kernel under another name\n")
     spec = {"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0}
-    faster = _decide(run_bench_isolated(dict(spec, kernels=[{"label": "incumbent", "file": slow},
-                                                            {"label": "candidate", "file": None}])), "event")
+    faster = _decide(
+        run_bench_isolated(
+            dict(spec, kernels=[{"label": "incumbent", "file": slow}, {"label": "candidate", "file": None}])
+        ),
+        "event",
+    )
     assert faster.promote and faster.gain > 0.1, faster.reason
-    within = _decide(run_bench_isolated(dict(spec, kernels=[{"label": "incumbent", "file": None},
-                                                            {"label": "candidate", "file": str(same)}])), "graph")
+    within = _decide(
+        run_bench_isolated(
+            dict(spec, kernels=[{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(same)}])
+        ),
+        "graph",
+    )
     assert not within.promote and abs(within.gain) < 0.02, within.reason
 
 
 def test_serving_dispatches_to_an_installed_kernel_and_its_results_pass(tmp_path):
     gpu = torch.cuda.get_device_name()
     src = open(_variant_file(tmp_path, "v", (16, 4))).read()
-    entry = serving.install("quantize_kv", QUANT.bucket(QSHAPE), "bfloat16", gpu, src, None, 0.05, "test", {},
-                            dir=tmp_path / "serving")
+    entry = serving.install(
+        "quantize_kv", QUANT.bucket(QSHAPE), "bfloat16", gpu, src, None, 0.05, "test", {}, dir=tmp_path / "serving"
+    )
     fn = serving.get("quantize_kv", dir=tmp_path / "serving")
     case = QUANT.make_case(QSHAPE, torch.bfloat16, seed=3, device="cuda")
     assert str(fn.resolve(**case.args)) == serving.entry_name(entry)
@@ -140,8 +158,12 @@ def test_serving_dispatches_to_an_installed_kernel_and_its_results_pass(tmp_path
 
 
 # (op, shape) per op with a torch implementation: a serving-style call of each bucket kind
-DISPATCH_CASES = [("matmul", "32,4096,6144"), ("matmul", "8,14336,4096"), ("attention", "1,8,2,512,128,causal"),
-                  ("quantize_kv", "32,8,128")]
+DISPATCH_CASES = [
+    ("matmul", "32,4096,6144"),
+    ("matmul", "8,14336,4096"),
+    ("attention", "1,8,2,512,128,causal"),
+    ("quantize_kv", "32,8,128"),
+]
 
 
 @pytest.mark.parametrize("op_name,shape", DISPATCH_CASES)
@@ -156,8 +178,9 @@ def test_serving_get_passes_the_differential_check_for_each_choice(tmp_path, op_
     for impl in ("kernel", "baseline", "torch"):
         d = tmp_path / impl
         if impl == "kernel":  # a promoted kernel: the baseline's source under another name
-            serving.install(op_name, bucket, "bfloat16", gpu, baseline_source(op_name) + "\n# promoted\n", 1, 0.1,
-                            "test", {}, dir=d)
+            serving.install(
+                op_name, bucket, "bfloat16", gpu, baseline_source(op_name) + "\n# promoted\n", 1, 0.1, "test", {}, dir=d
+            )
         else:
             serving.set_choice(op_name, bucket, "bfloat16", gpu, impl, "test", {}, dir=d)
         fn = serving.get(op_name, dir=d)
@@ -194,8 +217,9 @@ def test_the_committed_serving_set_serves_its_kernels_correctly():
         op = get_op(e["op"])
         fn = serving.get(e["op"], dir=d)
         # the shapes it was promoted on (entries before those were recorded: the serving shapes of its bucket)
-        shapes = [op.parse_shape(k) for k in e.get("shapes", [])] or \
-            [s for s in op.shapes("serving") if op.bucket(s) == e["bucket"]]
+        shapes = [op.parse_shape(k) for k in e.get("shapes", [])] or [
+            s for s in op.shapes("serving") if op.bucket(s) == e["bucket"]
+        ]
         assert shapes and all(op.bucket(s) == e["bucket"] for s in shapes), e
         for s in shapes:
             case = op.make_case(s, torch.bfloat16, seed=11, device="cuda")
@@ -208,15 +232,22 @@ def test_the_committed_serving_set_serves_its_kernels_correctly():
 
 def test_a_gpu_fault_in_a_candidate_is_a_verdict_not_an_outage(tmp_path):
     from kernel_agent.sanitizer.runner import run_isolated
+
     src = baseline_source("quantize_kv").replace("x = tl.load(x_ptr + ", "x = tl.load(x_ptr + (1 << 44) + ")
     assert "(1 << 44)" in src
     path = tmp_path / "wild_pointer.py"
     path.write_text(src)
     v = run_isolated(str(path), "quantize_kv", "gpu", checks=("gpu_differential",), timeout_s=180)
     assert not v.passed
-    doc = run_bench_isolated({"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0,
-                              "kernels": [{"label": "incumbent", "file": None},
-                                          {"label": "candidate", "file": str(path)}]})
+    doc = run_bench_isolated(
+        {
+            "op": "quantize_kv",
+            "shapes": [QSHAPE.key()],
+            "dtype": "bfloat16",
+            "seed": 0,
+            "kernels": [{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(path)}],
+        }
+    )
     errs = [m.get("error") for r in doc.get("results", []) for m in r["measurements"] if m["label"] == "candidate"]
     assert doc.get("error") or any(errs)
     torch.cuda.synchronize()  # this process's device is untouched
@@ -227,10 +258,16 @@ def test_compute_sanitizer_reaches_the_sandboxed_executor_and_sees_an_out_of_bou
     TCP: the baseline passes memcheck, and a store one row past the output fails it."""
     from kernel_agent.sanitizer.gpu import find_compute_sanitizer
     from kernel_agent.sanitizer.runner import run_isolated
+
     if not find_compute_sanitizer():
         pytest.skip("compute-sanitizer is not installed")
-    base = run_isolated(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py"), "quantize_kv", "gpu",
-                        checks=("memcheck",), timeout_s=150)
+    base = run_isolated(
+        os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py"),
+        "quantize_kv",
+        "gpu",
+        checks=("memcheck",),
+        timeout_s=150,
+    )
     assert base.passed, base.summary()
     src = baseline_source("quantize_kv")
     bad = src.replace("tl.store(xq_ptr + ", "tl.store(xq_ptr + 4096 + ", 1)
@@ -245,10 +282,17 @@ def test_compute_sanitizer_reaches_the_sandboxed_executor_and_sees_an_out_of_bou
 def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
     from kernel_agent.agent.loop import RunConfig, run_loop
     from kernel_agent.harness.ledger import Ledger
+
     os.environ["KERNEL_AGENT_SERVING_DIR"] = str(tmp_path / "serving")
     try:
-        cfg = RunConfig(ops=["quantize_kv"], max_candidates=2, per_round=2, jobs=2, time_limit_s=600,
-                        candidates_dir=str(tmp_path / "candidates"))
+        cfg = RunConfig(
+            ops=["quantize_kv"],
+            max_candidates=2,
+            per_round=2,
+            jobs=2,
+            time_limit_s=600,
+            candidates_dir=str(tmp_path / "candidates"),
+        )
         summary = run_loop(cfg, str(tmp_path / "ledger.db"))
     finally:
         os.environ.pop("KERNEL_AGENT_SERVING_DIR", None)
@@ -269,10 +313,27 @@ def test_bench_in_two_processes_reports_a_spread_covering_both(tmp_path):
     import json
     import subprocess
     import sys
+
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--op", "quantize_kv",
-                        "--processes", "2", "--no-ledger", "--out", str(out)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_agent.agent.cli",
+            "bench",
+            "--op",
+            "quantize_kv",
+            "--processes",
+            "2",
+            "--no-ledger",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
     assert results  # one per serving shape of quantize_kv
@@ -291,6 +352,7 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
     import threading
 
     from kernel_agent.sanitizer.runner import run_isolated
+
     canary = "sk-canary-" + os.urandom(8).hex()
     monkeypatch.setenv("OPENAI_API_KEY", canary)
     listener = socket.socket()
@@ -301,6 +363,7 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
 
     def accept():
         import time
+
         end = time.time() + 60
         while time.time() < end:
             try:
@@ -309,6 +372,7 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
                 conn.close()
             except OSError:
                 continue
+
     threading.Thread(target=accept, daemon=True).start()
     leak = tmp_path / "leak.txt"
     os.chmod(tmp_path, 0o777)
@@ -321,14 +385,21 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
         "except Exception:\n    pass\n"
         "try:\n"
         f"    open({str(leak)!r}, 'w').write(_k)\n"
-        "except Exception:\n    pass\n")
+        "except Exception:\n    pass\n"
+    )
     path = tmp_path / "exfiltrate.py"
     path.write_text(payload + baseline_source("quantize_kv"))
     v = run_isolated(str(path), "quantize_kv", "gpu", checks=("gpu_differential",), timeout_s=240, skip_gate=True)
     assert not v.passed and "sandbox" in v.summary(), v.summary()
-    doc = run_bench_isolated({"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0,
-                              "kernels": [{"label": "incumbent", "file": None},
-                                          {"label": "candidate", "file": str(path)}]})
+    doc = run_bench_isolated(
+        {
+            "op": "quantize_kv",
+            "shapes": [QSHAPE.key()],
+            "dtype": "bfloat16",
+            "seed": 0,
+            "kernels": [{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(path)}],
+        }
+    )
     assert doc.get("error") and "static gate" in doc["log"]  # the benchmark loads kernels through the gate
     listener.close()
     assert not got and not leak.exists()
@@ -336,17 +407,21 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
 
 # -- the model decode step (bench --model) ---------------------------------------------------------
 
+
 def test_the_model_step_times_every_stack_and_kv_mode():
     from kernel_agent.harness.model_step import KV_MODES, PRESETS, STACKS, Point, run_model_bench
+
     cfg = PRESETS["llama-3-8b"]
     from kernel_agent.harness.model_step import BF16_ONLY_STACKS
+
     result = run_model_bench(cfg, [Point(4, 1024)], STACKS, KV_MODES)
     [p] = result.points
     rows = {(t.stack, t.kv): t for t in p.timings}
     # torch (and flashinfer, when installed) once: bf16 in both modes; every other stack in both modes
     bf16_only = [s for s in BF16_ONLY_STACKS if s in result.stacks]
-    assert set(rows) == {(s, "bf16") for s in bf16_only} | {(s, kv) for s in result.stacks if s not in bf16_only
-                                                            for kv in KV_MODES}
+    assert set(rows) == {(s, "bf16") for s in bf16_only} | {
+        (s, kv) for s in result.stacks if s not in bf16_only for kv in KV_MODES
+    }
     assert rows[("torch", "bf16")].vs_torch == 1.0
     for t in p.timings:
         assert 0.005 < t.layer_ms < 20 and t.step_ms == t.layer_ms * cfg.layers and len(t.rounds) >= 7
@@ -356,8 +431,9 @@ def test_the_model_step_times_every_stack_and_kv_mode():
         assert set(t.op_ms) == ops and set(t.shares) == ops | {"other"}
         # each op alone takes part of the layer, and together they take most of it
         assert all(0 < t.shares[o] < 1 for o in ops) and 0.5 < sum(t.shares[o] for o in ops) < 1.3
-    assert [(s.kv, s.label) for s in p.served][:5] == [("bf16", lb) for lb in ("qkv", "attention", "o", "gate_up",
-                                                                              "down")]
+    assert [(s.kv, s.label) for s in p.served][:5] == [
+        ("bf16", lb) for lb in ("qkv", "attention", "o", "gate_up", "down")
+    ]
     assert 1e-4 < p.accuracy.attn_rel_error < 0.05 and 0 < p.accuracy.hidden_rel_error < p.accuracy.attn_rel_error
     assert p.accuracy.stack == "serving" and p.accuracy.bf16_attn_floor < p.accuracy.attn_rel_error
 
@@ -366,17 +442,47 @@ def test_bench_model_prints_the_tables_and_writes_the_json(tmp_path):
     import json
     import subprocess
     import sys
+
     cfg = tmp_path / "small.json"
-    cfg.write_text(json.dumps({"name": "small", "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2,
-                               "head_dim": 64, "intermediate": 1024}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "name": "small",
+                "layers": 2,
+                "hidden": 512,
+                "heads": 8,
+                "kv_heads": 2,
+                "head_dim": 64,
+                "intermediate": 1024,
+            }
+        )
+    )
     out = tmp_path / "model.json"
-    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--model", str(cfg), "--points",
-                        "2x256,4x600", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_agent.agent.cli",
+            "bench",
+            "--model",
+            str(cfg),
+            "--points",
+            "2x256,4x600",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "vs torch" in r.stdout and "share of each op" in r.stdout and "int8 KV cache" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["config"]["name"] == "small" and [(p["batch"], p["context"]) for p in doc["points"]] == [(2, 256),
-                                                                                                        (4, 600)]
+    assert doc["config"]["name"] == "small" and [(p["batch"], p["context"]) for p in doc["points"]] == [
+        (2, 256),
+        (4, 600),
+    ]
     assert all(len(p["timings"]) == 5 and p["op_calls"]["int8"] for p in doc["points"])
 
 
@@ -387,6 +493,7 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
     import time
 
     from kernel_agent.sanitizer.runner import run_isolated
+
     asked = []
 
     def grant_late(phase, still_wanted):
@@ -394,8 +501,13 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
         time.sleep(0.5)  # the parent makes it wait: the child must not go on meanwhile
         return still_wanted()
 
-    spec = {"op": "quantize_kv", "shapes": [QSHAPE.key()], "dtype": "bfloat16", "seed": 0,
-            "kernels": [{"label": "incumbent", "file": None}]}
+    spec = {
+        "op": "quantize_kv",
+        "shapes": [QSHAPE.key()],
+        "dtype": "bfloat16",
+        "seed": 0,
+        "kernels": [{"label": "incumbent", "file": None}],
+    }
     doc = run_bench_isolated(spec, on_ready=grant_late)
     assert doc.get("error") is None and asked == ["gpu", "alone"], doc.get("log", "")[-800:]
     phases = doc["phases"]
@@ -403,8 +515,14 @@ def test_gated_children_hold_the_gpu_only_once_granted(ceilings):  # cached: the
     [res] = doc["results"]
     assert [m.get("error") for m in res["measurements"] if m["label"] == "incumbent"] in ([None], [""])
     asked.clear()
-    v = run_isolated(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py"), "quantize_kv", "gpu",
-                     checks=("determinism",), timeout_s=300, on_ready=grant_late)
+    v = run_isolated(
+        os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py"),
+        "quantize_kv",
+        "gpu",
+        checks=("determinism",),
+        timeout_s=300,
+        on_ready=grant_late,
+    )
     assert v.passed and asked == ["gpu"], [c.to_json() for c in v.checks]
     refused = run_bench_isolated(spec, timeout_s=30, on_ready=lambda phase, still_wanted: phase == "gpu")
     assert refused.get("error", "").startswith("benchmark timed out") and not refused["results"]
@@ -418,6 +536,7 @@ def test_faults_the_interpreter_cannot_reach_fail_the_gpu_check_they_name(path):
     """tests/candidates/gpu_faulty/<op>/: faults only the GPU stage reaches (a bf16-only branch, sizes past
     the interpreter's); each names the GPU check that must reject it."""
     from kernel_agent.sanitizer.runner import run_isolated
+
     expected = re.search(r'^EXPECTED_CHECK = "(\w+)"', path.read_text(), re.M).group(1)
     v = run_isolated(str(path), path.parent.name, "gpu", checks=(expected,), timeout_s=300)
     failed = [c for c in v.checks if c.status == "failed"]
@@ -426,8 +545,11 @@ def test_faults_the_interpreter_cannot_reach_fail_the_gpu_check_they_name(path):
 
 # -- the GPU sandbox: each way out tried on the device --------------------------------------------
 
-GPU_HOSTILE = sorted(p for p in (Path(__file__).resolve().parent / "candidates" / "hostile").glob("*/*.py")
-                     if re.search(r"^HOSTILE_GPU = True", p.read_text(), re.M))
+GPU_HOSTILE = sorted(
+    p
+    for p in (Path(__file__).resolve().parent / "candidates" / "hostile").glob("*/*.py")
+    if re.search(r"^HOSTILE_GPU = True", p.read_text(), re.M)
+)
 
 
 @pytest.mark.parametrize("path", GPU_HOSTILE, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -440,6 +562,7 @@ def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkey
     import time
 
     from kernel_agent.sanitizer.runner import run_isolated
+
     canary = "sk-canary-" + os.urandom(8).hex()
     monkeypatch.setenv("OPENAI_API_KEY", canary)
     tcp = socket.socket()
@@ -459,14 +582,19 @@ def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkey
                     heard.append(recv())
                 except OSError:
                     pass
+
     threading.Thread(target=listen, daemon=True).start()
     home = tmp_path / "watch" / "home"
     home.mkdir(parents=True)
     (home / ".netrc").write_text(f"machine api.example.invalid login agent password {canary}\n")
     text = path.read_text()
     op = re.search(r'^HOSTILE_OP = "(\w+)"', text, re.M).group(1)
-    for key, value in (("{{PORT}}", str(port)), ("{{WATCH_DIR}}", str(tmp_path / "watch")),
-                       ("{{MARKER}}", "ka-hostile-" + os.urandom(4).hex()), ("{{REPO}}", ROOT)):
+    for key, value in (
+        ("{{PORT}}", str(port)),
+        ("{{WATCH_DIR}}", str(tmp_path / "watch")),
+        ("{{MARKER}}", "ka-hostile-" + os.urandom(4).hex()),
+        ("{{REPO}}", ROOT),
+    ):
         text = text.replace(key, value)
     candidate = tmp_path / path.name
     candidate.write_text(text)
@@ -481,16 +609,25 @@ def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkey
     assert not heard, heard
 
 
-@pytest.mark.xfail(reason="a GPU run's reads are not confined yet (the narrower rules failed CUDA's initialisation on "
-                          "the H200), so the probe's /etc/shadow row escapes where the child runs as root")
+@pytest.mark.xfail(
+    reason="a GPU run's reads are not confined yet (the narrower rules failed CUDA's initialisation on "
+    "the H200), so the probe's /etc/shadow row escapes where the child runs as root"
+)
 def test_the_gpu_sandbox_probe_finds_no_escape_and_a_kernel_runs():
     """scripts/gpu_sandbox_probe.py: every escape refused where it counts (with the audit hook, below it,
     in a wrapping tool's namespaces), and a Triton kernel runs in the sandbox, in the tool's namespaces
     and under memcheck."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_sandbox_probe.py"), "--quick"], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "gpu_sandbox_probe.py"), "--quick"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
 
 
@@ -504,12 +641,20 @@ def test_benchmark_only_cheats_buy_nothing(path):
     of a timed call checked, each is refused with the call named (EXPECTED_BENCH = "output of timed call"),
     or timed no faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
     from kernel_agent.harness.promotion import judge_benchmark
+
     op = get_op(path.parent.name)
     expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', path.read_text(), re.M).group(1)
     shape = op.shapes("serving")[0].key()
-    doc = run_bench_isolated({"op": op.name, "shapes": [shape], "dtype": "bfloat16", "seed": 0,
-                              "kernels": [{"label": "incumbent", "file": None},
-                                          {"label": "candidate", "file": str(path)}]}, timeout_s=900)
+    doc = run_bench_isolated(
+        {
+            "op": op.name,
+            "shapes": [shape],
+            "dtype": "bfloat16",
+            "seed": 0,
+            "kernels": [{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(path)}],
+        },
+        timeout_s=900,
+    )
     j = judge_benchmark(BenchOutcome.from_json(doc), [shape])
     if expected == "no gain":
         assert not j.error and j.decision is not None, j.error
@@ -523,8 +668,14 @@ def test_each_baseline_passes_the_gpu_regions_of_its_domain(op_name):
     """gpu_domain (pools past 2^31 elements, 131072-token contexts, MQA at serving heads) refuses no baseline:
     the device side of the domain draws has no false positive where the kernels are right."""
     from kernel_agent.sanitizer.runner import run_isolated
-    v = run_isolated(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name, "gpu",
-                     checks=("gpu_domain", "gpu_differential"), timeout_s=900)
+
+    v = run_isolated(
+        os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"),
+        op_name,
+        "gpu",
+        checks=("gpu_domain", "gpu_differential"),
+        timeout_s=900,
+    )
     assert v.passed, v.summary()
 
 
@@ -534,9 +685,17 @@ def test_a_workload_plan_measured_on_the_gpu_scales_each_option_by_its_step():
     from kernel_agent.agent.workload_cmd import _gpu_measure
     from kernel_agent.harness.kv_plan import estimate_options
     from kernel_agent.harness.model_step import PRESETS
+
     trace = os.path.join(ROOT, "tests", "data", "workloads", "chat_300.jsonl")
-    opts = estimate_options(trace, PRESETS["llama-3-8b"], 4 * 2**30, 0.02, page_sizes=(16,),
-                            measure=_gpu_measure(lambda text: None), basis="gpu")
+    opts = estimate_options(
+        trace,
+        PRESETS["llama-3-8b"],
+        4 * 2**30,
+        0.02,
+        page_sizes=(16,),
+        measure=_gpu_measure(lambda text: None),
+        basis="gpu",
+    )
     by = {o.kv: o for o in opts}
     assert all(0.5 < o.measured_ratio < 20 for o in opts)  # a step is not faster than its roofline, nor absurd
     assert by["bf16"].error == 0.0 and 1e-3 < by["int8"].error < 0.05

@@ -4,6 +4,7 @@ functions) must exist; so must every attribute it reads off an imported project 
 every module it names in a string (`-m kernel_agent.agent.cli`, `import_module(f"kernel_agent...{op}")`) and
 every repository file it joins onto ROOT (`scripts/gpu_sandbox_probe.py`); and every call of a project
 function or class must fit its signature (a removed parameter, a keyword renamed)."""
+
 import ast
 import importlib
 import inspect
@@ -205,7 +206,9 @@ def test_every_project_name_a_gpu_test_imports_exists(path):
         try:
             _resolve(module, name)
         except ImportError as e:
-            missing.append(f"{path}:{line}: {module}: {e}" if name is None else f"{path}:{line}: {module} has no {name}")
+            missing.append(
+                f"{path}:{line}: {module}: {e}" if name is None else f"{path}:{line}: {module} has no {name}"
+            )
     assert not missing, "\n".join(missing)
 
 
@@ -232,13 +235,14 @@ def test_the_check_fails_on_uses_that_no_longer_fit(tmp_path):
         "from kernel_agent.harness.ops import get_op\n"
         "ROOT = '.'\n"
         "def test_x(tmp_path):\n"
-        "    serving.install_everything()\n"                              # 6: a removed function
-        "    get_op('matmul', dtype='bf16')\n"                            # 7: a keyword it never took
+        "    serving.install_everything()\n"  # 6: a removed function
+        "    get_op('matmul', dtype='bf16')\n"  # 7: a keyword it never took
         "    importlib.import_module(f'kernel_agent.kernelz.baseline.{1}')\n"  # 8: a package that is gone
-        "    os.path.join(ROOT, 'scripts', 'gone_probe.py')\n"            # 9: a script that is gone
+        "    os.path.join(ROOT, 'scripts', 'gone_probe.py')\n"  # 9: a script that is gone
         "def test_y(serving):\n"
-        "    serving.anything()\n"                                        # a parameter hides the module
-        "    get_op('matmul')\n")
+        "    serving.anything()\n"  # a parameter hides the module
+        "    get_op('matmul')\n"
+    )
     found = sorted(use_problems(str(bad)))
     assert [line for line, _ in found] == [6, 7, 8, 9], found
     assert "has no install_everything" in found[0][1] and "dtype" in found[1][1]

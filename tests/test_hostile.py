@@ -29,6 +29,7 @@ sandbox and the judge must stop on their own are still rejected, without side ef
 within the time limit; and an agent run whose model replies with hostile rewrites verifies
 none of them and leaks nothing.
 """
+
 from __future__ import annotations
 
 import ast
@@ -60,8 +61,17 @@ CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 PLACEHOLDERS = ("{{PORT}}", "{{WATCH_DIR}}", "{{MARKER}}", "{{REPO}}")
 LAYERS = ("gate", "sandbox", "judge")
 # Families the layers behind the static gate (the sandbox and the judge) must stop on their own.
-BEHIND_GATE = ("verdict_forging", "checker_patching", "reading_reference", "secret_exfiltration", "undrawn_inputs",
-               "writes_outside_scratch", "process_escape", "resource_exhaustion", "time_limit_evasion")
+BEHIND_GATE = (
+    "verdict_forging",
+    "checker_patching",
+    "reading_reference",
+    "secret_exfiltration",
+    "undrawn_inputs",
+    "writes_outside_scratch",
+    "process_escape",
+    "resource_exhaustion",
+    "time_limit_evasion",
+)
 REPO_WATCHED = ("kernels/serving", "runs", "kernels/baseline")
 # Hostile file (path relative to tests/candidates/hostile) -> why the layers behind the gate do not stop
 # it yet. Such a file stays in the suite as a strict xfail of test_rejected_with_the_gate_bypassed (it
@@ -94,34 +104,52 @@ def _read(path: Path) -> Hostile:
     tree = ast.parse(source, filename=str(path))
     consts = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id.startswith("HOSTILE_"):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.startswith("HOSTILE_")
+        ):
             consts[node.targets[0].id] = ast.literal_eval(node.value)
     rel = path.relative_to(HOSTILE).as_posix()
-    return Hostile(str(consts.get("HOSTILE_FAMILY", "")), path.stem, str(consts.get("HOSTILE_OP", "")), rel, path,
-                   ast.get_docstring(tree) or "", source)
+    return Hostile(
+        str(consts.get("HOSTILE_FAMILY", "")),
+        path.stem,
+        str(consts.get("HOSTILE_OP", "")),
+        rel,
+        path,
+        ast.get_docstring(tree) or "",
+        source,
+    )
 
 
 def discover() -> List[Hostile]:
     if not HOSTILE.is_dir():
         return []
-    return [_read(p) for d in sorted(HOSTILE.iterdir()) if d.is_dir() and not d.name.startswith(("_", "."))
-            for p in sorted(d.glob("*.py"))]
+    return [
+        _read(p)
+        for d in sorted(HOSTILE.iterdir())
+        if d.is_dir() and not d.name.startswith(("_", "."))
+        for p in sorted(d.glob("*.py"))
+    ]
 
 
 HOSTILES = discover()
 BEHIND = [h for h in HOSTILES if h.family in BEHIND_GATE]
 # The agent-loop test: quantize_kv rewrites, most written to get past an allowlist gate.
-E2E = ["verdict_forging/05_hidden_core_alias_first_call.py",
-       "checker_patching/05_hidden_checks_clear_first_call.py",
-       "detecting_checker/04_hidden_knobs_interpret.py",
-       "secret_exfiltration/06_hidden_format_string_verdict.py",
-       "secret_exfiltration/01_environ_tcp_socket.py",
-       "writes_outside_scratch/08_hidden_aliased_builtins_open.py",
-       "process_escape/05_hidden_leaked_inspect_fork.py"]
+E2E = [
+    "verdict_forging/05_hidden_core_alias_first_call.py",
+    "checker_patching/05_hidden_checks_clear_first_call.py",
+    "detecting_checker/04_hidden_knobs_interpret.py",
+    "secret_exfiltration/06_hidden_format_string_verdict.py",
+    "secret_exfiltration/01_environ_tcp_socket.py",
+    "writes_outside_scratch/08_hidden_aliased_builtins_open.py",
+    "process_escape/05_hidden_leaked_inspect_fork.py",
+]
 
 
 # -- observation ---------------------------------------------------------------------------------
+
 
 class Listener:
     """A TCP listener on 127.0.0.1 (ephemeral port) that records every connection and the bytes it
@@ -241,8 +269,9 @@ def _scan_processes(needles: Dict[bytes, str]) -> Dict[int, str]:
             continue
         cmdline, comm, environ = _proc_read(entry, "cmdline"), _proc_read(entry, "comm"), _proc_read(entry, "environ")
         for needle, label in needles.items():
-            where = [w for w, blob in (("cmdline", cmdline), ("name", comm), ("environment", environ))
-                     if needle in blob]
+            where = [
+                w for w, blob in (("cmdline", cmdline), ("name", comm), ("environment", environ)) if needle in blob
+            ]
             if where:
                 shown = cmdline.replace(b"\0", b" ").decode(errors="replace")[:160] or comm.decode().strip()
                 hits[int(entry)] = f"pid {entry} ({label} in its {'/'.join(where)}): {shown}"
@@ -318,7 +347,7 @@ def _file_contains(path: str, needle: bytes) -> bool:
                 return False
             if needle in tail + chunk:
                 return True
-            tail = chunk[-len(needle):]
+            tail = chunk[-len(needle) :]
 
 
 @dataclass
@@ -368,8 +397,12 @@ class Observation:
         (watch / "notes.txt").write_text("watched by tests/test_hostile.py\n")
         listener = Listener()
         text = h.source
-        for ph, value in (("{{PORT}}", str(listener.port)), ("{{WATCH_DIR}}", str(watch)),
-                          ("{{MARKER}}", marker), ("{{REPO}}", str(ROOT))):
+        for ph, value in (
+            ("{{PORT}}", str(listener.port)),
+            ("{{WATCH_DIR}}", str(watch)),
+            ("{{MARKER}}", marker),
+            ("{{REPO}}", str(ROOT)),
+        ):
             text = text.replace(ph, value)
         path = self.cands / f"{h.family}__{h.name}__{marker}.py"
         path.write_text(text)
@@ -382,8 +415,7 @@ class Observation:
         found = reap({p.marker.encode(): "marker"})
         for data in p.listener.received():
             leaked = " (carrying the canary)" if self.canary.encode() in data else ""
-            found.append(f"the listener on 127.0.0.1:{p.listener.port} got a connection{leaked}: "
-                         f"{data[:120]!r}")
+            found.append(f"the listener on 127.0.0.1:{p.listener.port} got a connection{leaked}: {data[:120]!r}")
         after = _snapshot(p.watch, contents=True)
         for rel in sorted(set(after) | set(p.watch_before)):
             a, b = p.watch_before.get(rel), after.get(rel)
@@ -449,8 +481,11 @@ class Observation:
                 if a != b:
                     found.append(f"{d}/{rel} changed during the test")
             for rel, (size, mtime, _) in after.items():
-                if mtime / 1e9 >= self.start and size <= 64 << 20 and \
-                        _file_contains(str(ROOT / d / rel), self.canary.encode()):
+                if (
+                    mtime / 1e9 >= self.start
+                    and size <= 64 << 20
+                    and _file_contains(str(ROOT / d / rel), self.canary.encode())
+                ):
                     found.append(f"the canary was written to {d}/{rel}")
         for name in sorted(set(os.listdir(ROOT)) - self.root_before):
             if name.startswith("_hostile_probe_"):
@@ -492,6 +527,7 @@ def observation(tmp_path, monkeypatch):
 
 # -- the suite itself -----------------------------------------------------------------------------
 
+
 def test_hostile_headers():
     """Every hostile file says what it is, names its layer, defines its op and uses only the
     known placeholders; the suite has its size and breadth."""
@@ -504,8 +540,9 @@ def test_hostile_headers():
         tree = ast.parse(h.source)
         if h.op not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
             problems.append(f"{h.rel}: no module-level function `{h.op}`")
-        if not any(isinstance(n, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in n.decorator_list)
-                   for n in tree.body):
+        if not any(
+            isinstance(n, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in n.decorator_list) for n in tree.body
+        ):
             problems.append(f"{h.rel}: no @triton.jit kernel (a candidate computes with its own kernels)")
         doc = h.doc
         if f"Family: {h.family}." not in doc or "Trick" not in doc:
@@ -531,10 +568,12 @@ def test_hostile_headers():
 
 # -- every layer: the CLI -------------------------------------------------------------------------
 
+
 def _cli(args: List[str], timeout_s: float) -> subprocess.CompletedProcess:
     """Run the CLI in a session of its own, killed with its whole group if it overruns."""
-    proc = subprocess.Popen(CLI + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        CLI + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -560,8 +599,10 @@ def test_cli_rejects_every_hostile_candidate(observation):
         files = [str(p.path) for p in probes]
         jobs = 1 if is_heavy else JOBS
         limit = CLI_TIMEOUT_S * (len(files) + 1) / jobs + 180
-        r = _cli(["sanitize", "--op", op, "--json", "--quick", "--jobs", str(jobs), "--timeout", str(CLI_TIMEOUT_S)]
-                 + files, limit)
+        r = _cli(
+            ["sanitize", "--op", op, "--json", "--quick", "--jobs", str(jobs), "--timeout", str(CLI_TIMEOUT_S)] + files,
+            limit,
+        )
         texts += [r.stdout, r.stderr]
         if r.returncode != 1:
             problems.append(f"sanitize --op {op}: exit code {r.returncode}, expected 1: {r.stderr[-600:]}")
@@ -597,8 +638,11 @@ def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observa
     `static_gate` with the rule its HOSTILE_RULE names, no executor imports it, and nothing leaks."""
     assert all(len([h for h in GATE_CASES if h.family == f]) >= 2 for f in GATE_FAMILIES)
     probes = [observation.add(h) for h in GATE_CASES]
-    r = _cli(["sanitize", "--op", "quantize_kv", "--json", "--quick", "--jobs", str(JOBS), "--timeout",
-              str(CLI_TIMEOUT_S)] + [str(p.path) for p in probes], CLI_TIMEOUT_S * len(probes) + 180)
+    r = _cli(
+        ["sanitize", "--op", "quantize_kv", "--json", "--quick", "--jobs", str(JOBS), "--timeout", str(CLI_TIMEOUT_S)]
+        + [str(p.path) for p in probes],
+        CLI_TIMEOUT_S * len(probes) + 180,
+    )
     problems = [] if r.returncode == 1 else [f"exit code {r.returncode}, expected 1: {r.stderr[-600:]}"]
     verdicts = {os.path.abspath(v["file"]): v for v in json.loads(r.stdout or "{}").get("files", [])}
     for p in probes:
@@ -615,11 +659,15 @@ def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observa
 
 def _hostile_rule(h: Hostile) -> str:
     tree = ast.parse(h.source)
-    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                and getattr(n.targets[0], "id", "") == "HOSTILE_RULE")
+    return next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "HOSTILE_RULE"
+    )
 
 
 # -- the sandbox and the judge on their own: the gate bypassed -----------------------------------
+
 
 class Run(NamedTuple):
     verdict: object  # a Verdict, or None
@@ -637,13 +685,15 @@ def _judge_bypassing_gate(obs: Observation, p: Probe) -> Run:
     """run_isolated(..., skip_gate=True) in a thread, waited for at most its time limit plus
     RETURN_SLACK_S; on an overrun, the candidate's processes are killed (by marker) to unblock it."""
     from kernel_agent.sanitizer import runner
+
     timeout = _timeout_for(p.hostile)
     box: Dict[str, object] = {}
 
     def call():
         try:
-            box["verdict"] = runner.run_isolated(str(p.path), p.hostile.op, mode="quick", timeout_s=timeout,
-                                                 skip_gate=True)
+            box["verdict"] = runner.run_isolated(
+                str(p.path), p.hostile.op, mode="quick", timeout_s=timeout, skip_gate=True
+            )
         except BaseException as e:  # noqa: BLE001 - reported as the test's failure
             box["error"] = f"run_isolated raised {type(e).__name__}: {e}"
 
@@ -674,8 +724,11 @@ def behind_gate(request, tmp_path_factory) -> BehindGate:
     """Every candidate of BEHIND_GATE (those selected, with -k) judged with the gate bypassed, JOBS
     at a time, each with its own marker, listener and watched directory, so that every side effect
     is attributed."""
-    selected = {item.callspec.params["h"].rel for item in request.session.items
-                if getattr(item, "originalname", "") == "test_rejected_with_the_gate_bypassed"}
+    selected = {
+        item.callspec.params["h"].rel
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_rejected_with_the_gate_bypassed"
+    }
     obs = Observation(tmp_path_factory.mktemp("hostile-behind-gate"))
     runs: Dict[str, Run] = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -709,13 +762,19 @@ def behind_gate(request, tmp_path_factory) -> BehindGate:
     yield BehindGate(runs, global_findings)
     left = obs.close()
     if left:
-        pytest.fail("left behind by the candidates judged with the gate bypassed (now cleaned up):\n  "
-                    + "\n  ".join(left), pytrace=False)
+        pytest.fail(
+            "left behind by the candidates judged with the gate bypassed (now cleaned up):\n  " + "\n  ".join(left),
+            pytrace=False,
+        )
 
 
 def _behind_gate_params():
-    return [pytest.param(h, id=h.rel, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[h.rel])]
-                         if h.rel in KNOWN_GAPS else []) for h in BEHIND]
+    return [
+        pytest.param(
+            h, id=h.rel, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[h.rel])] if h.rel in KNOWN_GAPS else []
+        )
+        for h in BEHIND
+    ]
 
 
 @pytest.mark.slow
@@ -746,6 +805,7 @@ def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
 
 # -- the agent loop end to end -----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_agent_run_with_hostile_model_replies_verifies_nothing(observation, tmp_path):
     """`kernel-agent run` against a loopback model endpoint whose replies are hostile rewrites:
@@ -755,15 +815,37 @@ def test_agent_run_with_hostile_model_replies_verifies_nothing(observation, tmp_
     from openai_stub import Stub
 
     probes = [observation.add(next(h for h in HOSTILES if h.rel == rel)) for rel in E2E]
-    stub = Stub([{"reply": "Here is a faster version:\n\n```python\n" + p.path.read_text() + "```\n"}
-                 for p in probes])
+    stub = Stub([{"reply": "Here is a faster version:\n\n```python\n" + p.path.read_text() + "```\n"} for p in probes])
     port = stub.start()
     ledger = tmp_path / "ledger.db"
     try:
-        r = _cli(["run", "--proposer", "model", "--model", "scripted", "--base-url", f"http://127.0.0.1:{port}/v1",
-                  "--ops", "quantize_kv", "--candidates", str(len(probes)), "--per-round", "2", "--jobs", str(JOBS),
-                  "--time-limit", "20m", "--ledger", str(ledger), "--candidates-dir", str(tmp_path / "cands-run"),
-                  "--json"], 1500)
+        r = _cli(
+            [
+                "run",
+                "--proposer",
+                "model",
+                "--model",
+                "scripted",
+                "--base-url",
+                f"http://127.0.0.1:{port}/v1",
+                "--ops",
+                "quantize_kv",
+                "--candidates",
+                str(len(probes)),
+                "--per-round",
+                "2",
+                "--jobs",
+                str(JOBS),
+                "--time-limit",
+                "20m",
+                "--ledger",
+                str(ledger),
+                "--candidates-dir",
+                str(tmp_path / "cands-run"),
+                "--json",
+            ],
+            1500,
+        )
     finally:
         stub.stop()
     problems = []

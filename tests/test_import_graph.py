@@ -10,6 +10,7 @@ with the modules and layers named. A cycle between layers needs an upward import
 Imports belong at the top of a module; one inside a function of agent/, harness/ or sanitizer/ needs a
 comment on its line saying why (docs/ARCHITECTURE.md lists the reasons), and fails without one.
 """
+
 import ast
 import io
 import re
@@ -76,8 +77,11 @@ def _type_checking_nodes(tree: ast.AST) -> set:
     """Nodes under `if TYPE_CHECKING:`: they never run."""
     skipped = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, (ast.Name, ast.Attribute)) and \
-                (getattr(node.test, "id", None) or getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, (ast.Name, ast.Attribute))
+            and (getattr(node.test, "id", None) or getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        ):
             for stmt in node.body:
                 skipped |= {id(n) for n in ast.walk(stmt)}
     return skipped
@@ -98,13 +102,14 @@ def _literal_module(call: ast.Call) -> Optional[str]:
 
 def _targets(node: ast.AST, dotted: str, is_package: bool, modules: Dict[str, str]) -> List[str]:
     """The project modules an import statement (or a literal import_module call) loads."""
+
     def known(name: str) -> Optional[str]:
         while name and name not in modules:  # `kernel_agent.kernels.baseline.matmul` when only the package is known
             name = name.rpartition(".")[0]
         return name or None
 
     def strip(name: str) -> str:
-        return name[len(NAMESPACE):] if name.startswith(NAMESPACE) else ""
+        return name[len(NAMESPACE) :] if name.startswith(NAMESPACE) else ""
 
     found: List[Optional[str]] = []
     if isinstance(node, ast.Import):
@@ -146,8 +151,10 @@ def upward_imports(edges: Sequence[Import], layers: Sequence[Layer]) -> List[str
         if low is None or high is None:
             continue  # reported by test_every_module_has_a_layer
         if high.rank > low.rank:
-            problems.append(f"{e.importer}:{e.line} (layer {low.rank} {low.name}) imports {e.imported} "
-                            f"(layer {high.rank} {high.name}): a lower layer may not import a higher one")
+            problems.append(
+                f"{e.importer}:{e.line} (layer {low.rank} {low.name}) imports {e.imported} "
+                f"(layer {high.rank} {high.name}): a lower layer may not import a higher one"
+            )
     return problems
 
 
@@ -192,8 +199,9 @@ def cycles(edges: Sequence[Import]) -> List[List[str]]:
 
 def describe_cycle(component: Sequence[str], edges: Sequence[Import]) -> str:
     inside = set(component)
-    links = sorted({f"{e.importer}:{e.line} -> {e.imported}" for e in edges
-                    if e.importer in inside and e.imported in inside})
+    links = sorted(
+        {f"{e.importer}:{e.line} -> {e.imported}" for e in edges if e.importer in inside and e.imported in inside}
+    )
     return f"modules that import each other: {', '.join(component)} ({'; '.join(links)})"
 
 
@@ -202,15 +210,17 @@ EXPLAINED = ("agent", "harness", "sanitizer")  # where an import inside a functi
 
 def unexplained_imports(source: str, rel: str) -> List[str]:
     """Imports inside functions with no comment on any line of the statement."""
-    commented = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                 if tok.type == tokenize.COMMENT}
+    commented = {
+        tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT
+    }
     found: Dict[int, str] = {}
     for fn in ast.walk(ast.parse(source, filename=rel)):  # outer functions first: the innermost names the import
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(fn):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and \
-                    not commented.intersection(range(node.lineno, node.end_lineno + 1)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not commented.intersection(
+                range(node.lineno, node.end_lineno + 1)
+            ):
                 found[node.lineno] = f"{rel}:{node.lineno} {fn.name}: {ast.unparse(node)}"
     return [found[line] for line in sorted(found)]
 
@@ -220,6 +230,7 @@ def project_layers() -> List[Layer]:
 
 
 # -- the checks on this repository --------------------------------------------------------------------
+
 
 def test_the_layer_table_is_read():
     layers = project_layers()
@@ -254,8 +265,10 @@ def test_every_import_inside_a_function_says_why():
             rel = file.relative_to(ROOT).as_posix()
             if not rel.startswith(NOT_CODE):
                 found += unexplained_imports(file.read_text(), rel)
-    assert not found, ("imports inside functions without a comment saying why (move each to the top of its "
-                       "module, or say why it stays):\n" + "\n".join(found))
+    assert not found, (
+        "imports inside functions without a comment saying why (move each to the top of its "
+        "module, or say why it stays):\n" + "\n".join(found)
+    )
 
 
 # -- the check itself, on a small tree that breaks each rule ----------------------------------------------
@@ -282,26 +295,36 @@ def _tree(tmp_path: Path, files: Dict[str, str]) -> Path:
 
 
 def test_the_check_names_an_upward_import_inside_a_function(tmp_path):
-    root = _tree(tmp_path, {
-        "harness/__init__.py": "", "harness/ops/__init__.py": "", "agent/__init__.py": "",
-        "harness/ops/common.py": "def f():\n    from ...agent import loop\n",
-        "harness/bench.py": "from .ops import common\n",
-        "agent/loop.py": "from kernel_agent.harness import bench\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "harness/__init__.py": "",
+            "harness/ops/__init__.py": "",
+            "agent/__init__.py": "",
+            "harness/ops/common.py": "def f():\n    from ...agent import loop\n",
+            "harness/bench.py": "from .ops import common\n",
+            "agent/loop.py": "from kernel_agent.harness import bench\n",
+        },
+    )
     edges = imports(root, ("agent", "harness"))
     problems = upward_imports(edges, read_layers(TABLE))
-    assert problems == ["harness/ops/common.py:2 (layer 1 ops) imports agent/loop.py (layer 3 agent): "
-                        "a lower layer may not import a higher one"]
+    assert problems == [
+        "harness/ops/common.py:2 (layer 1 ops) imports agent/loop.py (layer 3 agent): "
+        "a lower layer may not import a higher one"
+    ]
     assert cycles(edges) == [["agent/loop.py", "harness/bench.py", "harness/ops/common.py"]]
 
 
 def test_the_check_finds_a_cycle_within_a_layer_and_skips_type_checking(tmp_path):
-    root = _tree(tmp_path, {
-        "agent/__init__.py": "",
-        "agent/cli.py": "from . import commands\n",
-        "agent/commands.py": "import importlib\nimportlib.import_module('kernel_agent.agent.cli')\n",
-        "agent/review.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .cli import main\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "agent/__init__.py": "",
+            "agent/cli.py": "from . import commands\n",
+            "agent/commands.py": "import importlib\nimportlib.import_module('kernel_agent.agent.cli')\n",
+            "agent/review.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .cli import main\n",
+        },
+    )
     edges = imports(root, ("agent",))
     assert not upward_imports(edges, read_layers(TABLE))
     assert cycles(edges) == [["agent/cli.py", "agent/commands.py"]]
@@ -317,14 +340,16 @@ def test_the_most_precise_entry_decides_the_layer():
 
 
 def test_the_check_names_an_import_inside_a_function_without_a_reason():
-    source = ("import os\n\n"
-              "def light():\n"
-              "    import torch  # keeps the startup light\n"
-              "    from . import (wire,  # deferred: inside the sandbox\n"
-              "                   guard)\n\n"
-              "class Holder:\n"
-              "    def method(self):\n"
-              "        def inner():\n"
-              "            import json\n"
-              "        return inner\n")
+    source = (
+        "import os\n\n"
+        "def light():\n"
+        "    import torch  # keeps the startup light\n"
+        "    from . import (wire,  # deferred: inside the sandbox\n"
+        "                   guard)\n\n"
+        "class Holder:\n"
+        "    def method(self):\n"
+        "        def inner():\n"
+        "            import json\n"
+        "        return inner\n"
+    )
     assert unexplained_imports(source, "m.py") == ["m.py:11 inner: import json"]

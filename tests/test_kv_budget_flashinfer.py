@@ -1,5 +1,6 @@
 """The KV-budget arithmetic of `bench --model --kv-budget`, and FlashInfer as an optional reference: without
 the extra, its stack and its bench row say so in one line and nothing fails."""
+
 import subprocess
 import sys
 
@@ -45,8 +46,10 @@ def test_a_budget_that_holds_no_sequence_is_one_line():
         kv_budget_points(LLAMA, parse_bytes("512MiB"), 8192)
 
 
-@pytest.mark.parametrize("text,expected", [("60GiB", 60 << 30), ("60G", 60 << 30), ("512MiB", 512 << 20),
-                                           ("1.5TiB", int(1.5 * (1 << 40))), ("4096", 4096)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [("60GiB", 60 << 30), ("60G", 60 << 30), ("512MiB", 512 << 20), ("1.5TiB", int(1.5 * (1 << 40))), ("4096", 4096)],
+)
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -70,10 +73,11 @@ def test_without_flashinfer_the_bench_row_is_one_line_and_the_other_contenders_s
     case = op.make_case(op.shapes("tiny")[0], torch.float16, seed=0)
     with pytest.raises(FlashInferUnavailable):
         from kernel_agent.harness.ops.flashinfer_paged import decode_anchor
+
         decode_anchor(case.args)
     results = {}
     assert bench._reference_contenders(op, case, results) == []
-    (label, m), = results.items()
+    ((label, m),) = results.items()
     assert label == "anchor:flashinfer" and "not installed" in m.error and "\n" not in m.error
 
 
@@ -82,25 +86,34 @@ def test_ops_without_a_serving_engine_reference_have_none():
     assert op.reference_anchors(op.make_case(op.shapes("tiny")[0], torch.float32, seed=0)) == []
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--kv-budget", "60x"], "bad memory size"),
-    (["--kv-budget", "60GiB", "--points", "32x8192"], "the budget sets the batch"),
-    (["--kv-budget", "60GiB", "--batch", "8"], "the budget sets the batch"),
-    (["--stacks", "torch,flashinfr"], "flashinfr"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--kv-budget", "60x"], "bad memory size"),
+        (["--kv-budget", "60GiB", "--points", "32x8192"], "the budget sets the batch"),
+        (["--kv-budget", "60GiB", "--batch", "8"], "the budget sets the batch"),
+        (["--stacks", "torch,flashinfr"], "flashinfr"),
+    ],
+)
 def test_bench_model_budget_flags_are_checked_in_one_line(flags, message):
-    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--model", "llama-3-8b"] + flags,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--model", "llama-3-8b"] + flags,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-@pytest.mark.parametrize("names,backend", [
-    (["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma"], "cuDNN"),
-    (["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>"], "flash"),
-    (["fmha_cutlassF_bf16_aligned_64x128_rf_sm80"], "memory-efficient"),
-    (["ampere_bf16_s16816gemm", "softmax_warp_forward"], "math"),
-    ([], "unknown (no kernel seen)"),
-])
+@pytest.mark.parametrize(
+    "names,backend",
+    [
+        (["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma"], "cuDNN"),
+        (["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>"], "flash"),
+        (["fmha_cutlassF_bf16_aligned_64x128_rf_sm80"], "memory-efficient"),
+        (["ampere_bf16_s16816gemm", "softmax_warp_forward"], "math"),
+        ([], "unknown (no kernel seen)"),
+    ],
+)
 def test_the_sdpa_backend_is_named_from_the_kernels_that_ran(names, backend):
     assert bench.sdpa_backend(names) == backend

@@ -1,4 +1,5 @@
 """The run ledger: schema, WAL, dedupe by hash, round trips, versions, restarts, filters."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -33,15 +34,33 @@ def led(request, tmp_path):
 
 
 def _run(lg: Ledger, proposer="search", ops=("quantize_kv",), gpu="NVIDIA H200") -> Run:
-    return lg.start_run({"budget": 3}, {"torch": "2.13", "triton": "3.9"}, proposer, list(ops), gpu,
-                        {"candidates": 10})
+    return lg.start_run({"budget": 3}, {"torch": "2.13", "triton": "3.9"}, proposer, list(ops), gpu, {"candidates": 10})
 
 
-def _bench(lg: Ledger, median, candidate_id=None, label=None, shape_key="T=4,H=2,D=16", dtype="float16",
-           gpu="NVIDIA H200", run_id=None, **kw) -> BenchResult:
-    fields = dict(op="quantize_kv", shape_key=shape_key, bucket="tsmall-d16", dtype=dtype, gpu_name=gpu,
-                  median_ms=median, spread_ms=median * 0.01, n_samples=10, candidate_id=candidate_id,
-                  run_id=run_id, **kw)
+def _bench(
+    lg: Ledger,
+    median,
+    candidate_id=None,
+    label=None,
+    shape_key="T=4,H=2,D=16",
+    dtype="float16",
+    gpu="NVIDIA H200",
+    run_id=None,
+    **kw,
+) -> BenchResult:
+    fields = dict(
+        op="quantize_kv",
+        shape_key=shape_key,
+        bucket="tsmall-d16",
+        dtype=dtype,
+        gpu_name=gpu,
+        median_ms=median,
+        spread_ms=median * 0.01,
+        n_samples=10,
+        candidate_id=candidate_id,
+        run_id=run_id,
+        **kw,
+    )
     if label is not None:
         fields["label"] = label
     return lg.record_bench(**fields)
@@ -61,8 +80,16 @@ def _check_schema_and_wal(tmp_path, led):
     con = sqlite3.connect(path)
     try:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"meta", "run", "candidate", "proposal", "model_call", "check_result", "bench_result",
-                "promotion"} <= tables
+        assert {
+            "meta",
+            "run",
+            "candidate",
+            "proposal",
+            "model_call",
+            "check_result",
+            "bench_result",
+            "promotion",
+        } <= tables
         assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
@@ -108,8 +135,9 @@ def test_add_candidate_dedupes_by_hash_and_records_proposals(led):
 def test_candidate_status_and_verdict(led):
     r = _run(led)
     c, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
-    led.set_candidate_status(c.id, "rejected", verdict={"passed": False, "checks": [{"name": "bounds"}]},
-                             fpsan_equivalent=False)
+    led.set_candidate_status(
+        c.id, "rejected", verdict={"passed": False, "checks": [{"name": "bounds"}]}, fpsan_equivalent=False
+    )
     got = led.candidate(c.id)
     assert got.status == "rejected" and got.verdict["checks"][0]["name"] == "bounds"
     assert got.fpsan_equivalent is False
@@ -126,16 +154,23 @@ def test_candidate_status_and_verdict(led):
 def test_checks_and_model_calls_round_trip(led):
     r = _run(led, proposer="model")
     c, _ = led.add_candidate("quantize_kv", SRC, "model", r.id)
-    led.record_checks(c.id, "quick", [
-        {"name": "static", "status": "passed", "detail": "", "duration_s": 0.01},
-        {"name": "bounds", "status": "failed", "detail": "store out of bounds at [3]", "duration_s": 1.5},
-        {"name": "fpsan", "passed": True, "detail": "equal"},
-    ])
+    led.record_checks(
+        c.id,
+        "quick",
+        [
+            {"name": "static", "status": "passed", "detail": "", "duration_s": 0.01},
+            {"name": "bounds", "status": "failed", "detail": "store out of bounds at [3]", "duration_s": 1.5},
+            {"name": "fpsan", "passed": True, "detail": "equal"},
+        ],
+    )
     led.record_checks(c.id, "gpu", [{"name": "memcheck", "status": "skipped", "detail": "no GPU", "duration_s": 0}])
     checks = led.checks(c.id)
     assert [(k.name, k.status, k.mode) for k in checks] == [
-        ("static", "passed", "quick"), ("bounds", "failed", "quick"), ("fpsan", "passed", "quick"),
-        ("memcheck", "skipped", "gpu")]
+        ("static", "passed", "quick"),
+        ("bounds", "failed", "quick"),
+        ("fpsan", "passed", "quick"),
+        ("memcheck", "skipped", "gpu"),
+    ]
     assert checks[1].detail == "store out of bounds at [3]" and checks[1].duration_s == 1.5
     assert [k.name for k in led.checks(c.id, mode="gpu")] == ["memcheck"]
     with pytest.raises(ValueError):
@@ -150,8 +185,9 @@ def test_checks_and_model_calls_round_trip(led):
     assert [m.id for m in led.model_calls(candidate_id=c.id)] == [call]
 
     summary = led.run_summary(r.id)
-    assert summary.model == ModelUsage(calls=2, errors=1, prompt_tokens=220, completion_tokens=300, total_tokens=520,
-                                       latency_s=32.5)
+    assert summary.model == ModelUsage(
+        calls=2, errors=1, prompt_tokens=220, completion_tokens=300, total_tokens=520, latency_s=32.5
+    )
     assert summary.checks_failed == {"bounds": 1}
     assert summary.candidates_by_status["proposed"] == 1 and summary.proposals == 1
     assert summary.wall_s is not None and summary.wall_s >= 0
@@ -160,8 +196,16 @@ def test_checks_and_model_calls_round_trip(led):
 def test_bench_round_trip(led):
     r = _run(led)
     c, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
-    b = _bench(led, 0.5, candidate_id=c.id, run_id=r.id, graph_ms=0.45, fraction_of_ceiling=0.6,
-               ceiling_kind="memory", extra={"samples": [0.5, 0.51]})
+    b = _bench(
+        led,
+        0.5,
+        candidate_id=c.id,
+        run_id=r.id,
+        graph_ms=0.45,
+        fraction_of_ceiling=0.6,
+        ceiling_kind="memory",
+        extra={"samples": [0.5, 0.51]},
+    )
     _bench(led, 1.0, run_id=r.id)
     _bench(led, 0.8, label="anchor:torch.compile", run_id=r.id)
     got = led.bench_results(candidate_id=c.id)
@@ -181,16 +225,26 @@ def test_promotions_active_and_demote(led):
     c2, _ = led.add_candidate("quantize_kv", SRC + "# v2\n", "search", r.id)
     key = dict(op="quantize_kv", bucket="tsmall-d16", dtype="float16", gpu_name="NVIDIA H200")
     assert led.active_promotion(**key) is None
-    p1 = led.record_promotion(**key, run_id=r.id, candidate_id=c1.id, new_ms=0.9, old_ms=1.0, gain=0.1,
-                              spread=0.02, reason="10% faster", versions={"torch": "2.13"})
+    p1 = led.record_promotion(
+        **key,
+        run_id=r.id,
+        candidate_id=c1.id,
+        new_ms=0.9,
+        old_ms=1.0,
+        gain=0.1,
+        spread=0.02,
+        reason="10% faster",
+        versions={"torch": "2.13"},
+    )
     assert p1.replaced_candidate_id is None and p1.versions == {"torch": "2.13"}
     assert led.candidate(c1.id).status == "promoted"
     assert led.active_promotion(**key).id == p1.id
     # another key is independent
     assert led.active_promotion(**{**key, "dtype": "bfloat16"}) is None
 
-    p2 = led.record_promotion(**key, run_id=r.id, candidate_id=c2.id, new_ms=0.7, old_ms=0.9, gain=0.22,
-                              spread=0.02, reason="22% faster")
+    p2 = led.record_promotion(
+        **key, run_id=r.id, candidate_id=c2.id, new_ms=0.7, old_ms=0.9, gain=0.22, spread=0.02, reason="22% faster"
+    )
     assert p2.replaced_candidate_id == c1.id
     act = led.active_promotion(**key)
     assert act.id == p2.id
@@ -211,16 +265,39 @@ def test_promotions_active_and_demote(led):
     assert not any(p.active for p in summary.promotions)
 
 
-def _benchmark(lg: Ledger, cid, run_id, cand_ms, inc_ms, anchor_ms=None, shape_key="T=4,H=2,D=16",
-               dtype="float16", inc_label="baseline", graph=(None, None, None), **kw) -> None:
+def _benchmark(
+    lg: Ledger,
+    cid,
+    run_id,
+    cand_ms,
+    inc_ms,
+    anchor_ms=None,
+    shape_key="T=4,H=2,D=16",
+    dtype="float16",
+    inc_label="baseline",
+    graph=(None, None, None),
+    **kw,
+) -> None:
     """One benchmark as the loop records it: the incumbent, the candidate and the anchor under the
     candidate's id. graph: (candidate, incumbent, anchor) CUDA-graph times, None for none."""
-    for label, ms, g in ((inc_label, inc_ms, graph[1]), ("candidate", cand_ms, graph[0]),
-                         ("anchor:torch.compile", anchor_ms, graph[2])):
+    for label, ms, g in (
+        (inc_label, inc_ms, graph[1]),
+        ("candidate", cand_ms, graph[0]),
+        ("anchor:torch.compile", anchor_ms, graph[2]),
+    ):
         if ms is not None:
-            _bench(lg, ms, candidate_id=cid, label=label, run_id=run_id, shape_key=shape_key, dtype=dtype,
-                   graph_ms=g, extra={"graph_spread_ms": g * 0.01} if g else None,
-                   **(kw if label == "candidate" else {}))
+            _bench(
+                lg,
+                ms,
+                candidate_id=cid,
+                label=label,
+                run_id=run_id,
+                shape_key=shape_key,
+                dtype=dtype,
+                graph_ms=g,
+                extra={"graph_spread_ms": g * 0.01} if g else None,
+                **(kw if label == "candidate" else {}),
+            )
 
 
 def test_leaderboard_shows_the_candidates_that_beat_the_incumbent_timed_beside_them(led):
@@ -251,7 +328,9 @@ def test_leaderboard_shows_the_candidates_that_beat_the_incumbent_timed_beside_t
     assert board.unbeaten == ("tsmall-d16 T=8,H=2,D=16 float16 NVIDIA H200",)
     everything = led.leaderboard("quantize_kv")
     assert {(e.figure.dtype, e.figure.shape_key) for e in everything.entries} == {
-        ("float16", "T=4,H=2,D=16"), ("float32", "T=4,H=2,D=16")}
+        ("float16", "T=4,H=2,D=16"),
+        ("float32", "T=4,H=2,D=16"),
+    }
     assert led.leaderboard("matmul").entries == ()
     doc = everything.to_json()  # what `history --leaderboard --json` prints
     assert doc["entries"][0]["speedup"] == pytest.approx(2.0) and doc["entries"][0]["incumbent"] == "baseline"
@@ -289,7 +368,9 @@ def test_leaderboard_compares_a_candidate_with_its_own_benchmark_after_a_promoti
     [row] = led.leaderboard("quantize_kv").entries
     assert row.figure.candidate_id == first.id and row.figure.speedup == pytest.approx(1.0 / 0.9)
     assert {f.candidate_id: f.incumbent_label for f in led.figures()} == {
-        first.id: "baseline", later.id: "serving:quantize_kv__x.py"}
+        first.id: "baseline",
+        later.id: "serving:quantize_kv__x.py",
+    }
 
 
 def test_newer_or_older_schema_version_is_refused(tmp_path):
@@ -427,6 +508,7 @@ def test_a_ledger_opened_read_only_is_read_and_not_changed(tmp_path, monkeypatch
     """Read commands open the ledger read-only (SQLite's immutable mode where its folder cannot be
     written, as on read-only media): they read it whole and cannot change it."""
     from kernel_agent.harness import ledger as ledger_mod
+
     db = tmp_path / "l.db"
     led = Ledger(db)
     run = led.start_run({}, {}, "search", ["matmul"], None, {})
@@ -449,6 +531,7 @@ def test_every_ledger_a_command_opens_is_closed_however_it_ends(tmp_path, monkey
     """`main` closes the ledgers its command opened: after a command that succeeds and after one that fails
     (on PostgreSQL each open engine holds server connections until then)."""
     from kernel_agent.agent import cli
+
     path = tmp_path / "ledger.db"
     with Ledger(path) as lg:
         _run(lg)
@@ -462,6 +545,7 @@ def test_every_ledger_a_command_opens_is_closed_however_it_ends(tmp_path, monkey
     capsys.readouterr()
     # within a command, every step that asks gets the one ledger it opened (bench asks after every shape)
     from kernel_agent.agent.cli_common import open_ledger
+
     args = cli.build_parser().parse_args(["history", "--ledger", str(path)])
     assert open_ledger(args) is open_ledger(args) and open_ledger(args, read=True) is not open_ledger(args)
     for led in args._ledgers.values():

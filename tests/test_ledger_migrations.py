@@ -3,6 +3,7 @@ version-1 ledger made from the version-1 DDL (tests/ledger_v1_schema.py) is read
 commands, refused by the writing ones with the command that upgrades it, and upgraded keeping every row,
 to the schema a new ledger has; a newer ledger is still refused; two processes upgrading at once
 migrate once."""
+
 from __future__ import annotations
 
 import json
@@ -40,31 +41,73 @@ def _make_v1(location, dialect: str) -> None:
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")
         for stmt in V1_DDL[dialect]:
             conn.exec_driver_sql(stmt)
-        conn.execute(text("INSERT INTO run (id, started_at, finished_at, status, config_json, versions_json, gpu_name, "
-                          "proposer, ops, budget_json, notes) VALUES ('r1', :t, :t, 'finished', '{}', '{}', "
-                          "'NVIDIA H200', 'search', 'quantize_kv', '{}', 'old notes')"), {"t": T0})
-        conn.execute(text("INSERT INTO candidate (id, op, source_hash, source, path, parent_id, proposer, label, "
-                          "created_at, first_run_id, status, verdict_json, fpsan_equivalent) VALUES (1, 'quantize_kv', "
-                          "'abc', 'x = 1', 'kernels/candidates/quantize_kv/b0/a.py', NULL, 'search', 'blk64', :t, "
-                          "'r1', 'promoted', '{\"passed\": true}', :yes)"), {"t": T0, "yes": True})
-        conn.execute(text("INSERT INTO proposal (id, run_id, candidate_id, proposer, created_at, duplicate) "
-                          "VALUES (1, 'r1', 1, 'search', :t, :no)"), {"t": T0, "no": False})
-        conn.execute(text("INSERT INTO model_call (id, run_id, candidate_id, model, prompt, response, prompt_tokens, "
-                          "completion_tokens, latency_s, error, created_at) VALUES (1, 'r1', 1, 'm', 'p', 'r', 10, 20, "
-                          "1.5, NULL, :t)"), {"t": T0})
-        conn.execute(text("INSERT INTO check_result (id, candidate_id, name, status, detail, duration_s, mode, "
-                          "created_at) VALUES (1, 1, 'bounds', 'passed', '', 0.5, 'full', :t)"), {"t": T0})
+        conn.execute(
+            text(
+                "INSERT INTO run (id, started_at, finished_at, status, config_json, versions_json, gpu_name, "
+                "proposer, ops, budget_json, notes) VALUES ('r1', :t, :t, 'finished', '{}', '{}', "
+                "'NVIDIA H200', 'search', 'quantize_kv', '{}', 'old notes')"
+            ),
+            {"t": T0},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO candidate (id, op, source_hash, source, path, parent_id, proposer, label, "
+                "created_at, first_run_id, status, verdict_json, fpsan_equivalent) VALUES (1, 'quantize_kv', "
+                "'abc', 'x = 1', 'kernels/candidates/quantize_kv/b0/a.py', NULL, 'search', 'blk64', :t, "
+                "'r1', 'promoted', '{\"passed\": true}', :yes)"
+            ),
+            {"t": T0, "yes": True},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO proposal (id, run_id, candidate_id, proposer, created_at, duplicate) "
+                "VALUES (1, 'r1', 1, 'search', :t, :no)"
+            ),
+            {"t": T0, "no": False},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO model_call (id, run_id, candidate_id, model, prompt, response, prompt_tokens, "
+                "completion_tokens, latency_s, error, created_at) VALUES (1, 'r1', 1, 'm', 'p', 'r', 10, 20, "
+                "1.5, NULL, :t)"
+            ),
+            {"t": T0},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO check_result (id, candidate_id, name, status, detail, duration_s, mode, "
+                "created_at) VALUES (1, 1, 'bounds', 'passed', '', 0.5, 'full', :t)"
+            ),
+            {"t": T0},
+        )
         for i, (label, bucket) in enumerate([("candidate", "b0"), ("baseline", "b0"), ("baseline", "b1")], start=1):
-            conn.execute(text("INSERT INTO bench_result (id, run_id, candidate_id, label, op, shape_key, bucket, dtype, "
-                              "gpu_name, median_ms, spread_ms, n_samples, graph_ms, fraction_of_ceiling, ceiling_kind, "
-                              "implausible, extra_json, created_at) VALUES (:i, 'r1', :c, :label, 'quantize_kv', "
-                              "'T=4', :bucket, 'float16', 'NVIDIA H200', :ms, 0.001, 10, NULL, NULL, NULL, :no, NULL, "
-                              ":t)"), {"i": i, "c": 1 if label == "candidate" else None, "label": label,
-                                       "bucket": bucket, "ms": 0.1 * i, "no": False, "t": T0})
-        conn.execute(text("INSERT INTO promotion (id, run_id, op, bucket, dtype, gpu_name, candidate_id, "
-                          "replaced_candidate_id, new_ms, old_ms, gain, spread, reason, versions_json, created_at, "
-                          "demoted_at, demote_reason) VALUES (1, 'r1', 'quantize_kv', 'b0', 'float16', 'NVIDIA H200', "
-                          "1, NULL, 0.1, 0.2, 0.5, 0.01, 'faster', '{}', :t, NULL, NULL)"), {"t": T0})
+            conn.execute(
+                text(
+                    "INSERT INTO bench_result (id, run_id, candidate_id, label, op, shape_key, bucket, dtype, "
+                    "gpu_name, median_ms, spread_ms, n_samples, graph_ms, fraction_of_ceiling, ceiling_kind, "
+                    "implausible, extra_json, created_at) VALUES (:i, 'r1', :c, :label, 'quantize_kv', "
+                    "'T=4', :bucket, 'float16', 'NVIDIA H200', :ms, 0.001, 10, NULL, NULL, NULL, :no, NULL, "
+                    ":t)"
+                ),
+                {
+                    "i": i,
+                    "c": 1 if label == "candidate" else None,
+                    "label": label,
+                    "bucket": bucket,
+                    "ms": 0.1 * i,
+                    "no": False,
+                    "t": T0,
+                },
+            )
+        conn.execute(
+            text(
+                "INSERT INTO promotion (id, run_id, op, bucket, dtype, gpu_name, candidate_id, "
+                "replaced_candidate_id, new_ms, old_ms, gain, spread, reason, versions_json, created_at, "
+                "demoted_at, demote_reason) VALUES (1, 'r1', 'quantize_kv', 'b0', 'float16', 'NVIDIA H200', "
+                "1, NULL, 0.1, 0.2, 0.5, 0.01, 'faster', '{}', :t, NULL, NULL)"
+            ),
+            {"t": T0},
+        )
     engine.dispose()
 
 
@@ -144,7 +187,9 @@ def test_a_version_1_ledger_is_read_as_it_is_refused_for_writing_and_upgraded_ke
     fresh = new_location()
     Ledger(fresh).close()
     assert _schema(old) == _schema(fresh)  # the same end schema as a new ledger's
-    assert ("ix_bench_result_op_bucket_dtype", ("op", "bucket", "dtype"), False) in _schema(old)["bench_result"]["indices"]
+    assert ("ix_bench_result_op_bucket_dtype", ("op", "bucket", "dtype"), False) in _schema(old)["bench_result"][
+        "indices"
+    ]
     if dialect == "sqlite":  # the file as it was, kept beside it
         assert done.backup is not None and str(done.backup) == f"{old}.v1.bak"
         assert _rows(done.backup) == rows and _schema(done.backup) == schema_v1
@@ -187,7 +232,9 @@ def test_a_ledger_older_than_every_migration_is_refused(tmp_path):
     assert not (tmp_path / "l.db.v0.bak").exists()
 
 
-UPGRADER = "import sys\nfrom kernel_agent.harness.ledger import upgrade_ledger\nprint(upgrade_ledger(sys.argv[1]).reached)\n"
+UPGRADER = (
+    "import sys\nfrom kernel_agent.harness.ledger import upgrade_ledger\nprint(upgrade_ledger(sys.argv[1]).reached)\n"
+)
 
 
 def _hold_write_lock(location, dialect):
@@ -212,8 +259,12 @@ def _waiting_for_lock(location, dialect, n, timeout=60.0):
     try:
         while time.time() < deadline:
             with engine.connect() as conn:
-                if conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                                        ).scalar() >= n:
+                if (
+                    conn.exec_driver_sql(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    ).scalar()
+                    >= n
+                ):
                     return
             time.sleep(0.2)
         raise AssertionError(f"{n} upgraders did not reach the write lock")
@@ -233,8 +284,12 @@ def test_two_processes_upgrading_at_once_migrate_once(backend, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     engine, holder = _hold_write_lock(loc, dialect)
     try:
-        procs = [subprocess.Popen([sys.executable, str(script), loc], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=env) for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), loc], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            for _ in range(2)
+        ]
         _waiting_for_lock(loc, dialect, 2)
     finally:
         holder.rollback()
@@ -257,17 +312,51 @@ def test_the_commands_on_a_version_1_ledger(tmp_path, capsys):
     assert cli.main(["history", "--ledger", str(path)]) == 0
     assert "r1" in capsys.readouterr().out and path.read_bytes() == before
     env = dict(os.environ, TRITON_INTERPRET="1", KERNEL_AGENT_SERVING_DIR=str(tmp_path / "serving"))
-    run = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "run", "--ops", "quantize_kv", "--candidates",
-                          "1", "--ledger", str(path), "--candidates-dir", str(tmp_path / "c")], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_agent.agent.cli",
+            "run",
+            "--ops",
+            "quantize_kv",
+            "--candidates",
+            "1",
+            "--ledger",
+            str(path),
+            "--candidates-dir",
+            str(tmp_path / "c"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     err = run.stderr.strip()
     assert run.returncode == 2 and len(err.splitlines()) == 1, err[-2000:]
     assert f"`kernel-agent ledger upgrade --ledger {path}`" in err
     assert path.read_bytes() == before
     # on a cluster too, and before the cluster is contacted (nothing listens at that address)
-    run = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "run", "--ops", "quantize_kv", "--cluster",
-                          "127.0.0.1:9", "--ledger", str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_agent.agent.cli",
+            "run",
+            "--ops",
+            "quantize_kv",
+            "--cluster",
+            "127.0.0.1:9",
+            "--ledger",
+            str(path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     err = run.stderr.strip()
     assert run.returncode == 2 and "kernel-agent ledger upgrade" in err and "cluster" not in err, err[-2000:]
     assert path.read_bytes() == before

@@ -1,6 +1,7 @@
 """The ledger on a real PostgreSQL server (tests/conftest.py starts one): what a server ledger refuses,
 several processes and several runs writing one ledger at once, and the commands reading it unchanged.
 (tests/test_ledger.py runs the whole ledger suite on PostgreSQL as well as on SQLite.)"""
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,15 @@ def test_concurrent_writers_on_one_server_ledger_record_each_source_once(postgre
     script = tmp_path / "writer.py"
     script.write_text(f"SRC = {SRC!r}\n" + WRITER)
     n = 15
-    procs = [subprocess.Popen([sys.executable, str(script), url, f"w{k}", str(n)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for k in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), url, f"w{k}", str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-800:] for o in outs]
     run_ids = [o[0].strip() for o in outs]
@@ -93,10 +101,10 @@ def test_concurrent_writers_on_one_server_ledger_record_each_source_once(postgre
         engine = create_engine(url)
         with engine.connect() as conn:
             per_source = conn.exec_driver_sql(
-                "SELECT source_hash, count(*) FROM candidate GROUP BY source_hash").fetchall()
+                "SELECT source_hash, count(*) FROM candidate GROUP BY source_hash"
+            ).fetchall()
             proposals = conn.exec_driver_sql("SELECT duplicate, count(*) FROM proposal GROUP BY duplicate").fetchall()
-            firsts = conn.exec_driver_sql(
-                "SELECT count(*) FROM candidate WHERE first_run_id IS NOT NULL").scalar()
+            firsts = conn.exec_driver_sql("SELECT count(*) FROM candidate WHERE first_run_id IS NOT NULL").scalar()
         engine.dispose()
     assert len(per_source) == n + 4 * n and all(c == 1 for _, c in per_source)
     counts = dict(proposals)
@@ -107,10 +115,8 @@ def test_concurrent_writers_on_one_server_ledger_record_each_source_once(postgre
 def test_concurrent_first_opens_of_a_new_server_ledger_create_it_once(postgres, tmp_path):
     url = postgres()
     script = tmp_path / "open.py"
-    script.write_text("import sys\nfrom kernel_agent.harness.ledger import Ledger\n"
-                      "Ledger(sys.argv[1]).close()\n")
-    procs = [subprocess.Popen([sys.executable, str(script), url], stderr=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    script.write_text("import sys\nfrom kernel_agent.harness.ledger import Ledger\nLedger(sys.argv[1]).close()\n")
+    procs = [subprocess.Popen([sys.executable, str(script), url], stderr=subprocess.PIPE, text=True) for _ in range(4)]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-800:] for e in errs]
     engine = create_engine(url)
@@ -144,25 +150,57 @@ def test_two_concurrent_runs_write_one_server_ledger_and_the_commands_read_it(po
     `history`, `show` and `report` read it as they read a file."""
     url = postgres()
     env = dict(os.environ, TRITON_INTERPRET="1", KERNEL_AGENT_SERVING_DIR=str(tmp_path / "serving"))
-    runs = [subprocess.Popen(CLI + ["run", "--ops", "quantize_kv", "--candidates", "1", "--per-round", "1",
-                                    "--seed", str(seed), "--jobs", "1", "--ledger", url, "--json",
-                                    "--candidates-dir", str(tmp_path / f"cands{seed}")],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for seed in (1, 2)]
+    runs = [
+        subprocess.Popen(
+            CLI
+            + [
+                "run",
+                "--ops",
+                "quantize_kv",
+                "--candidates",
+                "1",
+                "--per-round",
+                "1",
+                "--seed",
+                str(seed),
+                "--jobs",
+                "1",
+                "--ledger",
+                url,
+                "--json",
+                "--candidates-dir",
+                str(tmp_path / f"cands{seed}"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
     outs = [p.communicate(timeout=900) for p in runs]
     assert all(p.returncode == 0 for p in runs), [o[1][-1500:] for o in outs]
     summaries = [json.loads(o[0]) for o in outs]
     ids = [s["run_id"] for s in summaries]
     assert len(set(ids)) == 2
-    hist = subprocess.run(CLI + ["history", "--ledger", url], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    hist = subprocess.run(
+        CLI + ["history", "--ledger", url], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert hist.returncode == 0 and all(i in hist.stdout for i in ids), hist.stderr[-800:]
     for i in ids:
-        show = subprocess.run(CLI + ["show", i, "--ledger", url], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+        show = subprocess.run(
+            CLI + ["show", i, "--ledger", url], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
         assert show.returncode == 0 and i in show.stdout, show.stderr[-800:]
-    rep = subprocess.run(CLI + ["report", ids[0], "--ledger", url, "--out", str(tmp_path / "report")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
+    rep = subprocess.run(
+        CLI + ["report", ids[0], "--ledger", url, "--out", str(tmp_path / "report")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0 and (tmp_path / "report" / "report.md").is_file(), rep.stderr[-800:]
     with Ledger(url, read_only=True) as led:
         assert all(led.get_run(i).status == "finished" for i in ids)

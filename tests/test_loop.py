@@ -1,6 +1,7 @@
 """Whole agent runs on the CPU: the code-model path through a loopback OpenAI-compatible server
 with scripted replies (good rewrites, every cheat family, malformed replies, server faults), and
 the built-in search path killed with SIGKILL and resumed."""
+
 import json
 import os
 import re
@@ -60,28 +61,34 @@ class FakeDevices:
 
 
 def _run(args, env=None, timeout=900):
-    return subprocess.run(CLI + args, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        CLI + args, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=dict(os.environ, **(env or {}))
+    )
 
 
 # -- reply parsing ---------------------------------------------------------------------------
 
+
 def test_extract_source_copes_with_what_models_send():
     src = open(GOOD).read()
-    assert extract_source(f"Sure! Here it is:\n```python\n{src}```\nIt is faster.", "quantize_kv").startswith("\"\"\"")
+    assert extract_source(f"Sure! Here it is:\n```python\n{src}```\nIt is faster.", "quantize_kv").startswith('"""')
     two = f"```python\nx = 1\n```\nand the file:\n```python\n{src}```"
     assert "def quantize_kv(" in extract_source(two, "quantize_kv")
     assert "def quantize_kv(" in extract_source(f"```python\n{src}", "quantize_kv")  # unclosed but complete
-    for reply, why in [("", "empty"), ("No code today.", "no code block"),
-                       ("```python\nimport torch\ndef quantize_kv(x:\n```", "does not parse"),
-                       ("```python\nimport torch\ndef quantize_kv(x):\n    return (", "truncated"),
-                       ("```python\ndef matmul(a, b):\n    pass\n```", "defines"),
-                       ("x" * 250_001, "too large")]:
+    for reply, why in [
+        ("", "empty"),
+        ("No code today.", "no code block"),
+        ("```python\nimport torch\ndef quantize_kv(x:\n```", "does not parse"),
+        ("```python\nimport torch\ndef quantize_kv(x):\n    return (", "truncated"),
+        ("```python\ndef matmul(a, b):\n    pass\n```", "defines"),
+        ("x" * 250_001, "too large"),
+    ]:
         with pytest.raises(ReplyError, match=why):
             extract_source(reply, "quantize_kv")
 
 
 # -- the code-model path ----------------------------------------------------------------------
+
 
 def _fenced(text):
     return f"```python\n{text}```"
@@ -90,29 +97,32 @@ def _fenced(text):
 def _script(tmp_path):
     base = baseline_source("quantize_kv")
     variant = with_config(base, (32, 4), (16, 2), "tsmall-d128", OPS["quantize_kv"].tuning_space)
-    oob = base.replace("tl.store(scale_ptr + rows, scale, mask=row_mask)",
-                       "tl.store(scale_ptr + rows, scale, mask=rows <= R)")
+    oob = base.replace(
+        "tl.store(scale_ptr + rows, scale, mask=row_mask)", "tl.store(scale_ptr + rows, scale, mask=rows <= R)"
+    )
     assert oob != base
-    fallback = ("import torch\nimport triton\nimport triton.language as tl\n\n@triton.jit\ndef _k(x):\n    pass\n\n"
-                "def quantize_kv(x):\n    if x.shape[0] > 1024:\n        s = x.abs().amax(-1) / 127\n"
-                "        return torch.round(x / s[..., None]).to(torch.int8), s\n    return x, x\n")
+    fallback = (
+        "import torch\nimport triton\nimport triton.language as tl\n\n@triton.jit\ndef _k(x):\n    pass\n\n"
+        "def quantize_kv(x):\n    if x.shape[0] > 1024:\n        s = x.abs().amax(-1) / 127\n"
+        "        return torch.round(x / s[..., None]).to(torch.int8), s\n    return x, x\n"
+    )
     cache = base.replace("import torch\n", "import torch\n_SEEN = {}\n", 1)
     wrong_sig = base.replace("def quantize_kv(x):", "def quantize_kv(x, scale_out):")
     return [
         {"status": 429},
         {"reply": "Here is a faster version with an eviction hint:\n\n" + _fenced(open(GOOD).read())},
-        {"reply": _fenced(fallback)},                                    # torch fallback at large sizes
+        {"reply": _fenced(fallback)},  # torch fallback at large sizes
         {"status": 500},
-        {"reply": _fenced(cache)},                                       # state across calls
+        {"reply": _fenced(cache)},  # state across calls
         {"reply": "I would use shared memory, but I can't write the code."},  # no code block
-        {"sleep": 3, "reply": "too late"},                               # client timeout, retried
+        {"sleep": 3, "reply": "too late"},  # client timeout, retried
         {"reply": "first a helper:\n```python\nBLOCK = 16\n```\nthen the file:\n" + _fenced(variant)},
         {"reply": "```python\nimport torch\ndef quantize_kv(x):\n    return (x,"},  # truncated
-        {"reply": _fenced(oob)},                                          # writes past the end
-        {"junk": True},                                                   # not JSON: retried
-        {"reply": _fenced(wrong_sig)},                                   # wrong signature
-        {"reply": "```python\ndef quantize_kv(x:\n    pass\n```"},        # syntax error
-        {"reply": "```python\n" + "#" * 210_000 + "\n```"},              # very large
+        {"reply": _fenced(oob)},  # writes past the end
+        {"junk": True},  # not JSON: retried
+        {"reply": _fenced(wrong_sig)},  # wrong signature
+        {"reply": "```python\ndef quantize_kv(x:\n    pass\n```"},  # syntax error
+        {"reply": "```python\n" + "#" * 210_000 + "\n```"},  # very large
     ]
 
 
@@ -120,13 +130,16 @@ def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
     stub = Stub(_script(tmp_path))
     port = stub.start()
     cfg = tmp_path / "ka.toml"
-    cfg.write_text(f'[model]\nname = "scripted"\nbase_url = "http://127.0.0.1:{port}/v1"\napi_key = "x"\n'
-                   f'timeout_s = 1.5\nmax_retries = 3\nconcurrency = 1\n'
-                   f'[run]\nops = ["quantize_kv"]\ncandidates = 10\nper_round = 2\njobs = 2\n')
+    cfg.write_text(
+        f'[model]\nname = "scripted"\nbase_url = "http://127.0.0.1:{port}/v1"\napi_key = "x"\n'
+        f"timeout_s = 1.5\nmax_retries = 3\nconcurrency = 1\n"
+        f'[run]\nops = ["quantize_kv"]\ncandidates = 10\nper_round = 2\njobs = 2\n'
+    )
     ledger = tmp_path / "l.db"
     try:
-        r = _run(["run", "--config", str(cfg), "--ledger", str(ledger), "--candidates-dir", str(tmp_path / "c"),
-                  "--json"])
+        r = _run(
+            ["run", "--config", str(cfg), "--ledger", str(ledger), "--candidates-dir", str(tmp_path / "c"), "--json"]
+        )
     finally:
         stub.stop()
     assert r.returncode == 0, r.stderr[-2000:]
@@ -142,15 +155,25 @@ def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
     assert len(verified) == 2, status  # the eviction hint and the launch-config variant
     assert all(c.fpsan_equivalent for c in verified)
     reasons = " ".join(why.values())
-    for expected in ["static_gate", "torch-compute", "state", "no code block", "out-of-bounds store", "signature",
-                     "does not parse", "too large", "truncated"]:
+    for expected in [
+        "static_gate",
+        "torch-compute",
+        "state",
+        "no code block",
+        "out-of-bounds store",
+        "signature",
+        "does not parse",
+        "too large",
+        "truncated",
+    ]:
         assert expected in reasons, f"no rejection mentions {expected!r}: {status}"
     first_fail = {}
     for c in cands:
         failed = next((k for k in led.checks(c.id) if k.status == "failed"), None)
         first_fail[c.label] = failed.name if failed else None
     assert sorted(n for n in first_fail.values() if n) == sorted(
-        ["static_gate", "static_gate", "runs", "load", "reply", "reply", "reply", "reply"])  # runs: bounds hooks
+        ["static_gate", "static_gate", "runs", "load", "reply", "reply", "reply", "reply"]
+    )  # runs: bounds hooks
     calls = led.model_calls(run_id=run.id)
     assert len(calls) == 10 and all(c.prompt for c in calls)
     assert all(c.candidate_id for c in calls)  # every exchange is linked to what it produced
@@ -163,15 +186,39 @@ def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
 
 
 def test_unreachable_endpoint_is_one_line_and_no_run(tmp_path):
-    r = _run(["run", "--proposer", "model", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
-              "--ledger", str(tmp_path / "l.db")])
+    r = _run(
+        [
+            "run",
+            "--proposer",
+            "model",
+            "--model",
+            "m",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--ledger",
+            str(tmp_path / "l.db"),
+        ]
+    )
     assert r.returncode == 2 and "cannot reach the model endpoint" in r.stderr and "Traceback" not in r.stderr
 
 
 # -- the built-in search path: kill -9 and resume --------------------------------------------
 
-SEARCH = ["run", "--ops", "quantize_kv", "--proposer", "search", "--candidates", "2", "--per-round", "1",
-          "--jobs", "2", "--seed", "7"]
+SEARCH = [
+    "run",
+    "--ops",
+    "quantize_kv",
+    "--proposer",
+    "search",
+    "--candidates",
+    "2",
+    "--per-round",
+    "1",
+    "--jobs",
+    "2",
+    "--seed",
+    "7",
+]
 
 
 def _state(ledger_path):
@@ -190,8 +237,13 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     ref_run, ref_cands, ref_props, ref_checks = _state(ref_db)
     assert ref_run.status == "finished" and len(ref_cands) == 2
 
-    proc = subprocess.Popen(CLI + SEARCH + ["--ledger", str(kill_db), "--candidates-dir", str(tmp_path / "kill")],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        CLI + SEARCH + ["--ledger", str(kill_db), "--candidates-dir", str(tmp_path / "kill")],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     # kill once a stage has recorded its checks and a candidate is still unjudged: from the first quick
     # verdict to the last full one is many seconds (two candidates judged side by side finish close
@@ -226,8 +278,23 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
     summary printed; the candidates stay 'proposed' without a check recorded, and `--resume` judges
     them."""
     db = tmp_path / "l.db"
-    args = ["run", "--ops", "quantize_kv", "--proposer", "search", "--candidates", "2", "--per-round", "1",
-            "--jobs", "2", "--ledger", str(db), "--candidates-dir", str(tmp_path / "c")]
+    args = [
+        "run",
+        "--ops",
+        "quantize_kv",
+        "--proposer",
+        "search",
+        "--candidates",
+        "2",
+        "--per-round",
+        "1",
+        "--jobs",
+        "2",
+        "--ledger",
+        str(db),
+        "--candidates-dir",
+        str(tmp_path / "c"),
+    ]
     t0 = time.time()
     r = _run(args + ["--time-limit", "6s"], timeout=120)
     wall = time.time() - t0
@@ -258,9 +325,14 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
 def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
     db = tmp_path / "l.db"
     # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is
-    proc = subprocess.Popen(CLI + SEARCH + ["--ledger", str(db), "--candidates-dir", str(tmp_path / "c")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        CLI + SEARCH + ["--ledger", str(db), "--candidates-dir", str(tmp_path / "c")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     deadline = time.time() + 180
     in_flight = False
     while time.time() < deadline and proc.poll() is None:  # until a candidate is being judged
@@ -268,7 +340,9 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
         if db.exists():
             try:
                 with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-                    in_flight = con.execute("select count(*) from candidate where status = 'proposed'").fetchone()[0] > 0
+                    in_flight = (
+                        con.execute("select count(*) from candidate where status = 'proposed'").fetchone()[0] > 0
+                    )
             except sqlite3.Error:
                 continue
             if in_flight:
@@ -285,9 +359,11 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
 
 # -- evaluation spread over GPUs -------------------------------------------------------------
 
+
 def _spec(n):
     """A benchmark of nothing, told apart from the others by its seed (placement tests)."""
     from kernel_agent.harness.bench_records import BenchSpec
+
     return BenchSpec("matmul", (), "bfloat16", (), seed=n)
 
 
@@ -297,6 +373,7 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one():
     import threading
 
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
+
     lock = threading.Lock()
     on_gpu = {"3": [], "5": []}  # GPU -> kinds running on it
     seen, cpu_env = [], []
@@ -327,6 +404,7 @@ def test_a_benchmark_has_its_gpu_to_itself_and_checks_share_one():
         release.wait(5)
         leave(dev, "check")
         return dev
+
     pl = LocalPlacement(3, ["3", "5"], threads=2, checks_per_gpu=2, evaluator=FakeEvaluator(fake_sanitize, fake_bench))
     check = SanitizeTask("f.py", "matmul", "gpu", ("determinism",))
     futs = [pl.submit(BenchTask(_spec(0), gated=False))]  # GPU 3, alone from its start
@@ -359,6 +437,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone():
     import threading
 
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask, occupied_fraction
+
     lock = threading.Lock()
     on_gpu: list = []
     seen: list = []
@@ -435,6 +514,7 @@ def test_a_gated_benchmark_waiting_for_its_gpu_gives_up_at_a_stop():
     import threading
 
     from kernel_agent.agent.placement import BenchTask, LocalPlacement, SanitizeTask
+
     check_go, asked = threading.Event(), threading.Event()
 
     def fake_bench(spec, env=None, on_ready=None):
@@ -462,8 +542,13 @@ def test_the_gated_child_goes_on_only_once_the_parent_grants_each_phase(tmp_path
     import sys
 
     from kernel_agent.sanitizer.lease import run_gated
-    child = [sys.executable, "-c", "from kernel_agent.sanitizer.lease import wait_for_grant\n"
-             "wait_for_grant('gpu'); print('compiled', flush=True)\nwait_for_grant('alone'); print('timed')"]
+
+    child = [
+        sys.executable,
+        "-c",
+        "from kernel_agent.sanitizer.lease import wait_for_grant\n"
+        "wait_for_grant('gpu'); print('compiled', flush=True)\nwait_for_grant('alone'); print('timed')",
+    ]
     calls = []
 
     def grant(phase, still_wanted):
@@ -476,16 +561,21 @@ def test_the_gated_child_goes_on_only_once_the_parent_grants_each_phase(tmp_path
     assert rc == 0 and "timed" in log and calls == [("gpu", True), ("alone", True)]
     (tmp_path / "refused").mkdir()
     t0 = time.time()
-    rc, log = run_gated(child, 8, env, str(tmp_path / "refused"),
-                        lambda phase, still_wanted: phase == "gpu")
+    rc, log = run_gated(child, 8, env, str(tmp_path / "refused"), lambda phase, still_wanted: phase == "gpu")
     assert rc is None and "compiled" in log and "timed" not in log and time.time() - t0 < 30
 
 
 def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
     from kernel_agent.agent.placement import TaskSpan, occupied_fraction
-    spans = [TaskSpan("gpu", "gpu", 0, 10, "0"), TaskSpan("gpu", "gpu", 2, 8, "0"), TaskSpan("gpu", "gpu", 5, 12, "0"),
-             TaskSpan("bench", "gpu", 15, 20, "0"), TaskSpan("bench", "gpu", 0, 20, "1"),
-             TaskSpan("full", "cpu", 0, 20, None)]
+
+    spans = [
+        TaskSpan("gpu", "gpu", 0, 10, "0"),
+        TaskSpan("gpu", "gpu", 2, 8, "0"),
+        TaskSpan("gpu", "gpu", 5, 12, "0"),
+        TaskSpan("bench", "gpu", 15, 20, "0"),
+        TaskSpan("bench", "gpu", 0, 20, "1"),
+        TaskSpan("full", "cpu", 0, 20, None),
+    ]
     assert occupied_fraction(spans, 0, 20, ["0"]) == pytest.approx(17 / 20)  # [0, 12] and [15, 20]
     assert occupied_fraction(spans, 10, 20, ["0", "1"]) == pytest.approx((7 + 10) / 20)
     assert occupied_fraction(spans, 0, 20, []) == 0.0
@@ -493,6 +583,7 @@ def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
 
 def test_default_jobs_leave_a_core_per_gpu():
     from kernel_agent.agent.placement import default_jobs, threads_per_child
+
     assert default_jobs(1, cores=16) == 15 and default_jobs(0, cores=2) == 2 and default_jobs(4, cores=2) == 1
     assert threads_per_child(15, cores=16) == 1 and threads_per_child(2, cores=16) == 8
 
@@ -510,6 +601,7 @@ class FakeGpu(FakeEvaluator):
 
     def __init__(self, candidate_ms, anchor=("anchor:torch", 0.9, False)):
         import threading
+
         super().__init__(self.sanitize_passes, self.bench_reports)
         self.candidate_ms, self.anchor = candidate_ms, anchor
         self.devices = FakeDevices(["0", "1"], "Fake GPU")
@@ -517,12 +609,18 @@ class FakeGpu(FakeEvaluator):
 
     def sanitize_passes(self, path, op, mode="full", checks=None, env=None, on_ready=None):
         from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
+
         if mode == "gpu":
             assert on_ready is not None and on_ready("gpu", lambda: True)  # the loop's GPU checks are gated
             with self.lock:
                 self.seen.append(("gpu", env["CUDA_VISIBLE_DEVICES"]))
-        return Verdict(path, op, mode, checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])],
-                       source_hash=file_hash(path))
+        return Verdict(
+            path,
+            op,
+            mode,
+            checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])],
+            source_hash=file_hash(path),
+        )
 
     def bench_reports(self, spec, env=None, on_ready=None):
         assert on_ready("gpu", lambda: True) and on_ready("alone", lambda: True)
@@ -531,10 +629,17 @@ class FakeGpu(FakeEvaluator):
             ms = self.candidate_ms(spec["op"], spec["kernels"][1]["file"])
         time.sleep(0.2)  # long enough for two targets' benchmarks to overlap, each on a GPU of its own
         inc = 1.0 if spec["kernels"][0]["file"] is None else 0.8
-        res = [{"op": spec["op"], "shape": key, "bucket": self._bucket(spec["op"], key), "dtype": spec["dtype"],
-                "gpu": "Fake GPU", "measurements": [_measured("incumbent", inc), _measured("candidate", ms),
-                                                    _measured(*self.anchor)]}
-               for key in spec["shapes"]]
+        res = [
+            {
+                "op": spec["op"],
+                "shape": key,
+                "bucket": self._bucket(spec["op"], key),
+                "dtype": spec["dtype"],
+                "gpu": "Fake GPU",
+                "measurements": [_measured("incumbent", inc), _measured("candidate", ms), _measured(*self.anchor)],
+            }
+            for key in spec["shapes"]
+        ]
         return {"results": res, "error": None}
 
     def _bucket(self, op, key):
@@ -542,8 +647,19 @@ class FakeGpu(FakeEvaluator):
 
 
 def _measured(label, ms, serves=False):
-    return {"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "rounds": [ms] * 5, "tbps": 1.0,
-            "fraction_of_ceiling": 0.5, "ceiling_kind": "memory", "implausible": False, "error": "", "serves": serves}
+    return {
+        "label": label,
+        "median_ms": ms,
+        "spread_ms": 0.001,
+        "n": 5,
+        "rounds": [ms] * 5,
+        "tbps": 1.0,
+        "fraction_of_ceiling": 0.5,
+        "ceiling_kind": "memory",
+        "implausible": False,
+        "error": "",
+        "serves": serves,
+    }
 
 
 def _fake_gpu(tmp_path, monkeypatch, candidate_ms, anchor=("anchor:torch", 0.9, False)):
@@ -557,11 +673,21 @@ def _fake_loop(tmp_path, led, ops, gpu, proposer=None, placement=None):
     over the fake's GPUs and children."""
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.search import SearchProposer
-    cfg = loop_mod.RunConfig(ops=ops, per_round=2, max_candidates=20, candidates_dir=str(tmp_path / "cands"),
-                             bench_shapes="near_serving")
+
+    cfg = loop_mod.RunConfig(
+        ops=ops, per_round=2, max_candidates=20, candidates_dir=str(tmp_path / "cands"), bench_shapes="near_serving"
+    )
     run = led.start_run(cfg.to_json(), {}, "search", cfg.ops, "Fake GPU", {})
-    lp = loop_mod.Loop(cfg, led, run.id, proposer or SearchProposer(), loop_mod.RunEvents(), True, "Fake GPU",
-                       placement or loop_mod.placement_for(cfg, gpu.devices, gpu))
+    lp = loop_mod.Loop(
+        cfg,
+        led,
+        run.id,
+        proposer or SearchProposer(),
+        loop_mod.RunEvents(),
+        True,
+        "Fake GPU",
+        placement or loop_mod.placement_for(cfg, gpu.devices, gpu),
+    )
     return lp, run, loop_mod.targets_for(cfg), loop_mod.Budget(cfg, 0, 0.0)
 
 
@@ -581,9 +707,13 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     a GPU of its own, the faster one is promoted into the serving set, and the next round's variants
     are built on it."""
     from kernel_agent.harness import serving
+
     fast = {}  # the first configuration of each op is the faster one (the search proposes catalog rewrites too)
-    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.8 if os.path.basename(f).startswith("cfg-")
-                    and fast.setdefault(op, f) == f else 1.0)
+    gpu = _fake_gpu(
+        tmp_path,
+        monkeypatch,
+        lambda op, f: 0.8 if os.path.basename(f).startswith("cfg-") and fast.setdefault(op, f) == f else 1.0,
+    )
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv", "matmul"], gpu)
     _stream(lp, targets[:2], budget, 4)
@@ -617,6 +747,7 @@ def test_a_candidate_file_changed_after_it_was_judged_is_not_promoted(tmp_path, 
     promotion checks then judge: nothing is promoted, the run says why, and the serving set gets no text."""
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.harness import serving
+
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)  # every candidate twice as fast
     timed = gpu.bench
 
@@ -625,6 +756,7 @@ def test_a_candidate_file_changed_after_it_was_judged_is_not_promoted(tmp_path, 
         with open(spec["kernels"][1]["file"], "a") as f:  # the candidate's file, after its timing
             f.write("\nSWAPPED = 1\n")
         return doc
+
     gpu.bench = bench_then_tamper
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
@@ -643,6 +775,7 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     """A second run over the same ledger re-proposes what the first one tried: those are not timed
     again, their recorded times (and the incumbent's beside them) steer the climb."""
     from kernel_agent.agent.search import SearchProposer, baseline_config, source_config
+
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)  # everything slower than the baseline
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
@@ -657,7 +790,9 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
     lp2.events.note = notes.append
     _stream(lp2, targets[:1], budget2, 2)  # a budget of 2 *new* candidates: replays cost nothing
     summary2 = led.run_summary(run2.id)
-    assert summary2.duplicates == 2 and summary2.proposals - summary2.duplicates == 2 and _benchmarked(led, run2.id) == 2
+    assert (
+        summary2.duplicates == 2 and summary2.proposals - summary2.duplicates == 2 and _benchmarked(led, run2.id) == 2
+    )
     st = prop.state[("matmul", targets[0].bucket)]
     shape = targets[0].shapes[0]
     assert st.best_ms == 1.0 and st.best_cfg == baseline_config("matmul", shape)  # did not move to a slower one
@@ -681,6 +816,7 @@ def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkey
     a streak of them its target counts as exhausted, and the run says so."""
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.proposal import Proposal, Proposer
+
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
@@ -694,6 +830,7 @@ def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkey
         def propose(self, ctx, n):
             Parrot.calls += 1
             return [Proposal("quantize_kv", judged.source, f"again-{Parrot.calls}", "parrot")]
+
     lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"], gpu, Parrot())
     notes = []
     lp2.events.note = notes.append
@@ -709,9 +846,11 @@ def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_pa
     """At the deadline the stream stops at once: the candidate being timed and the one waiting for the
     GPU stay 'verified' (nothing lost), nothing new is proposed past it, and a later run that proposes
     them again times them without running their CPU stages again."""
+
     def slow(op, f):
         time.sleep(1.5)
         return 1.3
+
     gpu = _fake_gpu(tmp_path, monkeypatch, slow)
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
@@ -732,14 +871,16 @@ def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_pa
     lp2, run2, _, budget2 = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
     _stream(lp2, targets[:1], budget2, 2)
     assert {led.candidate(c.id).status for c in first} == {"benchmarked"} and _benchmarked(led, run2.id) == 2
-    assert {c.id: len([k for k in led.checks(c.id) if k.mode != "gpu"]) for c in first} == \
-        {cid: n for cid, n in n_checks.items()}  # their CPU stages were not run again
+    assert {c.id: len([k for k in led.checks(c.id) if k.mode != "gpu"]) for c in first} == {
+        cid: n for cid, n in n_checks.items()
+    }  # their CPU stages were not run again
     led.close()
 
 
 def test_run_shapes_per_op():
     from kernel_agent.agent.loop import RunConfig, run_shapes, targets_for
     from kernel_agent.harness.ops import get_op
+
     ops = ["matmul", "quantize_kv"]
     spec = "matmul:256,8192,8192;matmul:M=512,N=4096,K=4096;quantize_kv:4096,8,64"
     assert [s.key() for s in run_shapes("matmul", spec, ops)] == ["M=256,N=8192,K=8192", "M=512,N=4096,K=4096"]
@@ -747,13 +888,18 @@ def test_run_shapes_per_op():
     # an op the spec does not name keeps its serving shapes
     assert run_shapes("quantize_kv", "matmul:256,8192,8192", ops) == get_op("quantize_kv").shapes("serving")
     assert [s.key() for s in run_shapes("matmul", "1,64,64", ["matmul"])] == ["M=1,N=64,K=64"]
-    for bad, why in [("256,8192,8192", "need the op of each shape"), ("matmul:1,2,3;4,5,6", "every shape or of none"),
-                     ("attention:1,2,128,64", "does not include")]:
+    for bad, why in [
+        ("256,8192,8192", "need the op of each shape"),
+        ("matmul:1,2,3;4,5,6", "every shape or of none"),
+        ("attention:1,2,128,64", "does not include"),
+    ]:
         with pytest.raises(ValueError, match=why):
             run_shapes("matmul", bad, ops)
     cfg = RunConfig(ops=ops, bench_shapes=spec)
     assert [(t.op, [s.key() for s in t.shapes]) for t in targets_for(cfg)][:2] == [
-        ("matmul", ["M=256,N=8192,K=8192"]), ("quantize_kv", ["T=4096,H=8,D=64"])]
+        ("matmul", ["M=256,N=8192,K=8192"]),
+        ("quantize_kv", ["T=4096,H=8,D=64"]),
+    ]
 
 
 def test_run_refuses_shapes_without_ops_for_several_ops(tmp_path):
@@ -770,9 +916,21 @@ def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
     c, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
     for label, ms, graph in (("candidate", 0.0900, 0.0400), ("baseline", 0.0500, 0.0440), ("anchor:torch", 0.04, 0.03)):
-        led.record_bench(run_id=run.id, candidate_id=c.id, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
-                         bucket="m1-klarge", dtype="bfloat16", gpu_name="Fake GPU", median_ms=ms, spread_ms=0.0002,
-                         n_samples=5, graph_ms=graph, extra={"graph_spread_ms": 0.0002})
+        led.record_bench(
+            run_id=run.id,
+            candidate_id=c.id,
+            label=label,
+            op="matmul",
+            shape_key="M=1,N=8192,K=8192",
+            bucket="m1-klarge",
+            dtype="bfloat16",
+            gpu_name="Fake GPU",
+            median_ms=ms,
+            spread_ms=0.0002,
+            n_samples=5,
+            graph_ms=graph,
+            extra={"graph_spread_ms": 0.0002},
+        )
     assert lp.recorder.bench_ms(c.id) == 0.0400 and lp.recorder.bench_ms(c.id, incumbent=True) == 0.0440
     led.close()
 
@@ -783,19 +941,24 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     one candidate, one sanitizer run per stage, one benchmark per bucket; also when the later buckets' proposals
     come only after the candidate was timed for the first (a slow proposer), where it was promoted."""
     first = {}  # the first bucket's folder: the candidate wins there only
-    gpu = _fake_gpu(tmp_path, monkeypatch,
-                    lambda op, f: 0.5 if late and os.path.dirname(f) == first.setdefault(0, os.path.dirname(f)) else 1.3)
+    gpu = _fake_gpu(
+        tmp_path,
+        monkeypatch,
+        lambda op, f: 0.5 if late and os.path.dirname(f) == first.setdefault(0, os.path.dirname(f)) else 1.3,
+    )
     sanitized = []
     passes = gpu.sanitize
 
     def counting(path, op, mode="full", **kw):
         sanitized.append((open(path).read(), mode))
         return passes(path, op, mode, **kw)
+
     gpu.sanitize = counting
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"], gpu)
     lp.cfg.bench_shapes = "serving"
     from kernel_agent.agent.loop import targets_for
+
     both = targets_for(lp.cfg)
     int8 = OPS["decode_attention_int8"]
     assert len(both) == len({int8.bucket(s) for s in int8.shapes("serving")}) >= 2
@@ -808,6 +971,7 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
             while not led.bench_results(run_id=run.id) and time.time() < deadline:
                 time.sleep(0.05)
         return [p for p in real(ctx, n) if p.label == "evict-first"]  # only it, per bucket
+
     lp.proposer.propose = propose
     assert _stream(lp, both, budget, 20) == "the proposer has nothing new to propose"
     cands = led.candidates(run_id=run.id)
@@ -816,7 +980,9 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     assert sorted(m for _, m in sanitized) == sorted(["full", "gpu", "quick"] + promotion_checks)  # each stage once
     assert len([c for c in led.checks(cands[0].id) if c.mode == "quick"]) == 1
     assert sum(1 for what, _ in gpu.seen if what == "bench") == len(both)  # timed against each bucket's incumbent
-    assert {b.shape_key for b in led.bench_results(candidate_id=cands[0].id)} == {s.key() for t in both for s in t.shapes}
+    assert {b.shape_key for b in led.bench_results(candidate_id=cands[0].id)} == {
+        s.key() for t in both for s in t.shapes
+    }
     if late:  # promoted in the first bucket, and timed but slower in the others, it stays "promoted"
         assert len(led.run_summary(run.id).promotions) == 1 and led.candidate(cands[0].id).status == "promoted"
     led.close()
@@ -827,6 +993,7 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
     them is rejected once (the full stage's checks, arriving later, are kept without changing that)
     and never benchmarked; one that passes both is benchmarked."""
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
+
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
     events = []
 
@@ -838,9 +1005,13 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
         if mode == "full":
             time.sleep(0.6)  # the full stage outlasts the GPU check beside it
         events.append((mode, "end", os.path.basename(path), time.time()))
-        outcome = CheckOutcome("determinism", "failed", "run 2 differs") if bad else CheckOutcome(
-            (checks or ["static_gate"])[0], "passed")
+        outcome = (
+            CheckOutcome("determinism", "failed", "run 2 differs")
+            if bad
+            else CheckOutcome((checks or ["static_gate"])[0], "passed")
+        )
         return Verdict(path, op, mode, checks=[outcome], source_hash=file_hash(path))
+
     gpu.sanitize = sanitize
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
@@ -897,6 +1068,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
             lost[task.kind] += 1
             return True
         return False
+
     placement.loses = first_of_each_kind
     _stream(lp, targets[:1], budget, 2)
     cands = led.candidates(run_id=run.id)
@@ -924,6 +1096,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
             lp.placement.gpus = []
             return True
         return False
+
     placement.loses = bench_loses_the_gpus
     assert _stream(lp, targets[:1], budget, 1) == "no GPU is left to judge on"
     fourth = led.candidates(run_id=run.id)[-1]
@@ -942,10 +1115,15 @@ def test_the_live_status_line(monkeypatch):
 
     from kernel_agent.agent import ui
     from kernel_agent.agent.loop import LiveStatus
+
     st = LiveStatus(125, 600, 3, None, {"quick": 1, "gpu": 2, "bench": 1}, 4, 7, 0.031)
     assert st.describe() == "2:05/10:00 cand 3; quick 1 full 0 gpu 2 bench 1; queued 4; judged 7; best +3.1%"
     assert len(st.describe()) <= 80
-    assert LiveStatus(3725, 28800, 5, 10, {}, 0, 0, None).describe().startswith("1:02:05/8:00:00 cand 5/10; quick 0 full 0;")
+    assert (
+        LiveStatus(3725, 28800, 5, 10, {}, 0, 0, None)
+        .describe()
+        .startswith("1:02:05/8:00:00 cand 5/10; quick 0 full 0;")
+    )
     buf = io.StringIO()
     monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=100, highlight=False))
     monkeypatch.delenv("TERM", raising=False)
@@ -971,8 +1149,19 @@ def test_a_second_run_on_the_same_ledger_judges_only_new_candidates(tmp_path):
     """Two consecutive default-style runs of the built-in search on one ledger: the second replays
     what the first judged (free) and judges as many new candidates as its budget."""
     db = tmp_path / "l.db"
-    args = ["run", "--ops", "quantize_kv", "--candidates", "1", "--per-round", "1", "--ledger", str(db),
-            "--candidates-dir", str(tmp_path / "c")]
+    args = [
+        "run",
+        "--ops",
+        "quantize_kv",
+        "--candidates",
+        "1",
+        "--per-round",
+        "1",
+        "--ledger",
+        str(db),
+        "--candidates-dir",
+        str(tmp_path / "c"),
+    ]
     first = _run(args)
     assert first.returncode == 0, first.stderr[-2000:]
     second = _run(args)
@@ -1002,6 +1191,7 @@ def test_targets_are_picked_in_proportion_to_their_weight():
             start = (i + 1) % len(weights)
             out.append(i)
         return out
+
     assert picks([1.0, 1.0, 1.0], 6) == [0, 1, 2, 0, 1, 2]  # equal weights: round-robin
     got = picks([0.6, 0.3, 0.1], 100)
     assert [got.count(i) for i in range(3)] == [60, 30, 10]
@@ -1012,14 +1202,19 @@ def test_targets_are_picked_in_proportion_to_their_weight():
 def test_a_model_step_sets_the_targets_and_their_weights():
     from kernel_agent.agent.loop import RunConfig, targets_for
     from kernel_agent.harness.model_step import PRESETS
+
     cfg = RunConfig(target_model=PRESETS["llama-3-8b"].to_json(), target_points="32x8192")
     ts = targets_for(cfg)
     assert [t.weight for t in ts] == sorted((t.weight for t in ts), reverse=True)
     assert abs(sum(t.weight for t in ts) - 1.0) < 1e-9
     by = {(t.op, t.bucket): t for t in ts}
     mm = by[("matmul", "m64-klarge")]  # QKV, O, gate/up and down at M = 32, one bucket
-    assert {s.key() for s in mm.shapes} == {"M=32,N=6144,K=4096", "M=32,N=4096,K=4096", "M=32,N=28672,K=4096",
-                                            "M=32,N=4096,K=14336"}
+    assert {s.key() for s in mm.shapes} == {
+        "M=32,N=6144,K=4096",
+        "M=32,N=4096,K=4096",
+        "M=32,N=28672,K=4096",
+        "M=32,N=4096,K=14336",
+    }
     assert ("decode_attention", "c8k-g4-d128") in by and ("decode_attention_int8", "c8k-g4-d128") in by
     cfg.ops = ["decode_attention"]
     assert [(t.op, t.bucket) for t in targets_for(cfg)] == [("decode_attention", "c8k-g4-d128")]
@@ -1029,6 +1224,7 @@ def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serv
     """With cuBLAS faster than the baseline, a candidate 15% faster than the baseline but slower than
     cuBLAS is not promoted, and the benchmark leaves the bucket to torch in the serving set."""
     from kernel_agent.harness import serving
+
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)

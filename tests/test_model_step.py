@@ -3,6 +3,7 @@
 The step runs in Triton's interpreter on a tiny config, in float16 (the interpreter's bf16 arithmetic
 is broken; float16 rounds about as coarsely). The GPU timing is in tests/test_gpu.py.
 """
+
 import json
 import os
 import subprocess
@@ -39,17 +40,26 @@ from kernel_agent.harness.ops.quantize_kv import QuantizeShape
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, page_size=4)
 # tensor parallel 2 with one KV head: the shard replicates it
-TINY_TP = ModelConfig("tiny-tp2", layers=2, hidden=64, heads=4, kv_heads=1, head_dim=32, intermediate=96, tp=2,
-                      page_size=8)
+TINY_TP = ModelConfig(
+    "tiny-tp2", layers=2, hidden=64, heads=4, kv_heads=1, head_dim=32, intermediate=96, tp=2, page_size=8
+)
 BF16_TOL = TOLERANCES[torch.bfloat16]
 
 
 # -- configs ---------------------------------------------------------------------------------------
 
+
 def test_presets_have_the_published_shapes():
     l8 = PRESETS["llama-3-8b"]
-    assert (l8.layers, l8.hidden, l8.heads, l8.kv_heads, l8.head_dim, l8.intermediate, l8.tp) == \
-        (32, 4096, 32, 8, 128, 14336, 1)
+    assert (l8.layers, l8.hidden, l8.heads, l8.kv_heads, l8.head_dim, l8.intermediate, l8.tp) == (
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14336,
+        1,
+    )
     assert PRESETS["mistral-7b"].to_json() == dict(l8.to_json(), name="mistral-7b")
     q = PRESETS["qwen2.5-7b"]
     assert (q.layers, q.hidden, q.heads, q.kv_heads, q.head_dim, q.intermediate) == (28, 3584, 28, 4, 128, 18944)
@@ -63,8 +73,9 @@ def test_presets_have_the_published_shapes():
 
 def test_a_config_file_with_defaults(tmp_path):
     path = tmp_path / "my-model.json"
-    path.write_text(json.dumps({"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512,
-                                "rms_eps": 1e-6}))
+    path.write_text(
+        json.dumps({"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "rms_eps": 1e-6})
+    )
     cfg = load_model_config(str(path))
     assert cfg == ModelConfig("my-model", 2, 256, 4, 2, 64, 512, tp=1, rms_eps=1e-6, page_size=16)
     # what to_json writes reads back as the same config
@@ -73,25 +84,40 @@ def test_a_config_file_with_defaults(tmp_path):
     assert load_model_config(str(again)) == cfg
 
 
-@pytest.mark.parametrize("doc,needle", [
-    ({"hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512}, "missing key(s) layers"),
-    ({"layers": 2, "hidden": 256, "heads": 6, "kv_heads": 4, "intermediate": 512, "head_dim": 64},
-     "heads=6 is not divisible by kv_heads=4"),
-    ({"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "tp": 8},
-     "heads=4 is not divisible by tp=8"),
-    ({"layers": 2, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 768, "tp": 6},
-     "kv_heads=4 and tp=6: one must divide the other"),
-    ({"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 513, "tp": 2},
-     "intermediate=513 is not divisible by tp=2"),
-    ({"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "page_size": 12},
-     "page_size=12 is not a power of two"),
-    ({"layers": 2, "hidden": 250, "heads": 4, "kv_heads": 2, "intermediate": 512}, "give head_dim"),
-    ({"layers": 0, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512}, "layers must be a positive"),
-    ({"layers": "32", "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512}, "layers must be a positive"),
-    ({"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "kv_head": 2},
-     "unknown key(s) kv_head"),
-    ([1, 2], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "doc,needle",
+    [
+        ({"hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512}, "missing key(s) layers"),
+        (
+            {"layers": 2, "hidden": 256, "heads": 6, "kv_heads": 4, "intermediate": 512, "head_dim": 64},
+            "heads=6 is not divisible by kv_heads=4",
+        ),
+        (
+            {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "tp": 8},
+            "heads=4 is not divisible by tp=8",
+        ),
+        (
+            {"layers": 2, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 768, "tp": 6},
+            "kv_heads=4 and tp=6: one must divide the other",
+        ),
+        (
+            {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 513, "tp": 2},
+            "intermediate=513 is not divisible by tp=2",
+        ),
+        (
+            {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "page_size": 12},
+            "page_size=12 is not a power of two",
+        ),
+        ({"layers": 2, "hidden": 250, "heads": 4, "kv_heads": 2, "intermediate": 512}, "give head_dim"),
+        ({"layers": 0, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512}, "layers must be a positive"),
+        ({"layers": "32", "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512}, "layers must be a positive"),
+        (
+            {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512, "kv_head": 2},
+            "unknown key(s) kv_head",
+        ),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
 def test_bad_config_files_are_one_line_errors(tmp_path, doc, needle):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
@@ -119,6 +145,7 @@ def test_points_stacks_and_kv_modes_parse():
 
 
 # -- the step's op calls in the registry's terms ------------------------------------------------------
+
 
 def test_op_calls_of_a_llama_3_8b_step():
     calls = {c.label: c for c in step_op_calls(PRESETS["llama-3-8b"], 32, 8192)}
@@ -161,6 +188,7 @@ def test_op_calls_of_other_points_and_a_tensor_parallel_shard():
 
 
 # -- the step itself, in the interpreter ---------------------------------------------------------------
+
 
 def _setup(cfg, batch, context, dtype=torch.float16):
     w = make_weights(cfg, dtype, "cpu", seed=0)
@@ -217,7 +245,10 @@ def test_the_serving_stack_says_what_served_each_call():
     hybrid = DecodeStep(TINY, "hybrid", "int8", w, state, x)
     hybrid()
     assert {(op, impl) for _, op, impl in hybrid.served()} == {
-        ("matmul", "torch.matmul (cuBLAS)"), ("quantize_kv", "baseline"), ("decode_attention_int8", "baseline")}
+        ("matmul", "torch.matmul (cuBLAS)"),
+        ("quantize_kv", "baseline"),
+        ("decode_attention_int8", "baseline"),
+    }
     torch_served = DecodeStep(TINY, "torch", "int8", w, state, x)
     torch_served()
     assert ("attention", "decode_attention", "torch SDPA (contiguous cache)") in torch_served.served()
@@ -225,8 +256,12 @@ def test_the_serving_stack_says_what_served_each_call():
 
 def test_the_int8_cache_costs_a_small_nonzero_error():
     w, state, x = _setup(TINY, 3, 40)
-    steps = {(s, kv): DecodeStep(TINY, s, kv, w, state, x) for s in ("torch", "baseline") for kv in KV_MODES
-             if not (s == "torch" and kv == "int8")}
+    steps = {
+        (s, kv): DecodeStep(TINY, s, kv, w, state, x)
+        for s in ("torch", "baseline")
+        for kv in KV_MODES
+        if not (s == "torch" and kv == "int8")
+    }
     acc = int8_accuracy(steps, "baseline")
     assert 1e-4 < acc.attn_rel_error < 3e-2, acc
     assert 0 < acc.hidden_rel_error < acc.attn_rel_error  # the residual stream dilutes it
@@ -242,25 +277,43 @@ def test_the_int8_cache_costs_a_small_nonzero_error():
 
 # -- the command line ------------------------------------------------------------------------------------
 
+
 def test_bench_model_without_a_gpu_exits_2_with_one_line():
-    r = subprocess.run([sys.executable, "-m", "kernel_agent.agent.cli", "bench", "--model", "llama-3-8b",
-                        "--points", "32x8192,8x32768,64x2048"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_agent.agent.cli",
+            "bench",
+            "--model",
+            "llama-3-8b",
+            "--points",
+            "32x8192,8x32768,64x2048",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == ["kernel-agent: error: bench --model needs a CUDA GPU"]
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--model", "llama-9"], "unknown model 'llama-9'"),
-    (["--model", "llama-3-8b", "--points", "32by8192"], "bad point"),
-    (["--model", "llama-3-8b", "--kv", "fp8"], "--kv: 'fp8'"),
-    (["--model", "llama-3-8b", "--stacks", "xla"], "--stacks: 'xla'"),
-    (["--model", "llama-3-8b", "--batch", "0"], "at least 1"),
-    (["--model", "llama-3-8b", "--points", "1x2", "--context", "4"], "not both"),
-    (["--model", "llama-3-8b", "--op", "matmul"], "--op or --model, not both"),
-    (["--op", "matmul", "--points", "1x2"], "--points: only with --model"),
-    ([], "give --op"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--model", "llama-9"], "unknown model 'llama-9'"),
+        (["--model", "llama-3-8b", "--points", "32by8192"], "bad point"),
+        (["--model", "llama-3-8b", "--kv", "fp8"], "--kv: 'fp8'"),
+        (["--model", "llama-3-8b", "--stacks", "xla"], "--stacks: 'xla'"),
+        (["--model", "llama-3-8b", "--batch", "0"], "at least 1"),
+        (["--model", "llama-3-8b", "--points", "1x2", "--context", "4"], "not both"),
+        (["--model", "llama-3-8b", "--op", "matmul"], "--op or --model, not both"),
+        (["--op", "matmul", "--points", "1x2"], "--points: only with --model"),
+        ([], "give --op"),
+    ],
+)
 def test_bench_model_usage_errors_are_one_line_and_exit_2(capsys, argv, needle):
     assert main(["bench"] + argv) == 2
     err = capsys.readouterr().err.strip()
@@ -279,18 +332,33 @@ def test_the_printed_report(capsys):
     """What `bench --model` prints from a result (the figures here are made up: the layout is tested)."""
     from kernel_agent.agent.commands import print_model_bench
     from kernel_agent.harness.model_step import Int8Accuracy, ModelBenchResult, PointResult, Served, StackTiming
+
     cfg = PRESETS["llama-3-8b"]
 
     def timing(stack, kv, layer_ms, shares):
         step = layer_ms * cfg.layers
-        return StackTiming(stack, kv, layer_ms, 0.001, step, 32 / (step / 1e3), 0.375 / layer_ms, [layer_ms] * 7,
-                           {k: v * layer_ms for k, v in shares.items()}, dict(shares, other=0.1))
+        return StackTiming(
+            stack,
+            kv,
+            layer_ms,
+            0.001,
+            step,
+            32 / (step / 1e3),
+            0.375 / layer_ms,
+            [layer_ms] * 7,
+            {k: v * layer_ms for k, v in shares.items()},
+            dict(shares, other=0.1),
+        )
+
     bf16 = {"qkv": 0.1, "attention": 0.5, "o": 0.05, "gate_up": 0.15, "down": 0.1}
-    point = PointResult(32, 8192, [timing("torch", "bf16", 0.375, bf16), timing("serving", "int8", 0.3,
-                                                                                  dict(bf16, quantize_kv=0.01))],
-                        [Served("int8", "attention", "decode_attention_int8", "c8k-g4-d128", "promoted.py")],
-                        Int8Accuracy("serving", 0.0123, 0.00045, 0.002, 0.0001),
-                        {"int8": step_op_calls(cfg, 32, 8192, "int8")})
+    point = PointResult(
+        32,
+        8192,
+        [timing("torch", "bf16", 0.375, bf16), timing("serving", "int8", 0.3, dict(bf16, quantize_kv=0.01))],
+        [Served("int8", "attention", "decode_attention_int8", "c8k-g4-d128", "promoted.py")],
+        Int8Accuracy("serving", 0.0123, 0.00045, 0.002, 0.0001),
+        {"int8": step_op_calls(cfg, 32, 8192, "int8")},
+    )
     result = ModelBenchResult(cfg, "NVIDIA H200", {}, ("torch", "serving"), ("int8",), [point])
     print_model_bench(result)
     out = capsys.readouterr().out
@@ -300,6 +368,7 @@ def test_the_printed_report(capsys):
     assert ["B=32", "ctx=8192", "serving", "int8", "(quantize_kv)", "9.60", "3,333", "1.250x"] in rows
     assert ["B=32", "ctx=8192", "serving", "int8", "10.0%", "1.0%", "50.0%", "5.0%", "15.0%", "10.0%", "10.0%"] in rows
     assert ["B=32", "ctx=8192", "int8", "attention", "decode_attention_int8", "c8k-g4-d128", "promoted.py"] in rows
-    assert ("attention output 1.23e-02, of the layer's output 4.50e-04 (bf16 serving vs torch: 2.00e-03 and "
-            "1.00e-04)") in out
+    assert (
+        "attention output 1.23e-02, of the layer's output 4.50e-04 (bf16 serving vs torch: 2.00e-03 and 1.00e-04)"
+    ) in out
     json.dumps(result.to_json())  # the document --json writes

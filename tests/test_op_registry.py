@@ -5,6 +5,7 @@ Adding an op is one op module (harness/ops/<name>.py, named in harness/ops/__ini
 decision on an op's name or copies the list of ops; the hook tests check that each op answers what the other
 layers ask it.
 """
+
 import ast
 import subprocess
 import sys
@@ -23,20 +24,34 @@ NOT_SCANNED = ("harness/ops",)  # the registry itself: each op module names its 
 # (file, scope) -> why an op name may be matched there. The scope is the enclosing function or class
 # (dotted), or the module-level name assigned, or "<module>".
 ALLOWED = {
-    ("harness/model_step.py", "DecodeStep.__init__"):
-        "a Llama decode step: the client that calls the very ops it is made of, as a serving stack does",
-    ("harness/model_step.py", "DecodeStep.__call__"):
-        "a Llama decode step: the client that calls the very ops it is made of, as a serving stack does",
-    ("harness/model_step.py", "DecodeStep.served"):
-        "the hybrid stack is defined as torch.matmul with the Triton attention; it names the op it swaps",
-    ("agent/commands.py", "print_model_bench"):
-        "the decode step's call labels (qkv, quantize_kv, attention, o, ...): two are spelled like op names",
-    ("scripts/tune_baselines.py", "CONFIGS"):
-        "the hand-picked sweeps that chose each baseline's _config, kept as the record of that tuning",
-    ("scripts/foundation_table.py", "FLOORS"):
-        "the Foundation issue's acceptance floors, quoted per op as that issue set them (a record)",
-    ("scripts/foundation_table.py", "floor"):
-        "checks the Foundation issue's per-op floors on a recorded bench output (a record)",
+    (
+        "harness/model_step.py",
+        "DecodeStep.__init__",
+    ): "a Llama decode step: the client that calls the very ops it is made of, as a serving stack does",
+    (
+        "harness/model_step.py",
+        "DecodeStep.__call__",
+    ): "a Llama decode step: the client that calls the very ops it is made of, as a serving stack does",
+    (
+        "harness/model_step.py",
+        "DecodeStep.served",
+    ): "the hybrid stack is defined as torch.matmul with the Triton attention; it names the op it swaps",
+    (
+        "agent/commands.py",
+        "print_model_bench",
+    ): "the decode step's call labels (qkv, quantize_kv, attention, o, ...): two are spelled like op names",
+    (
+        "scripts/tune_baselines.py",
+        "CONFIGS",
+    ): "the hand-picked sweeps that chose each baseline's _config, kept as the record of that tuning",
+    (
+        "scripts/foundation_table.py",
+        "FLOORS",
+    ): "the Foundation issue's acceptance floors, quoted per op as that issue set them (a record)",
+    (
+        "scripts/foundation_table.py",
+        "floor",
+    ): "checks the Foundation issue's per-op floors on a recorded bench output (a record)",
 }
 
 
@@ -68,6 +83,7 @@ def _keyed_literals(node: ast.AST) -> Iterator[ast.Constant]:
 
 def _scopes(tree: ast.Module) -> Iterator[Tuple[str, ast.AST]]:
     """(scope, node) for every node: the dotted function/class path, else the module-level name assigned."""
+
     def walk(node, path):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -82,8 +98,9 @@ def _scopes(tree: ast.Module) -> Iterator[Tuple[str, ast.AST]]:
             yield stmt.name, stmt
             yield from walk(stmt, [stmt.name])
             continue
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] \
-            if isinstance(stmt, ast.AnnAssign) else []
+        targets = (
+            stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        )
         names = [t.id for t in targets if isinstance(t, ast.Name)]
         scope = names[0] if names else "<module>"
         yield scope, stmt
@@ -95,8 +112,11 @@ def _scopes(tree: ast.Module) -> Iterator[Tuple[str, ast.AST]]:
 def _name_lists(node: ast.AST, names) -> Iterator[ast.Constant]:
     """The op names of a tuple, list or set literal of strings holding two or more: a copy of the op list,
     or of a part of it picked by hand."""
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and \
-            all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+    if (
+        isinstance(node, (ast.Tuple, ast.List, ast.Set))
+        and node.elts
+        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+    ):
         hits = [e for e in node.elts if e.value in names]
         if len({e.value for e in hits}) >= 2:
             yield from hits
@@ -125,7 +145,7 @@ def _scanned_files() -> List[Path]:
 
 
 def test_the_scan_finds_each_kind_of_branch_on_an_op_name():
-    src = '''
+    src = """
 def f(op, table):
     if op.name == "matmul":
         pass
@@ -140,11 +160,17 @@ def f(op, table):
 
 OPS = ("matmul", "attention")
 CALL = ("attention", "matmul", 3)  # a record mixing names and other values is no list of ops
-'''
+"""
     found = op_name_branches(src, "x.py")
     assert [(line, scope, name) for _, line, scope, name in found] == [
-        (3, "f", "matmul"), (5, "f", "attention"), (7, "f", "quantize_kv"), (8, "f", "decode_attention"),
-        (10, "f", "decode_attention_int8"), (14, "OPS", "attention"), (14, "OPS", "matmul")]
+        (3, "f", "matmul"),
+        (5, "f", "attention"),
+        (7, "f", "quantize_kv"),
+        (8, "f", "decode_attention"),
+        (10, "f", "decode_attention_int8"),
+        (14, "OPS", "attention"),
+        (14, "OPS", "matmul"),
+    ]
     assert op_name_branches('T = {"matmul": 1}\n', "m.py") == [("m.py", 1, "T", "matmul")]
 
 
@@ -153,9 +179,10 @@ def test_no_layer_outside_the_registry_branches_on_an_op_name():
     for path in _scanned_files():
         rel = path.relative_to(ROOT).as_posix()
         found += [f for f in op_name_branches(path.read_text(), rel) if (rel, f[2]) not in ALLOWED]
-    assert not found, "ask the op (harness/ops) instead of matching its name, and take the list of ops from " \
-                      "harness.ops.NAMES:\n" + "\n".join(
-        f"  {file}:{line} in {scope}: {name!r}" for file, line, scope, name in found)
+    assert not found, (
+        "ask the op (harness/ops) instead of matching its name, and take the list of ops from "
+        "harness.ops.NAMES:\n" + "\n".join(f"  {file}:{line} in {scope}: {name!r}" for file, line, scope, name in found)
+    )
 
 
 def test_every_allowance_is_still_used():
@@ -168,12 +195,18 @@ def test_every_allowance_is_still_used():
 
 def test_the_op_list_comes_from_the_registry():
     from kernel_agent.agent import cli_common, loop
+
     assert tuple(OPS) == NAMES
     assert cli_common.OP_NAMES is NAMES and loop.ALL_OPS is NAMES
     # every op module of harness/ops (a module defining OP) is registered, under its own name
-    modules = {p.stem for p in (ROOT / "harness" / "ops").glob("*.py")
-               if any(isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in s.targets)
-                      for s in ast.parse(p.read_text()).body)}
+    modules = {
+        p.stem
+        for p in (ROOT / "harness" / "ops").glob("*.py")
+        if any(
+            isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in s.targets)
+            for s in ast.parse(p.read_text()).body
+        )
+    }
     assert modules == set(NAMES)
     assert all(get_op(n).name == n for n in NAMES)
 
@@ -187,6 +220,7 @@ def test_the_registry_names_load_without_torch():
 @pytest.mark.parametrize("name", NAMES)
 def test_the_search_can_ask_the_op_for_its_tuning_space(name):
     from kernel_agent.agent.search import baseline_config, one_field_neighbours
+
     op = get_op(name)
     space = op.tuning_space
     assert space is not None and len(space.fields) == len(space.values)
@@ -199,6 +233,7 @@ def test_the_search_can_ask_the_op_for_its_tuning_space(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_op_has_a_benchmark_anchor_that_computes_its_contract(name):
     from kernel_agent.harness.bench import anchor_for
+
     op = get_op(name)
     # equal sequence lengths: the gathered-cache anchor of the paged decodes times serving shapes
     shape = [s for s in op.shapes("tiny") if not getattr(s, "ragged", False)][-1]

@@ -1,4 +1,5 @@
 """The op registry: references, inputs, shape suites, cost model, comparisons."""
+
 import math
 
 import pytest
@@ -12,8 +13,15 @@ def test_registry_has_the_five_ops_with_fixed_signatures():
     assert list(OPS) == ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"]
     assert get_op("attention").arg_names == ("q", "k", "v")
     assert get_op("attention").optional_args == ("causal", "sm_scale")
-    assert get_op("decode_attention_int8").arg_names == ("q", "k_cache", "k_scale", "v_cache", "v_scale",
-                                                         "block_table", "seq_lens")
+    assert get_op("decode_attention_int8").arg_names == (
+        "q",
+        "k_cache",
+        "k_scale",
+        "v_cache",
+        "v_scale",
+        "block_table",
+        "seq_lens",
+    )
     with pytest.raises(ValueError, match="unknown op"):
         get_op("conv2d")
 
@@ -50,10 +58,17 @@ def test_serving_shapes_are_the_specified_ones():
 def test_new_serving_shapes_have_buckets_of_their_own():
     """The head dims and the one-token pages are searched and dispatched apart from the D = 128, 16-token-page
     buckets, whose names (those the serving set was measured under) do not change."""
-    buckets = {name: [get_op(name).bucket(s) for s in get_op(name).shapes("serving")]
-               for name in ("attention", "decode_attention", "quantize_kv")}
-    assert buckets["attention"] == ["full-s4k-d128", "causal-s4k-d128", "causal-s4k-d128", "causal-s4k-d64",
-                                    "causal-s4k-d256"]
+    buckets = {
+        name: [get_op(name).bucket(s) for s in get_op(name).shapes("serving")]
+        for name in ("attention", "decode_attention", "quantize_kv")
+    }
+    assert buckets["attention"] == [
+        "full-s4k-d128",
+        "causal-s4k-d128",
+        "causal-s4k-d128",
+        "causal-s4k-d64",
+        "causal-s4k-d256",
+    ]
     assert buckets["decode_attention"] == ["c8k-g1-d128", "c8k-g4-d128", "c8k-g4-d64", "c8k-g1-d96", "c8k-g4-d128-p1"]
     assert buckets["quantize_kv"] == ["tlarge-d128", "tlarge-d576"]
     dec = get_op("decode_attention")
@@ -105,8 +120,9 @@ def test_paged_reference_equals_dense_attention_on_the_gathered_cache():
         k = gather_tokens(c.args["k_cache"], c.args["block_table"], b, length).permute(1, 0, 2)[None]
         v = gather_tokens(c.args["v_cache"], c.args["block_table"], b, length).permute(1, 0, 2)[None]
         q = c.args["q"][b][None, :, None, :]
-        dense = torch.softmax((q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / 4.0, -1) \
-            @ v.double().repeat_interleave(2, 1)
+        dense = torch.softmax(
+            (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / 4.0, -1
+        ) @ v.double().repeat_interleave(2, 1)
         assert torch.allclose(ref[b], dense[0, :, 0])
     del att
 
@@ -149,6 +165,7 @@ def test_matmul_bounds_each_element_by_its_own_sum_so_one_bad_element_of_many_fa
     fraction of elements out of tolerance lets through; the per-element bound, sum_k |a_ik||b_kj|
     times the accumulation's rounding, does not. The exact product of the inputs always passes."""
     from kernel_agent.harness.ops.common import compare_tensor
+
     op = get_op("matmul")
     c = op.make_case(op.parse_shape("512,512,512"), dtype, seed=11)
     ref64 = op.reference(c.args, torch.float64)
@@ -186,19 +203,25 @@ def test_attention_bound_admits_a_correct_kernels_rounding(dtype, dist):
         assert r.ok, f"{shape} {dist}: {r.reason}"
 
 
-@pytest.mark.parametrize("name,shape", [("attention", "1,4,1,257,128"),
-                                        ("decode_attention", "B=40,Hq=4,Hkv=2,D=128,block_size=16,ctx=40"),
-                                        ("decode_attention_int8", "B=40,Hq=4,Hkv=2,D=128,block_size=16,ctx=40")])
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("attention", "1,4,1,257,128"),
+        ("decode_attention", "B=40,Hq=4,Hkv=2,D=128,block_size=16,ctx=40"),
+        ("decode_attention_int8", "B=40,Hq=4,Hkv=2,D=128,block_size=16,ctx=40"),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_attention_bounds_each_element_by_its_own_softmax_so_one_bad_element_of_many_fails(name, shape, dtype):
     """Over 10^4 output elements, one element off by 0.1 (values are standard normal) is under the cap on the
     fraction of elements out of the rms-based tolerance; the element's own softmax rounding bound catches it."""
     from kernel_agent.harness.ops.common import compare_tensor
+
     op = get_op(name)
     c = op.make_case(op.parse_shape(shape), dtype, seed=5)
     ref64 = op.reference(c.args, torch.float64)
     good = op.reference(c.args, torch.float32).to(dtype)
-    assert good.numel() > 10 ** 4 and op.compare(good, c.args, ref64).ok
+    assert good.numel() > 10**4 and op.compare(good, c.args, ref64).ok
     bad = good.clone()
     bad.view(-1)[-1] += 0.1
     assert compare_tensor(bad, ref64, op.tolerance(dtype)).ok  # the fraction cap alone misses it
@@ -255,6 +278,9 @@ def test_pair_and_bshd_views_hold_the_same_values_with_the_strides_they_name():
 def test_a_decode_pool_can_be_far_larger_than_the_batch():
     op = OPS["decode_attention"]
     shape = op.parse_shape("B=2,Hq=2,Hkv=1,D=8,block_size=4,ctx=10,spare_blocks=500")
-    assert shape.key().endswith("spare_blocks=500") and op.parse_shape("B=2,Hq=2,Hkv=1,D=8,block_size=4,ctx=10").spare_blocks == 3
+    assert (
+        shape.key().endswith("spare_blocks=500")
+        and op.parse_shape("B=2,Hq=2,Hkv=1,D=8,block_size=4,ctx=10").spare_blocks == 3
+    )
     case = op.make_case(shape, torch.float32, seed=2)
     assert case.args["k_cache"].shape[0] == 2 * 3 + 500

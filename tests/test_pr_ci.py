@@ -1,5 +1,6 @@
 """`kernel-agent pr` (a pull-request body from a run's promotions) and `kernel-agent ci init` (the workflow
 and pre-commit hooks a team adopts)."""
+
 import json
 import os
 import re
@@ -24,8 +25,9 @@ INT8 = os.path.join(ROOT, "kernels", "serving", "decode_attention_int8__c8k-g4-d
 
 
 def _cli(args, cwd=ROOT, env=None):
-    return subprocess.run(CLI + args, capture_output=True, text=True, cwd=cwd, timeout=900,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        CLI + args, capture_output=True, text=True, cwd=cwd, timeout=900, env=dict(os.environ, **(env or {}))
+    )
 
 
 @pytest.fixture
@@ -37,6 +39,7 @@ def h200(tmp_path):
 
 # -- pr --------------------------------------------------------------------------------------------
 
+
 def test_pr_body_holds_each_part_with_the_figures_of_report_and_show(h200, tmp_path):
     led, db = h200
     run = led.get_run(RUN)
@@ -47,9 +50,9 @@ def test_pr_body_holds_each_part_with_the_figures_of_report_and_show(h200, tmp_p
     cid = promo.candidate_id
 
     # the diff against what it replaces: the configuration override, a few lines
-    diff = md[md.index("### Diff against kernels/baseline/matmul.py"):]
+    diff = md[md.index("### Diff against kernels/baseline/matmul.py") :]
     start = diff.index("```diff") + len("```diff")
-    diff = diff[start:diff.index("```", start)]
+    diff = diff[start : diff.index("```", start)]
     assert "+_TUNED_TO = (128, 128, 64, 4, 4, 4, 4)" in diff and len(diff.splitlines()) < 40
     # the verdict table with FpSan equivalence
     assert "**FpSan-equivalent** to the baseline" in md and "| full | fpsan | passed |" in md
@@ -65,22 +68,30 @@ def test_pr_body_holds_each_part_with_the_figures_of_report_and_show(h200, tmp_p
     for f in json.loads(show.stdout)["figures"]:
         cand = next(r for r in rows if r[0] == f["shape_key"] and r[1] == f"candidate #{cid}")
         inc = next(r for r in rows if r[0] == f["shape_key"] and r[1] == "baseline")
-        assert (cand[2], inc[2], cand[5], cand[4]) == (F.fmt_ms(f["kernel_ms"]), F.fmt_ms(f["incumbent_ms"]),
-                                                       F.fmt_x(f["speedup"]), F.CLOCK_WORDS[f["clock"]])
+        assert (cand[2], inc[2], cand[5], cand[4]) == (
+            F.fmt_ms(f["kernel_ms"]),
+            F.fmt_ms(f["incumbent_ms"]),
+            F.fmt_x(f["speedup"]),
+            F.CLOCK_WORDS[f["clock"]],
+        )
     head = "Replaces the baseline: **1.036x** (3.5% less time)"
     assert head in md and head in report
     assert f"| `matmul` `m256-klarge` bfloat16 (#{cid}) | the baseline | 1.036x | graph | equivalent |" in md
     # no decode-step measurement: said, with a command whose step calls this bucket
     assert "No decode-step measurement is recorded" in md
-    assert ("kernel-agent bench --model llama-3-8b --points 128x8192 --kv bf16 --stacks torch,baseline,serving "
-            "--out step.json") in md
+    assert (
+        "kernel-agent bench --model llama-3-8b --points 128x8192 --kv bf16 --stacks torch,baseline,serving "
+        "--out step.json"
+    ) in md
     assert f"kernel-agent pr {RUN} --ledger {db} --model-step step.json" in md
     # the commands behind every figure and verdict, with the shapes judged; the serving set of this checkout
     # no longer holds #33 (cuBLAS serves the bucket), so the kernel comes from the ledger
     assert f"kernel-agent show {cid} --json --ledger {db} | python3 -c" in md
     assert f"kernel-agent sanitize --op matmul candidate-{cid}.py" in md
-    assert (f"kernel-agent bench --op matmul candidate-{cid}.py --shapes 'M=128,N=8192,K=8192;M=256,N=4096,K=14336' "
-            f"--dtype bfloat16") in md
+    assert (
+        f"kernel-agent bench --op matmul candidate-{cid}.py --shapes 'M=128,N=8192,K=8192;M=256,N=4096,K=14336' "
+        f"--dtype bfloat16"
+    ) in md
     assert f"kernel-agent show {cid} --ledger {db}" in md
     # no branch recorded for this run: said
     assert "**No branch:**" in md and pr.branch.mode == "unrecorded"
@@ -116,8 +127,11 @@ def test_the_committed_h200_pull_request_is_what_pr_writes_and_agrees_with_show_
 
     def without_diff(text):
         return re.sub(r"### Diff against .*?```diff.*?```", "", text, flags=re.S)
+
     assert without_diff(md) == without_diff(committed)
-    assert pr.branch.mode == "branch" and pr.branch.branch == f"kernel-agent/{PR_EXAMPLE_RUN}" and pr.branch.commits == 1
+    assert (
+        pr.branch.mode == "branch" and pr.branch.branch == f"kernel-agent/{PR_EXAMPLE_RUN}" and pr.branch.commits == 1
+    )
     with open(os.path.join(PR_EXAMPLE, "branch.txt")) as f:
         commit_msg = f.read()
     assert f"Promote candidate #{promo.candidate_id} for decode_attention_int8 clong-g4-d128" in commit_msg
@@ -128,9 +142,14 @@ def test_the_committed_h200_pull_request_is_what_pr_writes_and_agrees_with_show_
     assert (cand[2], base[2], cand[5], cand[6]) == ("0.2443", "0.2653", "1.086x", "1.049x")
     with open(os.path.join(PR_EXAMPLE, "show.txt")) as f:
         show = f.read()
-    assert f"{promo.candidate_id}   decode_attention_int8  cfg-16-128-4-3  promoted     equiv  1.086x over baseline" in show
-    rule = ("7.9% faster than the incumbent (geometric mean over 1 shape), above the mean noise 1.0% + margin 2.0%, "
-            "and no shape slower beyond its noise")
+    assert (
+        f"{promo.candidate_id}   decode_attention_int8  cfg-16-128-4-3  promoted     equiv  1.086x over baseline"
+        in show
+    )
+    rule = (
+        "7.9% faster than the incumbent (geometric mean over 1 shape), above the mean noise 1.0% + margin 2.0%, "
+        "and no shape slower beyond its noise"
+    )
     assert rule in committed and rule in show and rule in report and rule in commit_msg
 
 
@@ -150,25 +169,63 @@ def _ledger_with_int8_promotion(tmp_path, notes=None):
     """A scripted promotion of the int8 byte-plane decode kernel (c8k-g4-d128 on the H200: the bucket the
     committed `bench --model` document served with it), timed at its serving shape."""
     led = Ledger(tmp_path / "l.db")
-    run = led.start_run({"ops": ["decode_attention_int8"]}, {"torch": "2.11.0", "triton": "3.6.0"}, "search",
-                        ["decode_attention_int8"], "NVIDIA H200", {})
+    run = led.start_run(
+        {"ops": ["decode_attention_int8"]},
+        {"torch": "2.11.0", "triton": "3.6.0"},
+        "search",
+        ["decode_attention_int8"],
+        "NVIDIA H200",
+        {},
+    )
     with open(INT8) as f:
         src = f.read()
     cand, _ = led.add_candidate("decode_attention_int8", src, "search", run.id, label="byte-planes")
-    led.record_checks(cand.id, "full", [
-        {"name": "load", "status": "passed", "detail": "decode_attention_int8(...); inputs from seed base 41 "
-                                                       "(`--seed 41` reproduces them)", "duration_s": 0.1},
-        {"name": "fpsan", "status": "passed", "detail": "bitwise identical", "duration_s": 0.2}])
+    led.record_checks(
+        cand.id,
+        "full",
+        [
+            {
+                "name": "load",
+                "status": "passed",
+                "detail": "decode_attention_int8(...); inputs from seed base 41 (`--seed 41` reproduces them)",
+                "duration_s": 0.1,
+            },
+            {"name": "fpsan", "status": "passed", "detail": "bitwise identical", "duration_s": 0.2},
+        ],
+    )
     led.set_candidate_status(cand.id, "verified", verdict={"passed": True}, fpsan_equivalent=True)
     shape = "B=32,Hq=32,Hkv=8,D=128,block_size=16,ctx=8192"
     for label, ms, gr in (("baseline", 0.300, 0.2900), ("candidate", 0.200, 0.1934), ("anchor:sdpa", 0.250, None)):
-        led.record_bench(run_id=run.id, candidate_id=cand.id, label=label, op="decode_attention_int8", shape_key=shape,
-                         bucket="c8k-g4-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms, spread_ms=0.001,
-                         n_samples=5, graph_ms=gr, extra={"graph_spread_ms": 0.0005} if gr else None)
+        led.record_bench(
+            run_id=run.id,
+            candidate_id=cand.id,
+            label=label,
+            op="decode_attention_int8",
+            shape_key=shape,
+            bucket="c8k-g4-d128",
+            dtype="bfloat16",
+            gpu_name="NVIDIA H200",
+            median_ms=ms,
+            spread_ms=0.001,
+            n_samples=5,
+            graph_ms=gr,
+            extra={"graph_spread_ms": 0.0005} if gr else None,
+        )
     led.set_candidate_status(cand.id, "promoted")
-    led.record_promotion(run_id=run.id, op="decode_attention_int8", bucket="c8k-g4-d128", dtype="bfloat16",
-                         gpu_name="NVIDIA H200", candidate_id=cand.id, new_ms=0.2, old_ms=0.3, gain=0.333,
-                         spread=0.004, reason="33.3% faster than the incumbent", versions={})
+    led.record_promotion(
+        run_id=run.id,
+        op="decode_attention_int8",
+        bucket="c8k-g4-d128",
+        dtype="bfloat16",
+        gpu_name="NVIDIA H200",
+        candidate_id=cand.id,
+        new_ms=0.2,
+        old_ms=0.3,
+        gain=0.333,
+        spread=0.004,
+        reason="33.3% faster than the incumbent",
+        versions={},
+    )
     led.set_run_status(run.id, "finished", notes=json.dumps(notes) if notes is not None else None)
     return led, led.get_run(run.id), cand
 
@@ -192,10 +249,14 @@ def test_pr_shows_the_decode_step_effect_that_bench_model_measured(tmp_path):
     assert row[9] == F.fmt_x(serving["vs_torch"])
     assert "No decode-step measurement" not in md
     # the recorded seed reproduces the sanitizer's inputs; the serving file of this checkout is the kernel
-    serving_file = "kernels/serving/" + kernel_file_name("decode_attention_int8", "c8k-g4-d128", "bfloat16", "NVIDIA H200")
+    serving_file = "kernels/serving/" + kernel_file_name(
+        "decode_attention_int8", "c8k-g4-d128", "bfloat16", "NVIDIA H200"
+    )
     assert f"kernel-agent sanitize --op decode_attention_int8 {serving_file} --seed 41" in md
-    assert (f"kernel-agent bench --op decode_attention_int8 {serving_file} --shapes "
-            f"B=32,Hq=32,Hkv=8,D=128,block_size=16,ctx=8192 --dtype bfloat16") in md
+    assert (
+        f"kernel-agent bench --op decode_attention_int8 {serving_file} --shapes "
+        f"B=32,Hq=32,Hkv=8,D=128,block_size=16,ctx=8192 --dtype bfloat16"
+    ) in md
 
 
 def test_a_step_measured_without_the_kernel_says_so(tmp_path):
@@ -216,8 +277,9 @@ def test_a_step_measured_without_the_kernel_says_so(tmp_path):
 
 
 def _git(cwd, *args):
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
+    env = dict(
+        os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t"
+    )
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
@@ -242,10 +304,12 @@ def _fake_gh(bindir, log, auth_rc=0):
     """A `gh` that records its arguments and answers `auth status` with auth_rc."""
     bindir.mkdir(exist_ok=True)
     gh = bindir / "gh"
-    gh.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                  f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                  f"if sys.argv[1:3] == ['auth', 'status']: sys.exit({auth_rc})\n"
-                  "print('https://github.com/o/r/pull/7')\n")
+    gh.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"if sys.argv[1:3] == ['auth', 'status']: sys.exit({auth_rc})\n"
+        "print('https://github.com/o/r/pull/7')\n"
+    )
     gh.chmod(0o755)
 
 
@@ -261,14 +325,29 @@ def _path_with_git(bindir):
 def test_pr_opens_the_pull_request_from_the_run_branch(tmp_path):
     run_id_branch = "kernel-agent/placeholder"
     repo, origin, base = _repo_with_run_branch(tmp_path, run_id_branch)
-    led, run, cand = _ledger_with_int8_promotion(tmp_path, notes={"elapsed_s": 1.0, "serving": {
-        "mode": "branch", "branch": run_id_branch, "repo": str(repo), "base": base, "commits": 1,
-        "serving_dir": "x", "source_dir": "x", "why": "git repository"}})
+    led, run, cand = _ledger_with_int8_promotion(
+        tmp_path,
+        notes={
+            "elapsed_s": 1.0,
+            "serving": {
+                "mode": "branch",
+                "branch": run_id_branch,
+                "repo": str(repo),
+                "base": base,
+                "commits": 1,
+                "serving_dir": "x",
+                "source_dir": "x",
+                "why": "git repository",
+            },
+        },
+    )
     assert run_branch(run).branch == run_id_branch
     out, log, bindir = tmp_path / "pr", tmp_path / "gh.log", tmp_path / "bin"
     _fake_gh(bindir, log)
-    r = _cli(["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(out), "--open"],
-             env={"PATH": _path_with_git(bindir)})
+    r = _cli(
+        ["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(out), "--open"],
+        env={"PATH": _path_with_git(bindir)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     md = (out / "pr.md").read_text()
     assert f"**Branch:** `{run_id_branch}`, 1 commit on `{base[:12]}`" in md
@@ -282,18 +361,20 @@ def test_pr_opens_the_pull_request_from_the_run_branch(tmp_path):
     assert _git(origin, "rev-parse", run_id_branch) == base  # the branch was pushed before the PR was opened
 
 
-@pytest.mark.parametrize("auth_rc,why", [(None, "the GitHub CLI (gh) is not installed"),
-                                         (1, "gh is not signed in")])
+@pytest.mark.parametrize("auth_rc,why", [(None, "the GitHub CLI (gh) is not installed"), (1, "gh is not signed in")])
 def test_pr_open_without_a_usable_gh_prints_the_commands(tmp_path, auth_rc, why):
     branch = "kernel-agent/placeholder"
     repo, origin, base = _repo_with_run_branch(tmp_path, branch)
-    led, run, cand = _ledger_with_int8_promotion(tmp_path, notes={"serving": {
-        "mode": "branch", "branch": branch, "repo": str(repo), "base": base, "commits": 2}})
+    led, run, cand = _ledger_with_int8_promotion(
+        tmp_path, notes={"serving": {"mode": "branch", "branch": branch, "repo": str(repo), "base": base, "commits": 2}}
+    )
     bindir = tmp_path / "bin"
     if auth_rc is not None:
         _fake_gh(bindir, tmp_path / "gh.log", auth_rc)
-    r = _cli(["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(tmp_path / "pr"), "--open"],
-             env={"PATH": _path_with_git(bindir)})
+    r = _cli(
+        ["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(tmp_path / "pr"), "--open"],
+        env={"PATH": _path_with_git(bindir)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"not opened: {why}" in r.stdout
     assert f"  git push origin {branch}\n" in r.stdout
@@ -311,11 +392,14 @@ def test_pr_of_a_run_without_promotions_or_an_unknown_run(h200, tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == "kernel-agent: error: no run 'r-nope' in the ledger"
     (tmp_path / "bad.json").write_text("[1, 2")
     r = _cli(["pr", RUN, "--ledger", db, "--out", str(tmp_path / "x"), "--model-step", str(tmp_path / "bad.json")])
-    assert r.returncode == 2 and r.stderr.startswith("kernel-agent: error: --model-step") and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2 and r.stderr.startswith("kernel-agent: error: --model-step") and "Traceback" not in r.stderr
+    )
     assert not (tmp_path / "x").exists()
 
 
 # -- ci init ---------------------------------------------------------------------------------------
+
 
 def _actionlint():
     found = shutil.which("actionlint") or os.path.join(os.path.dirname(sys.executable), "actionlint")
@@ -330,8 +414,9 @@ def test_ci_init_writes_the_files_and_refuses_to_overwrite_them(tmp_path):
     assert wf.read_text() == ci_templates.WORKFLOW and pc.read_text() == ci_templates.pre_commit_text()
     wf.write_text("# ours\n")
     r = _cli(["ci", "init", "--dir", str(tmp_path)])
-    assert r.returncode == 2 and r.stderr.strip() == (f"kernel-agent: error: {wf} exists: pass --force to overwrite "
-                                                      f"them")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"kernel-agent: error: {wf} exists: pass --force to overwrite them"
+    )
     assert wf.read_text() == "# ours\n"  # nothing written, not even the other one
     r = _cli(["ci", "init", "--dir", str(tmp_path), "--force"])
     assert r.returncode == 0 and wf.read_text() == ci_templates.WORKFLOW
@@ -355,8 +440,13 @@ def test_the_workflows_pass_actionlint(tmp_path, which):
         root = tmp_path
     else:
         root = ROOT
-    r = subprocess.run([binary, "-no-color", os.path.join(".github", "workflows", "kernel-agent.yml")], cwd=root,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [binary, "-no-color", os.path.join(".github", "workflows", "kernel-agent.yml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -373,8 +463,11 @@ def test_pre_commit_hooks_sanitize_each_changed_kernel_file_by_its_op(tmp_path):
         assert f"- id: {h.id}" in text and f"files: {json.dumps(h.files)}" in text
         assert f"entry: {json.dumps(h.entry)}" in text
     files = [f"kernels/serving/{n}" for n in os.listdir(os.path.join(ROOT, "kernels", "serving")) if n.endswith(".py")]
-    files += [f"kernels/baseline/{n}" for n in os.listdir(os.path.join(ROOT, "kernels", "baseline"))
-              if n.endswith(".py") and n != "__init__.py"]
+    files += [
+        f"kernels/baseline/{n}"
+        for n in os.listdir(os.path.join(ROOT, "kernels", "baseline"))
+        if n.endswith(".py") and n != "__init__.py"
+    ]
     files.append("kernels/serving/" + kernel_file_name("decode_attention", "c8k-g4-d128", "bfloat16", "NVIDIA H200"))
     for path in files:
         hooks = [h for h in ci_templates.HOOKS if re.search(h.files, path)]
@@ -388,7 +481,9 @@ def test_pre_commit_hooks_sanitize_each_changed_kernel_file_by_its_op(tmp_path):
     with open(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py")) as f:
         src = f.read()
     faulty = src.replace("q = tl.minimum(tl.maximum(q, -127), 127)", "q = tl.minimum(tl.maximum(q, -128), 127)")
-    faulty = faulty.replace("inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = tl.where(amax > 0, 128.0 / amax, 0.0)")
+    faulty = faulty.replace(
+        "inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = tl.where(amax > 0, 128.0 / amax, 0.0)"
+    )
     assert faulty != src
     d = tmp_path / "kernels" / "serving"
     d.mkdir(parents=True)

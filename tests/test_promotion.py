@@ -1,4 +1,5 @@
 """The promotion rule: gain must beat the measured noise plus a margin."""
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,10 @@ def test_over_shapes_promotes_a_consistent_win():
 
 
 def test_over_shapes_refuses_when_one_shape_regresses():
-    shapes = [(Timing(0.5, 0.005, 10), Timing(1.0, 0.005, 10)),  # 50% faster
-              (Timing(1.1, 0.005, 10), Timing(1.0, 0.005, 10))]  # 10% slower, noise 1%
+    shapes = [
+        (Timing(0.5, 0.005, 10), Timing(1.0, 0.005, 10)),  # 50% faster
+        (Timing(1.1, 0.005, 10), Timing(1.0, 0.005, 10)),
+    ]  # 10% slower, noise 1%
     d = decide_over_shapes(shapes, sanitizer_passed=True, labels=["T=4", "T=8"])
     assert not d.promote and "slower than the incumbent on T=8" in d.reason
     # a shape slower only within its own noise does not block the bucket
@@ -103,6 +106,7 @@ def test_over_shapes_aggregate_within_noise_is_refused():
 def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
     from kernel_agent.harness.bench_records import Measurement
     from kernel_agent.harness.promotion import judged_pair
+
     ev = {"label": "k", "median_ms": 0.10, "spread_ms": 0.002, "n": 5}
     cand = dict(ev, graph_ms=0.040, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
     inc = dict(ev, median_ms=0.08, graph_ms=0.044, graph_spread_ms=0.0002, graph_rounds=[0.044] * 5)
@@ -125,12 +129,29 @@ def test_bench_processes_merge_into_a_spread_that_covers_both():
         return merge_processes([ShapeResult.from_json(d) for d in docs]).measurements
 
     def res(med, rounds, graph=None):
-        m = {"label": "baseline", "median_ms": med, "spread_ms": REPRO_FLOOR * med, "n": len(rounds),
-             "rounds": rounds, "tbps": 4.0 * 1.0 / med, "fraction_of_ceiling": 0.9 / med, "implausible": False,
-             "note": "", "error": "", "graph_rounds": graph or [], "graph_ms": (sorted(graph)[len(graph) // 2]
-                                                                               if graph else None)}
-        return {"op": "decode_attention", "shape": "s", "bucket": "b", "dtype": "bfloat16", "gpu": "g",
-                "measurements": [m]}
+        m = {
+            "label": "baseline",
+            "median_ms": med,
+            "spread_ms": REPRO_FLOOR * med,
+            "n": len(rounds),
+            "rounds": rounds,
+            "tbps": 4.0 * 1.0 / med,
+            "fraction_of_ceiling": 0.9 / med,
+            "implausible": False,
+            "note": "",
+            "error": "",
+            "graph_rounds": graph or [],
+            "graph_ms": (sorted(graph)[len(graph) // 2] if graph else None),
+        }
+        return {
+            "op": "decode_attention",
+            "shape": "s",
+            "bucket": "b",
+            "dtype": "bfloat16",
+            "gpu": "g",
+            "measurements": [m],
+        }
+
     one = res(1.000, [0.999, 1.000, 1.001], graph=[0.50, 0.50, 0.50])
     two = res(1.020, [1.019, 1.020, 1.021], graph=[0.51, 0.51, 0.51])
     [m] = merged(one, two)
@@ -161,6 +182,7 @@ def test_the_balanced_median_weighs_every_position_of_the_order_alike():
     """A kernel timed slower right after itself than after another one has rounds in two modes, one per
     position; the plain median of an odd count lands on whichever mode has one round more."""
     from kernel_agent.harness.bench import _rotation, balanced_median
+
     rounds = [0.93, 1.03, 0.94, 1.04, 0.95, 1.05, 0.96]  # positions 1, 0, 1, 0, ...: four fast, three slow
     positions = [1, 0, 1, 0, 1, 0, 1]
     assert statistics.median(rounds) == 0.96  # the fast mode's edge
@@ -178,10 +200,13 @@ def test_the_sessions_whose_plain_medians_disagreed_agree_position_balanced():
     recorded before rounds carried their positions, which the rotation restores): the plain medians
     are 9% apart, more than the 5% run-to-run floor; the position-balanced ones are within it."""
     from kernel_agent.harness.bench import RUN_TO_RUN_FLOOR, restore_positions
+
     plain, balanced = [], []
     for run in (8, 9):
         data = json.loads((ROOT / f"results/h200/bench_run{run}.json").read_text())
-        [res] = [r for r in data["results"] if r["op"] == "attention" and r["shape"].endswith("Hkv=32,S=4096,D=128,causal")]
+        [res] = [
+            r for r in data["results"] if r["op"] == "attention" and r["shape"].endswith("Hkv=32,S=4096,D=128,causal")
+        ]
         plain.append(next(m for m in res["measurements"] if m["label"] == "anchor:sdpa")["median_ms"])
         m = next(m for m in restore_positions(res)["measurements"] if m["label"] == "anchor:sdpa")
         assert m["positions"] == [1, 0] * 4  # second after the baseline in even rounds, first in odd ones
@@ -199,10 +224,19 @@ def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
     from kernel_agent.harness.bench_records import Measurement, ShapeResult
 
     def m(ms, spread, kind, graph=None, label="baseline"):
-        return Measurement.from_json({"label": label, "median_ms": ms, "spread_ms": spread, "n": 3,
-                                      "ceiling_kind": kind, "graph_ms": graph,
-                                      "graph_spread_ms": 0.0001 if graph else None,
-                                      "graph_rounds": [graph] * 5 if graph else []})
+        return Measurement.from_json(
+            {
+                "label": label,
+                "median_ms": ms,
+                "spread_ms": spread,
+                "n": 3,
+                "ceiling_kind": kind,
+                "graph_ms": graph,
+                "graph_spread_ms": 0.0001 if graph else None,
+                "graph_rounds": [graph] * 5 if graph else [],
+            }
+        )
+
     ms, spread, kind = reported_time(m(2.0, 0.001, "compute"))
     assert (ms, kind) == (2.0, "event") and spread == pytest.approx(RUN_TO_RUN_FLOOR["compute"] * 2.0)
     assert reported_time(m(2.0, 0.001, "memory"))[1] == pytest.approx(RUN_TO_RUN_FLOOR["memory"] * 2.0)
@@ -221,17 +255,31 @@ def test_foundation_table_agreement_judges_like_the_rule():
     """Two runs agree on a small kernel by its graph replays even when its event times (host-bound) differ;
     a large kernel that moved beyond the floor does not agree."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("foundation_table", ROOT / "scripts" / "foundation_table.py")
     ft = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ft)
 
     def doc(small_event, large):
         def m(label, ms, graph=None):
-            return {"label": label, "median_ms": ms, "spread_ms": 0.005 * ms, "n": 3, "ceiling_kind": "compute",
-                    "graph_ms": graph, "graph_spread_ms": 0.005 * graph if graph else None,
-                    "graph_rounds": [graph] * 5 if graph else []}
-        return {"results": [{"op": "matmul", "shape": "M=1", "measurements": [m("baseline", small_event, 0.040)]},
-                            {"op": "matmul", "shape": "M=8192", "measurements": [m("baseline", large)]}]}
+            return {
+                "label": label,
+                "median_ms": ms,
+                "spread_ms": 0.005 * ms,
+                "n": 3,
+                "ceiling_kind": "compute",
+                "graph_ms": graph,
+                "graph_spread_ms": 0.005 * graph if graph else None,
+                "graph_rounds": [graph] * 5 if graph else [],
+            }
+
+        return {
+            "results": [
+                {"op": "matmul", "shape": "M=1", "measurements": [m("baseline", small_event, 0.040)]},
+                {"op": "matmul", "shape": "M=8192", "measurements": [m("baseline", large)]},
+            ]
+        }
+
     rows = ft.agreement(doc(0.05, 1.60), doc(0.09, 1.75))
     assert [(r[0][2], r[4]) for r in rows] == [("baseline (graph)", True), ("baseline", False)]
 
@@ -240,6 +288,7 @@ def _judge(doc, shapes):
     """The rule over a benchmark child's document, read as the parent reads it."""
     from kernel_agent.harness.bench_records import BenchOutcome
     from kernel_agent.harness.promotion import judge_benchmark
+
     return judge_benchmark(BenchOutcome.from_json(doc), shapes)
 
 
@@ -256,8 +305,18 @@ def test_a_benchmark_document_that_is_not_one_is_an_error_not_a_crash():
 def test_judge_benchmark_over_a_bucket():
 
     def m(label, ms, **kw):
-        return dict({"label": label, "median_ms": ms, "spread_ms": 0.001, "n": 5, "fraction_of_ceiling": 0.5,
-                     "implausible": False, "error": ""}, **kw)
+        return dict(
+            {
+                "label": label,
+                "median_ms": ms,
+                "spread_ms": 0.001,
+                "n": 5,
+                "fraction_of_ceiling": 0.5,
+                "implausible": False,
+                "error": "",
+            },
+            **kw,
+        )
 
     def res(shape, cand, inc=1.0, **kw):
         return {"shape": shape, "measurements": [m("incumbent", inc), m("candidate", cand, **kw), m("anchor:x", 0.1)]}
@@ -269,17 +328,34 @@ def test_judge_benchmark_over_a_bucket():
     bad = _judge({"results": [res("a", 0.8, error="wrong result on the device")]}, ["a"])
     assert bad.error == "a: wrong result on the device" and bad.decision is None
     assert _judge({"results": [], "error": "benchmark timed out after 900s"}, ["a"]).error.startswith(
-        "benchmark timed out")
-    stale = _judge({"results": [res("a", 0.5, timed_checks=[
-        {"call": 3, "ok": True, "detail": ""}, {"call": 41, "ok": False, "detail": "output: 9 element(s) outside"}])]},
-        ["a"])  # right on the probe, wrong on a timed call (a cache, a reused output block): refused, not timed
-    assert stale.decision is None and stale.error.startswith("a: candidate: output of timed call 41 differs from the "
-                                                             "reference: output: 9 element(s) outside"), stale.error
+        "benchmark timed out"
+    )
+    stale = _judge(
+        {
+            "results": [
+                res(
+                    "a",
+                    0.5,
+                    timed_checks=[
+                        {"call": 3, "ok": True, "detail": ""},
+                        {"call": 41, "ok": False, "detail": "output: 9 element(s) outside"},
+                    ],
+                )
+            ]
+        },
+        ["a"],
+    )  # right on the probe, wrong on a timed call (a cache, a reused output block): refused, not timed
+    assert stale.decision is None and stale.error.startswith(
+        "a: candidate: output of timed call 41 differs from the reference: output: 9 element(s) outside"
+    ), stale.error
     fake = _judge({"results": [res("a", 0.5, implausible=True)]}, ["a"])
     assert not fake.decision.promote and "implausible" in fake.decision.reason
     g = dict(graph_ms=0.04, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
-    small = {"results": [{"shape": "a", "measurements": [m("incumbent", 0.05, **dict(g, graph_ms=0.05)),
-                                                          m("candidate", 0.09, **g)]}]}
+    small = {
+        "results": [
+            {"shape": "a", "measurements": [m("incumbent", 0.05, **dict(g, graph_ms=0.05)), m("candidate", 0.09, **g)]}
+        ]
+    }
     j = _judge(small, ["a"])  # slower by events (host overhead), faster as graph replays
     assert j.kinds == ["graph"] and j.decision.promote and j.decision.reason.endswith("(CUDA-graph replay times)")
 
@@ -295,8 +371,15 @@ def test_a_benchmark_raced_out_at_a_refusing_shape_is_judged_on_what_was_timed()
         return refused_at(ShapeResult.from_json(doc))
 
     def m(label, ms, spread=0.001, n=5):
-        return {"label": label, "median_ms": ms, "spread_ms": spread, "n": n, "fraction_of_ceiling": 0.5,
-                "implausible": False, "error": ""}
+        return {
+            "label": label,
+            "median_ms": ms,
+            "spread_ms": spread,
+            "n": n,
+            "fraction_of_ceiling": 0.5,
+            "implausible": False,
+            "error": "",
+        }
 
     def res(shape, cand, **kw):
         return {"shape": shape, "measurements": [m("incumbent", 1.0), m("candidate", cand, **kw)]}
@@ -306,8 +389,10 @@ def test_a_benchmark_raced_out_at_a_refusing_shape_is_judged_on_what_was_timed()
     slower = refused_here(res("a", 1.2))
     assert "slower than the incumbent on a" in slower
     assert "fewer than" in refused_here(res("a", 0.5, n=2))  # too few samples refuses on its own too
-    assert refused_here({"shape": "a", "measurements": [m("incumbent", 1.0),
-                                                        dict(m("candidate", 9.0), error="fault")]}) == ""
+    assert (
+        refused_here({"shape": "a", "measurements": [m("incumbent", 1.0), dict(m("candidate", 9.0), error="fault")]})
+        == ""
+    )
     raced = {"results": [res("a", 0.8), res("b", 1.2)], "raced_out": {"shape": "b", "reason": slower}}
     j = _judge(raced, ["a", "b", "c", "d"])
     assert not j.error and not j.decision.promote
@@ -323,8 +408,11 @@ def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible()
     cannot time; graph capture names it, and that is a verdict, not a timing note (the GPU test
     tests/test_gpu.py::test_bench_is_not_fooled_by_work_on_another_stream runs the real thing)."""
     from kernel_agent.harness.bench import Contender, Measurement, _graph_failed
-    unjoined = RuntimeError("CUDA error: operation failed due to a previous error during capture\n"
-                            "capturing stream has unjoined work (cudaErrorStreamCaptureUnjoined)")
+
+    unjoined = RuntimeError(
+        "CUDA error: operation failed due to a previous error during capture\n"
+        "capturing stream has unjoined work (cudaErrorStreamCaptureUnjoined)"
+    )
     m = Measurement("candidate", 0.02, 0.001, 3, [0.02] * 3)
     _graph_failed(m, Contender("candidate", lambda: None), unjoined)
     assert m.implausible and "not joined back" in m.note
@@ -332,20 +420,37 @@ def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible()
     _graph_failed(a, Contender("anchor:x", lambda: None, is_anchor=True), unjoined)
     assert not a.implausible and "not joined back" in a.note  # an anchor is reported, never judged
     other = Measurement("candidate", 0.02, 0.001, 3, [0.02] * 3)
-    _graph_failed(other, Contender("candidate", lambda: None), RuntimeError("operation not permitted when "
-                                                                             "stream is capturing: .item()"))
+    _graph_failed(
+        other,
+        Contender("candidate", lambda: None),
+        RuntimeError("operation not permitted when stream is capturing: .item()"),
+    )
     assert not other.implausible and "CUDA graph timing failed" in other.note
 
 
 def test_bench_table_prints_the_reported_figure(capsys):
     """`bench`'s table (no GPU needed to print one): the within-run spread and the figure as reported."""
     from kernel_agent.agent.commands import print_bench
-    m = {"label": "baseline", "median_ms": 0.09, "spread_ms": 0.0005, "n": 3, "ceiling_kind": "memory",
-         "graph_ms": 0.04, "graph_spread_ms": 0.0002, "graph_rounds": [0.04] * 5, "tbps": 3.0,
-         "fraction_of_ceiling": 0.7}
+
+    m = {
+        "label": "baseline",
+        "median_ms": 0.09,
+        "spread_ms": 0.0005,
+        "n": 3,
+        "ceiling_kind": "memory",
+        "graph_ms": 0.04,
+        "graph_spread_ms": 0.0002,
+        "graph_rounds": [0.04] * 5,
+        "tbps": 3.0,
+        "fraction_of_ceiling": 0.7,
+    }
     a = dict(m, label="anchor:torch.compile", median_ms=0.1, graph_ms=0.05, tbps=2.7, fraction_of_ceiling=0.63)
-    print_bench({"results": [{"op": "quantize_kv", "shape": "T=8,H=2,D=16", "dtype": "bfloat16",
-                              "measurements": [m, a]}], "errors": []})
+    print_bench(
+        {
+            "results": [{"op": "quantize_kv", "shape": "T=8,H=2,D=16", "dtype": "bfloat16", "measurements": [m, a]}],
+            "errors": [],
+        }
+    )
     out = capsys.readouterr().out
     assert "reported (run to run)" in out and "0.0400 ±0.0016 graph" in out and "±0.0005" in out
 
@@ -354,6 +459,7 @@ def test_the_ceiling_bound_holds_graph_replays_to_memory_only_beyond_l2():
     """A graph replay does not flush L2, so data that fits there may be read faster than DRAM copies; the
     compute bound holds for every timing."""
     from kernel_agent.harness.bench import Ceilings, _beyond_ceilings
+
     c = Ceilings("g", copy_tbps=4.0, bf16_tflops=700.0, measured_at="")
     fast_read = dict(ms=0.005, flops=0.0, nbytes=1e8)  # 20 TB/s: over twice the copy rate
     assert _beyond_ceilings(**fast_read, ceilings=c)  # events, L2 flushed
@@ -369,6 +475,7 @@ def test_a_kernel_with_a_round_under_the_graph_line_is_graph_timed_whatever_its_
     host time lifted the median over 0.2 ms and the kernel was judged on those rounds, never replayed
     as a graph. Its fastest round says it is small."""
     from kernel_agent.harness.bench import GRAPH_BELOW_MS, Measurement, is_small
+
     bimodal = [0.23206, 0.22384, 0.23917, 0.24512, 0.24504, 0.14832, 0.14733, 0.14731]
     assert sorted(bimodal)[len(bimodal) // 2] > GRAPH_BELOW_MS  # a median-based rule would skip the replays
     assert is_small(Measurement("baseline", 0.21085, 0.0463, 8, bimodal))
@@ -385,13 +492,18 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
     from kernel_agent.harness.bench_records import BenchSpec
     from kernel_agent.harness.bench_worker import _contenders
     from kernel_agent.sanitizer.canonical import canonical_source
+
     monkeypatch.setenv("KA_SANDBOX_SCRATCH", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
     src = (ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text()
     cand = tmp_path / "cand.py"
     cand.write_text("# a comment the canonical text drops\n" + src)
-    spec = BenchSpec.from_json({"op": "quantize_kv", "kernels": [{"label": "incumbent", "file": None},
-                                                                 {"label": "candidate", "file": str(cand)}]})
+    spec = BenchSpec.from_json(
+        {
+            "op": "quantize_kv",
+            "kernels": [{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(cand)}],
+        }
+    )
     baseline, timed = _contenders(spec)
     module = sys.modules[timed.fn.__module__]
     assert pathlib.Path(inspect.getsourcefile(module)).parent == tmp_path / "scratch"
@@ -409,6 +521,7 @@ def test_the_benchmark_times_no_file_that_is_not_the_judged_text(tmp_path, monke
     from kernel_agent.harness import bench_worker
     from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
     from kernel_agent.sanitizer.canonical import canonical_source, source_hash
+
     src = canonical_source((ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text())
     cand = tmp_path / "cand.py"
     cand.write_text(src)

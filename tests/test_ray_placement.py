@@ -2,6 +2,7 @@
 here with `ray start` (each node in a process group of its own, so a test can kill one node and nothing
 else), a short `kernel-agent run --cluster` on its CPUs with one node killed mid-task, and GPU placement
 on a third node that declares a GPU which tests/ray_fake_gpu.py stands in for."""
+
 import json
 import os
 import signal
@@ -48,14 +49,18 @@ def cluster():
     try:
         # a dead node is noticed after 5 missed health checks a second apart (default 3 s apart): the killed
         # node's stage comes back sooner; a slow but live node still answers, each check waits 10 s
-        c.start_head(["--num-cpus", "1", "--num-gpus", "0"],
-                     env={"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"})
+        c.start_head(
+            ["--num-cpus", "1", "--num-gpus", "0"],
+            env={"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"},
+        )
         c.wait_for(1, timeout=90, connect=True)  # this process calls Ray itself: it joins the cluster
         c.start("node2", ["--address", c.address, "--num-cpus", "1", "--num-gpus", "0"], env={"TMPDIR": c.node2_tmp})
         c.wait_for(2, timeout=90, connect=True)
         yield c
     finally:
-        for pid in _processes_under(c.node2_tmp):  # judges orphaned by the killed node (they run in sessions of their own)
+        for pid in _processes_under(
+            c.node2_tmp
+        ):  # judges orphaned by the killed node (they run in sessions of their own)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -69,10 +74,24 @@ def gpu_node(cluster):
     tasks are the fakes of tests/ray_fake_gpu.py."""
     if "node2" in cluster.nodes:  # (the run's test, which kills it, was not run)
         cluster.kill("node2")
-    cluster.start("gpu", ["--address", cluster.address, "--num-cpus", "1", "--num-gpus", "1",
-                          "--resources", json.dumps({"accelerator_type:H200": 1})],
-                  env={"KERNEL_AGENT_RAY_RUNNER": "ray_fake_gpu", "PYTHONPATH": os.path.join(ROOT, "tests"),
-                       "FAKE_GPU_LOG": cluster.gpu_log})
+    cluster.start(
+        "gpu",
+        [
+            "--address",
+            cluster.address,
+            "--num-cpus",
+            "1",
+            "--num-gpus",
+            "1",
+            "--resources",
+            json.dumps({"accelerator_type:H200": 1}),
+        ],
+        env={
+            "KERNEL_AGENT_RAY_RUNNER": "ray_fake_gpu",
+            "PYTHONPATH": os.path.join(ROOT, "tests"),
+            "FAKE_GPU_LOG": cluster.gpu_log,
+        },
+    )
     cluster.wait_for(2, gpus=1, timeout=90, connect=True)  # (the second node, killed by the run's test, gone)
     try:
         yield cluster
@@ -84,8 +103,14 @@ def _bench(tmp_path, sleep_s, text="# the candidate's text\n"):
     path = tmp_path / "cand.py"
     path.write_text(text)
     from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
-    spec = BenchSpec("quantize_kv", (), "bfloat16", (BenchKernel("incumbent"), BenchKernel("candidate", str(path))),
-                     seed=int(sleep_s * 1000))  # (tests/ray_fake_gpu.py sleeps `seed` ms)
+
+    spec = BenchSpec(
+        "quantize_kv",
+        (),
+        "bfloat16",
+        (BenchKernel("incumbent"), BenchKernel("candidate", str(path))),
+        seed=int(sleep_s * 1000),
+    )  # (tests/ray_fake_gpu.py sleeps `seed` ms)
     return BenchTask(spec)
 
 
@@ -102,8 +127,25 @@ def test_a_run_on_the_cluster_requeues_the_candidate_of_a_node_that_dies(cluster
     ends normally, that candidate's stage is queued again and runs on the node left, and each candidate
     is judged once: every check recorded once, nothing proposed twice."""
     db = tmp_path / "l.db"
-    args = ["run", "--cluster", cluster.address, "--ops", "quantize_kv", "--proposer", "search", "--candidates",
-            "2", "--per-round", "1", "--seed", "7", "--ledger", str(db), "--candidates-dir", str(tmp_path / "c")]
+    args = [
+        "run",
+        "--cluster",
+        cluster.address,
+        "--ops",
+        "quantize_kv",
+        "--proposer",
+        "search",
+        "--candidates",
+        "2",
+        "--per-round",
+        "1",
+        "--seed",
+        "7",
+        "--ledger",
+        str(db),
+        "--candidates-dir",
+        str(tmp_path / "c"),
+    ]
     out = open(tmp_path / "out.txt", "w+")
     proc = subprocess.Popen(CLI + args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -111,8 +153,11 @@ def test_a_run_on_the_cluster_requeues_the_candidate_of_a_node_that_dies(cluster
         on_node2 = []
         while time.time() < deadline and proc.poll() is None and not on_node2:
             time.sleep(0.3)
-            on_node2 = [pid for pid in _processes_under(cluster.node2_tmp)
-                        if b"kernel_agent.sanitizer.worker" in open(f"/proc/{pid}/cmdline", "rb").read()]
+            on_node2 = [
+                pid
+                for pid in _processes_under(cluster.node2_tmp)
+                if b"kernel_agent.sanitizer.worker" in open(f"/proc/{pid}/cmdline", "rb").read()
+            ]
         assert on_node2, "no task reached the second node"
         cmd = open(f"/proc/{on_node2[0]}/cmdline", "rb").read().decode().split("\0")
         judged_there = os.path.basename(cmd[cmd.index("--file") + 1])  # <label>-<hash>.py
@@ -140,8 +185,14 @@ def test_a_run_on_the_cluster_requeues_the_candidate_of_a_node_that_dies(cluster
 
 # (the run with a node killed comes first: the GPU node joins after it, so that run has no GPU)
 
+
 def test_the_run_uses_the_gpus_of_one_model():
-    nodes = [Node("a", "", 8, 4, "H200"), Node("b", "", 8, 8, "A100"), Node("c", "", 8, 2, "H200"), Node("d", "", 4, 0, None)]
+    nodes = [
+        Node("a", "", 8, 4, "H200"),
+        Node("b", "", 8, 8, "A100"),
+        Node("c", "", 8, 2, "H200"),
+        Node("d", "", 4, 0, None),
+    ]
     assert choose_gpu_model(nodes) == "A100"  # the model with the most GPUs
     assert choose_gpu_model(nodes, "H200") == "H200"
     with pytest.raises(ValueError, match="no node of the cluster has a B200"):

@@ -1,4 +1,5 @@
 """What reviewers and CI touch: `gate`, `report`, `history`, `show`, and the CLI's error paths."""
+
 import json
 import os
 import sqlite3
@@ -19,8 +20,9 @@ GOOD = os.path.join(ROOT, "tests", "candidates", "good", "quantize_kv", "evict_f
 
 
 def _run(args, env=None):
-    return subprocess.run(CLI + args, capture_output=True, text=True, cwd=ROOT, timeout=900,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        CLI + args, capture_output=True, text=True, cwd=ROOT, timeout=900, env=dict(os.environ, **(env or {}))
+    )
 
 
 def _serving_set(tmp_path, extra_source=None):
@@ -28,11 +30,11 @@ def _serving_set(tmp_path, extra_source=None):
     d.mkdir()
     (d / "manifest.json").write_text('{"version": 1, "entries": []}')
     with open(GOOD) as f:
-        serving.install("quantize_kv", "tlarge-d128", "bfloat16", "NVIDIA H200", f.read(), 1, 0.1, "test", {},
-                        dir=d)
+        serving.install("quantize_kv", "tlarge-d128", "bfloat16", "NVIDIA H200", f.read(), 1, 0.1, "test", {}, dir=d)
     if extra_source is not None:
-        serving.install("quantize_kv", "tsmall-d128", "bfloat16", "NVIDIA H200", extra_source, 2, 0.2, "slipped in", {},
-                        dir=d)
+        serving.install(
+            "quantize_kv", "tsmall-d128", "bfloat16", "NVIDIA H200", extra_source, 2, 0.2, "slipped in", {}, dir=d
+        )
     return d
 
 
@@ -40,8 +42,20 @@ def test_gate_passes_on_a_real_serving_set(tmp_path):
     d = _serving_set(tmp_path)
     summary = tmp_path / "summary.md"
     step = tmp_path / "step.md"
-    r = _run(["gate", "--serving-dir", str(d), "--quick", "--no-baselines", "--junit", str(tmp_path / "j.xml"),
-              "--summary", str(summary)], env={"GITHUB_STEP_SUMMARY": str(step)})
+    r = _run(
+        [
+            "gate",
+            "--serving-dir",
+            str(d),
+            "--quick",
+            "--no-baselines",
+            "--junit",
+            str(tmp_path / "j.xml"),
+            "--summary",
+            str(summary),
+        ],
+        env={"GITHUB_STEP_SUMMARY": str(step)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "gate PASSED" in r.stdout and "passed" in summary.read_text()
     assert step.read_text() == summary.read_text()
@@ -52,12 +66,25 @@ def test_gate_fails_loudly_on_a_faulty_kernel_slipped_in_by_hand(tmp_path):
     with open(os.path.join(BASELINE, "quantize_kv.py")) as f:
         src = f.read()
     faulty = src.replace("q = tl.minimum(tl.maximum(q, -127), 127)", "q = tl.minimum(tl.maximum(q, -128), 127)")
-    faulty = faulty.replace("inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = tl.where(amax > 0, 128.0 / amax, 0.0)")
+    faulty = faulty.replace(
+        "inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = tl.where(amax > 0, 128.0 / amax, 0.0)"
+    )
     assert faulty != src
     d = _serving_set(tmp_path, faulty)
     summary = tmp_path / "summary.md"
-    r = _run(["gate", "--serving-dir", str(d), "--quick", "--no-baselines", "--junit", str(tmp_path / "j.xml"),
-              "--summary", str(summary)])
+    r = _run(
+        [
+            "gate",
+            "--serving-dir",
+            str(d),
+            "--quick",
+            "--no-baselines",
+            "--junit",
+            str(tmp_path / "j.xml"),
+            "--summary",
+            str(summary),
+        ]
+    )
     assert r.returncode == 1
     assert "gate FAILED" in r.stdout and "FAIL" in r.stdout and "tsmall-d128" in r.stdout
     md = summary.read_text()
@@ -87,27 +114,62 @@ def test_gate_reports_a_missing_serving_file(tmp_path):
 
 # -- report --------------------------------------------------------------------------------
 
+
 def _ledger_with_a_promotion(tmp_path):
     led = Ledger(tmp_path / "l.db")
-    run = led.start_run({"ops": ["quantize_kv"]}, {"torch": "2.11.0", "triton": "3.6.0", "driver": "580",
-                                                     "cuda": "13.0", "python": "3.12"}, "search", ["quantize_kv"],
-                        "NVIDIA H200", {})
+    run = led.start_run(
+        {"ops": ["quantize_kv"]},
+        {"torch": "2.11.0", "triton": "3.6.0", "driver": "580", "cuda": "13.0", "python": "3.12"},
+        "search",
+        ["quantize_kv"],
+        "NVIDIA H200",
+        {},
+    )
     with open(GOOD) as f:
         src = f.read()
     cand, _ = led.add_candidate("quantize_kv", src, "search", run.id, label="evict-first")
-    led.record_checks(cand.id, "full", [{"name": "static_gate", "status": "passed", "detail": "ok", "duration_s": 0.1},
-                                        {"name": "fpsan", "status": "passed", "detail": "bitwise identical",
-                                         "duration_s": 0.2}])
-    led.set_candidate_status(cand.id, "verified", verdict={"passed": True, "fpsan_detail": "bitwise identical"},
-                             fpsan_equivalent=True)
+    led.record_checks(
+        cand.id,
+        "full",
+        [
+            {"name": "static_gate", "status": "passed", "detail": "ok", "duration_s": 0.1},
+            {"name": "fpsan", "status": "passed", "detail": "bitwise identical", "duration_s": 0.2},
+        ],
+    )
+    led.set_candidate_status(
+        cand.id, "verified", verdict={"passed": True, "fpsan_detail": "bitwise identical"}, fpsan_equivalent=True
+    )
     for label, ms in (("baseline", 0.0570), ("candidate", 0.0500), ("anchor:torch.compile", 0.0691)):
-        led.record_bench(run_id=run.id, candidate_id=cand.id, label=label, op="quantize_kv", shape_key="T=65536,H=8,D=128",
-                         bucket="tlarge-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms, spread_ms=0.0001,
-                         n_samples=5, fraction_of_ceiling=0.84, ceiling_kind="memory")
+        led.record_bench(
+            run_id=run.id,
+            candidate_id=cand.id,
+            label=label,
+            op="quantize_kv",
+            shape_key="T=65536,H=8,D=128",
+            bucket="tlarge-d128",
+            dtype="bfloat16",
+            gpu_name="NVIDIA H200",
+            median_ms=ms,
+            spread_ms=0.0001,
+            n_samples=5,
+            fraction_of_ceiling=0.84,
+            ceiling_kind="memory",
+        )
     led.set_candidate_status(cand.id, "benchmarked")
-    led.record_promotion(run_id=run.id, op="quantize_kv", bucket="tlarge-d128", dtype="bfloat16",
-                         gpu_name="NVIDIA H200", candidate_id=cand.id, new_ms=0.05, old_ms=0.057, gain=0.12,
-                         spread=0.004, reason="12.3% faster than the incumbent", versions={"torch": "2.11.0"})
+    led.record_promotion(
+        run_id=run.id,
+        op="quantize_kv",
+        bucket="tlarge-d128",
+        dtype="bfloat16",
+        gpu_name="NVIDIA H200",
+        candidate_id=cand.id,
+        new_ms=0.05,
+        old_ms=0.057,
+        gain=0.12,
+        spread=0.004,
+        reason="12.3% faster than the incumbent",
+        versions={"torch": "2.11.0"},
+    )
     return led, run, cand
 
 
@@ -115,9 +177,19 @@ def test_report_is_pull_request_ready(tmp_path):
     led, run, cand = _ledger_with_a_promotion(tmp_path)
     path = write_report(led, run, str(tmp_path / "report"))
     md = open(path).read()
-    for needle in (f"# kernel-agent run `{run.id}`", "## Promoted: `quantize_kv`", "| T=65536,H=8,D=128 |",
-                   "| 1.140x | 1.382x |", "Replaces the baseline: **1.140x** (12.3% less time)", "**FpSan-equivalent**", "| full | fpsan | passed |", "```diff",
-                   "eviction_policy='evict_first'", "torch 2.11.0", "![speedup per shape](speedup.png)"):
+    for needle in (
+        f"# kernel-agent run `{run.id}`",
+        "## Promoted: `quantize_kv`",
+        "| T=65536,H=8,D=128 |",
+        "| 1.140x | 1.382x |",
+        "Replaces the baseline: **1.140x** (12.3% less time)",
+        "**FpSan-equivalent**",
+        "| full | fpsan | passed |",
+        "```diff",
+        "eviction_policy='evict_first'",
+        "torch 2.11.0",
+        "![speedup per shape](speedup.png)",
+    ):
         assert needle in md, needle
     for png in ("speedup.png", "progress.png"):
         with open(tmp_path / "report" / png, "rb") as f:
@@ -128,11 +200,26 @@ def test_report_timings_are_the_judged_graph_times_of_small_kernels(tmp_path):
     """Small kernels were judged on CUDA-graph replays: the report shows those, not the event times the
     host's launch overhead inflates (on the H200 an event reading once showed a promoted kernel slower)."""
     led, run, cand = _ledger_with_a_promotion(tmp_path)
-    for label, ev, gr in (("baseline", 0.1183, 0.0699), ("candidate", 0.1366, 0.0657),
-                          ("anchor:torch.compile", 0.0536, 0.0573)):
-        led.record_bench(run_id=run.id, candidate_id=cand.id, label=label, op="quantize_kv", shape_key="T=1024,H=8,D=128",
-                         bucket="tlarge-d128", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ev,
-                         spread_ms=0.02, n_samples=5, graph_ms=gr, extra={"graph_spread_ms": 0.0004})
+    for label, ev, gr in (
+        ("baseline", 0.1183, 0.0699),
+        ("candidate", 0.1366, 0.0657),
+        ("anchor:torch.compile", 0.0536, 0.0573),
+    ):
+        led.record_bench(
+            run_id=run.id,
+            candidate_id=cand.id,
+            label=label,
+            op="quantize_kv",
+            shape_key="T=1024,H=8,D=128",
+            bucket="tlarge-d128",
+            dtype="bfloat16",
+            gpu_name="NVIDIA H200",
+            median_ms=ev,
+            spread_ms=0.02,
+            n_samples=5,
+            graph_ms=gr,
+            extra={"graph_spread_ms": 0.0004},
+        )
     md = open(write_report(led, run, str(tmp_path / "report"))).read()
     assert f"| T=1024,H=8,D=128 | candidate #{cand.id} | 0.06570 | 0.00040 | graph | 1.064x |" in md
     assert "| T=1024,H=8,D=128 | baseline | 0.06990 | 0.00040 | graph |" in md
@@ -164,21 +251,25 @@ def test_report_history_and_show_commands(tmp_path):
 
 # -- error paths ---------------------------------------------------------------------------
 
+
 def test_bench_without_a_gpu_says_so_and_exits_nonzero():
     r = _run(["bench", "--op", "matmul"], env={"TRITON_INTERPRET": "1"})
     assert r.returncode == 2 and "need a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["show", "r-nope"], "no run or candidate"),
-    (["show", "999"], "no candidate 999"),
-    (["run", "--resume", "r-nope"], "no run"),
-    (["run", "--ops", "conv2d"], "unknown op"),
-    (["run", "--time-limit", "soon"], "bad duration"),
-    (["history", "--leaderboard"], "need --op"),
-    (["report", "r-nope"], "no run"),
-    (["demote", "--op", "matmul", "--bucket", "nope", "--reason", "x", "--gpu", "cpu"], "nothing serves"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["show", "r-nope"], "no run or candidate"),
+        (["show", "999"], "no candidate 999"),
+        (["run", "--resume", "r-nope"], "no run"),
+        (["run", "--ops", "conv2d"], "unknown op"),
+        (["run", "--time-limit", "soon"], "bad duration"),
+        (["history", "--leaderboard"], "need --op"),
+        (["report", "r-nope"], "no run"),
+        (["demote", "--op", "matmul", "--bucket", "nope", "--reason", "x", "--gpu", "cpu"], "nothing serves"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     Ledger(tmp_path / "l.db").close()
     r = _run(args + ["--ledger", str(tmp_path / "l.db")])
@@ -186,12 +277,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     assert needle in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["history"], "no ledger at"),
-    (["show", "r-nope"], "no ledger at"),
-    (["report", "r-nope"], "no ledger at"),
-    (["history", "--op", "banana"], "unknown op 'banana'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["history"], "no ledger at"),
+        (["show", "r-nope"], "no ledger at"),
+        (["report", "r-nope"], "no ledger at"),
+        (["history", "--op", "banana"], "unknown op 'banana'"),
+    ],
+)
 def test_read_commands_refuse_a_ledger_that_is_not_there_and_an_unknown_op(tmp_path, args, needle):
     """A mistyped --ledger on a command that only reads must not create an empty ledger and its folders."""
     path = tmp_path / "typo" / "l.db"
@@ -202,14 +296,19 @@ def test_read_commands_refuse_a_ledger_that_is_not_there_and_an_unknown_op(tmp_p
 
 def test_version_and_a_closed_pipe(tmp_path):
     from kernel_agent import __version__
+
     r = _run(["--version"])
     assert r.returncode == 0 and r.stdout.strip() == f"kernel-agent {__version__}"
     led = Ledger(tmp_path / "l.db")
     for _ in range(1500):  # more than a pipe holds (64 KiB), so the writer meets the closed end
         led.start_run({}, {}, "search", ["matmul"], None, {})
     led.close()
-    p = subprocess.Popen(CLI + ["history", "--ledger", str(tmp_path / "l.db"), "--limit", "1500"], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        CLI + ["history", "--ledger", str(tmp_path / "l.db"), "--limit", "1500"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     p.stdout.readline()
     p.stdout.close()  # `| head -1`
     err = p.stderr.read().decode()
@@ -233,17 +332,33 @@ def test_a_ledger_from_a_newer_version_is_refused_not_touched(tmp_path):
 
 def test_trend_judges_small_kernels_on_graph_times_and_the_incumbent_beside_them(tmp_path):
     from kernel_agent.agent.review import speedup_trend
+
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["matmul"], "NVIDIA H200", {})
     cand, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
     led.set_candidate_status(cand.id, "benchmarked")
     # event times polluted by host launch overhead; the graph replays tell the truth
-    for label, cid, ms, graph in (("baseline", cand.id, 0.0870, 0.0434), ("baseline", None, 0.0509, 0.0436),
-                                  ("candidate", cand.id, 0.0600, 0.0420), ("anchor:torch.matmul", cand.id, 0.0445,
-                                                                          0.0339)):
-        led.record_bench(run_id=run.id, candidate_id=cid, label=label, op="matmul", shape_key="M=1,N=8192,K=8192",
-                         bucket="m1-klarge", dtype="bfloat16", gpu_name="NVIDIA H200", median_ms=ms,
-                         spread_ms=0.0002, n_samples=5, graph_ms=graph, extra={"graph_spread_ms": 0.0002})
+    for label, cid, ms, graph in (
+        ("baseline", cand.id, 0.0870, 0.0434),
+        ("baseline", None, 0.0509, 0.0436),
+        ("candidate", cand.id, 0.0600, 0.0420),
+        ("anchor:torch.matmul", cand.id, 0.0445, 0.0339),
+    ):
+        led.record_bench(
+            run_id=run.id,
+            candidate_id=cid,
+            label=label,
+            op="matmul",
+            shape_key="M=1,N=8192,K=8192",
+            bucket="m1-klarge",
+            dtype="bfloat16",
+            gpu_name="NVIDIA H200",
+            median_ms=ms,
+            spread_ms=0.0002,
+            n_samples=5,
+            graph_ms=graph,
+            extra={"graph_spread_ms": 0.0002},
+        )
     [t] = speedup_trend(led, "matmul", [led.get_run(run.id)])
     assert t.speedup == pytest.approx(0.0434 / 0.0420)  # not 0.0509 / 0.0600 nor 0.0870 / 0.0600
     assert t.best.candidate_id == cand.id and t.best.clocks == "graph"
@@ -252,8 +367,14 @@ def test_trend_judges_small_kernels_on_graph_times_and_the_incumbent_beside_them
 
 def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_") and k != "KERNEL_AGENT_MODEL"}
-    r = subprocess.run(CLI + ["run", "--model", "x", "--ledger", str(tmp_path / "l.db")], capture_output=True,
-                       text=True, cwd=ROOT, timeout=300, env=env)
+    r = subprocess.run(
+        CLI + ["run", "--model", "x", "--ledger", str(tmp_path / "l.db")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 2 and "no endpoint" in r.stderr and r.stderr.count("\n") == 1, r.stdout + r.stderr
     assert not (tmp_path / "l.db").exists()  # nothing was recorded
 
@@ -261,9 +382,12 @@ def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path
 def test_usage_errors_come_before_torch_is_imported():
     from kernel_agent.agent.cli_common import OP_NAMES
     from kernel_agent.harness.ops import OPS
+
     assert tuple(OPS) == OP_NAMES
-    code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
-            "print(rc, 'torch' in sys.modules)")
+    code = (
+        "import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
+        "print(rc, 'torch' in sys.modules)"
+    )
     for args in (["run", "--ops", "conv2d"], ["run", "--time-limit", "soon"], ["history", "--op", "banana"]):
         r = subprocess.run([sys.executable, "-c", code] + args, capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.stdout.split() == ["2", "False"], (args, r.stdout, r.stderr)
@@ -285,13 +409,25 @@ def test_terminal_tables_fit_the_width_and_never_cut_an_id(monkeypatch, width):
     from rich.console import Console
 
     from kernel_agent.agent import ui
+
     buf = io.StringIO()
-    monkeypatch.setattr(ui, "_console", Console(file=buf, force_terminal=True, width=width, color_system=None,
-                                                highlight=False))
+    monkeypatch.setattr(
+        ui, "_console", Console(file=buf, force_terminal=True, width=width, color_system=None, highlight=False)
+    )
     monkeypatch.delenv("TERM", raising=False)
-    rows = [["r20261201-225306-6fc2", "finished", "2026-12-01 22:53", "search",
-             "matmul, attention, decode_attention, quantize_kv", "12", "0", "NVIDIA H200"],
-            ["r20261201-225410-1631", "finished", "2026-12-01 22:54", "search", "quantize_kv", "4", "0", "cpu"]]
+    rows = [
+        [
+            "r20261201-225306-6fc2",
+            "finished",
+            "2026-12-01 22:53",
+            "search",
+            "matmul, attention, decode_attention, quantize_kv",
+            "12",
+            "0",
+            "NVIDIA H200",
+        ],
+        ["r20261201-225410-1631", "finished", "2026-12-01 22:54", "search", "quantize_kv", "4", "0", "cpu"],
+    ]
     ui.table("runs", ["run", "status", "started", "proposer", "ops", "candidates", "promoted", "gpu"], rows)
     lines = buf.getvalue().splitlines()
     assert all(len(ln) <= width for ln in lines)
@@ -306,14 +442,26 @@ def test_terminal_tables_fit_the_width_and_never_cut_an_id(monkeypatch, width):
 
 def test_a_cpu_run_report_lists_every_candidate_with_its_verdict(tmp_path):
     led = Ledger(tmp_path / "l.db")
-    run = led.start_run({}, {"torch": "2.13.0+cpu", "triton": "3.9.0", "cuda": None, "python": "3.11.7"}, "search",
-                        ["quantize_kv"], None, {})
+    run = led.start_run(
+        {},
+        {"torch": "2.13.0+cpu", "triton": "3.9.0", "cuda": None, "python": "3.11.7"},
+        "search",
+        ["quantize_kv"],
+        None,
+        {},
+    )
     ok, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-8-4")
-    led.set_candidate_status(ok.id, "verified", verdict={"checks": [{"name": "bounds", "status": "passed"}] * 3},
-                             fpsan_equivalent=True)
+    led.set_candidate_status(
+        ok.id, "verified", verdict={"checks": [{"name": "bounds", "status": "passed"}] * 3}, fpsan_equivalent=True
+    )
     bad, _ = led.add_candidate("quantize_kv", "x = 2\n", "search", run.id, label="cfg-1-1")
-    led.set_candidate_status(bad.id, "rejected", verdict={"checks": [
-        {"name": "bounds", "status": "failed", "detail": "store `out[9]` past the end | of the tensor"}]})
+    led.set_candidate_status(
+        bad.id,
+        "rejected",
+        verdict={
+            "checks": [{"name": "bounds", "status": "failed", "detail": "store `out[9]` past the end | of the tensor"}]
+        },
+    )
     run2 = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
     led.add_candidate("quantize_kv", "x = 1\n", "search", run2.id, label="cfg-8-4")  # replayed by a later run
     md = open(write_report(led, led.get_run(run.id), str(tmp_path / "r"))).read()
@@ -332,10 +480,17 @@ def test_show_lists_each_check_once_from_its_most_thorough_mode(tmp_path):
     led = Ledger(db)
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
     c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-8-4")
-    led.record_checks(c.id, "quick", [{"name": "bounds", "status": "passed", "detail": "on 2 cases", "duration_s": 0.1},
-                                      {"name": "fpsan", "status": "passed", "detail": "quick fpsan", "duration_s": 0.2}])
-    led.record_checks(c.id, "full", [{"name": "bounds", "status": "failed", "detail": "store past the end",
-                                      "duration_s": 0.3}])
+    led.record_checks(
+        c.id,
+        "quick",
+        [
+            {"name": "bounds", "status": "passed", "detail": "on 2 cases", "duration_s": 0.1},
+            {"name": "fpsan", "status": "passed", "detail": "quick fpsan", "duration_s": 0.2},
+        ],
+    )
+    led.record_checks(
+        c.id, "full", [{"name": "bounds", "status": "failed", "detail": "store past the end", "duration_s": 0.3}]
+    )
     led.close()
     r = _run(["show", str(c.id), "--ledger", str(db)])
     assert r.returncode == 0, r.stderr
@@ -348,10 +503,18 @@ def test_show_of_an_unusable_reply_shows_no_diff(tmp_path):
     db = tmp_path / "l.db"
     led = Ledger(db)
     run = led.start_run({}, {}, "model", ["quantize_kv"], None, {})
-    c, _ = led.add_candidate("quantize_kv", "# unusable model reply (r1, model call 1): no code block\n", "model",
-                             run.id, label="r1")
-    led.set_candidate_status(c.id, "rejected", verdict={"passed": False, "error": "no code block", "checks": [
-        {"name": "reply", "status": "failed", "passed": False, "detail": "no code block"}]})
+    c, _ = led.add_candidate(
+        "quantize_kv", "# unusable model reply (r1, model call 1): no code block\n", "model", run.id, label="r1"
+    )
+    led.set_candidate_status(
+        c.id,
+        "rejected",
+        verdict={
+            "passed": False,
+            "error": "no code block",
+            "checks": [{"name": "reply", "status": "failed", "passed": False, "detail": "no code block"}],
+        },
+    )
     led.close()
     r = _run(["show", str(c.id), "--ledger", str(db)])
     assert r.returncode == 0 and "no source: the model's reply was unusable (no code block)" in r.stdout
@@ -364,6 +527,7 @@ def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, caps
 
     from kernel_agent.agent.commands import _print_run_summary
     from kernel_agent.agent.review import write_report
+
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
     for i, check in enumerate(("bounds", "bounds", "coverage")):

@@ -1,6 +1,7 @@
 """The rewrite catalog (agent/rewrites.py): where each rewrite applies, that what it yields passes the
 sanitizer as FpSan-equivalent to the baseline, that it refuses cleanly elsewhere, and that a kernel
 written for an op outside the registry benefits too."""
+
 import ast
 from pathlib import Path
 
@@ -22,8 +23,12 @@ APPLIES = {
     "decode_attention_int8": {"evict-first", "cache-global"},
 }
 # one full sanitizer run per rewrite that applies to a baseline, on its cheapest baseline
-FULL_RUN = {"evict-first": "quantize_kv", "cache-global": "quantize_kv", "load-hints": "quantize_kv",
-            "evict-last": "attention"}
+FULL_RUN = {
+    "evict-first": "quantize_kv",
+    "cache-global": "quantize_kv",
+    "load-hints": "quantize_kv",
+    "evict-last": "attention",
+}
 
 
 def _baseline(op: str) -> str:
@@ -65,15 +70,19 @@ def test_the_text_outside_the_rewritten_nodes_is_kept_byte_for_byte():
     assert len(src.splitlines()) == len(out.splitlines()) and len(changed) == 1
     before, after = changed[0]
     assert before == "    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)"
-    assert after == "    rows = tl.max_contiguous(tl.multiple_of(pid * BLOCK_R + tl.arange(0, BLOCK_R), BLOCK_R), BLOCK_R)"
+    assert (
+        after == "    rows = tl.max_contiguous(tl.multiple_of(pid * BLOCK_R + tl.arange(0, BLOCK_R), BLOCK_R), BLOCK_R)"
+    )
     assert "# correctly rounded, as the contract states" in out  # comments survive
 
 
 def test_load_hints_only_take_offsets_whose_block_is_a_constexpr_of_the_kernel():
-    src = ("import triton\nimport triton.language as tl\n\n@triton.jit\n"
-           "def k(x_ptr, B, BLOCK: tl.constexpr):\n"
-           "    a = tl.program_id(0) * B + tl.arange(0, BLOCK)\n"  # B is not the arange's width
-           "    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n")
+    src = (
+        "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+        "def k(x_ptr, B, BLOCK: tl.constexpr):\n"
+        "    a = tl.program_id(0) * B + tl.arange(0, BLOCK)\n"  # B is not the arange's width
+        "    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+    )
     out = apply_rewrite("load-hints", src)
     assert "a = tl.program_id(0) * B + tl.arange(0, BLOCK)" in out
     assert "b = tl.max_contiguous(tl.multiple_of(tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), BLOCK), BLOCK)" in out
@@ -105,7 +114,7 @@ def test_each_rewrite_passes_the_full_sanitizer_once(tmp_path, name):
 
 # -- a kernel for a sixth op, outside the registry: a row softmax ----------------------------------
 
-SOFTMAX = '''import torch
+SOFTMAX = """import torch
 import triton
 import triton.language as tl
 
@@ -125,7 +134,7 @@ def softmax(x):
     y = torch.empty_like(x)
     _softmax_kernel[(triton.cdiv(R, 4),)](x, y, R, D, BLOCK_R=4, BLOCK_D=triton.next_power_of_2(D))
     return y
-'''
+"""
 
 
 def _run_softmax(source: str, tmp_path: Path, x: torch.Tensor) -> torch.Tensor:
@@ -152,10 +161,14 @@ def test_a_kernel_for_an_op_outside_the_registry_is_rewritten_and_still_right(tm
 
 
 def test_the_catalog_page_lists_every_rewrite_with_the_baselines_it_applies_to():
-    rows = {line.split("|")[1].strip(" `"): line for line in (ROOT / "docs" / "REWRITES.md").read_text().splitlines()
-            if line.startswith("| `")}
+    rows = {
+        line.split("|")[1].strip(" `"): line
+        for line in (ROOT / "docs" / "REWRITES.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
     assert set(rows) == set(CATALOG)
     for name, line in rows.items():
         cell = line.split("|")[5]  # "applies to (baselines)"
-        assert {op for op in NAMES if op in cell.replace(",", " ").split()} == \
-            {op for op, names in APPLIES.items() if name in names}, name
+        assert {op for op in NAMES if op in cell.replace(",", " ").split()} == {
+            op for op, names in APPLIES.items() if name in names
+        }, name

@@ -6,6 +6,7 @@ have raises here, where a dict read with `.get(...)` printed nothing and no test
 once read a key run_summary never wrote). Each view is rendered below from one ledger, and each assertion needs
 a field's value to reach the output.
 """
+
 import argparse
 import json
 
@@ -29,13 +30,22 @@ def recorded(tmp_path, monkeypatch):
     run = led.start_run({}, {"torch": "2.13"}, "model", ["quantize_kv"], "NVIDIA H200", {})
     for i, checks in enumerate((["bounds"], ["bounds", "coverage"])):
         c, _ = led.add_candidate("quantize_kv", SRC.format(i), "model", run.id, label=f"bad-{i}")
-        led.record_checks(c.id, "full", [{"name": k, "status": "failed", "detail": "x", "duration_s": 0.1}
-                                         for k in checks])
+        led.record_checks(
+            c.id, "full", [{"name": k, "status": "failed", "detail": "x", "duration_s": 0.1} for k in checks]
+        )
         led.set_candidate_status(c.id, CandidateStatus.REJECTED)
     good, _ = led.add_candidate("quantize_kv", SRC.format(9), "model", run.id, label="evict-first")
     led.set_candidate_status(good.id, CandidateStatus.BENCHMARKED)
-    led.record_promotion(**KEY, run_id=run.id, candidate_id=good.id, new_ms=0.9, old_ms=1.0, gain=0.1, spread=0.02,
-                         reason="10.0% faster at every shape")
+    led.record_promotion(
+        **KEY,
+        run_id=run.id,
+        candidate_id=good.id,
+        new_ms=0.9,
+        old_ms=1.0,
+        gain=0.1,
+        spread=0.02,
+        reason="10.0% faster at every shape",
+    )
     led.record_model_call(run.id, "m", "p", "r", 1200, 3400, 2.0)
     led.record_model_call(run.id, "m", "p", None, 100, 0, 1.0, error="timeout")
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
@@ -44,9 +54,15 @@ def recorded(tmp_path, monkeypatch):
 
 
 def _session(**over) -> RunSession:
-    fields = dict(stop_reason="candidate budget reached (3)", gpu="NVIDIA H200", benchmarked=True,
-                  throughput={"judged": 3}, throughput_line="first benchmark after 40s; 3 judged",
-                  serving={"mode": "in_place"}, serving_line="serving set: written in place to kernels/serving")
+    fields = dict(
+        stop_reason="candidate budget reached (3)",
+        gpu="NVIDIA H200",
+        benchmarked=True,
+        throughput={"judged": 3},
+        throughput_line="first benchmark after 40s; 3 judged",
+        serving={"mode": "in_place"},
+        serving_line="serving set: written in place to kernels/serving",
+    )
     return RunSession(**{**fields, **over})
 
 
@@ -54,8 +70,13 @@ def test_run_summary_is_a_typed_record(recorded):
     led, run, _ = recorded
     s = led.run_summary(run.id)
     assert isinstance(s, RunSummary) and s.status is RunStatus.FINISHED
-    assert s.candidates == 3 and s.candidates_by_status == {"proposed": 0, "rejected": 2, "verified": 0,
-                                                            "benchmarked": 0, "promoted": 1}
+    assert s.candidates == 3 and s.candidates_by_status == {
+        "proposed": 0,
+        "rejected": 2,
+        "verified": 0,
+        "benchmarked": 0,
+        "promoted": 1,
+    }
     assert s.checks_failed == {"bounds": 2, "coverage": 1}
     assert s.model.total_tokens == 4700 and s.model.errors == 1
     assert [(p.op, p.candidate_id, p.active) for p in s.promotions] == [("quantize_kv", 3, True)]
@@ -66,14 +87,40 @@ def test_run_summary_is_a_typed_record(recorded):
 def test_the_json_document_keeps_its_keys(recorded):
     led, run, _ = recorded
     s = led.run_summary(run.id)
-    ledger_keys = ["run_id", "status", "proposer", "ops", "gpu_name", "started_at", "finished_at", "wall_s",
-                   "proposals", "duplicates", "candidates", "candidates_by_status", "checks_failed", "bench_results",
-                   "promotions", "model", "judged_now", "judged_now_by_status", "replayed", "pruned"]
+    ledger_keys = [
+        "run_id",
+        "status",
+        "proposer",
+        "ops",
+        "gpu_name",
+        "started_at",
+        "finished_at",
+        "wall_s",
+        "proposals",
+        "duplicates",
+        "candidates",
+        "candidates_by_status",
+        "checks_failed",
+        "bench_results",
+        "promotions",
+        "model",
+        "judged_now",
+        "judged_now_by_status",
+        "replayed",
+        "pruned",
+    ]
     assert list(s.to_json()) == ledger_keys  # `show --json`: what the ledger knows
     s.session = _session()
     doc = json.loads(json.dumps(s.to_json(), default=str))
-    assert list(doc) == ledger_keys + ["stop_reason", "gpu", "benchmarked", "throughput", "throughput_line",
-                                       "serving", "serving_line"]  # `run --json`: and how the session went
+    assert list(doc) == ledger_keys + [
+        "stop_reason",
+        "gpu",
+        "benchmarked",
+        "throughput",
+        "throughput_line",
+        "serving",
+        "serving_line",
+    ]  # `run --json`: and how the session went
     assert doc["status"] == "finished" and doc["promotions"][0]["reason"] == "10.0% faster at every shape"
     assert doc["model"]["total_tokens"] == 4700
 
@@ -87,7 +134,7 @@ def test_the_summary_after_a_run_reads_every_field_it_prints(recorded, capsys):
     assert f"run {run.id} finished: candidate budget reached (3)" in out
     # judged now, rejected, not verified, verified, benchmarked, promoted, replayed, tokens, wall
     assert out.split("\n")[2].split() == ["3", "2", "0", "0", "0", "1", "0", "4700", f"{s.wall_s:.0f}s"]
-    rejections = out[out.index("rejections by check"):].splitlines()[2:4]
+    rejections = out[out.index("rejections by check") :].splitlines()[2:4]
     assert [r.split() for r in rejections] == [["bounds", "2"], ["coverage", "1"]]
     assert "promoted quantize_kv t4k-d128 bfloat16: 10.0% faster at every shape" in out
     assert "throughput: first benchmark after 40s; 3 judged" in out and "serving set: written in place" in out
@@ -105,8 +152,9 @@ def test_show_history_and_the_report_read_the_record(recorded, capsys, tmp_path)
     assert cmd_show(argparse.Namespace(what=run.id, ledger=str(path), json=True, source=False)) == 0
     assert json.loads(capsys.readouterr().out)["run"]["checks_failed"] == {"bounds": 2, "coverage": 1}
 
-    args = argparse.Namespace(op=None, status=None, since=None, until=None, proposer=None, limit=5, leaderboard=False,
-                              trend=False, json=True)
+    args = argparse.Namespace(
+        op=None, status=None, since=None, until=None, proposer=None, limit=5, leaderboard=False, trend=False, json=True
+    )
     assert history(args, led) == 0
     [row] = json.loads(capsys.readouterr().out)["runs"]
     assert row["candidates"] == 3 and row["by_status"]["rejected"] == 2 and row["promotions"] == 1

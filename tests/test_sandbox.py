@@ -8,6 +8,7 @@ sanitizer. A GPU run's sandbox (gpu=True) is entered here too, without a GPU: it
 the kernel's and the hook's, and hold the same with or without a device;
 scripts/gpu_sandbox_probe.py tries each on a GPU machine, beside a kernel that must still run.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,22 +26,28 @@ from kernel_agent.sanitizer import sandbox
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's kernel layers are Linux's")
 
 
-def _in_sandbox(body: str, tmp_path, gpu: bool = False, env_extra=None, timeout=60, fatal=False, rc=0,
-                tool_ports=(), hook=True):
+def _in_sandbox(
+    body: str, tmp_path, gpu: bool = False, env_extra=None, timeout=60, fatal=False, rc=0, tool_ports=(), hook=True
+):
     """Run `body` in a child after sandbox.enter (and the audit hook armed, record-only unless `fatal`;
     not at all without `hook`, so that the kernel's layers are met alone); its last stdout line is JSON."""
     scratch = sandbox.make_scratch("ka-test-")
-    code = textwrap.dedent(f"""
+    code = (
+        textwrap.dedent(f"""
         import json, os, sys, ctypes
         from kernel_agent.sanitizer import sandbox
         prot = sandbox.enter({scratch!r}, gpu={gpu!r}, tool_ports={list(tool_ports)!r})
         if {hook!r}:
             sandbox.arm_audit_hook(fatal={fatal!r})
         result = {{}}
-    """) + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
+    """)
+        + textwrap.dedent(body)
+        + "\nprint(json.dumps(result))\n"
+    )
     env = sandbox.child_env(scratch, extra=env_extra)
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=scratch, capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=scratch, capture_output=True, text=True, timeout=timeout
+    )
     assert r.returncode == rc, r.stderr[-2000:]
     if rc:
         return r.stderr, scratch
@@ -63,13 +70,18 @@ def test_landlock_stops_writes_outside_scratch_below_the_audit_hook(tmp_path):
     target = tmp_path / "outside.txt"
     os.chmod(tmp_path, 0o777)
     # without the hook, libc's open meets Landlock alone
-    result, scratch = _in_sandbox(f"""
+    result, scratch = _in_sandbox(
+        f"""
         libc = ctypes.CDLL(None, use_errno=True)
         fd = libc.open({str(target).encode()!r}, os.O_WRONLY | os.O_CREAT, 0o644)
         result["outside"] = [fd, ctypes.get_errno()]
         fd = libc.open(b"inside.txt", os.O_WRONLY | os.O_CREAT, 0o644)
         result["inside"] = fd
-    """, tmp_path, gpu=True, hook=False)
+    """,
+        tmp_path,
+        gpu=True,
+        hook=False,
+    )
     assert result["outside"][0] == -1 and result["outside"][1] in (1, 13)  # EPERM / EACCES
     assert result["inside"] >= 0 and not target.exists()
 
@@ -83,7 +95,8 @@ def test_no_network_below_the_audit_hook(tmp_path):
     got = []
     t = threading.Thread(target=lambda: got.append(_accept(listener)), daemon=True)
     t.start()
-    result, _ = _in_sandbox(f"""
+    result, _ = _in_sandbox(
+        f"""
         libc = ctypes.CDLL(None, use_errno=True)
         import struct
         s = libc.socket(2, 1, 0)
@@ -91,7 +104,11 @@ def test_no_network_below_the_audit_hook(tmp_path):
         addr = struct.pack("<H", 2) + addr[2:]
         rc = libc.connect(s, addr, len(addr))
         result["connect"] = [rc, ctypes.get_errno()]
-    """, tmp_path, gpu=True, hook=False)
+    """,
+        tmp_path,
+        gpu=True,
+        hook=False,
+    )
     t.join(5)
     listener.close()
     assert result["connect"][0] == -1 and not [c for c in got if c]
@@ -114,7 +131,8 @@ def test_a_wrapping_tools_port_is_the_only_tcp_reachable(tmp_path):
     connect to the tool's ports and nothing else, and may not listen."""
     tool, tool_port, tool_got, t1 = _listener()
     other, other_port, other_got, t2 = _listener()
-    result, _ = _in_sandbox(f"""
+    result, _ = _in_sandbox(
+        f"""
         libc = ctypes.CDLL(None, use_errno=True)
         import struct
         def addr(port):
@@ -128,7 +146,12 @@ def test_a_wrapping_tools_port_is_the_only_tcp_reachable(tmp_path):
         result["bind"] = [libc.bind(s, addr(0), 16), ctypes.get_errno()]
         result["prot"] = prot.active
         result["missing"] = prot.missing
-    """, tmp_path, gpu=True, tool_ports=[tool_port], hook=False)
+    """,
+        tmp_path,
+        gpu=True,
+        tool_ports=[tool_port],
+        hook=False,
+    )
     t1.join(5)
     t2.join(5)
     tool.close()
@@ -144,6 +167,7 @@ def test_a_wrapping_tools_port_is_the_only_tcp_reachable(tmp_path):
 
 def _accept(listener):
     import time
+
     deadline = time.time() + 4
     while time.time() < deadline:
         try:
@@ -156,7 +180,8 @@ def _accept(listener):
 
 
 def test_the_audit_hook_refuses_and_records(tmp_path):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         import socket, subprocess
         for name, action in [("socket", lambda: socket.create_connection(("127.0.0.1", 9), timeout=1)),
                              ("subprocess", lambda: subprocess.run(["true"])),
@@ -170,7 +195,9 @@ def test_the_audit_hook_refuses_and_records(tmp_path):
                 result[name] = str(e)
         open("scratch-file", "w").write("ok")
         result["violations"] = sandbox.violations()
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     for name in ("socket", "subprocess", "fork", "write", "ctypes"):
         assert result[name].startswith("sandbox:"), (name, result[name])
     assert len(result["violations"]) == 5 and not os.path.exists("/tmp/ka-sandbox-probe")
@@ -178,7 +205,8 @@ def test_the_audit_hook_refuses_and_records(tmp_path):
 
 def test_a_fatal_hook_ends_the_process_and_cannot_be_disarmed(tmp_path):
     # the executor's hook: the first refusal ends the process, whatever the candidate did to the module
-    stderr, _ = _in_sandbox("""
+    stderr, _ = _in_sandbox(
+        """
         sandbox._violations.clear()
         sandbox._config.update(gpu=True)
         import socket
@@ -187,12 +215,17 @@ def test_a_fatal_hook_ends_the_process_and_cannot_be_disarmed(tmp_path):
         except BaseException:
             pass
         result["survived"] = True
-    """, tmp_path, fatal=True, rc=sandbox.REFUSED_EXIT)
+    """,
+        tmp_path,
+        fatal=True,
+        rc=sandbox.REFUSED_EXIT,
+    )
     assert "sandbox refused: network access" in stderr
 
 
 def test_processes_the_hook_missed_are_still_seen(tmp_path):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         libc = ctypes.CDLL(None, use_errno=True)
         pid = libc.fork()  # ctypes, with no hook to refuse it: a candidate that got past the hook
         if pid == 0:
@@ -202,21 +235,29 @@ def test_processes_the_hook_missed_are_still_seen(tmp_path):
         import time
         time.sleep(0.5)
         result["foreign"] = sandbox.foreign_processes()
-    """, tmp_path, gpu=True, hook=False)
+    """,
+        tmp_path,
+        gpu=True,
+        hook=False,
+    )
     if "PID namespace" not in json.dumps(sandbox.host_protections().active):
         pytest.skip("no PID namespace on this host")
     assert len(result["foreign"]) == 1
 
 
 def test_other_processes_are_invisible_and_nothing_survives(tmp_path):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         result["pid"] = os.getpid()
         result["procs"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
         try:
             result["parent_environ"] = open(f"/proc/{os.getppid()}/environ", "rb").read().decode(errors="replace")
         except OSError as e:
             result["parent_environ"] = ""
-    """, tmp_path, env_extra={"NOT_A_SECRET": "visible"})
+    """,
+        tmp_path,
+        env_extra={"NOT_A_SECRET": "visible"},
+    )
     if "PID namespace" not in json.dumps(sandbox.host_protections().active):
         pytest.skip("no PID namespace on this host")
     assert result["pid"] == 1 and result["procs"] == [1]
@@ -224,13 +265,16 @@ def test_other_processes_are_invisible_and_nothing_survives(tmp_path):
 
 
 def test_limits_stop_a_runaway_allocation(tmp_path):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         try:
             blob = bytearray(12 << 30)
             result["alloc"] = "allowed"
         except MemoryError:
             result["alloc"] = "refused"
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert result["alloc"] == "refused"
 
 
@@ -243,13 +287,15 @@ def test_host_protections_names_every_layer():
 
 def test_landlock_confines_reads_on_a_cpu_run(tmp_path):
     import torch
+
     if sandbox.landlock_abi() < 1:
         pytest.skip("no Landlock on this kernel")
     secret = tmp_path / ".netrc"
     secret.write_text("password sk-canary")
     os.chmod(tmp_path, 0o755)
     os.chmod(secret, 0o644)
-    result, _ = _in_sandbox(f"""
+    result, _ = _in_sandbox(
+        f"""
         try:
             result["secret"] = open({str(secret)!r}).read()
         except OSError as e:
@@ -257,14 +303,18 @@ def test_landlock_confines_reads_on_a_cpu_run(tmp_path):
         # the interpreter's libraries and the package stay readable
         result["torch"] = open({torch.__file__!r}).read(10)
         result["package"] = open(sandbox.__file__).read(10)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert result["secret"] == "PermissionError" and result["torch"] and result["package"]
 
 
 # -- a GPU run's sandbox: the CPU run's rules, but for what the CUDA driver needs ------------------------
 
+
 def test_the_hook_refuses_ctypes_on_a_gpu_run_too(tmp_path):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         buf = bytearray(8)
         for name, action in [("dlopen", lambda: ctypes.CDLL("libc.so.6")),
                              ("string_at", lambda: ctypes.string_at(id(buf), 8)),
@@ -275,16 +325,25 @@ def test_the_hook_refuses_ctypes_on_a_gpu_run_too(tmp_path):
                 result[name] = "allowed"
             except PermissionError as e:
                 result[name] = str(e)
-    """, tmp_path, gpu=True)
+    """,
+        tmp_path,
+        gpu=True,
+    )
     # (ctypes.memmove and a function pointer made from an int are not audited by Python: the gate, and
     # the kernel's layers below the hook, stop those)
     for name in ("dlopen", "string_at", "from_address", "from_buffer"):
         assert result[name].startswith("sandbox: native code through ctypes"), (name, result[name])
     # the executor's hook is fatal: the first ctypes call ends the process
-    stderr, _ = _in_sandbox("""
+    stderr, _ = _in_sandbox(
+        """
         ctypes.CDLL(None)
         result["survived"] = True
-    """, tmp_path, gpu=True, fatal=True, rc=sandbox.REFUSED_EXIT)
+    """,
+        tmp_path,
+        gpu=True,
+        fatal=True,
+        rc=sandbox.REFUSED_EXIT,
+    )
     assert "sandbox refused: native code through ctypes (ctypes.dlopen)" in stderr
 
 
@@ -297,9 +356,13 @@ def test_the_gpu_read_list_is_data_read_from_the_environment_and_the_loader(tmp_
     tool.mkdir(parents=True)
     (tool / "compute-sanitizer").write_text("#!/bin/sh\n")
     (tool / "compute-sanitizer").chmod(0o755)
-    env = {"CUDA_HOME": str(cuda), "LD_LIBRARY_PATH": f"{lib}:relative/ignored", "LD_PRELOAD": str(preload),
-           "CUDA_PATH": "/",  # "/" would open everything: ignored
-           sandbox.TOOL_DIR_ENV: os.pathsep.join(sandbox.tool_folders(str(tool / "compute-sanitizer")))}
+    env = {
+        "CUDA_HOME": str(cuda),
+        "LD_LIBRARY_PATH": f"{lib}:relative/ignored",
+        "LD_PRELOAD": str(preload),
+        "CUDA_PATH": "/",  # "/" would open everything: ignored
+        sandbox.TOOL_DIR_ENV: os.pathsep.join(sandbox.tool_folders(str(tool / "compute-sanitizer"))),
+    }
     paths = sandbox.gpu_readable_paths(env)
     assert str(cuda) in paths and str(lib) in paths and str(preload.parent) in paths
     assert str(tool) in paths and str(tool.parent) in paths  # the tool's folder, and the toolkit holding it
@@ -313,10 +376,14 @@ def test_the_gpu_read_list_is_data_read_from_the_environment_and_the_loader(tmp_
     assert sandbox._loader_folders(str(conf)) == ["/opt/nvidia/lib64", "/usr/local/lib"]
 
 
-@pytest.mark.xfail(strict=True, reason="a GPU run's reads are not confined yet: confined to GPU_READABLE, CUDA's "
-                                       "initialisation failed on the H200 (error 304); see sanitizer/sandbox.py _landlock")
+@pytest.mark.xfail(
+    strict=True,
+    reason="a GPU run's reads are not confined yet: confined to GPU_READABLE, CUDA's "
+    "initialisation failed on the H200 (error 304); see sanitizer/sandbox.py _landlock",
+)
 def test_landlock_confines_reads_on_a_gpu_run(tmp_path):
     import torch
+
     if sandbox.landlock_abi() < 1:
         pytest.skip("no Landlock on this kernel")
     secret = tmp_path / ".netrc"
@@ -327,7 +394,8 @@ def test_landlock_confines_reads_on_a_gpu_run(tmp_path):
     os.chmod(tmp_path, 0o755)
     os.chmod(secret, 0o644)
     repo_git = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__))), ".git")
-    result, _ = _in_sandbox(f"""
+    result, _ = _in_sandbox(
+        f"""
         def read(path):
             try:
                 with open(path, "rb") as f:
@@ -345,19 +413,36 @@ def test_landlock_confines_reads_on_a_gpu_run(tmp_path):
         result["package"] = read(sandbox.__file__)
         result["proc"] = read("/proc/self/maps")
         result["prot"] = prot.active
-    """, tmp_path, gpu=True, hook=False, env_extra={"CUDA_HOME": str(tmp_path / "cuda")})
+    """,
+        tmp_path,
+        gpu=True,
+        hook=False,
+        env_extra={"CUDA_HOME": str(tmp_path / "cuda")},
+    )
     assert result["secret"] == result["git"] == result["shadow"] == "PermissionError", result
     assert result["toolkit"] == "a toolkit's file" and result["torch"] and result["package"] and result["proc"]
     assert any("reads only of" in a and "CUDA" in a for a in result["prot"]), result["prot"]
 
 
-@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="a GPU run's own /proc is writable below the hook: with only the thread names writable, "
-                        "CUDA's initialisation failed on the H200 (error 304); see sanitizer/sandbox.py _landlock"))])
+@pytest.mark.parametrize(
+    "gpu",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a GPU run's own /proc is writable below the hook: with only the thread names writable, "
+                "CUDA's initialisation failed on the H200 (error 304); see sanitizer/sandbox.py _landlock",
+            ),
+        ),
+    ],
+)
 def test_no_writes_under_proc_but_the_drivers_thread_names_on_a_gpu(tmp_path, gpu):
     if sandbox.landlock_abi() < 1:
         pytest.skip("no Landlock on this kernel")
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         import threading
         def write(path, data):
             try:
@@ -387,27 +472,36 @@ def test_no_writes_under_proc_but_the_drivers_thread_names_on_a_gpu(tmp_path, gp
         result["thread_name"] = write(f"/proc/self/task/{box['tid']}/comm", b"cuda-EvtHandlr")
         done.set()
         t.join()
-    """, tmp_path, gpu=gpu, hook=False)
+    """,
+        tmp_path,
+        gpu=gpu,
+        hook=False,
+    )
     for name in ("oom_score_adj", "comm", "mem", "coredump_filter"):
         assert result[name] in (1, 13), (name, result[name])  # EPERM / EACCES
     assert result["thread_name"] == ("written" if gpu else 13), result
 
 
 def test_the_hook_refuses_python_writes_to_thread_names_too(tmp_path):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         import threading
         try:
             open(f"/proc/self/task/{threading.get_native_id()}/comm", "w").write("renamed")
             result["comm"] = "allowed"
         except PermissionError as e:
             result["comm"] = str(e)
-    """, tmp_path, gpu=True)
+    """,
+        tmp_path,
+        gpu=True,
+    )
     assert result["comm"].startswith("sandbox: write outside scratch"), result
 
 
 @pytest.mark.parametrize("gpu", [False, True])
 def test_no_udp_or_raw_socket_below_the_audit_hook(tmp_path, gpu):
-    result, _ = _in_sandbox("""
+    result, _ = _in_sandbox(
+        """
         import socket
         def make(family, kind):
             try:
@@ -426,7 +520,11 @@ def test_no_udp_or_raw_socket_below_the_audit_hook(tmp_path, gpu):
         result["io_uring"] = [libc.syscall(425, 1, params), ctypes.get_errno()]
         result["prot"] = prot.active
         result["missing"] = prot.missing
-    """, tmp_path, gpu=gpu, hook=False)
+    """,
+        tmp_path,
+        gpu=gpu,
+        hook=False,
+    )
     if any(m.startswith("seccomp") for m in result["missing"]):
         pytest.skip(f"no seccomp filter on this host: {result['missing']}")
     assert any(a.startswith("seccomp: no UDP") for a in result["prot"]), result["prot"]
@@ -512,8 +610,14 @@ def test_a_wrapping_tool_and_its_child_share_a_loopback_of_their_own(tmp_path):
         print(json.dumps({{"got": got, "child": json.loads(out.strip().splitlines()[-1])}}))
     """)
     try:
-        r = subprocess.run(sandbox.tool_namespace_command([sys.executable, "-c", tool]),
-                           env=sandbox.child_env(scratch), cwd=scratch, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            sandbox.tool_namespace_command([sys.executable, "-c", tool]),
+            env=sandbox.child_env(scratch),
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         t1.join(5)
         t2.join(5)
@@ -535,9 +639,15 @@ def test_an_executor_under_a_wrapping_tool_runs_in_the_tools_namespaces(tmp_path
     command): started through tool_namespace_command, it reports the shared namespaces, and the tool's
     exit status comes back through the namespace's first process."""
     from kernel_agent.sanitizer.executor import Executor
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
-    ex = Executor(os.path.join(root, "kernels", "baseline", "quantize_kv.py"), "quantize_kv", "cpu", wrapper=["env"],
-                  tool_ports=range(49152, 49168))
+    ex = Executor(
+        os.path.join(root, "kernels", "baseline", "quantize_kv.py"),
+        "quantize_kv",
+        "cpu",
+        wrapper=["env"],
+        tool_ports=range(49152, 49168),
+    )
     try:
         hello = ex.start()
         rc, _ = ex.finish(timeout_s=30)

@@ -20,6 +20,7 @@ KNOWN_GAPS lists faulty candidates the sanitizer does not (yet) reject with thei
 expected check, and why. They are kept in the suite, excluded from the asserted list,
 and should be moved back (deleted from KNOWN_GAPS) when the sanitizer is fixed.
 """
+
 from __future__ import annotations
 
 import ast
@@ -57,8 +58,16 @@ KNOWN_GAPS: Dict[str, str] = {
 # (module-level mutables, non-constant defaults, globals, classes, attribute writes, a kernel
 # object's caches) is rejected by the static gate first; no_state is the run-time backstop,
 # tested directly in test_sanitizer_units.py.
-REQUIRED_CHECKS = ["static_gate", "host_code", "bounds", "coverage", "inputs_unchanged",
-                   "order_independence", "error_budget", "near_serving"]
+REQUIRED_CHECKS = [
+    "static_gate",
+    "host_code",
+    "bounds",
+    "coverage",
+    "inputs_unchanged",
+    "order_independence",
+    "error_budget",
+    "near_serving",
+]
 
 
 class Candidate(NamedTuple):
@@ -142,6 +151,7 @@ def verdicts() -> Dict[str, Verdict]:
 
 # -- the suites themselves -------------------------------------------------------------
 
+
 def test_candidate_headers():
     """Every candidate states what it is: a docstring, the EXPECTED_* line, valid values."""
     problems = []
@@ -155,8 +165,11 @@ def test_candidate_headers():
         if exp not in CHECK_NAMES:
             problems.append(f"{c.rel}: EXPECTED_CHECK={exp!r} is not a check name ({', '.join(CHECK_NAMES)})")
     for c in GOOD:
-        if "EXPECTED_FPSAN_EQUIVALENT" not in c.expected or \
-                c.expected["EXPECTED_FPSAN_EQUIVALENT"] not in (True, False, None):
+        if "EXPECTED_FPSAN_EQUIVALENT" not in c.expected or c.expected["EXPECTED_FPSAN_EQUIVALENT"] not in (
+            True,
+            False,
+            None,
+        ):
             problems.append(f"{c.rel}: needs EXPECTED_FPSAN_EQUIVALENT = True | False | None")
     assert not problems, "\n".join(problems)
 
@@ -186,6 +199,7 @@ def test_faulty_suite_covers_the_checks():
 
 # -- the verdicts ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cand", FAULTY, ids=[c.rel for c in FAULTY])
 def test_faulty_candidate_is_rejected_by_expected_check(cand: Candidate, verdicts):
     assert "EXPECTED_CHECK" in cand.expected, f"{cand.rel} has no EXPECTED_CHECK line"
@@ -194,8 +208,8 @@ def test_faulty_candidate_is_rejected_by_expected_check(cand: Candidate, verdict
     assert not v.passed, f"{cand.rel} passed the quick sanitizer; expected `{expected}` to reject it:\n{_summary(v)}"
     first = v.first_failure
     assert first is not None and first.name == expected, (
-        f"{cand.rel}: first failing check is `{first.name if first else None}`, expected `{expected}`:\n"
-        f"{_summary(v)}")
+        f"{cand.rel}: first failing check is `{first.name if first else None}`, expected `{expected}`:\n{_summary(v)}"
+    )
 
 
 @pytest.mark.parametrize("cand", GOOD, ids=[c.rel for c in GOOD])
@@ -205,4 +219,5 @@ def test_good_candidate_passes_full_sanitizer(cand: Candidate, verdicts):
     assert v.passed, f"{cand.rel} is correct but was rejected:\n{_summary(v)}"
     expected = cand.expected["EXPECTED_FPSAN_EQUIVALENT"]
     assert v.fpsan_equivalent == expected, (
-        f"{cand.rel}: fpsan_equivalent={v.fpsan_equivalent}, expected {expected}: {v.fpsan_detail}\n{_summary(v)}")
+        f"{cand.rel}: fpsan_equivalent={v.fpsan_equivalent}, expected {expected}: {v.fpsan_detail}\n{_summary(v)}"
+    )

@@ -1,4 +1,5 @@
 """The sanitizer's parts on their own: static gate, host guard, interpreter hooks, runner, CLI."""
+
 import json
 import os
 import subprocess
@@ -24,49 +25,64 @@ HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n@triton.j
 
 # -- static gate ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("op", ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"])
 def test_gate_accepts_the_baselines(op):
     with open(os.path.join(BASELINE, f"{op}.py")) as f:
         assert check_source(f.read(), op).passed
 
 
-@pytest.mark.parametrize("body,rule", [
-    ("import os\ndef matmul(a, b):\n    return a\n", "import"),
-    ("import ctypes\ndef matmul(a, b):\n    return a\n", "import"),
-    ("from kernel_agent.harness.ops import get_op\ndef matmul(a, b):\n    return a\n", "import"),
-    ("def matmul(a, b):\n    if a.shape[0] > 4096:\n        return torch.matmul(a, b)\n    return a\n", "torch-compute"),
-    ("def matmul(a, b):\n    return a @ b\n", "torch-compute"),
-    ("def matmul(a, b):\n    n = int(a.sum().item())\n    return a\n", "torch-compute"),
-    ("CACHE = {}\ndef matmul(a, b):\n    return a\n", "state"),
-    ("def matmul(a, b, memo={}):\n    return a\n", "state"),
-    ("def matmul(a, b):\n    global X\n    return a\n", "state"),
-    ("def matmul(a, b):\n    matmul.last = a\n    return a\n", "state"),
-    ("@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\n"
-     "def matmul(a, b):\n    return a\n", "autotune"),
-    ("def matmul(a, b):\n    s = torch.cuda.Stream()\n    return a\n", "torch-compute"),
-    ("def matmul(a, b):\n    return getattr(torch, 'mm')(a, b)\n", "forbidden-call"),
-    ("def matmul(a, b):\n    return a.__class__\n", "introspection"),
-    ("def matmul(a, b):\n    try:\n        return a\n    except Exception:\n        return b\n", "structure"),
-    ("def matmul(a, b):\n    return a\nclass C:\n    pass\n", "state"),
-    ("def matmul(a, b:\n", "syntax"),
-])
+@pytest.mark.parametrize(
+    "body,rule",
+    [
+        ("import os\ndef matmul(a, b):\n    return a\n", "import"),
+        ("import ctypes\ndef matmul(a, b):\n    return a\n", "import"),
+        ("from kernel_agent.harness.ops import get_op\ndef matmul(a, b):\n    return a\n", "import"),
+        (
+            "def matmul(a, b):\n    if a.shape[0] > 4096:\n        return torch.matmul(a, b)\n    return a\n",
+            "torch-compute",
+        ),
+        ("def matmul(a, b):\n    return a @ b\n", "torch-compute"),
+        ("def matmul(a, b):\n    n = int(a.sum().item())\n    return a\n", "torch-compute"),
+        ("CACHE = {}\ndef matmul(a, b):\n    return a\n", "state"),
+        ("def matmul(a, b, memo={}):\n    return a\n", "state"),
+        ("def matmul(a, b):\n    global X\n    return a\n", "state"),
+        ("def matmul(a, b):\n    matmul.last = a\n    return a\n", "state"),
+        (
+            "@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _j(x):\n    pass\n"
+            "def matmul(a, b):\n    return a\n",
+            "autotune",
+        ),
+        ("def matmul(a, b):\n    s = torch.cuda.Stream()\n    return a\n", "torch-compute"),
+        ("def matmul(a, b):\n    return getattr(torch, 'mm')(a, b)\n", "forbidden-call"),
+        ("def matmul(a, b):\n    return a.__class__\n", "introspection"),
+        ("def matmul(a, b):\n    try:\n        return a\n    except Exception:\n        return b\n", "structure"),
+        ("def matmul(a, b):\n    return a\nclass C:\n    pass\n", "state"),
+        ("def matmul(a, b:\n", "syntax"),
+    ],
+)
 def test_gate_rejects_each_cheat_shape(body, rule):
     r = check_source(HEADER + body, "matmul")
     assert not r.passed and rule in {f.rule for f in r.findings}, r.describe()
 
 
 def test_gate_rejects_libdevice_and_inline_asm_inside_kernels():
-    src = ("import torch\nimport triton\nimport triton.language as tl\n@triton.jit\ndef _k(x_ptr):\n"
-           "    y = tl.inline_asm_elementwise('mov', '=r', [], dtype=tl.int32, is_pure=True, pack=1)\n"
-           "def matmul(a, b):\n    return a\n")
+    src = (
+        "import torch\nimport triton\nimport triton.language as tl\n@triton.jit\ndef _k(x_ptr):\n"
+        "    y = tl.inline_asm_elementwise('mov', '=r', [], dtype=tl.int32, is_pure=True, pack=1)\n"
+        "def matmul(a, b):\n    return a\n"
+    )
     assert "unverifiable" in {f.rule for f in check_source(src, "matmul").findings}
 
 
 def test_gate_requires_the_op_function_and_a_kernel():
-    assert "contract" in {f.rule for f in check_source("import torch\ndef other(a):\n    return a\n", "matmul").findings}
+    assert "contract" in {
+        f.rule for f in check_source("import torch\ndef other(a):\n    return a\n", "matmul").findings
+    }
 
 
 # -- host guard ----------------------------------------------------------------------------
+
 
 def test_guard_allows_allocation_shapes_and_views_and_fills_sentinels():
     a = torch.randn(4, 6)
@@ -80,15 +96,18 @@ def test_guard_allows_allocation_shapes_and_views_and_fills_sentinels():
     assert (codes == 99).all()
 
 
-@pytest.mark.parametrize("action", [
-    lambda a: torch.matmul(a, a),
-    lambda a: a.sum(),
-    lambda a: a.t().contiguous(),  # a copy
-    lambda a: a.t().reshape(-1),   # a copy in disguise
-    lambda a: a.item() if a.numel() == 1 else a[0, 0].item(),
-    lambda a: torch.zeros(3),
-    lambda a: a == a,
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        lambda a: torch.matmul(a, a),
+        lambda a: a.sum(),
+        lambda a: a.t().contiguous(),  # a copy
+        lambda a: a.t().reshape(-1),  # a copy in disguise
+        lambda a: a.item() if a.numel() == 1 else a[0, 0].item(),
+        lambda a: torch.zeros(3),
+        lambda a: a == a,
+    ],
+)
 def test_guard_stops_compute_copies_and_readbacks(action):
     a = torch.randn(4, 4)
     with pytest.raises(GuardViolation):
@@ -97,6 +116,7 @@ def test_guard_stops_compute_copies_and_readbacks(action):
 
 
 # -- interpreter hooks ---------------------------------------------------------------------
+
 
 @triton.jit
 def _copy_kernel(x_ptr, y_ptr, n, EXTRA: tl.constexpr, BLOCK: tl.constexpr):
@@ -168,17 +188,20 @@ def test_program_order_permutation_exposes_dependencies():
 
 # -- the isolated runner -------------------------------------------------------------------
 
+
 def test_a_crash_is_a_verdict_naming_the_running_check(tmp_path, monkeypatch):
     crasher = tmp_path / "crash_worker.py"
     crasher.write_text(
         "import json, os, signal, sys\n"
         "out = sys.argv[sys.argv.index('--out') + 1]\n"
         "json.dump({'running': 'bounds', 'checks': [{'name': 'static_gate', 'status': 'passed'}]}, open(out, 'w'))\n"
-        "os.kill(os.getpid(), signal.SIGSEGV)\n")
+        "os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
     real_popen = subprocess.Popen
 
     def fake_popen(cmd, *a, **kw):
         return real_popen([sys.executable, str(crasher)] + cmd[3:], *a, **kw)
+
     monkeypatch.setattr(isolation.subprocess, "Popen", fake_popen)
     v = runner.run_isolated(os.path.join(BASELINE, "matmul.py"), "matmul", "quick", timeout_s=60)
     assert not v.passed and "SIGSEGV" in v.error and "`bounds`" in v.error
@@ -187,9 +210,11 @@ def test_a_crash_is_a_verdict_naming_the_running_check(tmp_path, monkeypatch):
 
 def test_a_hang_is_a_verdict(tmp_path):
     hang = tmp_path / "hang.py"
-    hang.write_text(HEADER.replace("    pass\n", "    i = 0\n    while i < 1:\n        i = i + 0\n") +
-                    "def matmul(a, b):\n    c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)\n"
-                    "    _k[(1,)](c)\n    return c\n")
+    hang.write_text(
+        HEADER.replace("    pass\n", "    i = 0\n    while i < 1:\n        i = i + 0\n")
+        + "def matmul(a, b):\n    c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)\n"
+        "    _k[(1,)](c)\n    return c\n"
+    )
     # 20 s: the judge and the candidate's process start and load within it even on a busy machine (with
     # less, the deadline can pass before `runs`, and the verdict names `load`: still not verified)
     v = runner.run_isolated(str(hang), "matmul", "quick", timeout_s=20)
@@ -208,6 +233,7 @@ def test_a_bf16_only_path_passes_on_cpu_and_the_verdict_says_it_is_verified_on_g
 
 # -- the command line ----------------------------------------------------------------------
 
+
 def _cli(*args, **kw):
     return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=ROOT, timeout=600, **kw)
 
@@ -223,8 +249,19 @@ def test_cli_json_and_junit_and_exit_codes(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(HEADER + "def quantize_kv(x):\n    return torch.matmul(x, x)\n")
     junit = tmp_path / "out.xml"
-    r = _cli("sanitize", "--op", "quantize_kv", os.path.join(BASELINE, "quantize_kv.py"), str(bad), "--quick",
-             "--json", "--junit", str(junit), "--jobs", "2")
+    r = _cli(
+        "sanitize",
+        "--op",
+        "quantize_kv",
+        os.path.join(BASELINE, "quantize_kv.py"),
+        str(bad),
+        "--quick",
+        "--json",
+        "--junit",
+        str(junit),
+        "--jobs",
+        "2",
+    )
     assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert doc["passed"] is False and [f["passed"] for f in doc["files"]] == [True, False]
@@ -240,9 +277,11 @@ def test_cli_json_and_junit_and_exit_codes(tmp_path):
 
 # -- no_state, the run-time backstop behind the static gate -------------------------------------
 
+
 def test_no_state_catches_a_cache_the_static_gate_could_miss():
     from kernel_agent.harness.ops import get_op
     from kernel_agent.sanitizer.checks import FULL, CheckFailed, Subject, baseline_fn, check_no_state
+
     op = get_op("quantize_kv")
     base = baseline_fn("quantize_kv")
     memo = {}
@@ -262,6 +301,7 @@ def test_no_state_catches_a_cache_the_static_gate_could_miss():
 def test_a_call_that_launches_no_kernel_is_rejected():
     from kernel_agent.harness.ops import get_op
     from kernel_agent.sanitizer.checks import Subject, baseline_fn, run_case
+
     op = get_op("quantize_kv")
     base = baseline_fn("quantize_kv")
     case = op.make_case(op.shapes("tiny")[2], torch.float32, seed=1)
@@ -276,6 +316,7 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
     import signal
     import threading
     import time
+
     exits = []
 
     def item(i):
@@ -295,6 +336,7 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
 
 # -- host-branch coverage ------------------------------------------------------------------------
 
+
 def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     """The executor's recorder sees which way each host branch of the candidate's file went; the judge,
     compiling the same text, names the sides never taken. A side that only raises, and a condition on the
@@ -302,9 +344,12 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     import importlib.util
 
     from kernel_agent.sanitizer.branches import BranchRecorder, host_branches, taken, uncovered
-    src = HEADER + ("def helper(n):\n    if n > 100:\n        return 1\n    return 2 if n % 2 else 0\n\n"
-                    "def f(x, n):\n    if n < 0:\n        raise ValueError('no')\n"
-                    "    return helper(n) + (1 if x.device.type == 'cuda' else 0)\n")
+
+    src = HEADER + (
+        "def helper(n):\n    if n > 100:\n        return 1\n    return 2 if n % 2 else 0\n\n"
+        "def f(x, n):\n    if n < 0:\n        raise ValueError('no')\n"
+        "    return helper(n) + (1 if x.device.type == 'cuda' else 0)\n"
+    )
     path = tmp_path / "cand.py"
     path.write_text(src)
     rec = BranchRecorder(str(path))
@@ -321,8 +366,10 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     sides = host_branches(src, str(path))
     missing = [s.describe("cand.py") for s in uncovered(sides, taken(rec.evidence(), sides))]
     assert missing == ["cand.py:10: `n > 100` was never true"], missing
-    assert {s.exempt for s in sides} >= {"only raises (a guard on the contract's limits)",
-                                          "reads the device or bfloat16: taken on the GPU"}
+    assert {s.exempt for s in sides} >= {
+        "only raises (a guard on the contract's limits)",
+        "reads the device or bfloat16: taken on the GPU",
+    }
     assert not any(s.qualname == "_k" for s in sides)
 
 
@@ -338,11 +385,13 @@ def test_the_gpu_check_of_bfloat16_branches_reads_the_file_as_text(tmp_path):
         def coverage(self):
             return [], []
 
-    src = ("import torch\n\n\n"
-           "def matmul(a, b):\n"
-           "    if a.dtype == torch.bfloat16:\n"
-           "        return (a.float() @ b.float()).to(a.dtype)\n"
-           "    return a @ b\n")
+    src = (
+        "import torch\n\n\n"
+        "def matmul(a, b):\n"
+        "    if a.dtype == torch.bfloat16:\n"
+        "        return (a.float() @ b.float()).to(a.dtype)\n"
+        "    return a @ b\n"
+    )
     path = tmp_path / "cand.py"
     path.write_bytes(src.encode())
     subject = Subject(get_op("matmul"), str(path), path.read_bytes(), fn=NoArcs())

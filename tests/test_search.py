@@ -1,4 +1,5 @@
 """The built-in search proposer: variants stack on the incumbent, and the climb follows promotions."""
+
 import pytest
 import torch
 
@@ -78,6 +79,7 @@ def test_an_incumbent_whose_config_takes_older_arguments_is_not_tuned_further():
     # decode_attention's `_config` takes the head dim too; a kernel written before that takes four
     # arguments, and a variant of it would fail when the op calls it with five
     from pathlib import Path
+
     op = get_op("decode_attention")
     shape = op.parse_shape("2,4,2,96,16,300")
     old = (Path(__file__).parent / "candidates/good/decode_attention/splits_per_64_tokens.py").read_text()
@@ -86,8 +88,9 @@ def test_an_incumbent_whose_config_takes_older_arguments_is_not_tuned_further():
     props = [p for p in SearchProposer(seed=0).propose(ctx, 3) if p.label.startswith("cfg-")]
     assert props and all("def _config_base(B, Hkv, max_ctx, device, D):" in p.source for p in props)  # of the baseline
     base = baseline_config("decode_attention", shape)
-    assert all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), base)) == 1
-               for p in props)
+    assert all(
+        sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), base)) == 1 for p in props
+    )
 
 
 def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monkeypatch):
@@ -96,6 +99,7 @@ def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monk
     from pathlib import Path
 
     from kernel_agent.agent import search
+
     op = get_op("decode_attention")
     shape = op.parse_shape("2,4,2,96,16,300")
     old = (Path(__file__).parent / "candidates/good/decode_attention/splits_per_64_tokens.py").read_text()
@@ -108,8 +112,9 @@ def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monk
     nxt = [p for p in prop.propose(ctx, 3) if p.label.startswith("cfg-")]
     assert not loads
     best = source_config("decode_attention", first[0].source, shape)
-    assert nxt and all(sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), best)) == 1
-                       for p in nxt)
+    assert nxt and all(
+        sum(a != b for a, b in zip(source_config("decode_attention", p.source, shape), best)) == 1 for p in nxt
+    )
 
 
 def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
@@ -117,6 +122,7 @@ def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
     with the baseline's own `_config`, called as the op says."""
     from kernel_agent.harness.config_reader import read_config
     from kernel_agent.harness.ops import OPS
+
     cpu = torch.device("cpu")
     for name, op in OPS.items():
         source = baseline_source(name)
@@ -124,22 +130,27 @@ def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
             assert read_config(source, tuple(op.config_args(shape, cpu))) == baseline_config(name, shape), (name, shape)
 
 
-@pytest.mark.parametrize("body, why", [
-    ("    return open('/tmp/ka-config-probe', 'w').write('x'), 4", "not a function the search evaluates"),
-    ("    return (10 ** 10 ** 10, 4)", "exponent"),
-    ("    return __import__('os').getpid(), 4", "not a function"),
-    ("    return D.bit_length(), 4", "not a function"),
-    ("    while True:\n        pass", "not a statement"),
-    ("    return _config(D), 4", "nest too deeply"),
-    # a repetition sized past memory is refused before it is built (it used to exhaust the loop's memory)
-    ("    tag = (D,) * (D << 23)\n    return 8, 4 + len(tag) * 0", "grows too large"),
-    ("    tag = 'r' * (D << 50)\n    return 8, 4 + len(tag) * 0", "grows too large"),
-    ("    tag = '%*d' % (D << 30, 1)\n    return 8, 4 + len(tag) * 0", "string formatting"),
-])
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ("    return open('/tmp/ka-config-probe', 'w').write('x'), 4", "not a function the search evaluates"),
+        ("    return (10 ** 10 ** 10, 4)", "exponent"),
+        ("    return __import__('os').getpid(), 4", "not a function"),
+        ("    return D.bit_length(), 4", "not a function"),
+        ("    while True:\n        pass", "not a statement"),
+        ("    return _config(D), 4", "nest too deeply"),
+        # a repetition sized past memory is refused before it is built (it used to exhaust the loop's memory)
+        ("    tag = (D,) * (D << 23)\n    return 8, 4 + len(tag) * 0", "grows too large"),
+        ("    tag = 'r' * (D << 50)\n    return 8, 4 + len(tag) * 0", "grows too large"),
+        ("    tag = '%*d' % (D << 30, 1)\n    return 8, 4 + len(tag) * 0", "string formatting"),
+    ],
+)
 def test_a_configuration_that_does_more_is_refused_without_running(body, why, tmp_path):
     from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
+
     source = baseline_source("quantize_kv").replace(
-        "    block_d = triton.next_power_of_2(D)\n    return max(1, min(64, 4096 // block_d)), 4", body)
+        "    block_d = triton.next_power_of_2(D)\n    return max(1, min(64, 4096 // block_d)), 4", body
+    )
     assert source != baseline_source("quantize_kv")
     with pytest.raises(ConfigUnreadable, match=why):
         read_config(source, (16,))

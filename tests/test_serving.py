@@ -3,6 +3,7 @@
 Kernels run on the CPU through Triton's interpreter, so TRITON_INTERPRET must be set
 before triton is imported anywhere in this process.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ GPU = "NVIDIA H200"
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 BASELINE_SRC = (Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline" / "quantize_kv.py").read_text()
 # A distinguishable but equivalent kernel: the baseline with another rows-per-program choice.
-VARIANT_SRC = BASELINE_SRC.replace("return max(1, min(64, 4096 // block_d)), 4",
-                                   "return 2, 4  # serving variant: two rows per program")
+VARIANT_SRC = BASELINE_SRC.replace(
+    "return max(1, min(64, 4096 // block_d)), 4", "return 2, 4  # serving variant: two rows per program"
+)
 assert VARIANT_SRC != BASELINE_SRC
 
 
@@ -44,9 +46,18 @@ def _case(shape="4,2,16", dtype=torch.float32, seed=0):
 
 
 def _install(bucket="tsmall-d16", dtype="float32", gpu=GPU, source=VARIANT_SRC, **kw):
-    return serving.install(OP, bucket, dtype, gpu, source, candidate_id=kw.pop("candidate_id", 7), gain=0.12,
-                           reason="12.0% faster than the incumbent", versions={"torch": "2.13", "triton": "3.9"},
-                           **kw)
+    return serving.install(
+        OP,
+        bucket,
+        dtype,
+        gpu,
+        source,
+        candidate_id=kw.pop("candidate_id", 7),
+        gain=0.12,
+        reason="12.0% faster than the incumbent",
+        versions={"torch": "2.13", "triton": "3.9"},
+        **kw,
+    )
 
 
 def test_serving_dir_default_and_override(sdir, monkeypatch):
@@ -65,8 +76,21 @@ def test_manifest_round_trip(sdir):
     manifest = serving.load_manifest()
     assert manifest["version"] == 2 and manifest["entries"] == [entry]
     assert json.loads((sdir / "manifest.json").read_text()) == manifest
-    assert set(entry) == {"op", "bucket", "dtype", "gpu", "impl", "file", "source_hash", "candidate_id", "promoted_at",
-                          "gain", "reason", "versions", "shapes"}
+    assert set(entry) == {
+        "op",
+        "bucket",
+        "dtype",
+        "gpu",
+        "impl",
+        "file",
+        "source_hash",
+        "candidate_id",
+        "promoted_at",
+        "gain",
+        "reason",
+        "versions",
+        "shapes",
+    }
     assert entry["shapes"] == ["T=4,H=2,D=16"]  # what it was judged on, for review and the GPU check
     assert entry["source_hash"] == serving.source_hash(canonical_source(VARIANT_SRC)) and entry["candidate_id"] == 7
     assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
@@ -93,6 +117,7 @@ def test_install_refuses_a_source_that_is_not_the_judged_text(sdir):
     """`install` is told the hash of the text the sanitizer and the benchmark judged: another text is refused
     in one line and nothing is written; the judged text goes in under that hash."""
     from kernel_agent.sanitizer.canonical import source_hash
+
     judged = source_hash(canonical_source(VARIANT_SRC))
     with pytest.raises(serving.ServingError) as e:
         _install(source=VARIANT_SRC + "\nSWAPPED = 1\n", judged_hash=judged)
@@ -242,8 +267,12 @@ class _Canary:
         if path == BOM_TRICK:
             return b"\xef\xbb\xbf" + VARIANT_SRC.encode()
         text = path.read_text()
-        for ph, value in (("{{WATCH_DIR}}", str(self.watch)), ("{{MARKER}}", "kcanary"),
-                          ("{{PORT}}", str(self.listener.getsockname()[1])), ("{{REPO}}", str(self.watch))):
+        for ph, value in (
+            ("{{WATCH_DIR}}", str(self.watch)),
+            ("{{MARKER}}", "kcanary"),
+            ("{{PORT}}", str(self.listener.getsockname()[1])),
+            ("{{REPO}}", str(self.watch)),
+        ):
             text = text.replace(ph, value)
         return text.encode()
 
@@ -261,8 +290,9 @@ class _Canary:
         return left
 
 
-@pytest.mark.parametrize("trick", TRICKS + [BOM_TRICK], ids=lambda p: p.name if p == BOM_TRICK else
-                         f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "trick", TRICKS + [BOM_TRICK], ids=lambda p: p.name if p == BOM_TRICK else f"{p.parent.name}/{p.name}"
+)
 def test_a_promoted_file_with_a_trick_is_refused_at_load_and_never_runs(trick, sdir, tmp_path, monkeypatch):
     """A file planted in the serving set with a matching manifest hash (what the sanitizer would have had
     to miss) is refused by the dispatcher and by load_kernel_file in one line, and nothing of it ran: the
@@ -289,6 +319,7 @@ def test_the_search_reads_a_configuration_without_running_the_text(trick, tmp_pa
     nothing of it runs."""
     from kernel_agent.agent.search import baseline_config, source_config
     from kernel_agent.harness.config_reader import ConfigUnreadable
+
     canary = _Canary(tmp_path, monkeypatch)
     shape = get_op(OP).parse_shape("4,2,16")
     try:
@@ -326,6 +357,7 @@ def test_dispatch_finds_a_promoted_decode_kernel_from_the_block_table_capacity(t
     case = op.make_case(shape, torch.float32, seed=0)
     assert case.args["block_table"].shape[1] * 16 > 8192  # the spare column
     import kernel_agent.kernels.baseline as kb
+
     with open(os.path.join(os.path.dirname(kb.__file__), "decode_attention_int8.py")) as f:
         src = f.read()
     serving.install("decode_attention_int8", op.bucket(shape), "float32", "cpu", src, 1, 0.1, "test", {})

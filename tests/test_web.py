@@ -8,6 +8,7 @@ these tests, saying why; in CI (CI=true) their absence fails.
 
     KERNEL_AGENT_SCREENSHOTS=docs/web pytest tests/test_web.py -k navigation   # regenerates docs/web/*.png
 """
+
 import glob
 import hashlib
 import json
@@ -50,11 +51,14 @@ def _importable(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def browser():
-    _require(all(_importable(m) for m in ("starlette", "uvicorn", "jinja2", "pygments")),
-             "the [web] extra is not installed (pip install -e '.[web]')")
+    _require(
+        all(_importable(m) for m in ("starlette", "uvicorn", "jinja2", "pygments")),
+        "the [web] extra is not installed (pip install -e '.[web]')",
+    )
     _require(_importable("playwright"), "playwright is not installed (requirements-dev.txt)")
     _require(os.path.exists(CHROMIUM), f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM)
         yield b
@@ -66,8 +70,14 @@ class Server:
 
     def __init__(self, ledger: str, *extra: str, cwd: str = ROOT):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-        self.proc = subprocess.Popen(CLI + ["serve", "--ledger", str(ledger), "--port", "0", *extra], cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            CLI + ["serve", "--ledger", str(ledger), "--port", "0", *extra],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.first_line = self.proc.stdout.readline()
         m = re.search(r"(http://\S+/)", self.first_line)
         if m is None:
@@ -94,6 +104,7 @@ def serve():
     def start(ledger, *extra, cwd=ROOT):
         servers.append(Server(ledger, *extra, cwd=cwd))
         return servers[-1]
+
     yield start
     for s in servers:
         s.stop()
@@ -106,8 +117,10 @@ def _page(browser, width=1280):
     page.set_default_timeout(WAIT_MS)
     page.errors = []
     page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" and "Failed to load" not in m.text
-            else None)
+    page.on(
+        "console",
+        lambda m: page.errors.append(m.text) if m.type == "error" and "Failed to load" not in m.text else None,
+    )
     page.on("response", lambda r: page.errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     return page
 
@@ -155,38 +168,66 @@ def cpu_run(request, tmp_path_factory):
     if not any(item.name == CPU_RUN_TEST for item in request.session.items) or not os.path.exists(CHROMIUM):
         return None
     from openai_stub import Stub
+
     tmp = tmp_path_factory.mktemp("cpu_run")
     base = open(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py")).read()
-    oob = base.replace("tl.store(scale_ptr + rows, scale, mask=row_mask)",
-                       "tl.store(scale_ptr + rows, scale, mask=rows <= R)")
+    oob = base.replace(
+        "tl.store(scale_ptr + rows, scale, mask=row_mask)", "tl.store(scale_ptr + rows, scale, mask=rows <= R)"
+    )
     assert oob != base
-    cheat = open(os.path.join(ROOT, "tests", "candidates", "hostile", "compute_outside_triton",
-                              "04_noop_kernel_plus_torch.py")).read()
-    stub = Stub([{"reply": "Here is a faster version:\n```python\n" + oob + "```"},
-                 {"reply": "```python\n" + cheat + "```"}, {"reply": "I would rather not."}])
+    cheat = open(
+        os.path.join(ROOT, "tests", "candidates", "hostile", "compute_outside_triton", "04_noop_kernel_plus_torch.py")
+    ).read()
+    stub = Stub(
+        [
+            {"reply": "Here is a faster version:\n```python\n" + oob + "```"},
+            {"reply": "```python\n" + cheat + "```"},
+            {"reply": "I would rather not."},
+        ]
+    )
     port = stub.start()
-    (tmp / "ka.toml").write_text(f'[model]\nname = "scripted"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
-                                 f'api_key = "x"\n[run]\nops = ["quantize_kv"]\ncandidates = 3\nper_round = 3\njobs = 2\n')
+    (tmp / "ka.toml").write_text(
+        f'[model]\nname = "scripted"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+        f'api_key = "x"\n[run]\nops = ["quantize_kv"]\ncandidates = 3\nper_round = 3\njobs = 2\n'
+    )
     ledger = tmp / "ledger.db"
-    proc = subprocess.Popen(CLI + ["run", "--config", str(tmp / "ka.toml"), "--ledger", str(ledger),
-                                   "--candidates-dir", str(tmp / "c"), "--json"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, TRITON_INTERPRET="1"))
+    proc = subprocess.Popen(
+        CLI
+        + [
+            "run",
+            "--config",
+            str(tmp / "ka.toml"),
+            "--ledger",
+            str(ledger),
+            "--candidates-dir",
+            str(tmp / "c"),
+            "--json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+    )
 
     def cleanup():  # a run the tests did not wait for (a failure before the last test) is stopped
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
         stub.stop()
+
     request.addfinalizer(cleanup)
 
     def finished():
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-2000:]
         return str(ledger), json.loads(out)["run_id"]
+
     return finished
 
 
 # -- the committed H200 example: every view, the figures, the JSON -------------------------------------
+
 
 def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serve, tmp_path):
     shown = os.path.relpath(PR_EXAMPLE, ROOT)  # a copy at the committed path, so that the pages name it
@@ -208,8 +249,9 @@ def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serv
     assert "driver 580.159.04" in facts and "null" not in facts
     assert "1.086x" in page.inner_text("#candidates tr[data-cand='9']")
     assert page.locator("#plots img").count() == 2
-    page.wait_for_function("[...document.querySelectorAll('#plots img')].every(i => i.complete && i.naturalWidth > 0)",
-                           timeout=WAIT_MS)
+    page.wait_for_function(
+        "[...document.querySelectorAll('#plots img')].every(i => i.complete && i.naturalWidth > 0)", timeout=WAIT_MS
+    )
     _shot(page, tmp_path, "run.png")
     page.click("#candidates a[href='/candidates/9']")
     assert page.inner_text("#cand-status") == "promoted"
@@ -257,6 +299,7 @@ def h200_search(browser, tmp_path_factory):
 
 def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser, h200_search, tmp_path, capsys):
     from kernel_agent.agent.cli import main
+
     ledger, srv = h200_search
     assert main(["report", H200_RUN, "--ledger", ledger, "--out", str(tmp_path / "report")]) == 0
     capsys.readouterr()
@@ -283,13 +326,16 @@ def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser,
 
 def test_the_json_api_returns_what_the_command_line_prints(browser, h200_search, capsys):
     from kernel_agent.agent.cli import main
+
     ledger, srv = h200_search
     page = _page(browser)
-    for api, argv in (("api/runs?limit=20", ["history", "--json", "--limit", "20"]),
-                      ("api/runs?op=quantize_kv&limit=5", ["history", "--json", "--op", "quantize_kv", "--limit", "5"]),
-                      (f"api/runs/{H200_RUN}", ["show", H200_RUN, "--json"]),
-                      ("api/candidates/33", ["show", "33", "--json"]),
-                      ("api/serving", ["history", "--serving", "--json"])):
+    for api, argv in (
+        ("api/runs?limit=20", ["history", "--json", "--limit", "20"]),
+        ("api/runs?op=quantize_kv&limit=5", ["history", "--json", "--op", "quantize_kv", "--limit", "5"]),
+        (f"api/runs/{H200_RUN}", ["show", H200_RUN, "--json"]),
+        ("api/candidates/33", ["show", "33", "--json"]),
+        ("api/serving", ["history", "--serving", "--json"]),
+    ):
         assert main(argv + ["--ledger", ledger]) == 0
         printed = json.loads(capsys.readouterr().out)
         response = page.request.get(srv.url + api)
@@ -300,6 +346,7 @@ def test_the_json_api_returns_what_the_command_line_prints(browser, h200_search,
 
 
 # -- the filter, and a run in progress -----------------------------------------------------------------
+
 
 def _start_run(led, ops, gpu=None, config=None):
     return led.start_run(config or {}, {"torch": "2.13"}, "search", ops, gpu, {})
@@ -330,8 +377,12 @@ def test_the_runs_filter_by_op_status_gpu_and_date(browser, serve, tmp_path):
     page.goto(srv.url)
     _loaded(page)
     loads = 1
-    for field, value, expected in (("op", "matmul", 3), ("status", "finished", 3), ("gpu", "NVIDIA H200", 3),
-                                   ("since", today, 0)):
+    for field, value, expected in (
+        ("op", "matmul", 3),
+        ("status", "finished", 3),
+        ("gpu", "NVIDIA H200", 3),
+        ("since", today, 0),
+    ):
         if field in ("since",):
             page.fill(f"#filters input[name='{field}']", value)
             page.dispatch_event(f"#filters input[name='{field}']", "change")
@@ -370,22 +421,43 @@ def test_a_run_in_progress_updates_on_the_open_page(browser, serve, tmp_path):
     led.record_checks(c.id, "quick", [{"name": "static_gate", "status": "passed", "detail": "ok", "duration_s": 0.1}])
     led.set_candidate_status(c.id, CandidateStatus.BENCHMARKED)
     for label, ms in (("baseline", 1.0), ("candidate", 0.8), ("anchor:torch", 0.9)):
-        led.record_bench(op="quantize_kv", shape_key="T=4096,H=8,D=128", bucket="t4k-d128", dtype="bfloat16",
-                         gpu_name="Test GPU", median_ms=ms, spread_ms=0.001, n_samples=5, run_id=run.id,
-                         candidate_id=c.id, label=label)
+        led.record_bench(
+            op="quantize_kv",
+            shape_key="T=4096,H=8,D=128",
+            bucket="t4k-d128",
+            dtype="bfloat16",
+            gpu_name="Test GPU",
+            median_ms=ms,
+            spread_ms=0.001,
+            n_samples=5,
+            run_id=run.id,
+            candidate_id=c.id,
+            label=label,
+        )
     page.wait_for_selector(f"#candidates tr[data-cand='{c.id}']", timeout=WAIT_MS)
     assert "live-one" in page.inner_text("#candidates") and "1.250x" in page.inner_text("#candidates")
     page.wait_for_selector("#plots img[data-name='speedup.png']", timeout=WAIT_MS)  # its first figures: plots
     page.wait_for_function("document.querySelector('#plots img').naturalWidth > 0", timeout=WAIT_MS)
     listing.wait_for_function(
         f"document.querySelector(\"#runs tr[data-run='{run.id}'] td.num\").textContent.startsWith('1:')",
-        timeout=WAIT_MS)
+        timeout=WAIT_MS,
+    )
     assert page.locator("#diagnosis-box").is_hidden()
-    led.record_pruned(run.id, "quantize_kv", "t4k-d128", "bfloat16", "cfg-pruned", "0" * 64,
-                      "predicted 0.62x of the incumbent by the timing model")
+    led.record_pruned(
+        run.id,
+        "quantize_kv",
+        "t4k-d128",
+        "bfloat16",
+        "cfg-pruned",
+        "0" * 64,
+        "predicted 0.62x of the incumbent by the timing model",
+    )
     # (a page drawn while the record was written may show one and not yet the other: the next poll has both)
-    page.wait_for_function("document.getElementById('run-facts').textContent.includes('1 proposal(s) kept off the GPU')"
-                           " && !document.getElementById('diagnosis-box').hidden", timeout=WAIT_MS)
+    page.wait_for_function(
+        "document.getElementById('run-facts').textContent.includes('1 proposal(s) kept off the GPU')"
+        " && !document.getElementById('diagnosis-box').hidden",
+        timeout=WAIT_MS,
+    )
     assert "quantize_kv t4k-d128 cfg-pruned: predicted 0.62x" in page.inner_text("#diagnosis")
 
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
@@ -400,8 +472,8 @@ def test_a_run_in_progress_updates_on_the_open_page(browser, serve, tmp_path):
 PAYLOADS = [
     "</script><script>window.__pwned = 'script'</script>",
     "<img src=x onerror=\"window.__pwned = 'onerror'\">",
-    "<a href=\"javascript:window.__pwned = 'link'\" id=\"evil-link\">click</a>",
-    "\"><svg onload=\"window.__pwned = 'svg'\"></svg>",
+    '<a href="javascript:window.__pwned = \'link\'" id="evil-link">click</a>',
+    '"><svg onload="window.__pwned = \'svg\'"></svg>',
     "{{ 7 * 191 }}",  # a template expression stays text (it would print 1337 if evaluated)
 ]
 WIDE = "W" * 4000  # one word that would stretch any table it sits in
@@ -419,30 +491,66 @@ def _hostile_ledger(path) -> tuple:
         source = open(f).read() + f"\n# {payload}\n"
         label = (PAYLOADS + [WIDE])[i % (len(PAYLOADS) + 1)]
         c, _ = led.add_candidate("quantize_kv", source, "model", run.id, label=label)
-        led.record_checks(c.id, "full", [{"name": "load", "status": "failed", "detail": payload + " " + WIDE,
-                                          "duration_s": 0.1}])
-        led.set_candidate_status(c.id, CandidateStatus.REJECTED, verdict={"checks": [
-            {"name": PAYLOADS[0], "status": "failed", "detail": payload}], "error": payload})
-        call = led.record_model_call(run.id, PAYLOADS[3], json.dumps([{"role": "user", "content": payload}]),
-                                     payload + "\n```python\n" + source + "```", 1, 2, 0.5, error=PAYLOADS[2])
+        led.record_checks(
+            c.id, "full", [{"name": "load", "status": "failed", "detail": payload + " " + WIDE, "duration_s": 0.1}]
+        )
+        led.set_candidate_status(
+            c.id,
+            CandidateStatus.REJECTED,
+            verdict={"checks": [{"name": PAYLOADS[0], "status": "failed", "detail": payload}], "error": payload},
+        )
+        call = led.record_model_call(
+            run.id,
+            PAYLOADS[3],
+            json.dumps([{"role": "user", "content": payload}]),
+            payload + "\n```python\n" + source + "```",
+            1,
+            2,
+            0.5,
+            error=PAYLOADS[2],
+        )
         led.link_model_call(call, c.id)
         ids.append(c.id)
     good, _ = led.add_candidate("quantize_kv", "# fine\n" + payload, "model", run.id, label=WIDE)
     led.set_candidate_status(good.id, CandidateStatus.PROMOTED)
     for label, ms in (("baseline", 1.0), ("candidate", 0.8), ("anchor:" + PAYLOADS[0], 0.9)):
-        led.record_bench(op="quantize_kv", shape_key="T=1," + PAYLOADS[1], bucket=PAYLOADS[4], dtype="bfloat16",
-                         gpu_name="GPU " + PAYLOADS[1], median_ms=ms, spread_ms=0.001, n_samples=5, run_id=run.id,
-                         candidate_id=good.id, label=label)
-    led.record_promotion(op="quantize_kv", bucket=PAYLOADS[4], dtype="bfloat16", gpu_name="GPU " + PAYLOADS[1],
-                         run_id=run.id, candidate_id=good.id, new_ms=0.8, old_ms=1.0, gain=0.2, spread=0.01,
-                         reason=payload, versions={"torch": PAYLOADS[0], "triton": WIDE})
+        led.record_bench(
+            op="quantize_kv",
+            shape_key="T=1," + PAYLOADS[1],
+            bucket=PAYLOADS[4],
+            dtype="bfloat16",
+            gpu_name="GPU " + PAYLOADS[1],
+            median_ms=ms,
+            spread_ms=0.001,
+            n_samples=5,
+            run_id=run.id,
+            candidate_id=good.id,
+            label=label,
+        )
+    led.record_promotion(
+        op="quantize_kv",
+        bucket=PAYLOADS[4],
+        dtype="bfloat16",
+        gpu_name="GPU " + PAYLOADS[1],
+        run_id=run.id,
+        candidate_id=good.id,
+        new_ms=0.8,
+        old_ms=1.0,
+        gain=0.2,
+        spread=0.01,
+        reason=payload,
+        versions={"torch": PAYLOADS[0], "triton": WIDE},
+    )
     led.close()
     return run.id, ids + [good.id]
 
 
 def _no_injection(page) -> None:
     assert page.evaluate("window.__pwned") is None
-    assert page.evaluate("document.querySelectorAll('[onerror], [onload], #evil-link, img[src=x], svg[onload]').length") == 0
+    assert (
+        page.evaluate("document.querySelectorAll('[onerror], [onload], #evil-link, img[src=x], svg[onload]').length")
+        == 0
+    )
     scripts = page.evaluate("[...document.scripts].map(s => s.getAttribute('src'))")
     assert scripts == ["/static/app.js"]
     hrefs = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")
@@ -463,7 +571,7 @@ def test_hostile_text_is_shown_as_text_and_cannot_break_the_layout(browser, serv
             _fits(page)
         text = page.inner_text("body")
         for p in PAYLOADS:  # each payload is on the page, as the characters it is made of
-            assert p in text or p.replace("\"", "\u201d") in text, p
+            assert p in text or p.replace('"', "\u201d") in text, p
         page.goto(srv.url + f"runs/{run_id}")
         _loaded(page)
         assert PAYLOADS[1] in page.inner_text("#candidates")
@@ -474,8 +582,10 @@ def test_hostile_text_is_shown_as_text_and_cannot_break_the_layout(browser, serv
 
 # -- the command: what it refuses -------------------------------------------------------------------
 
+
 def _serve_fails(args, capsys):
     from kernel_agent.agent.cli import main
+
     assert main(["serve", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -487,6 +597,7 @@ def test_a_missing_or_corrupt_ledger_or_a_taken_port_is_one_line_and_exit_2(tmp_
     (tmp_path / "corrupt.db").write_bytes(b"this is not a database" * 100)
     assert "corrupt.db" in _serve_fails(["--ledger", str(tmp_path / "corrupt.db")], capsys)
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -497,10 +608,18 @@ def test_a_missing_or_corrupt_ledger_or_a_taken_port_is_one_line_and_exit_2(tmp_
 
 def test_serve_without_a_ledger_says_so_before_the_web_view_loads_torch(tmp_path):
     """A new user's first `serve`, before any run: one line, without the seconds torch's import takes."""
-    code = ("import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
-            "print('RC', rc, 'torch' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code, "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={**{k: v for k, v in os.environ.items() if k != "KERNEL_AGENT_LEDGER"}, "PYTHONPATH": ROOT})
+    code = (
+        "import sys; from kernel_agent.agent.cli import main; rc = main(sys.argv[1:]); "
+        "print('RC', rc, 'torch' in sys.modules)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, "serve"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**{k: v for k, v in os.environ.items() if k != "KERNEL_AGENT_LEDGER"}, "PYTHONPATH": ROOT},
+    )
     assert r.stdout.split()[-3:] == ["RC", "2", "False"], r.stdout + r.stderr
     assert "no ledger at runs/ledger.db" in r.stderr and r.stderr.count("\n") == 1
 
@@ -508,6 +627,7 @@ def test_serve_without_a_ledger_says_so_before_the_web_view_loads_torch(tmp_path
 def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys):
     import kernel_agent.agent as agent_package
     from kernel_agent.agent.cli import main
+
     monkeypatch.setitem(sys.modules, "kernel_agent.agent.web", None)  # as if starlette were missing
     monkeypatch.delattr(agent_package, "web", raising=False)
     assert main(["serve", "--ledger", PR_EXAMPLE, "--port", "0"]) == 2
@@ -516,6 +636,7 @@ def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys)
 
 def test_a_postgresql_ledger_is_served_read_only(postgres, serve):
     import urllib.request
+
     url = postgres()
     with Ledger(url) as led:
         run = _start_run(led, ["matmul"], gpu="Test GPU")
@@ -529,6 +650,7 @@ def test_a_postgresql_ledger_is_served_read_only(postgres, serve):
 
 
 # -- the real CPU run, last: its run went on beside the tests above ------------------------------------
+
 
 def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(browser, serve, cpu_run):
     ledger, run_id = cpu_run()
@@ -547,6 +669,7 @@ def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(
     assert "None" not in facts and "null" not in facts  # no driver on this machine: left out, not "driver null"
     with Ledger(ledger, read_only=True) as led:  # the diagnosis `show RUN` prints, line for line
         from kernel_agent.agent.views import diagnosis_lines
+
         shown = diagnosis_lines(led, run_id)
     assert shown and shown[0].startswith("diagnosis: quantize_kv ") and "compiled for sm_90" in "\n".join(shown)
     assert page.inner_text("#diagnosis").splitlines() == shown
@@ -554,10 +677,16 @@ def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(
     led = Ledger(ledger, read_only=True)  # which reply became which candidate depends on the model calls' order
 
     def failed_by(check):
-        return next(c.id for c in led.candidates(run_id=run_id) if any(
-            k.name == check and k.status == "failed" for k in led.checks(c.id)))
+        return next(
+            c.id
+            for c in led.candidates(run_id=run_id)
+            if any(k.name == check and k.status == "failed" for k in led.checks(c.id))
+        )
+
     oob, cheat, no_code = failed_by("runs"), failed_by("static_gate"), failed_by("reply")
-    seed = re.search(r"seed base (\d+)", next(k.detail for k in led.checks(oob, mode="quick") if k.name == "load")).group(1)
+    seed = re.search(
+        r"seed base (\d+)", next(k.detail for k in led.checks(oob, mode="quick") if k.name == "load")
+    ).group(1)
     [call] = led.model_calls(candidate_id=oob)
     led.close()
     page.click(f"#candidates a[href='/candidates/{oob}']")

@@ -1,5 +1,6 @@
 """The judge's channel to the executor (sanitizer/wire.py): what the untrusted side sends is validated
 before the judge allocates or builds a tensor from it, and nothing is unpickled."""
+
 import json
 import socket
 import struct
@@ -31,14 +32,26 @@ def _raw(header: dict, payload: bytes = b"") -> bytes:
     return struct.pack("<QQ", len(body), len(payload)) + body + payload
 
 
-@pytest.mark.parametrize("header,payload,error", [
-    ({"tensors": [{"dtype": "object", "shape": [1], "stride": [1], "offset": 0, "nbytes": 4}]}, b"\0" * 4,
-     "not allowed"),
-    ({"tensors": [{"dtype": "float32", "shape": [4], "stride": [1], "offset": 2, "nbytes": 8}]}, b"\0" * 8,
-     "past its storage"),
-    ({"tensors": [{"dtype": "float32", "shape": [1], "stride": [1], "offset": 0, "nbytes": 8}]}, b"\0" * 4,
-     "does not match"),
-])
+@pytest.mark.parametrize(
+    "header,payload,error",
+    [
+        (
+            {"tensors": [{"dtype": "object", "shape": [1], "stride": [1], "offset": 0, "nbytes": 4}]},
+            b"\0" * 4,
+            "not allowed",
+        ),
+        (
+            {"tensors": [{"dtype": "float32", "shape": [4], "stride": [1], "offset": 2, "nbytes": 8}]},
+            b"\0" * 8,
+            "past its storage",
+        ),
+        (
+            {"tensors": [{"dtype": "float32", "shape": [1], "stride": [1], "offset": 0, "nbytes": 8}]},
+            b"\0" * 4,
+            "does not match",
+        ),
+    ],
+)
 def test_malformed_tensors_are_refused(header, payload, error):
     a, b = _pair()
     a.sendall(_raw(header, payload))

@@ -1,6 +1,7 @@
 """Workload traces (docs/WORKLOADS.md): the importers on the committed samples, malformed traces, the
 continuous-batching replay's invariants, the buckets and their shares, runs weighted by a workload, the
 KV-cache plan, and the command line's one-line errors."""
+
 import json
 import os
 import random
@@ -54,6 +55,7 @@ def _random_requests(n, seed=0, rate=50.0, prompt=(1, 700), output=(1, 300)):
 
 # -- importers and the format ---------------------------------------------------------------------------
 
+
 def test_vllm_benchmark_result_imports_its_successful_requests_at_its_request_rate(tmp_path):
     out = str(tmp_path / "t.jsonl")
     assert import_trace("vllm", os.path.join(DATA, "vllm_benchmark_serving.json"), out) == 11
@@ -61,8 +63,9 @@ def test_vllm_benchmark_result_imports_its_successful_requests_at_its_request_ra
     recs = list(TraceReader(out))
     ok = [i for i, e in enumerate(src["errors"]) if not e]
     assert len(ok) == 11 and 5 not in ok  # the failed request (output 0, an error) is left out
-    assert [(r.prompt_tokens, r.output_tokens) for r in recs] == [(src["input_lens"][i], src["output_lens"][i])
-                                                                   for i in ok]
+    assert [(r.prompt_tokens, r.output_tokens) for r in recs] == [
+        (src["input_lens"][i], src["output_lens"][i]) for i in ok
+    ]
     assert [r.arrival_s for r in recs] == [i / src["request_rate"] for i in ok]
     assert "vllm" in read_header(out).source
 
@@ -73,8 +76,14 @@ def test_flashinfer_bench_trace_imports_each_decode_workload_once_as_an_engine_s
     steps = list(TraceReader(out))
     assert all(isinstance(s, EngineStep) for s in steps)
     # the duplicate uuid (the same workload benchmarked by a solution) and the GEMM line are left out
-    assert [(s.batch, s.kv_tokens) for s in steps] == [(1, 1031), (8, 9120), (32, 40221), (64, 150003), (16, 5030),
-                                                       (128, 262000)]
+    assert [(s.batch, s.kv_tokens) for s in steps] == [
+        (1, 1031),
+        (8, 9120),
+        (32, 40221),
+        (64, 150003),
+        (16, 5030),
+        (128, 262000),
+    ]
     assert read_header(out).extra["kv_layout"] == {"heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 1}
 
 
@@ -83,19 +92,24 @@ def test_the_committed_native_sample_reads_in_arrival_order():
     assert (requests, steps) == (300, 0)
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ('{"arrival_s": 1.0, "prompt_tokens": 5', "not JSON"),
-    ({"arrival_s": 1.0, "prompt_tokens": 5, "output_tokens": 0}, "output_tokens must be an integer of at least 1"),
-    ({"arrival_s": 0.5, "prompt_tokens": 5, "output_tokens": 3}, "before the previous request's"),
-    ({"arrival_s": 1.0, "prompt_tokens": 5, "output_tokens": 3, "temperature": 0.7}, "unknown key(s) temperature"),
-    ({"workload": 1}, "may only be the first line"),
-    ({"batch": 4, "kv_tokens": 2}, "less than batch"),
-    ([1, 2, 3], "expected a JSON object"),
-    ({"prompt": 3}, "not a trace record"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ('{"arrival_s": 1.0, "prompt_tokens": 5', "not JSON"),
+        ({"arrival_s": 1.0, "prompt_tokens": 5, "output_tokens": 0}, "output_tokens must be an integer of at least 1"),
+        ({"arrival_s": 0.5, "prompt_tokens": 5, "output_tokens": 3}, "before the previous request's"),
+        ({"arrival_s": 1.0, "prompt_tokens": 5, "output_tokens": 3, "temperature": 0.7}, "unknown key(s) temperature"),
+        ({"workload": 1}, "may only be the first line"),
+        ({"batch": 4, "kv_tokens": 2}, "less than batch"),
+        ([1, 2, 3], "expected a JSON object"),
+        ({"prompt": 3}, "not a trace record"),
+    ],
+)
 def test_a_malformed_line_is_one_error_naming_the_file_and_line(tmp_path, bad, reason):
-    path = _write(tmp_path / "t.jsonl", [{"workload": 1, "source": "test"},
-                                         {"arrival_s": 1.0, "prompt_tokens": 8, "output_tokens": 2}, bad])
+    path = _write(
+        tmp_path / "t.jsonl",
+        [{"workload": 1, "source": "test"}, {"arrival_s": 1.0, "prompt_tokens": 8, "output_tokens": 2}, bad],
+    )
     with pytest.raises(TraceError) as e:
         check_trace(path)
     msg = str(e.value)
@@ -113,15 +127,18 @@ def test_a_failed_import_leaves_nothing_and_keeps_an_older_file(tmp_path):
         import_trace("vllm", str(bad), str(out))
     assert out.read_text() == "older\n" and sorted(os.listdir(tmp_path)) == ["bad.json", "t.jsonl"]
     line3 = tmp_path / "fi.jsonl"
-    line3.write_text('{"definition": "gqa_paged_decode_h32_kv8_d128_ps1", "workload": {"uuid": "a", "axes": '
-                     '{"batch_size": 2, "num_kv_indices": 9}}}\n\n{"definition": "gqa_paged_decode_h32_kv8_d128_ps1",'
-                     ' "workload": {"uuid": "b", "axes": {"batch_size": 2}}}\n')
+    line3.write_text(
+        '{"definition": "gqa_paged_decode_h32_kv8_d128_ps1", "workload": {"uuid": "a", "axes": '
+        '{"batch_size": 2, "num_kv_indices": 9}}}\n\n{"definition": "gqa_paged_decode_h32_kv8_d128_ps1",'
+        ' "workload": {"uuid": "b", "axes": {"batch_size": 2}}}\n'
+    )
     with pytest.raises(TraceError, match=r"fi.jsonl:3: axes: num_kv_indices"):
         import_trace("flashinfer-bench", str(line3), str(tmp_path / "fi_out.jsonl"))
     assert not (tmp_path / "fi_out.jsonl").exists()
 
 
 # -- the replay ---------------------------------------------------------------------------------------
+
 
 def _audited(requests, model, kv, budget, max_batch=64, arrivals=True):
     limit = budget_pages(model, kv, budget)
@@ -135,6 +152,7 @@ def _audited(requests, model, kv, budget, max_batch=64, arrivals=True):
         assert all(1 <= ctx <= total for ctx, total, _ in running.values())
         seen["steps"] += 1
         seen["max_used"] = max(seen["max_used"], used)
+
     sched = simulate(requests, model, kv, budget, max_batch, arrivals=arrivals, audit=audit)
     return sched, seen
 
@@ -186,8 +204,7 @@ def test_the_step_model_matches_step_op_calls_at_any_context():
         for _ in range(12):
             batch, pages = rng.randint(1, 300), rng.randint(1, 3000)
             direct = step_op_calls(LLAMA, batch, pages * 16, kv)
-            assert cost.ms(batch, pages) == pytest.approx(sum(c.roofline_ms for c in direct) * LLAMA.layers,
-                                                          rel=1e-12)
+            assert cost.ms(batch, pages) == pytest.approx(sum(c.roofline_ms for c in direct) * LLAMA.layers, rel=1e-12)
             assert cost.calls_at(batch, pages) == [(c.op, c.bucket, c.shape) for c in direct]
 
 
@@ -211,6 +228,7 @@ def test_recorded_engine_steps_are_replayed_when_the_trace_has_no_requests(tmp_p
 
 # -- runs weighted by a workload ----------------------------------------------------------------------
 
+
 def test_target_points_are_the_equal_weight_case_of_a_workloads_points():
     model = LLAMA.to_json()
     by_points = targets_for(RunConfig(target_model=model, target_points="32x8192,8x32768"))
@@ -222,8 +240,9 @@ def test_target_points_are_the_equal_weight_case_of_a_workloads_points():
 
 def test_a_workloads_heavier_point_gets_the_larger_share_of_proposals():
     weights = [["bf16", 1, 1024, 0.9], ["bf16", 64, 16384, 0.1]]
-    ts = {(t.op, t.bucket): t.weight for t in targets_for(RunConfig(target_model=LLAMA.to_json(),
-                                                                       target_weights=weights))}
+    ts = {
+        (t.op, t.bucket): t.weight for t in targets_for(RunConfig(target_model=LLAMA.to_json(), target_weights=weights))
+    }
     small = {c.bucket: c.share for c in step_op_calls(LLAMA, 1, 1024)}
     large = {c.bucket: c.share for c in step_op_calls(LLAMA, 64, 16384)}
     assert ts[("decode_attention", "c1k-g4-d128")] == pytest.approx(0.9 * small["c1k-g4-d128"])
@@ -234,9 +253,11 @@ def test_a_workloads_heavier_point_gets_the_larger_share_of_proposals():
 def test_a_workload_sets_the_runs_weighted_points(tmp_path):
     from kernel_agent.agent.cli import build_parser
     from kernel_agent.agent.commands import _run_config
+
     trace = os.path.join(DATA, "chat_300.jsonl")
-    args = build_parser().parse_args(["run", "--target-model", "llama-3-8b", "--workload", trace,
-                                      "--kv-budget", "8GiB", "--proposer", "search"])
+    args = build_parser().parse_args(
+        ["run", "--target-model", "llama-3-8b", "--workload", trace, "--kv-budget", "8GiB", "--proposer", "search"]
+    )
     args.time_limit_s = args.file_time_limit_s = None  # as _check_run_flags leaves them
     cfg = _run_config(args, {})
     expect = workload_points(analyze(trace, LLAMA, ("bf16", "int8"), 8 * 2**30))
@@ -246,6 +267,7 @@ def test_a_workload_sets_the_runs_weighted_points(tmp_path):
 
 
 # -- the KV-cache plan ----------------------------------------------------------------------------------
+
 
 def _opt(kv, page, tps, error=0.0, max_error=0.02):
     return kv_plan.PlanOption(kv, page, tps, 10.0, 100, error, error <= max_error)
@@ -277,13 +299,16 @@ def test_under_a_binding_budget_int8_holds_more_sequences_and_the_plan_takes_it(
     assert any("int8 cache, 16-token pages" in ln for ln in back.summary_lines())
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"kv_format": "fp8"}, "kv_format 'fp8'"),
-    ({"page_size": 24}, "page_size 24"),
-    ({"page_size": 64}, "not among its options"),
-    ({"kv_plan": 2}, "not a KV-cache plan"),
-    ({"model": {"layers": 2}}, "missing key"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"kv_format": "fp8"}, "kv_format 'fp8'"),
+        ({"page_size": 24}, "page_size 24"),
+        ({"page_size": 64}, "not among its options"),
+        ({"kv_plan": 2}, "not a KV-cache plan"),
+        ({"model": {"layers": 2}}, "missing key"),
+    ],
+)
 def test_a_bad_plan_file_is_refused_in_one_line(tmp_path, change, reason):
     plan = kv_plan.KvPlan(LLAMA.to_json(), 2**30, 0.02, "int8", 16, "test", [_opt("int8", 16, 1.0, 0.01)])
     doc = {**plan.to_json(), **change}
@@ -303,10 +328,25 @@ def test_the_serving_set_loads_its_plan(tmp_path, monkeypatch):
 
 # -- the command line ---------------------------------------------------------------------------------
 
+
 def test_analyze_writes_its_document(tmp_path, capsys):
     out = tmp_path / "a.json"
-    assert main(["workload", "analyze", os.path.join(DATA, "chat_300.jsonl"), "--model", "llama-3-8b",
-                 "--kv", "bf16,int8", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "workload",
+                "analyze",
+                os.path.join(DATA, "chat_300.jsonl"),
+                "--model",
+                "llama-3-8b",
+                "--kv",
+                "bf16,int8",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert set(doc["kv"]) == {"bf16", "int8"}
     assert doc["kv"]["bf16"]["schedule"]["finished"] == 300
@@ -314,32 +354,46 @@ def test_analyze_writes_its_document(tmp_path, capsys):
     assert "op calls by bucket" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["workload"], "give an action"),
-    (["workload", "analyze", "BAD", "--model", "llama-3-8b"], ":3: "),
-    (["workload", "analyze", "MISSING", "--model", "llama-3-8b"], "no such trace"),
-    (["workload", "analyze", "GOOD", "--model", "gpt-9"], "unknown model 'gpt-9'"),
-    (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--kv-budget", "lots"], "bad memory size"),
-    (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--kv", "fp4"], "--kv"),
-    (["workload", "plan", "GOOD", "--model", "llama-3-8b", "--page-sizes", "24"], "powers of two"),
-    (["workload", "plan", "GOOD", "--model", "llama-3-8b", "--measure", "on"], "no CUDA GPU"),
-    (["workload", "import", "vllm", "MISSING", "--out", "OUT"], "no such file"),
-    (["workload", "import", "vllm", "GOOD", "--out", "NOFOLDER"], "no folder"),
-    (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--json", "."], "is a folder"),
-    (["workload", "analyze", "EMPTY", "--model", "llama-3-8b"], "holds no request and no decode step"),
-    (["run", "--workload", "GOOD"], "--workload needs --target-model"),
-    (["run", "--target-model", "llama-3-8b", "--kv-budget", "8GiB"], "--kv-budget needs --workload"),
-    (["run", "--target-model", "llama-3-8b", "--workload", "BAD"], ":3: "),
-    (["run", "--resume", "r1", "--workload", "GOOD"], "no ledger"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["workload"], "give an action"),
+        (["workload", "analyze", "BAD", "--model", "llama-3-8b"], ":3: "),
+        (["workload", "analyze", "MISSING", "--model", "llama-3-8b"], "no such trace"),
+        (["workload", "analyze", "GOOD", "--model", "gpt-9"], "unknown model 'gpt-9'"),
+        (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--kv-budget", "lots"], "bad memory size"),
+        (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--kv", "fp4"], "--kv"),
+        (["workload", "plan", "GOOD", "--model", "llama-3-8b", "--page-sizes", "24"], "powers of two"),
+        (["workload", "plan", "GOOD", "--model", "llama-3-8b", "--measure", "on"], "no CUDA GPU"),
+        (["workload", "import", "vllm", "MISSING", "--out", "OUT"], "no such file"),
+        (["workload", "import", "vllm", "GOOD", "--out", "NOFOLDER"], "no folder"),
+        (["workload", "analyze", "GOOD", "--model", "llama-3-8b", "--json", "."], "is a folder"),
+        (["workload", "analyze", "EMPTY", "--model", "llama-3-8b"], "holds no request and no decode step"),
+        (["run", "--workload", "GOOD"], "--workload needs --target-model"),
+        (["run", "--target-model", "llama-3-8b", "--kv-budget", "8GiB"], "--kv-budget needs --workload"),
+        (["run", "--target-model", "llama-3-8b", "--workload", "BAD"], ":3: "),
+        (["run", "--resume", "r1", "--workload", "GOOD"], "no ledger"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, says):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # no GPU here, whatever the machine has
     monkeypatch.chdir(tmp_path)  # a run would write its ledger and candidates here
-    bad = _write(tmp_path / "bad.jsonl", [{"workload": 1}, {"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1},
-                                          {"arrival_s": 0, "prompt_tokens": -1, "output_tokens": 1}])
-    names = {"BAD": bad, "GOOD": os.path.join(DATA, "chat_300.jsonl"), "MISSING": str(tmp_path / "none.jsonl"),
-             "OUT": str(tmp_path / "out.jsonl"), "NOFOLDER": str(tmp_path / "none" / "t.jsonl"),
-             "EMPTY": _write(tmp_path / "empty.jsonl", [{"workload": 1, "source": "nothing"}])}
+    bad = _write(
+        tmp_path / "bad.jsonl",
+        [
+            {"workload": 1},
+            {"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1},
+            {"arrival_s": 0, "prompt_tokens": -1, "output_tokens": 1},
+        ],
+    )
+    names = {
+        "BAD": bad,
+        "GOOD": os.path.join(DATA, "chat_300.jsonl"),
+        "MISSING": str(tmp_path / "none.jsonl"),
+        "OUT": str(tmp_path / "out.jsonl"),
+        "NOFOLDER": str(tmp_path / "none" / "t.jsonl"),
+        "EMPTY": _write(tmp_path / "empty.jsonl", [{"workload": 1, "source": "nothing"}]),
+    }
     assert main([names.get(a, a) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
@@ -362,6 +416,7 @@ def test_measured_options_scale_the_roofline_by_what_the_gpu_step_took():
     def measure(cfg, kv, batch, ctx):
         asked.append((kv, cfg.page_size, batch, ctx))
         return {"step_ms": 2.0 * StepModel(cfg, kv).ms(batch, ctx // cfg.page_size), "error": 0.03}
+
     est = kv_plan.estimate_options(trace, LLAMA, 4 * 2**30, 0.02, page_sizes=(16,))
     got = kv_plan.estimate_options(trace, LLAMA, 4 * 2**30, 0.02, page_sizes=(16,), measure=measure, basis="gpu")
     assert [(kv, p) for kv, p, *_ in asked] == [("bf16", 16), ("int8", 16)]
@@ -375,15 +430,23 @@ def test_measured_options_scale_the_roofline_by_what_the_gpu_step_took():
 def test_the_pull_request_body_shows_a_plan(tmp_path):
     from committed_h200 import RUN, copied_ledger
     from kernel_agent.agent.pr import write_pr
+
     led, _ = copied_ledger(tmp_path)
     try:
-        plan = kv_plan.KvPlan(LLAMA.to_json(), 60 * 2**30, 0.02, "int8", 16, kv_plan.ESTIMATE_BASIS,
-                              [_opt("bf16", 16, 3429.0), _opt("int8", 16, 6280.0, 0.0092)])
+        plan = kv_plan.KvPlan(
+            LLAMA.to_json(),
+            60 * 2**30,
+            0.02,
+            "int8",
+            16,
+            kv_plan.ESTIMATE_BASIS,
+            [_opt("bf16", 16, 3429.0), _opt("int8", 16, 6280.0, 0.0092)],
+        )
         md = open(write_pr(led, led.get_run(RUN), str(tmp_path / "pr"), plan=plan).body_path).read()
         without = open(write_pr(led, led.get_run(RUN), str(tmp_path / "pr2")).body_path).read()
     finally:
         led.close()
-    section = md[md.index("## KV-cache plan"):]
+    section = md[md.index("## KV-cache plan") :]
     assert "**int8 cache, 16-token pages**, 6,280 tokens/s per GPU" in section
     assert "| int8 | 16 | 6,280 | 10.0 | 9.20e-03 | yes |" in section and "fp8 not offered" in section
     assert "KV-cache plan" not in without
@@ -397,6 +460,7 @@ def test_buckets_a_ledger_measured_take_the_measured_time():
     from kernel_agent.harness.model_step import roofline_ms
     from kernel_agent.harness.ops import get_op
     from kernel_agent.harness.workload import apply_measured, measured_ratios
+
     op = get_op("matmul")
     shapes = ["M=8,N=28672,K=4096", "M=16,N=4096,K=14336", "M=12,N=6144,K=4096"]
     roof = {k: roofline_ms(op.flops(op.parse_shape(k)), op.bytes(op.parse_shape(k), torch.bfloat16)) for k in shapes}
@@ -406,9 +470,22 @@ def test_buckets_a_ledger_measured_take_the_measured_time():
         nonlocal n
         n += 1
         ms = x * roof[shape]
-        rows.append(SimpleNamespace(id=n, run_id=run, label=label, op="matmul", bucket="m16-klarge", dtype="bfloat16",
-                                    gpu_name="NVIDIA H200", shape_key=shape, median_ms=ms * (1.1 if graph else 1.0),
-                                    graph_ms=ms if graph else None, implausible=implausible))
+        rows.append(
+            SimpleNamespace(
+                id=n,
+                run_id=run,
+                label=label,
+                op="matmul",
+                bucket="m16-klarge",
+                dtype="bfloat16",
+                gpu_name="NVIDIA H200",
+                shape_key=shape,
+                median_ms=ms * (1.1 if graph else 1.0),
+                graph_ms=ms if graph else None,
+                implausible=implausible,
+            )
+        )
+
     row("r1", "baseline", shapes[0], 9.0)  # an older run
     row("r2", "baseline", shapes[0], 2.0)
     row("r2", "serving:matmul__m16-klarge.py", shapes[1], 3.0, graph=False)
@@ -433,9 +510,11 @@ def test_a_workload_runs_pull_request_suggests_its_heaviest_point_for_the_decode
     from types import SimpleNamespace
 
     from kernel_agent.agent.pr import suggest_step
+
     weights = [["bf16", 8, 4096, 0.2], ["int8", 48, 3040, 0.5], ["bf16", 48, 3040, 0.3]]
-    run = SimpleNamespace(config={"target_model": LLAMA.to_json(), "target_weights": weights,
-                                  "target_points": "32x8192"})
+    run = SimpleNamespace(
+        config={"target_model": LLAMA.to_json(), "target_weights": weights, "target_points": "32x8192"}
+    )
     pk = SimpleNamespace(promotion=SimpleNamespace(op="decode_attention", bucket="c8k-g4-d128", dtype="bfloat16"))
     s = suggest_step(run, pk)
     assert (s.model, s.point, s.kv) == ("llama-3-8b", "48x3040", "bf16")
@@ -444,8 +523,25 @@ def test_a_workload_runs_pull_request_suggests_its_heaviest_point_for_the_decode
 def test_plan_json_is_the_document_alone_and_the_file_it_wrote(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # no GPU: estimated
     out = tmp_path / "plans" / "p.json"
-    assert main(["workload", "plan", os.path.join(DATA, "chat_300.jsonl"), "--model", "llama-3-8b", "--kv-budget",
-                 "4GiB", "--page-sizes", "16", "--out", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "workload",
+                "plan",
+                os.path.join(DATA, "chat_300.jsonl"),
+                "--model",
+                "llama-3-8b",
+                "--kv-budget",
+                "4GiB",
+                "--page-sizes",
+                "16",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc == json.loads(out.read_text()) and doc["basis"] == kv_plan.ESTIMATE_BASIS
     assert (doc["kv_format"], doc["page_size"]) == ("int8", 16) and kv_plan.load_plan(str(out)).kv_format == "int8"
@@ -454,6 +550,7 @@ def test_plan_json_is_the_document_alone_and_the_file_it_wrote(tmp_path, capsys,
 def test_a_config_files_run_section_names_the_workload(tmp_path):
     from kernel_agent.agent.cli import build_parser
     from kernel_agent.agent.commands import _run_config
+
     trace = os.path.join(DATA, "chat_300.jsonl")
     args = build_parser().parse_args(["run", "--proposer", "search"])
     args.time_limit_s = args.file_time_limit_s = None  # as _check_run_flags leaves them
@@ -469,7 +566,8 @@ def test_sglang_bench_serving_output_imports_its_last_run(tmp_path):
     recs = list(TraceReader(out))
     ok = [i for i, e in enumerate(last["errors"]) if not e]
     assert [(r.prompt_tokens, r.output_tokens, r.arrival_s) for r in recs] == [
-        (last["input_lens"][i], last["output_lens"][i], i / last["request_rate"]) for i in ok]
+        (last["input_lens"][i], last["output_lens"][i], i / last["request_rate"]) for i in ok
+    ]
     first_only = tmp_path / "summary.jsonl"
     first_only.write_text(open(src).read().splitlines()[0] + "\n")
     with pytest.raises(TraceError, match=r"summary.jsonl:1: not a SGLang benchmark result .*--output-details"):

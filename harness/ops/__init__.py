@@ -4,6 +4,7 @@ NAMES is the registry: the op modules, in the order the command line, the loop a
 them. It is known without importing torch, so that the command line reports a usage error at once;
 OPS, get_op and the shared types load the op modules (and torch) on first use.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,6 +35,7 @@ def __getattr__(attr: str) -> Any:
         return ops
     if attr in _FROM_COMMON:
         from . import common  # deferred: the shared types load torch; NAMES is known without it
+
         return getattr(common, attr)
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
@@ -46,5 +48,16 @@ def get_op(name: str) -> "Op":
         raise ValueError(f"unknown op {name!r}; expected one of {', '.join(NAMES)}") from None
 
 
-__all__ = ["NAMES", "OPS", "get_op", "Op", "Shape", "Case", "Comparison", "Tolerance", "DTYPES", "DTYPE_NAMES",
-           "dtype_from_name"]
+__all__ = [
+    "NAMES",
+    "OPS",
+    "get_op",
+    "Op",
+    "Shape",
+    "Case",
+    "Comparison",
+    "Tolerance",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "dtype_from_name",
+]

@@ -1,4 +1,5 @@
 """attention(q, k, v, causal=False, sm_scale=None) -> o: prefill attention with GQA."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,12 +64,12 @@ def attention_reference(q, k, v, causal: bool, sm_scale, precision):
 
 # The relative error of one product q_d k_jd of a score, by input dtype: exact in float32 for 16-bit inputs;
 # float32 inputs may take TF32 dots, which round both operands to 11 significant bits.
-SCORE_PRODUCT_ROUNDING = {torch.bfloat16: 0.0, torch.float16: 0.0, torch.float32: 2.0 ** -10}
+SCORE_PRODUCT_ROUNDING = {torch.bfloat16: 0.0, torch.float16: 0.0, torch.float32: 2.0**-10}
 # A kernel may round the probabilities to bfloat16 (or any finer type) for the P @ V dot, whatever the inputs:
 # one bfloat16 step relative, twice round-to-nearest's 2^-9 (room for a kernel that truncates).
-PROB_ROUNDING = 2.0 ** -8
-FP32_TERM = 4 * 2.0 ** -24  # per term of a float32 sum in any order (tensor cores may truncate), as for matmul
-FP16_UNDERFLOW = 2.0 ** -24  # float16's subnormal spacing: what a probability taken in float16 may lose
+PROB_ROUNDING = 2.0**-8
+FP32_TERM = 4 * 2.0**-24  # per term of a float32 sum in any order (tensor cores may truncate), as for matmul
+FP16_UNDERFLOW = 2.0**-24  # float16's subnormal spacing: what a probability taken in float16 may lose
 
 
 def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_floor=None) -> torch.Tensor:
@@ -101,9 +102,12 @@ def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_fl
     va = v.abs()
     live = torch.ones_like(s) if keep is None else keep.to(s.dtype)
     floor = va if v_floor is None else v_floor.abs()
-    return (moved @ va + moved.sum(-1, keepdim=True) * o.abs()
-            + (PROB_ROUNDING + FP32_TERM * Sk) * (p @ va + o.abs())
-            + FP16_UNDERFLOW * p.amax(-1, keepdim=True) * (live @ floor))
+    return (
+        moved @ va
+        + moved.sum(-1, keepdim=True) * o.abs()
+        + (PROB_ROUNDING + FP32_TERM * Sk) * (p @ va + o.abs())
+        + FP16_UNDERFLOW * p.amax(-1, keepdim=True) * (live @ floor)
+    )
 
 
 # The factor on softmax_rounding_bound that an element may use: room for the products of small errors that
@@ -111,12 +115,14 @@ def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_fl
 SOFTMAX_BOUND_TOL = 2.0
 
 
-def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None) -> torch.Tensor:
+def torch_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> torch.Tensor:
     """The contract through torch SDPA (flash or memory-efficient kernels where they apply); GQA by
     SDPA's own head grouping, which maps query head h to kv head h // (Hq // Hkv) as the contract does."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=sm_scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=bool(causal), scale=sm_scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
 class Attention(Op):
@@ -127,8 +133,9 @@ class Attention(Op):
     shape_cls = AttentionShape
     anchor_name = "torch SDPA"
     torch_label = "anchor:sdpa"
-    tuning_space = Space(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
-                         ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)), _fits)
+    tuning_space = Space(
+        ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)), _fits
+    )
 
     def torch_impl(self):
         return torch_attention
@@ -139,14 +146,29 @@ class Attention(Op):
     def shape_suites(self):
         S = AttentionShape
         return {
-            "tiny": [S(1, 1, 1, 1, 16), S(1, 2, 1, 17, 16, True), S(2, 4, 2, 33, 32), S(1, 2, 2, 64, 64, True),
-                     S(1, 3, 1, 47, 32, True), S(1, 1, 1, 129, 16)],
+            "tiny": [
+                S(1, 1, 1, 1, 16),
+                S(1, 2, 1, 17, 16, True),
+                S(2, 4, 2, 33, 32),
+                S(1, 2, 2, 64, 64, True),
+                S(1, 3, 1, 47, 32, True),
+                S(1, 1, 1, 129, 16),
+            ],
             # a long causal row; MQA across a 256-key tile edge; the padded head dims, 80 to 128 and 256 wide
-            "near_serving": [S(1, 1, 1, 2048, 64, True), S(1, 4, 1, 257, 128), S(1, 3, 1, 150, 80),
-                             S(1, 2, 1, 257, 256, True)],
+            "near_serving": [
+                S(1, 1, 1, 2048, 64, True),
+                S(1, 4, 1, 257, 128),
+                S(1, 3, 1, 150, 80),
+                S(1, 2, 1, 257, 256, True),
+            ],
             # D = 128 (Llama), and the head dims of smaller (64: Llama-3.2-1B) and larger (256: Gemma) models
-            "serving": [S(4, 32, 32, 4096, 128, False), S(4, 32, 32, 4096, 128, True),
-                        S(4, 32, 8, 4096, 128, True), S(4, 32, 8, 4096, 64, True), S(4, 16, 8, 4096, 256, True)],
+            "serving": [
+                S(4, 32, 32, 4096, 128, False),
+                S(4, 32, 32, 4096, 128, True),
+                S(4, 32, 8, 4096, 128, True),
+                S(4, 32, 8, 4096, 64, True),
+                S(4, 16, 8, 4096, 256, True),
+            ],
         }
 
     def shape_strategy(self):
@@ -158,13 +180,24 @@ class Attention(Op):
         def shapes(draw):
             hkv = draw(st.sampled_from([1, 2, 3]))
             group = draw(st.sampled_from([1, 2, 4]))
-            return AttentionShape(draw(st.sampled_from([1, 2])), hkv * group, hkv,
-                                  draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
-                                  draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.booleans()))
+            return AttentionShape(
+                draw(st.sampled_from([1, 2])),
+                hkv * group,
+                hkv,
+                draw(st.sampled_from([1, 2, 15, 16, 17, 31, 63, 64, 65, 100, 127, 129])),
+                draw(st.sampled_from(HEAD_DIMS_DRAWN)),
+                draw(st.booleans()),
+            )
+
         return shapes()
 
-    value_dims = (ValueDim("D", 1, 256, 256), ValueDim("group", 1, 128, 128), ValueDim("S", 1, 1 << 17, 1024),
-                  ValueDim("B", 1, 4096, 64), ValueDim("Hkv", 1, 128, 32))
+    value_dims = (
+        ValueDim("D", 1, 256, 256),
+        ValueDim("group", 1, 128, 128),
+        ValueDim("S", 1, 1 << 17, 1024),
+        ValueDim("B", 1, 4096, 64),
+        ValueDim("Hkv", 1, 128, 32),
+    )
 
     def value_base(self) -> AttentionShape:
         return AttentionShape(2, 2, 1, 33, 16)
@@ -178,16 +211,25 @@ class Attention(Op):
         """Head dims past 128, GQA groups past 8 (MQA at 128 query heads), BSHD and pair views, on the CPU;
         a long sequence on the GPU."""
         S = AttentionShape
-        cpu = [Region("head dim 160", S(1, 2, 1, 33, 160)), Region("head dim 256", S(1, 1, 1, 20, 256, True)),
-               Region("GQA group 16", S(1, 16, 1, 17, 16)), Region("MQA group 32", S(1, 32, 1, 5, 16, True)),
-               Region("BSHD view", S(2, 4, 2, 33, 32), "bshd"), Region("BSHD view, causal", S(1, 2, 1, 65, 64, True),
-                                                                      "bshd"),
-               Region("pair view", S(1, 2, 1, 17, 16), "pair")]
-        gpu = [Region("sequence 16384, MQA", S(1, 8, 1, 16384, 128, True), where="gpu"),
-               Region("MQA group 128 at head dim 256", S(1, 128, 1, 1024, 256, True), where="gpu"),
-               Region("BSHD view at serving shape", S(2, 32, 8, 2048, 128, True), "bshd", where="gpu")]
-        limits = (("head dim D", "1..256"), ("GQA group", "1..128 (MQA included)"),
-                  ("sequence", "1.. (16384 on the GPU)")) + COMMON_LIMITS
+        cpu = [
+            Region("head dim 160", S(1, 2, 1, 33, 160)),
+            Region("head dim 256", S(1, 1, 1, 20, 256, True)),
+            Region("GQA group 16", S(1, 16, 1, 17, 16)),
+            Region("MQA group 32", S(1, 32, 1, 5, 16, True)),
+            Region("BSHD view", S(2, 4, 2, 33, 32), "bshd"),
+            Region("BSHD view, causal", S(1, 2, 1, 65, 64, True), "bshd"),
+            Region("pair view", S(1, 2, 1, 17, 16), "pair"),
+        ]
+        gpu = [
+            Region("sequence 16384, MQA", S(1, 8, 1, 16384, 128, True), where="gpu"),
+            Region("MQA group 128 at head dim 256", S(1, 128, 1, 1024, 256, True), where="gpu"),
+            Region("BSHD view at serving shape", S(2, 32, 8, 2048, 128, True), "bshd", where="gpu"),
+        ]
+        limits = (
+            ("head dim D", "1..256"),
+            ("GQA group", "1..128 (MQA included)"),
+            ("sequence", "1.. (16384 on the GPU)"),
+        ) + COMMON_LIMITS
         return Domain(limits, tuple(cpu + gpu))
 
     def bucket(self, shape: AttentionShape) -> str:
@@ -211,8 +253,9 @@ class Attention(Op):
         return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "causal": shape.causal, "sm_scale": None}
 
     def reference(self, args, precision=torch.float32):
-        return attention_reference(args["q"], args["k"], args["v"], bool(args.get("causal", False)),
-                                   args.get("sm_scale"), precision)
+        return attention_reference(
+            args["q"], args["k"], args["v"], bool(args.get("causal", False)), args.get("sm_scale"), precision
+        )
 
     def element_bounds(self, args):
         """Each output element against its own softmax's rounding (softmax_rounding_bound), one kv head and its
@@ -227,8 +270,9 @@ class Attention(Op):
         cond = torch.empty_like(q)
         for b in range(B):
             for h in range(Hkv):
-                cond[b, h * g:(h + 1) * g] = softmax_rounding_bound(q[b, h * g:(h + 1) * g], k[b, h], v[b, h], scale,
-                                                                    keep, args["q"].dtype)
+                cond[b, h * g : (h + 1) * g] = softmax_rounding_bound(
+                    q[b, h * g : (h + 1) * g], k[b, h], v[b, h], scale, keep, args["q"].dtype
+                )
         return ElementBound(cond, SOFTMAX_BOUND_TOL, "softmax rounding bound", with_rms=True)
 
     def flops(self, shape: AttentionShape) -> float:

@@ -4,6 +4,7 @@ An op module (matmul.py, attention.py, ...) defines one `Op` instance. Everythin
 else in kernel-agent (sanitizer, benchmark, agent, serving set) reads the op
 through that object, so the contract lives in exactly one place.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -102,7 +103,9 @@ class Comparison:
             return f"rel_error={self.rel_error:.3g} bad_fraction={self.bad_fraction:.3g}"
         where = ""
         if self.first_bad_index is not None:
-            where = f" first bad index {list(self.first_bad_index)}: observed {self.observed!r}, expected {self.expected!r}"
+            where = (
+                f" first bad index {list(self.first_bad_index)}: observed {self.observed!r}, expected {self.expected!r}"
+            )
         return f"{self.reason}{where} (rel_error={self.rel_error:.3g}, bad_fraction={self.bad_fraction:.3g})"
 
 
@@ -128,8 +131,9 @@ def output_step(dtype: torch.dtype) -> float:
 RMS_MIN_ELEMENTS = 64  # outputs with fewer elements: the rms-based bound is floored at the rounding model
 
 
-def compare_tensor(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output",
-                   element: Optional[ElementBound] = None) -> Comparison:
+def compare_tensor(
+    out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output", element: Optional[ElementBound] = None
+) -> Comparison:
     """Compare one output tensor against a float64 reference with `tol`.
 
     With `element` (the op's bound on each element from its own computation: for a matmul the sum over k
@@ -138,14 +142,23 @@ def compare_tensor(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: s
     if not isinstance(out, torch.Tensor):
         return Comparison(False, math.inf, 1.0, reason=f"{name} is {type(out).__name__}, not a tensor")
     if tuple(out.shape) != tuple(ref.shape):
-        return Comparison(False, math.inf, 1.0, reason=f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+        return Comparison(
+            False, math.inf, 1.0, reason=f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+        )
     o = out.detach().to(torch.float64)
     r = ref.detach().to(o.device, torch.float64)
     finite = torch.isfinite(o)
     if not bool(finite.all()):
         idx = _first_index(~finite)
-        return Comparison(False, math.inf, float((~finite).double().mean()), idx,
-                          float(o[idx]), float(r[idx]), reason=f"{name} has non-finite values")
+        return Comparison(
+            False,
+            math.inf,
+            float((~finite).double().mean()),
+            idx,
+            float(o[idx]),
+            float(r[idx]),
+            reason=f"{name} has non-finite values",
+        )
     diff = (o - r).abs()
     step = output_step(out.dtype)
     ref_norm = float(r.norm())
@@ -168,8 +181,15 @@ def compare_tensor(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: s
         frac = float(bad.double().mean()) if bad.numel() else 0.0
         if frac > allowed:
             idx = _first_index(bad)
-            return Comparison(False, rel, frac, idx, float(o[idx]), float(r[idx]),
-                              reason=f"{name}: {int(bad.sum())} element(s) ({frac:.3%}) outside tolerance ({how})")
+            return Comparison(
+                False,
+                rel,
+                frac,
+                idx,
+                float(o[idx]),
+                float(r[idx]),
+                reason=f"{name}: {int(bad.sum())} element(s) ({frac:.3%}) outside tolerance ({how})",
+            )
     return Comparison(True, rel, frac)
 
 
@@ -195,8 +215,7 @@ def generator(seed: int, device: torch.device | str) -> Optional[torch.Generator
     return g
 
 
-def fill(shape: Sequence[int], dist: str, gen: torch.Generator, device, scale: float = 1.0,
-         row_dim=-1) -> torch.Tensor:
+def fill(shape: Sequence[int], dist: str, gen: torch.Generator, device, scale: float = 1.0, row_dim=-1) -> torch.Tensor:
     """Float32 values from a named distribution. `row_dim` (an int or a tuple) names the
     dims along which 'equal_rows' repeats a value."""
     shape = tuple(int(s) for s in shape)
@@ -208,7 +227,7 @@ def fill(shape: Sequence[int], dist: str, gen: torch.Generator, device, scale: f
         x = torch.where(pick, x * 30.0, x)
     elif dist == "equal_rows":
         reduced = list(shape)
-        for d in (row_dim if isinstance(row_dim, tuple) else (row_dim,)):
+        for d in row_dim if isinstance(row_dim, tuple) else (row_dim,):
             reduced[d] = 1
         x = (torch.randn(reduced, generator=gen, device=device) * scale).expand(shape).contiguous()
     else:
@@ -244,7 +263,7 @@ def fused_slice_like(x: torch.Tensor, pad_value: float = float("nan")) -> torch.
     values (`pad_value`) on both sides. A kernel that takes unit last stride to mean packed rows reads them."""
     n = x.shape[-1] if x.dim() else 1
     storage = torch.full((*x.shape[:-1], 3 * n), pad_value, dtype=x.dtype, device=x.device)
-    out = storage[..., n:2 * n]
+    out = storage[..., n : 2 * n]
     out.copy_(x)
     return out
 
@@ -334,8 +353,11 @@ class Domain:
 # Magnitudes and views every op's domain admits (each op adds its dimensions).
 COMMON_LIMITS = (
     ("dtypes", "float16, bfloat16, float32 (bfloat16 values in float32 tensors on the CPU)"),
-    ("views", "contiguous; strided (padded, last two dims transposed); a fused-QKV slice (rows 3x apart); "
-              "a pair slice (`kv[:, 0]` of [T, 2, ...]); BSHD / HND (the dims before the last swapped)"),
+    (
+        "views",
+        "contiguous; strided (padded, last two dims transposed); a fused-QKV slice (rows 3x apart); "
+        "a pair slice (`kv[:, 0]` of [T, 2, ...]); BSHD / HND (the dims before the last swapped)",
+    ),
     ("magnitudes", "normal, large (as large as the output allows), 30x outliers, equal rows"),
 )
 
@@ -365,8 +387,10 @@ class Case:
 
     def describe(self) -> str:
         extra = f" sm_scale={self.args['sm_scale']:.6g}" if self.args.get("sm_scale") is not None else ""
-        return (f"op={self.op} shape={self.shape.key()} dtype={DTYPE_NAMES.get(self.dtype, self.dtype)} "
-                f"seed={self.seed} dist={self.dist} layout={self.layout}{extra}")
+        return (
+            f"op={self.op} shape={self.shape.key()} dtype={DTYPE_NAMES.get(self.dtype, self.dtype)} "
+            f"seed={self.seed} dist={self.dist} layout={self.layout}{extra}"
+        )
 
     def call(self, fn: Callable):
         return fn(**self.args)
@@ -423,8 +447,7 @@ class Op:
                 k, v = p, "1"
             names = {f.name: f for f in fields}
             if k not in names:
-                raise ValueError(f"{self.name}: unknown shape field {k!r} in {text!r}; fields are "
-                                 f"{', '.join(names)}")
+                raise ValueError(f"{self.name}: unknown shape field {k!r} in {text!r}; fields are {', '.join(names)}")
             f = names[k]
             if f.type in ("bool", bool):
                 values[k] = v.lower() in ("1", "true", "yes")
@@ -435,11 +458,16 @@ class Op:
                 raise ValueError(f"{self.name}: {k} must be a whole number in {text!r}, got {v.strip()!r}") from None
             if values[k] < 1:  # every int field of a shape is a size
                 raise ValueError(f"{self.name}: {k} must be at least 1 in {text!r}, got {values[k]}")
-        missing = [f.name for f in fields if f.name not in values and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in fields
+            if f.name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
-            raise ValueError(f"{self.name}: incomplete shape {text!r}: missing {', '.join(missing)} (fields: "
-                             f"{', '.join(f.name for f in fields)})")
+            raise ValueError(
+                f"{self.name}: incomplete shape {text!r}: missing {', '.join(missing)} (fields: "
+                f"{', '.join(f.name for f in fields)})"
+            )
         return self.shape_cls(**values)
 
     def shape_strategy(self):
@@ -455,8 +483,15 @@ class Op:
         raise NotImplementedError
 
     # -- inputs -------------------------------------------------------------------------
-    def make_case(self, shape: Shape, dtype: torch.dtype, seed: int = 0, dist: str = "normal",
-                  layout: str = "contiguous", device="cpu") -> Case:
+    def make_case(
+        self,
+        shape: Shape,
+        dtype: torch.dtype,
+        seed: int = 0,
+        dist: str = "normal",
+        layout: str = "contiguous",
+        device="cpu",
+    ) -> Case:
         if dist not in {d.name for d in self.distributions}:
             raise ValueError(f"{self.name}: unknown distribution {dist!r}")
         if dtype not in self.dtypes:
@@ -464,12 +499,29 @@ class Op:
         gen = generator(seed, device)
         args = self._make_args(shape, dtype, gen, dist, device)
         if layout in ("strided", "fused"):
-            args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 1
-                        and k not in self.keep_contiguous() else v) for k, v in args.items()}
+            args = {
+                k: (
+                    relaid(v, layout, gen)
+                    if isinstance(v, torch.Tensor)
+                    and v.is_floating_point()
+                    and v.dim() >= 1
+                    and k not in self.keep_contiguous()
+                    else v
+                )
+                for k, v in args.items()
+            }
         elif layout in ("pair", "bshd"):  # int8 caches too: laid out as their float twins
-            args = {k: (relaid(v, layout, gen) if isinstance(v, torch.Tensor) and v.dim() >= 2 and
-                        (v.is_floating_point() or v.dtype == torch.int8) and k not in self.keep_contiguous() else v)
-                    for k, v in args.items()}
+            args = {
+                k: (
+                    relaid(v, layout, gen)
+                    if isinstance(v, torch.Tensor)
+                    and v.dim() >= 2
+                    and (v.is_floating_point() or v.dtype == torch.int8)
+                    and k not in self.keep_contiguous()
+                    else v
+                )
+                for k, v in args.items()
+            }
         elif layout.startswith("strided:"):  # one input in the strided view, int8 included; the others packed
             name = layout.split(":", 1)[1]
             v = args.get(name)
@@ -511,8 +563,9 @@ class Op:
             for d, v in picked.items():
                 shape = self.with_value(shape, d.name, v)
             cpu = all(v <= d.cpu_hi for d, v in picked.items())
-            out.append(Region(", ".join(f"{d.name}={v}" for d, v in picked.items()), shape,
-                              where="cpu" if cpu else "gpu"))
+            out.append(
+                Region(", ".join(f"{d.name}={v}" for d, v in picked.items()), shape, where="cpu" if cpu else "gpu")
+            )
         return out
 
     def value_regions(self, values: Sequence[int]) -> List[Region]:
@@ -538,10 +591,16 @@ class Op:
         # float16 then float32: a condition on one input's strides (`k.stride(-1) == 1 and v.stride(-1) == 1`)
         # takes each of its sides only when the others are packed
         probe = self.make_case(tiny[3 % len(tiny)], torch.float32)
-        names = [k for k, v in probe.args.items() if isinstance(v, torch.Tensor) and v.dim() >= 2
-                 and (v.is_floating_point() or v.dtype == torch.int8)]
-        one = [Region(f"{tiny[3 % len(tiny)].key()} {name} strided", tiny[3 % len(tiny)], f"strided:{name}")
-               for name in names for _ in range(2)]
+        names = [
+            k
+            for k, v in probe.args.items()
+            if isinstance(v, torch.Tensor) and v.dim() >= 2 and (v.is_floating_point() or v.dtype == torch.int8)
+        ]
+        one = [
+            Region(f"{tiny[3 % len(tiny)].key()} {name} strided", tiny[3 % len(tiny)], f"strided:{name}")
+            for name in names
+            for _ in range(2)
+        ]
         extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS for s in tiny]
         return one + extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
 

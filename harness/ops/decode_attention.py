@@ -1,4 +1,5 @@
 """decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None) -> o."""
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -38,8 +39,11 @@ class DecodeAttention(PagedDecodeOp):
     arg_names = ("q", "k_cache", "v_cache", "block_table", "seq_lens")
     optional_args = ("sm_scale",)
     anchor_name = "torch SDPA over the gathered cache"
-    tuning_space = Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
-                         ((1, 2, 4, 8, 16), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)), decode_config_fits)
+    tuning_space = Space(
+        ("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
+        ((1, 2, 4, 8, 16), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)),
+        decode_config_fits,
+    )
 
     def config_args(self, shape: DecodeShape, device) -> tuple:
         # the bf16 baseline's launch config depends on the head dim too: a token tile's bytes are BLOCK_N * D
@@ -55,8 +59,14 @@ class DecodeAttention(PagedDecodeOp):
         v = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
         k = garbage_fill(k.to(dtype), layout["owned"], float("nan"))
         v = garbage_fill(v.to(dtype), layout["owned"], float("nan"))
-        return {"q": q.to(dtype), "k_cache": k, "v_cache": v, "block_table": layout["block_table"],
-                "seq_lens": layout["seq_lens"], "sm_scale": None}
+        return {
+            "q": q.to(dtype),
+            "k_cache": k,
+            "v_cache": v,
+            "block_table": layout["block_table"],
+            "seq_lens": layout["seq_lens"],
+            "sm_scale": None,
+        }
 
     def readable(self, args):
         owned = owned_from_args(args)

@@ -1,4 +1,5 @@
 """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, seq_lens, sm_scale=None) -> o."""
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -40,8 +41,11 @@ class DecodeAttentionInt8(PagedDecodeOp):
     arg_names = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_table", "seq_lens")
     optional_args = ("sm_scale",)
     anchor_name = "torch SDPA over the gathered bf16/fp16 cache"
-    tuning_space = Space(("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
-                         ((1, 2, 4, 8, 16), (32, 64, 128, 256), (2, 4, 8), (1, 2, 3, 4)), decode_config_fits)
+    tuning_space = Space(
+        ("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"),
+        ((1, 2, 4, 8, 16), (32, 64, 128, 256), (2, 4, 8), (1, 2, 3, 4)),
+        decode_config_fits,
+    )
 
     def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
         self._check_heads(shape)
@@ -59,8 +63,16 @@ class DecodeAttentionInt8(PagedDecodeOp):
         v_q = torch.where(owned[..., None, None], v_q, junk)
         k_s = garbage_fill(k_s, owned, float("nan"))
         v_s = garbage_fill(v_s, owned, float("nan"))
-        return {"q": q.to(dtype), "k_cache": k_q, "k_scale": k_s, "v_cache": v_q, "v_scale": v_s,
-                "block_table": layout["block_table"], "seq_lens": layout["seq_lens"], "sm_scale": None}
+        return {
+            "q": q.to(dtype),
+            "k_cache": k_q,
+            "k_scale": k_s,
+            "v_cache": v_q,
+            "v_scale": v_s,
+            "block_table": layout["block_table"],
+            "seq_lens": layout["seq_lens"],
+            "sm_scale": None,
+        }
 
     def readable(self, args):
         owned = owned_from_args(args)

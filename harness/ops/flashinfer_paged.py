@@ -14,6 +14,7 @@ may not write outside their scratch folder, load them without compiling.
 
 Without the extra every entry point raises FlashInferUnavailable with one line saying why.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,18 @@ class PagedDecoder:
     graph), then `run(q, k_cache, v_cache)` any number of times, capturable in a CUDA graph (FlashInfer's
     fixed-buffer mode)."""
 
-    def __init__(self, block_table: torch.Tensor, seq_lens: torch.Tensor, Hq: int, Hkv: int, D: int,
-                 block_size: int, dtype: torch.dtype, sm_scale: Optional[float] = None,
-                 tensor_cores: Optional[bool] = None):
+    def __init__(
+        self,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        Hq: int,
+        Hkv: int,
+        D: int,
+        block_size: int,
+        dtype: torch.dtype,
+        sm_scale: Optional[float] = None,
+        tensor_cores: Optional[bool] = None,
+    ):
         flashinfer = _import()
         if block_table.device.type != "cuda":
             raise FlashInferUnavailable("needs a CUDA GPU")
@@ -86,10 +96,25 @@ class PagedDecoder:
         env_tc = os.environ.get("KERNEL_AGENT_FLASHINFER_TENSOR_CORES") == "1"
         self.tensor_cores = env_tc if tensor_cores is None else tensor_cores
         self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores, paged_kv_indptr_buffer=self._buffers[0],
-            paged_kv_indices_buffer=self._buffers[1], paged_kv_last_page_len_buffer=self._buffers[2])
-        self._wrapper.plan(*self._buffers, Hq, Hkv, D, block_size, pos_encoding_mode="NONE", q_data_type=dtype,
-                           kv_data_type=dtype, sm_scale=sm_scale)
+            self._workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.tensor_cores,
+            paged_kv_indptr_buffer=self._buffers[0],
+            paged_kv_indices_buffer=self._buffers[1],
+            paged_kv_last_page_len_buffer=self._buffers[2],
+        )
+        self._wrapper.plan(
+            *self._buffers,
+            Hq,
+            Hkv,
+            D,
+            block_size,
+            pos_encoding_mode="NONE",
+            q_data_type=dtype,
+            kv_data_type=dtype,
+            sm_scale=sm_scale,
+        )
         self.version = flashinfer.__version__
         self.label = f"flashinfer-{self.version}" + ("-tc" if self.tensor_cores else "")
 
@@ -100,8 +125,16 @@ class PagedDecoder:
 def decode_anchor(args: dict) -> PagedDecoder:
     """A PagedDecoder for a paged decode case's arguments (a bf16/fp16 cache: the caller dequantizes codes)."""
     q, k = args["q"], args["k_cache"]
-    return PagedDecoder(args["block_table"], args["seq_lens"], q.shape[1], k.shape[2], q.shape[2], k.shape[1],
-                        k.dtype, args.get("sm_scale"))
+    return PagedDecoder(
+        args["block_table"],
+        args["seq_lens"],
+        q.shape[1],
+        k.shape[2],
+        q.shape[2],
+        k.shape[1],
+        k.dtype,
+        args.get("sm_scale"),
+    )
 
 
 def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print, tensor_cores=(False,)) -> List[str]:
@@ -110,6 +143,7 @@ def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print, tensor_cores
     loads it without compiling. Returns the installed paths."""
     flashinfer = _import()
     from flashinfer.jit import env as jit_env  # the optional extra, imported by _import above
+
     if not torch.cuda.is_available():
         raise FlashInferUnavailable("needs a CUDA GPU")
     for D in head_dims:
@@ -150,8 +184,7 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__: List[Any] = ["FlashInferUnavailable", "PagedDecoder", "decode_anchor", "prebuild", "version",
-                      "INSTALL_HINT"]
+__all__: List[Any] = ["FlashInferUnavailable", "PagedDecoder", "decode_anchor", "prebuild", "version", "INSTALL_HINT"]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """matmul(a, b) -> c: the op definition (reference, inputs, shapes, cost)."""
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,19 @@ class Matmul(Op):
     shape_cls = MatmulShape
     anchor_name = "torch.matmul (cuBLAS)"
     torch_label = "anchor:torch.matmul"
-    tuning_space = Space(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"),
-                         ((16, 32, 64, 128, 256), (32, 64, 128, 256), (32, 64, 128, 256), (1, 4, 8, 16), (1, 2, 4),
-                          (2, 4, 8), (2, 3, 4, 5)), _fits)
+    tuning_space = Space(
+        ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"),
+        (
+            (16, 32, 64, 128, 256),
+            (32, 64, 128, 256),
+            (32, 64, 128, 256),
+            (1, 4, 8, 16),
+            (1, 2, 4),
+            (2, 4, 8),
+            (2, 3, 4, 5),
+        ),
+        _fits,
+    )
 
     def torch_impl(self):
         return torch_matmul
@@ -58,13 +69,19 @@ class Matmul(Op):
             "tiny": [S(1, 1, 1), S(17, 13, 29), S(64, 64, 64), S(33, 65, 31), S(1, 96, 80), S(127, 31, 129)],
             # near serving scale, cheap enough for the interpreter (cheats gated on size)
             "near_serving": [S(4096, 16, 32), S(16, 4096, 64), S(16, 32, 4096), S(512, 512, 512)],
-            "serving": [S(4096, 4096, 4096), S(8192, 8192, 8192),
-                        S(1, 8192, 8192), S(16, 8192, 8192), S(64, 8192, 8192)],
+            "serving": [
+                S(4096, 4096, 4096),
+                S(8192, 8192, 8192),
+                S(1, 8192, 8192),
+                S(16, 8192, 8192),
+                S(64, 8192, 8192),
+            ],
         }
 
     def shape_strategy(self):
         """Interpreter-sized shapes for property tests: 1, primes, and block sizes +-1."""
         from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw shapes
+
         dim = st.sampled_from([1, 2, 3, 7, 13, 16, 17, 31, 32, 33, 63, 64, 65, 97, 127, 128, 129])
         return st.builds(MatmulShape, dim, dim, dim)
 
@@ -79,17 +96,28 @@ class Matmul(Op):
         S = MatmulShape
         cpu = [Region(f"{layout} view", S(33, 65, 31), layout) for layout in ("pair", "bshd")]
         cpu += [Region("K past the tiles, pair view", S(5, 40, 1000), "pair")]
-        gpu = [Region("a past 2^31 elements", S(65600, 16, 32768), where="gpu"),
-               Region("b past 2^31 elements, transposed", S(16, 65600, 32768), "bshd", where="gpu")]
-        limits = (("M, N, K", "0.. (empty products included)"), ("operands", "past 2^31 elements on the GPU")) \
-            + COMMON_LIMITS
+        gpu = [
+            Region("a past 2^31 elements", S(65600, 16, 32768), where="gpu"),
+            Region("b past 2^31 elements, transposed", S(16, 65600, 32768), "bshd", where="gpu"),
+        ]
+        limits = (
+            ("M, N, K", "0.. (empty products included)"),
+            ("operands", "past 2^31 elements on the GPU"),
+        ) + COMMON_LIMITS
         return Domain(limits, tuple(cpu + gpu))
 
     def branch_pool(self):
         S = MatmulShape
         empty = [Region(f"empty {s.key()}", s) for s in (S(0, 5, 7), S(5, 0, 7), S(5, 7, 0))]
-        return empty + super().branch_pool() + [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS
-                                                 for s in (S(300, 300, 8), S(1, 1000, 300))]
+        return (
+            empty
+            + super().branch_pool()
+            + [
+                Region(f"{s.key()} {layout}", s, layout)
+                for layout in DOMAIN_LAYOUTS
+                for s in (S(300, 300, 8), S(1, 1000, 300))
+            ]
+        )
 
     def bucket(self, shape: MatmulShape) -> str:
         m = shape.M
@@ -123,8 +151,8 @@ class Matmul(Op):
         operands (2^-10), both times sum_k |a_ik||b_kj|; the output's rounding is in rtol * |ref|. No
         element may exceed its bound, so one corrupted element of a large output fails."""
         a, b = args["a"].detach().to(torch.float64), args["b"].detach().to(torch.float64)
-        tf32 = 2.0 ** -10 if self.output_dtype(args) == torch.float32 else 0.0
-        return ElementBound(a.abs() @ b.abs(), 4.0 * a.shape[1] * 2.0 ** -24 + tf32, "sum|a||b|")
+        tf32 = 2.0**-10 if self.output_dtype(args) == torch.float32 else 0.0
+        return ElementBound(a.abs() @ b.abs(), 4.0 * a.shape[1] * 2.0**-24 + tf32, "sum|a||b|")
 
     def flops(self, shape: MatmulShape) -> float:
         return 2.0 * shape.M * shape.N * shape.K

@@ -5,6 +5,7 @@ Blocks are handed out in a random order (a fragmented cache), block_table entrie
 past the blocks a sequence needs hold invalid ids, and every cache slot that no live
 token owns holds garbage, so a kernel that reads one of them shows it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,9 +48,16 @@ def decode_shape_strategy():
     def shapes(draw):
         hkv = draw(st.sampled_from([1, 2, 3]))
         group = draw(st.sampled_from([1, 2, 4, 5, 8]))
-        return DecodeShape(draw(st.sampled_from([1, 2, 3, 5])), hkv * group, hkv,
-                           draw(st.sampled_from(HEAD_DIMS_DRAWN)), draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24])),
-                           draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257, 520])), draw(st.booleans()))
+        return DecodeShape(
+            draw(st.sampled_from([1, 2, 3, 5])),
+            hkv * group,
+            hkv,
+            draw(st.sampled_from(HEAD_DIMS_DRAWN)),
+            draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24])),
+            draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257, 520])),
+            draw(st.booleans()),
+        )
+
     return shapes()
 
 
@@ -71,9 +79,12 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
     max_blocks = math.ceil(shape.ctx / bs) + 1  # one spare column: always unused
     if torch.device(device).type == "meta":  # shapes only (a compile's launches): as many blocks as full sequences
         num_blocks = B * (max_blocks - 1) + 3
-        return {"seq_lens": torch.empty((B,), device=device, dtype=torch.int32),
-                "block_table": torch.empty((B, max_blocks), device=device, dtype=torch.int32),
-                "num_blocks": num_blocks, "owned": torch.empty((num_blocks, bs), device=device, dtype=torch.bool)}
+        return {
+            "seq_lens": torch.empty((B,), device=device, dtype=torch.int32),
+            "block_table": torch.empty((B, max_blocks), device=device, dtype=torch.int32),
+            "num_blocks": num_blocks,
+            "owned": torch.empty((num_blocks, bs), device=device, dtype=torch.bool),
+        }
     if shape.ragged:
         seq_lens = torch.randint(1, shape.ctx + 1, (B,), generator=gen, device=device, dtype=torch.int64)
         seq_lens[0] = shape.ctx  # the longest sequence is always present
@@ -143,8 +154,14 @@ def paged_reference(args: Mapping[str, Any], precision):
     lens = [int(x) for x in args["seq_lens"].tolist()]
     for b in range(B):
         k, v, _ = gather_kv(args, b, lens[b], precision)  # [L, Hkv, D]
-        o = attention_reference(q[b][None, :, None, :], k.permute(1, 0, 2)[None], v.permute(1, 0, 2)[None],
-                                False, sm_scale if sm_scale is not None else 1.0 / math.sqrt(D), precision)
+        o = attention_reference(
+            q[b][None, :, None, :],
+            k.permute(1, 0, 2)[None],
+            v.permute(1, 0, 2)[None],
+            False,
+            sm_scale if sm_scale is not None else 1.0 / math.sqrt(D),
+            precision,
+        )
         out[b] = o[0, :, 0, :]
     return out
 
@@ -175,17 +192,31 @@ def decode_flops(shape: DecodeShape) -> float:
 def decode_shape_suites():
     S = DecodeShape
     return {
-        "tiny": [S(1, 1, 1, 16, 16, 1), S(2, 4, 2, 32, 16, 37, True), S(3, 2, 2, 16, 4, 23, True),
-                 S(2, 8, 1, 64, 16, 64), S(1, 6, 3, 32, 8, 129, True)],
+        "tiny": [
+            S(1, 1, 1, 16, 16, 1),
+            S(2, 4, 2, 32, 16, 37, True),
+            S(3, 2, 2, 16, 4, 23, True),
+            S(2, 8, 1, 64, 16, 64),
+            S(1, 6, 3, 32, 8, 129, True),
+        ],
         # the long context reaches the most splits; the batch of 33 the most programs. D = 96 in 6-token
         # pages with MQA over 4100 tokens crosses every split count (1 to 16) the baselines' host code picks;
         # one-token pages (SGLang's) with ragged lengths across three split counts
-        "near_serving": [S(2, 8, 2, 128, 16, 8192, True), S(33, 4, 4, 64, 16, 300, True),
-                         S(2, 8, 1, 96, 6, 4100, True), S(3, 4, 1, 64, 1, 700, True)],
+        "near_serving": [
+            S(2, 8, 2, 128, 16, 8192, True),
+            S(33, 4, 4, 64, 16, 300, True),
+            S(2, 8, 1, 96, 6, 4100, True),
+            S(3, 4, 1, 64, 1, 700, True),
+        ],
         # 16-token pages at D = 128 (vLLM's default page, Llama), D = 64 and D = 96 (Phi-3), and one-token
         # pages (SGLang's default)
-        "serving": [S(32, 32, 32, 128, 16, 8192), S(32, 32, 8, 128, 16, 8192), S(32, 32, 8, 64, 16, 8192),
-                    S(32, 32, 32, 96, 16, 8192), S(32, 32, 8, 128, 1, 8192)],
+        "serving": [
+            S(32, 32, 32, 128, 16, 8192),
+            S(32, 32, 8, 128, 16, 8192),
+            S(32, 32, 8, 64, 16, 8192),
+            S(32, 32, 32, 96, 16, 8192),
+            S(32, 32, 8, 128, 1, 8192),
+        ],
     }
 
 
@@ -193,22 +224,33 @@ def decode_domain() -> Domain:
     """What the paged decodes' contract admits, and the regions that reach its corners: on the CPU at one or
     two heads and a short batch (few programs), on the GPU where only the device can afford it."""
     S = DecodeShape
-    cpu = [Region("page 32", S(1, 2, 1, 16, 32, 100, True)), Region("page 64", S(2, 2, 2, 32, 64, 200, True)),
-           Region("page 256", S(1, 1, 1, 16, 256, 600)), Region("head dim 160", S(1, 2, 1, 160, 16, 40)),
-           Region("head dim 256", S(1, 1, 1, 256, 8, 33)), Region("GQA group 16", S(1, 16, 1, 16, 16, 40)),
-           Region("MQA group 128", S(1, 128, 1, 16, 4, 20)),
-           Region("a pool 4000 blocks larger than the batch", S(2, 2, 1, 16, 8, 40, spare_blocks=4000)),
-           Region("context 9000", S(1, 1, 1, 16, 64, 9000)),
-           Region("vLLM cache view kv[:, 0]", S(2, 4, 2, 32, 16, 37, True), "pair"),
-           Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd")]
-    gpu = [Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
-           Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
-           Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
-           Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
-           Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu")]
-    limits = (("head dim D", "1..256"), ("block_size", "1..256"), ("context", "1..131072, ragged in a batch"),
-              ("GQA group", "1..128 (MQA included)"), ("pool", "any number of blocks (past 2^31 elements on "
-                                                               "the GPU)")) + COMMON_LIMITS
+    cpu = [
+        Region("page 32", S(1, 2, 1, 16, 32, 100, True)),
+        Region("page 64", S(2, 2, 2, 32, 64, 200, True)),
+        Region("page 256", S(1, 1, 1, 16, 256, 600)),
+        Region("head dim 160", S(1, 2, 1, 160, 16, 40)),
+        Region("head dim 256", S(1, 1, 1, 256, 8, 33)),
+        Region("GQA group 16", S(1, 16, 1, 16, 16, 40)),
+        Region("MQA group 128", S(1, 128, 1, 16, 4, 20)),
+        Region("a pool 4000 blocks larger than the batch", S(2, 2, 1, 16, 8, 40, spare_blocks=4000)),
+        Region("context 9000", S(1, 1, 1, 16, 64, 9000)),
+        Region("vLLM cache view kv[:, 0]", S(2, 4, 2, 32, 16, 37, True), "pair"),
+        Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd"),
+    ]
+    gpu = [
+        Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
+        Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
+        Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
+        Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
+        Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu"),
+    ]
+    limits = (
+        ("head dim D", "1..256"),
+        ("block_size", "1..256"),
+        ("context", "1..131072, ragged in a batch"),
+        ("GQA group", "1..128 (MQA included)"),
+        ("pool", "any number of blocks (past 2^31 elements on the GPU)"),
+    ) + COMMON_LIMITS
     return Domain(limits, tuple(cpu + gpu))
 
 
@@ -243,8 +285,14 @@ class PagedDecodeOp(Op):
     def shape_strategy(self):
         return decode_shape_strategy()
 
-    value_dims = (ValueDim("ctx", 1, 131072, 32768), ValueDim("block_size", 1, 256, 256), ValueDim("D", 1, 256, 256),
-                  ValueDim("group", 1, 128, 128), ValueDim("B", 1, 4096, 64), ValueDim("Hkv", 1, 128, 32))
+    value_dims = (
+        ValueDim("ctx", 1, 131072, 32768),
+        ValueDim("block_size", 1, 256, 256),
+        ValueDim("D", 1, 256, 256),
+        ValueDim("group", 1, 128, 128),
+        ValueDim("B", 1, 4096, 64),
+        ValueDim("Hkv", 1, 128, 32),
+    )
 
     def value_base(self) -> DecodeShape:
         return DecodeShape(2, 2, 1, 16, 16, 40)
@@ -288,14 +336,19 @@ class PagedDecodeOp(Op):
         kvs = [gather_kv(a, b, L, torch.float32) for b in range(B)]
         k, v = (torch.stack([x[i] for x in kvs]).to(dt).permute(0, 2, 1, 3).contiguous() for i in (0, 1))
         gqa = a["q"].shape[1] != k.shape[1]
-        return Anchor("anchor:sdpa-decode", lambda **kw: F.scaled_dot_product_attention(
-            kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa)[:, :, 0, :])
+        return Anchor(
+            "anchor:sdpa-decode",
+            lambda **kw: F.scaled_dot_product_attention(
+                kw["q"][:, :, None, :], k, v, scale=kw.get("sm_scale"), enable_gqa=gqa
+            )[:, :, 0, :],
+        )
 
     def reference_anchors(self, case: Case) -> List[Anchor]:
         """FlashInfer's paged decode over the same page table (flashinfer_paged.py). A cache of codes is first
         dequantized to the query's dtype, in its paged layout (not timed): FlashInfer's bf16 decode of the same
         values, what the int8 cache competes with."""
         from .flashinfer_paged import FlashInferUnavailable, decode_anchor  # the optional extra
+
         a = dict(case.args)
         if a.get("k_scale") is not None:
             dt = a["q"].dtype
@@ -330,9 +383,15 @@ class PagedDecodeOp(Op):
                 codes = gather_tokens(args["v_cache"], args["block_table"], b, length).to(torch.float64)
                 floor = int8_underflow_floor(codes, v_s)
             for h in range(Hkv):
-                cond[b, h * g:(h + 1) * g] = softmax_rounding_bound(
-                    q[b, h * g:(h + 1) * g, None, :], k[:, h], v[:, h], scale, None, args["q"].dtype,
-                    None if floor is None else floor[:, h])[:, 0, :]
+                cond[b, h * g : (h + 1) * g] = softmax_rounding_bound(
+                    q[b, h * g : (h + 1) * g, None, :],
+                    k[:, h],
+                    v[:, h],
+                    scale,
+                    None,
+                    args["q"].dtype,
+                    None if floor is None else floor[:, h],
+                )[:, 0, :]
         return ElementBound(cond, SOFTMAX_BOUND_TOL, "softmax rounding bound", with_rms=True)
 
     @staticmethod

@@ -1,4 +1,5 @@
 """quantize_kv(x) -> (x_q, scale): per-token, per-head symmetric int8 quantization."""
+
 from __future__ import annotations
 
 import math
@@ -64,6 +65,7 @@ class QuantizeKV(Op):
 
     def torch_impl(self):
         return torch_quantize_kv
+
     distributions = (
         Distribution("normal", "standard normal values"),
         Distribution("large", "magnitudes near the dtype's maximum"),
@@ -94,12 +96,17 @@ class QuantizeKV(Op):
 
         @st.composite
         def shapes(draw):
-            D = draw(st.sampled_from([1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 256, 300, 576, 1000, 1024, 2047,
-                                      4095, 4096]))
+            D = draw(
+                st.sampled_from(
+                    [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 256, 300, 576, 1000, 1024, 2047, 4095, 4096]
+                )
+            )
             if D > 256:
                 return QuantizeShape(draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([1, 2])), D)
-            return QuantizeShape(draw(st.sampled_from([1, 2, 7, 16, 17, 33, 100])), draw(st.sampled_from([1, 2, 3, 8])),
-                                 D)
+            return QuantizeShape(
+                draw(st.sampled_from([1, 2, 7, 16, 17, 33, 100])), draw(st.sampled_from([1, 2, 3, 8])), D
+            )
+
         return shapes()
 
     value_dims = (ValueDim("D", 1, 4096, 4096), ValueDim("T", 0, 1 << 24, 65536), ValueDim("H", 0, 1024, 1024))
@@ -111,11 +118,15 @@ class QuantizeKV(Op):
         """The K half of a [T, 2, H, D] K/V tensor (rows not H * stride(1) apart), a [H, T, D] tensor seen as
         [T, H, D], on the CPU; a tensor past 2^31 elements on the GPU."""
         S = QuantizeShape
-        cpu = [Region("kv[:, 0] of a [T, 2, H, D] tensor", S(7, 3, 16), "pair"),
-               Region("kv[:, 0], rows of 128", S(33, 2, 128), "pair"),
-               Region("[H, T, D] seen as [T, H, D]", S(17, 3, 64), "bshd")]
-        gpu = [Region("x past 2^31 elements", S(2097159, 1, 1024), where="gpu"),
-               Region("kv[:, 0] at serving rows", S(65536, 8, 128), "pair", where="gpu")]
+        cpu = [
+            Region("kv[:, 0] of a [T, 2, H, D] tensor", S(7, 3, 16), "pair"),
+            Region("kv[:, 0], rows of 128", S(33, 2, 128), "pair"),
+            Region("[H, T, D] seen as [T, H, D]", S(17, 3, 64), "bshd"),
+        ]
+        gpu = [
+            Region("x past 2^31 elements", S(2097159, 1, 1024), where="gpu"),
+            Region("kv[:, 0] at serving rows", S(65536, 8, 128), "pair", where="gpu"),
+        ]
         limits = (("row length D", "1..4096"), ("T x H", "0.. (past 2^31 elements on the GPU)")) + COMMON_LIMITS
         return Domain(limits, tuple(cpu + gpu))
 
@@ -165,46 +176,76 @@ class QuantizeKV(Op):
             if not isinstance(t, torch.Tensor):
                 return Comparison(False, math.inf, 1.0, reason=f"{name} is not a tensor")
             if t.dtype != dt or tuple(t.shape) != shp:
-                return Comparison(False, math.inf, 1.0,
-                                  reason=f"{name} is {t.dtype} {tuple(t.shape)}, expected {dt} {shp}")
+                return Comparison(
+                    False, math.inf, 1.0, reason=f"{name} is {t.dtype} {tuple(t.shape)}, expected {dt} {shp}"
+                )
         xf = x.detach().to(torch.float64)
-        ref_scale = (xf.abs().amax(dim=-1).to(torch.float32) / 127.0)  # float32 rounding of the division
+        ref_scale = xf.abs().amax(dim=-1).to(torch.float32) / 127.0  # float32 rounding of the division
         s = scale.detach()
         if not bool(torch.isfinite(s).all()):
             idx = tuple(int(i) for i in torch.nonzero(~torch.isfinite(s))[0].tolist())
-            return Comparison(False, math.inf, 1.0, idx, float(s[idx]), float(ref_scale[idx]),
-                              reason="scale has non-finite values")
+            return Comparison(
+                False, math.inf, 1.0, idx, float(s[idx]), float(ref_scale[idx]), reason="scale has non-finite values"
+            )
         # one float32 ulp either way (a kernel may multiply by 1/127 instead of dividing)
         s_err = (s.to(torch.float64) - ref_scale.to(torch.float64)).abs()
-        s_tol = ref_scale.to(torch.float64).abs() * 2.0 ** -22
+        s_tol = ref_scale.to(torch.float64).abs() * 2.0**-22
         bad_s = s_err > s_tol
         if bool(bad_s.any()):
             idx = tuple(int(i) for i in torch.nonzero(bad_s)[0].tolist())
-            return Comparison(False, float(s_err.max()), float(bad_s.double().mean()), idx, float(s[idx]),
-                              float(ref_scale[idx]), reason="scale differs from max|x|/127 beyond float32 rounding")
+            return Comparison(
+                False,
+                float(s_err.max()),
+                float(bad_s.double().mean()),
+                idx,
+                float(s[idx]),
+                float(ref_scale[idx]),
+                reason="scale differs from max|x|/127 beyond float32 rounding",
+            )
         q = x_q.detach().to(torch.int64)
         out_of_range = (q < -127) | (q > 127)
         if bool(out_of_range.any()):
             idx = tuple(int(i) for i in torch.nonzero(out_of_range)[0].tolist())
-            return Comparison(False, math.inf, float(out_of_range.double().mean()), idx, int(q[idx]), None,
-                              reason="x_q outside [-127, 127]")
+            return Comparison(
+                False,
+                math.inf,
+                float(out_of_range.double().mean()),
+                idx,
+                int(q[idx]),
+                None,
+                reason="x_q outside [-127, 127]",
+            )
         zero_rows = (s == 0)[..., None].expand_as(q)
         stray = zero_rows & (q != 0)
         if bool(stray.any()):  # scale 0 admits any code under the half-step rule; the contract says 0
             idx = tuple(int(i) for i in torch.nonzero(stray)[0].tolist())
-            return Comparison(False, math.inf, float(stray.double().mean()), idx, int(q[idx]), 0,
-                              reason="a zero row (scale 0) must have x_q 0")
+            return Comparison(
+                False,
+                math.inf,
+                float(stray.double().mean()),
+                idx,
+                int(q[idx]),
+                0,
+                reason="a zero row (scale 0) must have x_q 0",
+            )
         s64 = s.to(torch.float64)[..., None]
         err = (q.to(torch.float64) * s64 - xf).abs()
         # half a step, plus float32 slack on the product and the input
-        slack = s64 * 0.5 * (1 + 2.0 ** -20) + xf.abs() * 2.0 ** -22
+        slack = s64 * 0.5 * (1 + 2.0**-20) + xf.abs() * 2.0**-22
         bad = err > slack
         rel = float(err.norm() / xf.norm()) if float(xf.norm()) > 0 else float(err.max() if err.numel() else 0)
         if bool(bad.any()):
             idx = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
             expect = float(xf[idx] / s64[idx[:2]][0]) if float(s64[idx[:2]][0]) > 0 else 0.0
-            return Comparison(False, rel, float(bad.double().mean()), idx, int(q[idx]), round(expect, 3),
-                              reason="|x_q * scale - x| exceeds scale / 2")
+            return Comparison(
+                False,
+                rel,
+                float(bad.double().mean()),
+                idx,
+                int(q[idx]),
+                round(expect, 3),
+                reason="|x_q * scale - x| exceeds scale / 2",
+            )
         return Comparison(True, rel, 0.0)
 
     def output_error(self, out, ref64) -> float:

@@ -4,6 +4,7 @@ Each baseline (kernels/baseline/<op>.py) keeps its launch configuration in one h
 `_config(...)`, returning a tuple; the op's `tuning_space` names the tuple's fields, the values each
 may take, and which tuples the hardware can hold at a shape (agent/search.py climbs over them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
