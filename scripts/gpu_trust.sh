@@ -5,7 +5,8 @@
 #             (scripts/gpu_sandbox_probe.py; not in the default STEPS: the tests step runs it --quick)
 #   baselines: every baseline through the full sanitizer with the GPU checks (the GPU checks'
 #             executors and compute-sanitizer run under the sandbox), timed per file
-#   tests:    the GPU tests (tests/test_gpu.py), which include a hostile candidate on the GPU paths
+#   tests:    the GPU tests (tests/test_gpu.py), which include a hostile candidate on the GPU paths; TESTS_K
+#             selects a part (pytest -k) when the whole suite does not fit one call
 #   run:      a short `kernel-agent run` of the built-in search over all five ops (RUN_LIMIT, 150s)
 #   reads:    the legitimate kernel under each narrower GPU rule, with what CUDA was refused
 #             (scripts/gpu_sandbox_probe.py --reads)
@@ -75,7 +76,8 @@ print(d.get('log', '')[-1500:])
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
   t0=$(date +%s)
-  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
+  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py ${TESTS_K:+-k "$TESTS_K"} --durations=0 \
+    -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
   rc=$?; summary+=("gpu tests: exit $rc, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests.txt")")
 fi
 if [[ " $STEPS " == *" run "* ]]; then
