@@ -330,7 +330,7 @@ class Recorder:
             self.ledger, ops=[t.op], bucket=t.bucket, dtype=self.cfg.dtype, gpu=self.gpu_name, dir=self.target.dir
         )
         for c, entry in publish_choices(self.target, self.ledger, choices):
-            if entry is not None and entry.get("measured_at"):
+            if entry is not None and entry.measured_at:
                 self.events.note(f"{t.op} {t.bucket}: {c.reason}; it serves the bucket")
 
     def record_promotion_checks(self, w: Work, v: Verdict) -> bool:
