@@ -14,7 +14,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..harness import env
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
@@ -856,7 +856,11 @@ def _bench_model(args) -> int:
         ui.error("bench --model needs a CUDA GPU")
         return 2
     to_stdout = args.json
-    log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else ui.line
+
+    def to_stderr(text: str) -> None:  # the document goes to stdout: the progress lines go beside it
+        sys.stderr.write(text + "\n")
+
+    log: Callable[[str], None] = to_stderr if to_stdout else ui.line
     if budget is not None:
         result = run_kv_budget(cfg, budget, points[0].context, stacks, kv_modes, seed=args.seed, log=log)
     else:
