@@ -187,10 +187,10 @@ class Manifest:
     def from_json(cls, data: Any) -> Manifest:
         """The manifest of a parsed JSON document; ValueError (one line) for one that is not a manifest."""
         if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-            raise ValueError("is not a serving manifest (expected an object with an 'entries' list)")
+            raise ValueError("not a serving manifest (expected an object with an 'entries' list)")
         if data.get("version") not in READABLE_VERSIONS:
             raise ValueError(
-                f"has manifest version {data.get('version')!r}; this kernel-agent reads "
+                f"manifest version {data.get('version')!r}; this kernel-agent reads "
                 f"versions {', '.join(map(str, READABLE_VERSIONS))}"
             )
         return cls(data["version"], tuple(ManifestEntry.from_json(e) for e in data["entries"]))
