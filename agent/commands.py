@@ -14,12 +14,13 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..harness import env
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
+from ..harness.manifest import Manifest, ManifestEntry
 from ..harness.model_step import (
     KV_MODES,
     STACKS,
@@ -855,7 +856,11 @@ def _bench_model(args) -> int:
         ui.error("bench --model needs a CUDA GPU")
         return 2
     to_stdout = args.json
-    log = (lambda text: sys.stderr.write(text + "\n")) if to_stdout else ui.line
+
+    def to_stderr(text: str) -> None:  # the document goes to stdout: the progress lines go beside it
+        sys.stderr.write(text + "\n")
+
+    log: Callable[[str], None] = to_stderr if to_stdout else ui.line
     if budget is not None:
         result = run_kv_budget(cfg, budget, points[0].context, stacks, kv_modes, seed=args.seed, log=log)
     else:
@@ -1177,12 +1182,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
-    with open(args.file, "rb") as f:
-        raw = f.read()
-    try:
-        source = canonical_source(raw)  # what is recorded, judged and installed (sanitizer/canonical.py)
-    except TextRefused:
-        source = raw.decode("utf-8", errors="replace")  # as it is: the sanitizer refuses it with the reason
+    source = _promoted_text(args.file)
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run(
         {
@@ -1202,48 +1202,58 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     cand, _ = led.add_candidate(
         args.op, source, "manual", run.id, path=os.path.abspath(args.file), label=os.path.basename(args.file)
     )
-    ui.line(f"candidate #{cand.id}: sanitizing (full + GPU checks)...")
-    v = merge_gpu(evaluator.sanitize(args.file, args.op, "full"), evaluator.sanitize(args.file, args.op, "gpu"))
-    led.record_checks(cand.id, "full", [dataclasses.asdict(c) for c in v.checks])
-    if not v.passed:
-        led.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=v.to_json())
-        led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
-        ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
+    if not _sanitize_promoted(args, led, evaluator, run.id, cand.id):
         return 1
-    led.set_candidate_status(
-        cand.id, CandidateStatus.VERIFIED, verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent
-    )
-    gname = devices.name()
-    shapes = resolve_shapes(op, args.shapes)
     by_bucket: Dict[str, list] = {}
-    for s in shapes:
+    for s in resolve_shapes(op, args.shapes):
         by_bucket.setdefault(op.bucket(s), []).append(s)
-    target = plan.open(run.id)
+    # available() said there is a GPU, which has a name; "cpu" as `demote` says where none is known
+    gname = devices.name() or "cpu"
+    return 0 if _promote_buckets(args, led, evaluator, run.id, cand.id, source, plan, gname, by_bucket) else 1
+
+
+def _promoted_text(path: str) -> str:
+    """The text a promotion by hand records, judges and installs: the file's canonical text
+    (sanitizer/canonical.py), else its bytes as they are, which the sanitizer refuses with the reason."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return canonical_source(raw)
+    except TextRefused:
+        return raw.decode("utf-8", errors="replace")
+
+
+def _sanitize_promoted(args, led, evaluator: Evaluator, run_id: str, cid: int) -> bool:
+    """The full sanitizer and the GPU checks on the file, recorded; False (and the run finished) if rejected."""
+    ui.line(f"candidate #{cid}: sanitizing (full + GPU checks)...")
+    v = merge_gpu(evaluator.sanitize(args.file, args.op, "full"), evaluator.sanitize(args.file, args.op, "gpu"))
+    led.record_checks(cid, "full", [dataclasses.asdict(c) for c in v.checks])
+    if not v.passed:
+        led.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=v.to_json())
+        led.set_run_status(run_id, RunStatus.FINISHED, finished=True)
+        ui.line(f"not promoted: the sanitizer rejected it: {v.summary()}", style="red")
+        return False
+    led.set_candidate_status(cid, CandidateStatus.VERIFIED, verdict=v.to_json(), fpsan_equivalent=v.fpsan_equivalent)
+    return True
+
+
+def _promote_buckets(
+    args, led, evaluator: Evaluator, run_id: str, cid: int, source: str, plan, gname: str, by_bucket: Dict[str, list]
+) -> bool:
+    """Each bucket's benchmark and promotion, into the run's serving target; True if any was promoted."""
+    target = plan.open(run_id)
     ui.line(target.info.describe())
-    led.set_run_status(run.id, RunStatus.RUNNING, notes=json.dumps({"serving": target.info.to_json()}))
+    led.set_run_status(run_id, RunStatus.RUNNING, notes=json.dumps({"serving": target.info.to_json()}))
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            promoted_any = (
-                _promote_bucket(
-                    args,
-                    led,
-                    evaluator,
-                    run.id,
-                    cand.id,
-                    source,
-                    target,
-                    gname,  # type: ignore[arg-type]
-                    bucket,
-                    bshapes,
-                )
-                or promoted_any
-            )
+            promoted = _promote_bucket(args, led, evaluator, run_id, cid, source, target, gname, bucket, bshapes)
+            promoted_any = promoted or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
-    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
+    led.set_run_status(run_id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
     ui.line(info.outcome())
-    return 0 if promoted_any else 1
+    return promoted_any
 
 
 def _promote_bucket(
@@ -1255,7 +1265,7 @@ def _promote_bucket(
     from .publish import PromotionRequest, publish_promotion  # here: as the serving set
 
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
-    inc_file = str(serving.entry_path(entry, target.dir)) if entry else None
+    inc_file = str(serving.entry_path(entry, target.dir)) if entry is not None else None
     spec = BenchSpec.judging(
         args.op,
         [s.key() for s in bshapes],
@@ -1266,7 +1276,7 @@ def _promote_bucket(
     outcome = BenchOutcome.from_json(evaluator.bench(spec.to_json()))
     for res in outcome.results:
         record_shape_result(
-            led, run_id, res, cid, "baseline" if inc_file is None else f"serving:{serving.entry_name(entry)}"
+            led, run_id, res, cid, "baseline" if entry is None else f"serving:{serving.entry_name(entry)}"
         )
     j = judge_benchmark(outcome, [s.key() for s in bshapes], args.margin)
     if j.error:
@@ -1304,10 +1314,10 @@ def _promote_bucket(
     return True
 
 
-def _shown_entry(target, entry) -> str:
+def _shown_entry(target, entry: ManifestEntry) -> str:
     """Where a reviewer finds a promoted kernel: its file, or the manifest entry of a configuration."""
-    if entry.get("file"):
-        return target.shown(entry["file"])
+    if entry.file:
+        return target.shown(entry.file)
     from ..harness import serving  # here: torch, after the flags
 
     return f"{target.shown(serving.MANIFEST_NAME)} ({serving.describe_entry(entry)})"
@@ -1366,16 +1376,10 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     return 0
 
 
-def _served_elsewhere(manifest: Dict[str, Any], args) -> str:
+def _served_elsewhere(manifest: Manifest, args) -> str:
     """'; it is served on GPU (--gpu 'GPU' names it)' when the serving set has the bucket on other GPUs: on a
     machine without one, `demote` takes the GPU from `--gpu`."""
-    gpus = sorted(
-        {
-            e["gpu"]
-            for e in manifest["entries"]
-            if (e["op"], e["bucket"], e["dtype"]) == (args.op, args.bucket, args.dtype)
-        }
-    )
+    gpus = sorted({e.gpu for e in manifest.entries if (e.op, e.bucket, e.dtype) == (args.op, args.bucket, args.dtype)})
     return f"; it is served on {', '.join(gpus)} (--gpu {shlex.quote(gpus[0])} names it)" if gpus else ""
 
 

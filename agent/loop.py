@@ -218,7 +218,8 @@ class Loop:
         """What bounds the bucket's incumbent (harness/diagnosis.py), once per incumbent source and run;
         recorded in the ledger. None where the placement's children cannot compile (a test's fakes)."""
         key = (t.op, t.bucket, hash_source(inc.source))
-        if key not in self.diagnoses and compiler_of(self.placement) is not None:
+        profile = compiler_of(self.placement)
+        if key not in self.diagnoses and profile is not None:
             self.diagnoses[key] = diagnose_incumbent(
                 self.ledger,
                 self.run_id,
@@ -228,7 +229,7 @@ class Loop:
                 t.shapes,
                 inc.source,
                 inc.label,
-                profile=compiler_of(self.placement),
+                profile=profile,
             )
         return self.diagnoses.get(key)
 
@@ -285,7 +286,7 @@ class Loop:
         self.known[h] = cand.id
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
-        if replay:
+        if replay and existing is not None:
             # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
             # so a run over a ledger that holds earlier runs still judges as many new candidates
             self.events.candidate(
@@ -458,12 +459,12 @@ def run_loop(
     # decided before the ledger records a new run, so that a serving target that cannot be used (git
     # missing) is an error that leaves no run behind
     plan = serving_plan or plan_target(in_place=cfg.in_place, writes=gpu)
-    if resume:
+    if run is not None:  # resuming (a missing run was refused above)
         progress = json.loads(run.notes) if run.notes and run.notes.startswith("{") else {}
         elapsed_before = float(progress.get("elapsed_s", 0.0))
         if time_limit_s is not None:
             cfg.time_limit_s = elapsed_before + time_limit_s
-        run_id = resume
+        run_id = run.id
         previous = recorded_target(progress)
     else:
         run = ledger.start_run(

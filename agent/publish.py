@@ -34,6 +34,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from ..harness import serving
 from ..harness.dispatch import Choice, record_choices
 from ..harness.ledger import Ledger
+from ..harness.manifest import ManifestEntry
 from ..harness.promotion import Judgement
 
 BRANCH, IN_PLACE, NONE = "branch", "in_place", "none"
@@ -390,7 +391,7 @@ class Published:
     """A promotion written: its manifest entry, the kernel file (the manifest, for a configuration recorded
     without a file of its own), the ledger's promotion id, and the commit on the run's branch (None in place)."""
 
-    entry: Dict[str, Any]
+    entry: ManifestEntry
     path: Path
     promotion_id: int
     commit: Optional[str]
@@ -402,7 +403,7 @@ def _pct(x: float) -> str:
 
 
 def promotion_message(
-    req: PromotionRequest, replaced: Optional[Dict[str, Any]], file: str, config: Optional[str] = None
+    req: PromotionRequest, replaced: Optional[ManifestEntry], file: str, config: Optional[str] = None
 ) -> str:
     """The commit message of a promotion: the rule's decision (gain, noise, margin, shapes) and the
     candidate, so that the branch's log reads as the night's verdicts. `config`: for a configuration
@@ -412,7 +413,7 @@ def promotion_message(
     if d is None:
         raise ValueError(f"candidate #{req.candidate_id} has no decision of the rule")
     was = (
-        f"the promoted kernel {serving.entry_name(replaced)} (candidate #{replaced.get('candidate_id')})"
+        f"the promoted kernel {serving.entry_name(replaced)} (candidate #{replaced.candidate_id})"
         if replaced
         else "the baseline"
     )
@@ -457,8 +458,8 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
         shapes=list(j.shapes),
         judged_hash=req.source_hash,
     )
-    if entry.get("file"):
-        path, config = target.dir / entry["file"], None
+    if entry.file:
+        path, config = target.dir / entry.file, None
     else:  # a configuration: the manifest entry is the whole change
         path, config = target.dir / serving.MANIFEST_NAME, serving.describe_entry(entry)
     if config is not None:
@@ -492,7 +493,7 @@ def choice_message(c: Choice) -> str:
 
 def publish_choices(
     target: ServingTarget, ledger: Ledger, choices: Iterable[Choice]
-) -> List[Tuple[Choice, Optional[Dict[str, Any]]]]:
+) -> List[Tuple[Choice, Optional[ManifestEntry]]]:
     """Record dispatch choices in the target's manifest (harness.dispatch.record_choices) and commit each
     one that changed it (branch mode): the choices travel with the promotions they are measured against."""
     if not target.writes:

@@ -278,6 +278,7 @@ class Recorder:
         promotion checks)."""
         t, p, cid = w.target, w.proposal, w.cid
         inc = task.spec.incumbent
+        assert inc is not None  # the loop's benchmarks name their incumbent (BenchSpec.judging)
         inc_label = "baseline" if inc.file is None else f"serving:{os.path.basename(inc.file)}"
         if outcome.ceilings:
             self.ceilings = outcome.ceilings
@@ -303,9 +304,11 @@ class Recorder:
             return False
         if self.first_benchmark_at is None:
             self.first_benchmark_at = time.time()
-        if self.ledger.candidate(cid).status != CandidateStatus.PROMOTED:  # serving another bucket: it stays so
+        cand = self.ledger.candidate(cid)
+        if cand is None or cand.status != CandidateStatus.PROMOTED:  # serving another bucket: it stays so
             self.ledger.set_candidate_status(cid, CandidateStatus.BENCHMARKED)
         decision = j.decision
+        assert decision is not None  # a judgement without an error has a decision
         if decision.gain == decision.gain and (self.best_gain is None or decision.gain > self.best_gain):
             self.best_gain = decision.gain  # (NaN for a refusal that has no gain)
         if len(j.pairs) == len(t.shapes):
@@ -330,7 +333,7 @@ class Recorder:
             self.ledger, ops=[t.op], bucket=t.bucket, dtype=self.cfg.dtype, gpu=self.gpu_name, dir=self.target.dir
         )
         for c, entry in publish_choices(self.target, self.ledger, choices):
-            if entry is not None and entry.get("measured_at"):
+            if entry is not None and entry.measured_at:
                 self.events.note(f"{t.op} {t.bucket}: {c.reason}; it serves the bucket")
 
     def record_promotion_checks(self, w: Work, v: Verdict) -> bool:
@@ -358,6 +361,7 @@ class Recorder:
     def promote(self, w: Work) -> None:
         """Install the text the loop holds (never the file again), named by the hash every stage judged."""
         t, p, j = w.target, w.proposal, w.judgement
+        assert j is not None  # record_benchmark judged the candidate before it is promoted
         try:
             done = publish_promotion(
                 self.target,

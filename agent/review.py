@@ -23,6 +23,7 @@ from ..harness.figures import (
     fmt_x,
 )
 from ..harness.ledger import CandidateStatus
+from ..harness.manifest import ManifestEntry
 from ..kernels import baseline as kernels_baseline
 from ..sanitizer.report import merge_gpu, write_junit
 from ..sanitizer.runner import run_many
@@ -630,41 +631,30 @@ class GateItem:
     error: str = ""  # why there is nothing to judge (a configuration whose base or hash no longer agrees)
 
 
-def serving_gate_item(d: str, e: Dict[str, Any]) -> GateItem:
+def serving_gate_item(d: str, e: ManifestEntry) -> GateItem:
     """The gate's item for a kernel entry: its file, or its configuration rebuilt and checked against the
     hash that was judged (serving.entry_path), which is a failure of its own when they disagree."""
     from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
 
-    label = f"{e['op']}/{e['bucket']}/{e['dtype']}/{e['gpu']}"
+    label = f"{e.op}/{e.bucket}/{e.dtype}/{e.gpu}"
     shown = os.path.join(d, serving.entry_name(e))
-    if not e.get("variant"):
-        return GateItem(e["op"], label, shown)
+    if e.variant is None:
+        return GateItem(e.op, label, shown)
     try:
-        return GateItem(e["op"], label, str(serving.entry_path(e, d)), shown)
+        return GateItem(e.op, label, str(serving.entry_path(e, d)), shown)
     except serving.ServingError as err:
-        return GateItem(e["op"], label, shown, shown, error=str(err))
+        return GateItem(e.op, label, shown, shown, error=str(err))
 
 
 def cmd_gate(args) -> int:
     from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
 
     d = args.serving_dir or str(serving.serving_dir())
-    manifest = serving.load_manifest(d)
-    entries = serving.kernel_entries(manifest)  # the baseline and torch choices hold no kernel of their own
+    entries = serving.load_manifest(d).kernels()  # the baseline and torch choices hold no kernel of their own
     now = versions()
-    stale = []
-    for e in entries:
-        old = e.get("versions") or {}
-        diffs = [
-            f"{k} {old.get(k)} -> {now.get(k)}"
-            for k in ("torch", "triton", "driver")
-            if old.get(k) and now.get(k) and old.get(k) != now.get(k)
-        ]
-        e["_stale"] = diffs
-        if diffs:
-            stale.append(e)
+    stale = [(e, diffs) for e in entries if (diffs := _version_changes(e, now))]
     if args.since_versions:
-        entries = stale
+        entries = [e for e, _ in stale]
     items = [serving_gate_item(d, e) for e in entries]
     if not args.no_baselines and not args.since_versions:
         base_dir = os.path.dirname(kernels_baseline.__file__)
@@ -679,7 +669,7 @@ def cmd_gate(args) -> int:
         now,
         mode + ("+gpu" if gpu else ""),
         d,
-        [serving.describe_entry(e) for e in entries if e.get("variant")],
+        [serving.describe_entry(e) for e in entries if e.variant is not None],
     )
     if args.junit:
         write_junit(verdicts, args.junit)
@@ -759,7 +749,17 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
     return verdicts
 
 
-def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
+def _version_changes(e: ManifestEntry, now: Dict[str, Any]) -> List[str]:
+    """'torch A -> B' for each of torch, Triton and the driver that differs from what the entry was measured on."""
+    old = e.versions or {}
+    return [
+        f"{k} {old.get(k)} -> {now.get(k)}"
+        for k in ("torch", "triton", "driver")
+        if old.get(k) and now.get(k) and old.get(k) != now.get(k)
+    ]
+
+
+def _gate_markdown(verdicts, stale: List[Tuple[ManifestEntry, List[str]]], now, mode, d, configs=()) -> str:
     ok = all(v.passed for v in verdicts)
     lines = [
         f"## kernel-agent gate: {'passed' if ok else 'FAILED'}",
@@ -785,7 +785,7 @@ def _gate_markdown(verdicts, stale, now, mode, d, configs=()) -> str:
         lines.append(f"| `{os.path.relpath(v.file)}` | {'pass' if v.passed else '**FAIL**'} | {eq} | {seed} | {why} |")
     if stale:
         lines += ["", "Measured under other versions (re-checked above; re-benchmark on the GPU to re-promote):"]
-        lines += [f"- `{e.get('file') or e['op'] + '/' + e['bucket']}`: {', '.join(e['_stale'])}" for e in stale]
+        lines += [f"- `{e.file or e.op + '/' + e.bucket}`: {', '.join(diffs)}" for e, diffs in stale]
     if configs:
         lines += ["", "Promoted configurations (no file: rebuilt from their base, checked against the judged hash):"]
         lines += [f"- `{c}`" for c in configs]

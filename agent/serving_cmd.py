@@ -49,20 +49,10 @@ def cmd_dispatch(args) -> int:
     rows: List[list] = []
     doc = []
     for c in choices:
-        entry = next(
-            (
-                e
-                for e in manifest["entries"]
-                if e.get("op") == c.op
-                and e.get("bucket") == c.bucket
-                and e.get("dtype") == c.dtype
-                and serving.gpu_slug(str(e.get("gpu"))) == serving.gpu_slug(c.gpu)
-            ),
-            None,
-        )
-        serves = entry.get("impl") if entry else "(default)"
-        if entry and entry.get("impl") == serving.KERNEL:
-            serves = f"kernel #{entry.get('candidate_id')}"
+        entry = manifest.find(c.op, c.bucket, c.dtype, c.gpu)
+        serves = entry.impl if entry else "(default)"
+        if entry and entry.is_kernel:
+            serves = f"kernel #{entry.candidate_id}"
         rows.append(
             [
                 c.op,

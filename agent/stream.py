@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..harness.bench_records import BenchOutcome
-from .placement import SanitizeTask, Task, TaskLost
+from .placement import BenchTask, SanitizeTask, Task, TaskLost
 from .proposal import Proposal, ProposeContext
 from .recorder import GPU_PROMOTION_CHECKS
 from .run_config import Budget, Target, time_limit_reached, weighted_pick
@@ -219,6 +219,7 @@ class Stream:
     def _proposed(self, proposals: List[Proposal]) -> None:
         lp = self.session
         asked = self.proposing_for
+        assert asked is not None  # a proposal comes only for what was asked
         t, ctx, i = asked.target, asked.ctx, asked.index
         self.proposing, self.proposing_for = None, None
         if not proposals:
@@ -267,6 +268,7 @@ class Stream:
             return
         key = (w.target.op, w.target.bucket)
         if stage == Stage.BENCH:
+            assert isinstance(started.task, BenchTask)  # the benchmark stage runs a BenchTask
             if rec.record_benchmark(w, started.task, BenchOutcome.from_json(result)):
                 if self.session.cfg.compute_sanitizer:
                     self.gpu_queue.appendleft(Queued(Stage.PROMOTE, w))  # the target stays busy until it is decided

@@ -15,7 +15,7 @@ from typing import Any, Iterable, List, Optional, Sequence, cast
 from rich import box
 from rich.console import Console, JustifyMethod
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RP
 from rich.table import Table
 from rich.text import Text
@@ -176,8 +176,8 @@ class Progress:
         self.done = 0
         self.current = ""
         self.plain_status_every_s = plain_status_every_s
-        self._rich = None
-        self._task = None
+        self._rich: Optional[RP] = None
+        self._task: Optional[TaskID] = None
         self._stop: Optional[threading.Event] = None
         self._ticker: Optional[threading.Thread] = None
         self._t0 = time.time()
@@ -194,8 +194,7 @@ class Progress:
                 console=console(),
                 transient=False,
             )
-            self._rich.__enter__()
-            self._task = self._rich.add_task(self.description, total=self.total, status="")
+            self._task = self._rich.__enter__().add_task(self.description, total=self.total, status="")
         elif self.plain_status_every_s:
             self._stop = threading.Event()
             self._ticker = threading.Thread(target=self._tick, name="progress-status", daemon=True)
@@ -205,7 +204,7 @@ class Progress:
     def working_on(self, text: str) -> None:
         """What the current step is (the bar's status on a terminal, the plain status line's tail elsewhere)."""
         self.current = text
-        if self._rich is not None:
+        if self._rich is not None and self._task is not None:
             self._rich.update(self._task, status=text[:80])
 
     def status_text(self) -> str:
@@ -215,12 +214,13 @@ class Progress:
         )
 
     def _tick(self) -> None:
+        assert self._stop is not None  # __enter__ sets it before it starts the ticker
         while not self._stop.wait(self.plain_status_every_s):
             line(self.status_text())
 
     def advance(self, message: str = "", n: int = 1) -> None:
         self.done += n
-        if self._rich is not None:
+        if self._rich is not None and self._task is not None:
             self._rich.update(self._task, advance=n, status=message[:80])
         elif message:
             total = f"/{self.total}" if self.total else ""
@@ -233,7 +233,7 @@ class Progress:
             line(message)
 
     def __exit__(self, *exc):
-        if self._stop is not None:
+        if self._stop is not None and self._ticker is not None:
             self._stop.set()
             self._ticker.join()
         if self._rich is not None:

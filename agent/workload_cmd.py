@@ -166,7 +166,7 @@ class _Bar:
             self.close()
             self.progress = ui.Progress(label, total=math.ceil(self.size / 2**20)).__enter__()
             self.done = 0
-        mib = self.progress.total if done >= self.size else done // 2**20
+        mib = math.ceil(self.size / 2**20) if done >= self.size else done // 2**20  # the bar's total at the end
         if mib > self.done and ui.is_tty():
             self.progress.advance("", mib - self.done)
             self.done = mib

@@ -63,7 +63,7 @@ import torch
 from .bench_records import Measurement, ShapeResult
 from .env import slug, versions
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
-from .promotion import graph_timed
+from .promotion import graph_timing
 
 REL_SPREAD_TARGET = 0.01
 MIN_ROUNDS, MAX_ROUNDS = 3, 8
@@ -644,8 +644,9 @@ def reported_time(m: Measurement, timing: Optional[str] = None) -> Tuple[float, 
     'event'). The time judged (CUDA-graph replays for small kernels, as in `promotion.judged_pair`;
     timing='event' asks for the event time) and its spread, never less than RUN_TO_RUN_FLOOR of it
     (CHOSEN_BY_TIMING_FLOOR for a kernel that each process picks by timing)."""
-    if timing != "event" and graph_timed(m):
-        ms, spread, kind = m.graph_ms, m.graph_spread_ms, "graph"
+    graph = graph_timing(m) if timing != "event" else None
+    if graph is not None:
+        ms, spread, kind = graph.median_ms, graph.spread_ms, "graph"
     else:
         ms, spread, kind = m.median_ms, m.spread_ms, "event"
     floor = max(

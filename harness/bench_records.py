@@ -238,8 +238,9 @@ class BenchOutcome:
     def from_json(cls, d: Dict[str, Any]) -> "BenchOutcome":
         """A document from the benchmark child (or an evaluator standing in for it); what is not of its type is
         left out, as an untrusted child's document may hold anything."""
-        results = d.get("results") if isinstance(d.get("results"), list) else []
-        phases = d.get("phases") if isinstance(d.get("phases"), dict) else {}
+        results, phases = d.get("results"), d.get("phases")
+        results = results if isinstance(results, list) else []
+        phases = phases if isinstance(phases, dict) else {}
         try:
             shapes = [ShapeResult.from_json(r) for r in results]
         except (AttributeError, KeyError, TypeError, ValueError) as e:  # not a benchmark's results: no verdict on them

@@ -44,6 +44,8 @@ def _contenders(spec: BenchSpec):
     out = []
     for i, k in enumerate(spec.kernels):
         path = k.file or inspect.getsourcefile(baseline_fn(spec.op))
+        if path is None:
+            raise ValueError(f"{k.label}: the baseline of {spec.op} has no source file")
         with open(path, "rb") as f:
             raw = f.read()
         wrong = hash_mismatch(k, raw)

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..sanitizer import sandbox
 from ..sanitizer.canonical import canonical_source
@@ -237,7 +237,7 @@ class ProbeSpec:
         return {"file": self.file, "op": self.op, "dtype": self.dtype, "shapes": list(self.shapes)}
 
     @classmethod
-    def from_json(cls, d: Dict[str, object]) -> "ProbeSpec":
+    def from_json(cls, d: Dict[str, Any]) -> "ProbeSpec":
         return cls(str(d["file"]), str(d["op"]), str(d["dtype"]), tuple(str(k) for k in d.get("shapes") or ()))
 
 

@@ -161,11 +161,7 @@ def choices_from_rows(rows: Iterable[BenchResult], promoted: Optional[Dict[tuple
 
 def promoted_kernels(dir=None) -> Dict[tuple, int]:
     """(op, bucket, dtype, GPU slug) -> candidate id of each promoted kernel in the serving set."""
-    return {
-        (e["op"], e["bucket"], e["dtype"], serving.gpu_slug(str(e["gpu"]))): e.get("candidate_id")  # type: ignore[misc]
-        for e in serving.kernel_entries(serving.load_manifest(dir))
-        if e.get("candidate_id") is not None
-    }
+    return {e.key(): e.candidate_id for e in serving.load_manifest(dir).kernels() if e.candidate_id is not None}
 
 
 def measured_choices(
@@ -194,11 +190,11 @@ def measured_choices(
 
 def record_choices(
     choices: Iterable[Choice], dir=None, led: Optional[Ledger] = None
-) -> List[Tuple[Choice, Optional[dict]]]:
+) -> List[Tuple[Choice, Optional[serving.ManifestEntry]]]:
     """Write each choice into the serving manifest: the entry written, or None where nothing changed (a
     promoted kernel that is still the faster keeps its entry). A promoted kernel that torch beats is
     demoted, in the ledger too when `led` is given."""
-    out: List[Tuple[Choice, Optional[dict]]] = []
+    out: List[Tuple[Choice, Optional[serving.ManifestEntry]]] = []
     for c in choices:
         if c.impl == serving.KERNEL:
             out.append((c, None))

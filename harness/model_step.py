@@ -144,7 +144,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], default_name: str = "model") -> "ModelConfig":
+    def from_mapping(cls, data: Any, default_name: str = "model") -> "ModelConfig":
         if not isinstance(data, Mapping):
             raise ModelConfigError(f"model config {default_name!r}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}

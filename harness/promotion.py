@@ -173,9 +173,16 @@ def decide_over_shapes(
     return Decision(False, gain, noise, f"not promoted: {head}, not above {threshold}")
 
 
+def graph_timing(m: Measurement) -> Optional[Timing]:
+    """A measurement's CUDA-graph replay figures, where it has replay rounds to judge it on; else None."""
+    if m.graph_ms and m.graph_spread_ms is not None and len(m.graph_rounds) >= 3:
+        return Timing(m.graph_ms, m.graph_spread_ms, len(m.graph_rounds))
+    return None
+
+
 def graph_timed(m: Measurement) -> bool:
     """Whether a measurement has CUDA-graph replay rounds to judge it on."""
-    return bool(m.graph_ms) and m.graph_spread_ms is not None and len(m.graph_rounds) >= 3
+    return graph_timing(m) is not None
 
 
 def clock_of(graph_timed_flags: Iterable[bool]) -> str:
@@ -190,12 +197,9 @@ def judged_pair(candidate: Measurement, incumbent: Measurement) -> Tuple[Timing,
     """The figures a promotion is judged on, from two benchmark measurements: (candidate, incumbent, 'graph' |
     'event'). The CUDA-graph replay times where both have graph rounds (small kernels, whose event times
     carry host launch overhead), else the event times."""
-    if clock_of((graph_timed(candidate), graph_timed(incumbent))) == "graph":
-        return (
-            Timing(candidate.graph_ms, candidate.graph_spread_ms, len(candidate.graph_rounds)),
-            Timing(incumbent.graph_ms, incumbent.graph_spread_ms, len(incumbent.graph_rounds)),
-            "graph",
-        )
+    graph_c, graph_i = graph_timing(candidate), graph_timing(incumbent)
+    if clock_of((graph_c is not None, graph_i is not None)) == "graph" and graph_c is not None and graph_i is not None:
+        return graph_c, graph_i, "graph"
     return (
         Timing(candidate.median_ms, candidate.spread_ms, candidate.n),
         Timing(incumbent.median_ms, incumbent.spread_ms, incumbent.n),
@@ -300,6 +304,7 @@ def judge_benchmark(outcome: BenchOutcome, shapes: Sequence[str], margin: float 
             j.error = j.error or f"{res.shape}: {err}"
             continue
         c = res.measurement(CANDIDATE)
+        assert c is not None  # shape_pair found it
         implausible = implausible or bool(c.implausible)
         fractions.append(c.fraction_of_ceiling or 0.0)
         j.pairs.append((pair.candidate, pair.reference))

@@ -32,6 +32,7 @@ op registry only.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import itertools
@@ -52,20 +53,22 @@ from .. import kernels as kernels_package
 from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.static_gate import check_source
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
+from .manifest import (
+    BASE_BASELINE,
+    BASELINE,
+    KERNEL,
+    MANIFEST_VERSION,
+    TORCH,
+    Manifest,
+    ManifestEntry,
+    Variant,
+    gpu_slug,
+)
 from .ops import DTYPE_NAMES, DTYPES, get_op
 from .source_text import source_hash
 
 MANIFEST_NAME = "manifest.json"
-# 2: entries carry `impl` (version 1 held promoted kernels only); 3: a kernel entry may be a configuration
-# (`variant`) instead of a file. All three are read. A set without such an entry is still written as version 2,
-# so that an older kernel-agent reading it is not refused a manifest it understands.
-MANIFEST_VERSION = 3
-PLAIN_VERSION = 2
-READABLE_VERSIONS = (1, 2, 3)
-BASE_BASELINE = "baseline"  # a variant's `base` when it tuned the op's baseline (else: a file of the set)
 ENV_DIR = "KERNEL_AGENT_SERVING_DIR"
-KERNEL, BASELINE, TORCH = "kernel", "baseline", "torch"
-IMPLS = (KERNEL, BASELINE, TORCH)
 
 
 class ServingError(Exception):
@@ -83,12 +86,6 @@ def serving_dir() -> Path:
     if env:
         return Path(env)
     return Path(kernels_package.__file__).resolve().parent / "serving"
-
-
-def gpu_slug(gpu: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200': lowercase, runs of other characters to '-'."""
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-    return slug or "unknown"
 
 
 def kernel_file_name(op: str, bucket: str, dtype: str, gpu: str) -> str:
@@ -119,99 +116,42 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _empty_manifest() -> dict:
-    return {"version": PLAIN_VERSION, "entries": []}
-
-
-def load_manifest(dir: str | Path | None = None) -> dict:
-    """The manifest of the serving set in `dir` (default serving_dir()); a missing file
-    is an empty set."""
+def load_manifest(dir: str | Path | None = None) -> Manifest:
+    """The manifest of the serving set in `dir` (default serving_dir()), parsed into its records; a missing
+    file is an empty set, anything that is not a manifest a one-line ServingError naming the file."""
     path = _dir(dir) / MANIFEST_NAME
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return _empty_manifest()
+        return Manifest()
     try:
-        data = json.loads(text)
+        return Manifest.from_json(json.loads(text))
     except json.JSONDecodeError as e:
         raise ServingError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-        raise ServingError(f"{path} is not a serving manifest (expected an object with an 'entries' list)")
-    if data.get("version") not in READABLE_VERSIONS:
-        raise ServingError(
-            f"{path} has manifest version {data.get('version')!r}; this kernel-agent reads "
-            f"versions {', '.join(map(str, READABLE_VERSIONS))}"
-        )
-    for e in data["entries"]:  # type: ignore[misc]
-        if not isinstance(e, dict):
-            raise ServingError(f"{path}: a manifest entry is not an object")
-        e.setdefault("impl", KERNEL)  # version 1
-        if e["impl"] not in IMPLS:
-            raise ServingError(
-                f"{path}: entry {e.get('op')}/{e.get('bucket')} has impl {e['impl']!r}; expected "
-                f"one of {', '.join(IMPLS)}"
-            )
-        if e["impl"] == KERNEL:
-            _check_kernel_entry(path, e)
-    return data
+    except ValueError as e:
+        raise ServingError(f"{path}: {e}") from None
 
 
-def _check_kernel_entry(path: Path, e: dict) -> None:
-    """A kernel entry names its file or records a variant (its base, the base's hash, its configurations)."""
-    where = f"{path}: entry {e.get('op')}/{e.get('bucket')}"
-    v = e.get("variant")
-    if v is None:
-        if not isinstance(e.get("file"), str):
-            raise ServingError(f"{where} names no kernel file and records no variant")
-        return
-    if not (
-        isinstance(v, dict)
-        and isinstance(v.get("base"), str)
-        and isinstance(v.get("base_hash"), str)
-        and isinstance(v.get("configs"), list)
-        and v["configs"]
-    ):
-        raise ServingError(f"{where}: its variant needs base, base_hash and a non-empty configs list")
-    try:
-        for c in v["configs"]:
-            ConfigStep.from_json(c)
-    except ValueError as err:
-        raise ServingError(f"{where}: {err}") from None
+def manifest_text(manifest: Manifest) -> str:
+    """The manifest file's text: sorted keys, two-space indent, so that promotions diff cleanly."""
+    return json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n"
 
 
-def kernel_entries(manifest: dict) -> list[dict]:
-    """The entries of promoted kernels (each names its file)."""
-    return [e for e in manifest["entries"] if e.get("impl", KERNEL) == KERNEL]
+def _write_manifest(dir: Path, entries: Sequence[ManifestEntry]) -> Manifest:
+    manifest = Manifest(entries=tuple(entries))
+    _atomic_write(dir / MANIFEST_NAME, manifest_text(manifest))
+    return manifest
 
 
-def _write_manifest(dir: Path, manifest: dict) -> None:
-    entries = sorted(manifest["entries"], key=lambda e: (e["op"], e["bucket"], e["dtype"], gpu_slug(e["gpu"])))
-    version = MANIFEST_VERSION if any("variant" in e for e in entries) else PLAIN_VERSION
-    doc = {"version": version, "entries": entries}
-    _atomic_write(dir / MANIFEST_NAME, json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
-def _same_key(entry: dict, op: str, bucket: str, dtype: str, gpu: str) -> bool:
-    return (
-        entry.get("op") == op
-        and entry.get("bucket") == bucket
-        and entry.get("dtype") == dtype
-        and gpu_slug(str(entry.get("gpu", ""))) == gpu_slug(gpu)
-    )
-
-
-def lookup(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> dict | None:
+def lookup(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> Optional[ManifestEntry]:
     """The manifest entry for this key (GPU names compare by slug), or None."""
-    for e in load_manifest(dir)["entries"]:
-        if _same_key(e, op, bucket, dtype, gpu):
-            return e
-    return None
+    return load_manifest(dir).find(op, bucket, dtype, gpu)
 
 
-def promoted(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> dict | None:
+def promoted(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = None) -> Optional[ManifestEntry]:
     """The promoted kernel's entry for this key, or None (the key is served by the baseline or torch)."""
     e = lookup(op, bucket, dtype, gpu, dir)
-    return e if e is not None and e.get("impl", KERNEL) == KERNEL else None
+    return e if e is not None and e.is_kernel else None
 
 
 def _defines_function(source: str, name: str) -> bool:
@@ -220,6 +160,27 @@ def _defines_function(source: str, name: str) -> bool:
     except SyntaxError as e:
         raise ServingError(f"kernel source does not parse: {e.msg} (line {e.lineno})") from None
     return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
+
+
+def _installable_text(op: str, bucket: str, dtype: str, source: str, judged_hash: Optional[str]) -> str:
+    """The canonical text of `source` (what the set holds and hashes: the text that runs,
+    sanitizer/canonical.py), once it is known to be a kernel of `op` that the static gate admits and, where
+    `judged_hash` is given, the text that was judged."""
+    get_op(op)  # ValueError for an unknown op
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if not _defines_function(source, op):
+        raise ServingError(f"kernel source for {op} defines no top-level function named {op!r}")
+    gate = check_source(source, op)
+    if not gate.passed:
+        raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
+    text = canonical_source(source)
+    if judged_hash is not None and source_hash(text) != judged_hash:
+        raise ServingError(
+            f"kernel source for {op} {bucket} is not the judged text (sha256 {source_hash(text)[:12]}, "
+            f"judged {judged_hash[:12]}): not installed"
+        )
+    return text
 
 
 def install(
@@ -235,7 +196,7 @@ def install(
     dir: str | Path | None = None,
     shapes: Sequence[str] = (),
     judged_hash: Optional[str] = None,
-) -> dict:
+) -> ManifestEntry:
     """Put `source` in the serving set for (op, bucket, dtype, gpu), replacing any entry
     for that key, and return the manifest entry. `shapes`: the shape keys it was judged on (a
     reviewer, and a check of the serving set, find them there). `judged_hash`: the hash of the text the
@@ -244,50 +205,37 @@ def install(
     baseline or of the kernel it replaces is recorded as that base and its configuration (`as_variant`);
     anything else is written as a file, before the manifest names it, so a reader never finds an entry
     without its file."""
-    get_op(op)  # ValueError for an unknown op
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    if not _defines_function(source, op):
-        raise ServingError(f"kernel source for {op} defines no top-level function named {op!r}")
-    gate = check_source(source, op)
-    if not gate.passed:
-        raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
+    text = _installable_text(op, bucket, dtype, source, judged_hash)
     d = _dir(dir)
-    text = canonical_source(source)  # what the set holds and hashes: the text that runs (sanitizer/canonical.py)
-    if judged_hash is not None and source_hash(text) != judged_hash:
-        raise ServingError(
-            f"kernel source for {op} {bucket} is not the judged text (sha256 {source_hash(text)[:12]}, "
-            f"judged {judged_hash[:12]}): not installed"
-        )
     manifest = load_manifest(d)
-    old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
-    entry = {
-        "op": op,
-        "bucket": bucket,
-        "dtype": dtype,
-        "gpu": gpu,
-        "impl": KERNEL,
-        "source_hash": source_hash(text),
-        "candidate_id": candidate_id,
-        "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gain": float(gain),
-        "reason": reason,
-        "versions": dict(versions or {}),
-        "shapes": list(shapes),
-    }
-    variant = as_variant(op, text, [e for e in old if e.get("impl", KERNEL) == KERNEL], d)
+    old = [e for e in manifest.entries if e.matches(op, bucket, dtype, gpu)]
+    entry = ManifestEntry(
+        op,
+        bucket,
+        dtype,
+        gpu,
+        KERNEL,
+        source_hash=source_hash(text),
+        candidate_id=candidate_id,
+        promoted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        gain=float(gain),
+        reason=reason,
+        versions=dict(versions or {}),
+        shapes=tuple(shapes),
+    )
+    variant = as_variant(op, text, [e for e in old if e.is_kernel], d)
     if variant is not None:
-        entry["variant"] = variant
+        entry = dataclasses.replace(entry, variant=variant)
     else:
-        entry["file"] = _free_file_name(manifest, kernel_file_name(op, bucket, dtype, gpu))
-        _atomic_write(d / entry["file"], text)  # type: ignore[operator]
-    manifest["entries"] = [e for e in manifest["entries"] if not _same_key(e, op, bucket, dtype, gpu)] + [entry]
-    _write_manifest(d, manifest)
-    _delete_orphans(d, manifest, old)
+        name = _free_file_name(manifest, kernel_file_name(op, bucket, dtype, gpu))
+        entry = dataclasses.replace(entry, file=name)
+        _atomic_write(d / name, text)
+    written = _write_manifest(d, [*manifest.without(op, bucket, dtype, gpu), entry])
+    _delete_orphans(d, written, old)
     return entry
 
 
-def as_variant(op: str, text: str, replaced: Sequence[dict], d: Path) -> Optional[dict]:
+def as_variant(op: str, text: str, replaced: Sequence[ManifestEntry], d: Path) -> Optional[Variant]:
     """The `variant` record of `text` when it is the search's configuration override (stacked any number of
     times) of the op's baseline or of a kernel entry it replaces; else None (a code change: a whole file).
     The text rebuilt from the record must equal `text`, so the record holds exactly what was judged."""
@@ -300,7 +248,7 @@ def as_variant(op: str, text: str, replaced: Sequence[dict], d: Path) -> Optiona
         if stored is None:
             continue
         base, base_hash, earlier = stored
-        variant = {"base": base, "base_hash": base_hash, "configs": [c.to_json() for c in [*earlier, *steps]]}
+        variant = Variant(base, base_hash, (*earlier, *steps))
         try:
             if rebuild_variant(op, variant, d) == text:
                 return variant
@@ -309,45 +257,42 @@ def as_variant(op: str, text: str, replaced: Sequence[dict], d: Path) -> Optiona
     return None
 
 
-def _stored_base(op: str, h: str, replaced: Sequence[dict], d: Path) -> Optional[tuple[str, str, list[ConfigStep]]]:
+def _stored_base(
+    op: str, h: str, replaced: Sequence[ManifestEntry], d: Path
+) -> Optional[tuple[str, str, tuple[ConfigStep, ...]]]:
     """(base, its hash, configurations stacked on it before) when the set can rebuild a source of hash `h`:
     the baseline, the file of the entry being replaced, or the variant being replaced (its own base)."""
     if source_hash(_baseline_text(op)) == h:
-        return BASE_BASELINE, h, []
+        return BASE_BASELINE, h, ()
     for e in replaced:
-        if e.get("source_hash") != h:
+        if e.source_hash != h:
             continue
-        if "variant" in e:
-            v = e["variant"]
-            return v["base"], v["base_hash"], [ConfigStep.from_json(c) for c in v["configs"]]
-        if e.get("file") and (d / e["file"]).is_file():
-            return e["file"], h, []
+        if e.variant is not None:
+            return e.variant.base, e.variant.base_hash, e.variant.configs
+        if e.file and (d / e.file).is_file():
+            return e.file, h, ()
     return None
 
 
-def _free_file_name(manifest: dict, name: str) -> str:
+def _free_file_name(manifest: Manifest, name: str) -> str:
     """`name`, unless a variant of the set rebuilds from a file of that name (the entry being replaced
     tuned it): then a name of its own, so that readers of the old manifest still find the base they hash."""
-    if name not in _base_files(manifest["entries"]):
+    if name not in _base_files(manifest.entries):
         return name
     stem = name[:-3] if name.endswith(".py") else name
     n = 2
-    while f"{stem}__{n}.py" in _base_files(manifest["entries"]) | _files(manifest["entries"]):
+    while f"{stem}__{n}.py" in _files(manifest.entries):
         n += 1
     return f"{stem}__{n}.py"
 
 
-def _base_files(entries: Sequence[dict]) -> set[str]:
-    return {
-        e["variant"]["base"]
-        for e in entries
-        if isinstance(e.get("variant"), dict) and e["variant"].get("base") not in (None, BASE_BASELINE)
-    }
+def _base_files(entries: Sequence[ManifestEntry]) -> set[str]:
+    return {e.variant.base for e in entries if e.variant is not None and e.variant.base != BASE_BASELINE}
 
 
-def _files(entries: Sequence[dict]) -> set[str]:
+def _files(entries: Sequence[ManifestEntry]) -> set[str]:
     """Every file the entries need: their own kernel files and the files their variants rebuild from."""
-    return {e["file"] for e in entries if e.get("file")} | _base_files(entries)
+    return {e.file for e in entries if e.file} | _base_files(entries)
 
 
 def set_choice(
@@ -360,7 +305,7 @@ def set_choice(
     measured: dict,
     dir: str | Path | None = None,
     replace_kernel: Optional[int] = None,
-) -> Optional[dict]:
+) -> Optional[ManifestEntry]:
     """Record that (op, bucket, dtype, gpu) is served by `impl` ('baseline' or 'torch'), with the
     measurements that chose it (`measured`: the times compared, their clock and shapes), and return the
     entry. A promoted kernel is replaced only when `replace_kernel` is its candidate id (the measurement
@@ -375,43 +320,33 @@ def set_choice(
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     d = _dir(dir)
     manifest = load_manifest(d)
-    old = next((e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)), None)
-    if (
-        old is not None
-        and old.get("impl", KERNEL) == KERNEL
-        and (replace_kernel is None or old.get("candidate_id") != replace_kernel)
-    ):
+    old = manifest.find(op, bucket, dtype, gpu)
+    if old is not None and old.is_kernel and (replace_kernel is None or old.candidate_id != replace_kernel):
         return None
-    entry = {
-        "op": op,
-        "bucket": bucket,
-        "dtype": dtype,
-        "gpu": gpu,
-        "impl": impl,
-        "reason": reason,
-        "measured": dict(measured),
-    }
-    if old is not None and {k: old.get(k) for k in entry} == entry:
+    entry = ManifestEntry(op, bucket, dtype, gpu, impl, reason=reason, measured=dict(measured))
+    if old is not None and _choice_fields(old) == _choice_fields(entry):
         return old
-    entry["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    manifest["entries"] = [e for e in manifest["entries"] if not _same_key(e, op, bucket, dtype, gpu)] + [entry]
-    _write_manifest(d, manifest)
-    _delete_orphans(d, manifest, [old] if old is not None else [])
+    entry = dataclasses.replace(entry, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    written = _write_manifest(d, [*manifest.without(op, bucket, dtype, gpu), entry])
+    _delete_orphans(d, written, [old] if old is not None else [])
     return entry
 
 
-def default_choice(op: str, dtype: str, gpu: str, entries: Sequence[dict]) -> tuple[str, str]:
+def _choice_fields(e: ManifestEntry) -> tuple:
+    """What a choice records, without its time: the same choice again changes nothing."""
+    return (e.op, e.bucket, e.dtype, e.gpu, e.impl, e.reason, e.measured)
+
+
+def default_choice(op: str, dtype: str, gpu: str, entries: Sequence[ManifestEntry]) -> tuple[str, str]:
     """(impl, why) for a key that nothing was measured for: the choice that won most of the op's
     measured buckets in this dtype on this GPU, else on any GPU, else the baseline."""
     spec = get_op(op)
     if spec.torch_impl() is None:
         return BASELINE, f"{op} has no torch implementation; the baseline serves where nothing was promoted"
-    chosen = [
-        e for e in entries if e.get("op") == op and e.get("dtype") == dtype and e.get("impl") in (BASELINE, TORCH)
-    ]
-    here = [e for e in chosen if gpu_slug(str(e.get("gpu", ""))) == gpu_slug(gpu)]
+    chosen = [e for e in entries if e.op == op and e.dtype == dtype and e.impl in (BASELINE, TORCH)]
+    here = [e for e in chosen if gpu_slug(e.gpu) == gpu_slug(gpu)]
     pool, where = (here, f"on {gpu}") if here else (chosen, "on other GPUs")
-    n_torch = sum(1 for e in pool if e["impl"] == TORCH)
+    n_torch = sum(1 for e in pool if e.impl == TORCH)
     if not pool:
         return BASELINE, f"nothing measured for {op} {dtype}: the baseline"
     impl = TORCH if n_torch * 2 > len(pool) else BASELINE
@@ -427,19 +362,18 @@ def remove(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None = 
     default choice). False when there was no such entry."""
     d = _dir(dir)
     manifest = load_manifest(d)
-    old = [e for e in manifest["entries"] if _same_key(e, op, bucket, dtype, gpu)]
+    old = [e for e in manifest.entries if e.matches(op, bucket, dtype, gpu)]
     if not old:
         return False
-    manifest["entries"] = [e for e in manifest["entries"] if not _same_key(e, op, bucket, dtype, gpu)]
-    _write_manifest(d, manifest)
-    _delete_orphans(d, manifest, old)
+    written = _write_manifest(d, manifest.without(op, bucket, dtype, gpu))
+    _delete_orphans(d, written, old)
     return True
 
 
-def _delete_orphans(d: Path, manifest: dict, old: list[dict]) -> None:
+def _delete_orphans(d: Path, manifest: Manifest, old: Sequence[ManifestEntry]) -> None:
     """Delete files of dropped entries that no remaining entry names (after the manifest
     stopped naming them, so no reader is sent to a missing file)."""
-    used = _files(manifest["entries"])
+    used = _files(manifest.entries)
     for f in _files(old):
         if f not in used:
             try:
@@ -515,31 +449,31 @@ def load_kernel_file(path: str | Path, op: str) -> Callable:
     return fn
 
 
-def entry_name(entry: dict) -> str:
+def entry_name(entry: ManifestEntry) -> str:
     """The name a kernel entry is known by: its file, or for a variant the file it would have had."""
-    return entry.get("file") or kernel_file_name(entry["op"], entry["bucket"], entry["dtype"], str(entry["gpu"]))
+    return entry.file or kernel_file_name(entry.op, entry.bucket, entry.dtype, entry.gpu)
 
 
-def variant_steps(entry: dict) -> list[ConfigStep]:
+def variant_steps(entry: ManifestEntry) -> list[ConfigStep]:
     """The configurations of a variant entry, in the order they were stacked (empty for a file entry)."""
-    return [ConfigStep.from_json(c) for c in (entry.get("variant") or {}).get("configs", [])]
+    return list(entry.variant.configs) if entry.variant is not None else []
 
 
-def describe_entry(entry: dict) -> str:
+def describe_entry(entry: ManifestEntry) -> str:
     """A kernel entry in a line: its file, or the base it tunes and its last configuration."""
-    v = entry.get("variant")
-    if not v:
-        return entry.get("file", "")
-    base = f"kernels/baseline/{entry['op']}.py" if v["base"] == BASE_BASELINE else v["base"]
-    steps = variant_steps(entry)
+    v = entry.variant
+    if v is None:
+        return entry.file or ""
+    base = f"kernels/baseline/{entry.op}.py" if v.base == BASE_BASELINE else v.base
+    steps = v.configs
     earlier = f" (over {len(steps) - 1} earlier)" if len(steps) > 1 else ""
     return f"{entry_name(entry)}: {base} with {steps[-1].describe()}{earlier}"
 
 
-def rebuild_variant(op: str, variant: dict, dir: str | Path | None = None) -> str:
+def rebuild_variant(op: str, variant: Variant, dir: str | Path | None = None) -> str:
     """The source a variant record stands for: its base (checked against the recorded hash) with its
     configurations applied by the function the search wrote them with (harness/config_variant.py)."""
-    base = variant["base"]
+    base = variant.base
     if base == BASE_BASELINE:
         where, text = f"the baseline of {op}", _baseline_text(op)
     else:
@@ -549,38 +483,38 @@ def rebuild_variant(op: str, variant: dict, dir: str | Path | None = None) -> st
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ServingError(f"{path}, the base of a promoted configuration of {op}, is missing") from None
-    if source_hash(text) != variant["base_hash"]:
+    if source_hash(text) != variant.base_hash:
         raise ServingError(
             f"{where} changed since a configuration of it was promoted (hash "
-            f"{source_hash(text)[:12]}, recorded {str(variant['base_hash'])[:12]}); re-verify and "
+            f"{source_hash(text)[:12]}, recorded {variant.base_hash[:12]}); re-verify and "
             f"reinstall it"
         )
     try:
-        return rebuild(text, [ConfigStep.from_json(c) for c in variant["configs"]])
+        return rebuild(text, list(variant.configs))
     except ValueError as e:
         raise ServingError(f"the promoted configuration of {op} cannot be applied to {where}: {e}") from None
 
 
-def entry_source(entry: dict, dir: str | Path | None = None) -> str:
+def entry_source(entry: ManifestEntry, dir: str | Path | None = None) -> str:
     """The source a kernel entry serves, checked against the `source_hash` the sanitizer and benchmark
     judged: the file's text, or the variant rebuilt from its base. ServingError (one line) otherwise."""
     name = entry_name(entry)
-    if entry.get("variant"):
-        text = rebuild_variant(entry["op"], entry["variant"], dir)
-        if source_hash(text) != entry.get("source_hash"):
+    if entry.variant is not None:
+        text = rebuild_variant(entry.op, entry.variant, dir)
+        if source_hash(text) != entry.source_hash:
             raise ServingError(
                 f"serving kernel {name} rebuilt from its base and configuration does not match its "
                 f"manifest hash (configuration edited after promotion?); re-verify and reinstall it"
             )
         return text
-    path = _dir(dir) / entry["file"]
+    path = _dir(dir) / name
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ServingError(f"serving kernel {path} named in the manifest is missing") from None
     except UnicodeDecodeError:
         raise ServingError(f"serving kernel {path} is not UTF-8 text (edited after promotion?)") from None
-    if entry.get("source_hash") and source_hash(text) != entry["source_hash"]:
+    if entry.source_hash and source_hash(text) != entry.source_hash:
         raise ServingError(
             f"serving kernel {path} does not match its manifest hash "
             f"(edited after promotion?); re-verify and reinstall it"
@@ -588,18 +522,18 @@ def entry_source(entry: dict, dir: str | Path | None = None) -> str:
     return text
 
 
-def entry_path(entry: dict, dir: str | Path | None = None) -> Path:
+def entry_path(entry: ManifestEntry, dir: str | Path | None = None) -> Path:
     """A file holding the entry's checked source, for what imports or judges kernels by path (Triton reads
     a kernel's source from its file): the serving file itself, or the rebuilt variant written once per
     process into a private temporary folder under the name the entry is known by."""
     text = entry_source(entry, dir)
-    if not entry.get("variant"):
-        return _dir(dir) / entry["file"]
+    if entry.variant is None:
+        return _dir(dir) / entry_name(entry)
     global _rebuilt_dir
     with _rebuilt_lock:
         if _rebuilt_dir is None:
             _rebuilt_dir = Path(tempfile.mkdtemp(prefix="kernel-agent-serving-"))
-        folder = _rebuilt_dir / entry["source_hash"][:16]
+        folder = _rebuilt_dir / str(entry.source_hash)[:16]
         path = folder / entry_name(entry)
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             _atomic_write(path, text)
@@ -672,10 +606,10 @@ class Dispatcher:
         self.__doc__ = f"Serving dispatcher for {op}.\n\n{self._spec.contract}"
         self._lock = threading.Lock()
         self._stamp: Optional[tuple] = ("never read",)
-        self._table: dict[tuple[str, str, str], dict] = {}
+        self._table: dict[tuple[str, str, str], ManifestEntry] = {}
         self._fns: dict[tuple[str, str], Callable] = {}
         self._baseline: Optional[Callable] = None
-        self._entries: list[dict] = []
+        self._entries: tuple[ManifestEntry, ...] = ()
         self._defaults: dict[tuple[str, str], tuple[str, str]] = {}
 
     def __repr__(self) -> str:
@@ -719,22 +653,18 @@ class Dispatcher:
         if stamp == self._stamp:
             return
         with self._lock:
-            manifest = load_manifest(self.dir) if stamp is not None else _empty_manifest()
-            self._table = {
-                (e["bucket"], e["dtype"], gpu_slug(str(e["gpu"]))): e
-                for e in manifest["entries"]
-                if e.get("op") == self.op
-            }
-            self._entries = list(manifest["entries"])
+            manifest = load_manifest(self.dir) if stamp is not None else Manifest()
+            self._table = {(e.bucket, e.dtype, gpu_slug(e.gpu)): e for e in manifest.entries if e.op == self.op}
+            self._entries = manifest.entries
             self._defaults = {}
             self._stamp = stamp
 
-    def _entry(self, bucket: str, dtype: str, gpu: str) -> Optional[dict]:
+    def _entry(self, bucket: str, dtype: str, gpu: str) -> Optional[ManifestEntry]:
         self._refresh()
         return self._table.get((bucket, dtype, gpu_slug(gpu)))
 
-    def _load(self, entry: dict) -> Callable:
-        cache_key = (entry_name(entry), entry.get("source_hash", ""))
+    def _load(self, entry: ManifestEntry) -> Callable:
+        cache_key = (entry_name(entry), entry.source_hash or "")
         fn = self._fns.get(cache_key)
         if fn is not None:
             return fn
@@ -756,11 +686,10 @@ class Dispatcher:
         return fn
 
     # -- the API ----------------------------------------------------------------------
-    def _resolve_key(self, bucket: str, dtype: str, gpu: str) -> tuple[Resolution, Optional[dict]]:
+    def _resolve_key(self, bucket: str, dtype: str, gpu: str) -> tuple[Resolution, Optional[ManifestEntry]]:
         entry = self._entry(bucket, dtype, gpu)
         if entry is not None:
-            impl = entry.get("impl", KERNEL)
-            return Resolution(impl, entry.get("reason", ""), entry_name(entry) if impl == KERNEL else None), entry
+            return Resolution(entry.impl, entry.reason or "", entry_name(entry) if entry.is_kernel else None), entry
         key = (dtype, gpu_slug(gpu))
         if key not in self._defaults:
             self._defaults[key] = default_choice(self.op, dtype, gpu, self._entries)
@@ -773,8 +702,8 @@ class Dispatcher:
     def kernel_for(self, *args: Any, **kwargs: Any) -> Callable:
         """The function a call with these arguments would run."""
         r, entry = self._resolve_key(*self.key(*args, **kwargs))
-        if r.impl == KERNEL:
-            return self._load(entry)  # type: ignore[arg-type]
+        if entry is not None and entry.is_kernel:
+            return self._load(entry)
         return self._torch_fn() if r.impl == TORCH else self._baseline_fn()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -796,7 +725,10 @@ __all__ = [
     "get",
     "serving_dir",
     "load_manifest",
-    "kernel_entries",
+    "manifest_text",
+    "Manifest",
+    "ManifestEntry",
+    "Variant",
     "install",
     "as_variant",
     "set_choice",
@@ -816,6 +748,7 @@ __all__ = [
     "kernel_file_name",
     "source_hash",
     "MANIFEST_NAME",
+    "MANIFEST_VERSION",
     "KERNEL",
     "BASELINE",
     "TORCH",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -318,7 +319,7 @@ def replay_trace(
             n += 1
             if progress is not None and n % PROGRESS_EVERY == 0:
                 progress(reader.bytes_read, reader.size)
-            if type(rec) is Request:
+            if isinstance(rec, Request):
                 yield rec
             else:
                 replay_steps((rec,), model, kv, budget_bytes, cost, steps)
@@ -563,7 +564,7 @@ def analyze(
             budget_bytes,
             max_batch,
             arrivals,
-            None if progress is None else (lambda done, size, kv=kv: progress(kv, done, size)),
+            None if progress is None else functools.partial(progress, kv),
         )
         buckets, points = bucket_shares(sched, model, dtype)
         if ratios:

@@ -181,7 +181,7 @@ class TraceReader:
                 except (ValueError, UnicodeDecodeError) as e:
                     reason = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e).splitlines()[0]
                     raise TraceError(f"{self.path}:{lineno}: {reason}") from None
-                if type(rec) is TraceHeader:
+                if isinstance(rec, TraceHeader):
                     self.header = rec
                     continue
                 if type(rec) is Request:
@@ -352,6 +352,7 @@ def _flashinfer_step(obj: Any, lineno: int, path: str) -> Optional[Tuple[str, En
     for name, v in (("batch_size (or len_kv_indptr)", batch), ("num_kv_indices", pages)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise TraceError(f"{path}:{lineno}: axes: {name} must be a positive integer, got {v!r}")
+    assert isinstance(batch, int) and isinstance(pages, int)  # the loop above refused anything else
     if pages < batch:
         raise TraceError(f"{path}:{lineno}: axes: num_kv_indices={pages} is less than the batch {batch}")
     layout = {"heads": int(m.group(1)), "kv_heads": int(m.group(2)), "head_dim": int(m.group(3)), "page_size": page}

@@ -84,7 +84,9 @@ class _Folder:
             v = self.fold(node.operand)
             if v is None:
                 return None
-            return -v if isinstance(node.op, ast.USub) else v if isinstance(node.op, ast.UAdd) else ~v
+            if isinstance(node.op, ast.Invert):
+                return ~v if isinstance(v, int) else None  # `~0.5` is no number
+            return -v if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
             a, b = self.fold(node.left), self.fold(node.right)
             if a is None or b is None or isinstance(node.op, (ast.Pow, ast.LShift)) and not 0 <= b <= 62:
@@ -123,12 +125,15 @@ def _solve(f: _Folder, expr: ast.AST, target: Number, depth: int = 0) -> List[Nu
     ):
         root = math.isqrt(int(target))  # `D * D == 36864`
         return _solve(f, expr.left, root, depth + 1) if root * root == target else []
-    if (left is None) == (right is None):
+    if right is not None and left is None:
+        k, free = right, expr.left
+    elif left is not None and right is None:
+        k, free = left, expr.right
+    else:
         return [target]
-    k = right if right is not None else left
-    free = expr.left if right is not None else expr.right
     op = type(expr.op)
     undo: List[Number]
+    # Python's bit operators take ints only: with a fractional side, `target` is taken as the free operand
     if op is ast.Add:
         undo = [target - k]
     elif op is ast.Sub:
@@ -141,11 +146,11 @@ def _solve(f: _Folder, expr: ast.AST, target: Number, depth: int = 0) -> List[Nu
         undo = [target * k, target * k + k - 1]
     elif op is ast.Mod and right is not None and k > 0:
         undo = [target + j * k for j in range(8)]  # residues: `(seq_len * 3) % 1024 == 1000` at 3048 / 3
-    elif op is ast.RShift and right is not None and 0 <= k <= 40:
+    elif op is ast.RShift and right is not None and isinstance(k, int) and isinstance(target, int) and 0 <= k <= 40:
         undo = [target << k, ((target + 1) << k) - 1]
-    elif op is ast.LShift and right is not None and 0 <= k <= 62:
+    elif op is ast.LShift and right is not None and isinstance(k, int) and isinstance(target, int) and 0 <= k <= 62:
         undo = [target >> k]
-    elif op is ast.BitXor:
+    elif op is ast.BitXor and isinstance(k, int) and isinstance(target, int):
         undo = [target ^ k]
     else:
         undo = [target]
@@ -160,8 +165,8 @@ def compared_values(source: str) -> List[int]:
     f = _Folder(_module_constants(tree))
     solved: List[Number] = []  # where a comparison or clamp flips exactly
     near: List[Number] = []  # its neighbours (an ordering flips between them)
-    inner: List[int] = []
-    divisors: List[int] = []
+    inner: List[Number] = []
+    divisors: List[Number] = []  # a fractional one names no size (_unique drops it)
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
@@ -185,7 +190,7 @@ def compared_values(source: str) -> List[int]:
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.RShift)):
             k = f.fold(node.right)
             if k is not None and f.fold(node.left) is None:
-                k = 1 << k if isinstance(node.op, ast.RShift) and 0 <= k <= 30 else k
+                k = 1 << k if isinstance(node.op, ast.RShift) and isinstance(k, int) and 0 <= k <= 30 else k
                 divisors += [k - 1, k, k + 1]
     compared = _unique(v for v in solved + near + inner if 0 <= v <= LIMIT)
     if len(compared) > MAX_COMPARED:

@@ -76,9 +76,8 @@ class CheckOutcome:
     @classmethod
     def from_json(cls, c: Dict[str, Any]) -> "CheckOutcome":
         """A check as a verdict document holds it (one written before checks had a status says `passed`)."""
-        status = c.get("status") or {True: CheckStatus.PASSED, False: CheckStatus.FAILED}.get(
-            c.get("passed"), CheckStatus.SKIPPED
-        )
+        legacy: Dict[Any, CheckStatus] = {True: CheckStatus.PASSED, False: CheckStatus.FAILED}
+        status = c.get("status") or legacy.get(c.get("passed"), CheckStatus.SKIPPED)
         return cls(c["name"], status, c.get("detail") or "", c.get("duration_s") or 0.0)
 
     def to_json(self) -> Dict[str, Any]:

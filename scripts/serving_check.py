@@ -26,7 +26,7 @@ def main() -> int:
         extra.setdefault(name, []).append(OPS[name].parse_shape(text))
     dtype = dtype_from_name(args.dtype)
     bad = 0
-    promoted = len(serving.kernel_entries(serving.load_manifest()))
+    promoted = len(serving.load_manifest().kernels())
     print(f"serving set: {serving.serving_dir()} ({promoted} promoted kernels)")
     for name, op in OPS.items():
         fn = serving.get(name)

@@ -122,3 +122,18 @@ def test_sizes_compared_together_are_drawn_together():
     [region] = OPS["quantize_kv"].joint_regions([{"H": 8, "D": 192}])
     assert (region.shape.H, region.shape.D, region.where) == (8, 192, "cpu")
     assert not OPS["quantize_kv"].joint_regions([{"H": 8, "width": 192}])  # a name that is no dimension
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "if (D >> 2) == 0.5:\n    pass",
+        "if (D ^ 2) == 0.5:\n    pass",
+        "if (D >> 0.5) > 1:\n    pass",
+        "if D == ~0.5:\n    pass",
+    ],
+)
+def test_a_fractional_side_of_a_bit_operation_is_read_without_an_error(code):
+    """Python's bit operators take ints only: the reader took them to a float and raised TypeError (found by
+    the type checker); a fractional side names no size of its own, and the integers around it are still read."""
+    assert all(isinstance(v, int) for v in compared_values(code))

@@ -72,13 +72,13 @@ def _kernel_files(d):
 def test_a_configuration_of_the_baseline_is_stored_without_a_copy(tmp_path):
     entry = _install(tmp_path, CONFIG)
     assert _kernel_files(tmp_path) == []
-    assert "file" not in entry and entry["impl"] == serving.KERNEL
-    assert entry["variant"] == {
+    assert entry.file is None and entry.impl == serving.KERNEL
+    assert entry.to_json()["variant"] == {
         "base": "baseline",
         "base_hash": serving.source_hash(canonical_source(BASELINE)),
         "configs": [{"bucket": BUCKET, "fields": list(SPACE.fields), "tuned_from": list(FROM), "tuned_to": list(TO)}],
     }
-    assert entry["source_hash"] == serving.source_hash(CONFIG)
+    assert entry.source_hash == serving.source_hash(CONFIG)
     doc = json.loads((tmp_path / serving.MANIFEST_NAME).read_text())
     assert doc["version"] == serving.MANIFEST_VERSION == 3
     assert serving.entry_source(serving.promoted(OP, BUCKET, DTYPE, GPU, dir=tmp_path), tmp_path) == CONFIG
@@ -105,27 +105,27 @@ def test_the_serving_set_runs_the_rebuilt_configuration_as_the_whole_file(tmp_pa
 def test_a_code_change_is_still_a_file_and_a_configuration_of_it_keeps_that_file(tmp_path):
     code = _install(tmp_path, CODE_CHANGE, candidate_id=1)
     name = serving.kernel_file_name(OP, BUCKET, DTYPE, GPU)
-    assert code["file"] == name and "variant" not in code and _kernel_files(tmp_path) == [name]
+    assert code.file == name and code.variant is None and _kernel_files(tmp_path) == [name]
     assert (tmp_path / name).read_text() == CODE_CHANGE_TEXT
     # the search tunes the promoted file: the variant names it as its base, and no second copy is written
     tuned = with_config(CODE_CHANGE, (2, 4), (4, 4), BUCKET, SPACE)
     entry = _install(tmp_path, tuned, candidate_id=2)
-    assert entry["variant"]["base"] == name and entry["variant"]["base_hash"] == code["source_hash"]
+    assert entry.variant is not None and entry.variant.base == name and entry.variant.base_hash == code.source_hash
     assert _kernel_files(tmp_path) == [name]
     # and a configuration stacked on that one: the same base, both configurations
     again = with_config(tuned, (4, 4), (8, 4), BUCKET, SPACE)
     entry = _install(tmp_path, again, candidate_id=3)
-    assert entry["variant"]["base"] == name and len(entry["variant"]["configs"]) == 2
+    assert entry.variant is not None and entry.variant.base == name and len(entry.variant.configs) == 2
     assert serving.entry_source(entry, tmp_path) == again and _kernel_files(tmp_path) == [name]
     # a code change replacing it does not write over the base the manifest still names until it is replaced
     other = _install(tmp_path, CODE_CHANGE.replace("return 2, 4", "return 2, 4 + 0"), candidate_id=4)
-    assert other["file"] != name and _kernel_files(tmp_path) == [other["file"]]
+    assert other.file != name and _kernel_files(tmp_path) == [other.file]
 
 
 def test_a_configuration_of_a_source_the_set_does_not_hold_is_a_file(tmp_path):
     unknown = with_config(CODE_CHANGE, (2, 4), (4, 4), BUCKET, SPACE)  # its base was never promoted
     entry = _install(tmp_path, unknown)
-    assert entry.get("file") and "variant" not in entry and _kernel_files(tmp_path) == [entry["file"]]
+    assert entry.file and entry.variant is None and _kernel_files(tmp_path) == [entry.file]
     assert split_config(unknown) is not None
 
 
@@ -163,7 +163,8 @@ def test_a_changed_configuration_or_base_is_refused(tmp_path, monkeypatch):
 def test_a_changed_base_file_is_refused(tmp_path):
     _install(tmp_path, CODE_CHANGE, candidate_id=1)
     entry = _install(tmp_path, with_config(CODE_CHANGE, (2, 4), (4, 4), BUCKET, SPACE), candidate_id=2)
-    base = tmp_path / entry["variant"]["base"]
+    assert entry.variant is not None
+    base = tmp_path / entry.variant.base
     edited = base.read_text().replace("return (2, 4)", "return (3, 4)")
     assert edited != base.read_text()
     base.write_text(edited)

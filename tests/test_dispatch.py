@@ -135,9 +135,9 @@ def test_a_promoted_kernel_that_torch_beats_is_demoted_and_one_that_beats_torch_
     assert choices["m64-klarge"].impl == serving.KERNEL and choices["m64-klarge"].kernel_candidate == fast.id
     written = dict((c.bucket, e) for c, e in record_choices(choices.values(), dir=sdir, led=led))
     assert written["m64-klarge"] is None
-    entries = {e["bucket"]: e for e in serving.load_manifest(sdir)["entries"]}
-    assert entries["m256-klarge"]["impl"] == "torch" and "kernel #" in entries["m256-klarge"]["reason"]
-    assert entries["m64-klarge"]["impl"] == "kernel" and (sdir / entries["m64-klarge"]["file"]).exists()
+    entries = {e.bucket: e for e in serving.load_manifest(sdir).entries}
+    assert entries["m256-klarge"].impl == "torch" and "kernel #" in str(entries["m256-klarge"].reason)
+    assert entries["m64-klarge"].impl == "kernel" and (sdir / str(entries["m64-klarge"].file)).exists()
     assert not (sdir / serving.kernel_file_name("matmul", "m256-klarge", "bfloat16", GPU)).exists()
     active = {p.bucket for p in led.promotions(active_only=True)}
     assert active == {"m64-klarge"}
@@ -169,7 +169,7 @@ def test_a_version_1_manifest_is_still_served(tmp_path):
     r = serving.get("matmul", gpu=GPU, dir=tmp_path).resolve(
         torch.randn(16, 2048).bfloat16(), torch.randn(2048, 8).bfloat16()
     )
-    assert r.impl == serving.KERNEL and str(r) == entry["file"]
+    assert r.impl == serving.KERNEL and str(r) == entry.file
 
 
 def _m(label, ms, spread=0.0005, serves=False, graph=None):
@@ -271,7 +271,7 @@ def test_the_dispatch_command_shows_and_writes_the_choices(led, tmp_path, capsys
     assert "m16-klarge" in out and "torch" in out and "m1-klarge" in out and "(default)" in out
     assert not (sdir / "manifest.json").exists()  # without --write nothing is written
     assert main(argv + ["--write"]) == 0
-    assert {e["bucket"]: e["impl"] for e in serving.load_manifest(sdir)["entries"]} == {
+    assert {e.bucket: e.impl for e in serving.load_manifest(sdir).entries} == {
         "m16-klarge": "torch",
         "m1-klarge": "baseline",
     }

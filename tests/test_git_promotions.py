@@ -259,7 +259,7 @@ def test_in_place_writes_the_working_tree_and_says_so(tmp_path, monkeypatch, rep
     assert _git(repo, "rev-parse", "HEAD") == head
     assert "kernels/serving/manifest.json" in _git(repo, "status", "--porcelain")
     cid = summary.promotions[0].candidate_id
-    assert any(e.get("candidate_id") == cid for e in serving.load_manifest(d)["entries"])
+    assert any(e.candidate_id == cid for e in serving.load_manifest(d).entries)
 
 
 def test_outside_git_the_serving_set_is_written_in_place_and_the_run_says_so(tmp_path, monkeypatch):
@@ -269,7 +269,7 @@ def test_outside_git_the_serving_set_is_written_in_place_and_the_run_says_so(tmp
     assert f"promotions are written in place to {d.resolve()} (not in a git repository)" in notes
     assert summary.session.serving_line.startswith(f"serving set: written in place to {d.resolve()}")
     cid = summary.promotions[0].candidate_id
-    assert any(e.get("candidate_id") == cid for e in serving.load_manifest(d)["entries"])
+    assert any(e.candidate_id == cid for e in serving.load_manifest(d).entries)
 
 
 def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path, monkeypatch, repo):
@@ -300,7 +300,7 @@ def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path
     )
     assert f"promotions are written in place to {handed} (handed to the run)" in notes
     cid = summary.promotions[0].candidate_id
-    assert any(e.get("candidate_id") == cid for e in serving.load_manifest(handed)["entries"])
+    assert any(e.candidate_id == cid for e in serving.load_manifest(handed).entries)
     assert _checkout(repo) == before and not _git(repo, "branch", "--list", "kernel-agent/*")
     assert led.run_summary(summary.run_id).promotions  # still open
     led.close()

@@ -210,17 +210,17 @@ def test_paged_decode_baselines_at_any_head_dim_in_bfloat16(D):
 def test_the_committed_serving_set_serves_its_kernels_correctly():
     d = os.path.join(ROOT, "kernels", "serving")
     gpu = torch.cuda.get_device_name()
-    entries = [e for e in serving.kernel_entries(serving.load_manifest(d)) if e["gpu"] == gpu]
+    entries = [e for e in serving.load_manifest(d).kernels() if e.gpu == gpu]
     if not entries:
         pytest.skip(f"no committed serving kernels for {gpu}")
     for e in entries:
-        op = get_op(e["op"])
-        fn = serving.get(e["op"], dir=d)
+        op = get_op(e.op)
+        fn = serving.get(e.op, dir=d)
         # the shapes it was promoted on (entries before those were recorded: the serving shapes of its bucket)
-        shapes = [op.parse_shape(k) for k in e.get("shapes", [])] or [
-            s for s in op.shapes("serving") if op.bucket(s) == e["bucket"]
+        shapes = [op.parse_shape(k) for k in e.shapes or ()] or [
+            s for s in op.shapes("serving") if op.bucket(s) == e.bucket
         ]
-        assert shapes and all(op.bucket(s) == e["bucket"] for s in shapes), e
+        assert shapes and all(op.bucket(s) == e.bucket for s in shapes), e
         for s in shapes:
             case = op.make_case(s, torch.bfloat16, seed=11, device="cuda")
             assert str(fn.resolve(**case.args)) == serving.entry_name(e)

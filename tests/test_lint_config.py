@@ -35,6 +35,23 @@ def test_ci_runs_ruff():
         assert command in ci, f".ci/run does not run {command}"
 
 
+def test_ci_and_pre_commit_run_the_type_check():
+    """After ruff and before the tests in CI (under `set -e`, so an error fails the run), and as a hook that
+    checks the whole package whatever files a commit touches."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    typecheck = lines.index(".venv/bin/python .ci/typecheck.py")
+    assert "set -euo pipefail" in lines[: lines.index(".venv/bin/ruff check .")]
+    assert lines.index(".venv/bin/ruff check .") < typecheck < lines.index(".venv/bin/python -m pytest -q")
+    assert "set +e" not in lines[:typecheck]
+    # each hook's block of `key: value` lines (the file is flat YAML; the test needs no YAML parser)
+    blocks = (ROOT / ".pre-commit-config.yaml").read_text().split("- id:")[1:]
+    hooks = [dict(re.findall(r"^\s*(\w+):\s*(.+?)\s*$", "id: " + b, re.MULTILINE)) for b in blocks]
+    hook = next((h for h in hooks if ".ci/typecheck.py" in h.get("entry", "")), None)
+    assert hook is not None, ".pre-commit-config.yaml has no hook that runs .ci/typecheck.py"
+    assert hook["entry"] == "python .ci/typecheck.py" and hook.get("pass_filenames") == "false"
+
+
 def test_mypy_checks_packages_the_link_tree_holds():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     mapping = config["tool"]["setuptools"]["package-dir"]

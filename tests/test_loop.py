@@ -718,11 +718,11 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv", "matmul"], gpu)
     _stream(lp, targets[:2], budget, 4)
     assert {d for _, d in gpu.seen} == {"0", "1"}  # both GPUs lent
-    promos = [e for e in serving.load_manifest()["entries"]]
-    assert sorted(e["op"] for e in promos) == ["matmul", "quantize_kv"] and len(led.run_summary(run.id).promotions) == 2
+    promos = list(serving.load_manifest().entries)
+    assert sorted(e.op for e in promos) == ["matmul", "quantize_kv"] and len(led.run_summary(run.id).promotions) == 2
     for e in promos:  # the entry names the shapes it was judged on, all in its bucket
-        op = OPS[e["op"]]
-        assert e["shapes"] and all(op.bucket(op.parse_shape(k)) == e["bucket"] for k in e["shapes"])
+        op = OPS[e.op]
+        assert e.shapes and all(op.bucket(op.parse_shape(k)) == e.bucket for k in e.shapes)
     assert _benchmarked(led, run.id) == 4
     statuses = sorted(c.status for c in led.candidates(run_id=run.id))
     assert statuses == ["benchmarked", "benchmarked", "promoted", "promoted"]
@@ -731,8 +731,8 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     _stream(lp, targets[:2], budget, 4)
     new = [c for c in led.candidates(run_id=run.id) if c.id not in before]
     # a configuration the search promoted has no file: the serving set rebuilds it from its base
-    assert any("variant" in e and "file" not in e for e in serving.load_manifest()["entries"])
-    served = {e["op"]: serving.entry_source(e) for e in serving.load_manifest()["entries"]}
+    assert any(e.variant is not None and e.file is None for e in serving.load_manifest().entries)
+    served = {e.op: serving.entry_source(e) for e in serving.load_manifest().entries}
     assert {c.op for c in new} == {"quantize_kv", "matmul"}
     for c in (c for c in new if c.label.startswith("cfg-")):  # a variant of the promoted kernel: all of it is
         # there, bar the renamed `_config` (a rewrite of it, the catalog's, changes the lines it rewrites)
@@ -765,7 +765,7 @@ def test_a_candidate_file_changed_after_it_was_judged_is_not_promoted(tmp_path, 
     _stream(lp, targets[:1], budget, 1)
     (cand,) = led.candidates(run_id=run.id)
     assert cand.status == "benchmarked" and not led.run_summary(run.id).promotions
-    assert not [e for e in serving.load_manifest()["entries"] if e.get("impl", "kernel") == "kernel"]
+    assert not serving.load_manifest().kernels()
     (why,) = [d for st, d in lines if "not promoted" in d]
     assert "the file judged is not the candidate's text" in why and "changed after it was written" in why, lines
     led.close()
@@ -1234,7 +1234,7 @@ def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serv
     assert _benchmarked(led, run.id) == 2 and not led.run_summary(run.id).promotions
     reasons = [a.summary for a in lp.recorder.attempts[("matmul", targets[0].bucket)]]
     assert all("slower than torch (torch.matmul)" in r for r in reasons), reasons
-    entries = serving.load_manifest()["entries"]
-    assert [(e["bucket"], e["impl"]) for e in entries] == [(targets[0].bucket, "torch")]
+    entries = serving.load_manifest().entries
+    assert [(e.bucket, e.impl) for e in entries] == [(targets[0].bucket, "torch")]
     assert any("it serves the bucket" in n for n in notes)
     led.close()

@@ -69,14 +69,14 @@ def test_serving_dir_default_and_override(sdir, monkeypatch):
 
 
 def test_manifest_round_trip(sdir):
-    assert serving.load_manifest() == {"version": 2, "entries": []}  # missing file: empty set
+    assert serving.load_manifest() == serving.Manifest(2, ())  # missing file: empty set
     entry = _install(shapes=["T=4,H=2,D=16"])
-    assert entry["file"] == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
-    assert (sdir / entry["file"]).read_text() == canonical_source(VARIANT_SRC)  # the text that runs, as judged
+    assert entry.file == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
+    assert (sdir / entry.file).read_text() == canonical_source(VARIANT_SRC)  # the text that runs, as judged
     manifest = serving.load_manifest()
-    assert manifest["version"] == 2 and manifest["entries"] == [entry]
-    assert json.loads((sdir / "manifest.json").read_text()) == manifest
-    assert set(entry) == {
+    assert manifest.version == 2 and manifest.entries == (entry,)
+    assert json.loads((sdir / "manifest.json").read_text()) == manifest.to_json()
+    assert set(entry.to_json()) == {
         "op",
         "bucket",
         "dtype",
@@ -91,14 +91,14 @@ def test_manifest_round_trip(sdir):
         "versions",
         "shapes",
     }
-    assert entry["shapes"] == ["T=4,H=2,D=16"]  # what it was judged on, for review and the GPU check
-    assert entry["source_hash"] == serving.source_hash(canonical_source(VARIANT_SRC)) and entry["candidate_id"] == 7
+    assert entry.shapes == ("T=4,H=2,D=16",)  # what it was judged on, for review and the GPU check
+    assert entry.source_hash == serving.source_hash(canonical_source(VARIANT_SRC)) and entry.candidate_id == 7
     assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
     # replacing the same key keeps one entry; another key adds one
     again = _install(candidate_id=8)
     other = _install(dtype="float16")
-    entries = serving.load_manifest(sdir)["entries"]
-    assert [(e["dtype"], e["candidate_id"]) for e in entries] == [("float16", 7), ("float32", 8)]
+    entries = serving.load_manifest(sdir).entries
+    assert [(e.dtype, e.candidate_id) for e in entries] == [("float16", 7), ("float32", 8)]
     assert again in entries and other in entries
     assert not [p for p in sdir.iterdir() if p.name.endswith(".tmp")]  # no temp files left
 
@@ -110,7 +110,7 @@ def test_install_validates(sdir):
         _install(dtype="int4")
     with pytest.raises(serving.ServingError, match="no top-level function"):
         _install(source="def something_else(x):\n    return x\n")
-    assert serving.load_manifest()["entries"] == []
+    assert serving.load_manifest().entries == ()
 
 
 def test_install_refuses_a_source_that_is_not_the_judged_text(sdir):
@@ -122,8 +122,8 @@ def test_install_refuses_a_source_that_is_not_the_judged_text(sdir):
     with pytest.raises(serving.ServingError) as e:
         _install(source=VARIANT_SRC + "\nSWAPPED = 1\n", judged_hash=judged)
     assert "is not the judged text" in str(e.value) and "\n" not in str(e.value)
-    assert serving.load_manifest()["entries"] == [] and not list(sdir.glob("*.py"))
-    assert _install(judged_hash=judged)["source_hash"] == judged
+    assert serving.load_manifest().entries == () and not list(sdir.glob("*.py"))
+    assert _install(judged_hash=judged).source_hash == judged
 
 
 def test_bad_manifest_is_an_error(sdir):
@@ -148,12 +148,12 @@ def test_get_dispatches_by_bucket_dtype_and_gpu(sdir):
     assert fn.__name__ == OP
     case = _case()  # T=4, H=2, D=16: bucket tsmall-d16
     x = case.args["x"]
-    assert str(fn.resolve(x)) == entry["file"]
-    assert str(fn.resolve(x=x)) == entry["file"]
+    assert str(fn.resolve(x)) == entry.file
+    assert str(fn.resolve(x=x)) == entry.file
     assert str(fn.resolve(_case("4,2,32").args["x"])) == "baseline"  # another bucket
     assert str(fn.resolve(_case(dtype=torch.float16).args["x"])) == "baseline"  # another dtype
     assert str(serving.get(OP, gpu="NVIDIA A100").resolve(x)) == "baseline"  # another GPU
-    assert str(serving.get(OP, gpu="nvidia-h200").resolve(x)) == entry["file"]
+    assert str(serving.get(OP, gpu="nvidia-h200").resolve(x)) == entry.file
     if not torch.cuda.is_available():
         assert str(serving.get(OP).resolve(x)) == "baseline"  # default GPU name here is 'cpu'
 
@@ -181,12 +181,12 @@ def test_remove_falls_back(sdir):
     _install(dtype="float16")
     fn = serving.get(OP, gpu=GPU)
     x = _case().args["x"]
-    assert str(fn.resolve(x)) == entry["file"]
+    assert str(fn.resolve(x)) == entry.file
     fn(x)  # loaded and cached
     assert serving.remove(OP, "tsmall-d16", "float32", GPU) is True
     assert serving.remove(OP, "tsmall-d16", "float32", GPU) is False
-    assert not (sdir / entry["file"]).exists()
-    assert [e["dtype"] for e in serving.load_manifest()["entries"]] == ["float16"]
+    assert not (sdir / entry.file).exists()
+    assert [e.dtype for e in serving.load_manifest().entries] == ["float16"]
     # the same dispatcher sees the manifest change
     assert str(fn.resolve(x)) == "baseline"
     assert get_op(OP).compare(fn(x), {"x": x}).ok
@@ -234,7 +234,7 @@ def test_load_kernel_file_errors(tmp_path):
 
 def test_tampered_kernel_file_is_refused(sdir):
     entry = _install()
-    (sdir / entry["file"]).write_text(VARIANT_SRC + "\nEVIL = 1\n")
+    (sdir / entry.file).write_text(VARIANT_SRC + "\nEVIL = 1\n")
     fn = serving.get(OP, gpu=GPU)
     x = _case().args["x"]
     with pytest.raises(serving.ServingError, match="does not match its manifest hash"):
@@ -300,12 +300,12 @@ def test_a_promoted_file_with_a_trick_is_refused_at_load_and_never_runs(trick, s
     canary = _Canary(tmp_path, monkeypatch)
     raw = canary.text(trick)
     entry = _install()  # a real promotion, then its file swapped for the trick with the hash to match
-    (sdir / entry["file"]).write_bytes(raw)
+    (sdir / entry.file).write_bytes(raw)
     doc = json.loads((sdir / "manifest.json").read_text())
     doc["entries"][0]["source_hash"] = serving.source_hash(raw.decode("utf-8"))
     (sdir / "manifest.json").write_text(json.dumps(doc))
     x = _case().args["x"]
-    for load in (lambda: serving.get(OP, gpu=GPU)(x), lambda: serving.load_kernel_file(sdir / entry["file"], OP)):
+    for load in (lambda: serving.get(OP, gpu=GPU)(x), lambda: serving.load_kernel_file(sdir / entry.file, OP)):
         with pytest.raises(serving.ServingError, match="refused by the static gate") as e:
             load()
         assert "\n" not in str(e.value)
@@ -342,8 +342,8 @@ def test_other_ops_bind_keyword_arguments(sdir):
     assert bucket_causal != bucket_full
     src = (Path(serving.__file__).resolve().parents[1] / "kernels" / "baseline" / "attention.py").read_text()
     entry = serving.install("attention", bucket_causal, "float32", GPU, src, 1, 0.1, "test", {})
-    assert str(fn.resolve(q, k, v, True)) == entry["file"]
-    assert str(fn.resolve(q, k, v, causal=True)) == entry["file"]
+    assert str(fn.resolve(q, k, v, True)) == entry.file
+    assert str(fn.resolve(q, k, v, causal=True)) == entry.file
     assert str(fn.resolve(q, k, v)) == "baseline"
     assert str(fn.resolve(q=q, k=k, v=v, causal=False, sm_scale=0.5)) == "baseline"
 

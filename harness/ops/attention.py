@@ -205,7 +205,8 @@ class Attention(Op):
     def with_value(self, base: AttentionShape, dim: str, value: int) -> AttentionShape:
         if dim == "group":
             return dataclasses.replace(base, Hq=value * base.Hkv)
-        return dataclasses.replace(base, **({"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}))
+        changes: Dict[str, Any] = {"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}
+        return dataclasses.replace(base, **changes)
 
     def domain(self) -> Domain:
         """Head dims past 128, GQA groups past 8 (MQA at 128 query heads), BSHD and pair views, on the CPU;

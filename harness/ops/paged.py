@@ -300,7 +300,8 @@ class PagedDecodeOp(Op):
     def with_value(self, base: DecodeShape, dim: str, value: int) -> DecodeShape:
         if dim == "group":
             return dataclasses.replace(base, Hq=value * base.Hkv)
-        return dataclasses.replace(base, **({"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}))
+        changes: Dict[str, Any] = {"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}
+        return dataclasses.replace(base, **changes)
 
     def domain(self) -> Domain:
         return decode_domain()
