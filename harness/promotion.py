@@ -241,10 +241,15 @@ def timed_call_mismatch(m: Measurement) -> str:
     """Why a measurement's timed outputs refuse it ('' when none does): the benchmark compares the output of
     a timed call, drawn at random, with the reference of that call's fresh inputs (bench.timed_calls). A
     kernel right on the probe and wrong while timed (a cache over repeated inputs, an output block reused
-    between calls) is caught there."""
+    between calls) is caught there; so is one wrong only on CUDA-graph replays, whose last replay of each round
+    is compared too (a record with "clock": "graph")."""
     for chk in m.timed_checks:
         if isinstance(chk, dict) and not chk.get("ok", False):
-            return f"output of timed call {chk.get('call')} differs from the reference: {str(chk.get('detail'))[:300]}"
+            detail = str(chk.get("detail"))[:300]
+            if chk.get("clock") == "graph":
+                where = f"the last CUDA-graph replay of round {chk.get('round')}"
+                return f"output of {where} differs from the reference: {detail}"
+            return f"output of timed call {chk.get('call')} differs from the reference: {detail}"
     return ""
 
 
