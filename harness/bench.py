@@ -53,6 +53,7 @@ import json
 import math
 import os
 import random
+import secrets
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -60,7 +61,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .bench_records import Measurement, ShapeResult
+from .bench_records import BenchSpec, Measurement, ShapeResult
 from .env import slug, versions
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
 from .promotion import graph_timed
@@ -771,6 +772,23 @@ def _pooled(
     return rounds, positions, med, _spread(rounds, med, between=(max(times) - min(times)) / 2)
 
 
+def with_drawn_shape(spec: BenchSpec, seed: Optional[int] = None) -> BenchSpec:
+    """A promotion's benchmark (`spec`, a bucket's points) with one shape drawn at random inside the bucket
+    (Op.drawn_in_bucket) timed after them, and the seed it was drawn from (a fresh secret one unless given:
+    a candidate cannot know the shape in advance; recorded in the spec and the ledger to reproduce it). The
+    spec as it was where the bucket leaves no shape to draw."""
+    from .ops import dtype_from_name, get_op  # deferred: as in the module's other op readers
+
+    seed = secrets.randbelow(1 << 31) if seed is None else seed
+    op = get_op(spec.op)
+    points = spec.points  # a spec drawn for before is drawn for again, around its points
+    shape = op.drawn_in_bucket([op.parse_shape(k) for k in points], random.Random(seed), dtype_from_name(spec.dtype))
+    if shape is None:
+        return dataclasses.replace(spec, shapes=points, drawn=(), draw_seed=None)
+    key = shape.key()
+    return dataclasses.replace(spec, shapes=points + (key,), drawn=(key,), draw_seed=seed)
+
+
 def record_shape_result(
     ledger,
     run_id: Optional[str],
@@ -778,11 +796,13 @@ def record_shape_result(
     candidate_id: Optional[int] = None,
     incumbent_label: str = "incumbent",
     incumbent_hash: Optional[str] = None,
+    drawn_seed: Optional[int] = None,
 ) -> None:
     """Store one shape's measurements in the ledger, every row of it under the candidate id (the incumbent
     and the anchor timed beside it too: the label says which), the 'incumbent' row under `incumbent_label`,
     with the source hash of the incumbent where given (what the candidate was judged against, for its
-    diff); failed measurements not at all."""
+    diff); failed measurements not at all. `drawn_seed`: the shape was drawn at random inside the bucket from
+    this seed (with_drawn_shape), recorded with every row as extra "drawn_in_bucket_seed"."""
     for m in res.measurements:
         if m.error:
             continue
@@ -791,6 +811,8 @@ def record_shape_result(
         }
         if m.label == "incumbent" and incumbent_hash:
             extra["incumbent_hash"] = incumbent_hash
+        if drawn_seed is not None:
+            extra["drawn_in_bucket_seed"] = drawn_seed
         ledger.record_bench(
             run_id=run_id,
             candidate_id=candidate_id,

@@ -98,3 +98,70 @@ def test_a_stale_graph_replay_refuses_the_candidate_as_a_wrong_timed_call_does(f
     doc = ShapeResult("quantize_kv", "a", "b", "float32", "gpu", list(results.values())).to_json()
     j = judge_benchmark(BenchOutcome.from_json({"results": [doc]}), ["a"])
     assert j.decision is None and "candidate: output of the last CUDA-graph replay of round 1" in j.error, j.error
+
+
+# -- a shape drawn inside the bucket beside its benchmark points ------------------------------------------
+
+
+def test_a_drawn_shape_lies_inside_the_bucket_off_the_point_and_costs_no_more_than_it():
+    import random
+
+    for name in ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"):
+        op = get_op(name)
+        for point in op.shapes("serving"):
+            drawn = {op.drawn_in_bucket([point], random.Random(seed), torch.bfloat16) for seed in range(4)}
+            assert None not in drawn and point not in drawn and len(drawn) > 1, (name, point)  # seeded, and it varies
+            for s in drawn:
+                work = [
+                    op.flops(x) if op.bound(point) == "compute" else op.bytes(x, torch.bfloat16) for x in (point, s)
+                ]
+                assert op.bucket(s) == op.bucket(point) and 0.5 * work[0] <= work[1] <= work[0], (point, s)
+                op.make_case(s, torch.bfloat16, device="meta")  # the op takes it
+    decode = get_op("decode_attention")
+    point = decode.shapes("serving")[0]
+    again = decode.drawn_in_bucket([point], random.Random(7), torch.bfloat16)
+    assert again == decode.drawn_in_bucket([point], random.Random(7), torch.bfloat16)  # the seed reproduces it
+    assert again.ctx != point.ctx and again.B != point.B  # the block-table width and the batch both move
+
+
+def test_with_drawn_shape_appends_one_shape_and_records_its_seed():
+    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
+
+    op = get_op("decode_attention")
+    key = op.shapes("serving")[1].key()
+    spec = bench.with_drawn_shape(
+        BenchSpec.judging("decode_attention", [key], "bfloat16", BenchKernel("i"), BenchKernel("c", "c.py")), seed=11
+    )
+    assert spec.shapes[0] == key and len(spec.shapes) == 2 and spec.drawn == spec.shapes[1:] and spec.draw_seed == 11
+    assert op.bucket(op.parse_shape(spec.drawn[0])) == op.bucket(op.parse_shape(key)) and spec.points == (key,)
+    back = BenchSpec.from_json(spec.to_json())  # it crosses to the benchmark child and back as JSON
+    assert back == spec
+    assert bench.with_drawn_shape(spec, seed=11).drawn == spec.drawn  # seeded: the same shape again
+
+
+def _m(label, ms, spread=0.002):
+    return {"label": label, "median_ms": ms, "spread_ms": spread, "n": 5, "rounds": [ms] * 5}
+
+
+def _res(shape, cand, inc=1.0):
+    return {"shape": shape, "measurements": [_m("incumbent", inc), _m("candidate", cand)]}
+
+
+def test_a_candidate_fast_only_at_the_benchmark_point_is_not_promoted():
+    # 30% faster at the bucket's point, many times slower at the shape drawn inside the bucket
+    gamed = BenchOutcome.from_json({"results": [_res("point", 0.7), _res("drawn", 4.0)]})
+    j = judge_benchmark(gamed, ["point"], drawn=["drawn"])
+    assert not j.error and not j.decision.promote, j.decision
+    assert j.decision.reason.startswith("not promoted: at drawn, drawn at random inside the bucket, 300.0% slower")
+    assert j.shapes == ["point"] and j.candidate_ms == pytest.approx(0.7)  # the point's figures, as before
+    # no better than the incumbent at the drawn shape: a gain at one shape is not the bucket's
+    same = judge_benchmark(
+        BenchOutcome.from_json({"results": [_res("point", 0.7), _res("drawn", 1.0)]}), ["point"], drawn=["drawn"]
+    )
+    assert not same.decision.promote and "not above the noise" in same.decision.reason
+    won = judge_benchmark(
+        BenchOutcome.from_json({"results": [_res("point", 0.7), _res("drawn", 0.9)]}), ["point"], drawn=["drawn"]
+    )
+    assert won.decision.promote and won.drawn == ["drawn"], won.decision
+    missing = judge_benchmark(BenchOutcome.from_json({"results": [_res("point", 0.7)]}), ["point"], drawn=["drawn"])
+    assert missing.error == "benchmark incomplete"
