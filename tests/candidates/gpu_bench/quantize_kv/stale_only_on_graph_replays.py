@@ -1,12 +1,14 @@
-"""Benchmark-only cheat, quantize_kv: right in every eager call, and stale on most CUDA-graph replays.
+"""Benchmark-only cheat, quantize_kv: right in every eager call, and stale on CUDA-graph replays.
 
-Trick: a call counter lives in a small workspace allocated anew on every call and never initialised; the
-caching allocator (and a graph's private pool, across the captured calls and their replays) hands back the
-same block, so the count survives. A tag beside it tells a block this kernel wrote from fresh memory. Past
-12000 calls on one block, seven calls in eight load and store nothing: the output keeps whatever the same
-captured call wrote on the previous replay. Eager timing makes a few thousand calls of a shape, so every
-eager check (the probe, a timed call of each round) sees right answers; one graph round of a 5 us kernel
-makes tens of thousands, and the graph time is the one the rule judges a small kernel on.
+Trick: a small workspace allocated anew on every call and never initialised keeps, across calls (the caching
+allocator, and a graph's private pool across its captured calls and their replays, hand back the same
+block), the address of the last input and how many calls in a row read that same input. Eager timing rotates
+among input sets, so every timed call (the ones a benchmark may check) reads another input than the call
+before it; only the untimed warm-up repeats one. A CUDA graph replays one input set, call after call: from
+the eighth call in a row on the kernel loads and stores nothing, and the output keeps what the same captured
+call wrote on the previous replay. The graph time is the one the rule judges a small kernel on.
+Timed at BENCH_SHAPE, a shape of the serving bucket whose data fits in L2, where a graph time is not held to
+the memory ceiling (replays flush nothing), so nothing else refuses a near-free replay.
 Expected: the last replay of each graph round is compared with the reference of the inputs it read, and
 the parent refuses it ("output of the last CUDA-graph replay of round r differs from the reference").
 """
@@ -22,13 +24,12 @@ import triton.language as tl
 def _rows_kernel(x_ptr, xq_ptr, scale_ptr, ws_ptr, R, H, D, stride_xt, stride_xh, stride_xd,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
-    seen = tl.load(ws_ptr)
-    count = tl.load(ws_ptr + 1)
-    count = tl.where(seen == 1234567891, count, 0)
-    work = (count < 12000) | (count % 8 == 0)
+    me = x_ptr.to(tl.int64)
+    mine = tl.load(ws_ptr) == 1234567891
+    repeats = tl.where(mine & (tl.load(ws_ptr + 1) == me), tl.load(ws_ptr + 2) + 1, 0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    row_mask = rows < tl.where(work, R, 0)
+    row_mask = rows < tl.where(repeats < 8, R, 0)
     mask = row_mask[:, None] & (offs_d[None, :] < D)
     t = (rows // H).to(tl.int64)
     h = rows % H
@@ -44,7 +45,8 @@ def _rows_kernel(x_ptr, xq_ptr, scale_ptr, ws_ptr, R, H, D, stride_xt, stride_xh
     tl.store(scale_ptr + rows, scale, mask=row_mask)
     if pid == 0:
         tl.store(ws_ptr, 1234567891)
-        tl.store(ws_ptr + 1, count + 1)
+        tl.store(ws_ptr + 1, me)
+        tl.store(ws_ptr + 2, repeats)
 
 
 def quantize_kv(x):
@@ -55,7 +57,7 @@ def quantize_kv(x):
         raise ValueError("quantize_kv: row length D must be from 1 to 4096")
     x_q = torch.empty((T, H, D), device=x.device, dtype=torch.int8)
     scale = torch.empty((T, H), device=x.device, dtype=torch.float32)
-    ws = torch.empty((32,), device=x.device, dtype=torch.int32)
+    ws = torch.empty((4,), device=x.device, dtype=torch.int64)
     R = T * H
     if R == 0:
         return x_q, scale
