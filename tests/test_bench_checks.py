@@ -1,7 +1,8 @@
 """The benchmark's checks of timed outputs, on the CPU: the CUDA-graph layer is faked (a fake
 `triton.testing.do_bench_cudagraph` that calls the function eagerly, as it does, then "captures" its calls and
 "replays" them by calling them again: a kernel that keeps state across calls sees the same sequence a graph's
-replays give it), so that what the benchmark does with a replayed output can be checked without a GPU."""
+replays give it), so that what the benchmark does with a replayed output can be checked without a GPU; and
+the shape a promotion draws inside a bucket beside its benchmark points, and the rule that reads it."""
 
 from __future__ import annotations
 

@@ -609,10 +609,10 @@ class Op:
         """A shape drawn at random inside the bucket of `points` (a bucket's benchmark points), for a promotion to
         time beside them: a kernel fast only at the exact benchmark point (a config chosen on one block-table
         width) is then timed where it is slow. Around one point drawn among them, each size in turn (in a
-        random order) is drawn below its value there, down to three quarters, where a value keeps the shape in the bucket
-        and one the op takes (a GQA group stays whole); sizes the bucket names (a head dim, a page under 16)
-        stay. Kept only where it holds at least half the point's work: it costs no more device time than the
-        point and is not a launch-bound toy. None when no such shape is found."""
+        random order) is drawn below its value there, down to three quarters, where a value keeps the shape
+        in the bucket and one the op takes (a GQA group stays whole); sizes the bucket names (a head dim, a
+        page under 16) stay. Kept only where it holds at least half the point's work: it costs no more device
+        time than the point and is not a launch-bound toy. None when no such shape is found."""
         point = rng.choice(list(points))
         work = self._work(point, dtype)
         sizes = [f.name for f in dataclasses.fields(point) if type(getattr(point, f.name)) is int]
