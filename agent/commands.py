@@ -1261,24 +1261,26 @@ def _promote_bucket(
 ) -> bool:
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
     from ..harness import serving  # here: torch, after the flags
-    from ..harness.bench import record_shape_result  # here: torch, after the flags
+    from ..harness.bench import record_shape_result, with_drawn_shape  # here: torch, after the flags
     from .publish import PromotionRequest, publish_promotion  # here: as the serving set
 
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
     inc_file = str(serving.entry_path(entry, target.dir)) if entry is not None else None
-    spec = BenchSpec.judging(
-        args.op,
-        [s.key() for s in bshapes],
-        args.dtype,
-        BenchKernel(INCUMBENT, inc_file),
-        BenchKernel(CANDIDATE, os.path.abspath(args.file), source_hash(source)),
+    spec = with_drawn_shape(
+        BenchSpec.judging(
+            args.op,
+            [s.key() for s in bshapes],
+            args.dtype,
+            BenchKernel(INCUMBENT, inc_file),
+            BenchKernel(CANDIDATE, os.path.abspath(args.file), source_hash(source)),
+        )
     )
     outcome = BenchOutcome.from_json(evaluator.bench(spec.to_json()))
+    inc_label = "baseline" if entry is None else f"serving:{serving.entry_name(entry)}"
     for res in outcome.results:
-        record_shape_result(
-            led, run_id, res, cid, "baseline" if entry is None else f"serving:{serving.entry_name(entry)}"
-        )
-    j = judge_benchmark(outcome, [s.key() for s in bshapes], args.margin)
+        seed = spec.draw_seed if res.shape in spec.drawn else None
+        record_shape_result(led, run_id, res, cid, inc_label, drawn_seed=seed)
+    j = judge_benchmark(outcome, [s.key() for s in bshapes], args.margin, drawn=spec.drawn)
     if j.error:
         ui.line(f"{bucket}: benchmark failed: {j.error}", style="red")
         return False

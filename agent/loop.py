@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..harness import serving
+from ..harness.bench import with_drawn_shape
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchSpec
 from ..harness.compile_probe import CompileProfile
 from ..harness.diagnosis import Diagnosis, diagnose_incumbent
@@ -235,17 +236,20 @@ class Loop:
 
     def bench_task(self, w: Work) -> BenchTask:
         """The candidate's file timed against the bucket's incumbent, each named with the hash of its text: the
-        benchmark times no file that changed since it was judged."""
+        benchmark times no file that changed since it was judged. After the bucket's shapes, one drawn at random
+        inside the bucket (with_drawn_shape), which the candidate must win too."""
         inc = self.incumbent(w.target)
         incumbent = BenchKernel(INCUMBENT, inc.file, judged_hash(inc.source) if inc.file else "")
         return BenchTask(
-            BenchSpec.judging(
-                w.target.op,
-                [s.key() for s in w.target.shapes],
-                self.cfg.dtype,
-                incumbent,
-                BenchKernel(CANDIDATE, w.path, w.source_hash),
-                race=True,
+            with_drawn_shape(
+                BenchSpec.judging(
+                    w.target.op,
+                    [s.key() for s in w.target.shapes],
+                    self.cfg.dtype,
+                    incumbent,
+                    BenchKernel(CANDIDATE, w.path, w.source_hash),
+                    race=True,
+                )
             )
         )
 

@@ -104,7 +104,8 @@ class Recorder:
         it), read as the live path judged it: graph replays where both had them (`ledger.row_time`)."""
         by_shape: Dict[str, list] = {}
         for b in self.ledger.bench_results(candidate_id=cid):
-            if not b.label.startswith("anchor:"):
+            # the bucket's points, as the live path's mean: not a shape drawn inside the bucket beside them
+            if not b.label.startswith("anchor:") and "drawn_in_bucket_seed" not in (b.extra or {}):
                 by_shape.setdefault(b.shape_key, []).append(b)
         times = [row_time(rows)(b) for rows in by_shape.values() for b in rows if (b.label != "candidate") == incumbent]
         return sum(times) / len(times) if times else None
@@ -289,9 +290,10 @@ class Recorder:
             self.raced_out += 1
         inc_hash = hash_source(baseline_source(t.op)) if inc.file is None else inc.source_hash
         for res in outcome.results:
-            record_shape_result(self.ledger, self.run_id, res, cid, inc_label, inc_hash)
+            seed = task.spec.draw_seed if res.shape in task.spec.drawn else None
+            record_shape_result(self.ledger, self.run_id, res, cid, inc_label, inc_hash, drawn_seed=seed)
         self._choose_serving(t)
-        j = judge_benchmark(outcome, [s.key() for s in t.shapes], self.cfg.margin)
+        j = judge_benchmark(outcome, [s.key() for s in t.shapes], self.cfg.margin, drawn=task.spec.drawn)
         self.judged.add(cid)
         if j.error:
             self.ledger.set_candidate_status(

@@ -9,7 +9,7 @@ Protocol, per (op, shape, dtype):
     two timed calls see the same inputs: a cache over repeated inputs or a reused output block
     buys nothing; the output of one timed call per kernel in every round, drawn at random, is
     compared with the reference of that call's inputs (Measurement.timed_checks; the parent refuses a
-    mismatch: promotion.shape_pair);
+    mismatch: promotion.shape_pair), and so is the output of each graph round's last replay (below);
   * the candidates, the incumbent and the torch anchor are interleaved round by round
     (A B C A B C ..., the order rotating every round) in one process, so clock and
     thermal drift hit all of them alike;
@@ -53,6 +53,7 @@ import json
 import math
 import os
 import random
+import secrets
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -60,7 +61,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .bench_records import Measurement, ShapeResult
+from .bench_records import BenchSpec, Measurement, ShapeResult
 from .env import slug, versions
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
 from .promotion import graph_timing
@@ -354,6 +355,14 @@ def timed_calls(
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def checked_output(op: Op, case: Case, out: Any, where: Dict[str, Any]) -> Dict[str, Any]:
+    """The record of one timed output compared with the reference of the inputs it was computed from (`case`'s
+    arguments as they are now): `where` (which call: {"call": k}, or {"clock": "graph", "round": r}) with
+    "ok" and "detail". The parent reads these records (promotion.timed_call_mismatch), never a verdict."""
+    cmp = op.compare(out, case.args, op.reference(case.args, torch.float32))
+    return dict(where, ok=cmp.ok, detail=cmp.describe()[:300])
+
+
 def kernels_seen(fn: Callable, kwargs: Dict[str, Any]) -> List[str]:
     """Names of the CUDA kernels one call runs (profiler), after a warm-up call."""
     from torch.profiler import ProfilerActivity, profile  # deferred: the profiler loads only for this diagnosis
@@ -470,9 +479,9 @@ def benchmark_shape(
             refreshers[counters[c.label] % len(cases)]()
 
         def check(out):
-            case = cases[counters[c.label] % len(cases)]
-            cmp = op.compare(out, case.args, op.reference(case.args, torch.float32))
-            checks[c.label].append({"call": counters[c.label], "ok": cmp.ok, "detail": cmp.describe()[:300]})
+            checks[c.label].append(
+                checked_output(op, cases[counters[c.label] % len(cases)], out, {"call": counters[c.label]})
+            )
 
         return call, refresh, check
 
@@ -542,6 +551,7 @@ def benchmark_shape(
         results,
         lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
         refresh=refreshers[0],
+        check=(lambda out, where: checked_output(op, cases[0], out, where)) if check else None,
     )
     ordered = [results[c.label] for c in all_c if c.label in results] + (
         [results["anchor"]] if "anchor" in results else []
@@ -583,6 +593,7 @@ def _graph_rounds(
     results: Dict[str, Measurement],
     too_fast: Callable[[float], bool] = lambda ms: False,
     refresh: Optional[Callable[..., None]] = None,
+    check: Optional[Callable[[Any, Dict[str, Any]], Dict[str, Any]]] = None,
 ) -> None:
     """CUDA-graph replay times of the small kernels, interleaved round by round like the event rounds.
     A replay time faster than the ceilings allow (`too_fast`) marks the kernel implausible, as an
@@ -592,19 +603,17 @@ def _graph_rounds(
     would let a cache answer), and the kernel's time is the graph of refresh + call minus the graph of the
     refresh alone, timed in the same round. What it costs in fidelity: the difference of two medians is
     noisier than one median (the spread shows it), and the call reads inputs the refresh just wrote, partly
-    from L2, as graph replays (which flush nothing) always did."""
-    import triton.testing  # deferred: as in measure_ceilings
+    from L2, as graph replays (which flush nothing) always did.
 
+    With `check(output, where)`, the output of the last call of each round's last replay is compared with the
+    reference of the inputs that call read (`kwargs` as the replay left them) and the record joins the
+    kernel's timed_checks (anchors are not checked): a kernel that does the work in eager calls and skips it
+    on replays (state kept on the device across a graph's many calls) is refused as one wrong in a timed
+    eager call is."""
     live = []
     for c in small:
-        try:  # warm up on a side stream, as graph capture requires
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    c.fn(**kwargs)
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
+        try:
+            _warm_for_capture(c.fn, kwargs)
             live.append(c)
         except Exception as e:  # noqa: BLE001 - reported on the measurement
             _graph_failed(results[c.label], c, e)
@@ -615,16 +624,12 @@ def _graph_rounds(
             if c.label in failed:
                 continue
             try:
-                if refresh is None:
-                    ms = triton.testing.do_bench_cudagraph(lambda: c.fn(**kwargs), rep=20, return_mode="median")
-                else:
-                    both = triton.testing.do_bench_cudagraph(
-                        lambda: (refresh(graph=True), c.fn(**kwargs)), rep=20, return_mode="median"
-                    )
-                    alone = triton.testing.do_bench_cudagraph(lambda: refresh(graph=True), rep=20, return_mode="median")
-                    ms = max(both - alone, 1e-4)
+                ms, out = _graph_round(c.fn, kwargs, refresh)
                 m.graph_rounds.append(ms)
                 m.graph_positions.append(pos)
+                if check is not None and not c.is_anchor:
+                    m.timed_checks.append(check(out, {"clock": "graph", "round": r + 1}))
+                del out
             except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the kernel wrapper
                 _graph_failed(m, c, e)
                 failed.add(c.label)
@@ -637,6 +642,43 @@ def _graph_rounds(
             if too_fast(m.graph_ms) and not c.is_anchor:
                 m.implausible = True
                 m.add_note("graph replay faster than the measured ceilings allow")
+
+
+def _warm_for_capture(fn: Callable[..., Any], kwargs: Dict[str, Any]) -> None:
+    """Call `fn` a few times on a side stream, as graph capture requires (compiles, allocator warm-up)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(**kwargs)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+
+
+def _graph_round(
+    fn: Callable[..., Any], kwargs: Dict[str, Any], refresh: Optional[Callable[..., None]]
+) -> Tuple[float, Any]:
+    """One round of graph replays of `fn(**kwargs)` (with `refresh(graph=True)` before each call when given):
+    (ms per call, the output of the last call of the last replay). Why that output is the last replay's:
+    triton.testing.do_bench_cudagraph calls `fn` eagerly, then captures its calls, then replays the graph; the
+    tensor the last captured call returned is kept alive here, so its memory (in the graph's pool) holds what
+    the last call of the last replay wrote, and `kwargs` hold the inputs the last refresh wrote for it."""
+    import triton.testing  # deferred: as in measure_ceilings
+
+    last: List[Any] = [None]
+
+    def step():
+        if refresh is not None:
+            refresh(graph=True)
+        last[0] = fn(**kwargs)
+
+    # the refresh alone first: the graph of both then leaves the inputs as the output's call read them
+    alone = 0.0
+    if refresh is not None:
+        alone = triton.testing.do_bench_cudagraph(lambda: refresh(graph=True), rep=20, return_mode="median")
+    both = triton.testing.do_bench_cudagraph(step, rep=20, return_mode="median")
+    torch.cuda.synchronize()
+    return max(both - alone, 1e-4), last[0]
 
 
 def reported_time(m: Measurement, timing: Optional[str] = None) -> Tuple[float, float, str]:
@@ -731,6 +773,23 @@ def _pooled(
     return rounds, positions, med, _spread(rounds, med, between=(max(times) - min(times)) / 2)
 
 
+def with_drawn_shape(spec: BenchSpec, seed: Optional[int] = None) -> BenchSpec:
+    """A promotion's benchmark (`spec`, a bucket's points) with one shape drawn at random inside the bucket
+    (Op.drawn_in_bucket) timed after them, and the seed it was drawn from (a fresh secret one unless given:
+    a candidate cannot know the shape in advance; recorded in the spec and the ledger to reproduce it). The
+    spec as it was where the bucket leaves no shape to draw."""
+    from .ops import dtype_from_name, get_op  # deferred: as in the module's other op readers
+
+    seed = secrets.randbelow(1 << 31) if seed is None else seed
+    op = get_op(spec.op)
+    points = spec.points  # a spec drawn for before is drawn for again, around its points
+    shape = op.drawn_in_bucket([op.parse_shape(k) for k in points], random.Random(seed), dtype_from_name(spec.dtype))
+    if shape is None:
+        return dataclasses.replace(spec, shapes=points, drawn=(), draw_seed=None)
+    key = shape.key()
+    return dataclasses.replace(spec, shapes=points + (key,), drawn=(key,), draw_seed=seed)
+
+
 def record_shape_result(
     ledger,
     run_id: Optional[str],
@@ -738,11 +797,13 @@ def record_shape_result(
     candidate_id: Optional[int] = None,
     incumbent_label: str = "incumbent",
     incumbent_hash: Optional[str] = None,
+    drawn_seed: Optional[int] = None,
 ) -> None:
     """Store one shape's measurements in the ledger, every row of it under the candidate id (the incumbent
     and the anchor timed beside it too: the label says which), the 'incumbent' row under `incumbent_label`,
     with the source hash of the incumbent where given (what the candidate was judged against, for its
-    diff); failed measurements not at all."""
+    diff); failed measurements not at all. `drawn_seed`: the shape was drawn at random inside the bucket from
+    this seed (with_drawn_shape), recorded with every row as extra "drawn_in_bucket_seed"."""
     for m in res.measurements:
         if m.error:
             continue
@@ -751,6 +812,8 @@ def record_shape_result(
         }
         if m.label == "incumbent" and incumbent_hash:
             extra["incumbent_hash"] = incumbent_hash
+        if drawn_seed is not None:
+            extra["drawn_in_bucket_seed"] = drawn_seed
         ledger.record_bench(
             run_id=run_id,
             candidate_id=candidate_id,

@@ -141,7 +141,9 @@ class BenchSpec:
     """What one benchmark child times (harness/bench_worker.py): `kernels` at each of `shapes` (shape keys).
     A run's benchmark names an incumbent and a candidate (`BenchSpec.judging`); `bench` times any list.
     race: stop at a shape on which the rule refuses the candidate alone. references: time the serving
-    engines' libraries too. gated and ceilings are the parent's (bench_worker.run_bench_isolated)."""
+    engines' libraries too. gated and ceilings are the parent's (bench_worker.run_bench_isolated). drawn: the
+    keys among `shapes` drawn at random inside the bucket (bench.with_drawn_shape, from `draw_seed`), timed
+    after the bucket's points and judged apart from them (promotion.judge_benchmark)."""
 
     op: str
     shapes: Tuple[str, ...]
@@ -152,6 +154,8 @@ class BenchSpec:
     references: bool = False
     gated: bool = False
     ceilings: Optional[Dict[str, Any]] = None
+    drawn: Tuple[str, ...] = ()
+    draw_seed: Optional[int] = None
 
     @classmethod
     def judging(
@@ -203,7 +207,14 @@ class BenchSpec:
         }
         if self.ceilings:
             d["ceilings"] = self.ceilings
+        if self.drawn:
+            d["drawn"], d["draw_seed"] = list(self.drawn), self.draw_seed
         return d
+
+    @property
+    def points(self) -> Tuple[str, ...]:
+        """The bucket's own shapes: `shapes` without the drawn ones."""
+        return tuple(s for s in self.shapes if s not in self.drawn)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "BenchSpec":
@@ -217,6 +228,8 @@ class BenchSpec:
             bool(d.get("references")),
             bool(d.get("gated")),
             d.get("ceilings") or None,
+            tuple(d.get("drawn") or ()),
+            None if d.get("draw_seed") is None else int(d["draw_seed"]),
         )
 
 

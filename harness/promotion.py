@@ -7,7 +7,8 @@ interleaved samples on a machine whose clocks and neighbours drift, so a gain th
 merely equals the noise is as likely to be luck as speed, and every promotion costs a
 reviewer's time and a risk. Correctness is decided elsewhere (the sanitizer); this
 rule refuses anything the sanitizer did not pass, and any timing the benchmark
-flagged as implausible (faster than a measured hardware ceiling is a bug, not a win).
+flagged as implausible (faster than a measured hardware ceiling is a bug, not a win), and a candidate
+that does not also win at a shape drawn at random inside the bucket (drawn_refusal).
 
 This module is pure arithmetic: no GPU, no ledger, so it is trivially testable and
 the same rule can be replayed over recorded timings.
@@ -180,6 +181,29 @@ def graph_timing(m: Measurement) -> Optional[Timing]:
     return None
 
 
+def drawn_refusal(cand: Timing, ref: Timing, name: str, against: str = "the incumbent") -> Optional[Decision]:
+    """The refusal at a shape drawn at random inside the bucket (Op.drawn_in_bucket), or None when the candidate
+    wins there: faster than the reference by more than the two timings' noise. Why a win and not only no
+    loss: a kernel tuned to the exact benchmark point and no better elsewhere would claim for the whole bucket
+    a gain it makes at one shape. Why no margin on top: the bucket's points carry it; here the question is
+    only whether the gain is there at all."""
+    refused = _gate(cand, ref, True, False)
+    if refused:
+        return Decision(False, math.nan, math.nan, f"{refused} (on {name}, drawn at random inside the bucket)")
+    gain = (ref.median_ms - cand.median_ms) / ref.median_ms
+    noise = (cand.spread_ms + ref.spread_ms) / ref.median_ms
+    if gain > noise:
+        return None
+    return Decision(
+        False,
+        gain,
+        noise,
+        f"not promoted: at {name}, drawn at random inside the bucket, {_faster_or_slower(gain, against)} "
+        f"({_ms(ref.median_ms)} ms -> {_ms(cand.median_ms)} ms), not above the noise {_pct(noise)}: the gain at "
+        f"the bucket's benchmark points does not hold inside the bucket",
+    )
+
+
 def graph_timed(m: Measurement) -> bool:
     """Whether a measurement has CUDA-graph replay rounds to judge it on."""
     return graph_timing(m) is not None
@@ -245,10 +269,15 @@ def timed_call_mismatch(m: Measurement) -> str:
     """Why a measurement's timed outputs refuse it ('' when none does): the benchmark compares the output of
     a timed call, drawn at random, with the reference of that call's fresh inputs (bench.timed_calls). A
     kernel right on the probe and wrong while timed (a cache over repeated inputs, an output block reused
-    between calls) is caught there."""
+    between calls) is caught there; so is one wrong only on CUDA-graph replays, whose last replay of each round
+    is compared too (a record with "clock": "graph")."""
     for chk in m.timed_checks:
         if isinstance(chk, dict) and not chk.get("ok", False):
-            return f"output of timed call {chk.get('call')} differs from the reference: {str(chk.get('detail'))[:300]}"
+            detail = str(chk.get("detail"))[:300]
+            if chk.get("clock") == "graph":
+                where = f"the last CUDA-graph replay of round {chk.get('round')}"
+                return f"output of {where} differs from the reference: {detail}"
+            return f"output of timed call {chk.get('call')} differs from the reference: {detail}"
     return ""
 
 
@@ -276,6 +305,10 @@ class Judgement:
     shapes: List[str] = field(default_factory=list)
     references: List[str] = field(default_factory=list)  # the reference's label per shape
     fraction_of_ceiling: Optional[float] = None  # the candidate's, mean over the shapes
+    # the shapes drawn at random inside the bucket (BenchSpec.drawn) and their judged pairs: held apart from the
+    # bucket's points (the times and gain above are the points'), each must be won on its own (drawn_refusal)
+    drawn: List[str] = field(default_factory=list)
+    drawn_pairs: List[Tuple[Timing, Timing]] = field(default_factory=list)
 
     @property
     def candidate_ms(self) -> float:
@@ -291,10 +324,14 @@ class Judgement:
         return reference_words(self.references)
 
 
-def judge_benchmark(outcome: BenchOutcome, shapes: Sequence[str], margin: float = DEFAULT_MARGIN) -> Judgement:
+def judge_benchmark(
+    outcome: BenchOutcome, shapes: Sequence[str], margin: float = DEFAULT_MARGIN, drawn: Sequence[str] = ()
+) -> Judgement:
     """Judge a benchmark (the child's document, read: each shape's measurements labelled 'candidate',
-    'incumbent' and the anchor, and its error) over `shapes`, the bucket's shape keys. A failed measurement
-    or a missing shape makes the benchmark unusable, not a refusal on timings."""
+    'incumbent' and the anchor, and its error) over `shapes`, the bucket's shape keys, and `drawn`, the shapes
+    drawn at random inside the bucket beside them (BenchSpec.drawn), each of which the candidate must win too
+    (drawn_refusal). A failed measurement or a missing shape makes the benchmark unusable, not a refusal on
+    timings."""
     j = Judgement()
     fractions = []
     implausible = False
@@ -306,19 +343,27 @@ def judge_benchmark(outcome: BenchOutcome, shapes: Sequence[str], margin: float 
         c = res.measurement(CANDIDATE)
         assert c is not None  # shape_pair found it
         implausible = implausible or bool(c.implausible)
+        if res.shape in drawn:
+            j.drawn.append(res.shape)
+            j.drawn_pairs.append((pair.candidate, pair.reference))
+            continue
         fractions.append(c.fraction_of_ceiling or 0.0)
         j.pairs.append((pair.candidate, pair.reference))
         j.kinds.append(pair.clock)
         j.shapes.append(res.shape)
         j.references.append(pair.reference_label)
     raced = bool(outcome.raced_out) and bool(j.pairs)  # stopped at a shape slower beyond the noise
-    j.error = outcome.error or j.error or ("" if len(j.pairs) == len(shapes) or raced else "benchmark incomplete")
+    complete = len(j.pairs) == len(shapes) and len(j.drawn) == len(drawn)
+    j.error = outcome.error or j.error or ("" if complete or raced else "benchmark incomplete")
     if j.error:
         return j
     j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None
     d = decide_over_shapes(
         j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes, against=j.against
     )
+    for name, (cand, ref) in zip(j.drawn, j.drawn_pairs):
+        if d.promote:
+            d = drawn_refusal(cand, ref, name, j.against) or d
     if raced and d.promote:  # cannot happen with the rule as it is: a raced-out shape refuses
         j.error = "the benchmark stopped early at a shape the rule does not refuse"
         return j
@@ -344,6 +389,7 @@ __all__ = [
     "reference_words",
     "Judgement",
     "judge_benchmark",
+    "drawn_refusal",
     "DEFAULT_MARGIN",
     "MIN_SAMPLES",
 ]

@@ -637,30 +637,36 @@ GPU_BENCH = sorted((Path(__file__).resolve().parent / "candidates" / "gpu_bench"
 @pytest.mark.parametrize("path", GPU_BENCH, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_benchmark_only_cheats_buy_nothing(path):
     """tests/candidates/gpu_bench/<op>/: kernels that pass every check and are fast only when a benchmark
-    repeats its inputs or hands back an output block. With fresh inputs for every timed call and the output
-    of a timed call checked, each is refused with the call named (EXPECTED_BENCH = "output of timed call"),
-    or timed no faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
+    repeats its inputs, hands back an output block, replays a CUDA graph, or times the bucket's exact
+    benchmark point. Benchmarked as a promotion is (the bucket's point, here the op's first serving shape or
+    the file's BENCH_SHAPE, then a shape drawn at random inside the bucket, seeded), each is refused with the
+    timed call or replay named (EXPECTED_BENCH = "output of timed call" / "output of the last CUDA-graph
+    replay"), refused at the drawn shape (EXPECTED_BENCH = "drawn at random inside the bucket"), or timed no
+    faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
+    from kernel_agent.harness.bench import with_drawn_shape
+    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
     from kernel_agent.harness.promotion import judge_benchmark
 
     op = get_op(path.parent.name)
-    expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', path.read_text(), re.M).group(1)
-    shape = op.shapes("serving")[0].key()
-    doc = run_bench_isolated(
-        {
-            "op": op.name,
-            "shapes": [shape],
-            "dtype": "bfloat16",
-            "seed": 0,
-            "kernels": [{"label": "incumbent", "file": None}, {"label": "candidate", "file": str(path)}],
-        },
-        timeout_s=900,
+    text = path.read_text()
+    expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', text, re.M).group(1)
+    named = re.search(r'^BENCH_SHAPE = "([^"]+)"', text, re.M)
+    shape = op.parse_shape(named.group(1)).key() if named else op.shapes("serving")[0].key()
+    spec = with_drawn_shape(
+        BenchSpec.judging(op.name, [shape], "bfloat16", BenchKernel("i"), BenchKernel("c", str(path))), seed=20261203
     )
-    j = judge_benchmark(BenchOutcome.from_json(doc), [shape])
+    assert spec.drawn, spec
+    doc = run_bench_isolated(spec, timeout_s=900)
+    j = judge_benchmark(BenchOutcome.from_json(doc), [shape], drawn=spec.drawn)
     if expected == "no gain":
         assert not j.error and j.decision is not None, j.error
         assert not j.decision.promote and j.candidate_ms >= 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)
-    else:
+    elif expected.startswith("output of"):
         assert expected in j.error and "differs from the reference" in j.error, j.error
+    else:  # faster at the bucket's point than the incumbent, and refused at the drawn shape for it
+        assert not j.error and j.decision is not None, j.error
+        assert j.candidate_ms < 0.9 * j.incumbent_ms, (j.candidate_ms, j.incumbent_ms)
+        assert not j.decision.promote and expected in j.decision.reason, j.decision.reason
 
 
 @pytest.mark.parametrize("op_name", ["matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -603,6 +604,46 @@ class Op:
         ]
         extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS for s in tiny]
         return one + extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
+
+    def drawn_in_bucket(self, points: Sequence[Shape], rng: random.Random, dtype: torch.dtype) -> Optional[Shape]:
+        """A shape drawn at random inside the bucket of `points` (a bucket's benchmark points), for a promotion to
+        time beside them: a kernel fast only at the exact benchmark point (a config chosen on one block-table
+        width) is then timed where it is slow. Around one point drawn among them, each size in turn (in a
+        random order) is drawn below its value there, down to three quarters, where a value keeps the shape
+        in the bucket and one the op takes (a GQA group stays whole); sizes the bucket names (a head dim, a
+        page under 16) stay. Kept only where it holds at least half the point's work: it costs no more device
+        time than the point and is not a launch-bound toy. None when no such shape is found."""
+        point = rng.choice(list(points))
+        work = self._work(point, dtype)
+        sizes = [f.name for f in dataclasses.fields(point) if type(getattr(point, f.name)) is int]
+        for _ in range(20):
+            shape = point
+            for name in rng.sample(sizes, len(sizes)):
+                v = getattr(point, name)
+                lo = min(v - 1, (3 * v + 3) // 4)
+                values = sorted({rng.randrange(lo, v) for _ in range(32)}) if v >= 2 else []
+                rng.shuffle(values)
+                shape = next(
+                    (s for s in (dataclasses.replace(shape, **{name: x}) for x in values) if self._in_bucket(s, point)),
+                    shape,
+                )
+            if shape not in points and self._work(shape, dtype) >= 0.5 * work:
+                return shape
+        return None
+
+    def _in_bucket(self, shape: Shape, point: Shape) -> bool:
+        """Whether `shape` lies in `point`'s bucket and the op takes it (its inputs can be made)."""
+        if self.bucket(shape) != self.bucket(point):
+            return False
+        try:
+            self.make_case(shape, self.dtypes[0], device="meta")
+        except ValueError:
+            return False
+        return True
+
+    def _work(self, shape: Shape, dtype: torch.dtype) -> float:
+        """What bounds a shape's time: its FLOPs when compute-bound, else the bytes it moves."""
+        return self.flops(shape) if self.bound(shape) == "compute" else self.bytes(shape, dtype)
 
     def _make_args(self, shape, dtype, gen, dist, device) -> Dict[str, Any]:
         raise NotImplementedError
