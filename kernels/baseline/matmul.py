@@ -35,8 +35,9 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     k_start = split * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     offs_k = k_start + tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    # Offsets in int64: an operand may hold more than 2^31 elements (row 65536 of a K = 32768 matrix).
+    a_ptrs = a_ptr + offs_am.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k.to(tl.int64)[:, None] * stride_bk + offs_bn.to(tl.int64)[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
@@ -49,7 +50,8 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + split * stride_cs + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    c_ptrs = (c_ptr + split.to(tl.int64) * stride_cs + offs_cm.to(tl.int64)[:, None] * stride_cm
+              + offs_cn.to(tl.int64)[None, :] * stride_cn)
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
@@ -62,11 +64,12 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, M, N, stride_ps, stride_pm, stride_pn, s
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    rows = offs_m.to(tl.int64)[:, None]  # int64: the output may hold more than 2^31 elements
+    cols = offs_n.to(tl.int64)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(SPLITS):  # fixed order: bitwise reproducible
-        acc += tl.load(p_ptr + s * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn,
-                       mask=mask, other=0.0)
-    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+        acc += tl.load(p_ptr + s * stride_ps + rows * stride_pm + cols * stride_pn, mask=mask, other=0.0)
+    tl.store(c_ptr + rows * stride_cm + cols * stride_cn,
              acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 

@@ -21,15 +21,15 @@ def _persistent_mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, st
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
     for tile in range(pid, num_tiles, NUM_PROGS):
         num_pid_in_group = GROUP_M * num_pid_n
         first_pid_m = (tile // num_pid_in_group) * GROUP_M
         group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
         pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
         pid_n = (tile % num_pid_in_group) // group_size_m
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             kk = k + offs_k
