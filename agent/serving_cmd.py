@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from . import ui
 from .cli_common import check_op, command, open_ledger
@@ -46,50 +46,9 @@ def cmd_dispatch(args) -> int:
             (c.op, c.bucket, c.dtype, c.gpu): e for c, e in record_choices(choices, dir=args.serving_dir, led=led)
         }
     manifest = serving.load_manifest(args.serving_dir)
-    rows: List[list] = []
-    doc = []
-    for c in choices:
-        entry = next(
-            (
-                e
-                for e in manifest["entries"]
-                if e.get("op") == c.op
-                and e.get("bucket") == c.bucket
-                and e.get("dtype") == c.dtype
-                and serving.gpu_slug(str(e.get("gpu"))) == serving.gpu_slug(c.gpu)
-            ),
-            None,
-        )
-        serves = entry.get("impl") if entry else "(default)"
-        if entry and entry.get("impl") == serving.KERNEL:
-            serves = f"kernel #{entry.get('candidate_id')}"
-        rows.append(
-            [
-                c.op,
-                c.bucket,
-                c.dtype,
-                c.gpu,
-                c.impl if c.impl != serving.KERNEL else c.triton_side,
-                c.triton_side,
-                f"{c.ratio:.3f}",
-                len(c.shapes),
-                serves,
-            ]
-        )
-        doc.append(
-            {
-                "op": c.op,
-                "bucket": c.bucket,
-                "dtype": c.dtype,
-                "gpu": c.gpu,
-                "measured_faster": c.impl,
-                "reason": c.reason,
-                "measured": c.measured(),
-                "manifest": serves,
-                "written": bool(written.get((c.op, c.bucket, c.dtype, c.gpu))),
-            }
-        )
+    serves = [_manifest_serves(manifest, c) for c in choices]
     if args.json:
+        doc = [_choice_json(c, s, bool(written.get((c.op, c.bucket, c.dtype, c.gpu)))) for c, s in zip(choices, serves)]
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return 0
     if not choices:
@@ -101,9 +60,62 @@ def cmd_dispatch(args) -> int:
     ui.table(
         "measured: torch against the Triton side",
         ["op", "bucket", "dtype", "gpu", "faster", "against", "torch/it", "shapes", "manifest"],
-        rows,
+        [_choice_row(c, s) for c, s in zip(choices, serves)],
         justify=["left"] * 6 + ["right"] * 2 + ["left"],
     )
     if not args.write:
         ui.line("(--write records these in the serving manifest; a bucket with a promoted kernel keeps it)")
     return 0
+
+
+def _manifest_serves(manifest: Dict[str, Any], c) -> str:
+    """What the serving manifest serves choice c's bucket with: its impl, the promoted kernel, or (default)."""
+    from ..harness import serving  # here: as in cmd_dispatch
+
+    entry = next(
+        (
+            e
+            for e in manifest["entries"]
+            if e.get("op") == c.op
+            and e.get("bucket") == c.bucket
+            and e.get("dtype") == c.dtype
+            and serving.gpu_slug(str(e.get("gpu"))) == serving.gpu_slug(c.gpu)
+        ),
+        None,
+    )
+    serves = entry.get("impl") if entry else "(default)"
+    if entry and entry.get("impl") == serving.KERNEL:
+        serves = f"kernel #{entry.get('candidate_id')}"
+    return serves
+
+
+def _choice_row(c, serves: str) -> list:
+    """The table's row of one measured choice."""
+    from ..harness import serving  # here: as in cmd_dispatch
+
+    return [
+        c.op,
+        c.bucket,
+        c.dtype,
+        c.gpu,
+        c.impl if c.impl != serving.KERNEL else c.triton_side,
+        c.triton_side,
+        f"{c.ratio:.3f}",
+        len(c.shapes),
+        serves,
+    ]
+
+
+def _choice_json(c, serves: str, written: bool) -> Dict[str, Any]:
+    """The --json document's entry of one measured choice."""
+    return {
+        "op": c.op,
+        "bucket": c.bucket,
+        "dtype": c.dtype,
+        "gpu": c.gpu,
+        "measured_faster": c.impl,
+        "reason": c.reason,
+        "measured": c.measured(),
+        "manifest": serves,
+        "written": written,
+    }
