@@ -80,6 +80,32 @@ def register(sub) -> None:
 def _add_run_parser(sub) -> None:
     r = sub.add_parser("run", help="the overnight loop: propose, sanitize, benchmark, promote")
     r.add_argument("--ops", default="all", help="comma list of ops, or all (default)")
+    _add_run_proposer_flags(r)
+    _add_run_budget_flags(r)
+    _add_run_target_flags(r)
+    r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
+    r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
+    r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
+    r.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="evaluate on a Ray cluster: auto, ray://HOST:PORT or HOST:PORT (or [cluster] address in "
+        "--config); needs kernel-agent[cluster]. Default: this machine",
+    )
+    r.add_argument(
+        "--in-place",
+        action="store_true",
+        help="write promotions into the serving folder as it is (default, where git tracks it: commits "
+        "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true",
+    )
+    r.add_argument(
+        "--ledger", default=None, help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL"
+    )
+    r.add_argument("--json", action="store_true", help="print the run summary as JSON")
+
+
+def _add_run_proposer_flags(r) -> None:
+    """`run`'s flags of who proposes: the proposer, the code model's endpoint, the config file."""
     r.add_argument(
         "--proposer",
         choices=["auto", "search", "model"],
@@ -89,6 +115,10 @@ def _add_run_parser(sub) -> None:
     r.add_argument("--model", help="model name at the OpenAI-compatible endpoint")
     r.add_argument("--base-url", help="endpoint URL (default: OPENAI_BASE_URL)")
     r.add_argument("--config", help="TOML config file ([model] and [run] sections)")
+
+
+def _add_run_budget_flags(r) -> None:
+    """`run`'s budgets: candidates, time, tokens, and the processes and GPUs it uses."""
     r.add_argument(
         "--candidates", type=int, help="candidate budget for the run (default 10, or no cap when --time-limit is given)"
     )
@@ -104,6 +134,11 @@ def _add_run_parser(sub) -> None:
         "--jobs", type=int, help="sanitizer processes in parallel (default: the usable cores, less one per GPU)"
     )
     r.add_argument("--gpus", type=int, help="GPUs to evaluate on, one child each (default: every visible one)")
+
+
+def _add_run_target_flags(r) -> None:
+    """`run`'s targets: the dtype and shapes, a model's decode step or a workload trace (and the search's
+    seed: the flags keep --help's order)."""
     r.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="dtype of the target shapes")
     r.add_argument(
         "--shapes",
@@ -131,25 +166,6 @@ def _add_run_parser(sub) -> None:
         metavar="SIZE",
         help="--workload: the KV-cache budget per GPU the trace is replayed under (default 60GiB)",
     )
-    r.add_argument("--no-compute-sanitizer", action="store_true", help="skip compute-sanitizer before promotion")
-    r.add_argument("--candidates-dir", help="where candidate files are written (default kernels/candidates)")
-    r.add_argument("--resume", metavar="RUN", help="continue an interrupted run")
-    r.add_argument(
-        "--cluster",
-        metavar="ADDRESS",
-        help="evaluate on a Ray cluster: auto, ray://HOST:PORT or HOST:PORT (or [cluster] address in "
-        "--config); needs kernel-agent[cluster]. Default: this machine",
-    )
-    r.add_argument(
-        "--in-place",
-        action="store_true",
-        help="write promotions into the serving folder as it is (default, where git tracks it: commits "
-        "on a branch kernel-agent/<run>, the checkout untouched); config: [run] in_place = true",
-    )
-    r.add_argument(
-        "--ledger", default=None, help="the ledger: a SQLite file (default runs/ledger.db) or a postgresql:// URL"
-    )
-    r.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
 
 def _add_bench_parser(sub) -> None:
@@ -750,9 +766,23 @@ def _record_bench_doc(args, doc, results) -> None:
         record_shape_result(led, doc["run_id"], res)
 
 
-def print_bench(doc) -> None:
-    from ..harness.bench import reported_time  # here: torch, after the flags
+_BENCH_COLUMNS = [
+    "op",
+    "shape",
+    "dtype",
+    "kernel",
+    "median ms",
+    "spread",
+    "graph ms",
+    "reported (run to run)",
+    "anchor/this",
+    "flashinfer/this",
+    "rate",
+    "of ceiling",
+]
 
+
+def print_bench(doc) -> None:
     c = doc.get("ceilings") or {}
     if c:
         ui.line(f"{c.get('gpu')}: ceilings copy {c.get('copy_tbps')} TB/s, bf16 matmul {c.get('bf16_tflops')} TFLOP/s")
@@ -761,62 +791,45 @@ def print_bench(doc) -> None:
         ms = res["measurements"]
         anchor = next((m for m in ms if m["label"].startswith("anchor")), None)
         fi = next((m for m in ms if m["label"].startswith("anchor:flashinfer") and not m.get("error")), None)
-        for m in ms:
-            if m.get("error"):
-                rows.append(
-                    [res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]]
-                )
-                continue
-            ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
-            fi_ratio = f"{fi['median_ms'] / m['median_ms']:.2f}x" if fi else ""
-            rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
-            rep_ms, rep_spread, rep_kind = reported_time(Measurement.from_json(m))
-            rows.append(
-                [
-                    res["op"],
-                    res["shape"],
-                    res["dtype"],
-                    m["label"],
-                    f"{m['median_ms']:.4f}",
-                    f"±{m['spread_ms']:.4f}",
-                    (
-                        f"{m['graph_ms']:.4f}"
-                        + (f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else "")
-                    )
-                    if m.get("graph_ms")
-                    else "",
-                    f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}",
-                    ratio,
-                    fi_ratio,
-                    rate,
-                    f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else ""),
-                ]
-            )
-    ui.table(
-        "",
-        [
-            "op",
-            "shape",
-            "dtype",
-            "kernel",
-            "median ms",
-            "spread",
-            "graph ms",
-            "reported (run to run)",
-            "anchor/this",
-            "flashinfer/this",
-            "rate",
-            "of ceiling",
-        ],
-        rows,
-        justify=["left"] * 4 + ["right"] * 8,
-    )
+        rows += [_bench_row(res, m, anchor, fi) for m in ms]
+    ui.table("", _BENCH_COLUMNS, rows, justify=["left"] * 4 + ["right"] * 8)
     for res in doc["results"]:  # what the table has no column for: e.g. which SDPA backend ran
         for m in res["measurements"]:
             if m.get("note") and not m.get("error"):
                 ui.line(f"{res['op']} {res['shape']} {m['label']}: {m['note']}")
     for e in doc.get("errors", []):
         ui.line(f"error: {e}", style="red")
+
+
+def _bench_row(res: Dict[str, Any], m: Dict[str, Any], anchor: Optional[Dict], fi: Optional[Dict]) -> list:
+    """The table's row of measurement m of shape result res, against the shape's torch anchor and FlashInfer."""
+    from ..harness.bench import reported_time  # here: torch, after the flags
+
+    if m.get("error"):
+        return [res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]]
+    ratio = f"{anchor['median_ms'] / m['median_ms']:.2f}x" if anchor and not anchor.get("error") else ""
+    fi_ratio = f"{fi['median_ms'] / m['median_ms']:.2f}x" if fi else ""
+    rate = f"{m['tflops']:.0f} TF/s" if m.get("ceiling_kind") == "compute" else f"{m['tbps']:.2f} TB/s"
+    rep_ms, rep_spread, rep_kind = reported_time(Measurement.from_json(m))
+    graph = ""
+    if m.get("graph_ms"):
+        graph = f"{m['graph_ms']:.4f}" + (
+            f" ±{m['graph_spread_ms']:.4f}" if m.get("graph_spread_ms") is not None else ""
+        )
+    return [
+        res["op"],
+        res["shape"],
+        res["dtype"],
+        m["label"],
+        f"{m['median_ms']:.4f}",
+        f"±{m['spread_ms']:.4f}",
+        graph,
+        f"{rep_ms:.4f} ±{rep_spread:.4f} {rep_kind}",
+        ratio,
+        fi_ratio,
+        rate,
+        f"{m['fraction_of_ceiling']:.0%}" + (" IMPLAUSIBLE" if m.get("implausible") else ""),
+    ]
 
 
 # -- bench --model ---------------------------------------------------------------------------------

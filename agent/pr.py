@@ -307,61 +307,74 @@ def step_section(
     run, pk: PromotedKernel, doc: Optional[Dict[str, Any]], doc_path: Optional[str], rerun: str
 ) -> List[str]:
     lines = ["", "### Decode step", ""]
-    pr = pk.promotion
     doc_name = os.path.basename(doc_path or "")  # given with the document
     if doc is not None:
         m = step_measurement(doc, pk)
         if m.effects:
-            lines += [
-                f"`bench --model` on {_md_word(m.model, extra=' ')} ({_md_word(m.gpu, extra=' ')}; "
-                f"`{doc_name}`), "
-                f"one layer as a CUDA graph x the layers: the op calls this kernel served in the serving stack, "
-                f"against the same calls in the baseline stack, and the whole step of each stack.",
-                "",
-                "| point | KV cache | calls | these calls, ms/step | baseline's, ms/step | saved ms/step | "
-                "step ms: serving | baseline | torch | serving tokens/s vs torch |",
-                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-            ]
-            for e in m.effects:
-                base = e.baseline_calls_ms * e.layers if e.baseline_calls_ms is not None else None
-                saved = e.saved_ms_per_step
-                lines.append(
-                    f"| {e.point} | {e.kv} | {', '.join(e.calls)} | {e.kernel_ms * e.layers:.3f} | "
-                    f"{'' if base is None else f'{base:.3f}'} | {'' if saved is None else f'{saved:+.3f}'} | "
-                    + " | ".join(
-                        f"{e.step_ms[k]:.2f}" if k in e.step_ms else "" for k in ("serving", "baseline", "torch")
-                    )
-                    + f" | {fmt_x(e.tokens_vs_torch)} |"
-                )
-            if pr.replaced_candidate_id is not None:
-                lines += [
-                    "",
-                    f"The baseline column is the baseline kernel, not candidate #{pr.replaced_candidate_id} "
-                    f"that this kernel replaces.",
-                ]
-            return lines
-        if m.other:
-            lines += [
-                f"The `bench --model` document given (`{doc_name}`, "
-                f"{_md_word(m.model, extra=' ')} on {_md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
-                f"but this kernel did not serve it there: "
-                + "; ".join(_md_word(o, extra=":, ") for o in m.other[:6])
-                + ". It was measured without this kernel in the serving set."
-            ]
-        else:
-            lines += [
-                f"The `bench --model` document given (`{doc_name}`, "
-                f"{_md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
-                f"step does not run this kernel."
-            ]
+            return lines + _step_effects(m, pk.promotion, doc_name)
+        lines += [_step_not_served(m, pk.promotion, doc_name)]
     else:
         lines += [
             "No decode-step measurement is recorded for this kernel (`kernel-agent bench --model` was not "
             "given to this command)."
         ]
+    return lines + _how_to_measure_step(run, pk, rerun)
+
+
+def _step_effects(m: StepMeasurement, pr, doc_name: str) -> List[str]:
+    """The table of what this kernel saves in each measured decode step, from the `bench --model` document."""
+    lines = [
+        f"`bench --model` on {_md_word(m.model, extra=' ')} ({_md_word(m.gpu, extra=' ')}; "
+        f"`{doc_name}`), "
+        f"one layer as a CUDA graph x the layers: the op calls this kernel served in the serving stack, "
+        f"against the same calls in the baseline stack, and the whole step of each stack.",
+        "",
+        "| point | KV cache | calls | these calls, ms/step | baseline's, ms/step | saved ms/step | "
+        "step ms: serving | baseline | torch | serving tokens/s vs torch |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in m.effects:
+        base = e.baseline_calls_ms * e.layers if e.baseline_calls_ms is not None else None
+        saved = e.saved_ms_per_step
+        lines.append(
+            f"| {e.point} | {e.kv} | {', '.join(e.calls)} | {e.kernel_ms * e.layers:.3f} | "
+            f"{'' if base is None else f'{base:.3f}'} | {'' if saved is None else f'{saved:+.3f}'} | "
+            + " | ".join(f"{e.step_ms[k]:.2f}" if k in e.step_ms else "" for k in ("serving", "baseline", "torch"))
+            + f" | {fmt_x(e.tokens_vs_torch)} |"
+        )
+    if pr.replaced_candidate_id is not None:
+        lines += [
+            "",
+            f"The baseline column is the baseline kernel, not candidate #{pr.replaced_candidate_id} "
+            f"that this kernel replaces.",
+        ]
+    return lines
+
+
+def _step_not_served(m: StepMeasurement, pr, doc_name: str) -> str:
+    """Why the `bench --model` document given says nothing of this kernel: it did not serve the bucket, or the
+    step makes no call of it."""
+    if m.other:
+        return (
+            f"The `bench --model` document given (`{doc_name}`, "
+            f"{_md_word(m.model, extra=' ')} on {_md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
+            f"but this kernel did not serve it there: "
+            + "; ".join(_md_word(o, extra=":, ") for o in m.other[:6])
+            + ". It was measured without this kernel in the serving set."
+        )
+    return (
+        f"The `bench --model` document given (`{doc_name}`, "
+        f"{_md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
+        f"step does not run this kernel."
+    )
+
+
+def _how_to_measure_step(run, pk: PromotedKernel, rerun: str) -> List[str]:
+    """The commands that measure this kernel's effect on a decode step that calls it, on a GPU machine."""
+    pr = pk.promotion
     s = suggest_step(run, pk)
     if s.model is None:
-        lines += [
+        lines = [
             "",
             f"No preset model's decode step at the usual points calls `{pr.op}` bucket `{pr.bucket}`; "
             f"to measure it, time a step of a model that calls it (its JSON config, see `bench --model`) "
@@ -369,13 +382,12 @@ def step_section(
         ]
         s = StepSuggestion("your-model.json", "32x8192", _kv_mode_calling(pr.op))
     else:
-        lines += [
+        lines = [
             "",
             f"{s.model} at batch x context {s.point} calls it ({', '.join(s.calls)}, {s.kv} KV cache); to "
             f"measure the effect, on a GPU machine with this pull request's serving set:",
         ]
-    lines += ["", "```bash", _step_command(s, "step.json"), rerun + " --model-step step.json", "```"]
-    return lines
+    return lines + ["", "```bash", _step_command(s, "step.json"), rerun + " --model-step step.json", "```"]
 
 
 def _kv_mode_calling(op: str) -> str:
@@ -530,34 +542,7 @@ def write_pr(
     os.makedirs(out_dir, exist_ok=True)
     branch = run_branch(run)
     title = _title(run, kernels)
-    v = run.versions
-    stack = ", ".join(
-        f"{name} {v[key]}"
-        for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"), ("driver", "driver"))
-        if v.get(key)
-    )
-    n = len(kernels)
-    lines = [
-        f"# {title}",
-        "",
-        f"Run `{run.id}` ({run.proposer} proposer, ops {run.ops}, on {run.gpu_name or 'no GPU'}; {stack}) "
-        f"promoted {n} kernel{'s' if n != 1 else ''} into the serving set. Each passed the sanitizer and the "
-        f"promotion rule, whose decision is quoted below. Every figure is a judged figure of the run's ledger: "
-        f"the candidate against the incumbent and the torch anchor timed beside it in the same benchmark, on "
-        f"the clock named (`kernel-agent show` and `kernel-agent report` print the same numbers).",
-        "",
-    ]
-    lines += branch.describe() + [""]
-    lines += ["| kernel | replaces | speedup | clock | FpSan |", "|---|---|---:|---|---|"]
-    for pk in kernels:
-        pr, c, res = pk.promotion, pk.candidate, pk.result
-        eq = {True: "equivalent", False: "not equivalent", None: "undecided"}[c.fpsan_equivalent if c else None]
-        lines.append(
-            f"| `{pr.op}` `{pr.bucket}` {pr.dtype} (#{pr.candidate_id}) | {pk.replaced_what} | "
-            f"{fmt_x(res.speedup) if res else ''} | "
-            f"{res.clocks.replace('event', 'events') if res else ''} | {eq} |"
-        )
-    lines.append("")
+    lines = _intro(run, title, len(kernels)) + branch.describe() + [""] + _kernels_table(kernels)
     plots = _plots(run, results, out_dir, [pk.promotion for pk in kernels])
     if plots:
         lines += [
@@ -567,20 +552,8 @@ def write_pr(
             "",
         ]
     rerun = f"kernel-agent pr {run.id}{ledger_flag}"
-    for i, pk in enumerate(kernels):
-        pr = pk.promotion
-        later = any(
-            (o.promotion.op, o.promotion.bucket, o.promotion.dtype, o.promotion.gpu_name)
-            == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)
-            for o in kernels[i + 1 :]
-        )
-        lines += promotion_header(pk)
-        if pk.candidate is None:
-            lines += ["The ledger holds no candidate for this promotion: no timings, verdict or diff to show.", ""]
-            continue
-        lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
-        lines += step_section(run, pk, doc, model_step, rerun)
-        lines += reproduce_section(led, run, pk, later, branch, ledger_flag) + [""]
+    for i in range(len(kernels)):
+        lines += _kernel_section(led, run, kernels, i, doc, model_step, rerun, branch, ledger_flag)
     if plan is not None:
         lines += ["## KV-cache plan", ""] + plan.summary_lines() + [""]
     lines += [
@@ -592,10 +565,69 @@ def write_pr(
     path = os.path.join(out_dir, BODY)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    return PullRequest(run.id, title, path, tuple(p for _, p in plots), branch, n)
+    return PullRequest(run.id, title, path, tuple(p for _, p in plots), branch, len(kernels))
 
 
-# -- the command -------------------------------------------------------------------------------------
+def _intro(run, title: str, n: int) -> List[str]:
+    """The title and the paragraph that says what the run was, on which stack, and where the figures come from."""
+    v = run.versions
+    stack = ", ".join(
+        f"{name} {v[key]}"
+        for key, name in (("torch", "torch"), ("triton", "triton"), ("cuda", "CUDA"), ("driver", "driver"))
+        if v.get(key)
+    )
+    return [
+        f"# {title}",
+        "",
+        f"Run `{run.id}` ({run.proposer} proposer, ops {run.ops}, on {run.gpu_name or 'no GPU'}; {stack}) "
+        f"promoted {n} kernel{'s' if n != 1 else ''} into the serving set. Each passed the sanitizer and the "
+        f"promotion rule, whose decision is quoted below. Every figure is a judged figure of the run's ledger: "
+        f"the candidate against the incumbent and the torch anchor timed beside it in the same benchmark, on "
+        f"the clock named (`kernel-agent show` and `kernel-agent report` print the same numbers).",
+        "",
+    ]
+
+
+def _kernels_table(kernels: Sequence[PromotedKernel]) -> List[str]:
+    """One row per promoted kernel: what it replaces, its speedup, the clock and FpSan's equivalence."""
+    lines = ["| kernel | replaces | speedup | clock | FpSan |", "|---|---|---:|---|---|"]
+    for pk in kernels:
+        pr, c, res = pk.promotion, pk.candidate, pk.result
+        eq = {True: "equivalent", False: "not equivalent", None: "undecided"}[c.fpsan_equivalent if c else None]
+        lines.append(
+            f"| `{pr.op}` `{pr.bucket}` {pr.dtype} (#{pr.candidate_id}) | {pk.replaced_what} | "
+            f"{fmt_x(res.speedup) if res else ''} | "
+            f"{res.clocks.replace('event', 'events') if res else ''} | {eq} |"
+        )
+    return lines + [""]
+
+
+def _kernel_section(
+    led,
+    run,
+    kernels: Sequence[PromotedKernel],
+    i: int,
+    doc: Optional[Dict[str, Any]],
+    model_step: Optional[str],
+    rerun: str,
+    branch: RunBranch,
+    ledger_flag: str,
+) -> List[str]:
+    """The section of kernels[i]: its timings, verdict, diff, decode step and how to reproduce it."""
+    pk = kernels[i]
+    pr = pk.promotion
+    # a later promotion of the same op, bucket, dtype and GPU in this run replaces this one in the serving set
+    later = any(
+        (o.promotion.op, o.promotion.bucket, o.promotion.dtype, o.promotion.gpu_name)
+        == (pr.op, pr.bucket, pr.dtype, pr.gpu_name)
+        for o in kernels[i + 1 :]
+    )
+    lines = promotion_header(pk)
+    if pk.candidate is None:
+        return lines + ["The ledger holds no candidate for this promotion: no timings, verdict or diff to show.", ""]
+    lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
+    lines += step_section(run, pk, doc, model_step, rerun)
+    return lines + reproduce_section(led, run, pk, later, branch, ledger_flag) + [""]
 
 
 def gh_unavailable() -> Optional[str]:

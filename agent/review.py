@@ -15,6 +15,8 @@ from ..harness.figures import (
     CLOCK_PHRASES,
     CLOCK_WORDS,
     CandidateResult,
+    Leaderboard,
+    TrendPoint,
     best_per_bucket,
     candidate_results,
     fmt_ms,
@@ -86,11 +88,20 @@ def history(args, led) -> int:
         leaderboard=args.leaderboard,
         trend=args.trend,
     )
-    runs, board, trend = h.runs, h.board, h.trend
     doc = h.to_json()
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return 0
+    _print_runs(h.rows)
+    if args.leaderboard and h.board is not None:  # history_data made it
+        _print_leaderboard(args.op, h.board)
+    if args.trend and h.trend is not None:  # history_data made it
+        _print_trend(args.op, h.trend)
+    return 0
+
+
+def _print_runs(runs: List[Dict[str, Any]]) -> None:
+    """`history`'s table of runs, one row each (history_data's rows)."""
     # the counts before the text columns: at 80 columns a text column is cut or left out, never a count
     ui.table(
         f"runs ({len(runs)}); judged: by the run itself, of which rej(ected), ver(ified), bench(marked); "
@@ -124,52 +135,57 @@ def history(args, led) -> int:
                 r["ops"],
                 r["gpu"] or "-",
             ]
-            for r in doc["runs"]
+            for r in runs
         ],
         justify=["left"] * 2 + ["right"] * 6 + ["left"] * 4,
     )
-    if args.leaderboard and board is not None:  # history_data made it
-        rows = [
-            [
-                e.figure.bucket,
-                e.figure.shape_key,
-                f"#{e.figure.candidate_id} {e.label or ''}".strip(),
-                fmt_ms(e.figure.kernel_ms),
-                _short_label(e.figure.incumbent_label),
-                fmt_ms(e.figure.incumbent_ms),
-                fmt_x(e.figure.speedup),
-                CLOCK_WORDS[e.figure.clock],
-                fmt_ms(e.figure.anchor_ms),
-                e.figure.dtype,
-                e.figure.gpu_name,
-            ]
-            for e in board.entries
+
+
+def _print_leaderboard(op: str, board: Leaderboard) -> None:
+    """`history --leaderboard`: the candidates of `op` faster than the incumbent timed beside them."""
+    rows = [
+        [
+            e.figure.bucket,
+            e.figure.shape_key,
+            f"#{e.figure.candidate_id} {e.label or ''}".strip(),
+            fmt_ms(e.figure.kernel_ms),
+            _short_label(e.figure.incumbent_label),
+            fmt_ms(e.figure.incumbent_ms),
+            fmt_x(e.figure.speedup),
+            CLOCK_WORDS[e.figure.clock],
+            fmt_ms(e.figure.anchor_ms),
+            e.figure.dtype,
+            e.figure.gpu_name,
         ]
-        ui.table(
-            f"leaderboard: {args.op} (candidates faster than the incumbent timed beside them)",
-            ["bucket", "shape", "candidate", "ms", "over", "its ms", "speedup", "clock", "anchor ms", "dtype", "gpu"],
-            rows,
-        )
-        if board.unbeaten:
-            ui.line(f"no candidate beat its incumbent at: {'; '.join(board.unbeaten)}")
-    if args.trend and trend is not None:  # history_data made it
-        ui.table(
-            f"speedup trend: {args.op} (each run's best candidate, geometric mean over its bucket's shapes)",
-            ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
+        for e in board.entries
+    ]
+    ui.table(
+        f"leaderboard: {op} (candidates faster than the incumbent timed beside them)",
+        ["bucket", "shape", "candidate", "ms", "over", "its ms", "speedup", "clock", "anchor ms", "dtype", "gpu"],
+        rows,
+    )
+    if board.unbeaten:
+        ui.line(f"no candidate beat its incumbent at: {'; '.join(board.unbeaten)}")
+
+
+def _print_trend(op: str, trend: List[TrendPoint]) -> None:
+    """`history --trend`: each run's best candidate of `op`, as the geometric mean of its bucket's speedups."""
+    ui.table(
+        f"speedup trend: {op} (each run's best candidate, geometric mean over its bucket's shapes)",
+        ["run", "started", "candidate", "bucket", "speedup", "over", "clock"],
+        [
             [
-                [
-                    t.run_id,
-                    t.started_at.isoformat()[:16].replace("T", " "),
-                    f"#{t.best.candidate_id}",
-                    t.best.bucket,
-                    fmt_x(t.speedup),
-                    _short_label(t.best.incumbent_label),
-                    t.best.clocks.replace("event", "events"),
-                ]
-                for t in trend
-            ],
-        )
-    return 0
+                t.run_id,
+                t.started_at.isoformat()[:16].replace("T", " "),
+                f"#{t.best.candidate_id}",
+                t.best.bucket,
+                fmt_x(t.speedup),
+                _short_label(t.best.incumbent_label),
+                t.best.clocks.replace("event", "events"),
+            ]
+            for t in trend
+        ],
+    )
 
 
 def _print_serving(doc: Dict[str, Any], as_json: bool) -> int:

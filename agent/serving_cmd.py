@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict
 
 from . import ui
 from .cli_common import check_op, command, open_ledger
+
+if TYPE_CHECKING:
+    from ..harness.manifest import Manifest
 
 
 def register(sub) -> None:
@@ -46,40 +49,9 @@ def cmd_dispatch(args) -> int:
             (c.op, c.bucket, c.dtype, c.gpu): e for c, e in record_choices(choices, dir=args.serving_dir, led=led)
         }
     manifest = serving.load_manifest(args.serving_dir)
-    rows: List[list] = []
-    doc = []
-    for c in choices:
-        entry = manifest.find(c.op, c.bucket, c.dtype, c.gpu)
-        serves = entry.impl if entry else "(default)"
-        if entry and entry.is_kernel:
-            serves = f"kernel #{entry.candidate_id}"
-        rows.append(
-            [
-                c.op,
-                c.bucket,
-                c.dtype,
-                c.gpu,
-                c.impl if c.impl != serving.KERNEL else c.triton_side,
-                c.triton_side,
-                f"{c.ratio:.3f}",
-                len(c.shapes),
-                serves,
-            ]
-        )
-        doc.append(
-            {
-                "op": c.op,
-                "bucket": c.bucket,
-                "dtype": c.dtype,
-                "gpu": c.gpu,
-                "measured_faster": c.impl,
-                "reason": c.reason,
-                "measured": c.measured(),
-                "manifest": serves,
-                "written": bool(written.get((c.op, c.bucket, c.dtype, c.gpu))),
-            }
-        )
+    serves = [_manifest_serves(manifest, c) for c in choices]
     if args.json:
+        doc = [_choice_json(c, s, bool(written.get((c.op, c.bucket, c.dtype, c.gpu)))) for c, s in zip(choices, serves)]
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return 0
     if not choices:
@@ -91,9 +63,49 @@ def cmd_dispatch(args) -> int:
     ui.table(
         "measured: torch against the Triton side",
         ["op", "bucket", "dtype", "gpu", "faster", "against", "torch/it", "shapes", "manifest"],
-        rows,
+        [_choice_row(c, s) for c, s in zip(choices, serves)],
         justify=["left"] * 6 + ["right"] * 2 + ["left"],
     )
     if not args.write:
         ui.line("(--write records these in the serving manifest; a bucket with a promoted kernel keeps it)")
     return 0
+
+
+def _manifest_serves(manifest: "Manifest", c) -> str:
+    """What the serving manifest serves choice c's bucket with: its impl, the promoted kernel, or (default)."""
+    entry = manifest.find(c.op, c.bucket, c.dtype, c.gpu)
+    if entry is None:
+        return "(default)"
+    return f"kernel #{entry.candidate_id}" if entry.is_kernel else entry.impl
+
+
+def _choice_row(c, serves: str) -> list:
+    """The table's row of one measured choice."""
+    from ..harness import serving  # here: as in cmd_dispatch
+
+    return [
+        c.op,
+        c.bucket,
+        c.dtype,
+        c.gpu,
+        c.impl if c.impl != serving.KERNEL else c.triton_side,
+        c.triton_side,
+        f"{c.ratio:.3f}",
+        len(c.shapes),
+        serves,
+    ]
+
+
+def _choice_json(c, serves: str, written: bool) -> Dict[str, Any]:
+    """The --json document's entry of one measured choice."""
+    return {
+        "op": c.op,
+        "bucket": c.bucket,
+        "dtype": c.dtype,
+        "gpu": c.gpu,
+        "measured_faster": c.impl,
+        "reason": c.reason,
+        "measured": c.measured(),
+        "manifest": serves,
+        "written": written,
+    }

@@ -1478,23 +1478,9 @@ class Ledger:
         now_ids = self.judged_now(run_id)
         has_v3 = self._has_v3()  # (read before the session: it reads the version in one of its own)
         with self._read() as s:
-            by_status = {
-                st: n
-                for st, n in s.execute(
-                    select(Candidate.status, func.count(Candidate.id))
-                    .where(Candidate.id.in_(proposed))
-                    .group_by(Candidate.status)
-                )
-            }
+            by_status = _count_by_status(s, proposed)
             proposed_ids = set(s.scalars(proposed))
-            now_by_status = {
-                st: n
-                for st, n in s.execute(
-                    select(Candidate.status, func.count(Candidate.id))
-                    .where(Candidate.id.in_(now_ids))
-                    .group_by(Candidate.status)
-                )
-            }
+            now_by_status = _count_by_status(s, now_ids)
             n_prop, n_dup = s.execute(
                 select(
                     func.count(Proposal.id),
@@ -1510,15 +1496,7 @@ class Ledger:
                     .order_by(func.count(CheckResult.id).desc(), CheckResult.name)
                 )
             }
-            calls, errors, ptok, ctok, lat = s.execute(
-                select(
-                    func.count(ModelCall.id),
-                    func.count(ModelCall.error),
-                    func.coalesce(func.sum(ModelCall.prompt_tokens), 0),
-                    func.coalesce(func.sum(ModelCall.completion_tokens), 0),
-                    func.coalesce(func.sum(ModelCall.latency_s), 0.0),
-                ).where(ModelCall.run_id == run_id)
-            ).one()
+            model = _model_usage(s, run_id)
             n_bench = s.scalar(select(func.count(BenchResult.id)).where(BenchResult.run_id == run_id))
             promos = list(s.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)))
             n_pruned = (
@@ -1540,36 +1518,64 @@ class Ledger:
             candidates_by_status={st: by_status.get(st, 0) for st in CANDIDATE_STATUSES},
             checks_failed=failed,
             bench_results=int(n_bench or 0),
-            promotions=[
-                PromotionSummary(
-                    id=p.id,
-                    op=p.op,
-                    bucket=p.bucket,
-                    dtype=p.dtype,
-                    gpu_name=p.gpu_name,
-                    candidate_id=p.candidate_id,
-                    replaced_candidate_id=p.replaced_candidate_id,
-                    new_ms=p.new_ms,
-                    old_ms=p.old_ms,
-                    gain=p.gain,
-                    spread=p.spread,
-                    reason=p.reason,
-                    active=p.demoted_at is None,
-                )
-                for p in promos
-            ],
-            model=ModelUsage(
-                calls=int(calls),
-                errors=int(errors),
-                prompt_tokens=int(ptok),
-                completion_tokens=int(ctok),
-                total_tokens=int(ptok) + int(ctok),
-                latency_s=float(lat),
-            ),
+            promotions=[_promotion_summary(p) for p in promos],
+            model=model,
             judged_now_by_status={st: now_by_status.get(st, 0) for st in CANDIDATE_STATUSES},
             replayed=len(proposed_ids - now_ids),
             pruned=int(n_pruned or 0),
         )
+
+
+def _count_by_status(s: Session, candidate_ids) -> Dict[str, int]:
+    """How many of the candidates (a set of ids, or a query of them) have each status."""
+    return {
+        st: n
+        for st, n in s.execute(
+            select(Candidate.status, func.count(Candidate.id))
+            .where(Candidate.id.in_(candidate_ids))
+            .group_by(Candidate.status)
+        )
+    }
+
+
+def _model_usage(s: Session, run_id: str) -> ModelUsage:
+    """The code model's calls of a run: how many, how many failed, the tokens and the time they took."""
+    calls, errors, ptok, ctok, lat = s.execute(
+        select(
+            func.count(ModelCall.id),
+            func.count(ModelCall.error),
+            func.coalesce(func.sum(ModelCall.prompt_tokens), 0),
+            func.coalesce(func.sum(ModelCall.completion_tokens), 0),
+            func.coalesce(func.sum(ModelCall.latency_s), 0.0),
+        ).where(ModelCall.run_id == run_id)
+    ).one()
+    return ModelUsage(
+        calls=int(calls),
+        errors=int(errors),
+        prompt_tokens=int(ptok),
+        completion_tokens=int(ctok),
+        total_tokens=int(ptok) + int(ctok),
+        latency_s=float(lat),
+    )
+
+
+def _promotion_summary(p: Promotion) -> PromotionSummary:
+    """A promotion row as `show` and reports read it (active: not demoted since)."""
+    return PromotionSummary(
+        id=p.id,
+        op=p.op,
+        bucket=p.bucket,
+        dtype=p.dtype,
+        gpu_name=p.gpu_name,
+        candidate_id=p.candidate_id,
+        replaced_candidate_id=p.replaced_candidate_id,
+        new_ms=p.new_ms,
+        old_ms=p.old_ms,
+        gain=p.gain,
+        spread=p.spread,
+        reason=p.reason,
+        active=p.demoted_at is None,
+    )
 
 
 __all__ = [

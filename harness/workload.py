@@ -167,11 +167,12 @@ def budget_pages(model: ModelConfig, kv: str, budget_bytes: int) -> int:
     return int(pages)
 
 
+# long: one hot loop, its state in locals
 def simulate(
     requests: Iterable[Request],
     model: ModelConfig,
     kv: str,
-    budget_bytes: int,  # long: one hot loop
+    budget_bytes: int,
     max_batch: int = DEFAULT_MAX_BATCH,
     cost: Optional[StepModel] = None,
     arrivals: bool = True,

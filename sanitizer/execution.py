@@ -110,19 +110,7 @@ def execute_call(
     before = {k: _storage_bytes(v) for k, v in tensors.items()}
     res = RunResult()
     if device != "cpu":
-        guard = HostGuard(sentinel=-1)
-        launches = [0]
-        try:
-            with _counting_launches(launches, res.specs), guard, _traced(recorder):
-                res.out = fn(**args)
-            torch.cuda.synchronize()
-        except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            if not guard.violations:
-                res.error = describe_exception(e, path)
-        res.guard = list(guard.violations)
-        res.launches = launches[0]
+        _call_on_device(fn, args, path, res, recorder)
     else:
         watched = (
             [Watched(k, v, readable.get(k)) for k, v in tensors.items()]
@@ -131,31 +119,65 @@ def execute_call(
         )
         guard = HostGuard(sentinel=sentinel)
         inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched, fresh=guard.fresh)
-        try:
-            with inst.active():
-                with guard, _traced(recorder):
-                    res.out = fn(**args)
-        except FpSanUnsupported as e:
-            res.fpsan_unsupported.append(str(e))
-        except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            inner = e
-            while inner.__cause__ is not None and not isinstance(inner, (FpSanUnsupported,)):
-                inner = inner.__cause__
-            if isinstance(inner, FpSanUnsupported):
-                res.fpsan_unsupported.append(str(inner))
-            elif not inst.violations and not guard.violations:
-                res.error = describe_exception(e, path)
-        res.bounds = list(inst.violations)
-        res.guard = list(guard.violations)
-        res.launches = len(inst.launches)
-        res.specs = list(inst.specs)
-        res.fpsan_unsupported += inst.fpsan_unsupported
+        _call_interpreted(fn, args, path, res, inst, guard, recorder)
     for k, v in tensors.items():
         if not torch.equal(before[k], _storage_bytes(v)):
             res.mutated.append(k)
     return res
+
+
+def _call_on_device(
+    fn: Callable, args: Dict[str, Any], path: str, res: RunResult, recorder: Optional[BranchRecorder]
+) -> None:
+    """The call on the GPU, under the host-code guard alone; its output, error, guard findings and launches
+    go into res."""
+    guard = HostGuard(sentinel=-1)
+    launches = [0]
+    try:
+        with _counting_launches(launches, res.specs), guard, _traced(recorder):
+            res.out = fn(**args)
+        torch.cuda.synchronize()
+    except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        if not guard.violations:
+            res.error = describe_exception(e, path)
+    res.guard = list(guard.violations)
+    res.launches = launches[0]
+
+
+def _call_interpreted(
+    fn: Callable,
+    args: Dict[str, Any],
+    path: str,
+    res: RunResult,
+    inst: Instrumentation,
+    guard: HostGuard,
+    recorder: Optional[BranchRecorder],
+) -> None:
+    """The call in the interpreter, under its hooks (inst) and the host-code guard; its output, error,
+    findings, launches and what FpSan could not model go into res."""
+    try:
+        with inst.active():
+            with guard, _traced(recorder):
+                res.out = fn(**args)
+    except FpSanUnsupported as e:
+        res.fpsan_unsupported.append(str(e))
+    except BaseException as e:  # noqa: BLE001 - a candidate's failure is a verdict, whatever it is
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        inner = e
+        while inner.__cause__ is not None and not isinstance(inner, (FpSanUnsupported,)):
+            inner = inner.__cause__
+        if isinstance(inner, FpSanUnsupported):
+            res.fpsan_unsupported.append(str(inner))
+        elif not inst.violations and not guard.violations:
+            res.error = describe_exception(e, path)
+    res.bounds = list(inst.violations)
+    res.guard = list(guard.violations)
+    res.launches = len(inst.launches)
+    res.specs = list(inst.specs)
+    res.fpsan_unsupported += inst.fpsan_unsupported
 
 
 @contextlib.contextmanager

@@ -208,6 +208,59 @@ class ExecutorError(Exception):
         self.timed_out = timed_out
 
 
+def _write_judged_copy(path: str, dest: str, skip_gate: bool) -> None:
+    """Write the executor's own copy of the candidate at dest (inside its scratch directory): the canonical
+    text, which is what the gate judged (Python and Triton read no other bytes of the file). A text that has
+    no canonical form raises TextRefused, unless skip_gate."""
+    with open(path, "rb") as src:
+        raw = src.read()
+    try:
+        text = canonical_source(raw).encode("utf-8")
+    except TextRefused:
+        if not skip_gate:
+            raise
+        text = raw  # tests only: the layers behind the gate are shown the file as it is
+    with open(dest, "wb") as dst:
+        dst.write(text)
+    os.chmod(dest, 0o644)  # readable by the sandbox identity whatever this process's umask
+
+
+def _executor_command(
+    fd: int,
+    op: str,
+    file: str,
+    device: str,
+    cpu_s: int,
+    skip_gate: bool,
+    tool_ports: Sequence[int],
+    wrapper: Sequence[str],
+) -> List[str]:
+    """The executor's command line: it serves calls over the socket fd, under a CPU-time limit of cpu_s."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernel_agent.sanitizer.executor",
+        "--fd",
+        str(fd),
+        "--op",
+        op,
+        "--file",
+        file,
+        "--device",
+        device,
+        "--cpu-seconds",
+        str(cpu_s),
+    ]
+    if skip_gate:
+        cmd.append("--skip-gate")
+    if tool_ports:
+        cmd.append(f"--tool-ports={min(tool_ports)}-{max(tool_ports)}")
+    if wrapper:
+        # the tool and the executor in namespaces of their own: the tool's ports on their loopback alone
+        cmd = sandbox.tool_namespace_command(list(wrapper) + cmd)
+    return cmd
+
+
 class Executor:
     """A sandboxed executor for one candidate file, driven by the judge."""
 
@@ -225,21 +278,12 @@ class Executor:
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
         self.scratch = sandbox.make_scratch("ka-exec-")
-        # the executor reads its own copy of the candidate, inside its scratch directory: the canonical text,
-        # which is what the gate judged (Python and Triton read no other bytes of the file)
         self.file = os.path.join(self.scratch, "candidate.py")
-        with open(path, "rb") as src:
-            raw = src.read()
         try:
-            text = canonical_source(raw).encode("utf-8")
+            _write_judged_copy(path, self.file, skip_gate)
         except TextRefused:
-            if not skip_gate:
-                shutil.rmtree(self.scratch, ignore_errors=True)
-                raise
-            text = raw  # tests only: the layers behind the gate are shown the file as it is
-        with open(self.file, "wb") as dst:
-            dst.write(text)
-        os.chmod(self.file, 0o644)  # readable by the sandbox identity whatever this process's umask
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         parent, child = socket.socketpair()
         self.sock = parent
         self.log_path = os.path.join(sandbox.make_scratch("ka-exec-log-"), "executor.log")
@@ -249,28 +293,7 @@ class Executor:
         else:
             env.pop("TRITON_INTERPRET", None)
         cpu_s = max(30, int(self.deadline - time.time()) + 30)
-        cmd = [
-            sys.executable,
-            "-m",
-            "kernel_agent.sanitizer.executor",
-            "--fd",
-            str(child.fileno()),
-            "--op",
-            op,
-            "--file",
-            self.file,
-            "--device",
-            device,
-            "--cpu-seconds",
-            str(cpu_s),
-        ]
-        if skip_gate:
-            cmd.append("--skip-gate")
-        if tool_ports:
-            cmd.append(f"--tool-ports={min(tool_ports)}-{max(tool_ports)}")
-        if wrapper:
-            # the tool and the executor in namespaces of their own: the tool's ports on their loopback alone
-            cmd = sandbox.tool_namespace_command(list(wrapper) + cmd)
+        cmd = _executor_command(child.fileno(), op, self.file, device, cpu_s, skip_gate, tool_ports, wrapper)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 cmd,

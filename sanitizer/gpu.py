@@ -280,21 +280,7 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
     # the tool's front end talks to the process it wraps over TCP on loopback, on the first free port of
     # this range: the tool and the executor share a network namespace of their own (its loopback alone),
     # and the executor may connect to these ports alone
-    wrapper = [
-        exe,
-        "--tool",
-        tool,
-        "--error-exitcode",
-        "97",
-        "--print-limit",
-        "5",
-        "--port",
-        str(TOOL_PORT_BASE),
-        "--max-connections",
-        str(TOOL_PORT_COUNT),
-    ]
-    if tool == "memcheck":
-        wrapper += ["--leak-check", "no"]
+    wrapper = _compute_sanitizer_command(exe, tool)
     t0 = time.time()
     # three tiny shapes (one per dtype): the tools slow every launch by orders of magnitude
     ex = _tool_executor(
@@ -316,6 +302,36 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
         rc, text = ex.finish(timeout_s=120)
     finally:
         ex.close()
+    summary = _tool_error_summary(tool, rc, text)
+    return (
+        f"{summary.group(0) if summary else 'no errors'} on 3 tiny shapes (bf16, fp16, fp32; {time.time() - t0:.0f}s)"
+    )
+
+
+def _compute_sanitizer_command(exe: str, tool: str) -> List[str]:
+    """The compute-sanitizer command line that wraps the executor: exit 97 on an error, its front end on the
+    ports TOOL_PORT_BASE... (check_compute_sanitizer says why)."""
+    wrapper = [
+        exe,
+        "--tool",
+        tool,
+        "--error-exitcode",
+        "97",
+        "--print-limit",
+        "5",
+        "--port",
+        str(TOOL_PORT_BASE),
+        "--max-connections",
+        str(TOOL_PORT_COUNT),
+    ]
+    if tool == "memcheck":
+        wrapper += ["--leak-check", "no"]
+    return wrapper
+
+
+def _tool_error_summary(tool: str, rc: Optional[int], text: str) -> Optional[re.Match[str]]:
+    """compute-sanitizer's ERROR SUMMARY line in its output, if any; CheckFailed when it found errors (with
+    the first one it printed) or the process it wrapped exited otherwise than cleanly."""
     summary = re.search(r"ERROR SUMMARY: (\d+) error", text)
     if rc == 97 or (summary and int(summary.group(1)) > 0):
         first = next(
@@ -333,9 +349,7 @@ def check_compute_sanitizer(subject: Subject, tool: str) -> str:
             f"the candidate's process under compute-sanitizer {tool} exited with {rc}: "
             f"{text.strip().splitlines()[-1][:300] if text.strip() else ''}"
         )
-    return (
-        f"{summary.group(0) if summary else 'no errors'} on 3 tiny shapes (bf16, fp16, fp32; {time.time() - t0:.0f}s)"
-    )
+    return summary
 
 
 GPU_CHECKS = [
@@ -392,19 +406,7 @@ def sanitize_gpu(
                     before_gpu = None
                 if on_start:
                     on_start(name)
-                t0 = time.time()
-                try:
-                    outcome = CheckOutcome(name, CheckStatus.PASSED, check(subject), time.time() - t0)
-                except CheckSkipped as e:
-                    outcome = CheckOutcome(name, CheckStatus.SKIPPED, str(e), time.time() - t0)
-                except CheckFailed as e:
-                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
-                except ExecutorError as e:
-                    outcome = CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
-                except Exception as e:  # noqa: BLE001
-                    outcome = CheckOutcome(
-                        name, CheckStatus.FAILED, describe_exception(e, subject.path), time.time() - t0
-                    )
+                outcome = _run_check(name, check, subject)
                 failed = failed or outcome.status == CheckStatus.FAILED
             verdict.checks.append(outcome)
             if on_check:
@@ -414,3 +416,19 @@ def sanitize_gpu(
             subject.executor.close()
     verdict.duration_s = time.time() - t_all
     return verdict
+
+
+def _run_check(name: str, check: Callable[[Subject], str], subject: Subject) -> CheckOutcome:
+    """One check's outcome and time: passed with its note, skipped, or failed with why (an exception the
+    check did not expect fails it too, described)."""
+    t0 = time.time()
+    try:
+        return CheckOutcome(name, CheckStatus.PASSED, check(subject), time.time() - t0)
+    except CheckSkipped as e:
+        return CheckOutcome(name, CheckStatus.SKIPPED, str(e), time.time() - t0)
+    except CheckFailed as e:
+        return CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
+    except ExecutorError as e:
+        return CheckOutcome(name, CheckStatus.FAILED, str(e), time.time() - t0)
+    except Exception as e:  # noqa: BLE001
+        return CheckOutcome(name, CheckStatus.FAILED, describe_exception(e, subject.path), time.time() - t0)

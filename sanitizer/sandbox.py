@@ -750,19 +750,102 @@ def violations() -> List[str]:
     return list(_violations)
 
 
+# The events the hook refuses by name (immutable: the hook binds them when it is made)
+_NETWORK_EVENTS = frozenset(
+    (
+        "socket.__new__",
+        "socket.connect",
+        "socket.bind",
+        "socket.sendto",
+        "socket.sendmsg",
+        "socket.getaddrinfo",
+        "socket.gethostbyname",
+    )
+)
+_SPAWN_EVENTS = frozenset(("os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen"))
+_PROCESS_CONTROL_EVENTS = frozenset(
+    (
+        "os.system",
+        "os.fork",
+        "os.forkpty",
+        "pty.spawn",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "sys.addaudithook",
+    )
+)
+_FILESYSTEM_CHANGE_EVENTS = frozenset(
+    (
+        "os.remove",
+        "os.rename",
+        "os.rmdir",
+        "os.mkdir",
+        "os.chmod",
+        "os.chown",
+        "os.symlink",
+        "os.link",
+        "os.truncate",
+        "os.utime",
+        "shutil.rmtree",
+        "shutil.copyfile",
+    )
+)
+_INTROSPECTION_EVENTS = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents"))
+
+
 def _make_audit(scratch: str, gpu: bool, fatal: bool):
     """The hook, with everything it needs bound now: nothing a candidate reaches afterwards (module
     globals, os functions) changes what it refuses. Fatal: the process ends at the first refusal (exit
     REFUSED_EXIT, the reason on stderr), so a candidate cannot swallow the error and carry on."""
-    write_stderr, exit_now, fsdecode, basename, realpath = (
-        os.write,
-        os._exit,
-        os.fsdecode,
-        os.path.basename,
-        os.path.realpath,
+    fsdecode, basename, tools = os.fsdecode, os.path.basename, GPU_TOOLS
+    network, spawn, control, fs_change, introspection = (
+        _NETWORK_EVENTS,
+        _SPAWN_EVENTS,
+        _PROCESS_CONTROL_EVENTS,
+        _FILESYSTEM_CHANGE_EVENTS,
+        _INTROSPECTION_EVENTS,
     )
-    sep, devices, tools, record = os.sep, WRITABLE_DEVICES, GPU_TOOLS, _violations
     writing_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    refuse, inside_scratch = _make_refuse(fatal), _make_inside_scratch(scratch, gpu)
+
+    def tool(args) -> str:
+        return basename(fsdecode(args[0])) if args and isinstance(args[0], (str, bytes)) else ""
+
+    def audit(event: str, args) -> None:
+        if event.startswith("socket."):
+            if event == "socket.__new__" and args and len(args) > 1 and args[1] == 1:
+                return  # a unix socket pair is how the judge talks to the executor
+            if event in network:
+                refuse(f"network access ({event})")
+        elif event in spawn:
+            # subprocess spawns through the os events; on a GPU Triton runs its compilers
+            if not (gpu and tool(args) in tools):
+                refuse(f"process creation ({event} {tool(args) or '?'})")
+        elif event in control:
+            refuse(f"process control ({event})" if event != "sys.addaudithook" else "a second audit hook")
+        elif event == "open" and len(args) >= 2:
+            path, mode = args[0], args[1]
+            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & writing_flags)
+            if writing and not isinstance(path, int) and not inside_scratch(path):
+                refuse(f"write outside scratch ({fsdecode(path)[:120]})")
+        elif event in fs_change:
+            path = args[0] if args else ""
+            if not inside_scratch(path):
+                refuse(f"filesystem change outside scratch ({event} {fsdecode(path)[:120] if path else ''})")
+        elif event.startswith("ctypes."):  # on a GPU too: prepare_gpu made torch's and Triton's calls
+            refuse(f"native code through ctypes ({event})")
+        elif event in introspection and not gpu:
+            refuse(f"introspection ({event})")  # (torch.compile, an anchor timed beside GPU kernels, walks them)
+
+    return audit
+
+
+def _make_refuse(fatal: bool):
+    """The hook's refusal, bound now like the hook (_make_audit): fatal, it ends the process at once;
+    else it records what it refused (the first 50) and raises PermissionError."""
+    write_stderr, exit_now, record = os.write, os._exit, _violations
 
     def refuse(what: str):
         what = what[:300]
@@ -773,6 +856,14 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
             record.append(what)
         raise PermissionError(f"sandbox: {what[:200]}")
 
+    return refuse
+
+
+def _make_inside_scratch(scratch: str, gpu: bool):
+    """Whether a path the hook sees is one the sandbox may write: inside scratch, a writable device, or (on a
+    GPU) an NVIDIA device; bound now like the hook (_make_audit)."""
+    fsdecode, realpath, sep, devices = os.fsdecode, os.path.realpath, os.sep, WRITABLE_DEVICES
+
     def inside_scratch(path) -> bool:
         try:
             p = realpath(fsdecode(path)) if not isinstance(path, int) else ""
@@ -782,67 +873,7 @@ def _make_audit(scratch: str, gpu: bool, fatal: bool):
             p == scratch or p.startswith(scratch + sep) or p in devices or (gpu and p.startswith("/dev/nvidia"))
         )
 
-    def tool(args) -> str:
-        return basename(fsdecode(args[0])) if args and isinstance(args[0], (str, bytes)) else ""
-
-    def audit(event: str, args) -> None:
-        if event.startswith("socket."):
-            if event == "socket.__new__" and args and len(args) > 1 and args[1] == 1:
-                return  # a unix socket pair is how the judge talks to the executor
-            if event in (
-                "socket.__new__",
-                "socket.connect",
-                "socket.bind",
-                "socket.sendto",
-                "socket.sendmsg",
-                "socket.getaddrinfo",
-                "socket.gethostbyname",
-            ):
-                refuse(f"network access ({event})")
-        elif event in ("os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen"):
-            # subprocess spawns through the os events; on a GPU Triton runs its compilers
-            if not (gpu and tool(args) in tools):
-                refuse(f"process creation ({event} {tool(args) or '?'})")
-        elif event in (
-            "os.system",
-            "os.fork",
-            "os.forkpty",
-            "pty.spawn",
-            "os.kill",
-            "os.killpg",
-            "signal.pthread_kill",
-            "sys.addaudithook",
-        ):
-            refuse(f"process control ({event})" if event != "sys.addaudithook" else "a second audit hook")
-        elif event == "open" and len(args) >= 2:
-            path, mode = args[0], args[1]
-            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & writing_flags)
-            if writing and not isinstance(path, int) and not inside_scratch(path):
-                refuse(f"write outside scratch ({fsdecode(path)[:120]})")
-        elif event in (
-            "os.remove",
-            "os.rename",
-            "os.rmdir",
-            "os.mkdir",
-            "os.chmod",
-            "os.chown",
-            "os.symlink",
-            "os.link",
-            "os.truncate",
-            "os.utime",
-            "shutil.rmtree",
-            "shutil.copyfile",
-        ):
-            path = args[0] if args else ""
-            if not inside_scratch(path):
-                refuse(f"filesystem change outside scratch ({event} {fsdecode(path)[:120] if path else ''})")
-        elif event.startswith("ctypes."):  # on a GPU too: prepare_gpu made torch's and Triton's calls
-            refuse(f"native code through ctypes ({event})")
-        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents") and not gpu:
-            refuse(f"introspection ({event})")  # (torch.compile, an anchor timed beside GPU kernels, walks them)
-
-    return audit
+    return inside_scratch
 
 
 def arm_audit_hook(fatal: bool = True) -> None:

@@ -18,6 +18,7 @@ import secrets
 import signal
 import sys
 import time
+from typing import Callable, List, Optional
 
 from .canonical import judged_hash
 from .executor import Executor
@@ -42,7 +43,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def main(argv=None) -> int:
+def _parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", required=True)
     ap.add_argument("--file", required=True)
@@ -58,7 +59,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="gpu mode: ask the parent for the GPU before the first check on it (sanitizer/lease.py)",
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
     _die_with_parent()
     only = [c for c in args.checks.split(",") if c] or None
     if args.mode != "gpu":
@@ -97,41 +102,53 @@ def main(argv=None) -> int:
         _write(args.out, progress)
 
     try:
-        if args.mode == "gpu":
-            from .gpu import sanitize_gpu  # deferred: torch and triton load after the executor has started
-
-            verdict: Verdict = sanitize_gpu(
-                args.file,
-                args.op,
-                on_check=on_check,
-                on_start=on_start,
-                only=only,
-                seed_base=seed_base,
-                deadline=deadline,
-                skip_gate=args.skip_gate,
-                before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None,
-            )
-        else:
-            from .checks import sanitize_file  # deferred: after TRITON_INTERPRET is set, and the executor started
-
-            verdict = sanitize_file(
-                args.file,
-                args.op,
-                args.mode,
-                on_check=on_check,
-                on_start=on_start,
-                fail_fast=False if args.keep_going else None,
-                only=only,
-                executor=executor,
-                seed_base=seed_base,
-                skip_gate=args.skip_gate,
-            )
+        verdict = _judge(args, executor, only, seed_base, deadline, on_check, on_start)
     finally:
         if executor is not None:
             executor.close()
     doc = dict(verdict.to_json(), seed=seed_base, source_hash=progress["source_hash"], complete=True)
     _write(args.out, doc)
     return 0
+
+
+def _judge(
+    args: argparse.Namespace,
+    executor: Optional[Executor],
+    only: Optional[List[str]],
+    seed_base: int,
+    deadline: float,
+    on_check: Callable[[CheckOutcome], None],
+    on_start: Callable[[str], None],
+) -> Verdict:
+    """Run the checks of args.mode on the candidate: on the GPU, or through its executor in the interpreter."""
+    if args.mode == "gpu":
+        from .gpu import sanitize_gpu  # deferred: torch and triton load after the executor has started
+
+        return sanitize_gpu(
+            args.file,
+            args.op,
+            on_check=on_check,
+            on_start=on_start,
+            only=only,
+            seed_base=seed_base,
+            deadline=deadline,
+            skip_gate=args.skip_gate,
+            before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None,
+        )
+    from .checks import sanitize_file  # deferred: after TRITON_INTERPRET is set, and the executor started
+
+    return sanitize_file(
+        args.file,
+        args.op,
+        args.mode,
+        on_check=on_check,
+        on_start=on_start,
+        fail_fast=False if args.keep_going else None,
+        only=only,
+        executor=executor,
+        seed_base=seed_base,
+        skip_gate=args.skip_gate,
+    )
 
 
 if __name__ == "__main__":

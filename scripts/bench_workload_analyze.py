@@ -30,18 +30,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     trace = a.trace or os.path.join("runs", f"workload_{a.requests}.jsonl")
     if not os.path.isfile(trace):
-        os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                os.path.join(ROOT, "scripts", "gen_workload_trace.py"),
-                str(a.requests),
-                trace,
-                "--rate",
-                str(a.rate),
-            ],
-            check=True,
-        )
+        _generate_trace(trace, a.requests, a.rate)
     cmd = [
         sys.executable,
         "-m",
@@ -81,16 +70,37 @@ def main(argv=None) -> int:
         "step_groups": sched.get("groups"),
         "command": " ".join(cmd[1:]),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
+    _write_figures(a.out, fig, proc.stdout + proc.stderr)
+    return proc.returncode
+
+
+def _generate_trace(trace: str, requests: int, rate: float) -> None:
+    """The seeded trace of `requests` requests arriving at `rate` a second (scripts/gen_workload_trace.py)."""
+    os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "gen_workload_trace.py"),
+            str(requests),
+            trace,
+            "--rate",
+            str(rate),
+        ],
+        check=True,
+    )
+
+
+def _write_figures(out: str, fig: dict, output: str) -> None:
+    """OUT.json (the figures), OUT.txt (one line each, then the command's output); the figures printed too."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".json", "w") as f:
         json.dump(fig, f, indent=2)
         f.write("\n")
-    with open(a.out + ".txt", "w") as f:
-        f.write("".join(f"{k}: {v}\n" for k, v in fig.items()) + "\n" + proc.stdout + proc.stderr)
+    with open(out + ".txt", "w") as f:
+        f.write("".join(f"{k}: {v}\n" for k, v in fig.items()) + "\n" + output)
     print(json.dumps(fig))
-    if os.path.exists(a.out + ".analysis.json"):
-        os.unlink(a.out + ".analysis.json")  # tens of kB of buckets and points: the figures are the result
-    return proc.returncode
+    if os.path.exists(out + ".analysis.json"):
+        os.unlink(out + ".analysis.json")  # tens of kB of buckets and points: the figures are the result
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ def _planes_kernel(
     tl.store(a_base + 4 * offs_w[None, :] + 3, a3, mask=h_mask[:, None])
 
 
+# long: a kernel reads best as one body (as the baseline kernels it varies)
 @triton.jit
 def _fp8_kernel(
     q_ptr,
@@ -278,6 +279,7 @@ def _fp8_kernel(
     )
 
 
+# long: a kernel reads best as one body (as the baseline kernels it varies)
 @triton.jit
 def _bf16_kernel(
     q_ptr,
@@ -353,16 +355,67 @@ def _bf16_kernel(
     )
 
 
-def make_bf16_call(q, k, v, bt, lens, combine, *, splits=2, block_n=64, warps=4, stages=3, maxnreg=None):
-    """A closure running the one-offset-tile bf16 kernel and the baseline's combine."""
+def _split_buffers(q, splits):
+    """(m, l, acc, o): the split kernels' running max, normaliser and accumulator per split, and the output."""
     B, Hq, Dq = q.shape
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty((B, Hq, splits, Dq), device=q.device, dtype=torch.float32)
-    o = torch.empty_like(q)
+    return m, l, acc, torch.empty_like(q)
+
+
+def _split_strides(m, acc):
+    """The strides of m's three dims, then of acc's first three, as the split kernels take them."""
+    return m.stride(0), m.stride(1), m.stride(2), acc.stride(0), acc.stride(1), acc.stride(2)
+
+
+def _launch_config(splits, block_n, group, head_d, warps, stages, maxnreg):
+    """The split kernels' constexprs and launch options (maxnreg only when given)."""
+    return dict(
+        NUM_SPLITS=splits,
+        PAGE=PAGE,
+        BLOCK_N=block_n,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_D=head_d,
+        num_warps=warps,
+        num_stages=stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
+    )
+
+
+def _launch_combine(combine, m, l, acc, o, splits):
+    """The baseline's combine kernel: the splits' partial results into o."""
+    B, Hq, Dq = o.shape
+    combine[(B, Hq)](
+        m,
+        l,
+        acc,
+        o,
+        m.stride(0),
+        m.stride(1),
+        m.stride(2),
+        acc.stride(0),
+        acc.stride(1),
+        acc.stride(2),
+        acc.stride(3),
+        o.stride(0),
+        o.stride(1),
+        o.stride(2),
+        NUM_SPLITS=splits,
+        HEAD_D=Dq,
+        BLOCK_D=Dq,
+        EVEN_D=True,
+        num_warps=4,
+    )
+
+
+def make_bf16_call(q, k, v, bt, lens, combine, *, splits=2, block_n=64, warps=4, stages=3, maxnreg=None):
+    """A closure running the one-offset-tile bf16 kernel and the baseline's combine."""
+    B, Hq, Dq = q.shape
+    m, l, acc, o = _split_buffers(q, splits)
     group = Hq // HKV
     assert k.stride() == v.stride()
-    extra = {"maxnreg": maxnreg} if maxnreg else {}
+    config = _launch_config(splits, block_n, group, Dq, warps, stages, maxnreg)
 
     def run():
         _bf16_kernel[(B, HKV, splits)](
@@ -382,42 +435,10 @@ def make_bf16_call(q, k, v, bt, lens, combine, *, splits=2, block_n=64, warps=4,
             k.stride(1),
             k.stride(2),
             bt.stride(0),
-            m.stride(0),
-            m.stride(1),
-            m.stride(2),
-            acc.stride(0),
-            acc.stride(1),
-            acc.stride(2),
-            NUM_SPLITS=splits,
-            PAGE=PAGE,
-            BLOCK_N=block_n,
-            BLOCK_H=max(16, triton.next_power_of_2(group)),
-            HEAD_D=Dq,
-            num_warps=warps,
-            num_stages=stages,
-            **extra,
+            *_split_strides(m, acc),
+            **config,
         )
-        combine[(B, Hq)](
-            m,
-            l,
-            acc,
-            o,
-            m.stride(0),
-            m.stride(1),
-            m.stride(2),
-            acc.stride(0),
-            acc.stride(1),
-            acc.stride(2),
-            acc.stride(3),
-            o.stride(0),
-            o.stride(1),
-            o.stride(2),
-            NUM_SPLITS=splits,
-            HEAD_D=Dq,
-            BLOCK_D=Dq,
-            EVEN_D=True,
-            num_warps=4,
-        )
+        _launch_combine(combine, m, l, acc, o, splits)
         return o
 
     return run
@@ -449,27 +470,12 @@ def make_quantized_call(
     """A closure that runs the study kernel `kind` ('planes' or 'fp8') and the int8 baseline's combine."""
     B, Hq, Dq = q.shape
     splits = _splits(B, HKV, bt.shape[1] * PAGE, per_sm)
-    m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)
-    acc = torch.empty((B, Hq, splits, Dq), device=q.device, dtype=torch.float32)
-    o = torch.empty_like(q)
+    m, l, acc, o = _split_buffers(q, splits)
     group = Hq // HKV
     kc, vc = (codes_k.view(torch.int32), codes_v.view(torch.int32)) if kind == "planes" else (codes_k, codes_v)
     assert kc.stride() == vc.stride() and scale_k.stride() == scale_v.stride()
-    common = dict(
-        NUM_SPLITS=splits,
-        PAGE=PAGE,
-        BLOCK_N=block_n,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        HEAD_D=Dq,
-        num_warps=warps,
-        num_stages=stages,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
-    )
-    if kind == "planes":
-        kernel, extra = _planes_kernel, dict(FOLD=fold)
-    else:
-        kernel, extra = _fp8_kernel, {}
+    config = _launch_config(splits, block_n, group, Dq, warps, stages, maxnreg)
+    kernel, extra = (_planes_kernel, dict(FOLD=fold)) if kind == "planes" else (_fp8_kernel, {})
     qk_scale = 1.4426950408889634 / math.sqrt(Dq)
 
     def run():
@@ -495,36 +501,11 @@ def make_quantized_call(
             scale_k.stride(1),
             scale_k.stride(2),
             bt.stride(0),
-            m.stride(0),
-            m.stride(1),
-            m.stride(2),
-            acc.stride(0),
-            acc.stride(1),
-            acc.stride(2),
-            **common,
+            *_split_strides(m, acc),
+            **config,
             **extra,
         )
-        combine[(B, Hq)](
-            m,
-            l,
-            acc,
-            o,
-            m.stride(0),
-            m.stride(1),
-            m.stride(2),
-            acc.stride(0),
-            acc.stride(1),
-            acc.stride(2),
-            acc.stride(3),
-            o.stride(0),
-            o.stride(1),
-            o.stride(2),
-            NUM_SPLITS=splits,
-            HEAD_D=Dq,
-            BLOCK_D=Dq,
-            EVEN_D=True,
-            num_warps=4,
-        )
+        _launch_combine(combine, m, l, acc, o, splits)
         return o
 
     return run, splits

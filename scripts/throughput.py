@@ -49,30 +49,38 @@ def report(ledger_path: str, run_id: str) -> dict:
     for c in ledger.candidates(run_id=run_id):
         statuses[c.status] = statuses.get(c.status, 0) + 1
     ledger.close()
-    rows = []
-    for s in sessions:
-        n_gpus = s.get("n_gpus") or 0
-        hours = s["wall_s"] * max(1, n_gpus) / 3600.0
-        rows.append(
-            {
-                "session": "resume" if s.get("resumed") else "run",
-                "time limit s": s.get("time_limit_s"),
-                "wall s": round(s["wall_s"], 1),
-                "first benchmark s": s.get("first_benchmark_s"),
-                "judged": s.get("judged"),
-                "judged per GPU-hour" if n_gpus else "judged per hour": round(s["judged"] / hours) if hours else None,
-                "GPU busy after 3 min": s.get("gpu_busy_fraction"),
-                "past the limit s": s.get("past_limit_s"),
-                "left unjudged": s.get("unjudged"),
-                "benchmarks": s.get("benchmarks"),
-                "raced out": s.get("raced_out"),
-                "median s per stage": s.get("stage_s", {}),
-                "sanitizer processes": s.get("cpu_slots"),
-                "GPUs": n_gpus,
-            }
-        )
+    rows = [_session_row(s) for s in sessions]
     doc = {"run": run_id, "status": run.status, "candidates": statuses, "sessions": rows}
     print(f"run {run_id} ({run.status}): candidates by status {statuses}")
+    _print_sessions(rows)
+    print("targets (first run): " + "; ".join(f"{k} {v}" for k, v in TARGETS.items()))
+    return doc
+
+
+def _session_row(s: dict) -> dict:
+    """The figures of one session of the run (the run's notes record each session: the run and each resume)."""
+    n_gpus = s.get("n_gpus") or 0
+    hours = s["wall_s"] * max(1, n_gpus) / 3600.0
+    return {
+        "session": "resume" if s.get("resumed") else "run",
+        "time limit s": s.get("time_limit_s"),
+        "wall s": round(s["wall_s"], 1),
+        "first benchmark s": s.get("first_benchmark_s"),
+        "judged": s.get("judged"),
+        "judged per GPU-hour" if n_gpus else "judged per hour": round(s["judged"] / hours) if hours else None,
+        "GPU busy after 3 min": s.get("gpu_busy_fraction"),
+        "past the limit s": s.get("past_limit_s"),
+        "left unjudged": s.get("unjudged"),
+        "benchmarks": s.get("benchmarks"),
+        "raced out": s.get("raced_out"),
+        "median s per stage": s.get("stage_s", {}),
+        "sanitizer processes": s.get("cpu_slots"),
+        "GPUs": n_gpus,
+    }
+
+
+def _print_sessions(rows: list) -> None:
+    """The sessions as a table, then each one's median time per stage."""
     head = [
         "session",
         "limit s",
@@ -109,8 +117,6 @@ def report(ledger_path: str, run_id: str) -> dict:
             f"{r['session']}: median s per stage: "
             + ", ".join(f"{k} {v:.1f}" for k, v in r["median s per stage"].items())
         )
-    print("targets (first run): " + "; ".join(f"{k} {v}" for k, v in TARGETS.items()))
-    return doc
 
 
 def sanitize_baselines(seed=None) -> dict:

@@ -144,65 +144,73 @@ def main():
     for op_name in args.ops.split(","):
         op = get_op(op_name)
         mod, fn = kernel_module(op_name, args.kernel)
-        original = mod._config
         shapes = [op.parse_shape(t) for t in args.shape_list.split(";") if t.strip()] or op.shapes("serving")
         for shape in [s for s in shapes if args.shapes in s.key()]:
-            case = op.make_case(shape, dtype, seed=0, device="cuda")
-            t0 = time.time()
-            ref = op.reference(case.args, torch.float32)
-            anchor = anchor_for(op, case)  # the benchmark's: the torch implementation, else the op's bench_anchor
-            t_anchor = triton.testing.do_bench(
-                partial(anchor.fn, **case.args), warmup=25, rep=100, return_mode="median"
-            )
-            best = None
-            for cfg in (
-                neighbour_configs(op_name, shape, original)
-                if args.neighbours
-                else own_config_first(op_name, shape, original)
-            ):
-                mod._config = lambda *a, cfg=cfg, **k: cfg
-                try:
-                    out = case.call(fn)
-                    torch.cuda.synchronize()
-                    cmp = op.compare(out, case.args, ref)
-                    ms = triton.testing.do_bench(partial(case.call, fn), warmup=25, rep=100, return_mode="median")
-                    err = None if cmp.ok else cmp.describe()
-                except Exception as e:  # a config that does not compile (shared memory) is skipped
-                    ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
-                row = {
-                    "op": op_name,
-                    "shape": shape.key(),
-                    "config": list(cfg),
-                    "ms": ms,
-                    "anchor_ms": t_anchor,
-                    "ok": err is None,
-                    "error": err,
-                    "tflops": op.flops(shape) / ms / 1e9 if ms == ms else None,
-                    "tbps": op.bytes(shape, dtype) / ms / 1e9 if ms == ms else None,
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                if err is None and (best is None or ms < best["ms"]):
-                    best = row
-            mod._config = original
-            b = rows_base(rows, op_name, shape)
-            if best and b:
-                print(
-                    f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best "
-                    f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)",
-                    flush=True,
-                )
-            if best:
-                print(
-                    f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "
-                    f"anchor {t_anchor:.4f} ms ratio {t_anchor / best['ms']:.2f} "
-                    f"tflops {best['tflops']:.0f} tbps {best['tbps']:.2f} ({time.time() - t0:.0f}s)",
-                    flush=True,
-                )
-            del case, ref
-            torch.cuda.empty_cache()
+            sweep_shape(op, op_name, shape, dtype, mod, fn, args.neighbours, rows)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
+
+
+def sweep_shape(op, op_name, shape, dtype, mod, fn, neighbours: bool, rows: list) -> None:
+    """Time fn at one shape under each config (mod._config swapped for each, then restored), against the
+    op's torch anchor; each row is appended to rows and printed, then the baseline's and the best."""
+    original = mod._config
+    case = op.make_case(shape, dtype, seed=0, device="cuda")
+    t0 = time.time()
+    ref = op.reference(case.args, torch.float32)
+    anchor = anchor_for(op, case)  # the benchmark's: the torch implementation, else the op's bench_anchor
+    t_anchor = triton.testing.do_bench(partial(anchor.fn, **case.args), warmup=25, rep=100, return_mode="median")
+    best = None
+    for cfg in (
+        neighbour_configs(op_name, shape, original) if neighbours else own_config_first(op_name, shape, original)
+    ):
+        mod._config = lambda *a, cfg=cfg, **k: cfg
+        row = time_config(op, op_name, shape, dtype, case, ref, fn, cfg, t_anchor)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if row["ok"] and (best is None or row["ms"] < best["ms"]):
+            best = row
+    mod._config = original
+    b = rows_base(rows, op_name, shape)
+    if best and b:
+        print(
+            f"BASE {op_name:22s} {shape.key():45s} cfg={b['config']} {b['ms']:.4f} ms; best "
+            f"{best['config']} {best['ms']:.4f} ms ({b['ms'] / best['ms']:.3f}x)",
+            flush=True,
+        )
+    if best:
+        print(
+            f"BEST {op_name:22s} {shape.key():45s} cfg={best['config']} {best['ms']:.4f} ms "
+            f"anchor {t_anchor:.4f} ms ratio {t_anchor / best['ms']:.2f} "
+            f"tflops {best['tflops']:.0f} tbps {best['tbps']:.2f} ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
+    del case, ref
+    torch.cuda.empty_cache()
+
+
+def time_config(op, op_name, shape, dtype, case, ref, fn, cfg, t_anchor: float) -> dict:
+    """fn's row at one config (already installed as the kernel's _config): its median time and whether its
+    output is right; a config that does not compile (shared memory) is a row with the error."""
+    try:
+        out = case.call(fn)
+        torch.cuda.synchronize()
+        cmp = op.compare(out, case.args, ref)
+        ms = triton.testing.do_bench(partial(case.call, fn), warmup=25, rep=100, return_mode="median")
+        err = None if cmp.ok else cmp.describe()
+    except Exception as e:  # a config that does not compile (shared memory) is skipped
+        ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
+    return {
+        "op": op_name,
+        "shape": shape.key(),
+        "config": list(cfg),
+        "ms": ms,
+        "anchor_ms": t_anchor,
+        "ok": err is None,
+        "error": err,
+        "tflops": op.flops(shape) / ms / 1e9 if ms == ms else None,
+        "tbps": op.bytes(shape, dtype) / ms / 1e9 if ms == ms else None,
+    }
 
 
 if __name__ == "__main__":

@@ -76,7 +76,11 @@ def test_architecture_names_every_module():
 
 
 def test_a_module_left_unnamed_is_found():
-    page = "| judged figures | `harness/figures.py` |\n| the cluster (agent/ray_placement.py) |\n| web | `agent/web.py` |\n"
+    page = (
+        "| judged figures | `harness/figures.py` |\n"
+        "| the cluster (agent/ray_placement.py) |\n"
+        "| web | `agent/web.py` |\n"
+    )
     assert unnamed_modules(
         page, ["harness/figures.py", "harness/env.py", "agent/ray_placement.py", "agent/we.py", "agent/web.py"]
     ) == ["harness/env.py", "agent/we.py"]

@@ -31,7 +31,7 @@ def test_pre_commit_runs_the_ruff_that_ci_installs():
 
 def test_ci_runs_ruff():
     ci = (ROOT / ".ci" / "run").read_text()
-    for command in ("ruff check .",):
+    for command in ("ruff check .", "ruff format --check ."):
         assert command in ci, f".ci/run does not run {command}"
 
 
@@ -50,6 +50,12 @@ def test_ci_and_pre_commit_run_the_type_check():
     hook = next((h for h in hooks if ".ci/typecheck.py" in h.get("entry", "")), None)
     assert hook is not None, ".pre-commit-config.yaml has no hook that runs .ci/typecheck.py"
     assert hook["entry"] == "python .ci/typecheck.py" and hook.get("pass_filenames") == "false"
+
+
+def test_pre_commit_runs_the_lint_and_the_format_check():
+    entries = re.findall(r"^\s*entry:\s*(.+?)\s*$", (ROOT / ".pre-commit-config.yaml").read_text(), re.M)
+    for command in ("ruff check", "ruff format"):
+        assert any(e.startswith(command + " ") or e == command for e in entries), f"no pre-commit hook runs {command}"
 
 
 def test_mypy_checks_packages_the_link_tree_holds():
