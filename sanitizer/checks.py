@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 from ..harness.ops import get_op
-from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, Case, Op, Region, round_to
+from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, SM_SCALE_RANGE, Case, Op, Region, round_to, sm_scale_strategy
 from . import static_gate, wire
 from .branches import host_branches, taken, uncovered
 from .canonical import TextRefused, canonical_source
-from .compared import TooManyCompared, compared_joints, compared_values
+from .compared import TooManyCompared, compared_joints, compared_scales, compared_values
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
@@ -468,13 +468,18 @@ def _draw_case(op: Op, data, big: bool = False) -> Case:
     # True first: hypothesis starts from the first choice, so every run passes an explicit scale early
     # (a kernel that ignores it is caught whatever the seed); every other check calls with the default
     if "sm_scale" in op.optional_args and data.draw(st.sampled_from([True, False]), label="custom sm_scale"):
-        case.args["sm_scale"] = data.draw(st.floats(0.05, 1.5), label="sm_scale")  # a kernel may ignore it
+        case.args["sm_scale"] = data.draw(sm_scale_strategy(), label="sm_scale")  # a kernel may ignore it
     if mode.startswith("bfloat16"):
-        for v in case.args.values():
-            if isinstance(v, torch.Tensor) and v.is_floating_point():
-                v.copy_(round_to(v, torch.bfloat16))
-        case.dist = f"{dist} (bfloat16 values in float32)"
+        _bfloat16_values(case)
     return case
+
+
+def _bfloat16_values(case: Case) -> None:
+    """Round a float32 case's values to bfloat16 in place (the interpreter has no bfloat16 tensors)."""
+    for v in case.args.values():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            v.copy_(round_to(v, torch.bfloat16))
+    case.dist = f"{case.dist} (bfloat16 values in float32)"
 
 
 def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bool = False) -> int:
@@ -519,28 +524,30 @@ def _hypothesis_differential(subject: Subject, examples: int, seed: int, big: bo
 def _each_distribution(subject: Subject) -> int:
     """One case of every input distribution on a tiny shape, each layout in turn: a bug that only one
     distribution shows (NaN codes for an all-zero row) is met whatever the seed, where the property test's
-    few quick-mode examples may draw other distributions."""
+    few quick-mode examples may draw other distributions. 'tiny' is drawn in each dtype, since its range is
+    each dtype's own (float16 subnormals; float32's for float32 and bfloat16 values)."""
     op = subject.op
     shapes = op.shapes("tiny")
     shape = shapes[2 % len(shapes)]
-    for i, dist in enumerate(d.name for d in op.distributions):
-        case = op.make_case(
-            shape,
-            (torch.float32, torch.float16)[i % 2],
-            seed=subject.seed(95 + i),
-            dist=dist,
-            layout=LAYOUTS[i % len(LAYOUTS)],
-        )
+    dists = [d.name for d in op.distributions]
+    draws = [(dist, (torch.float32, torch.float16)[i % 2], False) for i, dist in enumerate(dists) if dist != "tiny"]
+    if "tiny" in dists:
+        draws += [("tiny", torch.float16, False), ("tiny", torch.float32, False), ("tiny", torch.float32, True)]
+    for i, (dist, dtype, bf16) in enumerate(draws):
+        case = op.make_case(shape, dtype, seed=subject.seed(95 + i), dist=dist, layout=LAYOUTS[i % len(LAYOUTS)])
+        if bf16:
+            _bfloat16_values(case)
         _compare_or_fail(subject, case, _run_or_fail(subject, case).out)
         subject.refs.pop(id(case), None)
-    return len(op.distributions)
+    return len(draws)
 
 
 def check_differential(subject: Subject, s: Settings) -> str:
     fixed = _each_distribution(subject)
     n = _hypothesis_differential(subject, s.differential_examples, seed=subject.seed(91))
     return (
-        f"{fixed} cases, one per input distribution, and {n} property-based examples match the float64 "
+        f"{fixed} cases, one per input distribution (tiny values in each dtype), and {n} property-based "
+        "examples match the float64 "
         f"reference (odd shapes, head dims and page sizes, strided and fused-slice views, fp16/fp32/bf16 "
         f"values, adversarial distributions); bf16 path verified on GPU only: the interpreter has no bf16 "
         f"tensors, so bf16 is drawn as bf16 values in fp32 tensors, and a branch on the bf16 dtype runs on the GPU"
@@ -633,22 +640,55 @@ def compared_regions(subject: Subject) -> List[Region]:
     return subject.op.joint_regions(joints) + subject.op.value_regions(values)
 
 
+# Where a compared threshold t may sit in sm_scale's terms: sm_scale itself, or the base-2 exponent's scale
+# sm_scale * log2(e) that every exp2 kernel compares (so sm_scale = t / log2(e)); each drawn 1/64 either side.
+SCALE_FACTORS = (1.0, 1.0 / 1.4426950408889634)
+SCALE_SIDES = (1.0 - 2.0**-6, 1.0 + 2.0**-6)
+
+
+def compared_scale_values(subject: Subject) -> List[float]:
+    """The sm_scale values on both sides of each threshold the candidate compares against (compared_scales),
+    within the contract's range; none for an op without an sm_scale argument."""
+    if "sm_scale" not in subject.op.optional_args:
+        return []
+    lo, hi = SM_SCALE_RANGE
+    out: List[float] = []
+    for t in compared_scales(canonical_source(subject.source)):
+        for v in (t * f * side for f in SCALE_FACTORS for side in SCALE_SIDES):
+            if lo <= v <= hi and v not in out:
+                out.append(v)
+    return out
+
+
+def _check_compared_case(subject: Subject, region: Region, i: int, sm_scale: Optional[float] = None) -> None:
+    case = _region_case(subject, region, i, 161)
+    what = region.name if sm_scale is None else f"sm_scale={sm_scale:.6g}"
+    if sm_scale is not None:
+        case.args["sm_scale"] = sm_scale
+    r = run_case(subject, subject.fn, case)
+    if not r.ok:
+        raise CheckFailed(f"at a value the code compares against ({what}): {r.problem()}; reproduce: {case.describe()}")
+    _compare_or_fail(subject, case, r.out, f"at a value the code compares against ({what}): ")
+    subject.refs.pop(id(case), None)
+
+
 def check_compared_values(subject: Subject, s: Settings) -> str:
     """Every size the candidate's code compares against (`D == 192`, `K == 14336`, a GQA group of 7,
     `seq_len % 1024 == 1000`, solved back through constant arithmetic), drawn as each dimension of the
     contract that admits it, the others tiny: a cheat wrong only at a magic size names that size. Sizes the
-    interpreter cannot afford are drawn by the GPU stage (gpu_domain)."""
+    interpreter cannot afford are drawn by the GPU stage (gpu_domain). For an op with an sm_scale, each real
+    threshold the code compares against (`qk_scale < 0.07`) is drawn as sm_scale on both of its sides."""
     regions = compared_regions(subject)
     cpu = [r for r in regions if r.where == "cpu"][: s.compared_regions]
     for i, region in enumerate(cpu):
-        case = _region_case(subject, region, i, 161)
-        r = run_case(subject, subject.fn, case)
-        if not r.ok:
-            raise CheckFailed(
-                f"at a size the code compares against ({region.name}): {r.problem()}; reproduce: {case.describe()}"
-            )
-        _compare_or_fail(subject, case, r.out, f"at a size the code compares against ({region.name}): ")
-        subject.refs.pop(id(case), None)
+        _check_compared_case(subject, region, i)
+    try:
+        scales = compared_scale_values(subject)[: s.compared_regions]
+    except (SyntaxError, TextRefused, RecursionError) as e:
+        raise CheckFailed(f"the judge cannot read the file's comparisons: {type(e).__name__}: {e}")
+    base = Region("base", subject.op.value_base())
+    for i, v in enumerate(scales):
+        _check_compared_case(subject, base, i, v)
     gpu = sum(r.where == "gpu" for r in regions)
     left = sum(r.where == "cpu" for r in regions) - len(cpu)
     return (
@@ -657,6 +697,8 @@ def check_compared_values(subject: Subject, s: Settings) -> str:
         + (f" ({left} more in full mode)" if left else "")
         + ": "
         + ", ".join(r.name for r in cpu)
+        + (f"; at {len(scales)} sm_scale(s) either side of a threshold it compares: " if scales else "")
+        + ", ".join(f"{v:.4g}" for v in scales)
     )
 
 
@@ -865,6 +907,25 @@ def sanitize_file(
     )
     verdict = Verdict(path, op_name, mode)
     t_all = time.time()
+    _run_checks(subject, verdict, settings, fail_fast, only, on_check, on_start)
+    verdict.fpsan_equivalent = subject.fpsan_equivalent
+    verdict.fpsan_detail = subject.fpsan_detail
+    verdict.duration_s = time.time() - t_all
+    return verdict
+
+
+def _run_checks(
+    subject: Subject,
+    verdict: Verdict,
+    settings: Settings,
+    fail_fast: bool,
+    only: Optional[Sequence[str]],
+    on_check: Optional[Callable[[CheckOutcome], None]],
+    on_start: Optional[Callable[[str], None]],
+) -> None:
+    """Every check of CHECKS in order into `verdict`: after a failure, fail-fast skips the rest (and a failed
+    gate or load always does); a check past the deadline sets the verdict's time-limit error."""
+    t_all = time.time()
     failed = False
     for name, check in CHECKS:
         if only and name not in only and name not in ("static_gate", "load"):
@@ -889,7 +950,3 @@ def sanitize_file(
         verdict.checks.append(outcome)
         if on_check:
             on_check(outcome)
-    verdict.fpsan_equivalent = subject.fpsan_equivalent
-    verdict.fpsan_detail = subject.fpsan_detail
-    verdict.duration_s = time.time() - t_all
-    return verdict

@@ -236,6 +236,41 @@ def compared_joints(source: str) -> List[Dict[str, int]]:
     return out[:MAX_COMPARED]
 
 
+MAX_SCALES = 16  # float thresholds drawn as sm_scale; the correct suite's files compare against none or few
+
+
+def compared_scales(source: str) -> List[float]:
+    """The positive real numbers a comparison or a clamp of `source` meets where a scale may flip it: every
+    constant that is not a whole number (`qk_scale < 0.07`, `min(s, 0.5)`), and the whole numbers compared with
+    an expression that names a scale (`sm_scale > 2`). An op with an `sm_scale` argument draws scales on both
+    sides of each (sanitizer/checks.py: check_compared_values). At most MAX_SCALES, fractions first."""
+    tree = ast.parse(source)
+    f = _Folder(_module_constants(tree))
+    fractions: List[float] = []
+    wholes: List[float] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            pairs = [(a, b) for a, b in zip(operands, operands[1:])]
+        elif isinstance(node, ast.Call) and _callee(node) in _CLAMPS:
+            pairs = [(a, b) for a in node.args for b in node.args if a is not b]
+        else:
+            continue
+        for free, side in pairs:
+            for expr, const in ((free, f.fold(side)), (side, f.fold(free))):
+                if const is None or f.fold(expr) is not None or not const > 0:
+                    continue
+                if not float(const).is_integer():
+                    fractions.append(float(const))
+                elif any("scale" in n.id.lower() for n in ast.walk(expr) if isinstance(n, ast.Name)):
+                    wholes.append(float(const))
+    out: List[float] = []
+    for v in fractions + wholes:
+        if v not in out:
+            out.append(v)
+    return out[:MAX_SCALES]
+
+
 def _callee(call: ast.Call) -> str:
     fn = call.func
     return fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
@@ -253,4 +288,4 @@ def _unique(values: Iterable[Number]) -> List[int]:
     return out
 
 
-__all__ = ["MAX_COMPARED", "TooManyCompared", "compared_joints", "compared_values"]
+__all__ = ["MAX_COMPARED", "MAX_SCALES", "TooManyCompared", "compared_joints", "compared_scales", "compared_values"]

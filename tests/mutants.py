@@ -41,7 +41,11 @@ MUTANTS = {
     ],
     "quantize_kv": [
         ("truncates_instead_of_rounding", "q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)", "q = y.to(tl.int32)"),
-        ("nan_on_zero_rows", "inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = 127.0 / amax"),
+        (
+            "nan_on_zero_rows",
+            "inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), tl.where(live, scale * up, 1.0))",
+            "inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), scale * up)",
+        ),
     ],
     "decode_attention_int8": [
         (

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import mutants
 from kernel_agent.harness.ops import OPS
-from kernel_agent.harness.ops.common import LAYOUTS, round_to
+from kernel_agent.harness.ops.common import LAYOUTS, round_to, sm_scale_strategy
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}
 PROPERTY = settings(
@@ -39,7 +39,7 @@ def cases(draw, op):
         shape, torch.float16 if mode == "float16" else torch.float32, seed=seed, dist=dist, layout=layout
     )
     if "sm_scale" in op.optional_args and draw(st.booleans()):
-        case.args["sm_scale"] = draw(st.floats(0.05, 1.5))
+        case.args["sm_scale"] = draw(sm_scale_strategy())
     if mode.startswith("bfloat16"):
         for v in case.args.values():
             if isinstance(v, torch.Tensor) and v.is_floating_point():

@@ -137,3 +137,27 @@ def test_a_fractional_side_of_a_bit_operation_is_read_without_an_error(code):
     """Python's bit operators take ints only: the reader took them to a float and raised TypeError (found by
     the type checker); a fractional side names no size of its own, and the integers around it are still read."""
     assert all(isinstance(v, int) for v in compared_values(code))
+
+
+def test_the_real_thresholds_a_scale_may_meet_are_read_and_drawn_as_sm_scale_on_both_sides():
+    """`qk_scale < 0.07` in a kernel and `min(sm_scale, 2.0)` in host code name the scales where they flip; each
+    is drawn as sm_scale just under and just over, and as that over log2(e) (the base-2 scale every exp2 kernel
+    compares). Whole numbers count only where a scale is compared; the correct suite compares against none."""
+    from kernel_agent.sanitizer.checks import Subject, compared_scale_values
+    from kernel_agent.sanitizer.compared import compared_scales
+
+    code = "def k(qk_scale, D, sm_scale):\n    if qk_scale < 0.07:\n        pass\n    if D > 2:\n        pass\n"
+    code += "    s = min(sm_scale, 2.0)\n"
+    assert compared_scales(code) == [0.07, 2.0]
+    subject = Subject(OPS["decode_attention"], "x.py", code.encode())
+    values = compared_scale_values(subject)
+    assert any(v < 0.07 / 1.4426950408889634 < w for v in values for w in values)
+    assert any(v < 2.0 < w for v in values for w in values)
+    assert not compared_scale_values(Subject(OPS["matmul"], "x.py", code.encode()))  # no sm_scale to draw
+    files = glob.glob(os.path.join(ROOT, "kernels", "baseline", "[!_]*.py")) + glob.glob(
+        os.path.join(ROOT, "tests", "candidates", "good", "*attention*", "*.py")
+    )
+    for path in files:
+        with open(path, "rb") as f:
+            subject = Subject(OPS["attention"], path, f.read())
+        assert not compared_scale_values(subject), path

@@ -803,6 +803,68 @@ def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
     assert not behind_gate.global_findings, "\n".join(behind_gate.global_findings)
 
 
+# -- undrawn inputs: the check that must meet each, and the same kernel without its cheat ---------------
+
+# Cases of the contract's domain the checks once never drew (tiny magnitudes, broadcast views, the whole
+# sm_scale range): file -> (the check that must reject it, the cheat's text, the honest text it replaces).
+# The honest text is the baseline's, so the control is the same kernel without the cheat.
+DOMAIN_CONTROLS = {
+    "undrawn_inputs/09_tiny_rows_flushed_to_zero_codes.py": (
+        "differential",
+        "    live = amax >= 3.0517578125e-05  # under half of float16's smallest normal: noise\n",
+        "    live = scale > 0\n",
+    ),
+    "undrawn_inputs/10_float32_subnormal_operands_flushed.py": (
+        "differential",
+        "        a = tl.where(tl.abs(a) < 1.1754943508222875e-38, 0.0, a)  # flush to zero\n"
+        "        b = tl.where(tl.abs(b) < 1.1754943508222875e-38, 0.0, b)\n",
+        "",
+    ),
+    "undrawn_inputs/11_zero_strides_taken_as_packed.py": (
+        "domain",
+        "max(a.stride(0), 1), max(a.stride(1), 1), max(b.stride(0), 1), max(b.stride(1), 1),",
+        "a.stride(0), a.stride(1), b.stride(0), b.stride(1),",
+    ),
+    "undrawn_inputs/12_zero_head_stride_means_packed_heads.py": (
+        "domain",
+        "x.stride(1) + D * (x.stride(1) == 0),",
+        "x.stride(1),",
+    ),
+    "undrawn_inputs/13_scales_over_two_clamped.py": (
+        "compared_values",
+        "min(sm_scale, 2.0) * 1.4426950408889634",
+        "sm_scale * 1.4426950408889634",
+    ),
+    "undrawn_inputs/14_tiny_scales_taken_as_uniform.py": (
+        "compared_values",
+        "    if qk_scale < 0.01:  # a near-uniform softmax: weight every key alike\n"
+        "        qk_scale = qk_scale * 0.0\n",
+        "",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel", sorted(DOMAIN_CONTROLS))
+def test_an_undrawn_input_is_met_by_its_check_and_the_kernel_without_the_cheat_passes_it(rel, tmp_path):
+    """Each case is rejected by the check that draws its corner of the domain (quick mode, seed 0, that check
+    alone), and the same file with the cheat replaced by the baseline's text passes that check: the check
+    rejects the cheat, not the kernel. (Against the checks before tiny values, broadcast views and the whole
+    sm_scale range were drawn, every one of these files passed the whole quick sanitizer.)"""
+    from kernel_agent.sanitizer import runner
+
+    check, cheat, honest = DOMAIN_CONTROLS[rel]
+    h = next(h for h in HOSTILES if h.rel == rel)
+    assert h.source.count(cheat) >= 1
+    verdict = runner.run_isolated(str(h.path), h.op, mode="quick", checks=[check], seed=0)
+    outcome = {c.name: c for c in verdict.checks}[check]
+    assert not verdict.passed and outcome.status == "failed", verdict.summary()
+    control = tmp_path / h.path.name
+    control.write_text(h.source.replace(cheat, honest))
+    verdict = runner.run_isolated(str(control), h.op, mode="quick", checks=[check], seed=0)
+    assert verdict.passed, verdict.summary() + "\n" + "\n".join(f"{c.name}: {c.detail}" for c in verdict.checks)
+
+
 # -- the agent loop end to end -----------------------------------------------------------------------
 
 

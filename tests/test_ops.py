@@ -284,3 +284,68 @@ def test_a_decode_pool_can_be_far_larger_than_the_batch():
     )
     case = op.make_case(shape, torch.float32, seed=2)
     assert case.args["k_cache"].shape[0] == 2 * 3 + 500
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_tiny_values_reach_the_subnormals_of_their_dtype(dtype):
+    """'tiny': float16 rows of its subnormals (under 2^-14), float32 and bfloat16 rows down to float32's (under
+    2^-126), some rows whose max is subnormal; nothing overflows or turns NaN."""
+    op = OPS["quantize_kv"]
+    x = op.make_case(op.parse_shape("T=64,H=4,D=32"), dtype, seed=5, dist="tiny").args["x"].to(torch.float64)
+    tiny = torch.finfo(dtype).tiny if dtype != torch.bfloat16 else torch.finfo(torch.float32).tiny
+    amax = x.abs().amax(-1)
+    assert bool((amax < tiny).any()) and bool((amax > 0).any()) and float(amax.max()) < 2.0**-10
+    assert bool(((x != 0) & (x.abs() < tiny)).any())  # subnormal values themselves
+    assert torch.isfinite(x).all()
+
+
+def test_quantize_rows_with_subnormal_or_underflowed_scales_follow_the_contract():
+    """A float32 row under 127 * 2^-126 has a subnormal scale, one under 127 * 2^-150 a scale of 0: the reference
+    meets the contract's check there, and codes from 127 / max (which overflows to inf under 3.7e-37, the old
+    baseline's arithmetic) do not."""
+    op = OPS["quantize_kv"]
+    x = torch.tensor([[[3e-40, -1e-40, 2e-41]], [[5e-44, -2e-44, 0.0]], [[1.0, -0.5, 0.25]]], dtype=torch.float32)
+    args = {"x": x}
+    assert op.compare(op.reference(args), args).ok
+    amax = x.abs().amax(-1)
+    scale = amax / 127.0
+    assert float(scale[1, 0]) == 0.0 and 0 < float(scale[0, 0]) < torch.finfo(torch.float32).tiny
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))  # inf for the tiny rows
+    y = x * inv[..., None]
+    codes = torch.clamp(torch.where(y >= 0, y + 0.5, y - 0.5).nan_to_num(0.0).trunc(), -127, 127).to(torch.int8)
+    assert not op.compare((codes, scale), args).ok
+
+
+def test_broadcast_views_only_of_the_inputs_a_contract_admits():
+    """The 'expanded' layout gives stride 0 to each input an op lists in Op.expandable (and its values are the
+    broadcast slice's); a paged cache, written in place, is never one, and naming it is a clear error."""
+    mm = OPS["matmul"]
+    c = mm.make_case(mm.parse_shape("M=5,N=6,K=7"), torch.float32, seed=1, layout="expanded")
+    a, b = c.args["a"], c.args["b"]
+    assert a.stride(0) == 0 and b.stride(1) == 0 and torch.equal(a, a[:1].expand(5, 7))
+    one = mm.make_case(mm.parse_shape("M=5,N=6,K=7"), torch.float32, seed=1, layout="expanded:b:0")
+    assert one.args["b"].stride(0) == 0 and one.args["a"].stride(0) != 0
+    dec = OPS["decode_attention"]
+    d = dec.make_case(
+        dec.parse_shape("B=2,Hq=4,Hkv=2,D=16,block_size=4,ctx=9"), torch.float32, seed=1, layout="expanded"
+    )
+    assert d.args["q"].stride(1) == 0 and 0 not in d.args["k_cache"].stride()
+    with pytest.raises(ValueError, match="broadcast views of q only"):
+        dec.make_case(
+            dec.parse_shape("B=1,Hq=2,Hkv=2,D=16,block_size=4,ctx=9"), torch.float32, layout="expanded:k_cache:0"
+        )
+    for name, op in OPS.items():
+        assert op.expandable and any(r.layout.startswith("expanded") for r in op.domain().on("cpu")), name
+        assert "expanded" in op.layouts() and any(r.layout == "expanded" for r in op.branch_pool())
+
+
+def test_sm_scale_is_drawn_log_uniformly_over_the_contract_range():
+    from hypothesis import find
+
+    from kernel_agent.harness.ops.common import SM_SCALE_RANGE, sm_scale_strategy
+
+    lo, hi = SM_SCALE_RANGE
+    assert find(sm_scale_strategy(), lambda v: v < 0.01) >= lo
+    assert find(sm_scale_strategy(), lambda v: v > 5.0) <= hi
+    for name in ("attention", "decode_attention", "decode_attention_int8"):
+        assert "1e-3 to 10" in OPS[name].contract and dict(OPS[name].domain().limits)["sm_scale"].startswith("1e-3..10")

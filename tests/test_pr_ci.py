@@ -481,9 +481,7 @@ def test_pre_commit_hooks_sanitize_each_changed_kernel_file_by_its_op(tmp_path):
     with open(os.path.join(ROOT, "kernels", "baseline", "quantize_kv.py")) as f:
         src = f.read()
     faulty = src.replace("q = tl.minimum(tl.maximum(q, -127), 127)", "q = tl.minimum(tl.maximum(q, -128), 127)")
-    faulty = faulty.replace(
-        "inv = tl.where(amax > 0, 127.0 / amax, 0.0)", "inv = tl.where(amax > 0, 128.0 / amax, 0.0)"
-    )
+    faulty = faulty.replace("tl.where(live, 1.0, 0.0)", "tl.where(live, 128.0 / 127.0, 0.0)")  # codes up to 128
     assert faulty != src
     d = tmp_path / "kernels" / "serving"
     d.mkdir(parents=True)

@@ -10,12 +10,14 @@ from typing import Any, Dict, Mapping
 import torch
 import torch.nn.functional as F
 
-from .common import COMMON_LIMITS, Domain, ElementBound, Op, Region, Shape, ValueDim, fill
+from .common import COMMON_LIMITS, SM_SCALE_LIMIT, Domain, ElementBound, Op, Region, Shape, ValueDim, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """attention(q, k, v, causal=False, sm_scale=None) -> o
   q: [B, Hq, S, D]; k, v: [B, Hkv, S, D]; float16 | bfloat16 | float32; any
-  strides. Any head dim 1 <= D <= 256 (not only powers of two). Hq % Hkv == 0 and
+  strides, broadcast views included (stride 0, as `expand` makes: a kv head repeated
+  over heads, a query shared by a batch; q, k and v are only read). sm_scale: any
+  float from 1e-3 to 10. Any head dim 1 <= D <= 256 (not only powers of two). Hq % Hkv == 0 and
   query head h reads kv head h // (Hq // Hkv) (any GQA group, Hkv = 1 included).
   sm_scale defaults to 1/sqrt(D) of the true D. causal: query i sees keys j <= i.
   o: new [B, Hq, S, D], dtype of q. A shape outside these limits raises
@@ -137,6 +139,9 @@ class Attention(Op):
         ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)), _fits
     )
 
+    # every input is only read: q broadcast over the batch, k and v over their heads (one kv head repeated)
+    expandable = (("q", 0), ("k", 1), ("v", 1))
+
     def torch_impl(self):
         return torch_attention
 
@@ -220,6 +225,8 @@ class Attention(Op):
             Region("BSHD view", S(2, 4, 2, 33, 32), "bshd"),
             Region("BSHD view, causal", S(1, 2, 1, 65, 64, True), "bshd"),
             Region("pair view", S(1, 2, 1, 17, 16), "pair"),
+            Region("broadcast q over the batch, k and v over their heads", S(2, 4, 2, 17, 16, True), "expanded"),
+            Region("one query row for every position (stride 0)", S(1, 2, 1, 33, 32), "expanded:q:2"),
         ]
         gpu = [
             Region("sequence 16384, MQA", S(1, 8, 1, 16384, 128, True), where="gpu"),
@@ -230,6 +237,7 @@ class Attention(Op):
             ("head dim D", "1..256"),
             ("GQA group", "1..128 (MQA included)"),
             ("sequence", "1.. (16384 on the GPU)"),
+            ("sm_scale", SM_SCALE_LIMIT),
         ) + COMMON_LIMITS
         return Domain(limits, tuple(cpu + gpu))
 
@@ -248,9 +256,9 @@ class Attention(Op):
             raise ValueError(f"attention: Hq={Hq} is not a multiple of Hkv={Hkv}")
         scale = 6.0 if dist == "large" else 1.0
         # 'equal_rows': every key (and value) of a head is the same vector: all scores tie
-        q = fill((B, Hq, S, D), dist, gen, device, scale, row_dim=-1)
-        k = fill((B, Hkv, S, D), dist, gen, device, scale, row_dim=-2)
-        v = fill((B, Hkv, S, D), dist, gen, device, scale, row_dim=-2)
+        q = fill((B, Hq, S, D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
+        k = fill((B, Hkv, S, D), dist, gen, device, scale, row_dim=-2, dtype=dtype)
+        v = fill((B, Hkv, S, D), dist, gen, device, scale, row_dim=-2, dtype=dtype)
         return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "causal": shape.causal, "sm_scale": None}
 
     def reference(self, args, precision=torch.float32):

@@ -81,12 +81,14 @@ class ElementBound:
     rtol * |ref| + tol * conditioning, for every element (no fraction of them may be out). `conditioning`
     (float64, the output's shape) is what that error scales with, `what` names it in a failure. `with_rms`:
     the rms-based bound with its cap on the fraction of elements outside it applies as well, where the
-    rounding bound is loose (attention's with large scores in bfloat16)."""
+    rounding bound is loose (attention's with large scores in bfloat16). `floor`: an absolute term on top, for
+    rounding that no relative model covers (float32 sums whose terms are subnormal)."""
 
     conditioning: torch.Tensor
     tol: float
     what: str
     with_rms: bool = False
+    floor: float = 0.0
 
 
 @dataclass
@@ -132,6 +134,14 @@ def output_step(dtype: torch.dtype) -> float:
 RMS_MIN_ELEMENTS = 64  # outputs with fewer elements: the rms-based bound is floored at the rounding model
 
 
+def _element_check(r: torch.Tensor, tol: Tolerance, element: ElementBound, step: float):
+    """(bound, allowed fraction 0, how) of the element-wise rounding bound against the float64 reference r."""
+    cond = element.conditioning.detach().to(r.device, torch.float64)
+    bound = tol.rtol * r.abs() + element.tol * cond + step + element.floor
+    floor = f" + {element.floor:.3g}" if element.floor else ""
+    return bound, 0.0, f"rtol={tol.rtol:g}, {element.tol:.3g}*{element.what}, {step:.3g}{floor}"
+
+
 def compare_tensor(
     out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output", element: Optional[ElementBound] = None
 ) -> Comparison:
@@ -164,10 +174,7 @@ def compare_tensor(
     step = output_step(out.dtype)
     ref_norm = float(r.norm())
     rel = float((o - r).norm()) / ref_norm if ref_norm > 0 else float(diff.max()) if diff.numel() else 0.0
-    checks = []
-    if element is not None:
-        bound = tol.rtol * r.abs() + element.tol * element.conditioning.detach().to(o.device, torch.float64) + step
-        checks.append((bound, 0.0, f"rtol={tol.rtol:g}, {element.tol:.3g}*{element.what}, {step:.3g}"))
+    checks = [] if element is None else [_element_check(r, tol, element, step)]
     if element is None or element.with_rms:
         rms = float(r.pow(2).mean().sqrt()) if r.numel() else 0.0
         bound = tol.atol * rms + tol.rtol * r.abs() + step
@@ -205,7 +212,20 @@ STANDARD_DISTRIBUTIONS = (
     Distribution("large", "large magnitudes (as large as the dtype allows without overflowing the output)"),
     Distribution("outliers", "normal values with 1% of elements 30x larger"),
     Distribution("equal_rows", "every row holds one repeated value (ties, uniform softmax)"),
+    Distribution("tiny", "magnitudes at the bottom of the dtype's range: its smallest normals and its subnormals"),
 )
+
+# The exponents (base 2) a 'tiny' row's scale is drawn from, per dtype: float16 rows from its subnormals
+# (2^-24 is its smallest, 6e-8) to just under its smallest normal (2^-14); bfloat16 and float32 rows from
+# float32's subnormals (a float32 row max under 127 * 2^-126, 1.5e-36, gives a subnormal scale; under
+# 127 * 2^-150 one that rounds to 0) to just past its smallest normal (2^-126, 1.2e-38). Each element is a
+# standard normal value times its row's 2^e, so a row holds subnormals and zeros (values under the
+# smallest subnormal round to 0) beside its larger values.
+TINY_EXPONENTS = {torch.float16: (-24, -14), torch.bfloat16: (-146, -118), torch.float32: (-148, -118)}
+
+
+def tiny_exponent_range(dtype: torch.dtype) -> Tuple[int, int]:
+    return TINY_EXPONENTS.get(dtype, TINY_EXPONENTS[torch.float32])
 
 
 def generator(seed: int, device: torch.device | str) -> Optional[torch.Generator]:
@@ -216,10 +236,27 @@ def generator(seed: int, device: torch.device | str) -> Optional[torch.Generator
     return g
 
 
-def fill(shape: Sequence[int], dist: str, gen: torch.Generator, device, scale: float = 1.0, row_dim=-1) -> torch.Tensor:
+def fill(
+    shape: Sequence[int],
+    dist: str,
+    gen: torch.Generator,
+    device,
+    scale: float = 1.0,
+    row_dim=-1,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Float32 values from a named distribution. `row_dim` (an int or a tuple) names the
-    dims along which 'equal_rows' repeats a value."""
+    dims along which 'equal_rows' repeats a value; 'tiny' ignores `scale` and reads `dtype`
+    (the dtype the values will be cast to): each last-dim row is scaled by 2^e, e drawn from
+    tiny_exponent_range(dtype)."""
     shape = tuple(int(s) for s in shape)
+    if dist == "tiny":
+        lo, hi = tiny_exponent_range(dtype)
+        rows = shape[:-1] + (1,) if shape else ()
+        e = torch.randint(lo, hi + 1, rows, generator=gen, device=device).to(torch.float64)
+        x64 = torch.randn(shape, generator=gen, device=device).to(torch.float64) * torch.exp2(e)
+        # float64 first: the cast to float32 rounds each value to float32's subnormals, not to zero
+        return x64.to(torch.float32)
     if dist in ("normal", "large"):
         x = torch.randn(shape, generator=gen, device=device) * scale
     elif dist == "outliers":
@@ -295,10 +332,37 @@ def swapped_like(x: torch.Tensor) -> torch.Tensor:
     return storage.transpose(i, j)
 
 
+def expanded_like(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """`x`'s first slice along `dim` broadcast over that dim: a view with stride 0 there, as `expand` makes
+    (one key head serving every query head, a bias row repeated down a matrix). Its values are that slice's,
+    repeated; a kernel that takes a zero stride for a packed tensor, or branches on it, shows it."""
+    if x.dim() == 0 or x.shape[dim] == 0:
+        return x
+    return x.narrow(dim, 0, 1).expand(x.shape)
+
+
+# The custom sm_scale the attention ops' contracts admit (those with an `sm_scale` argument), which the property
+# tests draw log-uniformly: a kernel that branches on a small or large scale is met on both sides.
+SM_SCALE_RANGE = (1e-3, 10.0)
+SM_SCALE_LIMIT = "1e-3..10 (drawn log-uniformly; default 1/sqrt(D))"
+
+
+def sm_scale_strategy():
+    """A hypothesis strategy of custom sm_scale values, log-uniform over SM_SCALE_RANGE: every decade of the
+    contract's range as likely as any other (a uniform draw over [0.05, 1.5] never met a kernel that changes
+    its arithmetic under 0.05)."""
+    from hypothesis import strategies as st  # deferred: only the sanitizer's property checks draw scales
+
+    lo, hi = (math.log10(x) for x in SM_SCALE_RANGE)
+    return st.floats(lo, hi).map(lambda e: float(10.0**e))
+
+
 # Layouts every check draws; DOMAIN_LAYOUTS adds the views the domain check and the property tests draw as
-# well (the contract admits any strides).
+# well (the contract admits any strides). EXPANDED, the stride-0 views, applies to the inputs an op lists in
+# Op.expandable only (an output, or a cache that is written in place, cannot be a broadcast view).
 LAYOUTS = ("contiguous", "strided", "fused")
 DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd")
+EXPANDED = "expanded"
 
 
 def relaid(x: torch.Tensor, layout: str, gen: Optional[torch.Generator]) -> torch.Tensor:
@@ -357,9 +421,14 @@ COMMON_LIMITS = (
     (
         "views",
         "contiguous; strided (padded, last two dims transposed); a fused-QKV slice (rows 3x apart); "
-        "a pair slice (`kv[:, 0]` of [T, 2, ...]); BSHD / HND (the dims before the last swapped)",
+        "a pair slice (`kv[:, 0]` of [T, 2, ...]); BSHD / HND (the dims before the last swapped); "
+        "broadcast (stride-0) views of the inputs each op names (Op.expandable)",
     ),
-    ("magnitudes", "normal, large (as large as the output allows), 30x outliers, equal rows"),
+    (
+        "magnitudes",
+        "normal, large (as large as the output allows), 30x outliers, equal rows, tiny (fp16 subnormals; "
+        "float32 and bfloat16 down to float32's subnormals)",
+    ),
 )
 
 
@@ -523,6 +592,8 @@ class Op:
                 )
                 for k, v in args.items()
             }
+        elif layout == EXPANDED or layout.startswith(EXPANDED + ":"):
+            args = self._expanded_args(args, layout)
         elif layout.startswith("strided:"):  # one input in the strided view, int8 included; the others packed
             name = layout.split(":", 1)[1]
             v = args.get(name)
@@ -530,11 +601,36 @@ class Op:
                 raise ValueError(f"{self.name}: layout {layout!r} names no float or int8 input")
             args = dict(args, **{name: strided_like(v, gen, _pad_value(v.dtype))})
         elif layout != "contiguous":
-            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(DOMAIN_LAYOUTS)}, strided:NAME")
+            raise ValueError(
+                f"unknown layout {layout!r}; expected one of {', '.join(self.layouts())}, "
+                "strided:NAME, expanded:NAME:DIM"
+            )
         return Case(self.name, shape, dtype, seed, dist, layout, args)
 
     def keep_contiguous(self) -> Tuple[str, ...]:
         return ()
+
+    # The inputs the contract admits as broadcast (stride-0) views, each with the dim the "expanded" layout
+    # broadcasts it over; "expanded:NAME:DIM" broadcasts one input over another dim. Empty: none.
+    expandable: Tuple[Tuple[str, int], ...] = ()
+
+    def layouts(self) -> Tuple[str, ...]:
+        """Every view this op's contract admits, by layout name (DOMAIN_LAYOUTS, and EXPANDED where it has
+        expandable inputs)."""
+        return DOMAIN_LAYOUTS + ((EXPANDED,) if self.expandable else ())
+
+    def _expanded_args(self, args: Dict[str, Any], layout: str) -> Dict[str, Any]:
+        pairs = list(self.expandable)
+        if layout != EXPANDED:
+            _, name, dim = (layout.split(":") + ["", ""])[:3]
+            pairs = [(name, int(dim))] if dim.lstrip("-").isdigit() else []
+        names = {n for n, _ in self.expandable}
+        if not pairs or any(n not in names for n, _ in pairs):
+            raise ValueError(
+                f"{self.name}: layout {layout!r}: the contract admits broadcast views of "
+                f"{', '.join(sorted(names)) or 'no input'} only"
+            )
+        return dict(args, **{n: expanded_like(args[n], d) for n, d in pairs})
 
     def domain(self) -> Domain:
         """The contract's domain and the regions that reach its corners (see Domain)."""
@@ -602,7 +698,7 @@ class Op:
             for name in names
             for _ in range(2)
         ]
-        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in DOMAIN_LAYOUTS for s in tiny]
+        extra = [Region(f"{s.key()} {layout}", s, layout) for layout in self.layouts() for s in tiny]
         return one + extra + [Region(s.key(), s) for s in self.shapes("near_serving")]
 
     def drawn_in_bucket(self, points: Sequence[Shape], rng: random.Random, dtype: torch.dtype) -> Optional[Shape]:

@@ -21,7 +21,9 @@ from .tuning import Space
 CONTRACT = """decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None) -> o
   One new query token per sequence over a paged KV cache.
   q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; float16 |
-  bfloat16 | float32; any strides. Any head dim 1 <= D <= 256 and any block size
+  bfloat16 | float32; any strides; q may be a broadcast view (stride 0, as
+  `expand` makes), the caches may not (they are written in place: a stride-0
+  cache would alias its blocks). sm_scale: any float from 1e-3 to 10. Any head dim 1 <= D <= 256 and any block size
   1 <= block_size <= 256 (neither needs to be a power of two). Hq % Hkv == 0,
   query head h reads kv head h // (Hq // Hkv) (any GQA group, Hkv = 1 included).
   block_table: int32 [B, max_blocks]; seq_lens: int32 [B], 1 <= seq_lens[b] <=
@@ -54,9 +56,9 @@ class DecodeAttention(PagedDecodeOp):
         layout = make_paged_layout(shape, gen, device)
         nb = layout["num_blocks"]
         scale = 6.0 if dist == "large" else 1.0
-        q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1)
-        k = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
-        v = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
+        q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
+        k = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1), dtype=dtype)
+        v = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1), dtype=dtype)
         k = garbage_fill(k.to(dtype), layout["owned"], float("nan"))
         v = garbage_fill(v.to(dtype), layout["owned"], float("nan"))
         return {

@@ -23,7 +23,8 @@ CONTRACT = """decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block
   As decode_attention (any D from 1 to 256, any block_size from 1 to 256, any
   GQA group), but k_cache, v_cache are int8 [num_blocks, block_size, Hkv, D] and
   k_scale, v_scale are float32 [num_blocks, block_size, Hkv]; the value used is
-  cache * scale[..., None] in float32. o: dtype of q."""
+  cache * scale[..., None] in float32. q may be a broadcast view (stride 0); the
+  caches and their scales may not. sm_scale: any float from 1e-3 to 10. o: dtype of q."""
 
 
 def quantize_rows(x: torch.Tensor):
@@ -52,7 +53,8 @@ class DecodeAttentionInt8(PagedDecodeOp):
         layout = make_paged_layout(shape, gen, device)
         nb, owned = layout["num_blocks"], layout["owned"]
         scale = 6.0 if dist == "large" else 1.0
-        q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1)
+        q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
+        # 'tiny' cache values (float32's range: the cache holds float32 scales) give subnormal scales
         kf = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
         vf = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
         k_q, k_s = quantize_rows(kf)

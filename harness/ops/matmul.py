@@ -8,11 +8,12 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import COMMON_LIMITS, DOMAIN_LAYOUTS, Domain, ElementBound, Op, Region, Shape, ValueDim, fill
+from .common import COMMON_LIMITS, Domain, ElementBound, Op, Region, Shape, ValueDim, fill
 from .tuning import SMEM_LIMIT, Space
 
 CONTRACT = """matmul(a, b) -> c
-  a: [M, K], b: [K, N], same dtype: float16 | bfloat16 | float32; any strides.
+  a: [M, K], b: [K, N], same dtype: float16 | bfloat16 | float32; any strides,
+  broadcast views included (stride 0, as `expand` makes: a and b are only read).
   c: new [M, N] tensor, dtype of a; float32 accumulation."""
 
 
@@ -56,6 +57,9 @@ class Matmul(Op):
         _fits,
     )
 
+    # both operands are only read: either may be a broadcast view (a row of a repeated, a column of b)
+    expandable = (("a", 0), ("b", 1))
+
     def torch_impl(self):
         return torch_matmul
 
@@ -96,6 +100,11 @@ class Matmul(Op):
         S = MatmulShape
         cpu = [Region(f"{layout} view", S(33, 65, 31), layout) for layout in ("pair", "bshd")]
         cpu += [Region("K past the tiles, pair view", S(5, 40, 1000), "pair")]
+        cpu += [
+            Region("broadcast rows of a and columns of b (stride 0)", S(33, 65, 31), "expanded"),
+            Region("a broadcast along K", S(17, 13, 29), "expanded:a:1"),
+            Region("b broadcast along K", S(17, 13, 29), "expanded:b:0"),
+        ]
         gpu = [
             Region("a past 2^31 elements", S(65600, 16, 32768), where="gpu"),
             Region("b past 2^31 elements, transposed", S(16, 65600, 32768), "bshd", where="gpu"),
@@ -114,7 +123,7 @@ class Matmul(Op):
             + super().branch_pool()
             + [
                 Region(f"{s.key()} {layout}", s, layout)
-                for layout in DOMAIN_LAYOUTS
+                for layout in self.layouts()
                 for s in (S(300, 300, 8), S(1, 1000, 300))
             ]
         )
@@ -136,8 +145,10 @@ class Matmul(Op):
             # as large as fits: |c| ~ s^2 sqrt(K) * 5 sigma must stay well under the dtype max
             fmax = torch.finfo(dtype).max
             scale = min(1e3, math.sqrt(fmax / (20.0 * math.sqrt(max(K, 1)))))
-        a = fill((M, K), dist, gen, device, scale, row_dim=-1)
-        b = fill((K, N), dist, gen, device, scale, row_dim=0)
+        a = fill((M, K), dist, gen, device, scale, row_dim=-1, dtype=dtype)
+        # 'tiny': a at the bottom of the dtype's range, b standard normal, so that the products (and c) land
+        # there too instead of underflowing to zero
+        b = fill((K, N), "normal" if dist == "tiny" else dist, gen, device, scale, row_dim=0)
         return {"a": a.to(dtype), "b": b.to(dtype)}
 
     def reference(self, args, precision=torch.float32):
@@ -148,11 +159,15 @@ class Matmul(Op):
     def element_bounds(self, args):
         """Each element against the rounding error its own sum can carry: fp32 accumulation over K terms
         in any order (tensor cores may truncate: a factor 4 over K * 2^-24), and for float32 inputs TF32
-        operands (2^-10), both times sum_k |a_ik||b_kj|; the output's rounding is in rtol * |ref|. No
-        element may exceed its bound, so one corrupted element of a large output fails."""
+        operands (2^-10), both times sum_k |a_ik||b_kj|; the output's rounding is in rtol * |ref|. Where the
+        products are float32 subnormals ('tiny' inputs) the relative model fails: each product and each sum may
+        round by float32's subnormal spacing 2^-149 absolutely, so 2K roundings, times 2 for truncation, are
+        added (4K * 2^-149: 1.6e-43 at K = 29, nothing beside a normal output). No element may exceed its bound,
+        so one corrupted element of a large output fails."""
         a, b = args["a"].detach().to(torch.float64), args["b"].detach().to(torch.float64)
         tf32 = 2.0**-10 if self.output_dtype(args) == torch.float32 else 0.0
-        return ElementBound(a.abs() @ b.abs(), 4.0 * a.shape[1] * 2.0**-24 + tf32, "sum|a||b|")
+        K = a.shape[1]
+        return ElementBound(a.abs() @ b.abs(), 4.0 * K * 2.0**-24 + tf32, "sum|a||b|", floor=4.0 * K * 2.0**-149)
 
     def flops(self, shape: MatmulShape) -> float:
         return 2.0 * shape.M * shape.N * shape.K

@@ -17,7 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from .attention import HEAD_DIMS_DRAWN, SOFTMAX_BOUND_TOL, attention_reference, softmax_rounding_bound
-from .common import COMMON_LIMITS, Anchor, Case, Domain, ElementBound, Op, ReferenceUnavailable, Region, Shape, ValueDim
+from .common import (
+    COMMON_LIMITS,
+    SM_SCALE_LIMIT,
+    Anchor,
+    Case,
+    Domain,
+    ElementBound,
+    Op,
+    ReferenceUnavailable,
+    Region,
+    Shape,
+    ValueDim,
+)
 from .tuning import SMEM_LIMIT
 
 
@@ -236,6 +248,8 @@ def decode_domain() -> Domain:
         Region("context 9000", S(1, 1, 1, 16, 64, 9000)),
         Region("vLLM cache view kv[:, 0]", S(2, 4, 2, 32, 16, 37, True), "pair"),
         Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd"),
+        Region("q broadcast over its heads (stride 0)", S(2, 4, 2, 16, 16, 40), "expanded"),
+        Region("q broadcast over the batch (stride 0)", S(3, 2, 1, 16, 8, 20, True), "expanded:q:0"),
     ]
     gpu = [
         Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
@@ -250,6 +264,7 @@ def decode_domain() -> Domain:
         ("context", "1..131072, ragged in a batch"),
         ("GQA group", "1..128 (MQA included)"),
         ("pool", "any number of blocks (past 2^31 elements on the GPU)"),
+        ("sm_scale", SM_SCALE_LIMIT),
     ) + COMMON_LIMITS
     return Domain(limits, tuple(cpu + gpu))
 
@@ -278,6 +293,9 @@ class PagedDecodeOp(Op):
 
     shape_cls = DecodeShape
     streaming = True  # every cached token is read once per call
+    # q may be a broadcast view (one query for every head, or every sequence); the caches may not: the serving
+    # stack writes them in place, and a stride-0 cache would alias every block (the scales are caches too)
+    expandable = (("q", 1),)
 
     def shape_suites(self):
         return decode_shape_suites()

@@ -13,12 +13,19 @@ from .tuning import Space
 
 CONTRACT = """quantize_kv(x) -> (x_q, scale)
   x: [T, H, D] float16 | bfloat16 | float32, any strides (a slice of a fused
-  QKV tensor, whose rows are further apart than D, included); any row length
+  QKV tensor, whose rows are further apart than D, included; a broadcast view
+  with stride 0, as `expand` makes, too: x is only read); any row length
   1 <= D <= 4096, else ValueError naming the limit. scale: float32 [T, H] =
   max_d |x[t, h, d]| / 127. x_q: int8 [T, H, D] = x / scale rounded to nearest
   (either tie rule), clamped to [-127, 127]. A row whose max is 0 gives scale 0
   and x_q 0 (no NaN). Check: scale matches to float32 rounding; every element
-  satisfies |x_q * scale - x| <= scale / 2 (plus float32 slack)."""
+  satisfies |x_q * scale - x| <= scale / 2 (plus float32 slack).
+  Tiny magnitudes (fp16 subnormals, float32 and bfloat16 rows down to float32's
+  subnormals) are in the domain. scale is float32, so a row max under 127 * 2^-126
+  (1.5e-36) gives a subnormal scale, and one under 127 * 2^-150 a scale of 0 (x_q 0,
+  as a zero row); the codes are x divided by the scale returned, so a code may be
+  clamped at +-127 where x / scale is past 127. No inf or NaN anywhere: 127 / max
+  overflows float32 for a max under 3.7e-37."""
 
 
 def quantize_eager(x: torch.Tensor):
@@ -43,6 +50,9 @@ def torch_quantize_kv(x: torch.Tensor):
     return _compiled_quantize(x)
 
 
+FLOAT32_SUBNORMAL = 2.0**-149  # float32's smallest subnormal: one ulp of a subnormal scale
+
+
 @dataclass(frozen=True)
 class QuantizeShape(Shape):
     T: int
@@ -63,6 +73,9 @@ class QuantizeKV(Op):
     streaming = True
     exact_check = "every code within half a step"
 
+    # x is only read: a broadcast view (one head's rows for every head, one token for every token) is admitted
+    expandable = (("x", 1),)
+
     def torch_impl(self):
         return torch_quantize_kv
 
@@ -72,6 +85,7 @@ class QuantizeKV(Op):
         Distribution("outliers", "normal values with 1% of elements 30x larger"),
         Distribution("equal_rows", "every row holds one repeated value (every element hits +-127)"),
         Distribution("zero_rows", "a third of the rows are all zero (scale 0, no NaN)"),
+        Distribution("tiny", "rows at the bottom of the dtype's range: subnormal values, subnormal scales"),
     )
 
     def config_args(self, shape: QuantizeShape, device) -> tuple:
@@ -122,6 +136,8 @@ class QuantizeKV(Op):
             Region("kv[:, 0] of a [T, 2, H, D] tensor", S(7, 3, 16), "pair"),
             Region("kv[:, 0], rows of 128", S(33, 2, 128), "pair"),
             Region("[H, T, D] seen as [T, H, D]", S(17, 3, 64), "bshd"),
+            Region("one head's rows broadcast over the heads (stride 0)", S(7, 3, 16), "expanded"),
+            Region("one token broadcast over the tokens (stride 0)", S(9, 2, 33), "expanded:x:0"),
         ]
         gpu = [
             Region("x past 2^31 elements", S(2097159, 1, 1024), where="gpu"),
@@ -151,7 +167,7 @@ class QuantizeKV(Op):
             fmax = min(torch.finfo(dtype).max, 1e30)
             x = fill(shp, "normal", gen, device, fmax / 8)
         else:
-            x = fill(shp, dist, gen, device, 1.0, row_dim=-1)
+            x = fill(shp, dist, gen, device, 1.0, row_dim=-1, dtype=dtype)
         return {"x": x.to(dtype)}
 
     def output_dtype(self, args):
@@ -166,7 +182,7 @@ class QuantizeKV(Op):
         return x_q.to(torch.int8), scale.to(torch.float32)
 
     def compare(self, out, args, ref64=None) -> Comparison:
-        """The contract's own check: exact scales, and every code within half a step."""
+        """The contract's own check: exact scales, and every code within half a step of the scale returned."""
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             return Comparison(False, math.inf, 1.0, reason=f"expected a (x_q, scale) tuple, got {type(out).__name__}")
         x_q, scale = out
@@ -180,73 +196,8 @@ class QuantizeKV(Op):
                     False, math.inf, 1.0, reason=f"{name} is {t.dtype} {tuple(t.shape)}, expected {dt} {shp}"
                 )
         xf = x.detach().to(torch.float64)
-        ref_scale = xf.abs().amax(dim=-1).to(torch.float32) / 127.0  # float32 rounding of the division
         s = scale.detach()
-        if not bool(torch.isfinite(s).all()):
-            idx = tuple(int(i) for i in torch.nonzero(~torch.isfinite(s))[0].tolist())
-            return Comparison(
-                False, math.inf, 1.0, idx, float(s[idx]), float(ref_scale[idx]), reason="scale has non-finite values"
-            )
-        # one float32 ulp either way (a kernel may multiply by 1/127 instead of dividing)
-        s_err = (s.to(torch.float64) - ref_scale.to(torch.float64)).abs()
-        s_tol = ref_scale.to(torch.float64).abs() * 2.0**-22
-        bad_s = s_err > s_tol
-        if bool(bad_s.any()):
-            idx = tuple(int(i) for i in torch.nonzero(bad_s)[0].tolist())
-            return Comparison(
-                False,
-                float(s_err.max()),
-                float(bad_s.double().mean()),
-                idx,
-                float(s[idx]),
-                float(ref_scale[idx]),
-                reason="scale differs from max|x|/127 beyond float32 rounding",
-            )
-        q = x_q.detach().to(torch.int64)
-        out_of_range = (q < -127) | (q > 127)
-        if bool(out_of_range.any()):
-            idx = tuple(int(i) for i in torch.nonzero(out_of_range)[0].tolist())
-            return Comparison(
-                False,
-                math.inf,
-                float(out_of_range.double().mean()),
-                idx,
-                int(q[idx]),
-                None,
-                reason="x_q outside [-127, 127]",
-            )
-        zero_rows = (s == 0)[..., None].expand_as(q)
-        stray = zero_rows & (q != 0)
-        if bool(stray.any()):  # scale 0 admits any code under the half-step rule; the contract says 0
-            idx = tuple(int(i) for i in torch.nonzero(stray)[0].tolist())
-            return Comparison(
-                False,
-                math.inf,
-                float(stray.double().mean()),
-                idx,
-                int(q[idx]),
-                0,
-                reason="a zero row (scale 0) must have x_q 0",
-            )
-        s64 = s.to(torch.float64)[..., None]
-        err = (q.to(torch.float64) * s64 - xf).abs()
-        # half a step, plus float32 slack on the product and the input
-        slack = s64 * 0.5 * (1 + 2.0**-20) + xf.abs() * 2.0**-22
-        bad = err > slack
-        rel = float(err.norm() / xf.norm()) if float(xf.norm()) > 0 else float(err.max() if err.numel() else 0)
-        if bool(bad.any()):
-            idx = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
-            expect = float(xf[idx] / s64[idx[:2]][0]) if float(s64[idx[:2]][0]) > 0 else 0.0
-            return Comparison(
-                False,
-                rel,
-                float(bad.double().mean()),
-                idx,
-                int(q[idx]),
-                round(expect, 3),
-                reason="|x_q * scale - x| exceeds scale / 2",
-            )
-        return Comparison(True, rel, 0.0)
+        return _compare_scale(s, xf) or _compare_codes(x_q.detach().to(torch.int64), s, xf)
 
     def output_error(self, out, ref64) -> float:
         # quantization error is fixed by the contract; the budget applies to the codes
@@ -259,6 +210,90 @@ class QuantizeKV(Op):
         e = torch.empty((), dtype=dtype).element_size()
         n = shape.T * shape.H * shape.D
         return float(n * e + n + shape.T * shape.H * 4)
+
+
+def _first(mask: torch.Tensor):
+    return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
+
+
+def _compare_scale(s: torch.Tensor, xf: torch.Tensor):
+    """None when every scale is max|x| / 127 to float32 rounding, else the failed Comparison."""
+    amax = xf.abs().amax(dim=-1)
+    ref_scale = amax.to(torch.float32) / 127.0  # float32 rounding of the division (to a subnormal, or to 0)
+    if not bool(torch.isfinite(s).all()):
+        idx = _first(~torch.isfinite(s))
+        return Comparison(
+            False, math.inf, 1.0, idx, float(s[idx]), float(ref_scale[idx]), reason="scale has non-finite values"
+        )
+    # one float32 ulp either way (a kernel may multiply by 1/127 instead of dividing): 2^-22 relative in the
+    # normal range, float32's smallest subnormal (2^-149) below it; a zero row's scale is exactly 0
+    ulp = torch.clamp(ref_scale.to(torch.float64).abs() * 2.0**-22, min=FLOAT32_SUBNORMAL)
+    s_tol = torch.where(amax > 0, ulp, torch.zeros_like(ulp))
+    s_err = (s.to(torch.float64) - ref_scale.to(torch.float64)).abs()
+    bad_s = s_err > s_tol
+    if bool(bad_s.any()):
+        idx = _first(bad_s)
+        return Comparison(
+            False,
+            float(s_err.max()),
+            float(bad_s.double().mean()),
+            idx,
+            float(s[idx]),
+            float(ref_scale[idx]),
+            reason="scale differs from max|x|/127 beyond float32 rounding",
+        )
+    return None
+
+
+def _compare_codes(q: torch.Tensor, s: torch.Tensor, xf: torch.Tensor) -> Comparison:
+    """Every code in [-127, 127], 0 in a row whose scale is 0, and within half a step of x / scale, the scale
+    returned; a code clamped at +-127 where x / scale is past 127 on its side (a subnormal scale, rounded
+    down, puts the row's max past 127.5 steps)."""
+    out_of_range = (q < -127) | (q > 127)
+    if bool(out_of_range.any()):
+        idx = _first(out_of_range)
+        return Comparison(
+            False,
+            math.inf,
+            float(out_of_range.double().mean()),
+            idx,
+            int(q[idx]),
+            None,
+            reason="x_q outside [-127, 127]",
+        )
+    zero_rows = (s == 0)[..., None].expand_as(q)
+    stray = zero_rows & (q != 0)
+    if bool(stray.any()):  # scale 0 admits any code under the half-step rule; the contract says 0
+        idx = _first(stray)
+        return Comparison(
+            False,
+            math.inf,
+            float(stray.double().mean()),
+            idx,
+            int(q[idx]),
+            0,
+            reason="a zero row (scale 0) must have x_q 0",
+        )
+    s64 = s.to(torch.float64)[..., None]
+    err = (q.to(torch.float64) * s64 - xf).abs()
+    # half a step, plus float32 slack on the product and the input
+    slack = s64 * 0.5 * (1 + 2.0**-20) + xf.abs() * 2.0**-22
+    clamped = (q.abs() == 127) & (q.to(torch.float64) * xf > 0) & (xf.abs() >= 127 * s64)
+    bad = (err > slack) & ~clamped & ~zero_rows  # a row whose scale underflowed to 0: codes 0 (checked above)
+    rel = float(err.norm() / xf.norm()) if float(xf.norm()) > 0 else float(err.max() if err.numel() else 0)
+    if bool(bad.any()):
+        idx = _first(bad)
+        expect = float(xf[idx] / s64[idx[:2]][0]) if float(s64[idx[:2]][0]) > 0 else 0.0
+        return Comparison(
+            False,
+            rel,
+            float(bad.double().mean()),
+            idx,
+            int(q[idx]),
+            round(expect, 3),
+            reason="|x_q * scale - x| exceeds scale / 2",
+        )
+    return Comparison(True, rel, 0.0)
 
 
 OP = QuantizeKV()

@@ -28,8 +28,12 @@ def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, st
                 mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
     scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    y = x * inv[:, None]
+    # codes against the scale returned; a row under 2^-100 times 2^64 first, so that the reciprocal of a
+    # subnormal scale does not overflow
+    up = tl.where(amax < 7.888609052210118e-31, 18446744073709551616.0, 1.0)
+    live = scale > 0
+    inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), tl.where(live, scale * up, 1.0))
+    y = (x * up[:, None]) * inv[:, None]
     q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)
     q = tl.minimum(tl.maximum(q, -127), 127)
     out_rows = rows.to(tl.int64) * D

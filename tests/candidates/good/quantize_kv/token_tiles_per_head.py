@@ -2,7 +2,7 @@
 tokens of head h, addressing x and the outputs with their own (t, h, d) strides, where
 the baseline flattens (t, h) into rows and takes BLOCK_R rows per program.
 
-Per row the arithmetic is the baseline's (row max, 127 / amax, +-0.5 and truncation,
+Per row the arithmetic is the baseline's (row max, 1 / scale, +-0.5 and truncation,
 clamp): FpSan-equivalent to the baseline.
 """
 EXPECTED_FPSAN_EQUIVALENT = True
@@ -27,8 +27,12 @@ def _quantize_tiles_kernel(x_ptr, xq_ptr, scale_ptr, T, D, stride_xt, stride_xh,
                 mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
     scale = tl.math.div_rn(amax, 127.0)
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    y = x * inv[:, None]
+    # codes against the scale returned; a row under 2^-100 times 2^64 first, so that the reciprocal of a
+    # subnormal scale does not overflow
+    up = tl.where(amax < 7.888609052210118e-31, 18446744073709551616.0, 1.0)
+    live = scale > 0
+    inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), tl.where(live, scale * up, 1.0))
+    y = (x * up[:, None]) * inv[:, None]
     q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)
     q = tl.minimum(tl.maximum(q, -127), 127)
     tl.store(xq_ptr + t64[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd, q.to(tl.int8),
