@@ -20,6 +20,7 @@ from kernel_agent.harness.bench_records import BenchOutcome
 from kernel_agent.harness.bench_worker import run_bench_isolated
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
+from kernel_agent.sanitizer import sandbox
 
 pytestmark = [
     pytest.mark.gpu,
@@ -550,9 +551,18 @@ GPU_HOSTILE = sorted(
     for p in (Path(__file__).resolve().parent / "candidates" / "hostile").glob("*/*.py")
     if re.search(r"^HOSTILE_GPU = True", p.read_text(), re.M)
 )
+# A case that reads a file no GPU run needs is held only once GPU runs confine reads, which they do not yet
+# (sandbox.GPU_CONFINED_READS; docs/SANITIZER.md says why): expected to escape until the switch is on.
+UNCONFINED_READS = pytest.mark.xfail(
+    not sandbox.GPU_CONFINED_READS, reason="GPU runs do not confine reads yet (sandbox.GPU_CONFINED_READS)"
+)
+GPU_HOSTILE_PARAMS = [
+    pytest.param(p, marks=UNCONFINED_READS) if re.search(r"^NEEDS_CONFINED_READS = True", p.read_text(), re.M) else p
+    for p in GPU_HOSTILE
+]
 
 
-@pytest.mark.parametrize("path", GPU_HOSTILE, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", GPU_HOSTILE_PARAMS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_the_hostile_suites_gpu_escapes_are_rejected_on_the_gpu(tmp_path, monkeypatch, path):
     """The hostile cases written against the GPU sandbox (HOSTILE_GPU = True), judged by the GPU checks'
     executor with the static gate switched off: each is rejected, and nothing reaches a listener on

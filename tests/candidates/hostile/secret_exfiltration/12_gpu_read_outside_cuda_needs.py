@@ -12,6 +12,7 @@ a GPU run too, to what the interpreter, CUDA and Triton need).
 HOSTILE_FAMILY = "secret_exfiltration"
 HOSTILE_OP = "quantize_kv"
 HOSTILE_GPU = True  # also judged on the GPU paths (tests/test_gpu.py), where reads were once unconfined
+NEEDS_CONFINED_READS = True  # held on a GPU only once GPU runs confine reads (sandbox.GPU_CONFINED_READS)
 
 import os
 
