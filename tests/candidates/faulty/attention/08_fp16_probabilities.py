@@ -1,13 +1,12 @@
-"""Faulty attention: rounds the probabilities and V to float16 for the second dot,
-whatever the input dtype.
+"""Faulty attention: rounds the probabilities to float16 for the second dot, whatever the
+input dtype.
 
-For float32 inputs that throws away 13 mantissa bits of every p and v (faster tensor
-cores), and float32's range below float16's: v at the bottom of float32's range (the
-differential's 'tiny' values, 1e-39) becomes 0, and so does the output. On values
-float16 holds it stays inside the element-wise tolerance, but far over twice the
-baseline's error against float64 (error_budget).
+For float32 inputs that throws away 13 mantissa bits of every p (faster tensor cores). p lies
+in [0, 1], where float16 loses nothing that matters to range (tiny inputs give scores near 0
+and p near 1), so only the rounding shows: inside the element-wise tolerance, but far over
+twice the baseline's error against float64 (error_budget).
 """
-EXPECTED_CHECK = "differential"
+EXPECTED_CHECK = "error_budget"
 
 import math
 
@@ -55,7 +54,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
         acc = acc * alpha[:, None]
         v = tl.load(v_ptr + b * svb + kvh * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
                     mask=kv_mask[:, None] & d_mask[None, :], other=0.0)
-        acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)
+        acc = tl.dot(p.to(tl.float16).to(v.dtype), v, acc)
         m_i = m_ij
     o = acc / l_i[:, None]
     tl.store(o_ptr + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod, o.to(o_ptr.dtype.element_ty),
