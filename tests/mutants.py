@@ -20,7 +20,11 @@ MUTANTS = {
             "    for k in range(k_start, k_end, BLOCK_K):",
             "    for k in range(k_start, k_end - BLOCK_K + 1, BLOCK_K):",
         ),
-        ("wrong_row_stride", "offs_am.to(tl.int64)[:, None] * stride_am", "offs_am.to(tl.int64)[:, None] * stride_ak * K"),
+        (
+            "wrong_row_stride",
+            "offs_am.to(tl.int64)[:, None] * stride_am",
+            "offs_am.to(tl.int64)[:, None] * stride_ak * K",
+        ),
     ],
     "attention": [
         (
