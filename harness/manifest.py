@@ -101,7 +101,7 @@ class ManifestEntry:
 
     def matches(self, op: str, bucket: str, dtype: str, gpu: str) -> bool:
         """Whether this is the entry of that key (GPU names compare by slug)."""
-        return (self.op, self.bucket, self.dtype, gpu_slug(self.gpu)) == (op, bucket, dtype, gpu_slug(gpu))
+        return self.key() == (op, bucket, dtype, gpu_slug(gpu))
 
     def key(self) -> tuple[str, str, str, str]:
         """(op, bucket, dtype, GPU slug): what the entry serves, and the order the manifest is written in."""

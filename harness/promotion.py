@@ -222,7 +222,8 @@ def judged_pair(candidate: Measurement, incumbent: Measurement) -> Tuple[Timing,
     'event'). The CUDA-graph replay times where both have graph rounds (small kernels, whose event times
     carry host launch overhead), else the event times."""
     graph_c, graph_i = graph_timing(candidate), graph_timing(incumbent)
-    if clock_of((graph_c is not None, graph_i is not None)) == "graph" and graph_c is not None and graph_i is not None:
+    if clock_of((graph_c is not None, graph_i is not None)) == "graph":
+        assert graph_c is not None and graph_i is not None  # clock_of: 'graph' only where both have replays
         return graph_c, graph_i, "graph"
     return (
         Timing(candidate.median_ms, candidate.spread_ms, candidate.n),
@@ -273,11 +274,11 @@ def timed_call_mismatch(m: Measurement) -> str:
     is compared too (a record with "clock": "graph")."""
     for chk in m.timed_checks:
         if isinstance(chk, dict) and not chk.get("ok", False):
-            detail = str(chk.get("detail"))[:300]
             if chk.get("clock") == "graph":
                 where = f"the last CUDA-graph replay of round {chk.get('round')}"
-                return f"output of {where} differs from the reference: {detail}"
-            return f"output of timed call {chk.get('call')} differs from the reference: {detail}"
+            else:
+                where = f"timed call {chk.get('call')}"
+            return f"output of {where} differs from the reference: {str(chk.get('detail'))[:300]}"
     return ""
 
 

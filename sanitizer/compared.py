@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 MAX_COMPARED = 48  # distinct values from comparisons; the correct suite's largest file has far fewer
 LIMIT = 1 << 31  # sizes past this are not drawn as one dimension by any op
@@ -157,6 +157,25 @@ def _solve(f: _Folder, expr: ast.AST, target: Number, depth: int = 0) -> List[Nu
     return [v for u in undo for v in _solve(f, free, int(u) if float(u).is_integer() else u, depth + 1)]
 
 
+def _meetings(f: _Folder, node: ast.AST) -> Iterator[Tuple[ast.AST, Number, bool]]:
+    """Where `node` meets a constant: (the side that is not constant, the constant, whether an ordering
+    flips there, so that its neighbours count too), for each side of a comparison and each argument of a
+    clamp (`min(max(D - 191, 0), 1)`: an indicator with no comparison, each argument meeting each constant);
+    nothing for any other node."""
+    if isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+        for op, a, b in zip(node.ops, operands, operands[1:]):
+            for free, const in ((a, f.fold(b)), (b, f.fold(a))):
+                if const is not None and f.fold(free) is None:
+                    yield free, const, isinstance(op, _ORDERING)
+    elif isinstance(node, ast.Call) and _callee(node) in _CLAMPS:
+        consts = [c for c in (f.fold(a) for a in node.args) if c is not None]
+        for a in node.args:
+            if f.fold(a) is None:
+                for c in consts:
+                    yield a, c, True
+
+
 def compared_values(source: str) -> List[int]:
     """The sizes (0..2^31) at which some comparison or size-dependent step of `source` flips, most telling
     first: solved comparison sides, then constants inside comparisons, then divisors. TooManyCompared when
@@ -168,25 +187,12 @@ def compared_values(source: str) -> List[int]:
     inner: List[Number] = []
     divisors: List[Number] = []  # a fractional one names no size (_unique drops it)
     for node in ast.walk(tree):
+        for free, const, ordering in _meetings(f, node):
+            for v in _solve(f, free, const):
+                solved.append(v)
+                near += [v - 1, v + 1] if ordering else []
         if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            for op, a, b in zip(node.ops, operands, operands[1:]):
-                for free, const in ((a, f.fold(b)), (b, f.fold(a))):
-                    if const is None or f.fold(free) is not None:
-                        continue
-                    for v in _solve(f, free, const):
-                        solved.append(v)
-                        near += [v - 1, v + 1] if isinstance(op, _ORDERING) else []
             inner += [v for sub in ast.walk(node) for v in [f.fold(sub)] if v is not None]
-        elif isinstance(node, ast.Call) and _callee(node) in _CLAMPS:
-            # `min(max(D - 191, 0), 1)`: an indicator with no comparison; each argument meets each constant
-            consts = [c for c in (f.fold(a) for a in node.args) if c is not None]
-            for a in node.args:
-                if f.fold(a) is None:
-                    for c in consts:
-                        for v in _solve(f, a, c):
-                            solved.append(v)
-                            near += [v - 1, v + 1]
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.RShift)):
             k = f.fold(node.right)
             if k is not None and f.fold(node.left) is None:
@@ -249,21 +255,13 @@ def compared_scales(source: str) -> List[float]:
     fractions: List[float] = []
     wholes: List[float] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            pairs = [(a, b) for a, b in zip(operands, operands[1:])]
-        elif isinstance(node, ast.Call) and _callee(node) in _CLAMPS:
-            pairs = [(a, b) for a in node.args for b in node.args if a is not b]
-        else:
-            continue
-        for free, side in pairs:
-            for expr, const in ((free, f.fold(side)), (side, f.fold(free))):
-                if const is None or f.fold(expr) is not None or not const > 0:
-                    continue
-                if not float(const).is_integer():
-                    fractions.append(float(const))
-                elif any("scale" in n.id.lower() for n in ast.walk(expr) if isinstance(n, ast.Name)):
-                    wholes.append(float(const))
+        for free, const, _ in _meetings(f, node):
+            if not const > 0:
+                continue
+            if not float(const).is_integer():
+                fractions.append(float(const))
+            elif any("scale" in n.id.lower() for n in ast.walk(free) if isinstance(n, ast.Name)):
+                wholes.append(float(const))
     out: List[float] = []
     for v in fractions + wholes:
         if v not in out:
