@@ -906,11 +906,9 @@ def sanitize_file(
         skip_gate=skip_gate,
     )
     verdict = Verdict(path, op_name, mode)
-    t_all = time.time()
     _run_checks(subject, verdict, settings, fail_fast, only, on_check, on_start)
     verdict.fpsan_equivalent = subject.fpsan_equivalent
     verdict.fpsan_detail = subject.fpsan_detail
-    verdict.duration_s = time.time() - t_all
     return verdict
 
 
@@ -924,7 +922,8 @@ def _run_checks(
     on_start: Optional[Callable[[str], None]],
 ) -> None:
     """Every check of CHECKS in order into `verdict`: after a failure, fail-fast skips the rest (and a failed
-    gate or load always does); a check past the deadline sets the verdict's time-limit error."""
+    gate or load always does); a check past the deadline sets the verdict's time-limit error. Sets the
+    verdict's duration_s, the time of all of them."""
     t_all = time.time()
     failed = False
     for name, check in CHECKS:
@@ -950,3 +949,4 @@ def _run_checks(
         verdict.checks.append(outcome)
         if on_check:
             on_check(outcome)
+    verdict.duration_s = time.time() - t_all
