@@ -112,7 +112,8 @@ class Comparison:
         return f"{self.reason}{where} (rel_error={self.rel_error:.3g}, bad_fraction={self.bad_fraction:.3g})"
 
 
-def _first_index(mask: torch.Tensor) -> Optional[Tuple[int, ...]]:
+def first_index(mask: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The index of the first True element of `mask` (row-major), or None: where a comparison points."""
     nz = torch.nonzero(mask.reshape(mask.shape), as_tuple=False)
     if nz.numel() == 0:
         return None
@@ -160,7 +161,7 @@ def compare_tensor(
     r = ref.detach().to(o.device, torch.float64)
     finite = torch.isfinite(o)
     if not bool(finite.all()):
-        idx = _first_index(~finite)
+        idx = first_index(~finite)
         return Comparison(
             False,
             math.inf,
@@ -188,7 +189,7 @@ def compare_tensor(
         bad = diff > bound
         frac = float(bad.double().mean()) if bad.numel() else 0.0
         if frac > allowed:
-            idx = _first_index(bad)
+            idx = first_index(bad)
             return Comparison(
                 False,
                 rel,

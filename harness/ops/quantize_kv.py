@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from .common import COMMON_LIMITS, Comparison, Distribution, Domain, Op, Region, Shape, ValueDim, fill
+from .common import COMMON_LIMITS, Comparison, Distribution, Domain, Op, Region, Shape, ValueDim, fill, first_index
 from .tuning import Space
 
 CONTRACT = """quantize_kv(x) -> (x_q, scale)
@@ -212,16 +212,12 @@ class QuantizeKV(Op):
         return float(n * e + n + shape.T * shape.H * 4)
 
 
-def _first(mask: torch.Tensor):
-    return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
-
-
 def _compare_scale(s: torch.Tensor, xf: torch.Tensor):
     """None when every scale is max|x| / 127 to float32 rounding, else the failed Comparison."""
     amax = xf.abs().amax(dim=-1)
     ref_scale = amax.to(torch.float32) / 127.0  # float32 rounding of the division (to a subnormal, or to 0)
     if not bool(torch.isfinite(s).all()):
-        idx = _first(~torch.isfinite(s))
+        idx = first_index(~torch.isfinite(s))
         return Comparison(
             False, math.inf, 1.0, idx, float(s[idx]), float(ref_scale[idx]), reason="scale has non-finite values"
         )
@@ -232,7 +228,7 @@ def _compare_scale(s: torch.Tensor, xf: torch.Tensor):
     s_err = (s.to(torch.float64) - ref_scale.to(torch.float64)).abs()
     bad_s = s_err > s_tol
     if bool(bad_s.any()):
-        idx = _first(bad_s)
+        idx = first_index(bad_s)
         return Comparison(
             False,
             float(s_err.max()),
@@ -251,7 +247,7 @@ def _compare_codes(q: torch.Tensor, s: torch.Tensor, xf: torch.Tensor) -> Compar
     down, puts the row's max past 127.5 steps)."""
     out_of_range = (q < -127) | (q > 127)
     if bool(out_of_range.any()):
-        idx = _first(out_of_range)
+        idx = first_index(out_of_range)
         return Comparison(
             False,
             math.inf,
@@ -264,7 +260,7 @@ def _compare_codes(q: torch.Tensor, s: torch.Tensor, xf: torch.Tensor) -> Compar
     zero_rows = (s == 0)[..., None].expand_as(q)
     stray = zero_rows & (q != 0)
     if bool(stray.any()):  # scale 0 admits any code under the half-step rule; the contract says 0
-        idx = _first(stray)
+        idx = first_index(stray)
         return Comparison(
             False,
             math.inf,
@@ -282,7 +278,8 @@ def _compare_codes(q: torch.Tensor, s: torch.Tensor, xf: torch.Tensor) -> Compar
     bad = (err > slack) & ~clamped & ~zero_rows  # a row whose scale underflowed to 0: codes 0 (checked above)
     rel = float(err.norm() / xf.norm()) if float(xf.norm()) > 0 else float(err.max() if err.numel() else 0)
     if bool(bad.any()):
-        idx = _first(bad)
+        idx = first_index(bad)
+        assert idx is not None  # bad.any()
         expect = float(xf[idx] / s64[idx[:2]][0]) if float(s64[idx[:2]][0]) > 0 else 0.0
         return Comparison(
             False,
