@@ -13,7 +13,7 @@
 #   sweep:    the false-positive sweep (scripts/false_positive_sweep.py, full mode, SWEEP_JOBS at lowest
 #             priority) in the background for SWEEP_S seconds while the other steps run; it resumes from
 #             SWEEP_FILE (default: a copy of the committed results/cpu/false_positive_sweep.jsonl) and its
-#             file lands in DEST/false_positive_sweep.jsonl
+#             file lands in DEST/false_positive_sweep.jsonl; SWEEP_KERNELS picks the groups (baselines,serving,good)
 # STEPS picks them (default "sandbox baselines tests run"). Prints a summary table last.
 # Usage: [STEPS=...] [RUN_LIMIT=150s] bash scripts/gpu_trust.sh OUTDIR
 set -u
@@ -31,7 +31,7 @@ fi
 if [[ " $STEPS " == *" sweep "* ]]; then
   SWEEP_FILE=${SWEEP_FILE:-$KA/false_positive_sweep.jsonl}
   mkdir -p "$KA"; [ -e "$SWEEP_FILE" ] || cp results/cpu/false_positive_sweep.jsonl "$SWEEP_FILE"
-  OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds 50 \
+  OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds 50 --kernels "${SWEEP_KERNELS:-baselines,serving,good}" \
     --jobs "${SWEEP_JOBS:-12}" --timeout 900 --out "$SWEEP_FILE" --commit "${SWEEP_COMMIT:-unknown}" \
     > "$OUT/sweep.txt" 2>&1 &
   sweep_pid=$!
