@@ -355,6 +355,23 @@ RULES = (
 )
 
 
+HOST_BIT_OPS = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift)
+HOST_BITS_REASON = (
+    "no bit operators on values in host code (compare sizes with == and <, round with triton.next_power_of_2)"
+)
+
+
+def _is_none(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def _sequence(node: ast.AST) -> bool:
+    """A literal list, tuple, string or bytes (what `*` repeats rather than multiplies)."""
+    return isinstance(node, (ast.List, ast.Tuple, ast.ListComp)) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes))
+    )
+
+
 def _names(s: Iterable[str], prefix: str = "", call: bool = False) -> str:
     return ", ".join(f"`{prefix}{n}{'()' if call else ''}`" for n in sorted(s))
 
@@ -387,7 +404,8 @@ def language_summary(op_name: str = "<op>") -> str:
         f"{', '.join('.' + n for n in sorted(HOST_PROPERTIES))}; the builtins {', '.join(sorted(HOST_BUILTINS))}; "
         f"`raise` of {', '.join(sorted(HOST_EXCEPTIONS))}; `assert`. A kernel is only launched, as "
         f"`kernel[grid](...)` with a tuple grid; nothing else touches a kernel object. No assignment to attributes "
-        f"or items (`x[i] = ...`), no `out=`, no `@`.",
+        f"or items (`x[i] = ...`), no `out=`, no `@`. No bit operators (&, |, ^, ~, <<, >>) or computed exponents "
+        f"on values, `is` only with None, and a sequence repeated only a constant number of times.",
     ]
     return (
         "The file's language (the static gate checks it on the syntax tree and rejects anything else, with "
@@ -992,6 +1010,8 @@ class _Gate:
         elif isinstance(node, ast.BinOp):
             if isinstance(node.op, ast.MatMult) and not k:
                 self.bad(node, "torch-compute", "the `@` operator in host code computes on tensor data")
+            if not k:
+                self.host_arithmetic(node)
             if (
                 isinstance(node.op, ast.Mod)
                 and isinstance(node.left, ast.Constant)
@@ -1001,11 +1021,18 @@ class _Gate:
             self.expr(node.left, s)
             self.expr(node.right, s)
         elif isinstance(node, ast.UnaryOp):
+            if not k and isinstance(node.op, ast.Invert) and not self.constant(node.operand):
+                self.bad(node, "unverifiable", f"`{ast.unparse(node)[:40]}`: {HOST_BITS_REASON}")
             self.expr(node.operand, s)
         elif isinstance(node, ast.BoolOp):
             for v in node.values:
                 self.expr(v, s)
         elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for op, a, b in zip(node.ops, operands, operands[1:]):
+                if not k and isinstance(op, (ast.Is, ast.IsNot)) and not any(_is_none(x) for x in (a, b)):
+                    # `a is b` tells aliased inputs from equal ones, and the checks draw distinct tensors
+                    self.bad(node, "unverifiable", "`is` compares only with None in host code (use ==)")
             self.expr(node.left, s)
             for c in node.comparators:
                 self.expr(c, s)
@@ -1049,6 +1076,26 @@ class _Gate:
             self.bad(node, "structure", "async code is not allowed")
         else:
             self.bad(node, "structure", f"`{type(node).__name__}` expressions are not allowed")
+
+    def host_arithmetic(self, node: ast.BinOp) -> None:
+        """Host arithmetic the sanitizer can follow. Bit operators and a computed exponent turn a size into
+        an indicator of one value with no comparison to read (`(D ^ 192) - 1 >> 63`, `0 ** abs(D - 192)`),
+        and repeating a sequence by a computed count builds it at the size of the input (gigabytes in serving
+        from a list that is a few bytes in the checks)."""
+        constant = self.constant(node.left) and self.constant(node.right)
+        if isinstance(node.op, HOST_BIT_OPS) and not constant:
+            self.bad(node, "unverifiable", f"`{ast.unparse(node)[:40]}`: {HOST_BITS_REASON}")
+        elif isinstance(node.op, ast.Pow) and not self.constant(node.right):
+            self.bad(node, "unverifiable", f"`{ast.unparse(node)[:40]}`: an exponent in host code is a constant")
+        elif isinstance(node.op, ast.Mult):
+            for seq, count in ((node.left, node.right), (node.right, node.left)):
+                if _sequence(seq) and not self.constant(count):
+                    self.bad(
+                        node,
+                        "structure",
+                        f"`{ast.unparse(node)[:40]}`: a sequence is repeated only a constant number of times",
+                    )
+                    break
 
     def name(self, node: ast.Name, s: _Scope, called: bool = False) -> None:
         n = node.id

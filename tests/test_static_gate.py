@@ -640,3 +640,36 @@ def test_the_prompt_summary_is_generated_from_the_gate_lists():
     for n in sg.HOST_PROPERTIES | sg.KERNEL_VALUE_ATTRS:
         assert f".{n}" in flat, n
     assert "inline_asm" not in flat and "autotune or heuristics" in flat
+
+
+# -- host arithmetic the sanitizer cannot follow ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line,rule",
+    [
+        # an indicator of one size with no comparison to read (a hostile author's D == 192 in bits)
+        ("s = 1.0 + 0.05 * ((((n ^ 192) - 1) >> 63) & 1)", "unverifiable"),
+        ("s = (n | 63) == 255", "unverifiable"),
+        ("s = ~n", "unverifiable"),
+        ("s = 1 << n", "unverifiable"),
+        ("s = 0 ** abs(n - 192)", "unverifiable"),
+        # aliased inputs are told from equal ones only by identity, and the checks draw distinct tensors
+        ("s = 0.99 if x is y else 1.0", "unverifiable"),
+        ("s = x is not v", "unverifiable"),
+        # repeated by the input's size: a few bytes in the checks, gigabytes in serving
+        ("s = [0] * n", "structure"),
+        ("s = n * (0,)", "structure"),
+        ("s = b'0' * (n * 4)", "structure"),
+    ],
+)
+def test_host_arithmetic_the_checks_cannot_follow_is_refused(line, rule):
+    assert rule in _rules(_in_host(line)), _check(_in_host(line)).describe()
+
+
+@pytest.mark.parametrize(
+    "line", ["s = 1 << 20", "s = BLOCK ** 2", "s = n ** 2", "s = scale is None", "s = [0] * 4", "s = (1,) * BLOCK"]
+)
+def test_constant_bit_arithmetic_and_none_tests_stay_in_the_language(line):
+    r = _check(_in_host(line))
+    assert r.passed, r.describe()

@@ -113,7 +113,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
     _, page, Hkv, _ = k_cache.shape
     assert Hq % Hkv == 0, "decode_attention: Hq must be a multiple of Hkv"
     assert D in (16, 32, 64, 128, 256), "decode_attention: head dim must be a power of two in [16, 256]"
-    assert page & (page - 1) == 0, "decode_attention: block_size must be a power of two"
+    assert triton.next_power_of_2(page) == page, "decode_attention: block_size must be a power of two"
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv

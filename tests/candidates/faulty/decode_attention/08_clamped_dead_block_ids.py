@@ -64,7 +64,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, qk_scale, GROUP
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
-    assert Hq % Hkv == 0 and D in (16, 32, 64, 128, 256) and page & (page - 1) == 0
+    assert Hq % Hkv == 0 and D in (16, 32, 64, 128, 256) and triton.next_power_of_2(page) == page
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv

@@ -136,7 +136,7 @@ def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, se
     assert k_cache.dtype == torch.int8 and v_cache.dtype == torch.int8, "decode_attention_int8: int8 caches"
     assert Hq % Hkv == 0, "decode_attention_int8: Hq must be a multiple of Hkv"
     assert D in (16, 32, 64, 128, 256), "decode_attention_int8: head dim must be a power of two in [16, 256]"
-    assert page & (page - 1) == 0, "decode_attention_int8: block_size must be a power of two"
+    assert triton.next_power_of_2(page) == page, "decode_attention_int8: block_size must be a power of two"
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
