@@ -72,26 +72,33 @@ def _on_case_device(out, case):
 
 
 def _gpu_cases(op, serving: bool = True):
-    """(shape, dtype) pairs: the tiny suite in every dtype, then each serving shape in bf16 and fp16."""
-    pairs = []
-    for i, shape in enumerate(op.shapes("tiny")):
-        pairs.append((shape, GPU_DTYPES[i % 3]))
+    """(shape, dtype, distribution): the tiny suite in every dtype, each of the op's distributions in every
+    dtype on one tiny shape (a path the device alone takes, on `is_cuda` or a bf16 flag, meets every kind of
+    value: large logits for a running max, tiny rows for a scale), then each serving shape in bf16 and fp16."""
+    triples = []
+    tiny = op.shapes("tiny")
+    for i, shape in enumerate(tiny):
+        triples.append((shape, GPU_DTYPES[i % 3], "normal"))
+    for dist in (d.name for d in op.distributions if d.name != "normal"):
+        for dtype in GPU_DTYPES:
+            triples.append((tiny[2 % len(tiny)], dtype, dist))
     if serving:
         for shape in op.shapes("serving"):
-            pairs.append((shape, torch.bfloat16))
-            pairs.append((shape, torch.float16))
-    return pairs
+            triples.append((shape, torch.bfloat16, "normal"))
+            triples.append((shape, torch.float16, "normal"))
+    return triples
 
 
 def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
     op = subject.op
     worst = 0.0
     n = 0
-    for i, (shape, dtype) in enumerate(_gpu_cases(op)):
+    for i, (shape, dtype, dist) in enumerate(_gpu_cases(op)):
         case = op.make_case(
             shape,
             dtype,
             seed=subject.seed(200 + i),
+            dist=dist,
             device=device,
             layout="strided" if i % 2 and shape in op.shapes("tiny") else "contiguous",
         )
@@ -121,7 +128,8 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
     # every specialisation a serving shape launches is compared with the reference here, whether or not the
     # interpreter ever ran it (the CPU verdict's host_branches check counts the ones it did)
     return (
-        f"{cases_n(n)} on the device (tiny odd shapes in bf16/fp16/fp32, every serving shape in bf16 and fp16) "
+        f"{cases_n(n)} on the device (tiny odd shapes and every input distribution in bf16/fp16/fp32, every "
+        f"serving shape in bf16 and fp16) "
         f"match the reference; worst error {worst:.0%} of the budget; {len(subject.specs)} kernel "
         f"specialisation(s) launched, each checked against the reference"
     )

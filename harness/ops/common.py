@@ -214,6 +214,7 @@ STANDARD_DISTRIBUTIONS = (
     Distribution("outliers", "normal values with 1% of elements 30x larger"),
     Distribution("equal_rows", "every row holds one repeated value (ties, uniform softmax)"),
     Distribution("tiny", "magnitudes at the bottom of the dtype's range: its smallest normals and its subnormals"),
+    Distribution("integers", "whole numbers, each row within +-(2^k - 1) for its own k (ties, exact products)"),
 )
 
 # The exponents (base 2) a 'tiny' row's scale is drawn from, per dtype: float16 rows from its subnormals
@@ -245,12 +246,19 @@ def fill(
     scale: float = 1.0,
     row_dim=-1,
     dtype: torch.dtype = torch.float32,
+    int_bits: int = 6,
 ) -> torch.Tensor:
     """Float32 values from a named distribution. `row_dim` (an int or a tuple) names the
     dims along which 'equal_rows' repeats a value; 'tiny' ignores `scale` and reads `dtype`
     (the dtype the values will be cast to): each last-dim row is scaled by 2^e, e drawn from
-    tiny_exponent_range(dtype)."""
-    shape = tuple(int(s) for s in shape)
+    tiny_exponent_range(dtype). 'integers' ignores `scale` too: each last-dim row holds whole numbers within
+    +-(2^k - 1), k drawn per row from 1..int_bits, exact in every dtype. A kernel that takes a path of its own
+    for whole numbers, powers of two or exact ties (x / scale landing on .5) meets one here; random normal
+    values are never whole."""
+    return _fill(tuple(int(s) for s in shape), dist, gen, device, scale, row_dim, dtype, int_bits)
+
+
+def _fill(shape, dist, gen, device, scale, row_dim, dtype, int_bits) -> torch.Tensor:
     if dist == "tiny":
         lo, hi = tiny_exponent_range(dtype)
         rows = shape[:-1] + (1,) if shape else ()
@@ -258,6 +266,11 @@ def fill(
         x64 = torch.randn(shape, generator=gen, device=device).to(torch.float64) * torch.exp2(e)
         # float64 first: the cast to float32 rounds each value to float32's subnormals, not to zero
         return x64.to(torch.float32)
+    if dist == "integers":
+        rows = shape[:-1] + (1,) if shape else ()
+        bound = torch.exp2(torch.randint(1, int_bits + 1, rows, generator=gen, device=device).float()) - 1
+        u = torch.rand(shape, generator=gen, device=device) * 2 - 1
+        return torch.round(u * bound)
     if dist in ("normal", "large"):
         x = torch.randn(shape, generator=gen, device=device) * scale
     elif dist == "outliers":

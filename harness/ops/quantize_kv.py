@@ -86,6 +86,7 @@ class QuantizeKV(Op):
         Distribution("equal_rows", "every row holds one repeated value (every element hits +-127)"),
         Distribution("zero_rows", "a third of the rows are all zero (scale 0, no NaN)"),
         Distribution("tiny", "rows at the bottom of the dtype's range: subnormal values, subnormal scales"),
+        Distribution("integers", "rows of whole numbers within +-(2^k - 1), k per row (exact codes and ties)"),
     )
 
     def config_args(self, shape: QuantizeShape, device) -> tuple:
