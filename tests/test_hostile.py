@@ -626,9 +626,11 @@ def test_cli_rejects_every_hostile_candidate(observation):
 # -- the text a process imports: the gate's families, each refused with its rule ---------------------
 
 # Families the static gate stops by reading the file's bytes (text_mismatch: the text judged is not the text
-# that runs; trusted_import: Python run by a trusted process that imports or compiles a kernel). Each file
-# names the rule that must refuse it, HOSTILE_RULE; tests/test_serving.py plants each in a serving set.
-GATE_FAMILIES = ("text_mismatch", "trusted_import")
+# that runs; trusted_import: Python run by a trusted process that imports or compiles a kernel;
+# host_arithmetic: host code whose effect the checks cannot draw, an identity test, an indicator of one size
+# built of bits or an exponent, a list as long as the input). Each file names the rule that must refuse it,
+# HOSTILE_RULE; tests/test_serving.py plants each in a serving set.
+GATE_FAMILIES = ("text_mismatch", "trusted_import", "host_arithmetic")
 GATE_CASES = [h for h in HOSTILES if h.family in GATE_FAMILIES]
 
 
@@ -638,13 +640,18 @@ def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observa
     `static_gate` with the rule its HOSTILE_RULE names, no executor imports it, and nothing leaks."""
     assert all(len([h for h in GATE_CASES if h.family == f]) >= 2 for f in GATE_FAMILIES)
     probes = [observation.add(h) for h in GATE_CASES]
-    r = _cli(
-        ["sanitize", "--op", "quantize_kv", "--json", "--quick", "--jobs", str(JOBS), "--timeout", str(CLI_TIMEOUT_S)]
-        + [str(p.path) for p in probes],
-        CLI_TIMEOUT_S * len(probes) + 180,
-    )
-    problems = [] if r.returncode == 1 else [f"exit code {r.returncode}, expected 1: {r.stderr[-600:]}"]
-    verdicts = {os.path.abspath(v["file"]): v for v in json.loads(r.stdout or "{}").get("files", [])}
+    problems: List[str] = []
+    verdicts: Dict[str, dict] = {}
+    outputs: List[str] = []
+    for op in sorted({p.hostile.op for p in probes}):
+        files = [str(p.path) for p in probes if p.hostile.op == op]
+        r = _cli(
+            ["sanitize", "--op", op, "--json", "--quick", "--jobs", str(JOBS), "--timeout", str(CLI_TIMEOUT_S)] + files,
+            CLI_TIMEOUT_S * len(files) + 180,
+        )
+        problems += [] if r.returncode == 1 else [f"--op {op}: exit code {r.returncode}, expected 1: {r.stderr[-600:]}"]
+        verdicts.update({os.path.abspath(v["file"]): v for v in json.loads(r.stdout or "{}").get("files", [])})
+        outputs += [r.stdout, r.stderr]
     for p in probes:
         rule = _hostile_rule(p.hostile)
         v = verdicts.get(str(p.path), {})
@@ -653,7 +660,7 @@ def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observa
             problems.append(f"{p.hostile.rel}: expected static_gate to fail with [{rule}], got {gate or v}")
         if any(c["name"] != "static_gate" and c["status"] != "skipped" for c in v.get("checks", [])):
             problems.append(f"{p.hostile.rel}: a check after the gate ran")
-    problems += observation.check_all([r.stdout, r.stderr])
+    problems += observation.check_all(outputs)
     assert not problems, "\n".join(problems)
 
 
@@ -809,6 +816,11 @@ def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
 # sm_scale range): file -> (the check that must reject it, the cheat's text, the honest text it replaces).
 # The honest text is the baseline's, so the control is the same kernel without the cheat.
 DOMAIN_CONTROLS = {
+    "undrawn_inputs/15_whole_number_rows_scaled_by_126.py": (
+        "differential",
+        "    scale = tl.math.div_rn(amax, tl.where(whole, 126.0, 127.0))\n",
+        "    scale = tl.math.div_rn(amax, 127.0)\n",
+    ),
     "undrawn_inputs/09_tiny_rows_flushed_to_zero_codes.py": (
         "differential",
         "    live = amax >= 3.0517578125e-05  # under half of float16's smallest normal: noise\n",

@@ -246,7 +246,9 @@ def test_tampered_kernel_file_is_refused(sdir):
 HOSTILE = Path(__file__).resolve().parent / "candidates" / "hostile"
 # the tricks on the text a trusted process imports: coding cookies, kernel bodies hidden in strings for the
 # interpreter or the GPU compiler, Python called while Triton compiles a kernel (tests/candidates/hostile/)
-TRICKS = sorted(p for family in ("text_mismatch", "trusted_import") for p in (HOSTILE / family).glob("*.py"))
+TRICKS = sorted(
+    p for family in ("text_mismatch", "trusted_import", "host_arithmetic") for p in (HOSTILE / family).glob("*.py")
+)
 BOM_TRICK = Path("byte_order_mark")
 
 
