@@ -3,10 +3,15 @@
 The search (agent/search.py) climbs from the configuration the incumbent uses. The incumbent was written by
 a model, and the loop's process holds the model's key, so its text is not imported there: `read_config`
 evaluates `_config` (and the host functions it calls) with a small evaluator of its own, over Python numbers,
-strings, tuples and the device. It knows a fixed table of operations (arithmetic, comparisons, `if`,
-`min`/`max`/`int`/..., `triton.cdiv`, `triton.next_power_of_2`, `math.*`, a device's `.type` and `.index`, and
-`torch.cuda.get_device_properties(device).multi_processor_count`) and calls nothing else: anything outside
-it, or a computation that runs too long or grows too large, is `ConfigUnreadable`.
+strings, tuples, lists (with Python's own semantics: `[D] != (D,)`) and the device. It knows a fixed table of
+operations (arithmetic, comparisons, `if`, subscripts and unpacking, `min`/`max`/`int`/..., `triton.cdiv`,
+`triton.next_power_of_2`, `math.*`, a device's `.type` and `.index`, and
+`torch.cuda.get_device_properties(device).multi_processor_count`) and calls nothing else. The functions it calls
+take numbers or flat tuples and lists of numbers (`len` and `tuple` any tuple or list). Anything outside that
+(bytes, say), or a computation that runs too long or grows too large, is `ConfigUnreadable`. A value that one
+operation could make large (a repetition, a concatenation, a product) is measured before it is built, and each
+cell of a sequence built or read costs a step: a `_config` cannot make the loop's process spend much memory or
+time.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import triton
 
 from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
 
-MAX_STEPS = 20_000
+MAX_STEPS = 20_000  # a step is a node evaluated, or a cell of a sequence built or read
 MAX_DEPTH = 16
 MAX_INT = 1 << 64
+MAX_CELLS = 1024  # per value: what comparing or copying one costs, nested sequences counted in full
 
 _BINOPS: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -99,19 +105,45 @@ class ConfigUnreadable(ValueError):
     """`_config` does something the evaluator does not know (one line says what)."""
 
 
-def _bounded(value: Any) -> Any:
-    if isinstance(value, int) and abs(value) > MAX_INT or isinstance(value, (str, tuple)) and len(value) > 4096:
-        raise ConfigUnreadable("a value grows too large")
-    return value
+def _cells(value: Any) -> int:
+    """How many cells `value` spans: a sequence one per element plus the cells of the sequences nested in it,
+    however often one recurs (a sequence repeated in itself costs its full size to compare). The count stops
+    once past MAX_CELLS, so it costs about that much at most."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if not isinstance(value, (tuple, list)):
+        return 1
+    n = len(value)
+    for e in value:
+        if n > MAX_CELLS:
+            break
+        if isinstance(e, (str, bytes, tuple, list)):
+            n += _cells(e)
+    return n
 
 
-def _repeats_too_far(left: Any, right: Any) -> bool:
-    """Whether `left * right` repeats a string or tuple past the size `_bounded` allows: measured before
-    the product exists, since building it is what exhausts the loop's memory."""
-    for seq, times in ((left, right), (right, left)):
-        if isinstance(seq, (str, tuple)) and isinstance(times, int) and len(seq) * max(times, 0) > 4096:
-            return True
+def _too_large(op: ast.operator, left: Any, right: Any) -> bool:
+    """Whether `left op right` would build a sequence past MAX_CELLS: measured before it exists, since building
+    it is what exhausts the loop's memory (`"x" * 2**33`)."""
+    seqs = (str, bytes, tuple, list)
+    if isinstance(op, ast.Add) and isinstance(left, seqs) and isinstance(right, seqs):
+        return _cells(left) + _cells(right) > MAX_CELLS
+    if isinstance(op, ast.Mult):
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, seqs) and isinstance(times, int):
+                return _cells(seq) * max(times, 0) > MAX_CELLS
     return False
+
+
+def _flat_numbers(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(isinstance(e, (int, float)) for e in value)
+
+
+def _product_bits(args: List[Any]) -> int:
+    """A bound on the bits of the product of the ints among `args` (and in their flat sequences): `math.prod` or
+    `math.lcm` over many large ints builds an int as large as all of them together, one step at a time."""
+    flat = [x for a in args for x in (a if isinstance(a, (tuple, list)) else (a,))]
+    return sum(abs(x).bit_length() for x in flat if isinstance(x, int))
 
 
 class _Props:
@@ -121,6 +153,9 @@ class _Props:
         if device.type != "cuda":
             raise ConfigUnreadable(f"the properties of a {device.type} device")
         self.multi_processor_count = torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_PENDING = object()
 
 
 class _Return(Exception):
@@ -152,10 +187,24 @@ class _Evaluator:
         self.steps = 0
         self.depth = 0
 
-    def tick(self) -> None:
-        self.steps += 1
+    def tick(self, steps: int = 1) -> None:
+        self.steps += steps
         if self.steps > MAX_STEPS:
             raise ConfigUnreadable(f"`_config` takes more than {MAX_STEPS} steps to evaluate")
+
+    def bounded(self, value: Any) -> Any:
+        """`value`, when it is of a kind the evaluator knows and within its bounds. A sequence costs a step per
+        cell, as building it did: the steps then bound the memory and the time of the whole evaluation."""
+        if isinstance(value, (str, tuple, list)):
+            cells = _cells(value)
+            if cells > MAX_CELLS:
+                raise ConfigUnreadable("a value grows too large")
+            self.tick(cells)
+        elif isinstance(value, int) and abs(value) > MAX_INT:
+            raise ConfigUnreadable("a value grows too large")
+        elif not isinstance(value, (int, float, type(None), slice, torch.device, _Props)):
+            raise ConfigUnreadable(f"a value of type {type(value).__name__}: not one the search evaluates")
+        return value
 
     def call(self, name: str, args: List[Any]) -> Any:
         fn = self.functions.get(name)
@@ -165,18 +214,18 @@ class _Evaluator:
         if a.kwonlyargs or a.kwarg or a.posonlyargs:
             raise ConfigUnreadable(f"`{name}` takes keyword-only or positional-only parameters")
         params = [p.arg for p in a.args]
-        defaults = [self.expr(d, {}) for d in a.defaults]
-        if len(args) > len(params) and not a.vararg or len(args) < len(params) - len(defaults):
-            raise ConfigUnreadable(f"`{name}` called with {len(args)} arguments")
-        scope: Dict[str, Any] = dict(zip(params, args))
-        for p, d in zip(params[len(params) - len(defaults) :], defaults):
-            scope.setdefault(p, d)
-        if a.vararg:
-            scope[a.vararg.arg] = tuple(args[len(params) :])
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise ConfigUnreadable("host functions nest too deeply")
+        self.depth += 1  # before the defaults: they are evaluated per call, and may call `name` again
         try:
+            if self.depth > MAX_DEPTH:
+                raise ConfigUnreadable("host functions nest too deeply")
+            defaults = [self.expr(d, {}) for d in a.defaults]
+            if len(args) > len(params) and not a.vararg or len(args) < len(params) - len(defaults):
+                raise ConfigUnreadable(f"`{name}` called with {len(args)} arguments")
+            scope: Dict[str, Any] = dict(zip(params, args))
+            for p, d in zip(params[len(params) - len(defaults) :], defaults):
+                scope.setdefault(p, d)
+            if a.vararg:
+                scope[a.vararg.arg] = tuple(args[len(params) :])
             self.body(fn.body, scope)
         except _Return as r:
             return r.value
@@ -224,32 +273,50 @@ class _Evaluator:
         if isinstance(op, ast.Mod) and isinstance(left, str):
             # printf-style formatting builds its string before any size check (`"%*d" % (6e10, 1)`)
             raise ConfigUnreadable("string formatting is not a computation the search evaluates")
-        if isinstance(op, ast.Mult) and _repeats_too_far(left, right):
-            raise ConfigUnreadable("a value grows too large")  # checked before the repetition is built
+        # reading a sequence costs a step per cell, as building one does (`t * 0` reads `t` to measure it)
+        self.tick(sum(_cells(x) for x in (left, right) if isinstance(x, (str, tuple, list))))
+        if _too_large(op, left, right):
+            raise ConfigUnreadable("a value grows too large")
         try:
             out = _BINOPS[type(op)](left, right)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
             raise ConfigUnreadable(f"{type(e).__name__}: {e}") from None
-        return _bounded(out)
+        # the operands are bounded, and an exponent or shift at most 64: `out` is at most some 4096 bits
+        return self.bounded(out)
+
+    def elements(self, nodes: List[ast.expr], scope: Dict[str, Any]) -> List[Any]:
+        """The values of a literal's or a call's elements, `*x` spread: measured as they come, so that spreading a
+        sequence many times over is refused before the list holds it."""
+        out: List[Any] = []
+        cells = 0
+        for e in nodes:
+            if isinstance(e, ast.Starred):
+                value = self.expr(e.value, scope)
+                if not isinstance(value, (tuple, list)):
+                    raise ConfigUnreadable(f"`{ast.unparse(e)[:60]}`: spreads a {type(value).__name__}")
+                cells += _cells(value)
+            else:
+                value = (self.expr(e, scope),)
+                cells += _cells(value)
+            if cells > MAX_CELLS:
+                raise ConfigUnreadable("a value grows too large")
+            out.extend(value)
+        return out
 
     def expr(self, node: ast.AST, scope: Dict[str, Any]) -> Any:
         self.tick()
         if isinstance(node, ast.Constant):
-            return node.value
+            return self.bounded(node.value)  # bytes, complex and `...` are refused: a config holds none
         if isinstance(node, ast.Name):
             return self.name(node.id, scope)
-        if isinstance(node, (ast.Tuple, ast.List)):
-            out: List[Any] = []
-            for e in node.elts:
-                if isinstance(e, ast.Starred):
-                    out.extend(self.expr(e.value, scope))
-                else:
-                    out.append(self.expr(e, scope))
-            return tuple(out)
+        if isinstance(node, ast.Tuple):
+            return self.bounded(tuple(self.elements(node.elts, scope)))
+        if isinstance(node, ast.List):
+            return self.bounded(self.elements(node.elts, scope))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             return self.binop(node.op, self.expr(node.left, scope), self.expr(node.right, scope))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](self.expr(node.operand, scope))
+            return self.bounded(_UNARY[type(node.op)](self.expr(node.operand, scope)))
         if isinstance(node, ast.BoolOp):
             value = None
             for v in node.values:
@@ -261,6 +328,9 @@ class _Evaluator:
             left = self.expr(node.left, scope)
             for op, c in zip(node.ops, node.comparators):
                 right = self.expr(c, scope)
+                if isinstance(op, (ast.In, ast.NotIn)) and not isinstance(right, (tuple, list)):
+                    # a substring search costs up to the product of the two lengths
+                    raise ConfigUnreadable(f"`{ast.unparse(node)[:80]}`: `in` over a {type(right).__name__}")
                 if not _COMPARE[type(op)](left, right):
                     return False
                 left = right
@@ -269,8 +339,8 @@ class _Evaluator:
             return self.expr(node.body if self.expr(node.test, scope) else node.orelse, scope)
         if isinstance(node, ast.Subscript):
             value, index = self.expr(node.value, scope), self.expr(node.slice, scope)
-            if isinstance(value, (tuple, str)) and isinstance(index, (int, slice)):
-                return value[index]
+            if isinstance(value, (tuple, list, str)) and isinstance(index, (int, slice)):
+                return self.bounded(value[index])
         if isinstance(node, ast.Slice):
             return slice(*(None if p is None else self.expr(p, scope) for p in (node.lower, node.upper, node.step)))
         if isinstance(node, ast.Call):
@@ -284,19 +354,17 @@ class _Evaluator:
             return scope[name]
         if name in self.constant_nodes:
             if name not in self.constants:
+                self.constants[name] = _PENDING  # what a constant that refers back to itself finds
                 self.constants[name] = self.expr(self.constant_nodes[name], {})
+            if self.constants[name] is _PENDING:
+                raise ConfigUnreadable(f"the module constant `{name}` refers to itself")
             return self.constants[name]
         raise ConfigUnreadable(f"`{name}` is not a value the search knows")
 
     def call_expr(self, node: ast.Call, scope: Dict[str, Any]) -> Any:
         if node.keywords:
             raise ConfigUnreadable(f"`{ast.unparse(node)[:80]}`: keyword arguments")
-        args: List[Any] = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):
-                args.extend(self.expr(a.value, scope))
-            else:
-                args.append(self.expr(a, scope))
+        args = self.elements(node.args, scope)
         fn = node.func
         name = _dotted(fn)
         if isinstance(fn, ast.Name) and fn.id in self.functions and fn.id not in scope:
@@ -309,9 +377,18 @@ class _Evaluator:
             return _Props(args[0])
         else:
             raise ConfigUnreadable(f"`{ast.unparse(fn)[:60]}(...)`: not a function the search evaluates")
-        if not all(isinstance(a, (int, float, bool, str, tuple)) for a in args):
-            raise ConfigUnreadable(f"`{ast.unparse(node)[:80]}`: an argument that is not a number or a tuple")
-        return _bounded(builtin(*args))
+        self.tick(sum(len(a) for a in args if isinstance(a, (tuple, list))))  # a step per element read
+        # numbers in, numbers out: a string or a nested sequence is what `math.prod` repeats (`prod((2**33, "x"))`)
+        if name in ("len", "tuple"):
+            if not all(isinstance(a, (tuple, list)) for a in args):
+                raise ConfigUnreadable(f"`{ast.unparse(node)[:80]}`: an argument that is not a tuple or a list")
+        elif not all(isinstance(a, (int, float)) or _flat_numbers(a) for a in args):
+            raise ConfigUnreadable(
+                f"`{ast.unparse(node)[:80]}`: an argument that is not a number or a flat tuple of numbers"
+            )
+        if name in ("math.prod", "math.lcm") and _product_bits(args) > 2 * MAX_INT.bit_length():
+            raise ConfigUnreadable("a value grows too large")
+        return self.bounded(builtin(*args))
 
     def attribute(self, node: ast.Attribute, scope: Dict[str, Any]) -> Any:
         name = _dotted(node)
@@ -339,6 +416,8 @@ def read_config(source: str, args: tuple) -> tuple:
         raise
     except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError, RuntimeError, MemoryError) as e:
         raise ConfigUnreadable(f"`_config` fails: {type(e).__name__}: {str(e)[:120]}") from None
+    if isinstance(value, list):  # as the search's own variants read it: `tuple(_config_base(*args))`
+        value = tuple(value)
     if not isinstance(value, tuple):
         raise ConfigUnreadable(f"`_config` returned {type(value).__name__}, not a tuple")
     return value
