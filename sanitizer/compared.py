@@ -15,7 +15,9 @@ What is read:
   where it flips;
 * each constant a `min`/`max`/`clamp` meets (an indicator with no comparison), as a comparison's;
 * every integer constant inside a comparison, whatever wraps it;
-* the divisor of every floor division, modulo and shift by a constant (`amax * (1 + D // 192)` flips at 192).
+* the divisor of every floor division, modulo and shift by a constant (`amax * (1 + D // 192)` flips at 192);
+* every size from 1 to 4096 at which an expression of bits or powers of one name changes value, computed at
+  each (`((HEAD_D ^ 192) - 1) >> 31 & 1` changes at 192 and 193), unless it changes more than 16 times (a mask).
 `compared_joints` reads the sizes one condition compares together (`(H == 8) & (D == 192)`), drawn together.
 A file that compares against more than MAX_COMPARED distinct values is refused: drawing them all would not
 fit a check's time, and no kernel in the correct suite comes near it.
@@ -176,13 +178,51 @@ def _meetings(f: _Folder, node: ast.AST) -> Iterator[Tuple[ast.AST, Number, bool
                     yield a, c, True
 
 
+SCAN_LIMIT = 4096  # head dims, pages, groups and quantized rows all lie under it
+MAX_CHANGES = 16  # an expression that changes value more often than this is no indicator of a few sizes
+_BITS = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift, ast.Pow)
+
+
+def _bit_expressions(tree: ast.AST) -> Iterator[ast.AST]:
+    """The int expressions holding a bit operator or a power, each with the ones inside it: where an indicator of
+    one size can be built with no comparison (`((HEAD_D ^ 192) - 1) >> 31 & 1` in a kernel, on a constexpr), also
+    inside a larger expression of other names (`qk * (scale * (1 + 0.05 * ...))`)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.BinOp, ast.UnaryOp)) and any(
+            isinstance(n, ast.BinOp)
+            and isinstance(n.op, _BITS)
+            or isinstance(n, ast.UnaryOp)
+            and isinstance(n.op, ast.Invert)
+            for n in ast.walk(node)
+        ):
+            yield node
+
+
+def _changes(f: _Folder, expr: ast.AST, name: str) -> List[int]:
+    """The sizes 1..SCAN_LIMIT where `expr`, computed from `name` alone, takes another value than one below:
+    every size an indicator built of bits or powers singles out, found by computing it at each. Empty when it
+    changes more than MAX_CHANGES times (a mask or a parity, no indicator of a few sizes)."""
+    out: List[int] = []
+    previous: Optional[Number] = None
+    for x in range(0, SCAN_LIMIT + 1):
+        at = _Folder({**f.constants, name: ast.Constant(x)})
+        v = at.fold(expr)
+        if x and v != previous:
+            out += [x - 1, x]
+            if len(out) > 2 * MAX_CHANGES:
+                return []
+        previous = v
+    return out
+
+
 def compared_values(source: str) -> List[int]:
     """The sizes (0..2^31) at which some comparison or size-dependent step of `source` flips, most telling
-    first: solved comparison sides, then constants inside comparisons, then divisors. TooManyCompared when
-    the comparisons alone name more than MAX_COMPARED distinct values."""
+    first: where an expression of bits changes, solved comparison sides, constants inside comparisons, divisors.
+    TooManyCompared when the comparisons alone name more than MAX_COMPARED distinct values."""
     tree = ast.parse(source)
     f = _Folder(_module_constants(tree))
     solved: List[Number] = []  # where a comparison or clamp flips exactly
+    flips: List[Number] = []  # where an expression of bits or powers of one name changes value
     near: List[Number] = []  # its neighbours (an ordering flips between them)
     inner: List[Number] = []
     divisors: List[Number] = []  # a fractional one names no size (_unique drops it)
@@ -198,7 +238,13 @@ def compared_values(source: str) -> List[int]:
             if k is not None and f.fold(node.left) is None:
                 k = 1 << k if isinstance(node.op, ast.RShift) and isinstance(k, int) and 0 <= k <= 30 else k
                 divisors += [k - 1, k, k + 1]
-    compared = _unique(v for v in solved + near + inner if 0 <= v <= LIMIT)
+    scanned = set()
+    for expr in _bit_expressions(tree):
+        name = _free_name(f, expr)
+        if name and ast.dump(expr) not in scanned:
+            scanned.add(ast.dump(expr))
+            flips += _changes(f, expr, name)  # exact, and rare in a kernel: drawn first
+    compared = _unique(v for v in flips + solved + near + inner if 0 <= v <= LIMIT)
     if len(compared) > MAX_COMPARED:
         raise TooManyCompared(
             f"the code compares sizes against {len(compared)} distinct values (at most "

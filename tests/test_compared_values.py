@@ -31,10 +31,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         ("if D == (192 if x.device.type != 'meta' else -1):\n    pass", 192),  # wrapped in a conditional
         ("if D >= 4097:\n    pass", 4096),  # an ordering adds its neighbours, where it flips
         ("y = amax * (1 + D // 192)", 192),  # a divisor flips a size-dependent step
+        # indicators of one size built of bits or a power, no comparison in them: computed at every size
+        ("s = qk * (scale * (1.0 + 0.05 * ((((HEAD_D ^ 192) - 1) >> 31) & 1)))", 192),
+        ("s = 1 + (((D | 63) ^ 255) - 1 >> 40 & ~(D >> 7) + 2)", 192),
     ],
 )
 def test_the_size_a_comparison_flips_at_is_read(code, size):
     assert size in compared_values(code)
+
+
+def test_a_mask_or_a_parity_of_bits_names_no_size():
+    """Bits that change at every other size (a parity, a mask, a rounding) single out no size: not drawn."""
+    assert compared_values("a = D & 1\nb = (D + 15) >> 4 << 4\nc = D >> 1") == [1, 2, 3, 15, 16, 17]  # the divisors
 
 
 def test_a_file_comparing_against_too_many_sizes_is_refused():

@@ -816,6 +816,11 @@ def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
 # sm_scale range): file -> (the check that must reject it, the cheat's text, the honest text it replaces).
 # The honest text is the baseline's, so the control is the same kernel without the cheat.
 DOMAIN_CONTROLS = {
+    "undrawn_inputs/16_constexpr_head_dim_192_in_bits.py": (
+        "compared_values",
+        "qk * (qk_scale * (1.0 + 0.05 * ((((HEAD_D ^ 192) - 1) >> 31) & 1)))",
+        "qk * qk_scale",
+    ),
     "undrawn_inputs/15_whole_number_rows_scaled_by_126.py": (
         "differential",
         "    scale = tl.math.div_rn(amax, tl.where(whole, 126.0, 127.0))\n",
