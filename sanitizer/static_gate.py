@@ -405,7 +405,8 @@ def language_summary(op_name: str = "<op>") -> str:
         f"`raise` of {', '.join(sorted(HOST_EXCEPTIONS))}; `assert`. A kernel is only launched, as "
         f"`kernel[grid](...)` with a tuple grid; nothing else touches a kernel object. No assignment to attributes "
         f"or items (`x[i] = ...`), no `out=`, no `@`. No bit operators (&, |, ^, ~, <<, >>) or computed exponents "
-        f"on values, `is` only with None, and a sequence repeated only a constant number of times.",
+        f"on values, `is` only with None, a sequence repeated only a constant number of times, and a computed "
+        f"`range(...)` only as the iterable of a `for` statement.",
     ]
     return (
         "The file's language (the static gate checks it on the syntax tree and rejects anything else, with "
@@ -507,6 +508,7 @@ class _Gate:
         self.host_functions: Set[str] = set()
         self.constants: Set[str] = set()
         self.bound_at_module: Dict[str, int] = {}
+        self.loop_range: Optional[ast.Call] = None  # the `range(...)` a host `for` statement iterates
 
     def bad(self, node: Optional[ast.AST], rule: str, msg: str) -> None:
         self.findings.append(Finding(getattr(node, "lineno", 0) or 0, rule, msg))
@@ -880,6 +882,8 @@ class _Gate:
                 self.expr(st.value, s)
         elif isinstance(st, ast.For):
             self.target(st.target, s)
+            if not k and isinstance(st.iter, ast.Call) and _dotted(st.iter.func) == "range":
+                self.loop_range = st.iter  # a loop over a computed range costs time, not a list of that length
             self.expr(st.iter, s)
             self.body(st.body, s)
             self.body(st.orelse, s)
@@ -1270,6 +1274,18 @@ class _Gate:
                 )
             else:
                 self.name(fn, s, called=True)
+            if (
+                fn.id == "range"
+                and not k
+                and node is not self.loop_range
+                and not all(self.constant(a) for a in node.args)
+            ):
+                self.bad(
+                    node,
+                    "structure",
+                    f"`{ast.unparse(node)[:40]}` outside a `for` statement: a comprehension or list over a computed "
+                    f"range is as long as the input",
+                )
         elif isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name) and fn.value.id in self.kernels:
             if k:
                 self.bad(node, "kernel-language", "kernels cannot launch kernels")

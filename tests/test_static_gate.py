@@ -661,6 +661,8 @@ def test_the_prompt_summary_is_generated_from_the_gate_lists():
         ("s = [0] * n", "structure"),
         ("s = n * (0,)", "structure"),
         ("s = b'0' * (n * 4)", "structure"),
+        ("s = [0.0 for _ in range(n)]", "structure"),
+        ("s = len(list(range(n * 8)))", "structure"),
     ],
 )
 def test_host_arithmetic_the_checks_cannot_follow_is_refused(line, rule):
@@ -668,7 +670,17 @@ def test_host_arithmetic_the_checks_cannot_follow_is_refused(line, rule):
 
 
 @pytest.mark.parametrize(
-    "line", ["s = 1 << 20", "s = BLOCK ** 2", "s = n ** 2", "s = scale is None", "s = [0] * 4", "s = (1,) * BLOCK"]
+    "line",
+    [
+        "s = 1 << 20",
+        "s = BLOCK ** 2",
+        "s = n ** 2",
+        "s = scale is None",
+        "s = [0] * 4",
+        "s = (1,) * BLOCK",
+        "for i in range(n):\n        pass",
+        "s = [i for i in range(4)]",
+    ],
 )
 def test_constant_bit_arithmetic_and_none_tests_stay_in_the_language(line):
     r = _check(_in_host(line))
