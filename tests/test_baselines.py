@@ -93,6 +93,17 @@ def test_quantize_zero_rows_give_zero_scale_and_codes():
 
 @pytest.mark.parametrize("op_name,mutant", mutants.all_mutants())
 def test_broken_kernels_fail_the_same_property(op_name, mutant, tmp_path):
+    """Every distribution once on a tiny shape (as the sanitizer's fixed cases do: a mutant that only zero rows
+    show is met whatever the property draws), then the property."""
     fn = mutants.load_fn(mutants.write_mutant(op_name, mutant, str(tmp_path)), op_name)
+    op = OPS[op_name]
+
+    def each_distribution_then_the_property():
+        for i, dist in enumerate(d.name for d in op.distributions):
+            case = op.make_case(op.shapes("tiny")[2], (torch.float32, torch.float16)[i % 2], seed=i, dist=dist)
+            cmp = op.compare(case.call(fn), case.args)
+            assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
+        differential(op, fn)()
+
     with pytest.raises(AssertionError, match="outside tolerance|non-finite|exceeds|differs|shape"):
-        differential(OPS[op_name], fn)()
+        each_distribution_then_the_property()

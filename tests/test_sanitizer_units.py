@@ -397,3 +397,60 @@ def test_the_gpu_check_of_bfloat16_branches_reads_the_file_as_text(tmp_path):
     subject = Subject(get_op("matmul"), str(path), path.read_bytes(), fn=NoArcs())
     with pytest.raises(CheckFailed, match="branches on bfloat16 and the device cases never took one side"):
         _bf16_branches_taken(subject)
+
+
+@pytest.mark.parametrize("op_name", ["matmul", "attention", "decode_attention", "decode_attention_int8", "quantize_kv"])
+def test_the_gpu_differential_draws_every_distribution_in_bf16_and_fp16(op_name):
+    """A path the device alone takes (`q.is_cuda`, a bf16 flag) meets every kind of value there: each input
+    distribution of the op in bf16 and fp16, beside the tiny suite in every dtype and the serving shapes."""
+    from kernel_agent.harness.ops import get_op
+    from kernel_agent.sanitizer.gpu import _gpu_cases
+
+    op = get_op(op_name)
+    drawn = {(dtype, dist) for _, dtype, dist in _gpu_cases(op)}
+    for dist in (d.name for d in op.distributions):
+        assert {(torch.bfloat16, dist), (torch.float16, dist)} <= drawn, dist
+    assert {dtype for dtype, _ in drawn} == {torch.bfloat16, torch.float16, torch.float32}
+
+
+def test_the_integers_distribution_holds_whole_numbers_in_each_rows_own_range():
+    from kernel_agent.harness.ops.common import fill, generator
+
+    x = fill((64, 33), "integers", generator(7, "cpu"), "cpu", int_bits=6)
+    assert torch.equal(x, torch.round(x)) and float(x.abs().max()) <= 63
+    row_max = x.abs().amax(dim=1)
+    assert len(set(row_max.tolist())) > 3  # rows of different ranges: 1, 3, 7, ... 63
+    assert bool(((x != 0).sum(dim=1) >= 2).any())
+
+
+def test_an_output_step_on_the_gpu_allows_float32_subnormals_to_flush():
+    """Triton's approximate exp2 and division flush float32 subnormals on the device: there a float32 or bf16
+    output may be 0 where the reference is under 2^-126, and nowhere else; float16's own subnormals stay."""
+    from kernel_agent.harness.ops.common import output_step
+
+    tiny32 = torch.finfo(torch.float32).tiny
+    assert output_step(torch.float32, on_gpu=True) == tiny32 == output_step(torch.bfloat16, on_gpu=True)
+    assert output_step(torch.float32) == tiny32 * torch.finfo(torch.float32).eps
+    assert output_step(torch.float16, on_gpu=True) == output_step(torch.float16) == 2.0**-24
+    assert output_step(torch.int8, on_gpu=True) == 0.0
+
+
+def test_an_fpsan_proof_shortens_the_extended_suite_but_does_not_skip_it(monkeypatch):
+    """FpSan orders two non-zero payloads unlike the reals, so a path chosen by such a comparison (a row of
+    whole numbers found as floor(x) == x) may never run under it: its proof leaves a quarter of the examples."""
+    from kernel_agent.sanitizer import checks
+
+    seen = []
+    monkeypatch.setattr(checks, "_hypothesis_differential", lambda subject, n, seed, big: seen.append(n) or n)
+
+    class Proved:
+        fpsan_equivalent = True
+
+        def seed(self, k):
+            return k
+
+    detail = checks.check_extended(Proved(), checks.FULL)
+    assert seen == [checks.FULL.extended_examples // 4] and "a quarter" in detail
+    Proved.fpsan_equivalent = None
+    checks.check_extended(Proved(), checks.FULL)
+    assert seen[-1] == checks.FULL.extended_examples
