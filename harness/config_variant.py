@@ -158,6 +158,7 @@ def _override(tail: Sequence[ast.stmt]) -> Optional[Tuple[str, ConfigStep]]:
     return sfx, ConfigStep(bucket, fields, old, new)
 
 
+@holding_ast_lock
 def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
     """(the source it tuned, the step) when `source` is exactly what `apply_config` makes of some source,
     else None. The recovered source is canonical text; regenerating from it gives `source` byte for byte."""

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .. import kernels as kernels_package
-from ..sanitizer.canonical import TextRefused, canonical_source
+from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
 from ..sanitizer.static_gate import check_source
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
 from .manifest import (
@@ -154,6 +154,7 @@ def promoted(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None 
     return e if e is not None and e.is_kernel else None
 
 
+@holding_ast_lock
 def _defines_function(source: str, name: str) -> bool:
     try:
         tree = ast.parse(source)

@@ -30,6 +30,8 @@ import math
 import operator
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+from .canonical import holding_ast_lock
+
 MAX_COMPARED = 48  # distinct values from comparisons; the correct suite's largest file has far fewer
 LIMIT = 1 << 31  # sizes past this are not drawn as one dimension by any op
 _FOLD = {
@@ -215,6 +217,7 @@ def _changes(f: _Folder, expr: ast.AST, name: str) -> List[int]:
     return out
 
 
+@holding_ast_lock
 def compared_values(source: str) -> List[int]:
     """The sizes (0..2^31) at which some comparison or size-dependent step of `source` flips, most telling
     first: where an expression of bits changes, solved comparison sides, constants inside comparisons, divisors.
@@ -259,6 +262,7 @@ def _free_name(f: _Folder, expr: ast.AST) -> str:
     return names.pop() if len(names) == 1 else ""
 
 
+@holding_ast_lock
 def compared_joints(source: str) -> List[Dict[str, int]]:
     """The sizes one condition compares several names against together (`(H == 8) & (D == 192)`, `H == 8 and
     D == 192`): each is drawn alone by the check, so the condition is drawn whole too, by the names."""
@@ -291,6 +295,7 @@ def compared_joints(source: str) -> List[Dict[str, int]]:
 MAX_SCALES = 16  # float thresholds drawn as sm_scale; the correct suite's files compare against none or few
 
 
+@holding_ast_lock
 def compared_scales(source: str) -> List[float]:
     """The positive real numbers a comparison or a clamp of `source` meets where a scale may flip it: every
     constant that is not a whole number (`qk_scale < 0.07`, `min(s, 0.5)`), and the whole numbers compared with

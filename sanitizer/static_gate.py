@@ -26,7 +26,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from .canonical import TextRefused, canonical_source
+from .canonical import TextRefused, canonical_source, holding_ast_lock
 
 # -- the language ----------------------------------------------------------------------------
 
@@ -1313,6 +1313,7 @@ class _Gate:
             self.expr(kw.value, s)
 
 
+@holding_ast_lock
 def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
     """The gate's verdict on a file's bytes (or text): first that they read one way only
     (sanitizer/canonical.py), then the language on the syntax tree. A file that passes has a canonical
