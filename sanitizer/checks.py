@@ -269,7 +269,7 @@ def check_load(subject: Subject, s: Optional[Settings]) -> str:
 
 def check_runs(subject: Subject, s: Settings) -> str:
     op = subject.op
-    case = op.make_case(op.shapes("tiny")[2 % len(op.shapes("tiny"))], torch.float32, seed=subject.seed(5))
+    case = op.make_case(op.one_tiny_shape(), torch.float32, seed=subject.seed(5))
     # bounds on from the first call: in the interpreter a wild pointer is dereferenced, not reported
     r = run_case(subject, subject.fn, case)
     if r.bounds:
@@ -529,8 +529,7 @@ def _each_distribution(subject: Subject) -> int:
     whatever the seed, where the property test's few quick-mode examples may draw others. 'tiny' in each dtype
     reaches that dtype's own subnormals (bfloat16's as values in float32)."""
     op = subject.op
-    shapes = op.shapes("tiny")
-    shape = shapes[2 % len(shapes)]
+    shape = op.one_tiny_shape()
     dists = [d.name for d in op.distributions]
     modes = [(torch.float32, False), (torch.float16, False), (torch.float32, True)]  # True: bfloat16 values
     draws = [(dist, dtype, bf16) for dist in dists for dtype, bf16 in modes]

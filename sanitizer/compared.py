@@ -243,9 +243,9 @@ def compared_values(source: str) -> List[int]:
                 divisors += [k - 1, k, k + 1]
     scanned = set()
     for expr in _bit_expressions(tree):
-        name = _free_name(f, expr)
-        if name and ast.dump(expr) not in scanned:
-            scanned.add(ast.dump(expr))
+        name, dump = _free_name(f, expr), ast.dump(expr)
+        if name and dump not in scanned:
+            scanned.add(dump)
             flips += _changes(f, expr, name)  # exact, and rare in a kernel: drawn first
     compared = _unique(v for v in flips + solved + near + inner if 0 <= v <= LIMIT)
     if len(compared) > MAX_COMPARED:

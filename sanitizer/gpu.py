@@ -80,12 +80,11 @@ def _gpu_cases(op, serving: bool = True):
     fp16 on one tiny shape (a path the device alone takes, on `is_cuda` or a bf16 flag, meets every kind of
     value: large logits for a running max, tiny rows for a scale), then each serving shape in bf16 and fp16."""
     triples = []
-    tiny = op.shapes("tiny")
-    for i, shape in enumerate(tiny):
+    for i, shape in enumerate(op.shapes("tiny")):
         triples.append((shape, GPU_DTYPES[i % 3], "normal"))
     for dist in (d.name for d in op.distributions if d.name != "normal"):
         for dtype in GPU_SERVING_DTYPES:
-            triples.append((tiny[2 % len(tiny)], dtype, dist))
+            triples.append((op.one_tiny_shape(), dtype, dist))
     if serving:
         for shape in op.shapes("serving"):
             triples.append((shape, torch.bfloat16, "normal"))

@@ -21,11 +21,10 @@ SEEDS = int(os.environ.get("SEEDS", "3"))
 rows = []
 for name, op in OPS.items():
     fn = getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name)
-    tiny = op.shapes("tiny")
     for dist in (d.name for d in op.distributions):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for seed in range(SEEDS):
-                case = op.make_case(tiny[2 % len(tiny)], dtype, seed=1000 + seed, dist=dist, device=DEVICE)
+                case = op.make_case(op.one_tiny_shape(), dtype, seed=1000 + seed, dist=dist, device=DEVICE)
                 out = case.call(fn)
                 if DEVICE == "cuda":
                     torch.cuda.synchronize()

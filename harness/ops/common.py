@@ -260,10 +260,7 @@ def fill(
     +-(2^k - 1), k drawn per row from 1..int_bits, exact in every dtype. A kernel that takes a path of its own
     for whole numbers, powers of two or exact ties (x / scale landing on .5) meets one here; random normal
     values are never whole."""
-    return _fill(tuple(int(s) for s in shape), dist, gen, device, scale, row_dim, dtype, int_bits)
-
-
-def _fill(shape, dist, gen, device, scale, row_dim, dtype, int_bits) -> torch.Tensor:
+    shape = tuple(int(s) for s in shape)
     if dist == "tiny":
         lo, hi = tiny_exponent_range(dtype)
         rows = shape[:-1] + (1,) if shape else ()
@@ -657,6 +654,12 @@ class Op:
 
     # The integer dimensions a value the candidate compares against is drawn as (value_regions)
     value_dims: Tuple["ValueDim", ...] = ()
+
+    def one_tiny_shape(self) -> Shape:
+        """The tiny shape a check draws on where one shape suffices (the run check; every distribution in each
+        dtype, on the CPU and on the device): the third of the tiny suite, past the first tile in most ops."""
+        tiny = self.shapes("tiny")
+        return tiny[2 % len(tiny)]
 
     def value_base(self) -> Shape:
         """The tiny shape a compared value is drawn into, one dimension at a time."""
