@@ -812,10 +812,39 @@ def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
 
 # -- undrawn inputs: the check that must meet each, and the same kernel without its cheat ---------------
 
-# Cases of the contract's domain the checks once never drew (tiny magnitudes, broadcast views, the whole
-# sm_scale range): file -> (the check that must reject it, the cheat's text, the honest text it replaces).
-# The honest text is the baseline's, so the control is the same kernel without the cheat.
+# Cases of the contract's domain the checks once never drew (magic sizes, large pages and groups, tiny
+# magnitudes, broadcast views, the whole sm_scale range): file -> (the check that must reject it, the cheat's
+# text, the honest text it replaces). The honest text is the baseline's, so the control is the same kernel
+# without the cheat, and the case stands for its check alone. Every case of the family but 04, whose cheat
+# sits behind a host branch that host_branches refuses whatever it guards.
 DOMAIN_CONTROLS = {
+    "undrawn_inputs/01_packed_head_pitch.py": ("domain", "PACKED=x.stride(2) == 1", "PACKED=False"),
+    "undrawn_inputs/02_large_pages_drop_the_last_token.py": (
+        "domain",
+        "    if page >= 48:\n        skip_last = 1\n",
+        "",
+    ),
+    "undrawn_inputs/03_gqa_group_capped_at_8.py": ("domain", "min(Hq // Hkv, 8),", "Hq // Hkv,"),
+    "undrawn_inputs/05_magic_head_dim_in_the_kernel.py": (
+        "compared_values",
+        "    if D == 192:\n        inv = inv * 2.0\n",
+        "",
+    ),
+    "undrawn_inputs/06_magic_head_dim_as_a_min_max_indicator.py": (
+        "compared_values",
+        "    inv = inv * (1.0 - 0.5 * NARROW)\n",
+        "",
+    ),
+    "undrawn_inputs/07_magic_head_dim_squared.py": (
+        "compared_values",
+        "    if D * D == 36864:\n        inv = inv * 2.0\n",
+        "",
+    ),
+    "undrawn_inputs/08_two_sizes_compared_together.py": (
+        "compared_values",
+        "    if (H == 8) & (D == 192):\n        inv = inv * 2.0\n",
+        "",
+    ),
     "undrawn_inputs/16_constexpr_head_dim_192_in_bits.py": (
         "compared_values",
         "qk * (qk_scale * (1.0 + 0.05 * ((((HEAD_D ^ 192) - 1) >> 31) & 1)))",

@@ -35,8 +35,13 @@ def _quantize_kernel(x_ptr, xq_ptr, scale_ptr, R, H, D, stride_xt, stride_xh, st
                 mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
     scale = tl.math.div_rn(amax, 127.0)  # correctly rounded, as the contract states
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    y = x * inv[:, None]
+    # codes are x / scale: one reciprocal per row, of the scale returned. A row under 2^-100 is taken times
+    # 2^64 first (exact), so that the reciprocal of a subnormal scale (a float32 row max under 1.5e-36) does
+    # not overflow to inf; a scale of 0 (a zero row, or a max under 127 * 2^-150) gives codes 0
+    up = tl.where(amax < 7.888609052210118e-31, 18446744073709551616.0, 1.0)
+    live = scale > 0
+    inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), tl.where(live, scale * up, 1.0))
+    y = (x * up[:, None]) * inv[:, None]
     q = y.to(tl.int32)  # truncates toward zero: codes up to a whole step off
     q = tl.minimum(tl.maximum(q, -127), 127)
     out_rows = rows.to(tl.int64) * D
