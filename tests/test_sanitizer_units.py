@@ -323,11 +323,20 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
         for _ in range(3):
             exits.append(isolation.run_tracked([sys.executable, "-c", "import time; time.sleep(20)"], 60)[0])
 
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C
-    t0 = time.time()
+    def ctrl_c_once_both_run():
+        # on a loaded machine the children may take more than a second to start: a fixed delay flaked
+        deadline = time.time() + 30
+        while len(isolation._live) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        sent.append(time.time())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sent: list = []
+    threading.Thread(target=ctrl_c_once_both_run, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         isolation.map_tracked(item, [0, 1, 2, 3], 2)
-    assert time.time() - t0 < 10
+    assert time.time() - sent[0] < 10  # returned at once, not after the children's 20 s
     # the first child of the two running items, killed; no second child, no third item
     assert exits == [-signal.SIGKILL] * 2 and not isolation._live
     assert not isolation._stopping.is_set()  # the next call starts children again
