@@ -27,7 +27,7 @@ from typing import Dict, List, Set, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from false_positive_sweep import sweep_seed  # noqa: E402
+from false_positive_sweep import _commit, read_results, sweep_seed  # noqa: E402
 
 from kernel_agent.sanitizer.runner import run_isolated  # noqa: E402
 
@@ -43,27 +43,29 @@ def cases(families: List[str]) -> List[Tuple[str, str]]:
         if not paths:
             raise SystemExit(f"hostile_seed_sweep: no family {family!r} under tests/candidates/hostile")
         for path in paths:
-            m = re.search(r'^HOSTILE_OP = "(\w+)"', open(path, encoding="utf-8").read(), re.M)
+            with open(path, encoding="utf-8") as f:
+                m = re.search(r'^HOSTILE_OP = "(\w+)"', f.read(), re.M)
             if not m:
                 raise SystemExit(f"hostile_seed_sweep: {path} names no HOSTILE_OP")
             out.append((os.path.relpath(path, HOSTILE), m.group(1)))
     return out
 
 
-def judge(rel: str, op: str, i: int) -> Dict[str, object]:
+def judge(rel: str, op: str, i: int, commit: str) -> Dict[str, object]:
     seed = sweep_seed(i)
     t0 = time.time()
     v = run_isolated(os.path.join(HOSTILE, rel), op, mode="quick", skip_gate=True, seed=seed)
-    failed = [c for c in v.checks if c.status == "failed"]
+    bad = v.first_failure
     return {
         "file": rel,
         "op": op,
         "i": i,
         "seed": seed,
         "passed": bool(v.passed),
-        "stopped_by": failed[0].name if failed else "",
-        "detail": failed[0].detail[:300] if failed else "",
+        "stopped_by": bad.name if bad else "",
+        "detail": (bad.detail if bad else v.error or "")[:300],
         "elapsed_s": round(time.time() - t0, 1),
+        "commit": commit,
     }
 
 
@@ -96,22 +98,21 @@ def main() -> int:
     ap.add_argument("--summary", action="store_true", help="print the table of --out and run nothing")
     a = ap.parse_args()
     out = os.path.join(ROOT, a.out) if not os.path.isabs(a.out) else a.out
-    rows: List[Dict[str, object]] = []
-    if os.path.exists(out):
-        with open(out, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+    rows: List[Dict[str, object]] = read_results(out)
     if a.summary:
         return summary(rows)
     done: Set[Tuple[str, int]] = {(str(r["file"]), int(str(r["i"]))) for r in rows}
+    named = cases(a.families.split(","))
     todo = [
         (rel, op, i)
         for i in range(a.first, a.first + a.seeds)  # seed-major: a sweep stopped early covers every case
-        for rel, op in cases(a.families.split(","))
+        for rel, op in named
         if (rel, i) not in done
     ]
+    commit = _commit()
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with ThreadPoolExecutor(a.jobs) as ex, open(out, "a", encoding="utf-8") as f:
-        for row in ex.map(lambda t: judge(*t), todo):
+        for row in ex.map(lambda t: judge(*t, commit), todo):
             f.write(json.dumps(row) + "\n")
             f.flush()
             rows.append(row)

@@ -323,6 +323,8 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
         for _ in range(3):
             exits.append(isolation.run_tracked([sys.executable, "-c", "import time; time.sleep(20)"], 60)[0])
 
+    sent: list = []  # when SIGINT was sent
+
     def ctrl_c_once_both_run():
         # on a loaded machine the children may take more than a second to start: a fixed delay flaked
         deadline = time.time() + 30
@@ -332,7 +334,6 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
         sent.append(time.time())
         os.kill(os.getpid(), signal.SIGINT)
 
-    sent: list = []
     threading.Thread(target=ctrl_c_once_both_run, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         isolation.map_tracked(item, [0, 1, 2, 3], 2)
