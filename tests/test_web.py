@@ -17,14 +17,17 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from datetime import datetime, timezone
 
 import pytest
 
 from committed_h200 import H200, ROOT
 from committed_h200 import RUN as H200_RUN
+from kernel_agent.agent.cli import main as cli_main
 from kernel_agent.harness.figures import fmt_x
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
+from test_review import _ledger_with_a_field_failure
 
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 CHROMIUM = os.environ.get("KERNEL_AGENT_CHROMIUM", "/usr/bin/chromium")
@@ -711,3 +714,22 @@ def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(
             _loaded(small)
         _fits(small)
     assert hashlib.sha256(open(ledger, "rb").read()).hexdigest() == before  # read-only: not one byte changed
+
+
+def test_the_serving_page_shows_field_failures_and_the_api_gives_what_history_prints(serve, tmp_path, capsys):
+    """No browser needed: the page's text and the API, as a client reads them."""
+    ledger = str(tmp_path / "l.db")
+    _ledger_with_a_field_failure(ledger)
+    _ledger_with_a_field_failure(ledger, bucket="tlarge-d128")
+    with Ledger(ledger) as led:
+        led.resolve_field_failures("quantize_kv", "tlarge-d128", "bfloat16", "nvidia-h200", by="r-demoted")
+    srv = serve(ledger)
+    page = urllib.request.urlopen(srv.url + "serving", timeout=60).read().decode()
+    section = page[page.index("<h2>Field failures</h2>") : page.index("<h2>Promotions and demotions</h2>")]
+    assert section.count('<tr class="unresolved">') == 1 and section.count('<tr class="demoted">') == 1
+    for text in ("quantize_kv · tsmall-d128", "BLOCK_D=128|T=600000", "mismatch", "x_q[599999,7,3]", "r-demoted"):
+        assert text in section
+    assert cli_main(["history", "--serving", "--json", "--ledger", ledger]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.load(urllib.request.urlopen(srv.url + "api/serving", timeout=60)) == printed
+    assert [f["resolved_by"] for f in printed["field_failures"]] == [None, "r-demoted"]
