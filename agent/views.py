@@ -488,17 +488,23 @@ def _code(text: str) -> str:
     return "`" + " ".join(str(text).replace("`", "'").split()) + "`"
 
 
+def field_failure_words(ff, markdown: bool = False) -> str:
+    """A FieldFailure (harness/field_failures.py) in one line: the op, bucket, dtype and GPU, the kernel, the shape
+    class, the kind and the detail (quoted: a crash's message can carry the kernel's own text)."""
+    name = _code if markdown else str
+    return (
+        f"{name(ff.op)} {name(ff.bucket)} {ff.dtype} {ff.gpu}: kernel {name(ff.kernel)}, class {name(ff.shape_class)}: "
+        f"{ff.kind.value}: {quote_untrusted(ff.detail, 200, markdown=markdown)}"
+    )
+
+
 def field_failure_line(r, markdown: bool = False) -> str:
-    """One field failure in one line: the op, bucket, dtype and GPU, the kernel, the shape class, the kind
-    and the detail (quoted: a crash's message can carry the kernel's own text), how often and since when,
-    and what resolved it. The same line in `gate`, `history`, `show` and `pr`."""
+    """A recorded field failure in one line: what failed (`field_failure_words`), how often and since when, and
+    what resolved it. The same line in `gate`, `history`, `show` and `pr`."""
     name = _code if markdown else str
     seen = f"seen {r.count}x, first {r.first_seen:%Y-%m-%d %H:%M} UTC"
     resolved = f"; resolved by {name(r.resolved_by or '?')} at {r.resolved_at:%Y-%m-%d %H:%M} UTC" if r.resolved else ""
-    return (
-        f"{name(r.op)} {name(r.bucket)} {r.dtype} {r.gpu}: kernel {name(r.kernel)}, class {name(r.shape_class)}: "
-        f"{r.kind}: {quote_untrusted(r.detail, 200, markdown=markdown)} ({seen}{resolved})"
-    )
+    return f"{field_failure_words(r.failure(), markdown)} ({seen}{resolved})"
 
 
 def run_field_failures(led, run_id: str) -> list:
