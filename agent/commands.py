@@ -61,9 +61,11 @@ from .views import (
     candidate_doc,
     config_lines,
     diagnosis_lines,
+    field_failure_line,
     judged_base,
     run_doc,
     run_end_note,
+    run_field_failures,
     run_notes,
     unified_diff,
     versions_line,
@@ -230,6 +232,11 @@ def _add_ledger_view_parsers(sub) -> None:
         "--serving",
         action="store_true",
         help="what serves each op and bucket by the ledger, and every promotion and demotion",
+    )
+    h.add_argument(
+        "--field-failures",
+        action="store_true",
+        help="what the serving guard found on real inputs: each field failure, unresolved or resolved (--op narrows)",
     )
     h.add_argument("--ledger", default=None)
     h.add_argument("--json", action="store_true")
@@ -1043,6 +1050,8 @@ def _show_run(led, run, args) -> int:
         ui.line(line)
     for p in summary.promotions:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}", style="green")
+    for r in run_field_failures(led, run.id):  # what the serving guard found on what it promoted, or it resolved
+        ui.line(f"field failure: {field_failure_line(r)}", style="green" if r.resolved else "red")
     if target is not None:
         ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
     for line in session_lines(run_notes(run)):
@@ -1115,6 +1124,8 @@ def _show_candidate(led, cid: int, args) -> int:
             ui.line(base.note)
         ui.line(f"diff against {base.label} (what it was judged against):", style="bold")
         sys.stdout.write((diff or "(identical)\n") if not args.source else c.source)
+    for r in led.field_failures(op=c.op, source_hash=c.source_hash):
+        ui.line(f"field failure: {field_failure_line(r)}", style="green" if r.resolved else "red")
     _print_model_exchanges(led.model_calls(candidate_id=cid))
     return 0
 
@@ -1353,6 +1364,10 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
     promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
     if served is None and promo is None:
+        if led.field_failures(unresolved_only=True, op=args.op, bucket=args.bucket, dtype=args.dtype, gpu=gname):
+            # the kernel that failed in the field serves no more (replaced, or removed by hand): resolved all the same
+            _resolve_field_failures(led, args, gname, f"demote with nothing served: {args.reason}")
+            return 0
         raise UsageError(
             f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
             + _served_elsewhere(serving.load_manifest(plan.source_dir), args)
@@ -1387,8 +1402,21 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
     what = "removed from the serving set" if removed else "no serving entry (the ledger's promotion is marked demoted)"
     ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
+    _resolve_field_failures(led, args, gname, run.id)
     ui.line(info.outcome())
     return 0
+
+
+def _resolve_field_failures(led, args, gname: str, by: str) -> int:
+    """Resolve the bucket's unresolved field failures (every kernel's that served it: the bucket is the baseline's
+    now), and say how many."""
+    n = led.resolve_field_failures(args.op, args.bucket, args.dtype, gname, by=by)
+    ui.line(
+        f"resolved {n} field failure(s) of {args.op} {args.bucket} {args.dtype} on {gname}"
+        if n
+        else "no unresolved field failure of this bucket"
+    )
+    return n
 
 
 def _served_elsewhere(manifest: Manifest, args) -> str:

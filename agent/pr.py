@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
 from ..harness.kv_plan import KvPlan, load_plan
+from ..harness.manifest import gpu_slug
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
 from .cli_common import UsageError, command, default_ledger, open_ledger
@@ -37,7 +38,7 @@ from .review import (
     timings_section,
     verdict_section,
 )
-from .views import extract_command, seed_of
+from .views import extract_command, field_failure_line, seed_of
 
 BODY = "pr.md"
 # The points `bench --model` is asked about when a run names none (the three of docs/BENCHMARK.md, then the batch
@@ -542,7 +543,8 @@ def write_pr(
     os.makedirs(out_dir, exist_ok=True)
     branch = run_branch(run)
     title = _title(run, kernels)
-    lines = _intro(run, title, len(kernels)) + branch.describe() + [""] + _kernels_table(kernels)
+    lines = _intro(run, title, len(kernels)) + _field_failure_warning(led, kernels) + branch.describe() + [""]
+    lines += _kernels_table(kernels)
     plots = _plots(run, results, out_dir, [pk.promotion for pk in kernels])
     if plots:
         lines += [
@@ -584,6 +586,31 @@ def _intro(run, title: str, n: int) -> List[str]:
         f"promotion rule, whose decision is quoted below. Every figure is a judged figure of the run's ledger: "
         f"the candidate against the incumbent and the torch anchor timed beside it in the same benchmark, on "
         f"the clock named (`kernel-agent show` and `kernel-agent report` print the same numbers).",
+        "",
+    ]
+
+
+def _field_failure_warning(led, kernels: Sequence[PromotedKernel]) -> List[str]:
+    """A warning with each unresolved field failure of a kernel the pull request promotes, or of a bucket it
+    promotes into (the kernel it replaces failed there): `gate` fails on them until a demotion resolves them."""
+    touched = [(pk.promotion, pk.candidate.source_hash if pk.candidate else None) for pk in kernels]
+    rows = [
+        r
+        for r in led.field_failures(unresolved_only=True)
+        if any(
+            r.source_hash == h
+            or (r.op, r.bucket, r.dtype, gpu_slug(r.gpu)) == (p.op, p.bucket, p.dtype, gpu_slug(p.gpu_name))
+            for p, h in touched
+        )
+    ]
+    if not rows:
+        return []
+    return [
+        f"> **Warning: {len(rows)} unresolved field failure(s)** of the kernels or buckets this pull request "
+        "touches: the serving guard retired these on real inputs, and `kernel-agent gate` fails until "
+        "`kernel-agent demote` of the bucket resolves them.",
+        ">",
+        *[f"> - {field_failure_line(r, markdown=True)}" for r in rows],
         "",
     ]
 

@@ -31,11 +31,13 @@ from ..sanitizer.report import merge_gpu, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
-from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
+from .cli_common import OP_NAMES, UsageError, command, cuda_available, default_ledger, open_ledger
 from .views import (  # noqa: F401
     JudgedBase,
     config_lines,
     diagnosis_lines,
+    field_failure_doc,
+    field_failure_line,
     history_data,
     judged_base,
     serving_doc,
@@ -65,6 +67,12 @@ def register(sub) -> None:
     g.add_argument("--no-baselines", action="store_true", help="do not re-check the baselines (the fallbacks)")
     g.add_argument("--jobs", type=int, default=2)
     g.add_argument("--gpu", choices=["auto", "on", "off"], default="auto")
+    g.add_argument(
+        "--ledger",
+        default=None,
+        help="fail while a field failure recorded here is unresolved (default runs/ledger.db or "
+        "KERNEL_AGENT_LEDGER; no file at the default: not read)",
+    )
     command("gate")(cmd_gate)
 
 
@@ -76,6 +84,8 @@ def history(args, led) -> int:
         raise UsageError("--leaderboard and --trend need --op")
     if getattr(args, "serving", False):
         return _print_serving(serving_doc(led), args.json)
+    if getattr(args, "field_failures", False):
+        return _print_field_failures(led.field_failures(op=args.op), args.json)
     h = history_data(
         led,
         op=args.op,
@@ -217,6 +227,24 @@ def _print_serving(doc: Dict[str, Any], as_json: bool) -> int:
             f"{p['reason']}"
             + (f"; demoted {p['demoted_at'][:16].replace('T', ' ')}: {p['demote_reason']}" if p["demoted_at"] else "")
         )
+    return 0
+
+
+def _print_field_failures(rows: list, as_json: bool) -> int:
+    """`history --field-failures`: the unresolved first (what `gate` fails on), then the resolved, one line each."""
+    if as_json:
+        sys.stdout.write(json.dumps([field_failure_doc(r) for r in rows], indent=2) + "\n")
+        return 0
+    if not rows:
+        ui.line("no field failures in this ledger")
+        return 0
+    open_ones = [r for r in rows if not r.resolved]
+    ui.line(f"field failures: {len(open_ones)} unresolved, {len(rows) - len(open_ones)} resolved", style="bold")
+    for r in open_ones:
+        ui.line(f"  UNRESOLVED {field_failure_line(r)}", style="red")
+    for r in rows:
+        if r.resolved:
+            ui.line(f"  resolved {field_failure_line(r)}")
     return 0
 
 
@@ -665,6 +693,7 @@ def serving_gate_item(d: str, e: ManifestEntry) -> GateItem:
 def cmd_gate(args) -> int:
     from ..harness import serving  # here: the serving set imports torch, which comes after the flags are checked
 
+    field_failures = unresolved_field_failures(args)  # a missing --ledger is a usage error before any judging
     d = args.serving_dir or str(serving.serving_dir())
     entries = serving.load_manifest(d).kernels()  # the baseline and torch choices hold no kernel of their own
     now = versions()
@@ -678,7 +707,6 @@ def cmd_gate(args) -> int:
     gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
     mode = "quick" if args.quick else "full"
     verdicts = _judge_gate_items(items, mode, gpu, args.jobs)
-    ok = all(v.passed for v in verdicts)
     md = _gate_markdown(
         verdicts,
         stale,
@@ -686,9 +714,43 @@ def cmd_gate(args) -> int:
         mode + ("+gpu" if gpu else ""),
         d,
         [serving.describe_entry(e) for e in entries if e.variant is not None],
+        field_failures,
     )
+    _write_gate_documents(args, verdicts, field_failures, md)
+    ok = all(v.passed for v in verdicts) and not field_failures
+    ui.line(
+        f"gate {'PASSED' if ok else 'FAILED'}: {sum(v.passed for v in verdicts)}/{len(verdicts)} kernel(s) "
+        f"passed"
+        + (f"; {len(stale)} measured under other versions" if stale else "")
+        + (f"; {len(field_failures)} unresolved field failure(s)" if field_failures else ""),
+        style="bold green" if ok else "bold red",
+    )
+    for v in verdicts:
+        if not v.passed:
+            ui.line(f"  FAIL {os.path.relpath(v.file)}: {v.summary()}", style="red")
+    for r in field_failures:
+        ui.line(f"  FIELD FAILURE {field_failure_line(r)}", style="red")
+    return 0 if ok else 1
+
+
+def unresolved_field_failures(args) -> list:
+    """The unresolved field failures of the ledger `--ledger` (or KERNEL_AGENT_LEDGER) names, which must exist;
+    of runs/ledger.db where neither names one and that file exists; else none (the gate as it was before
+    the serving guard recorded anything)."""
+    named = args.ledger or os.environ.get("KERNEL_AGENT_LEDGER")
+    if not named and not os.path.exists(default_ledger()):
+        return []
+    return open_ledger(args, read=True).field_failures(unresolved_only=True)
+
+
+def _write_gate_documents(args, verdicts: List[Verdict], field_failures: list, md: str) -> None:
+    """The JUnit XML (each field failure a failed case of its own), the markdown summary, the CI step summary."""
     if args.junit:
-        write_junit(verdicts, args.junit)
+        cases = [
+            (f"{r.op}.{r.bucket}.{r.dtype}.{r.gpu}", f"field failure: {r.kind} {r.shape_class}", field_failure_line(r))
+            for r in field_failures
+        ]
+        write_junit(verdicts, args.junit, failed_cases=cases)
     if args.summary:
         os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
         with open(args.summary, "w") as f:
@@ -697,15 +759,6 @@ def cmd_gate(args) -> int:
     if step:
         with open(step, "a") as f:
             f.write(md)
-    ui.line(
-        f"gate {'PASSED' if ok else 'FAILED'}: {sum(v.passed for v in verdicts)}/{len(verdicts)} kernel(s) "
-        f"passed" + (f"; {len(stale)} measured under other versions" if stale else ""),
-        style="bold green" if ok else "bold red",
-    )
-    for v in verdicts:
-        if not v.passed:
-            ui.line(f"  FAIL {os.path.relpath(v.file)}: {v.summary()}", style="red")
-    return 0 if ok else 1
 
 
 # How often the gate says, through a pipe, that it is still working: as often as the run's plain status line.
@@ -775,8 +828,10 @@ def _version_changes(e: ManifestEntry, now: Dict[str, Any]) -> List[str]:
     ]
 
 
-def _gate_markdown(verdicts, stale: List[Tuple[ManifestEntry, List[str]]], now, mode, d, configs=()) -> str:
-    ok = all(v.passed for v in verdicts)
+def _gate_markdown(
+    verdicts, stale: List[Tuple[ManifestEntry, List[str]]], now, mode, d, configs=(), field_failures=()
+) -> str:
+    ok = all(v.passed for v in verdicts) and not field_failures
     lines = [
         f"## kernel-agent gate: {'passed' if ok else 'FAILED'}",
         "",
@@ -805,4 +860,13 @@ def _gate_markdown(verdicts, stale: List[Tuple[ManifestEntry, List[str]]], now, 
     if configs:
         lines += ["", "Promoted configurations (no file: rebuilt from their base, checked against the judged hash):"]
         lines += [f"- `{c}`" for c in configs]
+    if field_failures:
+        lines += [
+            "",
+            f"**{len(field_failures)} unresolved field failure(s):** the serving guard retired these kernels on "
+            "real inputs (the trusted implementation serves those shape classes); `kernel-agent demote` of the "
+            "bucket resolves them.",
+            "",
+        ]
+        lines += [f"- {field_failure_line(r, markdown=True)}" for r in field_failures]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from ..harness.config_variant import split_stored, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
 from ..harness.ledger import Ledger, Run, RunStatus, hash_source
 from ..sanitizer.canonical import TextRefused, canonical_source
-from ..sanitizer.verdict import CheckStatus
+from ..sanitizer.verdict import CheckStatus, quote_untrusted
 from .throughput import session_lines
 
 
@@ -149,6 +149,7 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
             {"op": p.op, "bucket": p.bucket, "label": p.label, "reason": p.reason} for p in led.pruned(run_id=run.id)
         ],
         "diagnosis_lines": diagnosis_lines(led, run.id),
+        "field_failures": [field_failure_doc(r) for r in run_field_failures(led, run.id)],
     }
 
 
@@ -195,6 +196,7 @@ def candidate_doc(led: Ledger, c, full: bool = True) -> Dict[str, Any]:
         diff=None if unusable else unified_diff(base.label, base.source, f"candidate #{c.id}", c.source),
         config_change=[s.describe() for s in steps_over(base.source, c.source) or ()],
         promotions=[promotion_doc(p) for p in promos if c.id in (p.candidate_id, p.replaced_candidate_id)],
+        field_failures=[field_failure_doc(r) for r in led.field_failures(op=c.op, source_hash=c.source_hash)],
         model_calls=[
             {
                 "model": m.model,
@@ -414,8 +416,9 @@ def _over_baseline(p, promos_by_candidate: Dict[int, Any]) -> Optional[float]:
 def serving_doc(led: Ledger) -> Dict[str, Any]:
     """`history --serving --json`: per (op, bucket, dtype, GPU) what serves it by the ledger's record (the
     active promotion; torch or the baseline by the benchmarks that timed them side by side, as `dispatch`
-    chooses), its speedup over the baseline and against torch, the versions it was judged on; every
-    promotion and demotion, newest first; and per op each run's best candidate (`history --trend`)."""
+    chooses), its speedup over the baseline and against torch, the versions it was judged on; every field
+    failure the serving guard recorded; every promotion and demotion, newest first; and per op each run's
+    best candidate (`history --trend`)."""
     from ..harness import serving  # here: the serving set imports torch; flags are checked first
     from ..harness.dispatch import choices_from_rows  # here: as the serving set
 
@@ -458,6 +461,54 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
     ops = sorted({o for r in runs for o in r.op_list})
     return {
         "buckets": buckets,
+        "field_failures": [field_failure_doc(r) for r in led.field_failures()],
         "promotions": [promotion_doc(p) for p in promos],
         "trend": {op: [t.to_json() for t in speedup_trend(led, op, runs)] for op in ops},
     }
+
+
+# -- field failures -----------------------------------------------------------------------------
+
+
+def field_failure_doc(r) -> Dict[str, Any]:
+    """A field failure as `history --field-failures --json` and the web view's API give it."""
+    return {
+        "id": r.id,
+        **r.failure().to_json(),
+        "first_seen": r.first_seen.isoformat(),
+        "last_seen": r.last_seen.isoformat(),
+        "count": r.count,
+        "resolved_at": r.resolved_at.isoformat() if r.resolved_at else None,
+        "resolved_by": r.resolved_by,
+    }
+
+
+def _code(text: str) -> str:
+    """A name as a markdown code span (backticks taken out: it cannot close its span)."""
+    return "`" + " ".join(str(text).replace("`", "'").split()) + "`"
+
+
+def field_failure_words(ff, markdown: bool = False) -> str:
+    """A FieldFailure (harness/field_failures.py) in one line: the op, bucket, dtype and GPU, the kernel, the shape
+    class, the kind and the detail (quoted: a crash's message can carry the kernel's own text)."""
+    name = _code if markdown else str
+    return (
+        f"{name(ff.op)} {name(ff.bucket)} {ff.dtype} {ff.gpu}: kernel {name(ff.kernel)}, class {name(ff.shape_class)}: "
+        f"{ff.kind.value}: {quote_untrusted(ff.detail, 200, markdown=markdown)}"
+    )
+
+
+def field_failure_line(r, markdown: bool = False) -> str:
+    """A recorded field failure in one line: what failed (`field_failure_words`), how often and since when, and
+    what resolved it. The same line in `gate`, `history`, `show` and `pr`."""
+    name = _code if markdown else str
+    seen = f"seen {r.count}x, first {r.first_seen:%Y-%m-%d %H:%M} UTC"
+    resolved = f"; resolved by {name(r.resolved_by or '?')} at {r.resolved_at:%Y-%m-%d %H:%M} UTC" if r.resolved else ""
+    return f"{field_failure_words(r.failure(), markdown)} ({seen}{resolved})"
+
+
+def run_field_failures(led, run_id: str) -> list:
+    """The field failures a run is part of: those of the kernels it promoted, and those it resolved (a demotion)."""
+    promoted = {p.candidate_id for p in led.promotions(run_id=run_id) if p.candidate_id is not None}
+    hashes = {c.source_hash for c in (led.candidate(cid) for cid in promoted) if c is not None}
+    return [r for r in led.field_failures() if r.source_hash in hashes or r.resolved_by == run_id]

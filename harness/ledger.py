@@ -67,11 +67,13 @@ from sqlalchemy.types import TypeDecorator
 from ..sanitizer.verdict import CheckStatus, Verdict
 from . import figures as _figures
 from . import ledger_migrations as _migrations
+from .field_failures import FailureKind, FieldFailure
+from .manifest import gpu_slug
 from .source_text import source_hash as hash_source  # the ledger's name for it (candidates are keyed by it)
 
 # The version of the schema the models below create; an older ledger reaches it through the steps of
 # harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _migrations.check_registry(SCHEMA_VERSION)
 BUSY_TIMEOUT_S = 30.0
 # The advisory lock every write transaction of a PostgreSQL ledger takes first (any constant will do,
@@ -486,6 +488,57 @@ class PrunedProposal(Base):
     source_hash: Mapped[str] = mapped_column(String(64))
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class FieldFailureRecord(Base):
+    """A promoted kernel the serving guard retired for a shape class (harness/field_failures.py), until a
+    demotion of its bucket resolves it. The same failure seen again while unresolved (the same bucket, GPU,
+    kernel hash, class and kind) is one row: `count` goes up and `last_seen` moves, the first call's
+    shapes and detail stay (the first evidence is what a reviewer reproduces)."""
+
+    __tablename__ = "field_failure"
+    __table_args__ = (Index("ix_field_failure_op_bucket_dtype", "op", "bucket", "dtype"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    op: Mapped[str] = mapped_column(String)
+    bucket: Mapped[str] = mapped_column(String)
+    dtype: Mapped[str] = mapped_column(String)
+    gpu: Mapped[str] = mapped_column(String)
+    kernel: Mapped[str] = mapped_column(String)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    shape_class: Mapped[str] = mapped_column(Text)
+    shapes_json: Mapped[str] = mapped_column(Text)
+    strides_json: Mapped[str] = mapped_column(Text)
+    dtypes_json: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String)
+    detail: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+    count: Mapped[int] = mapped_column(Integer)
+    resolved_at: Mapped[Optional[datetime]] = mapped_column(UTCDateTime)
+    resolved_by: Mapped[Optional[str]] = mapped_column(Text)  # the demotion's run id, or why in words
+
+    @property
+    def resolved(self) -> bool:
+        return self.resolved_at is not None
+
+    def failure(self) -> FieldFailure:
+        """The record as the guard handed it over (its first sighting)."""
+        return FieldFailure(
+            op=self.op,
+            bucket=self.bucket,
+            dtype=self.dtype,
+            gpu=self.gpu,
+            kernel=self.kernel,
+            source_hash=self.source_hash,
+            shape_class=self.shape_class,
+            shapes=tuple(tuple(s) for s in _loads(self.shapes_json)),
+            strides=tuple(tuple(s) for s in _loads(self.strides_json)),
+            dtypes=tuple(_loads(self.dtypes_json)),
+            kind=FailureKind(self.kind),
+            detail=self.detail,
+            at=self.first_seen,
+        )
 
 
 # Fields a caller may pass to record_bench / record_promotion (the rest are managed here).
@@ -1284,6 +1337,110 @@ class Ledger:
         with self._read() as s:
             return list(s.scalars(q.order_by(PrunedProposal.id)))
 
+    # -- field failures (schema version 4) --------------------------------------------------
+    def _has_v4(self) -> bool:
+        """Whether the table of version 4 exists (an older ledger is read as it is: it has none)."""
+        return self.schema_version() >= 4
+
+    def record_field_failure(self, ff: FieldFailure) -> int:
+        """Record what the serving guard found; returns the row's id. The same failure again while it is
+        unresolved (op, bucket, dtype, GPU, kernel hash, shape class and kind alike) is counted on the
+        row it has: `count` + 1 and `last_seen`, the first sighting's shapes and detail kept."""
+        kind = FailureKind(ff.kind).value  # a kind the guard does not know is refused, not stored
+        seen = _to_utc(ff.at)
+        with self._write.begin() as s:  # the write lock: two processes recording it at once count it twice
+            row = s.scalars(
+                _where_equal(
+                    select(FieldFailureRecord),
+                    FieldFailureRecord,
+                    op=ff.op,
+                    bucket=ff.bucket,
+                    dtype=ff.dtype,
+                    gpu=ff.gpu,
+                    source_hash=ff.source_hash,
+                    shape_class=ff.shape_class,
+                    kind=kind,
+                )
+                .where(FieldFailureRecord.resolved_at.is_(None))
+                .order_by(FieldFailureRecord.id)
+                .limit(1)
+            ).first()
+            if row is not None:
+                row.count += 1
+                row.last_seen = max(row.last_seen, seen)
+                return row.id
+            doc = ff.to_json()
+            row = FieldFailureRecord(
+                op=ff.op,
+                bucket=ff.bucket,
+                dtype=ff.dtype,
+                gpu=ff.gpu,
+                kernel=ff.kernel,
+                source_hash=ff.source_hash,
+                shape_class=ff.shape_class,
+                shapes_json=json.dumps(doc["shapes"]),
+                strides_json=json.dumps(doc["strides"]),
+                dtypes_json=json.dumps(doc["dtypes"]),
+                kind=kind,
+                detail=ff.detail,
+                first_seen=seen,
+                last_seen=seen,
+                count=1,
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def field_failures(
+        self,
+        unresolved_only: bool = False,
+        op: str | None = None,
+        bucket: str | None = None,
+        dtype: str | None = None,
+        gpu: str | None = None,
+        source_hash: str | None = None,
+        resolved_by: str | None = None,
+    ) -> list[FieldFailureRecord]:
+        """Field failures, oldest first. `gpu` matches however the GPU is spelled ('NVIDIA H200' or the
+        manifest's 'nvidia-h200')."""
+        if not self._has_v4():
+            return []
+        q = _where_equal(
+            select(FieldFailureRecord),
+            FieldFailureRecord,
+            op=op,
+            bucket=bucket,
+            dtype=dtype,
+            source_hash=source_hash,
+            resolved_by=resolved_by,
+        )
+        if unresolved_only:
+            q = q.where(FieldFailureRecord.resolved_at.is_(None))
+        with self._read() as s:
+            rows = list(s.scalars(q.order_by(FieldFailureRecord.id)))
+        return [r for r in rows if gpu is None or gpu_slug(r.gpu) == gpu_slug(gpu)]
+
+    def resolve_field_failures(
+        self, op: str, bucket: str, dtype: str, gpu: str, by: str, source_hash: str | None = None
+    ) -> int:
+        """Mark the unresolved field failures of a bucket on a GPU (of one kernel, given `source_hash`)
+        resolved by `by` (the demotion's run id, or why in words); returns how many."""
+        now = utcnow()
+        with self._write.begin() as s:
+            q = _where_equal(
+                select(FieldFailureRecord),
+                FieldFailureRecord,
+                op=op,
+                bucket=bucket,
+                dtype=dtype,
+                source_hash=source_hash,
+            ).where(FieldFailureRecord.resolved_at.is_(None))
+            rows = [r for r in s.scalars(q) if gpu_slug(r.gpu) == gpu_slug(gpu)]
+            for r in rows:
+                r.resolved_at = now
+                r.resolved_by = by
+            return len(rows)
+
     # -- benchmarks ---------------------------------------------------------------------
     def record_bench(self, **fields: Any) -> BenchResult:
         """Store one timing. Required: op, shape_key, bucket, dtype, gpu_name, median_ms,
@@ -1604,6 +1761,7 @@ __all__ = [
     "Promotion",
     "DiagnosisRecord",
     "PrunedProposal",
+    "FieldFailureRecord",
     "RUN_STATUSES",
     "CANDIDATE_STATUSES",
     "CHECK_STATUSES",

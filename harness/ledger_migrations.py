@@ -108,9 +108,33 @@ def _v2_diagnoses_and_pruned_proposals(conn: Connection) -> None:
         conn.execute(text(f"CREATE INDEX ix_{table}_op_bucket_dtype ON {table} (op, bucket, dtype)"))
 
 
+def _v3_field_failures(conn: Connection) -> None:
+    """Version 3 -> 4: a new table, `field_failure`, indexed by (op, bucket, dtype).
+
+    Why: the checks draw inputs from a domain that has no end, so a promoted kernel is verified again on
+    the device on the first real call of each shape class it serves (the serving guard). A class whose
+    check fails is retired in the serving process, and the failure is recorded here so that `gate` fails
+    while it is unresolved, `demote` resolves it, and `show`, `history`, the web view and `pr` name it.
+    One row per unresolved (bucket, GPU, kernel hash, shape class, kind): seen again, its `count` rises.
+    Nothing existing changes: a ledger that has not had this step reads as one with no field failures."""
+    dt = "TIMESTAMP WITHOUT TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+    pk = "SERIAL" if conn.dialect.name == "postgresql" else "INTEGER"
+    conn.execute(
+        text(f"""CREATE TABLE field_failure (
+    id {pk} NOT NULL, op VARCHAR NOT NULL, bucket VARCHAR NOT NULL, dtype VARCHAR NOT NULL, gpu VARCHAR NOT NULL,
+    kernel VARCHAR NOT NULL, source_hash VARCHAR(64) NOT NULL, shape_class TEXT NOT NULL,
+    shapes_json TEXT NOT NULL, strides_json TEXT NOT NULL, dtypes_json TEXT NOT NULL, kind VARCHAR NOT NULL,
+    detail TEXT NOT NULL, first_seen {dt} NOT NULL, last_seen {dt} NOT NULL, count INTEGER NOT NULL,
+    resolved_at {dt}, resolved_by TEXT,
+    PRIMARY KEY (id))""")
+    )
+    conn.execute(text("CREATE INDEX ix_field_failure_op_bucket_dtype ON field_failure (op, bucket, dtype)"))
+
+
 MIGRATIONS: Sequence[Migration] = (
     Migration(1, _v1_indices_for_a_large_ledger, reads_older=True),
     Migration(2, _v2_diagnoses_and_pruned_proposals, reads_older=True),
+    Migration(3, _v3_field_failures, reads_older=True),
 )
 
 OLDEST_VERSION = MIGRATIONS[0].from_version if MIGRATIONS else 1  # the oldest ledger this code can upgrade

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from typing import List
+from typing import List, Sequence, Tuple
 
 from .verdict import CheckStatus, Verdict
 
@@ -34,7 +34,9 @@ def verdicts_json(verdicts: List[Verdict], op: str, mode: str) -> dict:
     return {"op": op, "mode": mode, "passed": all(v.passed for v in verdicts), "files": [v.to_json() for v in verdicts]}
 
 
-def write_junit(verdicts: List[Verdict], path: str) -> None:
+def write_junit(verdicts: List[Verdict], path: str, failed_cases: Sequence[Tuple[str, str, str]] = ()) -> None:
+    """Each verdict a test suite of its checks; `failed_cases` (classname, name, message), failures that are
+    no verdict's (the gate's unresolved field failures), one more suite of their own."""
     root = ET.Element("testsuites", name="kernel-agent sanitize")
     for v in verdicts:
         suite = ET.SubElement(
@@ -61,5 +63,12 @@ def write_junit(verdicts: List[Verdict], path: str) -> None:
                 ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail + again
             elif c.status == CheckStatus.SKIPPED:
                 ET.SubElement(case, "skipped", message=c.detail[:500])
+    if failed_cases:
+        suite = ET.SubElement(
+            root, "testsuite", name="field failures", tests=str(len(failed_cases)), failures=str(len(failed_cases))
+        )
+        for classname, name, message in failed_cases:
+            case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+            ET.SubElement(case, "failure", message=message[:500]).text = message
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from kernel_agent.harness import ledger as ledger_mod
+from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import (
     SCHEMA_VERSION,
     BenchResult,
@@ -263,6 +264,60 @@ def test_promotions_active_and_demote(led):
     summary = led.run_summary(r.id)
     assert [p.id for p in summary.promotions] == [p1.id, p2.id]
     assert not any(p.active for p in summary.promotions)
+
+
+def field_failure(**changes) -> FieldFailure:
+    """A field failure of quantize_kv's tsmall-d16 bucket on the H200, as the serving guard builds one."""
+    fields = dict(
+        op="quantize_kv",
+        bucket="tsmall-d16",
+        dtype="float16",
+        gpu="nvidia-h200",
+        kernel="quantize_kv__tsmall-d16__float16__nvidia-h200.py",
+        source_hash="a" * 64,
+        shape_class="BLOCK=64|T%16|tsmall-d16",
+        shapes=((3, 2, 16), (3, 2, 16), (3, 2)),
+        strides=((32, 16, 1), (32, 16, 1), (2, 1)),
+        dtypes=("float16", "int8", "float32"),
+        kind=FailureKind.MISMATCH,
+        detail="out[2,1,7]: 0.5 against 0.25",
+        at=datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc),
+    )
+    fields.update(changes)
+    return FieldFailure(**fields)  # type: ignore[arg-type]
+
+
+def test_field_failures_round_trip_count_repeats_and_resolve_by_bucket(led):
+    first = field_failure()
+    fid = led.record_field_failure(first)
+    later = datetime(2026, 12, 1, 11, 0, tzinfo=timezone.utc)
+    # the same kernel, class and kind again while unresolved: counted on its row, the first evidence kept
+    assert led.record_field_failure(field_failure(detail="another element", at=later)) == fid
+    oom = led.record_field_failure(field_failure(kind=FailureKind.OUT_OF_MEMORY, detail="64 GiB"))
+    other_bucket = led.record_field_failure(field_failure(bucket="tlarge-d16"))
+    assert len({fid, oom, other_bucket}) == 3
+    (row,) = [r for r in led.field_failures() if r.id == fid]
+    assert (row.count, row.first_seen, row.last_seen, row.resolved) == (2, first.at, later, False)
+    assert row.failure() == first  # what the guard handed over, read back whole (shapes, strides, dtypes, kind)
+    assert [r.id for r in led.field_failures(unresolved_only=True, op="quantize_kv", bucket="tsmall-d16")] == [
+        fid,
+        oom,
+    ]
+    assert led.field_failures(op="matmul") == []
+    # the bucket's failures on this GPU, however its name is spelled; the other bucket's stay
+    assert led.resolve_field_failures("quantize_kv", "tsmall-d16", "float16", "NVIDIA H200", by="r-demote") == 2
+    assert led.resolve_field_failures("quantize_kv", "tsmall-d16", "float16", "NVIDIA H200", by="again") == 0
+    assert [r.id for r in led.field_failures(unresolved_only=True)] == [other_bucket]
+    resolved = led.field_failures(resolved_by="r-demote")
+    assert {r.id for r in resolved} == {fid, oom} and all(r.resolved_at is not None for r in resolved)
+    # seen again after its resolution (a kernel promoted again, say): a new row, unresolved
+    again = led.record_field_failure(field_failure())
+    assert again not in (fid, oom) and led.field_failures(unresolved_only=True, bucket="tsmall-d16")[0].count == 1
+    # one kernel's failures only, given its hash
+    assert led.resolve_field_failures("quantize_kv", "tlarge-d16", "float16", "nvidia-h200", "x", "b" * 64) == 0
+    assert led.resolve_field_failures("quantize_kv", "tlarge-d16", "float16", "nvidia-h200", "x", "a" * 64) == 1
+    with pytest.raises(ValueError):
+        led.record_field_failure(field_failure(kind="melted"))
 
 
 def _benchmark(

@@ -20,6 +20,7 @@ from sqlalchemy import inspect as sa_inspect
 
 from kernel_agent.agent import cli
 from kernel_agent.harness import ledger_migrations as migrations
+from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, upgrade_ledger
 from ledger_v1_schema import V1_DDL
 
@@ -367,3 +368,75 @@ def test_the_commands_on_a_version_1_ledger(tmp_path, capsys):
     assert "nothing to upgrade" in capsys.readouterr().out
     assert cli.main(["ledger", "upgrade", "--ledger", str(tmp_path / "typo.db")]) == 2
     assert not (tmp_path / "typo.db").exists()
+
+
+def _make_v3(location, dialect: str) -> None:
+    """A version-3 ledger as the kernel-agent of version 3 left one: the version-1 ledger above upgraded
+    by the steps to 3 (which end at the schema a new version-3 ledger had: the test above compared them
+    while 3 was the newest), with a diagnosis and a pruned proposal of its own."""
+    _make_v1(location, dialect)
+    engine = create_engine(_url(location))
+    assert migrations.migrate(engine, 3) == [2, 3]
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO diagnosis (id, run_id, op, bucket, dtype, source_hash, incumbent, bound, "
+                "document_json, created_at) VALUES (1, 'r1', 'quantize_kv', 'b0', 'float16', 'abc', 'baseline', "
+                "'memory', '{}', :t)"
+            ),
+            {"t": T0},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO pruned_proposal (id, run_id, op, bucket, dtype, label, source_hash, reason, "
+                "created_at) VALUES (1, 'r1', 'quantize_kv', 'b0', 'float16', 'cfg', 'def', 'spills', :t)"
+            ),
+            {"t": T0},
+        )
+    engine.dispose()
+
+
+def test_a_version_3_ledger_gets_the_field_failure_table_keeping_every_row(backend):
+    dialect, new_location = backend
+    old = new_location()
+    _make_v3(old, dialect)
+    tables = TABLES + ("diagnosis", "pruned_proposal")
+    engine = create_engine(_url(old))
+    with engine.connect() as conn:
+        rows = {t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1"))] for t in tables}
+    engine.dispose()
+    assert "field_failure" not in _schema(old)
+    with Ledger(old, read_only=True) as ro:  # read as it is: a ledger with no field failures
+        assert ro.schema_version() == 3 and ro.field_failures() == [] and len(ro.diagnoses()) == 1
+    with pytest.raises(LedgerError, match="schema version 3, older .*kernel-agent ledger upgrade"):
+        Ledger(old)
+
+    done = upgrade_ledger(old)
+    assert (done.from_version, done.reached) == (3, [4])
+    if dialect == "sqlite":
+        assert str(done.backup) == f"{old}.v3.bak"
+    fresh = new_location()
+    Ledger(fresh).close()
+    assert _schema(old) == _schema(fresh)
+    engine = create_engine(_url(old))
+    with engine.connect() as conn:
+        after = {t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1"))] for t in tables}
+    engine.dispose()
+    assert after == {**rows, "meta": [("schema_version", str(SCHEMA_VERSION))]}
+    ff = FieldFailure(
+        "quantize_kv",
+        "b0",
+        "float16",
+        "nvidia-h200",
+        "k.py",
+        "abc",
+        "cls",
+        ((4,),),
+        ((1,),),
+        ("float16",),
+        FailureKind.TIMEOUT,
+        "past 30 s",
+    )
+    with Ledger(old) as led:
+        fid = led.record_field_failure(ff)
+        assert [r.failure() for r in led.field_failures(unresolved_only=True)] == [ff] and fid >= 1

@@ -15,7 +15,8 @@ from kernel_agent.agent import ci_templates
 from kernel_agent.agent.pr import run_branch, write_pr
 from kernel_agent.agent.review import write_report
 from kernel_agent.harness import figures as F
-from kernel_agent.harness.ledger import Ledger
+from kernel_agent.harness.field_failures import FailureKind, FieldFailure
+from kernel_agent.harness.ledger import Ledger, upgrade_ledger
 from kernel_agent.harness.serving import kernel_file_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +152,38 @@ def test_the_committed_h200_pull_request_is_what_pr_writes_and_agrees_with_show_
         "and no shape slower beyond its noise"
     )
     assert rule in committed and rule in show and rule in report and rule in commit_msg
+
+
+def test_pr_body_warns_of_the_unresolved_field_failures_of_what_it_promotes(tmp_path):
+    db = tmp_path / "ledger.db"
+    shutil.copy(os.path.join(PR_EXAMPLE, "ledger.db"), db)
+    upgrade_ledger(db, backup=False)  # (the committed ledger is older than the field failures)
+    with Ledger(db) as led:
+        [promo] = led.promotions(run_id=PR_EXAMPLE_RUN)
+        failure = FieldFailure(
+            promo.op,
+            promo.bucket,
+            promo.dtype,
+            promo.gpu_name,
+            "served.py",
+            "f" * 64,  # the kernel it replaced, say: the bucket is what the pull request touches
+            "BLOCK_K=64|K=16000",
+            ((8, 16000), (16000, 4096)),
+            ((16000, 1), (4096, 1)),
+            ("bfloat16", "bfloat16"),
+            FailureKind.MISMATCH,
+            "out[3,9]: 1.5 against 2.0",
+        )
+        led.record_field_failure(failure)
+        led.record_field_failure(FieldFailure(**{**failure.__dict__, "op": "quantize_kv"}))  # another op: not shown
+        md = open(write_pr(led, led.get_run(PR_EXAMPLE_RUN), str(tmp_path / "pr")).body_path).read()
+        lines = md.splitlines()
+        i = next(i for i, x in enumerate(lines) if "**Warning: 1 unresolved field failure(s)**" in x)
+        assert lines[i + 1] == ">" and lines[i + 3] == ""  # the warning holds one failure: the other op's is not
+        assert f"`{promo.bucket}`" in lines[i + 2] and "`BLOCK_K=64|K=16000`" in lines[i + 2]
+        led.resolve_field_failures(promo.op, promo.bucket, promo.dtype, promo.gpu_name, by="r-x")
+        md = open(write_pr(led, led.get_run(PR_EXAMPLE_RUN), str(tmp_path / "pr2")).body_path).read()
+        assert "field failure" not in md
 
 
 def test_the_extracted_kernel_command_gives_the_judged_source(h200, tmp_path):

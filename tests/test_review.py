@@ -9,8 +9,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from kernel_agent.agent import cli
 from kernel_agent.agent.review import write_report
 from kernel_agent.harness import serving
+from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +112,135 @@ def test_gate_reports_a_missing_serving_file(tmp_path):
         f.unlink()
     r = _run(["gate", "--serving-dir", str(d), "--quick", "--no-baselines"])
     assert r.returncode == 1 and "missing" in r.stdout
+
+
+def _ledger_with_a_field_failure(db, bucket="tsmall-d128") -> None:
+    """A ledger where a promoted quantize_kv kernel serves `bucket` on the H200 and the serving guard retired it
+    for one shape class."""
+    with Ledger(db) as led:
+        run = led.start_run({}, {}, "search", ["quantize_kv"], "NVIDIA H200", {})
+        cand, _ = led.add_candidate("quantize_kv", "def quantize_kv(x):\n    return x\n", "search", run.id)
+        key = dict(op="quantize_kv", bucket=bucket, dtype="bfloat16", gpu_name="NVIDIA H200")
+        led.record_promotion(**key, run_id=run.id, candidate_id=cand.id, new_ms=1, old_ms=2, gain=0.5, spread=0.01)
+        led.record_field_failure(
+            FieldFailure(
+                "quantize_kv",
+                bucket,
+                "bfloat16",
+                "nvidia-h200",
+                "quantize_kv__tsmall-d128__bfloat16__nvidia-h200.py",
+                cand.source_hash,
+                "BLOCK_D=128|T=600000",
+                ((600000, 8, 128), (600000, 8, 128), (600000, 8)),
+                ((1024, 128, 1), (1024, 128, 1), (8, 1)),
+                ("bfloat16", "int8", "float32"),
+                FailureKind.MISMATCH,
+                "x_q[599999,7,3]: 12 against 13",
+            )
+        )
+
+
+def test_gate_fails_while_a_field_failure_is_unresolved_and_passes_after_demote(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "serving"
+    d.mkdir()
+    (d / "manifest.json").write_text('{"version": 1, "entries": []}')
+    monkeypatch.setenv("KERNEL_AGENT_SERVING_DIR", str(d))
+    db = tmp_path / "l.db"
+    _ledger_with_a_field_failure(db)
+    junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
+    gate = ["gate", "--serving-dir", str(d), "--quick", "--no-baselines", "--ledger", str(db)]
+    assert cli.main(gate + ["--junit", str(junit), "--summary", str(summary)]) == 1
+    out = capsys.readouterr().out
+    assert "gate FAILED" in out and "1 unresolved field failure(s)" in out
+    (line,) = [x for x in out.splitlines() if "FIELD FAILURE" in x]
+    for part in (
+        "quantize_kv tsmall-d128",
+        "quantize_kv__tsmall-d128",
+        "BLOCK_D=128|T=600000",
+        "mismatch",
+        "12 against",
+    ):
+        assert part in line
+    assert "1 unresolved field failure(s)" in summary.read_text() and "`BLOCK_D=128|T=600000`" in summary.read_text()
+    (suite,) = [s for s in ET.parse(junit).getroot().findall("testsuite") if s.get("name") == "field failures"]
+    assert suite.get("failures") == "1" and "12 against 13" in suite.find("testcase/failure").text
+
+    demote = ["demote", "--op", "quantize_kv", "--bucket", "tsmall-d128", "--gpu", "NVIDIA H200"]
+    assert cli.main(demote + ["--reason", "wrong in the field", "--ledger", str(db), "--in-place"]) == 0
+    assert "resolved 1 field failure(s) of quantize_kv tsmall-d128 bfloat16 on NVIDIA H200" in capsys.readouterr().out
+    assert cli.main(gate) == 0 and "gate PASSED" in capsys.readouterr().out
+    with Ledger(db, read_only=True) as led:
+        (ff,) = led.field_failures()
+        demote_run = led.runs(limit=1)[0]
+        assert ff.resolved_by == demote_run.id and demote_run.config["command"] == "demote"
+
+
+def test_gate_reads_no_ledger_where_none_is_and_refuses_a_named_one_that_is_not_there(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "serving"
+    d.mkdir()
+    (d / "manifest.json").write_text('{"version": 1, "entries": []}')
+    monkeypatch.chdir(tmp_path)  # no runs/ledger.db here
+    monkeypatch.delenv("KERNEL_AGENT_LEDGER", raising=False)
+    gate = ["gate", "--serving-dir", str(d), "--quick", "--no-baselines"]
+    assert cli.main(gate) == 0 and not (tmp_path / "runs").exists()
+    assert cli.main(gate + ["--ledger", str(tmp_path / "typo.db")]) == 2
+    assert "no ledger at" in capsys.readouterr().err and not (tmp_path / "typo.db").exists()
+    _ledger_with_a_field_failure(tmp_path / "runs" / "ledger.db")  # the default, once it exists
+    assert cli.main(gate) == 1 and "FIELD FAILURE" in capsys.readouterr().out
+
+
+def test_demote_resolves_the_field_failures_of_a_bucket_nothing_serves_any_more(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "serving"
+    d.mkdir()
+    (d / "manifest.json").write_text('{"version": 1, "entries": []}')
+    monkeypatch.setenv("KERNEL_AGENT_SERVING_DIR", str(d))
+    db = tmp_path / "l.db"
+    _ledger_with_a_field_failure(db)
+    with Ledger(db) as led:
+        (p,) = led.promotions(active_only=True)
+        led.demote(p.id, "replaced by hand")
+    demote = ["demote", "--op", "quantize_kv", "--bucket", "tsmall-d128", "--gpu", "NVIDIA H200", "--reason", "gone"]
+    assert cli.main(demote + ["--ledger", str(db), "--in-place"]) == 0
+    assert "resolved 1 field failure(s)" in capsys.readouterr().out
+    with Ledger(db, read_only=True) as led:
+        assert led.field_failures(unresolved_only=True) == []
+        assert led.field_failures()[0].resolved_by == "demote with nothing served: gone"
+
+
+def test_history_and_show_list_field_failures_unresolved_and_resolved(tmp_path, capsys):
+    db = tmp_path / "l.db"
+    _ledger_with_a_field_failure(db)
+    _ledger_with_a_field_failure(db, bucket="tlarge-d128")
+    with Ledger(db) as led:
+        promote_run = led.runs(limit=None)[-1].id  # the first bucket's
+        cid = led.promotions(run_id=promote_run)[0].candidate_id
+        assert led.resolve_field_failures("quantize_kv", "tlarge-d128", "bfloat16", "NVIDIA H200", by="r-fixed") == 1
+    assert cli.main(["history", "--field-failures", "--ledger", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "1 unresolved, 1 resolved" in out
+    (open_line,) = [x for x in out.splitlines() if "UNRESOLVED" in x]
+    assert "quantize_kv tsmall-d128 bfloat16 nvidia-h200" in open_line and "mismatch" in open_line
+    (done_line,) = [x for x in out.splitlines() if x.strip().startswith("resolved ")]
+    assert "tlarge-d128" in done_line and "resolved by r-fixed" in done_line
+    assert cli.main(["history", "--field-failures", "--op", "matmul", "--ledger", str(db)]) == 0
+    assert "no field failures" in capsys.readouterr().out
+    assert cli.main(["history", "--field-failures", "--json", "--ledger", str(db)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(d["bucket"], d["kind"], d["resolved_by"], d["count"]) for d in doc] == [
+        ("tsmall-d128", "mismatch", None, 1),
+        ("tlarge-d128", "mismatch", "r-fixed", 1),
+    ]
+    # `show` of the run that promoted the kernel, and of the kernel itself (the same hash: both buckets' rows)
+    assert cli.main(["show", promote_run, "--ledger", str(db)]) == 0
+    assert "field failure: quantize_kv tsmall-d128" in capsys.readouterr().out
+    assert cli.main(["show", str(cid), "--ledger", str(db)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("field failure:")]
+    assert len(lines) == 2 and any("resolved by r-fixed" in x for x in lines)
+    assert cli.main(["show", promote_run, "--json", "--ledger", str(db)]) == 0
+    assert [d["bucket"] for d in json.loads(capsys.readouterr().out)["field_failures"]] == [
+        "tsmall-d128",
+        "tlarge-d128",
+    ]
 
 
 # -- report --------------------------------------------------------------------------------
