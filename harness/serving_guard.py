@@ -81,10 +81,11 @@ class GuardConfig:
     """The guard's limits. `time_limit_s`: the child's wall clock, startup and compile included;
     `memory_gib`: its address space (not applied on a GPU, where CUDA reserves huge ranges);
     `gpu_memory_gib`: a cap on its GPU allocations (None: 4 x the call's input bytes + 2 GiB);
-    `slow_factor`, `slow_slack_s`: the kernel fails when its call takes longer than slow_factor x the trusted
-    call + slow_slack_s; `recheck_rate`: the fraction of a verified class's calls checked again (never while
-    a CUDA graph is captured); `asynchronous`: checks run in background threads (else the first call of a
-    class waits for its check, and still returns the trusted output); `max_checks`: checks at once."""
+    `slow_factor`, `slow_slack_s`: on a GPU the kernel fails when its warm call takes longer than slow_factor x
+    the trusted call + slow_slack_s (`too_slow`); `recheck_rate`: the fraction of a verified class's calls
+    checked again (never while a CUDA graph is captured); `asynchronous`: checks run in background threads
+    (else the first call of a class waits for its check, and still returns the trusted output); `max_checks`:
+    checks at once."""
 
     time_limit_s: float = 120.0
     memory_gib: float = 8.0
@@ -100,40 +101,37 @@ class GuardConfig:
 # the shape class
 
 
-def _arg_key(v: Any) -> tuple:
-    if isinstance(v, torch.Tensor):
-        return (
-            "T",
-            DTYPE_NAMES.get(v.dtype, str(v.dtype)),
-            tuple(v.shape),
-            tuple(v.stride()),
-            v.storage_offset(),
-            v.device.type,
-            v.data_ptr() % 16 == 0,
-        )
-    if v is None:
-        return ("N",)
-    return ("S", type(v).__name__, repr(v))
+_ABSENT = object()  # an optional argument the call left out
 
 
-def class_key(bound: Mapping[str, Any]) -> tuple:
-    """The shape class of a call's arguments (by name, whether given by position or keyword): see the module."""
-    return tuple((name, _arg_key(v)) for name, v in sorted(bound.items()))
+def class_key(bound: Mapping[str, Any], names: Sequence[str]) -> tuple:
+    """The shape class of a call's arguments (`bound`: by name; `names`: the op's parameters in signature order,
+    so that a call by position and one by keyword meet the same class): see the module. Built on every call
+    of a guarded kernel, so it holds torch's own hashable objects (dtype, Size, device), converted to text
+    only when a class is first met (`class_text`)."""
+    key: list[tuple] = []
+    for name in names:
+        v = bound.get(name, _ABSENT)
+        if isinstance(v, torch.Tensor):
+            key.append((name, v.dtype, v.shape, v.stride(), v.storage_offset(), v.device, v.data_ptr() % 16 == 0))
+        elif v is not _ABSENT:  # a scalar by its text: a NaN is then equal to itself, a list hashable
+            key.append((name, type(v), repr(v)))
+    return tuple(key)
 
 
 def class_text(key: tuple) -> str:
     """The class key as stable text: `x:float16[4,2,16]/[32,16,1]+0@cpu,a16; sm_scale=0.125`."""
     parts = []
-    for name, k in key:
-        if k[0] == "T":
-            _, dtype, shape, stride, offset, device, aligned = k
+    for name, *k in key:
+        if len(k) == 6:
+            dtype, shape, stride, offset, device, aligned = k
             dims = ",".join(map(str, shape))
             strides = ",".join(map(str, stride))
-            parts.append(f"{name}:{dtype}[{dims}]/[{strides}]+{offset}@{device},{'a16' if aligned else 'unaligned'}")
-        elif k[0] == "N":
-            parts.append(f"{name}=None")
+            dname = DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+            where = f"{device.type},{'a16' if aligned else 'unaligned'}"
+            parts.append(f"{name}:{dname}[{dims}]/[{strides}]+{offset}@{where}")
         else:
-            parts.append(f"{name}={k[2]}")
+            parts.append(f"{name}={k[1]}")
     return "; ".join(parts)
 
 
@@ -331,6 +329,19 @@ def _to(v: Any, device: torch.device) -> Any:
     return v
 
 
+def too_slow(kernel_s: float, trusted_s: float, config: GuardConfig) -> Optional[CheckOutcome]:
+    """The TOO_SLOW failure when the kernel's warm call took longer than slow_factor x the trusted call plus
+    the slack, else None. Applied on a GPU only: on the CPU the child interprets the kernel under
+    instrumentation the serving process does not have, so the two times say nothing of the kernel's speed."""
+    if kernel_s <= config.slow_factor * trusted_s + config.slow_slack_s:
+        return None
+    return CheckOutcome(
+        FailureKind.TOO_SLOW,
+        f"{kernel_s * 1e3:.3g} ms against the trusted {trusted_s * 1e3:.3g} ms "
+        f"(limit {config.slow_factor:g}x + {config.slow_slack_s * 1e3:g} ms)",
+    )
+
+
 def check_call(
     path: Path, op: str, sent: dict[str, Any], device: torch.device, trusted_s: float, config: GuardConfig
 ) -> CheckOutcome:
@@ -342,12 +353,8 @@ def check_call(
     if failed is None:
         failed = judge_run(op, res, sent, digests, device)
     kernel_s = res.elapsed_s if res is not None else 0.0
-    if failed is None and kernel_s > config.slow_factor * trusted_s + config.slow_slack_s:
-        failed = CheckOutcome(
-            FailureKind.TOO_SLOW,
-            f"{kernel_s * 1e3:.3g} ms against the trusted {trusted_s * 1e3:.3g} ms "
-            f"(limit {config.slow_factor:g}x + {config.slow_slack_s * 1e3:g} ms)",
-        )
+    if failed is None and device.type == "cuda":
+        failed = too_slow(kernel_s, trusted_s, config)
     outcome = failed or CheckOutcome(None, "passed")
     outcome.child_s, outcome.kernel_s, outcome.trusted_s = time.perf_counter() - t0, kernel_s, trusted_s
     return outcome
@@ -380,6 +387,8 @@ class Guard:
         sink: Optional[Sink] = None,
     ):
         self.op = op
+        spec = get_op(op)
+        self.names = tuple(spec.arg_names) + tuple(spec.optional_args)
         self.trusted = trusted
         self.path_of = path_of
         self.config = config or GuardConfig()
@@ -396,7 +405,7 @@ class Guard:
         self, entry: ManifestEntry, kernel: Callable[[], Callable], gpu: str, bound: dict[str, Any], args, kwargs
     ) -> Any:
         """Answer one call that the manifest gives to `entry`'s kernel (`kernel()` loads it)."""
-        key = (entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound))
+        key = (entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound, self.names))
         record = self.classes.get(key)
         if record is not None and record.state == VERIFIED:
             if (
@@ -499,7 +508,7 @@ class Guard:
     def check_now(self, entry: ManifestEntry, gpu: str, bound: dict[str, Any]) -> CheckOutcome:
         """Check the class of a call synchronously (warm-up): a class already settled answers with its last
         outcome. The trusted implementation is timed warm (its second call), as traffic would find it."""
-        key = (entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound))
+        key = (entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound, self.names))
         with self._lock:
             record = self.classes.get(key)
             if record is None:
@@ -530,7 +539,7 @@ class Guard:
 
     def state_of(self, entry: ManifestEntry, gpu: str, bound: dict[str, Any]) -> Optional[str]:
         """The state of the class of a call (None: never seen)."""
-        record = self.classes.get((entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound)))
+        record = self.classes.get((entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound, self.names)))
         return record.state if record is not None else None
 
 
