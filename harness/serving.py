@@ -740,7 +740,7 @@ class Dispatcher:
         bound = self.bind(*args, **kwargs)
         bucket, dtype, gpu = self._key_of(bound)
         r, entry = self._resolve_key(bucket, dtype, gpu)
-        text = serving_guard.class_text(serving_guard.class_key(bound))
+        text = serving_guard.class_text(serving_guard.class_key(bound, self._params))
         if entry is None or not entry.is_kernel:
             return WarmupResult(bucket, text, r.impl, True, None, f"{r.impl}: trusted, not checked", 0.0)
         if self.guard is None:
