@@ -85,7 +85,8 @@ class GuardConfig:
     the trusted call + slow_slack_s (`too_slow`); `recheck_rate`: the fraction of a verified class's calls
     checked again (never while a CUDA graph is captured); `asynchronous`: checks run in background threads
     (else the first call of a class waits for its check, and still returns the trusted output); `max_checks`:
-    checks at once."""
+    checks in flight at once (each holds a copy of its call's inputs; a class met while that many are in
+    flight is served by the trusted implementation and claimed by a later call)."""
 
     time_limit_s: float = 120.0
     memory_gib: float = 8.0
@@ -191,16 +192,24 @@ def default_sink(serving_dir: Path) -> Sink:
 
 
 def _record_in_ledger(location: str, ff: FieldFailure) -> bool:
-    """Record `ff` in the ledger at `location`; False where that ledger cannot (no such method yet)."""
+    """Record `ff` in the ledger at `location`; False where that ledger cannot (it cannot be opened or written,
+    or has no record_field_failure): the failure then goes to the JSON-lines file, never lost."""
     from .ledger import Ledger  # deferred: serving imports no database code until a failure is recorded
 
-    ledger = Ledger(location)
+    try:
+        ledger = Ledger(location)
+    except Exception as e:  # noqa: BLE001 - a ledger that cannot be opened: the file takes the failure
+        warnings.warn(f"serving guard: ledger {location} cannot be opened ({e}); written to a file", stacklevel=3)
+        return False
     try:
         record = getattr(ledger, "record_field_failure", None)
         if record is None:
             return False
         record(ff)
         return True
+    except Exception as e:  # noqa: BLE001 - as above
+        warnings.warn(f"serving guard: ledger {location} did not take it ({e}); written to a file", stacklevel=3)
+        return False
     finally:
         ledger.close()
 
@@ -398,6 +407,7 @@ class Guard:
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(max(1, self.config.max_checks))
         self._threads: list[threading.Thread] = []
+        self._in_flight = 0  # checks claimed and not yet settled
         self._random = random.Random()
 
     # -- the call path ----------------------------------------------------------------
@@ -413,15 +423,11 @@ class Guard:
                 or record.rechecking
                 or self._random.random() >= self.config.recheck_rate
                 or _capturing()
+                or not self._begin(key, recheck=True)
             ):
                 self.counts[SERVED_KERNEL] += 1
                 return kernel()(*args, **kwargs)
-            with self._lock:
-                if record.rechecking:
-                    self.counts[SERVED_KERNEL] += 1
-                    return kernel()(*args, **kwargs)
-                record.rechecking = True
-            return self._check_and_answer(entry, key, gpu, bound, args, kwargs)
+            return self._check_and_answer(entry, key, gpu, bound, args, kwargs, recheck=True)
         if record is not None:
             self.counts[SERVED_RETIRED if record.state == RETIRED else SERVED_CHECKING] += 1
             return self.trusted(*args, **kwargs)
@@ -431,23 +437,51 @@ class Guard:
         # loaded (gated and imported: definitions only, nothing runs or compiles) as unguarded serving loads it,
         # so that a text that is not the judged one, or that the gate refuses, is the caller's ServingError
         kernel()
-        with self._lock:
-            if key in self.classes:  # another thread met the class first: its check stands for this call
-                self.counts[SERVED_CHECKING] += 1
-                return self.trusted(*args, **kwargs)
-            self.classes[key] = ClassRecord(CHECKING, class_text(key[-1]))
-        return self._check_and_answer(entry, key, gpu, bound, args, kwargs)
+        if not self._begin(key, recheck=False):  # met by another thread meanwhile, or max_checks in flight
+            self.counts[SERVED_CHECKING] += 1
+            return self.trusted(*args, **kwargs)
+        return self._check_and_answer(entry, key, gpu, bound, args, kwargs, recheck=False)
 
-    def _check_and_answer(self, entry, key, gpu, bound, args, kwargs) -> Any:
+    def _begin(self, key: tuple, recheck: bool) -> bool:
+        """Claim a check of the class: False when one is in flight for it, or `max_checks` are in flight in all
+        (each holds a copy of its call's inputs: the bound on that memory). A class left unclaimed stays
+        unseen, and a later call claims it."""
+        with self._lock:
+            record = self.classes.get(key)
+            if self._in_flight >= self.config.max_checks:
+                return False
+            if recheck and record is not None and not record.rechecking:
+                record.rechecking = True
+            elif not recheck and record is None:
+                self.classes[key] = ClassRecord(CHECKING, class_text(key[-1]))
+            else:
+                return False
+            self._in_flight += 1
+            return True
+
+    def _abandon(self, key: tuple, recheck: bool) -> None:
+        """Release a claim whose call failed before its check started (the trusted call raised)."""
+        with self._lock:
+            self._in_flight -= 1
+            if recheck:
+                self.classes[key].rechecking = False
+            else:
+                del self.classes[key]
+
+    def _check_and_answer(self, entry, key, gpu, bound, args, kwargs, recheck: bool) -> Any:
         """The trusted output for this call, and a check of the kernel on a copy of its inputs (in the
         background unless the guard is synchronous)."""
-        sent = {k: snapshot(v) for k, v in bound.items()}
-        device = _device_of(bound)
-        t0 = time.perf_counter()
-        out = self.trusted(*args, **kwargs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        trusted_s = time.perf_counter() - t0
+        try:
+            sent = {k: snapshot(v) for k, v in bound.items()}
+            device = _device_of(bound)
+            t0 = time.perf_counter()
+            out = self.trusted(*args, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            trusted_s = time.perf_counter() - t0
+        except BaseException:
+            self._abandon(key, recheck)
+            raise
         self.counts[SERVED_CHECKING] += 1
         job = (entry, key, gpu, sent, device, trusted_s, _metadata(bound))
         if self.config.asynchronous:
@@ -474,6 +508,7 @@ class Guard:
 
     def _settle(self, entry, key, gpu, meta, outcome: CheckOutcome) -> None:
         with self._lock:
+            self._in_flight -= 1
             record = self.classes[key]
             record.outcomes.append(outcome)
             record.rechecking = False
@@ -511,20 +546,26 @@ class Guard:
         key = (entry.source_hash, entry.bucket, entry.dtype, gpu, class_key(bound, self.names))
         with self._lock:
             record = self.classes.get(key)
-            if record is None:
-                record = self.classes[key] = ClassRecord(CHECKING, class_text(key[-1]))
-            elif record.state != CHECKING:
+            if record is not None and record.state != CHECKING:
                 return record.outcomes[-1] if record.outcomes else CheckOutcome(None, record.state)
-        if record.state == CHECKING and record.outcomes:  # pragma: no cover - settled meanwhile
-            return record.outcomes[-1]
-        sent = {k: snapshot(v) for k, v in bound.items()}
-        device = _device_of(bound)
-        self.trusted(**bound)
-        t0 = time.perf_counter()
-        self.trusted(**bound)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        trusted_s = time.perf_counter() - t0
+            if record is None:
+                self.classes[key] = ClassRecord(CHECKING, class_text(key[-1]))
+                self._in_flight += 1  # warm-up waits for no slot: it is the caller's own, synchronous
+        if record is not None:  # a call's check of the class is in flight: its outcome is this one's
+            self.wait(self.config.time_limit_s + 60)
+            return record.outcomes[-1] if record.outcomes else CheckOutcome(FailureKind.TIMEOUT, "still checking")
+        try:
+            sent = {k: snapshot(v) for k, v in bound.items()}
+            device = _device_of(bound)
+            self.trusted(**bound)
+            t0 = time.perf_counter()
+            self.trusted(**bound)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            trusted_s = time.perf_counter() - t0
+        except BaseException:
+            self._abandon(key, recheck=False)
+            raise
         return self._run((entry, key, gpu, sent, device, trusted_s, _metadata(bound)))
 
     # -- waiting and reading ----------------------------------------------------------

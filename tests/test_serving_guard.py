@@ -226,3 +226,41 @@ def test_the_default_sink_writes_json_lines_where_there_is_no_ledger(tmp_path, m
     lines = (tmp_path / "ff.jsonl").read_text().splitlines()
     assert [serving_guard.FieldFailure.from_json(__import__("json").loads(s)) for s in lines] == [ff]
     assert not (tmp_path / "runs").exists()  # a serving process creates no ledger
+    monkeypatch.setenv(serving_guard.ENV_LEDGER, str(tmp_path / "not-a-ledger.db"))
+    (tmp_path / "not-a-ledger.db").write_text("this is no database")
+    with pytest.warns(UserWarning, match="cannot be opened|did not take"):
+        serving_guard.default_sink(tmp_path / "serving")(ff)
+    assert len((tmp_path / "ff.jsonl").read_text().splitlines()) == 2  # the file took it: never lost
+
+
+def test_checks_in_flight_are_bounded_and_a_failed_trusted_call_leaves_no_claim(sdir, monkeypatch):
+    """Each check holds a copy of its call's inputs: at most max_checks are in flight, and a class met
+    meanwhile stays unseen (served by the trusted implementation) until a later call claims it."""
+    import threading
+
+    release = threading.Event()
+
+    def held_check(*args, **kwargs):  # the check itself, held until released (no child here)
+        release.wait(60)
+        return serving_guard.CheckOutcome(None, "passed")
+
+    monkeypatch.setattr(serving_guard, "check_call", held_check)
+    _install(sdir, CORRECT)
+    fn, failures = _dispatcher(sdir, serving.GuardConfig(max_checks=1))
+    x4, x5 = _x(4), _x(5)
+    fn(x4)  # claims the one slot
+    assert _same(fn(x5), serving.baseline(OP)(x5))  # no slot: trusted, and the class is not claimed
+    assert len(fn.guard.classes) == 1
+    release.set()
+    assert fn.wait(60)
+    fn(x5)  # claimed now
+    assert fn.wait(60) and len(fn.guard.classes) == 2
+    assert {r.state for r in fn.guard.classes.values()} == {serving_guard.VERIFIED}
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("the trusted call failed")
+
+    fn.guard.trusted = raising
+    with pytest.raises(RuntimeError, match="trusted call failed"):
+        fn(_x(6))
+    assert len(fn.guard.classes) == 2 and fn.guard._in_flight == 0  # no class left claimed
