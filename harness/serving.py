@@ -762,6 +762,7 @@ def _new_guard(d: Dispatcher, config: Optional[GuardConfig], sink: Optional[Call
         path_of=lambda entry: entry_path(entry, d.dir),
         config=config,
         sink=sink or (lambda ff: _field_failure_sink(d.dir)(ff)),
+        name_of=entry_name,
     )
 
 
@@ -805,12 +806,16 @@ def warmup(
     sink: Optional[Callable[[FieldFailure], None]] = None,
     config: Optional[GuardConfig] = None,
     dispatcher: Optional[Dispatcher] = None,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[str] = None,
 ) -> list[WarmupResult]:
     """Verify the shape class of each call before traffic, synchronously, and return what each found. A call
-    is a mapping of argument names to tensors and values, a tuple of positional arguments, or (args, kwargs).
-    `dispatcher`: the one that will serve (its classes are marked); default a guarded one made here."""
+    is a mapping of argument names to tensors and values, a tuple of positional arguments, (args, kwargs), or
+    a shape (the op's Shape or its text, "T=4,H=2,D=16"), whose inputs the op makes in `dtype` on `device`
+    (default bfloat16 on a GPU, float32 on the CPU). `dispatcher`: the one that will serve (its classes are
+    marked); default a guarded one made here."""
     d = dispatcher or get(op, gpu=gpu, dir=dir, guard=True, guard_config=config, sink=sink)
-    return serving_guard.warmup_calls(d, calls)
+    return serving_guard.warmup_calls(d, calls, dtype, device)
 
 
 __all__ = [

@@ -48,6 +48,7 @@ import torch
 from .field_failures import FailureKind, FieldFailure
 from .manifest import ManifestEntry
 from .ops import DTYPE_NAMES, get_op
+from .ops.common import Shape
 
 ENV_GUARD = "KERNEL_AGENT_SERVING_GUARD"
 ENV_LEDGER = "KERNEL_AGENT_LEDGER"
@@ -385,7 +386,8 @@ class ClassRecord:
 
 class Guard:
     """The per-class verification of one dispatcher's promoted kernels (see the module). `trusted`: the
-    trusted implementation; `path_of(entry)`: the file holding a kernel entry's checked source."""
+    trusted implementation; `path_of(entry)`: the file holding a kernel entry's checked source; `name_of(entry)`:
+    the name a field failure gives the kernel (serving.entry_name)."""
 
     def __init__(
         self,
@@ -394,12 +396,14 @@ class Guard:
         path_of: Callable[[ManifestEntry], Path],
         config: Optional[GuardConfig] = None,
         sink: Optional[Sink] = None,
+        name_of: Callable[[ManifestEntry], str] = lambda entry: entry.file or entry.op,
     ):
         self.op = op
         spec = get_op(op)
         self.names = tuple(spec.arg_names) + tuple(spec.optional_args)
         self.trusted = trusted
         self.path_of = path_of
+        self.name_of = name_of
         self.config = config or GuardConfig()
         self.sink = sink
         self.classes: dict[tuple, ClassRecord] = {}
@@ -517,8 +521,6 @@ class Guard:
             self._report(entry, gpu, record.text, meta, outcome)
 
     def _report(self, entry: ManifestEntry, gpu: str, text: str, meta: tuple, outcome: CheckOutcome) -> None:
-        from .serving import entry_name  # deferred: serving imports this module
-
         shapes, strides, dtypes = meta
         assert outcome.kind is not None
         ff = FieldFailure(
@@ -526,7 +528,7 @@ class Guard:
             bucket=entry.bucket,
             dtype=entry.dtype,
             gpu=gpu,
-            kernel=entry_name(entry),
+            kernel=self.name_of(entry),
             source_hash=entry.source_hash or "",
             shape_class=text,
             shapes=shapes,
@@ -612,21 +614,35 @@ class WarmupResult:
     check_s: float
 
 
-def warmup_calls(dispatcher: Any, calls: Sequence[Any]) -> list[WarmupResult]:
+def warmup_calls(
+    dispatcher: Any, calls: Sequence[Any], dtype: Optional[torch.dtype] = None, device: Optional[str] = None
+) -> list[WarmupResult]:
     """Verify, synchronously, the class of each call before traffic (serving.warmup's body). A call is a
-    mapping of argument names to values, a tuple of positional arguments, or (args, kwargs)."""
+    mapping of argument names to values, a tuple of positional arguments, (args, kwargs), or a shape (the op's
+    Shape, or its text such as "T=4,H=2,D=16"): its inputs are then made by the op in `dtype` on `device`
+    (default bfloat16 on a GPU, float32 on the CPU), contiguous: the class of traffic laid out so."""
     results = []
     for call in calls:
-        args, kwargs = _split_call(call)
+        args, kwargs = _split_call(call, dispatcher.op, dtype, device)
         results.append(dispatcher.verify(*args, **kwargs))
     return results
 
 
-def _split_call(call: Any) -> tuple[tuple, dict]:
+def _split_call(call: Any, op: str, dtype: Optional[torch.dtype], device: Optional[str]) -> tuple[tuple, dict]:
+    spec = get_op(op)
+    if isinstance(call, str):
+        call = spec.parse_shape(call)  # ValueError, one line, for a shape the op does not read
+    if isinstance(call, Shape) and isinstance(call, spec.shape_cls):
+        where = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dt = dtype or (torch.bfloat16 if where.startswith("cuda") else torch.float32)
+        return (), dict(spec.make_case(call, dt, seed=0, device=where).args)
     if isinstance(call, Mapping):
         return (), dict(call)
     if isinstance(call, tuple) and len(call) == 2 and isinstance(call[0], tuple) and isinstance(call[1], Mapping):
         return call[0], dict(call[1])
     if isinstance(call, (tuple, list)):
         return tuple(call), {}
-    raise TypeError(f"a warm-up call is a mapping, a tuple of arguments or (args, kwargs), not {type(call).__name__}")
+    raise TypeError(
+        f"a warm-up call of {op} is a mapping, a tuple of arguments, (args, kwargs) or a shape of {op}, "
+        f"not {type(call).__name__}"
+    )

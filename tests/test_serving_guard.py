@@ -196,6 +196,11 @@ def test_baseline_and_torch_resolutions_are_not_guarded(sdir):
     assert not fn.guard.classes and not fn.guard.counts
     (result,) = serving.warmup(OP, [(x,)], dir=sdir, gpu="cpu")
     assert result.passed and result.impl == "baseline" and result.kind is None
+    # a shape in place of inputs: the op makes them (contiguous, float32 on the CPU)
+    by_shape, by_text = serving.warmup(OP, [get_op(OP).parse_shape("5,2,16"), "T=5,H=2,D=16"], dir=sdir, gpu="cpu")
+    assert by_shape == by_text and by_shape.shape_class == "x:float32[5,2,16]/[32,16,1]+0@cpu,a16"
+    with pytest.raises(ValueError, match="unknown shape field"):
+        serving.warmup(OP, ["Q=5"], dir=sdir, gpu="cpu")
 
 
 def test_the_class_key_is_the_calls_exact_metadata():
