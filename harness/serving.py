@@ -717,7 +717,8 @@ class Dispatcher:
         return self._resolve_key(*self.key(*args, **kwargs))[0]
 
     def kernel_for(self, *args: Any, **kwargs: Any) -> Callable:
-        """The function a call with these arguments would run."""
+        """The function the manifest gives a call with these arguments: for a promoted kernel, the kernel itself,
+        which calling directly bypasses the guard (the dispatcher's own call is guarded)."""
         r, entry = self._resolve_key(*self.key(*args, **kwargs))
         if entry is not None and entry.is_kernel:
             return self._load(entry)
