@@ -52,7 +52,9 @@ import torch
 from .. import kernels as kernels_package
 from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
 from ..sanitizer.static_gate import check_source
+from . import serving_guard
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
+from .field_failures import FieldFailure
 from .manifest import (
     BASE_BASELINE,
     BASELINE,
@@ -65,6 +67,7 @@ from .manifest import (
     gpu_slug,
 )
 from .ops import DTYPE_NAMES, DTYPES, get_op
+from .serving_guard import Guard, GuardConfig, WarmupResult, guard_wanted
 from .source_text import source_hash
 
 MANIFEST_NAME = "manifest.json"
@@ -595,7 +598,15 @@ class Dispatcher:
     unchanged. The manifest is re-read when its file changes (one stat per call), and
     each kernel file is imported once."""
 
-    def __init__(self, op: str, gpu: str | None = None, dir: str | Path | None = None):
+    def __init__(
+        self,
+        op: str,
+        gpu: str | None = None,
+        dir: str | Path | None = None,
+        guard: Optional[bool] = None,
+        guard_config: Optional["GuardConfig"] = None,
+        sink: Optional[Callable[[FieldFailure], None]] = None,
+    ):
         self.op = op
         self._spec = get_op(op)
         self._params = tuple(self._spec.arg_names) + tuple(self._spec.optional_args)
@@ -612,6 +623,9 @@ class Dispatcher:
         self._baseline: Optional[Callable] = None
         self._entries: tuple[ManifestEntry, ...] = ()
         self._defaults: dict[tuple[str, str], tuple[str, str]] = {}
+        self.guard: Optional[Guard] = None
+        if guard_wanted(guard):
+            self.guard = _new_guard(self, guard_config, sink)
 
     def __repr__(self) -> str:
         return f"<serving dispatcher {self.op} dir={str(self.dir)!r}>"
@@ -635,7 +649,9 @@ class Dispatcher:
 
     def key(self, *args: Any, **kwargs: Any) -> tuple[str, str, str]:
         """(bucket, dtype name, GPU name) of a call."""
-        bound = self.bind(*args, **kwargs)
+        return self._key_of(self.bind(*args, **kwargs))
+
+    def _key_of(self, bound: dict[str, Any]) -> tuple[str, str, str]:
         first = bound[self._required[0]]
         shape = self._spec.shape_of(bound)
         bucket = self._spec.bucket(shape)
@@ -701,22 +717,106 @@ class Dispatcher:
         return self._resolve_key(*self.key(*args, **kwargs))[0]
 
     def kernel_for(self, *args: Any, **kwargs: Any) -> Callable:
-        """The function a call with these arguments would run."""
+        """The function the manifest gives a call with these arguments: for a promoted kernel, the kernel itself,
+        which calling directly bypasses the guard (the dispatcher's own call is guarded)."""
         r, entry = self._resolve_key(*self.key(*args, **kwargs))
         if entry is not None and entry.is_kernel:
             return self._load(entry)
         return self._torch_fn() if r.impl == TORCH else self._baseline_fn()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.kernel_for(*args, **kwargs)(*args, **kwargs)
+        bound = self.bind(*args, **kwargs)
+        bucket, dtype, gpu = self._key_of(bound)
+        r, entry = self._resolve_key(bucket, dtype, gpu)
+        if entry is not None and entry.is_kernel:
+            if self.guard is not None:
+                return self.guard.serve(entry, lambda: self._load(entry), gpu, bound, args, kwargs)
+            return self._load(entry)(*args, **kwargs)
+        return (self._torch_fn() if r.impl == TORCH else self._baseline_fn())(*args, **kwargs)
+
+    def verify(self, *args: Any, **kwargs: Any) -> WarmupResult:
+        """Check the class of this call now (synchronously) where a promoted kernel serves it, and say what
+        was found; a class served by the baseline or torch is trusted and not checked. The class's state
+        follows the result: verified (the kernel serves it) or retired (the trusted implementation does)."""
+        bound = self.bind(*args, **kwargs)
+        bucket, dtype, gpu = self._key_of(bound)
+        r, entry = self._resolve_key(bucket, dtype, gpu)
+        text = serving_guard.class_text(serving_guard.class_key(bound, self._params))
+        if entry is None or not entry.is_kernel:
+            return WarmupResult(bucket, text, r.impl, True, None, f"{r.impl}: trusted, not checked", 0.0)
+        if self.guard is None:
+            return WarmupResult(bucket, text, KERNEL, False, None, "the guard is off: nothing was checked", 0.0)
+        outcome = self.guard.check_now(entry, gpu, bound)
+        passed = outcome.kind is None
+        return WarmupResult(bucket, text, KERNEL, passed, outcome.kind, outcome.detail, outcome.child_s)
+
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Wait for the guard's checks in flight (True at once when the guard is off)."""
+        return self.guard.wait(timeout_s) if self.guard is not None else True
 
 
-def get(op: str, gpu: str | None = None, dir: str | Path | None = None) -> Dispatcher:
+def _new_guard(d: Dispatcher, config: Optional[GuardConfig], sink: Optional[Callable[[FieldFailure], None]]) -> Guard:
+    """The guard of a dispatcher: the baseline is its trusted implementation, the module's sink its default."""
+    return Guard(
+        d.op,
+        trusted=lambda *a, **k: d._baseline_fn()(*a, **k),
+        path_of=lambda entry: entry_path(entry, d.dir),
+        config=config,
+        sink=sink or (lambda ff: _field_failure_sink(d.dir)(ff)),
+        name_of=entry_name,
+    )
+
+
+_sink_override: Optional[Callable[[FieldFailure], None]] = None
+
+
+def set_field_failure_sink(sink: Optional[Callable[[FieldFailure], None]]) -> None:
+    """Where every dispatcher made without a sink of its own sends its field failures from now on (None:
+    back to the default, serving_guard.default_sink: the ledger, else a JSON-lines file)."""
+    global _sink_override
+    _sink_override = sink
+
+
+def _field_failure_sink(dir: Path) -> Callable[[FieldFailure], None]:
+    return _sink_override or serving_guard.default_sink(dir)
+
+
+def get(
+    op: str,
+    gpu: str | None = None,
+    dir: str | Path | None = None,
+    guard: Optional[bool] = None,
+    guard_config: Optional[GuardConfig] = None,
+    sink: Optional[Callable[[FieldFailure], None]] = None,
+) -> Dispatcher:
     """The serving entry point: a callable with `op`'s signature that runs, for each call's shape
     bucket, dtype and GPU, the fastest trusted implementation (a promoted kernel, the baseline or
     torch; `resolve` says which and why).
-    `gpu` pins the GPU name (default: the device of the call); `dir` the serving set."""
-    return Dispatcher(op, gpu=gpu, dir=dir)
+    `gpu` pins the GPU name (default: the device of the call); `dir` the serving set.
+    `guard`: verify each shape class of a promoted kernel before it serves it (harness/serving_guard.py;
+    default on unless KERNEL_AGENT_SERVING_GUARD=off); `guard_config` its limits; `sink` where its field
+    failures go (default: set_field_failure_sink's, else the ledger)."""
+    return Dispatcher(op, gpu=gpu, dir=dir, guard=guard, guard_config=guard_config, sink=sink)
+
+
+def warmup(
+    op: str,
+    calls: Sequence[Any],
+    dir: str | Path | None = None,
+    gpu: str | None = None,
+    sink: Optional[Callable[[FieldFailure], None]] = None,
+    config: Optional[GuardConfig] = None,
+    dispatcher: Optional[Dispatcher] = None,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[str] = None,
+) -> list[WarmupResult]:
+    """Verify the shape class of each call before traffic, synchronously, and return what each found. A call
+    is a mapping of argument names to tensors and values, a tuple of positional arguments, (args, kwargs), or
+    a shape (the op's Shape or its text, "T=4,H=2,D=16"), whose inputs the op makes in `dtype` on `device`
+    (default bfloat16 on a GPU, float32 on the CPU). `dispatcher`: the one that will serve (its classes are
+    marked); default a guarded one made here."""
+    d = dispatcher or get(op, gpu=gpu, dir=dir, guard=True, guard_config=config, sink=sink)
+    return serving_guard.warmup_calls(d, calls, dtype, device)
 
 
 __all__ = [
@@ -724,6 +824,11 @@ __all__ = [
     "Dispatcher",
     "Resolution",
     "get",
+    "warmup",
+    "set_field_failure_sink",
+    "GuardConfig",
+    "WarmupResult",
+    "FieldFailure",
     "serving_dir",
     "load_manifest",
     "manifest_text",

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class RunResult:
     fpsan_unsupported: List[str] = field(default_factory=list)
     specs: List[str] = field(default_factory=list)  # the specialisation of each launch (branches.launch_spec)
     handle: int = 0  # the executor's number for this call (its outputs can be re-read while it keeps them)
+    elapsed_s: float = 0.0  # the wall time of the candidate's call (on a GPU, to its last kernel's end)
+    returned_inputs: Dict[str, torch.Tensor] = field(default_factory=dict)  # the inputs as the call left them
 
     @property
     def ok(self) -> bool:
@@ -109,6 +112,7 @@ def execute_call(
     tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
     before = {k: _storage_bytes(v) for k, v in tensors.items()}
     res = RunResult()
+    t0 = time.perf_counter()
     if device != "cpu":
         _call_on_device(fn, args, path, res, recorder)
     else:
@@ -120,6 +124,7 @@ def execute_call(
         guard = HostGuard(sentinel=sentinel)
         inst = Instrumentation(bounds=bounds, order=order, seed=seed, fpsan=fpsan, watched=watched, fresh=guard.fresh)
         _call_interpreted(fn, args, path, res, inst, guard, recorder)
+    res.elapsed_s = time.perf_counter() - t0
     for k, v in tensors.items():
         if not torch.equal(before[k], _storage_bytes(v)):
             res.mutated.append(k)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import shutil
 import signal
@@ -43,6 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--cpu-seconds", type=int, default=0)
     ap.add_argument("--memory-gib", type=float, default=8.0)
+    ap.add_argument("--gpu-memory-gib", type=float, default=0.0, help="a cap on the caching allocator (0: none)")
     ap.add_argument("--skip-gate", action="store_true")
     ap.add_argument("--tool-ports", default="", help="FIRST-LAST: TCP ports of a wrapping tool's front end")
     args = ap.parse_args(argv)
@@ -68,6 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
     else:
         sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
+        if args.gpu_memory_gib > 0:  # RLIMIT_AS cannot bound device memory; torch's allocator can
+            _cap_gpu_memory(args.gpu_memory_gib)
     sandbox.arm_audit_hook()  # fatal: the first refused action ends this process (exit 86)
 
     def evidence() -> List[str]:
@@ -143,6 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out_tensors = [
             t.detach().cpu() if t.device.type != "cpu" else t.detach() for t in outs if isinstance(t, torch.Tensor)
         ]
+        # the inputs as the call left them, for a parent that checksums them itself (the serving guard)
+        returned = [call_args[n].detach().cpu() for n in req["tensor_names"]] if req.get("return_inputs") else []
         wire.send(
             sock,
             {
@@ -158,10 +164,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 else None,
                 "tuple": isinstance(res.out, (tuple, list)),
                 "mutated": res.mutated[:10],
+                "elapsed_s": res.elapsed_s,
+                "returned_inputs": len(returned),
                 "violations": evidence(),
             },
-            out_tensors,
+            out_tensors + returned,
         )
+
+
+def _cap_gpu_memory(gib: float) -> None:
+    """Bound what this process's caching allocator may hold on its GPU to `gib` (an allocation past it raises
+    torch's out-of-memory error), so that a candidate's allocation cannot starve the GPU's other processes."""
+    import torch  # deferred: the sandboxed side loads torch inside its sandbox (main)
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total))
 
 
 def _signature(fn) -> List[List[Any]]:
@@ -234,6 +251,8 @@ def _executor_command(
     skip_gate: bool,
     tool_ports: Sequence[int],
     wrapper: Sequence[str],
+    memory_gib: Optional[float] = None,
+    gpu_memory_gib: Optional[float] = None,
 ) -> List[str]:
     """The executor's command line: it serves calls over the socket fd, under a CPU-time limit of cpu_s."""
     cmd = [
@@ -251,6 +270,10 @@ def _executor_command(
         "--cpu-seconds",
         str(cpu_s),
     ]
+    if memory_gib:
+        cmd.append(f"--memory-gib={memory_gib:g}")
+    if gpu_memory_gib:
+        cmd.append(f"--gpu-memory-gib={gpu_memory_gib:g}")
     if skip_gate:
         cmd.append("--skip-gate")
     if tool_ports:
@@ -274,7 +297,11 @@ class Executor:
         wrapper: Sequence[str] = (),
         env_extra: Optional[Dict[str, str]] = None,
         tool_ports: Sequence[int] = (),
+        memory_gib: Optional[float] = None,
+        gpu_memory_gib: Optional[float] = None,
     ):
+        """`memory_gib`: the child's address space (default 8 GiB; not applied on a GPU, where CUDA reserves
+        huge ranges); `gpu_memory_gib`: a cap on what it may allocate on the GPU (default none)."""
         self.path, self.op, self.device = path, op, device
         self.deadline = deadline or (time.time() + 600)
         self.scratch = sandbox.make_scratch("ka-exec-")
@@ -293,7 +320,9 @@ class Executor:
         else:
             env.pop("TRITON_INTERPRET", None)
         cpu_s = max(30, int(self.deadline - time.time()) + 30)
-        cmd = _executor_command(child.fileno(), op, self.file, device, cpu_s, skip_gate, tool_ports, wrapper)
+        cmd = _executor_command(
+            child.fileno(), op, self.file, device, cpu_s, skip_gate, tool_ports, wrapper, memory_gib, gpu_memory_gib
+        )
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 cmd,
@@ -432,12 +461,14 @@ class Executor:
         sentinel: int = 0,
         readable: Optional[Dict[str, Any]] = None,
         keep: bool = False,
+        return_inputs: bool = False,
     ):
-        """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU)."""
+        """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU). With
+        `return_inputs`, the executor also sends its copies of the tensor inputs back as the call left them
+        (RunResult.returned_inputs), for a caller that checksums them itself."""
         import torch  # deferred: as wire
 
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-        from .execution import RunResult  # deferred: execution loads torch, as wire
 
         if not hasattr(case, "_executor_id"):
             self._case_ids += 1
@@ -455,6 +486,7 @@ class Executor:
                 "values": values,
                 "readable": list(readable),
                 "keep": keep,
+                "return_inputs": return_inputs,
                 "opts": {"bounds": bounds, "order": order, "seed": seed, "fpsan": fpsan, "sentinel": sentinel},
             },
             payload,
@@ -463,20 +495,7 @@ class Executor:
         reply, outs = self._recv(max_payload=4 * sum(t.untyped_storage().nbytes() for t in payload) + (64 << 20))
         self.calls += 1
         self.violations = wire.strings(reply.get("violations"))
-        res = RunResult()
-        res.handle = wire.as_int(reply.get("call"))
-        res.error = wire.text(reply.get("error"), 400)
-        res.bounds = wire.strings(reply.get("bounds"))
-        res.guard = wire.strings(reply.get("guard"))
-        res.launches = wire.as_int(reply.get("launches"))
-        res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
-        res.specs = wire.strings(reply.get("specs"))
-        res.mutated = [k for k in wire.strings(reply.get("mutated")) if k in tensors]
-        kinds = wire.optional_list(reply.get("outputs"))
-        if kinds is not None:
-            it = iter(outs)
-            vals = [next(it, None) if k == "tensor" else f"<{wire.text(k, 40)}>" for k in kinds]
-            res.out = tuple(vals) if reply.get("tuple") else (vals[0] if vals else None)
+        res = _evidence(reply, outs, list(tensors), return_inputs)
         if self.violations and not res.error:
             res.error = f"the sandbox refused: {self.violations[0]}"
         return res
@@ -497,6 +516,36 @@ class Executor:
         self._send({"cmd": "digests", "call": handle})
         reply, _ = self._recv()
         return wire.optional_list(reply.get("digests"))
+
+
+def _evidence(reply: Dict[str, Any], outs: List[Any], tensor_names: List[str], return_inputs: bool):
+    """The executor's answer to a call as a RunResult: its outputs, what it saw, and (with `return_inputs`)
+    its copies of the inputs, sent after the outputs."""
+    from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+    from .execution import RunResult  # deferred: execution loads torch, as wire
+
+    res = RunResult()
+    res.handle = wire.as_int(reply.get("call"))
+    res.error = wire.text(reply.get("error"), 400)
+    res.bounds = wire.strings(reply.get("bounds"))
+    res.guard = wire.strings(reply.get("guard"))
+    res.launches = wire.as_int(reply.get("launches"))
+    res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
+    res.specs = wire.strings(reply.get("specs"))
+    res.mutated = [k for k in wire.strings(reply.get("mutated")) if k in tensor_names]
+    elapsed = reply.get("elapsed_s")
+    # a time that is not a finite number of seconds counts as too long (the serving guard holds it to a limit)
+    res.elapsed_s = float(elapsed) if isinstance(elapsed, (int, float)) and 0 <= elapsed < math.inf else math.inf
+    n_back = min(len(outs), wire.as_int(reply.get("returned_inputs"))) if return_inputs else 0
+    if n_back:
+        outs, back = outs[: len(outs) - n_back], outs[len(outs) - n_back :]
+        res.returned_inputs = dict(zip(tensor_names, back))
+    kinds = wire.optional_list(reply.get("outputs"))
+    if kinds is not None:
+        it = iter(outs)
+        vals = [next(it, None) if k == "tensor" else f"<{wire.text(k, 40)}>" for k in kinds]
+        res.out = tuple(vals) if reply.get("tuple") else (vals[0] if vals else None)
+    return res
 
 
 if __name__ == "__main__":
