@@ -517,8 +517,13 @@ class DecodeStep:
         if stack == "serving":
             from . import serving  # keeps the CLI's startup light (torch)
 
+            # Checks run in the first call of each shape class (which gets the trusted output), so that a
+            # promoted kernel's class is verified by the warm-up calls and the CUDA graph captures the kernel,
+            # not the trusted implementation an unfinished background check would leave in its place.
+            synchronous = serving.GuardConfig(asynchronous=False)
             self._fns: Dict[str, Any] = {
-                op: serving.get(op) for op in ("matmul", "decode_attention", "quantize_kv", "decode_attention_int8")
+                op: serving.get(op, guard_config=synchronous)
+                for op in ("matmul", "decode_attention", "quantize_kv", "decode_attention_int8")
             }
         else:
             base = stack in ("baseline", "hybrid")
