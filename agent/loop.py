@@ -51,6 +51,7 @@ from .placement import (
     LocalPlacement,
     default_jobs,
     describe,
+    gpu_seconds,
     occupied_fraction,
 )
 from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
@@ -395,8 +396,11 @@ class Loop:
             judged=len(rec.judged),
             wall_s=end - self.t_start,
             raced_out=rec.raced_out,
+            stopped_early=rec.stopped_early,
             benchmarks=sum(1 for span in log if span.kind == Stage.BENCH),
+            tokens=self.proposer_thread.tokens(),
         )
+        th.gpu_s, th.gpu_s_all = gpu_seconds(log)
         if rec.first_benchmark_at is not None:
             th.first_benchmark_s = rec.first_benchmark_at - self.t_start
         by_stage: Dict[str, List[float]] = {}

@@ -21,6 +21,7 @@ in child processes of this machine (sanitizer/runner.py, harness/bench_worker.py
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 from ..harness import bench_worker, compile_probe
-from ..harness.bench_records import BenchSpec
+from ..harness.bench_records import CANDIDATE, BenchSpec
 from ..harness.compile_probe import CompileProfile
 from ..harness.env import gpu_name
 from ..sanitizer import isolation, runner
@@ -55,6 +56,11 @@ class SanitizeTask:
     def kind(self) -> str:
         return self.stage or self.mode
 
+    @property
+    def subject(self) -> str:
+        """The candidate the task is for (its file), for the seconds spent on each candidate."""
+        return self.path
+
     exclusive = False  # a check may share its GPU with other checks
 
 
@@ -67,6 +73,11 @@ class BenchTask:
     kind: str = "bench"
     exclusive: bool = True  # a timing has its GPU to itself
     gated: bool = True  # it starts without the GPU, compiles sharing it, and has it alone only to time
+
+    @property
+    def subject(self) -> str:
+        """The candidate the benchmark is for (its file), for the seconds spent on each candidate."""
+        return next((k.file or "" for k in self.spec.kernels if k.label == CANDIDATE), "")
 
 
 Task = Union[SanitizeTask, BenchTask]
@@ -92,6 +103,26 @@ class TaskSpan(NamedTuple):
     start: float
     end: float
     gpu: Optional[str] = None  # the CUDA_VISIBLE_DEVICES entry it ran on
+    subject: str = ""  # the candidate it was for (Task.subject)
+
+
+def gpu_seconds(spans: Sequence[TaskSpan]) -> Tuple[Dict[str, float], float]:
+    """The GPU wall seconds each candidate cost, by stage: ({stage: the median over the candidates that ran it of
+    their seconds in it, "total": the median over all candidates of their seconds on the GPU}, the seconds of
+    all of them). A task's GPU seconds run from when it got its GPU (a gated task: its lease, logged as
+    "<stage> on gpu") to its end; the "<stage> alone" spans lie inside those and are not counted again."""
+    per: Dict[str, Dict[str, float]] = {}  # candidate -> stage -> seconds
+    for s in spans:
+        if s.gpu is None or s.kind.endswith(" alone"):
+            continue
+        stage = s.kind[: -len(" on gpu")] if s.kind.endswith(" on gpu") else s.kind
+        by_stage = per.setdefault(s.subject, {})
+        by_stage[stage] = by_stage.get(stage, 0.0) + (s.end - s.start)
+    stages = sorted({k for d in per.values() for k in d})
+    out = {k: statistics.median(d[k] for d in per.values() if k in d) for k in stages}
+    if per:
+        out["total"] = statistics.median(sum(d.values()) for d in per.values())
+    return out, sum(sum(d.values()) for d in per.values())
 
 
 def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Sequence[str]) -> float:
@@ -423,11 +454,12 @@ class LocalPlacement:
                 if gpu is not None:
                     self._release(task, gpu, gated, granted)
                 # a gated task's whole span holds no GPU; its leased spans below do
-                self._log.append(TaskSpan(task.kind, resource, t0, end, None if gated else gpu))
+                subject = task.subject
+                self._log.append(TaskSpan(task.kind, resource, t0, end, None if gated else gpu, subject))
                 if "gpu" in granted:
-                    self._log.append(TaskSpan(f"{task.kind} on gpu", resource, granted["gpu"], end, gpu))
+                    self._log.append(TaskSpan(f"{task.kind} on gpu", resource, granted["gpu"], end, gpu, subject))
                 if "alone" in granted:
-                    self._log.append(TaskSpan(f"{task.kind} alone", resource, granted["alone"], end, gpu))
+                    self._log.append(TaskSpan(f"{task.kind} alone", resource, granted["alone"], end, gpu, subject))
                 self._lock.notify_all()
                 self._release_if_idle()
 
@@ -500,6 +532,7 @@ __all__: List[str] = [
     "GPU_CHECKS_PER_GPU",
     "TaskSpan",
     "occupied_fraction",
+    "gpu_seconds",
     "threads_per_child",
     "usable_cores",
     "describe",

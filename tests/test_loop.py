@@ -505,6 +505,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone():
     assert alone.start >= max(s.end for s in spans if s.kind == "gpu on gpu" and s.start < alone.start)
     assert d_lease.start >= alone.end  # check d's lease came after the timing
     assert {s.gpu for s in spans if s.kind in ("gpu", "bench")} == {None}  # whole spans hold no GPU
+    assert {s.subject for s in spans if s.kind == "gpu on gpu"} == {"a", "c", "d"}  # each for its candidate
     assert 0 < occupied_fraction(spans, min(s.start for s in spans), max(s.end for s in spans), ["0"]) <= 1
     assert pl.can_start(BenchTask(_spec(1), gated=False)) and pl.running("gpu") == 0  # every lease came back
     pl.close()
@@ -579,6 +580,35 @@ def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
     assert occupied_fraction(spans, 0, 20, ["0"]) == pytest.approx(17 / 20)  # [0, 12] and [15, 20]
     assert occupied_fraction(spans, 10, 20, ["0", "1"]) == pytest.approx((7 + 10) / 20)
     assert occupied_fraction(spans, 0, 20, []) == 0.0
+
+
+def test_gpu_seconds_per_candidate_count_each_task_from_its_gpu_lease_to_its_end():
+    """The GPU wall seconds each candidate cost, per stage: a gated task's seconds from its lease ("<stage> on
+    gpu") to its end, its "alone" part not counted twice, its whole span (no GPU) not at all; the throughput
+    line states the medians and the sum."""
+    from kernel_agent.agent.placement import TaskSpan, gpu_seconds
+    from kernel_agent.agent.throughput import Throughput
+
+    spans = [
+        TaskSpan("gpu", "gpu", 0, 12, None, "a.py"),  # a gated check's whole span: starts before its lease
+        TaskSpan("gpu on gpu", "gpu", 3, 12, "0", "a.py"),  # 9 s
+        TaskSpan("bench", "gpu", 12, 40, None, "a.py"),
+        TaskSpan("bench on gpu", "gpu", 15, 40, "0", "a.py"),  # 25 s
+        TaskSpan("bench alone", "gpu", 30, 40, "0", "a.py"),  # inside the lease above
+        TaskSpan("gpu on gpu", "gpu", 0, 7, "0", "b.py"),  # 7 s, rejected there: no benchmark
+        TaskSpan("gpu", "gpu", 0, 11, "1", "c.py"),  # an ungated check holds its GPU throughout: 11 s
+        TaskSpan("bench on gpu", "gpu", 11, 15, "1", "c.py"),  # 4 s: stopped early
+        TaskSpan("full", "cpu", 0, 60, None, "c.py"),
+    ]
+    medians, total = gpu_seconds(spans)
+    assert medians == {"bench": pytest.approx(14.5), "gpu": pytest.approx(9), "total": pytest.approx(15)}
+    assert total == pytest.approx(9 + 25 + 7 + 11 + 4)
+    assert gpu_seconds([]) == ({}, 0)
+    th = Throughput(judged=3, gpu_s=medians, gpu_s_all=total, tokens=3000, stopped_early=1)
+    line = th.describe(1)
+    assert "GPU s per candidate (median): GPU checks 9.0, benchmark 14.5, total 15.0 (56 GPU s in all)" in line
+    assert "1 benchmark(s) stopped early by the sequential test" in line
+    assert "1000 model tokens per judged candidate" in line
 
 
 def test_default_jobs_leave_a_core_per_gpu():
