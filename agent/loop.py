@@ -214,6 +214,7 @@ class Loop:
             self.recorder.ceilings,
             list(attempts.get(key, [])),
             diagnosis=self._diagnosis(t, inc),
+            repeats=self.duplicate_streak.get(key, 0),
         )
 
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
@@ -272,12 +273,13 @@ class Loop:
         key = (t.op, t.bucket)
         repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself
         self.session_hashes.add(h)
+        replay_repeats = self.proposer.replays_are_repeats  # a code model repeating an earlier run's source too
         if h in self.known:  # recorded by this run already (a resume, or a repeat)
             c = self.ledger.candidate(self.known[h])
             # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
             if c is not None and self._needs_work(c, t):
                 return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
-            if repeat:
+            if repeat or replay_repeats:
                 self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
             if c is not None and not self.unfinished(c):  # (one still in flight tells its own result)
                 self.recorder.replay(ctx, p, c.id)
@@ -298,6 +300,8 @@ class Loop:
                 p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): not judged again"
             )
             self.recorder.replay(ctx, p, existing.id)
+            if replay_repeats:
+                self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
             return None
         self.duplicate_streak[key] = 0
         budget.used += 1

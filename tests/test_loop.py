@@ -1269,3 +1269,45 @@ def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serv
     assert [(e.bucket, e.impl) for e in entries] == [(targets[0].bucket, "torch")]
     assert any("it serves the bucket" in n for n in notes)
     led.close()
+
+
+def test_a_code_model_that_repeats_itself_gets_a_changed_prompt_and_the_bucket_is_given_up_after_3(
+    tmp_path, monkeypatch
+):
+    """A reply repeating a source already tried for the bucket is answered with a prompt that says so, at a
+    higher temperature; after 3 repeats in a row the bucket is given up (not ~25 calls), and the run says so."""
+    from kernel_agent.agent.model import REPEAT_LIMIT, ModelConfig, ModelProposer
+
+    with open(GOOD) as f:
+        same = f.read()
+    stub = Stub([{"reply": "```python\n" + same + "```"}])
+    port = stub.start()
+    try:
+        model = ModelConfig("scripted", f"http://127.0.0.1:{port}/v1", "x", max_retries=0, concurrency=1, timeout_s=10)
+        gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+        led = Ledger(str(tmp_path / "l.db"))
+        lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu, ModelProposer(model))
+        lp.cfg.per_round = 1
+        notes = []
+        lp.events.note = notes.append
+        stop = _stream(lp, targets[:1], budget, 20)
+    finally:
+        stub.stop()
+    assert stop == "the proposer has nothing new to propose"
+    # one new candidate, then REPEAT_LIMIT repeats (and at most one more ask once that candidate's result is in)
+    assert REPEAT_LIMIT + 1 <= len(stub.requests) <= REPEAT_LIMIT + 2, len(stub.requests)
+    prompts = [r["messages"][1]["content"] for r in stub.requests]
+    temps = [r["temperature"] for r in stub.requests]
+    # the first reply is new, the second the first repeat: the third prompt is the first changed one
+    assert all("repeated a file already tried" not in p for p in prompts[:2]) and temps[:2] == [0.7, 0.7]
+    assert "Your last 1 reply repeated a file already tried" in prompts[2] and temps[2] == pytest.approx(1.0)
+    assert "Your last 2 replies repeated a file already tried" in prompts[3] and temps[3] == pytest.approx(1.3)
+    assert any("repeated sources already tried 3 times in a row" in n for n in notes)
+    assert len(led.candidates(run_id=run.id)) == 1
+    # the tokens the stub counted, per judged candidate, on the throughput line (`show RUN`, `history`, run's end)
+    th = lp.throughput()
+    reply = len("```python\n" + same + "```") // 4  # the stub's count: a token per 4 characters
+    spent = sum(sum(len(m["content"]) // 4 for m in r["messages"]) + reply for r in stub.requests)
+    assert th.tokens == spent > 0 and th.judged == 1
+    assert f"{spent} model tokens per judged candidate" in th.describe(1)
+    led.close()
