@@ -3,7 +3,9 @@
     python scripts/throughput.py report LEDGER RUN [--json OUT]
         one row per session of the run (the run, then each `--resume`): time to the first benchmarked
         candidate, candidates judged (per GPU-hour), GPU occupancy after the first 3 minutes, how far
-        past its time limit the session ended, what it left unjudged, median seconds per stage.
+        past its time limit the session ended, what it left unjudged, median seconds per stage, GPU
+        seconds per candidate (median per stage and in total; the target is 12 s), benchmarks stopped early
+        by the sequential test, model tokens per judged candidate.
     python scripts/throughput.py sanitize [--seed N] [--json OUT]
         the full sanitizer on each of the five baselines, one after another, as `kernel-agent run`
         starts it (a sandboxed child), with its median: the CPU-side cost of one candidate. The inputs
