@@ -19,7 +19,8 @@ refuses a shape slower beyond its noise; a promotion needs a gain above the nois
 
 What the bound assumes: independent round ratios, near normal. Heavy tails (a round hit by a neighbour's
 burst) widen sd(d) and make the test stop later, not wrongly; tests/test_sequential.py measures the stopping
-rate over simulated streams with such outliers. Pure arithmetic: no torch, no GPU.
+rate over simulated streams as noisy as the H200's rounds, with such bursts and position effects
+(docs/BENCHMARK.md quotes the figures). Pure arithmetic: no torch, no GPU.
 """
 
 from __future__ import annotations

@@ -18,28 +18,43 @@ from kernel_agent.harness.sequential import ALPHA, EarlyStop, looks, sequential_
 ROUNDS = MAX_ROUNDS  # the benchmark's round limit with three contenders (candidate, incumbent, torch)
 
 
-def _round_times(rng: random.Random, ratio: float, base_ms: float = 1.0):
-    """One round of (candidate, incumbent) times with realistic noise: a drift shared by the round (clocks,
-    temperature), 1.5% log-normal noise per kernel, and one round in 25 of a kernel hit by a burst (5% to 25%
-    slower), as a neighbour's work or a clock dip does: heavier tails than the normal the bound assumes."""
-    drift = math.exp(rng.gauss(0, 0.02))
+class _Noise:
+    """Round times of a candidate and the incumbent, interleaved with a third kernel (the rotation of three),
+    with noise as large as the H200's: the paired log-ratio of two kernels' rounds in the committed benchmarks
+    (results/h200/bench_run*.json, kernels of 200 us and more) has a standard deviation of 4.1% at the median
+    shape and 7% at the 90th percentile, and one round in five lies more than 5% from its shape's median.
+    Here: a drift shared by the round (clocks, temperature), 2.8% log-normal noise per kernel, a position effect
+    per kernel and stream (a kernel timed right after a power-hungry one runs slower: 2% per position, centred
+    so that the position-balanced time is the true one), and one round in ten of a kernel hit by a burst (3% to
+    20% slower): a paired log-ratio of about 4.5%, with heavier tails than the normal the bound assumes."""
 
-    def one(ms: float) -> float:
-        t = ms * drift * math.exp(rng.gauss(0, 0.015))
-        return t * rng.uniform(1.05, 1.25) if rng.random() < 0.04 else t
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.position = {}
+        for k in (CANDIDATE, INCUMBENT):
+            xs = [rng.gauss(0, 0.02) for _ in range(3)]
+            self.position[k] = [x - sum(xs) / 3 for x in xs]
 
-    return one(base_ms * ratio), one(base_ms)
+    def round(self, r: int, ratio: float):
+        rng, drift = self.rng, math.exp(self.rng.gauss(0, 0.02))
+
+        def one(ms: float, label: str, pos: int) -> float:
+            t = ms * drift * math.exp(rng.gauss(0, 0.028) + self.position[label][pos])
+            return t * rng.uniform(1.03, 1.2) if rng.random() < 0.1 else t
+
+        return one(ratio, CANDIDATE, r % 3), one(1.0, INCUMBENT, (r + 1) % 3)
 
 
-def _stream(rng: random.Random, ratio: float):
+def _stream(rng: random.Random, ratio: float, **test):
     """Looks after each round of one simulated benchmark, as the benchmark takes them: (the stop or None,
-    rounds timed)."""
+    rounds timed). `test`: the sequential test's arguments (alpha, min_slowdown)."""
+    noise = _Noise(rng)
     cand, inc = [], []
-    for _ in range(ROUNDS):
-        c, i = _round_times(rng, ratio)
+    for r in range(ROUNDS):
+        c, i = noise.round(r, ratio)
         cand.append(c)
         inc.append(i)
-        stop = sequential_stop(cand, inc, ROUNDS)
+        stop = sequential_stop(cand, inc, ROUNDS, **test)
         if stop is not None:
             return stop, len(cand)
     return None, ROUNDS
@@ -53,13 +68,14 @@ def test_t_distribution_matches_the_tables():
 
 
 def test_a_truly_slower_candidate_is_stopped_early_in_most_streams_and_within_few_rounds():
+    """The search's hint rewrites came in at 0.82x of the incumbent: 22% slower."""
     rng = random.Random(11)
-    results = [_stream(rng, 1.15) for _ in range(500)]  # 15% slower (the search proposes at 0.82x)
+    results = [_stream(rng, 1 / 0.82) for _ in range(1000)]
     stopped = [n for stop, n in results if stop is not None]
     assert len(stopped) >= 0.9 * len(results), len(stopped)
     assert sorted(stopped)[len(stopped) // 2] <= 5  # the median stop: by the fifth round of eight
-    slower = [stop.slower for stop, _ in results if stop is not None]
-    assert 0.10 < sorted(slower)[len(slower) // 2] < 0.20  # the verdict's figure is the slowdown's
+    slower = sorted(stop.slower for stop, _ in results if stop is not None)
+    assert 0.15 < slower[len(slower) // 2] < 0.30  # the verdict's figure is the slowdown's
 
 
 def test_an_equally_fast_candidate_is_stopped_at_most_alpha_of_the_time():
@@ -76,24 +92,20 @@ def test_the_uncorrected_test_would_fail_the_error_rate_check():
     """The check above can fail: the same streams judged at alpha at every look (no Bonferroni bound, and no
     least slowdown) stop more than ALPHA of the equally fast candidates."""
     rng = random.Random(2026)
-    n, stops = 6000, 0
-    uncorrected = ALPHA * looks(ROUNDS)  # sequential_stop shares alpha over the looks: give each look ALPHA
-    for _ in range(n):
-        cand, inc = [], []
-        for _ in range(ROUNDS):
-            c, i = _round_times(rng, 1.0)
-            cand.append(c)
-            inc.append(i)
-            if sequential_stop(cand, inc, ROUNDS, alpha=uncorrected, min_slowdown=0.0) is not None:
-                stops += 1
-                break
+    n = 6000
+    uncorrected = {"alpha": ALPHA * looks(ROUNDS), "min_slowdown": 0.0}  # ALPHA at each look
+    stops = sum(1 for _ in range(n) if _stream(rng, 1.0, **uncorrected)[0] is not None)
     assert stops > ALPHA * n, stops
 
 
 def test_a_faster_candidate_is_never_stopped():
+    """5% faster or more: never stopped over 2000 streams each. Barely faster (1%) is within the noise of one
+    round, so a stream can look slower: it is stopped less often than an equally fast one, under ALPHA."""
     rng = random.Random(5)
-    for ratio in (0.95, 0.99, 0.8):
-        assert all(_stream(rng, ratio)[0] is None for _ in range(1000)), ratio
+    for ratio in (0.95, 0.8):
+        assert all(_stream(rng, ratio)[0] is None for _ in range(2000)), ratio
+    stops = sum(1 for _ in range(4000) if _stream(rng, 0.99)[0] is not None)
+    assert stops <= ALPHA * 4000, stops
 
 
 def test_the_verdict_names_the_slowdown_the_test_and_its_rounds():
