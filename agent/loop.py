@@ -49,10 +49,13 @@ from .placement import (
     Evaluator,
     LocalDevices,
     LocalPlacement,
+    TaskSpan,
     default_jobs,
     describe,
     gpu_seconds,
+    gpu_seconds_by_subject,
     occupied_fraction,
+    occupied_seconds,
 )
 from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
 from .publish import NONE, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target, recorded_target
@@ -392,6 +395,16 @@ class Loop:
             self.proposer_thread.drain()
         return stop
 
+    def _gpu_seconds_by_candidate(self, log: Sequence[TaskSpan]) -> Dict[str, Dict[str, float]]:
+        """Each candidate's GPU seconds by stage (placement.gpu_seconds_by_subject), under its id: a task names
+        its candidate by the file the run wrote, which the ledger holds."""
+        ids = {c.path: c.id for c in self.ledger.candidates(run_id=self.run_id) if c.path}
+        return {
+            str(ids[path]): {k: round(v, 2) for k, v in stages.items()}
+            for path, stages in gpu_seconds_by_subject(log).items()
+            if path in ids
+        }
+
     def throughput(self) -> Throughput:
         rec = self.recorder
         log = self.placement.log()
@@ -404,7 +417,10 @@ class Loop:
             benchmarks=sum(1 for span in log if span.kind == Stage.BENCH),
             tokens=self.proposer_thread.tokens(),
         )
-        th.gpu_s, th.gpu_s_all = gpu_seconds(log)
+        th.gpu_s = gpu_seconds(log)
+        if self.placement.gpus:
+            th.gpu_busy_s = occupied_seconds(log, self.t_start, end, self.placement.gpus)
+        th.gpu_s_by_candidate = self._gpu_seconds_by_candidate(log)
         if rec.first_benchmark_at is not None:
             th.first_benchmark_s = rec.first_benchmark_at - self.t_start
         by_stage: Dict[str, List[float]] = {}

@@ -106,23 +106,30 @@ class TaskSpan(NamedTuple):
     subject: str = ""  # the candidate it was for (Task.subject)
 
 
-def gpu_seconds(spans: Sequence[TaskSpan]) -> Tuple[Dict[str, float], float]:
-    """The GPU wall seconds each candidate cost, by stage: ({stage: the median over the candidates that ran it of
-    their seconds in it, "total": the median over all candidates of their seconds on the GPU}, the seconds of
-    all of them). A task's GPU seconds run from when it got its GPU (a gated task: its lease, logged as
-    "<stage> on gpu") to its end; the "<stage> alone" spans lie inside those and are not counted again."""
-    per: Dict[str, Dict[str, float]] = {}  # candidate -> stage -> seconds
+def gpu_seconds_by_subject(spans: Sequence[TaskSpan]) -> Dict[str, Dict[str, float]]:
+    """The GPU wall seconds of each candidate (Task.subject), by stage. A task's GPU seconds run from when it got
+    its GPU (a gated task: its lease, logged as "<stage> on gpu") to its end; the "<stage> alone" spans lie
+    inside those and are not counted again, and a gated task's whole span holds no GPU."""
+    per: Dict[str, Dict[str, float]] = {}
     for s in spans:
         if s.gpu is None or s.kind.endswith(" alone"):
             continue
         stage = s.kind[: -len(" on gpu")] if s.kind.endswith(" on gpu") else s.kind
         by_stage = per.setdefault(s.subject, {})
         by_stage[stage] = by_stage.get(stage, 0.0) + (s.end - s.start)
+    return per
+
+
+def gpu_seconds(spans: Sequence[TaskSpan]) -> Dict[str, float]:
+    """The GPU wall seconds each candidate cost, by stage (gpu_seconds_by_subject): {stage: the median over the
+    candidates that ran it of their seconds in it, "total": the median over all candidates of their seconds on
+    the GPU}. Leased seconds: checks that share a GPU each count the time they held it."""
+    per = gpu_seconds_by_subject(spans)
     stages = sorted({k for d in per.values() for k in d})
     out = {k: statistics.median(d[k] for d in per.values() if k in d) for k in stages}
     if per:
         out["total"] = statistics.median(sum(d.values()) for d in per.values())
-    return out, sum(sum(d.values()) for d in per.values())
+    return out
 
 
 def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Sequence[str]) -> float:
@@ -130,6 +137,12 @@ def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Seq
     GPUs (tasks that share a GPU count once: the union of their spans)."""
     if hi <= lo or not gpus:
         return 0.0
+    return occupied_seconds(spans, lo, hi, gpus) / ((hi - lo) * len(gpus))
+
+
+def occupied_seconds(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Sequence[str]) -> float:
+    """The seconds of [lo, hi] during which each GPU had at least one task, summed over the GPUs (tasks that
+    share a GPU count once: the union of their spans)."""
     total = 0.0
     for g in gpus:
         cur_start: float = 0.0  # read only once cur_end is set
@@ -146,7 +159,7 @@ def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Seq
                 cur_end = max(cur_end, b)
         if cur_end is not None:
             total += cur_end - cur_start
-    return total / ((hi - lo) * len(gpus))
+    return total
 
 
 def usable_cores() -> int:
@@ -532,7 +545,9 @@ __all__: List[str] = [
     "GPU_CHECKS_PER_GPU",
     "TaskSpan",
     "occupied_fraction",
+    "occupied_seconds",
     "gpu_seconds",
+    "gpu_seconds_by_subject",
     "threads_per_child",
     "usable_cores",
     "describe",

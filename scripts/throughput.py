@@ -79,7 +79,7 @@ def _session_row(s: dict) -> dict:
         "median s per stage": s.get("stage_s", {}),
         "stopped early": s.get("stopped_early"),
         "GPU s per candidate": s.get("gpu_s", {}),
-        "GPU s in all": s.get("gpu_s_all"),
+        "GPU busy s": s.get("gpu_busy_s"),
         "tokens per judged": round(s["tokens"] / s["judged"]) if s.get("tokens") and s.get("judged") else None,
         "sanitizer processes": s.get("cpu_slots"),
         "GPUs": n_gpus,
@@ -127,7 +127,7 @@ def _print_sessions(rows: list) -> None:
             + ", ".join(f"{k} {v:.1f}" for k, v in r["median s per stage"].items())
         )
         if r["GPU s per candidate"]:
-            print(f"{r['session']}: {gpu_seconds_words(r['GPU s per candidate'], r['GPU s in all'] or 0.0)}")
+            print(f"{r['session']}: {gpu_seconds_words(r['GPU s per candidate'], r['GPU busy s'], r['judged'] or 0)}")
         print(
             f"{r['session']}: benchmarks stopped early by the sequential test {_fmt(r['stopped early'])}; "
             f"model tokens per judged candidate {_fmt(r['tokens per judged'])}"

@@ -585,8 +585,8 @@ def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
 def test_gpu_seconds_per_candidate_count_each_task_from_its_gpu_lease_to_its_end():
     """The GPU wall seconds each candidate cost, per stage: a gated task's seconds from its lease ("<stage> on
     gpu") to its end, its "alone" part not counted twice, its whole span (no GPU) not at all; the throughput
-    line states the medians and the sum."""
-    from kernel_agent.agent.placement import TaskSpan, gpu_seconds
+    line states the medians, and the seconds the GPUs were busy per judged candidate."""
+    from kernel_agent.agent.placement import TaskSpan, gpu_seconds, occupied_seconds
     from kernel_agent.agent.throughput import Throughput
 
     spans = [
@@ -600,13 +600,16 @@ def test_gpu_seconds_per_candidate_count_each_task_from_its_gpu_lease_to_its_end
         TaskSpan("bench on gpu", "gpu", 11, 15, "1", "c.py"),  # 4 s: stopped early
         TaskSpan("full", "cpu", 0, 60, None, "c.py"),
     ]
-    medians, total = gpu_seconds(spans)
+    medians = gpu_seconds(spans)
     assert medians == {"bench": pytest.approx(14.5), "gpu": pytest.approx(9), "total": pytest.approx(15)}
-    assert total == pytest.approx(9 + 25 + 7 + 11 + 4)
-    assert gpu_seconds([]) == ({}, 0)
-    th = Throughput(judged=3, gpu_s=medians, gpu_s_all=total, tokens=3000, stopped_early=1)
+    assert gpu_seconds([]) == {}
+    # busy: GPU 0 over [0, 12] (the checks of a.py and b.py overlap) and [15, 40], GPU 1 over [0, 15]
+    busy = occupied_seconds(spans, 0, 60, ["0", "1"])
+    assert busy == pytest.approx(12 + 25 + 15)
+    th = Throughput(judged=3, gpu_s=medians, gpu_busy_s=busy, tokens=3000, stopped_early=1)
     line = th.describe(1)
-    assert "GPU s per candidate (median): GPU checks 9.0, benchmark 14.5, total 15.0 (56 GPU s in all)" in line
+    want = "GPU s per candidate (median, leased): GPU checks 9.0, benchmark 14.5, total 15.0; GPU busy 52 s, 17.3 s"
+    assert f"{want} per judged candidate" in line
     assert "1 benchmark(s) stopped early by the sequential test" in line
     assert "1000 model tokens per judged candidate" in line
 
@@ -1310,4 +1313,9 @@ def test_a_code_model_that_repeats_itself_gets_a_changed_prompt_and_the_bucket_i
     spent = sum(sum(len(m["content"]) // 4 for m in r["messages"]) + reply for r in stub.requests)
     assert th.tokens == spent > 0 and th.judged == 1
     assert f"{spent} model tokens per judged candidate" in th.describe(1)
+    # the candidate's GPU seconds by stage, under its id, for the run's notes
+    (cand,) = led.candidates(run_id=run.id)
+    assert list(th.gpu_s_by_candidate) == [str(cand.id)] and {"gpu", "bench"} <= set(
+        th.gpu_s_by_candidate[str(cand.id)]
+    )
     led.close()
