@@ -62,6 +62,7 @@ from .views import (
     config_lines,
     diagnosis_lines,
     judged_base,
+    model_usage_line,
     run_doc,
     run_end_note,
     run_notes,
@@ -1052,6 +1053,8 @@ def _show_run(led, run, args) -> int:
         ui.line(f"promoted: {p.op} {p.bucket} {p.dtype} candidate #{p.candidate_id}: {p.reason}", style="green")
     if target is not None:
         ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
+    if model_usage_line(summary):
+        ui.line(model_usage_line(summary))
     for line in session_lines(run_notes(run)):
         ui.line(f"throughput, {line}")
     return 0
