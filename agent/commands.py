@@ -63,6 +63,7 @@ from .views import (
     diagnosis_lines,
     field_failure_line,
     judged_base,
+    model_usage_line,
     run_doc,
     run_end_note,
     run_field_failures,
@@ -542,13 +543,18 @@ def _check_endpoint(model) -> None:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
         raise UsageError(f"cannot reach the model endpoint {url}: {e.strerror or e}")
-    _check_openai_api(url, model.api_key)
+    served = _check_openai_api(url, model.api_key)
+    if served and model.model not in served:
+        shown = ", ".join(sorted(served)[:8]) + (", ..." if len(served) > 8 else "")
+        raise UsageError(
+            f"model {model.model!r} is not served by {url} (it serves: {shown}): pass --model with one of them"
+        )
 
 
-def _check_openai_api(url: str, api_key: Optional[str]) -> None:
+def _check_openai_api(url: str, api_key: Optional[str]) -> List[str]:
     """The endpoint answers as OpenAI's API does: GET {url}/models gives the list of models (every
-    OpenAI-compatible server serves it). A server that is not the API (a URL missing its /v1, another
-    service on the port) would otherwise fail every model call of the run."""
+    OpenAI-compatible server serves it); returns the ids it lists. A server that is not the API (a URL missing
+    its /v1, another service on the port) would otherwise fail every model call of the run."""
     models = url.rstrip("/") + "/models"
     hint = (
         f" (OpenAI-compatible servers serve it under /v1: --base-url {url.rstrip('/')}/v1?)"
@@ -579,6 +585,8 @@ def _check_openai_api(url: str, api_key: Optional[str]) -> None:
         raise UsageError(
             f"{url} is not an OpenAI-compatible API: GET {models} did not answer with a list of models{hint}"
         )
+    # the ids of the models it serves ([] when it lists none: a server that lists nothing is not held to it)
+    return [str(m["id"]) for m in doc["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
 ENDPOINT_CHECK_TIMEOUT_S = 15.0
@@ -1054,6 +1062,8 @@ def _show_run(led, run, args) -> int:
         ui.line(f"field failure: {field_failure_line(r)}", style="green" if r.resolved else "red")
     if target is not None:
         ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
+    if model_usage_line(summary):
+        ui.line(model_usage_line(summary))
     for line in session_lines(run_notes(run)):
         ui.line(f"throughput, {line}")
     return 0

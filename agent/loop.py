@@ -49,9 +49,13 @@ from .placement import (
     Evaluator,
     LocalDevices,
     LocalPlacement,
+    TaskSpan,
     default_jobs,
     describe,
+    gpu_seconds,
+    gpu_seconds_by_subject,
     occupied_fraction,
+    occupied_seconds,
 )
 from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
 from .publish import NONE, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target, recorded_target
@@ -213,6 +217,7 @@ class Loop:
             self.recorder.ceilings,
             list(attempts.get(key, [])),
             diagnosis=self._diagnosis(t, inc),
+            repeats=self.duplicate_streak.get(key, 0),
         )
 
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
@@ -271,12 +276,13 @@ class Loop:
         key = (t.op, t.bucket)
         repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself
         self.session_hashes.add(h)
+        replay_repeats = self.proposer.replays_are_repeats  # a code model repeating an earlier run's source too
         if h in self.known:  # recorded by this run already (a resume, or a repeat)
             c = self.ledger.candidate(self.known[h])
             # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
             if c is not None and self._needs_work(c, t):
                 return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
-            if repeat:
+            if repeat or replay_repeats:
                 self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
             if c is not None and not self.unfinished(c):  # (one still in flight tells its own result)
                 self.recorder.replay(ctx, p, c.id)
@@ -297,6 +303,8 @@ class Loop:
                 p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): not judged again"
             )
             self.recorder.replay(ctx, p, existing.id)
+            if replay_repeats:
+                self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
             return None
         self.duplicate_streak[key] = 0
         budget.used += 1
@@ -387,6 +395,16 @@ class Loop:
             self.proposer_thread.drain()
         return stop
 
+    def _gpu_seconds_by_candidate(self, log: Sequence[TaskSpan]) -> Dict[str, Dict[str, float]]:
+        """Each candidate's GPU seconds by stage (placement.gpu_seconds_by_subject), under its id: a task names
+        its candidate by the file the run wrote, which the ledger holds."""
+        ids = {c.path: c.id for c in self.ledger.candidates(run_id=self.run_id) if c.path}
+        return {
+            str(ids[path]): {k: round(v, 2) for k, v in stages.items()}
+            for path, stages in gpu_seconds_by_subject(log).items()
+            if path in ids
+        }
+
     def throughput(self) -> Throughput:
         rec = self.recorder
         log = self.placement.log()
@@ -395,8 +413,14 @@ class Loop:
             judged=len(rec.judged),
             wall_s=end - self.t_start,
             raced_out=rec.raced_out,
+            stopped_early=rec.stopped_early,
             benchmarks=sum(1 for span in log if span.kind == Stage.BENCH),
+            tokens=self.proposer_thread.tokens(),
         )
+        th.gpu_s = gpu_seconds(log)
+        if self.placement.gpus:
+            th.gpu_busy_s = occupied_seconds(log, self.t_start, end, self.placement.gpus)
+        th.gpu_s_by_candidate = self._gpu_seconds_by_candidate(log)
         if rec.first_benchmark_at is not None:
             th.first_benchmark_s = rec.first_benchmark_at - self.t_start
         by_stage: Dict[str, List[float]] = {}

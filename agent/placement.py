@@ -21,6 +21,7 @@ in child processes of this machine (sanitizer/runner.py, harness/bench_worker.py
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 from ..harness import bench_worker, compile_probe
-from ..harness.bench_records import BenchSpec
+from ..harness.bench_records import CANDIDATE, BenchSpec
 from ..harness.compile_probe import CompileProfile
 from ..harness.env import gpu_name
 from ..sanitizer import isolation, runner
@@ -55,6 +56,11 @@ class SanitizeTask:
     def kind(self) -> str:
         return self.stage or self.mode
 
+    @property
+    def subject(self) -> str:
+        """The candidate the task is for (its file), for the seconds spent on each candidate."""
+        return self.path
+
     exclusive = False  # a check may share its GPU with other checks
 
 
@@ -67,6 +73,11 @@ class BenchTask:
     kind: str = "bench"
     exclusive: bool = True  # a timing has its GPU to itself
     gated: bool = True  # it starts without the GPU, compiles sharing it, and has it alone only to time
+
+    @property
+    def subject(self) -> str:
+        """The candidate the benchmark is for (its file), for the seconds spent on each candidate."""
+        return next((k.file or "" for k in self.spec.kernels if k.label == CANDIDATE), "")
 
 
 Task = Union[SanitizeTask, BenchTask]
@@ -92,6 +103,33 @@ class TaskSpan(NamedTuple):
     start: float
     end: float
     gpu: Optional[str] = None  # the CUDA_VISIBLE_DEVICES entry it ran on
+    subject: str = ""  # the candidate it was for (Task.subject)
+
+
+def gpu_seconds_by_subject(spans: Sequence[TaskSpan]) -> Dict[str, Dict[str, float]]:
+    """The GPU wall seconds of each candidate (Task.subject), by stage. A task's GPU seconds run from when it got
+    its GPU (a gated task: its lease, logged as "<stage> on gpu") to its end; the "<stage> alone" spans lie
+    inside those and are not counted again, and a gated task's whole span holds no GPU."""
+    per: Dict[str, Dict[str, float]] = {}
+    for s in spans:
+        if s.gpu is None or s.kind.endswith(" alone"):
+            continue
+        stage = s.kind[: -len(" on gpu")] if s.kind.endswith(" on gpu") else s.kind
+        by_stage = per.setdefault(s.subject, {})
+        by_stage[stage] = by_stage.get(stage, 0.0) + (s.end - s.start)
+    return per
+
+
+def gpu_seconds(spans: Sequence[TaskSpan]) -> Dict[str, float]:
+    """The GPU wall seconds each candidate cost, by stage (gpu_seconds_by_subject): {stage: the median over the
+    candidates that ran it of their seconds in it, "total": the median over all candidates of their seconds on
+    the GPU}. Leased seconds: checks that share a GPU each count the time they held it."""
+    per = gpu_seconds_by_subject(spans)
+    stages = sorted({k for d in per.values() for k in d})
+    out = {k: statistics.median(d[k] for d in per.values() if k in d) for k in stages}
+    if per:
+        out["total"] = statistics.median(sum(d.values()) for d in per.values())
+    return out
 
 
 def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Sequence[str]) -> float:
@@ -99,6 +137,12 @@ def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Seq
     GPUs (tasks that share a GPU count once: the union of their spans)."""
     if hi <= lo or not gpus:
         return 0.0
+    return occupied_seconds(spans, lo, hi, gpus) / ((hi - lo) * len(gpus))
+
+
+def occupied_seconds(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Sequence[str]) -> float:
+    """The seconds of [lo, hi] during which each GPU had at least one task, summed over the GPUs (tasks that
+    share a GPU count once: the union of their spans)."""
     total = 0.0
     for g in gpus:
         cur_start: float = 0.0  # read only once cur_end is set
@@ -115,7 +159,7 @@ def occupied_fraction(spans: Sequence[TaskSpan], lo: float, hi: float, gpus: Seq
                 cur_end = max(cur_end, b)
         if cur_end is not None:
             total += cur_end - cur_start
-    return total / ((hi - lo) * len(gpus))
+    return total
 
 
 def usable_cores() -> int:
@@ -423,11 +467,12 @@ class LocalPlacement:
                 if gpu is not None:
                     self._release(task, gpu, gated, granted)
                 # a gated task's whole span holds no GPU; its leased spans below do
-                self._log.append(TaskSpan(task.kind, resource, t0, end, None if gated else gpu))
+                subject = task.subject
+                self._log.append(TaskSpan(task.kind, resource, t0, end, None if gated else gpu, subject))
                 if "gpu" in granted:
-                    self._log.append(TaskSpan(f"{task.kind} on gpu", resource, granted["gpu"], end, gpu))
+                    self._log.append(TaskSpan(f"{task.kind} on gpu", resource, granted["gpu"], end, gpu, subject))
                 if "alone" in granted:
-                    self._log.append(TaskSpan(f"{task.kind} alone", resource, granted["alone"], end, gpu))
+                    self._log.append(TaskSpan(f"{task.kind} alone", resource, granted["alone"], end, gpu, subject))
                 self._lock.notify_all()
                 self._release_if_idle()
 
@@ -500,6 +545,9 @@ __all__: List[str] = [
     "GPU_CHECKS_PER_GPU",
     "TaskSpan",
     "occupied_fraction",
+    "occupied_seconds",
+    "gpu_seconds",
+    "gpu_seconds_by_subject",
     "threads_per_child",
     "usable_cores",
     "describe",

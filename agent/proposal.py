@@ -48,10 +48,16 @@ class ProposeContext:
     attempts: List[Attempt] = field(default_factory=list)
     archive: List[str] = field(default_factory=list)  # sources of diverse good candidates
     diagnosis: Optional[Diagnosis] = None  # what bounds the incumbent on this bucket (harness/diagnosis.py)
+    repeats: int = 0  # the proposer's latest replies for this bucket in a row that repeated a source already tried
 
 
 class Proposer:
     name = "proposer"
+    # Proposals in a row, for one bucket, that repeat a source already proposed before the bucket counts as
+    # exhausted; and whether a source an earlier run judged counts as a repeat. Not for the built-in search:
+    # its replays of what earlier runs judged are free (finitely many: it re-walks its climb and moves on).
+    repeat_limit = 25
+    replays_are_repeats = False
 
     def propose(self, ctx: ProposeContext, n: int) -> List[Proposal]:
         raise NotImplementedError

@@ -408,7 +408,12 @@ class RayPlacement:
             start = info["start"] if info else r.submitted
             self._log.append(
                 TaskSpan(
-                    r.task.kind, r.resource, start, info["end"] if info else end, info.get("gpu") if info else None
+                    r.task.kind,
+                    r.resource,
+                    start,
+                    info["end"] if info else end,
+                    info.get("gpu") if info else None,
+                    r.task.subject,
                 )
             )
             self._lock.notify_all()

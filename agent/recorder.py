@@ -68,6 +68,7 @@ class Recorder:
         # each benchmark child's phases: start (sandbox, imports, ceilings), compile, wait for the GPU alone
         self.bench_phases: Dict[str, List[float]] = {"start": [], "compile": [], "wait": []}
         self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
+        self.stopped_early = 0  # of which the sequential test stopped (harness/sequential.py)
         self.best_gain: Optional[float] = None
         self.first_benchmark_at: Optional[float] = None
 
@@ -288,6 +289,8 @@ class Recorder:
                 self.bench_phases[name].append(outcome.phases[key])
         if outcome.raced_out:
             self.raced_out += 1
+        if any(r.stopped_early is not None for r in outcome.results):
+            self.stopped_early += 1
         inc_hash = hash_source(baseline_source(t.op)) if inc.file is None else inc.source_hash
         for res in outcome.results:
             seed = task.spec.draw_seed if res.shape in task.spec.drawn else None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Set, Tu
 
 from ..harness.bench_records import BenchOutcome
 from .placement import BenchTask, SanitizeTask, Task, TaskLost
-from .proposal import Proposal, ProposeContext
+from .proposal import Proposal, ProposeContext, Proposer
 from .recorder import GPU_PROMOTION_CHECKS
 from .run_config import Budget, Target, time_limit_reached, weighted_pick
 from .work import LiveStatus, Stage, Work
@@ -27,10 +27,9 @@ GPU_QUICK_CHECKS = ("determinism",)
 # Candidates in flight per GPU (with a GPU the CPU stages are not the bottleneck: the bound keeps the
 # queue ahead of the GPUs short, so the proposer's feedback stays fresh and a deadline leaves little unjudged).
 PIPELINE_PER_GPU = 6
-# Proposals in a row, for one target, that repeat a source already proposed in this session before the
-# target counts as exhausted. Replays of what earlier runs judged are free and not counted (there are
-# finitely many: the built-in search re-walks its climb and moves on); a proposer repeating itself is stopped.
-DUPLICATE_STREAK_LIMIT = 25
+# Proposals in a row, for one target, that repeat a source already proposed before the target counts as
+# exhausted: the proposer's own (Proposer.repeat_limit), this for one that states none.
+DUPLICATE_STREAK_LIMIT = Proposer.repeat_limit
 # Times one stage of one candidate is queued again after the machine running it went away (a cluster
 # node died) before the run leaves the candidate at that stage for a resume.
 TASK_LOST_RETRIES = 3
@@ -232,8 +231,9 @@ class Stream:
             w = lp.admit(t, ctx, p, self.budget)
             if w is not None:
                 self._enter(w)
-        if lp.duplicate_streak.get((t.op, t.bucket), 0) >= DUPLICATE_STREAK_LIMIT:
-            self._exhaust(i, f"the proposer repeated sources it had proposed {DUPLICATE_STREAK_LIMIT} times in a row")
+        limit = getattr(lp.proposer, "repeat_limit", DUPLICATE_STREAK_LIMIT)
+        if lp.duplicate_streak.get((t.op, t.bucket), 0) >= limit:
+            self._exhaust(i, f"the proposer repeated sources already tried {limit} times in a row")
 
     def _exhaust(self, i: int, why: str) -> None:
         """No more proposals for target `i` (until one of its candidates gives the proposer new feedback)."""

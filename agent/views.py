@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from ..harness.config_variant import split_stored, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
-from ..harness.ledger import Ledger, Run, RunStatus, hash_source
+from ..harness.ledger import Ledger, Run, RunStatus, RunSummary, hash_source
 from ..sanitizer.canonical import TextRefused, canonical_source
 from ..sanitizer.verdict import CheckStatus, quote_untrusted
 from .throughput import session_lines
@@ -129,6 +129,18 @@ def history_data(
 # -- a run and a candidate ------------------------------------------------------------------------
 
 
+def model_usage_line(summary: RunSummary) -> str:
+    """What the run's code-model calls cost, per candidate it judged ('' for a run that made none):
+    'model: 12 calls (1 failed), 45,000 tokens, 3,750 per judged candidate'."""
+    m = summary.model
+    if not m.calls:
+        return ""
+    failed = f" ({m.errors} failed)" if m.errors else ""
+    judged = summary.judged_now
+    per = f", {m.total_tokens / judged:,.0f} per judged candidate" if judged else ", no candidate judged"
+    return f"model: {m.calls} calls{failed}, {m.total_tokens:,} tokens{per}"
+
+
 def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     """`show RUN --json`: the run's summary, configuration, versions, where it promoted, why it ended, its
     candidates, the diagnosis of each incumbent and the proposals pruned before the GPU (also as the lines
@@ -136,8 +148,10 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     from .publish import recorded_target  # here: publication imports the serving set, which imports torch
 
     target = recorded_target(run_notes(run))
+    summary = led.run_summary(run.id)
     return {
-        "run": led.run_summary(run.id).to_json(),
+        "run": summary.to_json(),
+        "model_usage": model_usage_line(summary) or None,
         "config": run.config,
         "versions": run.versions,
         "serving": target.to_json() if target is not None else None,

@@ -61,10 +61,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .bench_records import BenchSpec, Measurement, ShapeResult
+from .bench_records import CANDIDATE, INCUMBENT, BenchSpec, Measurement, ShapeResult
 from .env import slug, versions
 from .ops.common import DTYPE_NAMES, Case, Op, Shape
 from .promotion import graph_timing
+from .sequential import EarlyStop, sequential_stop
 
 REL_SPREAD_TARGET = 0.01
 MIN_ROUNDS, MAX_ROUNDS = 3, 8
@@ -420,9 +421,12 @@ def benchmark_shape(
     check: bool = True,
     log: Optional[Callable[[str], None]] = None,
     references: bool = False,
+    stop_early: bool = False,
 ) -> ShapeResult:
     """Time every contender on one shape (see the module docstring for the protocol). references: also time
-    the op's reference anchors (Op.reference_anchors: what serving engines run), after the torch anchor."""
+    the op's reference anchors (Op.reference_anchors: what serving engines run), after the torch anchor.
+    stop_early: stop timing as soon as the contender labelled 'candidate' is slower than the one labelled
+    'incumbent' beyond the noise (interleaved_rounds); the result then carries its `stopped_early`."""
     require_gpu()
     log = log or (lambda s: None)
     probe = op.make_case(shape, dtype, seed=seed, device="cuda")
@@ -485,21 +489,20 @@ def benchmark_shape(
 
         return call, refresh, check
 
+    by_label = {c.label: c for c in live}
+
+    def time_round(label: str) -> float:
+        c = by_label[label]
+        call, refresh, verify = runner(c)
+        checked = check and not c.is_anchor
+        return timed_calls(
+            call, refresh, warmup_ms=10, rep_ms=30, check_at=rng.random(), check=verify if checked else None
+        )
+
     warm_gpu()
-    for r in range(max(MAX_ROUNDS, len(live))):
-        for pos, c in _rotation(live, r):
-            call, refresh, verify = runner(c)
-            checked = check and not c.is_anchor
-            rounds[c.label].append(
-                timed_calls(
-                    call, refresh, warmup_ms=10, rep_ms=30, check_at=rng.random(), check=verify if checked else None
-                )
-            )
-            positions[c.label].append(pos)
-        if r + 1 >= max(MIN_ROUNDS, len(live)) and all(
-            _iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v) for v in rounds.values()
-        ):
-            break
+    stop = interleaved_rounds(list(by_label), time_round, rounds, positions, stop_early=stop_early)
+    if stop is not None:
+        log(f"  {CANDIDATE}: {stop.verdict()}")
     flops = op.flops(shape)
     nbytes_min = op.bytes(shape, dtype)
     bound = op.bound(shape)
@@ -545,8 +548,8 @@ def benchmark_shape(
             m.add_note(notes[c.label])
         results[c.label] = m
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
-    _graph_rounds(
-        [c for c in live if is_small(results[c.label])],
+    _graph_rounds(  # none for a candidate stopped early: the rule refuses it on its event rounds
+        [c for c in live if is_small(results[c.label])] if stop is None else [],
         cases[0].args,
         results,
         lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
@@ -558,7 +561,46 @@ def benchmark_shape(
     )
     del cases, probe
     torch.cuda.empty_cache()
-    return ShapeResult(op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered)
+    return ShapeResult(
+        op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered, stopped_early=stop
+    )
+
+
+def interleaved_rounds(
+    labels: Sequence[str],
+    time_round: Callable[[str], float],
+    rounds: Dict[str, List[float]],
+    positions: Dict[str, List[int]],
+    stop_early: bool = False,
+) -> Optional[EarlyStop]:
+    """Time the kernels named by `labels` in interleaved rounds (`time_round(label)`: one round of one kernel,
+    in ms), appending each round's time and position to `rounds` and `positions`, until every kernel's spread
+    is under REL_SPREAD_TARGET (and every kernel was timed at every position) or the round limit. With
+    `stop_early`, a sequential test after each round (harness/sequential.py) stops the timing as soon as the
+    candidate is slower than the incumbent beyond the noise, and its EarlyStop is returned (else None)."""
+    n_rounds = max(MAX_ROUNDS, len(labels))
+    for r in range(n_rounds):
+        for pos, label in _rotation(labels, r):
+            rounds[label].append(time_round(label))
+            positions[label].append(pos)
+        stop = _early_stop(rounds, n_rounds) if stop_early else None
+        if stop is not None:
+            return stop
+        if r + 1 >= max(MIN_ROUNDS, len(labels)) and all(
+            _iqr_half(v) <= REL_SPREAD_TARGET * statistics.median(v) for v in rounds.values()
+        ):
+            break
+    return None
+
+
+def _early_stop(rounds: Dict[str, List[float]], n_rounds: int) -> Optional[EarlyStop]:
+    """The sequential test on the candidate's rounds against the incumbent's, where both were timed and neither is
+    small: a small kernel is judged on CUDA-graph replays (promotion.judged_pair), and its event rounds carry host
+    launch overhead that would stop a candidate the replays find as fast."""
+    cand, inc = rounds.get(CANDIDATE), rounds.get(INCUMBENT)
+    if not cand or not inc or min(cand) < GRAPH_BELOW_MS or min(inc) < GRAPH_BELOW_MS:
+        return None
+    return sequential_stop(cand, inc, n_rounds)
 
 
 def is_small(m: Measurement) -> bool:

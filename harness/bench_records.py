@@ -9,6 +9,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .sequential import EarlyStop
+
 INCUMBENT = "incumbent"
 CANDIDATE = "candidate"
 
@@ -90,9 +92,11 @@ class ShapeResult:
     dtype: str
     gpu: str
     measurements: List[Measurement]
+    # the candidate's timing stopped by the sequential test (harness/sequential.py): slower than the incumbent
+    stopped_early: Optional[EarlyStop] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return {
+        d: Dict[str, Any] = {
             "op": self.op,
             "shape": self.shape,
             "bucket": self.bucket,
@@ -100,6 +104,9 @@ class ShapeResult:
             "gpu": self.gpu,
             "measurements": [m.to_json() for m in self.measurements],
         }
+        if self.stopped_early is not None:
+            d["stopped_early"] = self.stopped_early.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "ShapeResult":
@@ -110,6 +117,7 @@ class ShapeResult:
             d.get("dtype", ""),
             d.get("gpu", ""),
             [Measurement.from_json(m) for m in d.get("measurements") or []],
+            EarlyStop.from_json(d.get("stopped_early")),
         )
 
     def measurement(self, label: str) -> Optional[Measurement]:

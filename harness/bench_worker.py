@@ -7,8 +7,9 @@ before it reads its spec, and kernel files are loaded through the static gate. S
 (harness/bench_records.py) as JSON: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label", "file" | null
 (baseline), "source_hash"}], "seed", "race", ...}. OUT: {"results": [ShapeResult...],
 "ceilings": {...}, "error": str | null, "phases": {seconds per phase}, "raced_out": {"shape", "reason"} when "race"
-stopped at a shape on which the promotion rule refuses the candidate (slower beyond the noise, say):
-the other shapes cannot change that verdict, so they are not timed}.
+stopped at a shape on which the promotion rule refuses the candidate (slower beyond the noise, say, or stopped
+early by the sequential test, harness/sequential.py): the other shapes cannot change that verdict, so they are
+not timed}.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
             seed=spec.seed,
             log=lambda s: print(s, flush=True),
             references=spec.references,
+            stop_early=spec.race,
         )
         doc["results"].append(res.to_json())
         doc["sandbox_refused"] = sandbox.violations()
@@ -176,7 +178,10 @@ def _wait_for(*requests, phases: Dict) -> None:
 
 def refused_here(res: ShapeResult) -> str:
     """Why the promotion rule refuses the candidate on this shape alone, or ''. Held against the same
-    reference as the rule: the incumbent, or torch where it serves and is faster."""
+    reference as the rule: the incumbent, or torch where it serves and is faster. A candidate the sequential test
+    stopped is refused with its verdict (promotion.judge_benchmark reads it the same way)."""
+    if res.stopped_early is not None:
+        return res.stopped_early.verdict()
     pair, _ = shape_pair(res.measurements)
     if pair is None:
         return ""  # an error is judged as an error, with every shape's

@@ -359,6 +359,10 @@ def judge_benchmark(
     if j.error:
         return j
     j.fraction_of_ceiling = sum(fractions) / len(fractions) if fractions else None
+    stop = next((r.stopped_early for r in outcome.results if r.stopped_early is not None), None)
+    if stop is not None:  # the sequential test stopped the timing: slower than the incumbent beyond the noise
+        j.decision = Decision(False, -stop.slower, math.nan, f"not promoted: {stop.verdict()}")
+        return j
     d = decide_over_shapes(
         j.pairs, sanitizer_passed=True, implausible=implausible, margin=margin, labels=j.shapes, against=j.against
     )

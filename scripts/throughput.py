@@ -3,7 +3,9 @@
     python scripts/throughput.py report LEDGER RUN [--json OUT]
         one row per session of the run (the run, then each `--resume`): time to the first benchmarked
         candidate, candidates judged (per GPU-hour), GPU occupancy after the first 3 minutes, how far
-        past its time limit the session ended, what it left unjudged, median seconds per stage.
+        past its time limit the session ended, what it left unjudged, median seconds per stage, GPU
+        seconds per candidate (median per stage and in total; the target is 12 s), benchmarks stopped early
+        by the sequential test, model tokens per judged candidate.
     python scripts/throughput.py sanitize [--seed N] [--json OUT]
         the full sanitizer on each of the five baselines, one after another, as `kernel-agent run`
         starts it (a sandboxed child), with its median: the CPU-side cost of one candidate. The inputs
@@ -29,6 +31,7 @@ TARGETS = {
     "judged per GPU-hour": ">= 120",
     "GPU busy after 3 min": ">= 70%",
     "past the limit": "<= 15 s",
+    "GPU s per candidate (median)": "<= 12 s",
 }
 
 
@@ -74,13 +77,19 @@ def _session_row(s: dict) -> dict:
         "benchmarks": s.get("benchmarks"),
         "raced out": s.get("raced_out"),
         "median s per stage": s.get("stage_s", {}),
+        "stopped early": s.get("stopped_early"),
+        "GPU s per candidate": s.get("gpu_s", {}),
+        "GPU busy s": s.get("gpu_busy_s"),
+        "tokens per judged": round(s["tokens"] / s["judged"]) if s.get("tokens") and s.get("judged") else None,
         "sanitizer processes": s.get("cpu_slots"),
         "GPUs": n_gpus,
     }
 
 
 def _print_sessions(rows: list) -> None:
-    """The sessions as a table, then each one's median time per stage."""
+    """The sessions as a table, then each one's median time per stage and GPU seconds per candidate."""
+    from kernel_agent.agent.throughput import gpu_seconds_words
+
     head = [
         "session",
         "limit s",
@@ -116,6 +125,12 @@ def _print_sessions(rows: list) -> None:
         print(
             f"{r['session']}: median s per stage: "
             + ", ".join(f"{k} {v:.1f}" for k, v in r["median s per stage"].items())
+        )
+        if r["GPU s per candidate"]:
+            print(f"{r['session']}: {gpu_seconds_words(r['GPU s per candidate'], r['GPU busy s'], r['judged'] or 0)}")
+        print(
+            f"{r['session']}: benchmarks stopped early by the sequential test {_fmt(r['stopped early'])}; "
+            f"model tokens per judged candidate {_fmt(r['tokens per judged'])}"
         )
 
 

@@ -24,14 +24,15 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 
 class Stub:
-    def __init__(self, steps: List[Dict[str, Any]], base_dir: str = "."):
+    def __init__(self, steps: List[Dict[str, Any]], base_dir: str = ".", models: Sequence[str] = ("scripted",)):
         if not steps:
             raise ValueError("the script has no steps")
         self.steps = steps
+        self.models = list(models)  # what GET /v1/models lists
         self.base_dir = base_dir
         self.i = 0
         self.lock = threading.Lock()
@@ -71,9 +72,8 @@ class Stub:
                 self.wfile.write(body)
 
             def do_GET(self):
-                self._send(
-                    200, json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
-                )
+                data = [{"id": m, "object": "model"} for m in stub.models]
+                self._send(200, json.dumps({"object": "list", "data": data}).encode())
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", 0))

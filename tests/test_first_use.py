@@ -162,6 +162,24 @@ def test_a_reachable_endpoint_that_is_not_the_openai_api_is_refused_before_the_r
     assert not (tmp_path / "l.db").exists()
 
 
+def test_a_model_the_endpoint_does_not_serve_is_refused_before_the_run(tmp_path):
+    """The pre-flight check lists the endpoint's models: a mistyped model name is one line and exit 2, with
+    nothing recorded (no ledger is created), and no model call made."""
+    from openai_stub import Stub
+
+    stub = Stub([{"reply": "never asked"}], models=["scripted", "other"])
+    port = stub.start()
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        args = ["run", "--proposer", "model", "--base-url", url, "--ledger", str(tmp_path / "l.db")]
+        rc, _, err = _cli(args + ["--model", "scripted-typo"])
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "model 'scripted-typo' is not served by" in err and "other, scripted" in err
+        assert not (tmp_path / "l.db").exists() and stub.requests == []
+    finally:
+        stub.stop()
+
+
 def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch):
     from kernel_agent.agent.commands import _print_run_summary
     from openai_stub import Stub

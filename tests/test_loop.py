@@ -505,6 +505,7 @@ def test_gated_tasks_start_without_the_gpu_share_it_and_a_timing_has_it_alone():
     assert alone.start >= max(s.end for s in spans if s.kind == "gpu on gpu" and s.start < alone.start)
     assert d_lease.start >= alone.end  # check d's lease came after the timing
     assert {s.gpu for s in spans if s.kind in ("gpu", "bench")} == {None}  # whole spans hold no GPU
+    assert {s.subject for s in spans if s.kind == "gpu on gpu"} == {"a", "c", "d"}  # each for its candidate
     assert 0 < occupied_fraction(spans, min(s.start for s in spans), max(s.end for s in spans), ["0"]) <= 1
     assert pl.can_start(BenchTask(_spec(1), gated=False)) and pl.running("gpu") == 0  # every lease came back
     pl.close()
@@ -579,6 +580,38 @@ def test_gpu_occupancy_counts_tasks_that_share_a_gpu_once():
     assert occupied_fraction(spans, 0, 20, ["0"]) == pytest.approx(17 / 20)  # [0, 12] and [15, 20]
     assert occupied_fraction(spans, 10, 20, ["0", "1"]) == pytest.approx((7 + 10) / 20)
     assert occupied_fraction(spans, 0, 20, []) == 0.0
+
+
+def test_gpu_seconds_per_candidate_count_each_task_from_its_gpu_lease_to_its_end():
+    """The GPU wall seconds each candidate cost, per stage: a gated task's seconds from its lease ("<stage> on
+    gpu") to its end, its "alone" part not counted twice, its whole span (no GPU) not at all; the throughput
+    line states the medians, and the seconds the GPUs were busy per judged candidate."""
+    from kernel_agent.agent.placement import TaskSpan, gpu_seconds, occupied_seconds
+    from kernel_agent.agent.throughput import Throughput
+
+    spans = [
+        TaskSpan("gpu", "gpu", 0, 12, None, "a.py"),  # a gated check's whole span: starts before its lease
+        TaskSpan("gpu on gpu", "gpu", 3, 12, "0", "a.py"),  # 9 s
+        TaskSpan("bench", "gpu", 12, 40, None, "a.py"),
+        TaskSpan("bench on gpu", "gpu", 15, 40, "0", "a.py"),  # 25 s
+        TaskSpan("bench alone", "gpu", 30, 40, "0", "a.py"),  # inside the lease above
+        TaskSpan("gpu on gpu", "gpu", 0, 7, "0", "b.py"),  # 7 s, rejected there: no benchmark
+        TaskSpan("gpu", "gpu", 0, 11, "1", "c.py"),  # an ungated check holds its GPU throughout: 11 s
+        TaskSpan("bench on gpu", "gpu", 11, 15, "1", "c.py"),  # 4 s: stopped early
+        TaskSpan("full", "cpu", 0, 60, None, "c.py"),
+    ]
+    medians = gpu_seconds(spans)
+    assert medians == {"bench": pytest.approx(14.5), "gpu": pytest.approx(9), "total": pytest.approx(15)}
+    assert gpu_seconds([]) == {}
+    # busy: GPU 0 over [0, 12] (the checks of a.py and b.py overlap) and [15, 40], GPU 1 over [0, 15]
+    busy = occupied_seconds(spans, 0, 60, ["0", "1"])
+    assert busy == pytest.approx(12 + 25 + 15)
+    th = Throughput(judged=3, gpu_s=medians, gpu_busy_s=busy, tokens=3000, stopped_early=1)
+    line = th.describe(1)
+    want = "GPU s per candidate (median, leased): GPU checks 9.0, benchmark 14.5, total 15.0; GPU busy 52 s, 17.3 s"
+    assert f"{want} per judged candidate" in line
+    assert "1 benchmark(s) stopped early by the sequential test" in line
+    assert "1000 model tokens per judged candidate" in line
 
 
 def test_default_jobs_leave_a_core_per_gpu():
@@ -1238,4 +1271,51 @@ def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serv
     entries = serving.load_manifest().entries
     assert [(e.bucket, e.impl) for e in entries] == [(targets[0].bucket, "torch")]
     assert any("it serves the bucket" in n for n in notes)
+    led.close()
+
+
+def test_a_code_model_that_repeats_itself_gets_a_changed_prompt_and_the_bucket_is_given_up_after_3(
+    tmp_path, monkeypatch
+):
+    """A reply repeating a source already tried for the bucket is answered with a prompt that says so, at a
+    higher temperature; after 3 repeats in a row the bucket is given up (not ~25 calls), and the run says so."""
+    from kernel_agent.agent.model import REPEAT_LIMIT, ModelConfig, ModelProposer
+
+    with open(GOOD) as f:
+        same = f.read()
+    stub = Stub([{"reply": "```python\n" + same + "```"}])
+    port = stub.start()
+    try:
+        model = ModelConfig("scripted", f"http://127.0.0.1:{port}/v1", "x", max_retries=0, concurrency=1, timeout_s=10)
+        gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+        led = Ledger(str(tmp_path / "l.db"))
+        lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu, ModelProposer(model))
+        lp.cfg.per_round = 1
+        notes = []
+        lp.events.note = notes.append
+        stop = _stream(lp, targets[:1], budget, 20)
+    finally:
+        stub.stop()
+    assert stop == "the proposer has nothing new to propose"
+    # one new candidate, then REPEAT_LIMIT repeats (and at most one more ask once that candidate's result is in)
+    assert REPEAT_LIMIT + 1 <= len(stub.requests) <= REPEAT_LIMIT + 2, len(stub.requests)
+    prompts = [r["messages"][1]["content"] for r in stub.requests]
+    temps = [r["temperature"] for r in stub.requests]
+    # the first reply is new, the second the first repeat: the third prompt is the first changed one
+    assert all("repeated a file already tried" not in p for p in prompts[:2]) and temps[:2] == [0.7, 0.7]
+    assert "Your last 1 reply repeated a file already tried" in prompts[2] and temps[2] == pytest.approx(1.0)
+    assert "Your last 2 replies repeated a file already tried" in prompts[3] and temps[3] == pytest.approx(1.3)
+    assert any("repeated sources already tried 3 times in a row" in n for n in notes)
+    assert len(led.candidates(run_id=run.id)) == 1
+    # the tokens the stub counted, per judged candidate, on the throughput line (`show RUN`, `history`, run's end)
+    th = lp.throughput()
+    reply = len("```python\n" + same + "```") // 4  # the stub's count: a token per 4 characters
+    spent = sum(sum(len(m["content"]) // 4 for m in r["messages"]) + reply for r in stub.requests)
+    assert th.tokens == spent > 0 and th.judged == 1
+    assert f"{spent} model tokens per judged candidate" in th.describe(1)
+    # the candidate's GPU seconds by stage, under its id, for the run's notes
+    (cand,) = led.candidates(run_id=run.id)
+    assert list(th.gpu_s_by_candidate) == [str(cand.id)] and {"gpu", "bench"} <= set(
+        th.gpu_s_by_candidate[str(cand.id)]
+    )
     led.close()

@@ -148,9 +148,14 @@ def test_the_summary_after_a_run_reads_every_field_it_prints(recorded, capsys):
 def test_show_history_and_the_report_read_the_record(recorded, capsys, tmp_path):
     led, run, path = recorded
     assert cmd_show(argparse.Namespace(what=run.id, ledger=str(path), json=False, source=False)) == 0
-    assert "promoted: quantize_kv t4k-d128 bfloat16 candidate #3: 10.0% faster" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "promoted: quantize_kv t4k-d128 bfloat16 candidate #3: 10.0% faster" in out
+    # the model's tokens (1200 + 3400, and 100 for the failed call) over the 3 candidates the run judged
+    assert "model: 2 calls (1 failed), 4,700 tokens, 1,567 per judged candidate" in out
     assert cmd_show(argparse.Namespace(what=run.id, ledger=str(path), json=True, source=False)) == 0
-    assert json.loads(capsys.readouterr().out)["run"]["checks_failed"] == {"bounds": 2, "coverage": 1}
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["run"]["checks_failed"] == {"bounds": 2, "coverage": 1}
+    assert doc["model_usage"] == "model: 2 calls (1 failed), 4,700 tokens, 1,567 per judged candidate"
 
     args = argparse.Namespace(
         op=None, status=None, since=None, until=None, proposer=None, limit=5, leaderboard=False, trend=False, json=True
