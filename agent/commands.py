@@ -35,6 +35,7 @@ from ..harness.model_step import (
 )
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
+from ..harness.run_hold import RunHold
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from ..sanitizer.canonical import TextRefused, canonical_source, source_hash
 from ..sanitizer.report import merge_gpu
@@ -48,6 +49,7 @@ from .cli_common import (
     command,
     cuda_available,
     default_ledger,
+    hint,
     open_ledger,
     parse_duration,
     parse_ops,
@@ -392,8 +394,9 @@ def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     limit = args.time_limit_s if args.resume else None
     cluster = _cluster_section(args, file_config)
     # the ledger before the cluster: one this version cannot use (an older schema) is refused before a
-    # cluster is joined
-    with Ledger(ledger_path) as ledger:
+    # cluster is joined; held from before the run is recorded, so that a second run on it is refused
+    with Ledger(ledger_path) as ledger, RunHold(ledger, events.resume_command) as hold:
+        events.started = hold.name
         summary = run_loop(
             cfg,
             resume=args.resume,
@@ -583,8 +586,11 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes
 def _run_events(args):
     from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
 
+    def resume_command(run_id: str) -> str:
+        return hint(f"run --resume {run_id}", args.ledger)
+
     if getattr(args, "json", False):
-        return RunEvents()
+        return RunEvents(resume_command=resume_command)
     marks = {
         CandidateStatus.REJECTED: "reject",
         CandidateStatus.VERIFIED: "verified",
@@ -604,6 +610,7 @@ def _run_events(args):
         note=lambda s: ui.line(s, style="bold"),
         candidate=cand,
         status=lambda st: live.update(f"status: {st.describe()}"),
+        resume_command=resume_command,
     )
 
 
@@ -642,7 +649,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if summary.pruned:
         ui.line(
             f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
-            f"(`kernel-agent show {summary.run_id}` says why)"
+            f"(`{hint(f'show {summary.run_id}', args.ledger)}` says why)"
         )
     if summary.checks_failed:
         ui.table(
@@ -659,7 +666,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
         ui.line(f"throughput: {session.throughput_line}")
     if session and session.serving_line:
         ui.line(session.serving_line)
-    ui.line(f"details: kernel-agent show {summary.run_id}")
+    ui.line(f"details: {hint(f'show {summary.run_id}', args.ledger)}")
     return 1 if failed else 0
 
 

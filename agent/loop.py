@@ -482,6 +482,7 @@ def run_loop(
         run_id = run.id
         elapsed_before = 0.0
         progress = {}
+    events.started(run_id)
     try:
         target = plan.open(run_id, previous)
     except PublishError:
@@ -543,7 +544,7 @@ def run_loop(
         except KeyboardInterrupt:
             _end_target(target, events)
             ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.text())
-            events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
+            events.note(f"interrupted: resume with `{events.resume_command(run_id)}`")
             raise
         finally:
             loop.placement.close(wait=False)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -311,6 +312,7 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
         (["run", "--ops", "matmul", "--shapes", "matmul:-4,8,8"], "M must be at least 1", True),
         (["run", "--time-limit", "0"], "bad duration '0'", False),
         (["run", "--time-limit", "-5m"], "bad duration '-5m'", False),
+        (["run", "--time-limit", "8"], "bad duration '8': give a unit, e.g. 8h, 8m or 8s", False),
         (["run", "--candidates", "0"], "--candidates must be at least 1", False),
         (["run", "--config", "{tmp}/typo.toml"], "unknown key 'candidatez' in [run]", False),
         (["run", "--config", "{tmp}/section.toml"], "unknown section [runn]", False),
@@ -645,3 +647,91 @@ def test_a_read_only_candidates_folder_is_one_line_before_the_run_is_recorded(tm
     )  # (chmod does not bind root)
     assert cli.main(["run", "--candidates-dir", str(cands / "sub"), "--ledger", str(tmp_path / "l.db")]) == 2
     assert "is read-only" in capsys.readouterr().err and not (tmp_path / "l.db").exists()
+
+
+# -- 6. one run holds a ledger -----------------------------------------------------------------------
+
+
+def _wait_for(predicate, timeout_s=240.0):
+    t0 = time.time()
+    while not predicate():
+        assert time.time() - t0 < timeout_s, "timed out waiting"
+        time.sleep(0.2)
+
+
+def test_two_runs_at_once_on_one_ledger_the_second_is_refused_and_a_killed_run_leaves_no_lock(tmp_path):
+    """The first run (the real command) holds the ledger: the second is refused in one line naming it and the
+    command that resumes it, before it records anything; killed with SIGKILL, the first holds nothing, and
+    its resume runs."""
+    ledger, lock = tmp_path / "l.db", tmp_path / "l.db.run-lock"
+    run = [sys.executable, "-m", "kernel_agent.agent.cli", "run", "--ops", "quantize_kv", "--candidates", "1"]
+    flags = ["--ledger", str(ledger), "--candidates-dir", str(tmp_path / "cands")]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    first = subprocess.Popen(run + flags, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: lock.exists() and '"run"' in lock.read_text())
+        run_id = json.loads(lock.read_text())["run"]
+        second = subprocess.run(run + flags, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"is held by run {run_id} (pid {first.pid}" in second.stderr
+        assert f"kernel-agent run --resume {run_id} --ledger {ledger}`" in second.stderr
+        with Ledger(ledger, read_only=True) as led:
+            assert [r.id for r in led.runs()] == [run_id]  # the second recorded nothing
+    finally:
+        first.kill()  # SIGKILL: no handler runs, nothing is released by the run itself
+        first.wait()
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "kernel_agent.agent.cli", "run", "--resume", run_id, "--ledger", str(ledger)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert f"resuming run {run_id}" in resumed.stdout.readline()
+    finally:
+        resumed.kill()
+        resumed.wait()
+
+
+def test_a_run_hold_names_its_holder_and_is_released_with_it(tmp_path):
+    """The hold itself, in one process: a second hold on the ledger is refused while the first is held, names
+    the run once it has one, and is taken once the first is released."""
+    from kernel_agent.harness.run_hold import LedgerHeld, RunHold
+
+    with Ledger(tmp_path / "l.db") as led:
+        first = RunHold(led).take()
+        with pytest.raises(LedgerHeld, match=r"held by a run that is starting \(pid \d+"):
+            RunHold(led).take()
+        first.name("r-1")
+        with pytest.raises(LedgerHeld, match=r"held by run r-1 .*`kernel-agent run --resume r-1`"):
+            RunHold(led).take()
+        first.release()
+        RunHold(led).take().release()
+
+
+def test_a_run_hold_on_a_postgresql_ledger_is_an_advisory_lock_its_session_releases(postgres):
+    from kernel_agent.harness.run_hold import LedgerHeld, RunHold
+
+    url = postgres()
+    with Ledger(url) as led, Ledger(url) as other:
+        first = RunHold(led).take()
+        first.name("r-7")
+        with pytest.raises(LedgerHeld, match=r"held by run r-7 \(pid \d+, host "):
+            RunHold(other).take()
+        first.release()  # the session ends: the server lets go, as it does when a killed run's connection drops
+        RunHold(other).take().release()
+
+
+def test_a_time_limit_reads_its_unit_in_words():
+    from kernel_agent.agent.cli_common import parse_duration
+
+    assert [parse_duration(t) for t in ("8hours", "8 hours", "90min", "1.5h", "45sec", "2d")] == [
+        28800,
+        28800,
+        5400,
+        5400,
+        45,
+        172800,
+    ]
