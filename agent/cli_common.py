@@ -92,7 +92,9 @@ def check_op(name: str) -> str:
 
 def parse_ops(text: str) -> List[str]:
     """`--ops`: a comma list of ops, or all."""
-    ops = list(OP_NAMES) if text in ("all", "") else [o.strip() for o in text.split(",") if o.strip()]
+    ops = list(OP_NAMES) if text == "all" else [o.strip() for o in text.split(",") if o.strip()]
+    if not ops:  # (an unset $OPS in a script): all five ops would be a surprise of hours
+        raise UsageError(f"no op named in {text!r}; name one or more of {OPS_HELP} (comma list), or all")
     for o in ops:
         if o not in OP_NAMES:
             raise UsageError(f"unknown op {o!r}; expected one of {OPS_HELP} (or all)")

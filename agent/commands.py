@@ -386,12 +386,17 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
 
 
 def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
+    from ..harness.serving import ServingError, load_manifest  # here: torch, after the flags
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
 
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
     limit = args.time_limit_s if args.resume else None
+    try:  # the serving set the run builds on, read before the run is recorded: a broken one is bad input
+        load_manifest()
+    except ServingError as e:
+        raise UsageError(f"the serving set cannot be read: {e}") from None
     cluster = _cluster_section(args, file_config)
     # the ledger before the cluster: one this version cannot use (an older schema) is refused before a
     # cluster is joined; held from before the run is recorded, so that a second run on it is refused

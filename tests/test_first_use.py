@@ -314,6 +314,8 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
         (["run", "--time-limit", "-5m"], "bad duration '-5m'", False),
         (["run", "--time-limit", "8"], "bad duration '8': give a unit, e.g. 8h, 8m or 8s", False),
         (["run", "--candidates", "0"], "--candidates must be at least 1", False),
+        (["run", "--ops", ""], "no op named in ''; name one or more of matmul", False),
+        (["run", "--ops", " , "], "no op named in ' , '", False),
         (["run", "--config", "{tmp}/typo.toml"], "unknown key 'candidatez' in [run]", False),
         (["run", "--config", "{tmp}/section.toml"], "unknown section [runn]", False),
         (["sanitize", "--op", "matmul", "{tmp}"], "is a folder", False),
@@ -735,3 +737,33 @@ def test_a_time_limit_reads_its_unit_in_words():
         45,
         172800,
     ]
+
+
+def test_hints_carry_the_ledger_and_the_path_of_a_venv_that_is_not_active(tmp_path, monkeypatch):
+    from kernel_agent.agent.cli_common import default_ledger, hint
+
+    exe = tmp_path / ".venv" / "bin" / "kernel-agent"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(exe), "run"])
+    monkeypatch.setenv("PATH", "/nonexistent")  # the venv is not active: the shell finds no kernel-agent
+    assert hint("show r-1", "my ledger.db") == ".venv/bin/kernel-agent show r-1 --ledger 'my ledger.db'"
+    assert hint("show r-1", default_ledger()) == ".venv/bin/kernel-agent show r-1"
+    monkeypatch.setenv("PATH", str(exe.parent))  # active: its kernel-agent is this one
+    assert hint("run --resume r-1", "l.db") == "kernel-agent run --resume r-1 --ledger l.db"
+
+
+def test_a_corrupted_serving_manifest_is_refused_before_a_run_is_recorded(tmp_path):
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    (serving / "manifest.json").write_text('{"version": 2, "entries": [\n')
+    rc, _, err = _cli(
+        ["run", "--ops", "quantize_kv", "--ledger", str(tmp_path / "l.db"), "--candidates-dir", str(tmp_path / "c")],
+        cwd=tmp_path,
+        env={"KERNEL_AGENT_SERVING_DIR": str(serving)},
+    )
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"the serving set cannot be read: {serving}/manifest.json is not valid JSON" in err
+    assert not (tmp_path / "l.db").exists()
