@@ -26,6 +26,7 @@ branch of the run's own, through a worktree; else the serving folder in place.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -275,6 +276,12 @@ class Loop:
             c = self.ledger.candidate(self.known[h])
             # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
             if c is not None and self._needs_work(c, t):
+                if c.label and c.label != p.label:  # what it prints names the candidate the ledger holds
+                    self.events.note(
+                        f"{p.label} ({t.op} {t.bucket}): the same source as candidate #{c.id} {c.label}, "
+                        f"judged once under that name"
+                    )
+                    p = dataclasses.replace(p, label=c.label)
                 return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
             if repeat:
                 self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
