@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from . import ui
-from .cli_common import OP_NAMES, UsageError, command
+from .cli_common import OP_NAMES, UsageError, check_writable, command
 
 WORKFLOW_PATH = os.path.join(".github", "workflows", "kernel-agent.yml")
 PRE_COMMIT_PATH = ".pre-commit-config.yaml"
@@ -194,6 +194,8 @@ def write_templates(root: str, force: bool = False, only: Optional[str] = None) 
     if not os.path.isdir(root):
         raise UsageError(f"--dir {root}: no such folder")
     chosen = [t for t in templates() if only is None or t.name == only]
+    for t in chosen:  # every destination before the first file is written
+        check_writable(os.path.join(root, t.path), "--dir", folder=False)
     if not force:
         there = [t.path for t in chosen if os.path.exists(os.path.join(root, t.path))]
         if there:

@@ -123,6 +123,28 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * DURATION_UNITS[m.group(2).lower()]
 
 
+def check_writable(path: str, flag: str, folder: bool, why: str = "") -> None:
+    """A destination a command writes (a folder it fills, or a file), checked before the work so that a long
+    replay or a report is not thrown away: it must be writable where it exists, else the nearest folder above
+    it that exists must be a writable folder (the rest is made). `why` ends the line: what is written there."""
+    probe = os.path.abspath(path)
+    if os.path.exists(probe):
+        if folder and not os.path.isdir(probe):
+            raise UsageError(f"{flag} {path}: is a file, not a folder")
+        if not folder and os.path.isdir(probe):
+            raise UsageError(f"{flag} {path}: is a folder; give the file to write")
+        if not os.access(probe, os.W_OK | (os.X_OK if folder else 0)):
+            raise UsageError(f"{flag} {path}: is read-only{why}")
+        return
+    probe = os.path.dirname(probe)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is read-only{why}")
+
+
 def check_files(paths: List[str]) -> List[str]:
     """Candidate files: each a file (not a folder) of UTF-8 text, which is what the sanitizer judges."""
     for p in paths:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..harness import env
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
-from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
+from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary, server_url, sqlite_path
 from ..harness.manifest import Manifest, ManifestEntry
 from ..harness.model_step import (
     KV_MODES,
@@ -46,6 +46,7 @@ from .cli_common import (
     check_files,
     check_ledger_exists,
     check_op,
+    check_writable,
     command,
     cuda_available,
     default_ledger,
@@ -323,7 +324,10 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
         if args.workload or args.kv_budget:
             raise UsageError("--workload and --kv-budget choose a new run's targets; a resumed run keeps its own")
     if not args.resume:
-        _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+        candidates = args.candidates_dir or os.path.join("kernels", "candidates")
+        check_writable(candidates, "--candidates-dir", folder=True, why=" (candidate files are written there)")
+        if server_url(ledger_path) is None and not sqlite_path(ledger_path).exists():
+            check_writable(str(sqlite_path(ledger_path)), "--ledger", folder=False, why=" (a new ledger is made there)")
         _check_model_flags(args)
     return file_config
 
@@ -338,17 +342,6 @@ def _check_model_flags(args) -> None:
         )
     if model is not None and args.proposer in ("model", "auto"):
         _check_endpoint(model)
-
-
-def _check_writable_dir(path: str, flag: str) -> None:
-    """A folder the run will write in: it, or the nearest folder above it that exists, must be writable."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {probe} is read-only (candidate files are written there)")
 
 
 def _cluster_section(args, file_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:

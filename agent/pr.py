@@ -26,7 +26,7 @@ from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
 from ..harness.kv_plan import KvPlan, load_plan
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
-from .cli_common import UsageError, command, default_ledger, open_ledger
+from .cli_common import UsageError, check_writable, command, default_ledger, open_ledger
 from .review import (
     PromotedKernel,
     _md_word,
@@ -654,6 +654,7 @@ def cmd_pr(args) -> int:
         raise UsageError(f"no run {args.run!r} in the ledger")
     ledger_flag = f" --ledger {shlex.quote(args.ledger)}" if args.ledger and args.ledger != default_ledger() else ""
     out = args.out or os.path.join("runs", run.id, "pr")
+    check_writable(out, "--out", folder=True)
     plan = load_plan(args.kv_plan) if args.kv_plan else None  # a bad file: KvPlanError, one line
     pr = write_pr(led, run, out, ledger_flag, args.model_step, plan)
     if pr is None:

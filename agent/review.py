@@ -31,7 +31,7 @@ from ..sanitizer.report import merge_gpu, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
-from .cli_common import OP_NAMES, UsageError, command, cuda_available, open_ledger
+from .cli_common import OP_NAMES, UsageError, check_writable, command, cuda_available, open_ledger
 from .views import (  # noqa: F401
     JudgedBase,
     config_lines,
@@ -236,6 +236,7 @@ def cmd_report(args) -> int:
     if run is None:
         raise UsageError(f"no run {args.run!r} in the ledger")
     out = args.out or os.path.join("runs", run.id, "report")
+    check_writable(out, "--out", folder=True)
     path = write_report(led, run, out)
     ui.line(f"wrote {path}")
     return 0

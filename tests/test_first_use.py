@@ -767,3 +767,46 @@ def test_a_corrupted_serving_manifest_is_refused_before_a_run_is_recorded(tmp_pa
     assert rc == 2 and err.count("\n") == 1, err
     assert f"the serving set cannot be read: {serving}/manifest.json is not valid JSON" in err
     assert not (tmp_path / "l.db").exists()
+
+
+def _read_only(monkeypatch, folder):
+    """`folder` reads as read-only to the command (tests run as root, whom permission bits do not stop)."""
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode, **kw: False if os.path.abspath(p) == str(folder) else real(p, mode, **kw)
+    )
+
+
+@pytest.mark.parametrize("why", ["under a file", "read-only folder"])
+@pytest.mark.parametrize("what", ["report", "pr", "ci", "plan", "ledger"])
+def test_a_destination_that_cannot_be_written_is_one_line_before_the_work(tmp_path, monkeypatch, capsys, what, why):
+    from kernel_agent.agent.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.chdir(tmp_path)
+    with Ledger(tmp_path / "l.db") as led:
+        run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    if why == "under a file":
+        (tmp_path / "afile").write_text("")
+        dest, blocker = tmp_path / "afile" / "out", tmp_path / "afile"
+    else:
+        (tmp_path / "ro").mkdir()
+        dest, blocker = tmp_path / "ro" / "out", tmp_path / "ro"
+        _read_only(monkeypatch, blocker)
+    trace = os.path.join(ROOT, "tests", "data", "workloads", "chat_300.jsonl")
+    replays = []
+    monkeypatch.setattr("kernel_agent.agent.workload_cmd.analyze", lambda *a, **k: replays.append(a))
+    argv = {
+        "report": ["report", run.id, "--ledger", "l.db", "--out", str(dest)],
+        "pr": ["pr", run.id, "--ledger", "l.db", "--out", str(dest)],
+        "ci": ["ci", "init", "--dir", str(blocker)],
+        "plan": ["workload", "plan", trace, "--model", "llama-3-8b", "--out", str(dest / "plan.json")],
+        "ledger": ["run", "--ops", "quantize_kv", "--ledger", str(dest / "l.db"), "--candidates-dir", "c"],
+    }[what]
+    if what == "ci" and why == "under a file":
+        argv = ["ci", "init", "--dir", str(tmp_path / "afile")]
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert str(blocker) in err and ("read-only" in err or "not a folder" in err or "no such folder" in err), err
+    assert not replays and not (tmp_path / "c").exists()
