@@ -375,8 +375,8 @@ def test_pr_open_without_a_usable_gh_prints_the_commands(tmp_path, auth_rc, why)
         ["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(tmp_path / "pr"), "--open"],
         env={"PATH": _path_with_git(bindir)},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"not opened: {why}" in r.stdout
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert f"pull request not opened: {why}" in r.stderr
     assert f"  git push origin {branch}\n" in r.stdout
     assert f"  gh pr create --head {branch} --title " in r.stdout
     assert f"--body-file {tmp_path / 'pr' / 'pr.md'}" in r.stdout
@@ -495,3 +495,24 @@ def test_pre_commit_hooks_sanitize_each_changed_kernel_file_by_its_op(tmp_path):
     r = subprocess.run(CLI + argv[1:] + [good, bad], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
     assert re.search(r"PASS\s+\S*tlarge-d128", r.stdout) and re.search(r"FAIL\s+\S*tsmall-d128", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("where", ["another machine", "not in the repository"])
+def test_pr_names_a_run_branch_this_clone_does_not_hold_and_does_not_open_it(tmp_path, where):
+    branch = "kernel-agent/placeholder"
+    repo, origin, base = _repo_with_run_branch(tmp_path, branch)
+    made_in = str(tmp_path / "elsewhere") if where == "another machine" else str(repo)
+    if where != "another machine":
+        _git(repo, "branch", "-D", branch)
+    led, run, cand = _ledger_with_int8_promotion(
+        tmp_path, notes={"serving": {"mode": "branch", "branch": branch, "repo": made_in, "base": base, "commits": 1}}
+    )
+    bindir, log = tmp_path / "bin", tmp_path / "gh.log"
+    _fake_gh(bindir, log)
+    args = ["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(tmp_path / "pr")]
+    r = _cli(args, env={"PATH": _path_with_git(bindir)})
+    assert r.returncode == 0 and f"the branch {branch} " in r.stdout, r.stdout + r.stderr
+    r = _cli(args + ["--open"], env={"PATH": _path_with_git(bindir)})
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert f"pull request not opened: the branch {branch} " in r.stderr
+    assert not any("create" in ln for ln in (log.read_text().splitlines() if log.exists() else []))
