@@ -620,10 +620,17 @@ def _print_run_summary(summary: RunSummary, args) -> int:
         sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
         return 1 if failed else 0
     counts, session = summary.judged_now_by_status, summary.session
-    ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
+    # the wall time in the headline, which no terminal width cuts (a table drops its last columns at 80)
+    reason = (session and session.stop_reason) or ""
+    ui.line(
+        f"run {summary.run_id} {summary.status}"
+        + (f": {reason}" if reason else "")
+        + f"; wall {ui.duration(summary.wall_s or 0)}",
+        style="bold",
+    )
     ui.table(
         "",
-        ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed", "tokens", "wall"],
+        ["judged now", "rejected", "not verified", "verified", "bench", "promoted", "replayed", "tokens"],
         [
             [
                 summary.judged_now,
@@ -634,10 +641,9 @@ def _print_run_summary(summary: RunSummary, args) -> int:
                 counts.get(CandidateStatus.PROMOTED, 0),
                 summary.replayed,
                 summary.model.total_tokens,
-                f"{summary.wall_s or 0:.0f}s",
             ]
         ],
-        justify=["right"] * 9,
+        justify=["right"] * 8,
     )
     if summary.replayed:
         ui.line(
@@ -647,7 +653,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if summary.pruned:
         ui.line(
             f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
-            f"(`{hint(f'show {summary.run_id}', args.ledger)}` says why)"
+            f"(`{hint(f'show {summary.run_id}', getattr(args, 'ledger', None))}` says why)"
         )
     if summary.checks_failed:
         ui.table(
@@ -664,7 +670,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
         ui.line(f"throughput: {session.throughput_line}")
     if session and session.serving_line:
         ui.line(session.serving_line)
-    ui.line(f"details: {hint(f'show {summary.run_id}', args.ledger)}")
+    ui.line(f"details: {hint(f'show {summary.run_id}', getattr(args, 'ledger', None))}")
     return 1 if failed else 0
 
 
@@ -1022,8 +1028,11 @@ def _show_run(led, run, args) -> int:
     target = recorded_target(run_notes(run))  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
     ended = run_end_note(run)
+    # wall: start to end; a run that has not ended (interrupted, killed) the time its sessions ran
+    elapsed = summary.wall_s if run.finished_at is not None else run_notes(run).get("elapsed_s")
     ui.line(
         f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
+        + (f", wall {ui.duration(float(elapsed))}" if elapsed is not None else "")
         + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"),
         style="bold",
     )

@@ -810,3 +810,25 @@ def test_a_destination_that_cannot_be_written_is_one_line_before_the_work(tmp_pa
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert str(blocker) in err and ("read-only" in err or "not a folder" in err or "no such folder" in err), err
     assert not replays and not (tmp_path / "c").exists()
+
+
+def test_the_run_summary_and_show_give_the_wall_time_at_80_columns(tmp_path, monkeypatch):
+    from kernel_agent.agent.commands import _print_run_summary, cmd_show
+
+    led = Ledger(tmp_path / "l.db")
+    run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
+    summary = led.run_summary(run.id)
+    led.close()
+    buf = _terminal(monkeypatch)
+    _print_run_summary(summary, argparse.Namespace(json=False, ledger=str(tmp_path / "l.db")))
+    text = buf.getvalue()
+    assert all(len(ln) <= 80 for ln in text.splitlines()), text
+    assert f"run {run.id} finished; wall " in text, text
+    header = next(ln for ln in text.splitlines() if "judged now" in ln)
+    assert header.split()[-1] == "tokens", header  # every count column kept
+    assert f"details: kernel-agent show {run.id} --ledger {tmp_path / 'l.db'}" in " ".join(text.split())
+    buf.seek(0)
+    buf.truncate(0)
+    cmd_show(argparse.Namespace(what=run.id, ledger=str(tmp_path / "l.db"), json=False, source=False))
+    assert re.search(r"started \S+ \S+ UTC, wall \d+s", " ".join(buf.getvalue().split())), buf.getvalue()
