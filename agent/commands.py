@@ -598,7 +598,7 @@ def _run_events(args):
 
     def cand(label, status, detail):
         ui.line(
-            f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
+            f"  {marks.get(status, status):9s} {label}: {ui.clip(detail, 220)}",
             style={CandidateStatus.PROMOTED: "bold green", CandidateStatus.REJECTED: "red"}.get(status),
         )
 
@@ -1046,7 +1046,7 @@ def _show_run(led, run, args) -> int:
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         status = f"{c.status} (replayed)" if c.id in replayed else c.status  # judged by an earlier run
         bucket = os.path.basename(os.path.dirname(c.path)) if c.path else ""  # (the loop writes it there)
-        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
+        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, ui.clip(why, 90)])
     ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
     if summary.pruned:
         ui.line(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -255,6 +256,9 @@ def write_report(led, run, out_dir: str) -> str:
         f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
         f"- candidates: {summary.candidates} "
         f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
+        f"- reproduce: `{reproduce_command(run.config or {})}` (the search proposes the same candidates from "
+        f"the same seed and ledger; each check's detail names the seed base that gives its inputs again: "
+        f"`kernel-agent sanitize --op OP --seed N FILE`)",
         "",
     ]
     if summary.checks_failed:
@@ -284,8 +288,36 @@ def write_report(led, run, out_dir: str) -> str:
         lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(portable_paths("\n".join(lines) + "\n"))
     return path
+
+
+def reproduce_command(config: Dict[str, Any]) -> str:
+    """The `kernel-agent run` that makes a run with this recorded configuration again."""
+    words = ["kernel-agent run", f"--ops {','.join(config.get('ops') or ['all'])}"]
+    if config.get("proposer"):
+        words.append(f"--proposer {config['proposer']}")
+    if config.get("model"):
+        words.append(f"--model {shlex.quote(str(config['model']))}")
+    if config.get("max_candidates") is not None:
+        words.append(f"--candidates {config['max_candidates']}")
+    if config.get("time_limit_s"):
+        words.append(f"--time-limit {config['time_limit_s']:.0f}s")
+    if config.get("dtype"):
+        words.append(f"--dtype {config['dtype']}")
+    if config.get("bench_shapes") and config["bench_shapes"] != "serving":
+        words.append(f"--shapes {shlex.quote(str(config['bench_shapes']))}")
+    return " ".join(words + [f"--seed {config.get('seed', 0)}"])
+
+
+def portable_paths(text: str) -> str:
+    """A document to share, without this machine's folders: paths in the working folder or the repository
+    relative to it, paths under the home folder from ~."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root, shown in ((os.getcwd(), ""), (repo, ""), (os.path.expanduser("~"), "~/")):
+        if root not in ("", os.sep):
+            text = text.replace(root.rstrip(os.sep) + os.sep, shown)
+    return text
 
 
 # -- the sections of one promoted kernel: shared by `report` and `pr` (agent/pr.py) -----------------
@@ -398,10 +430,10 @@ def verdict_section(led, pk: PromotedKernel) -> List[str]:
     lines = ["", "### Sanitizer verdict", "", eq + ".", ""]
     # check details and FpSan's detail can carry the candidate's own messages: quoted as data
     if (c.verdict or {}).get("fpsan_detail"):
-        lines += [f"> FpSan: {quote_untrusted(c.verdict['fpsan_detail'], 400, markdown=True)}", ""]
+        lines += [f"> FpSan: {quote_untrusted(portable_paths(c.verdict['fpsan_detail']), 400, markdown=True)}", ""]
     lines += ["| mode | check | result | detail |", "|---|---|---|---|"]
     for k in led.checks(c.id):
-        detail = quote_untrusted(k.detail, 160, markdown=True) if k.detail else ""
+        detail = quote_untrusted(portable_paths(k.detail), 160, markdown=True) if k.detail else ""
         lines.append(f"| {_md_word(k.mode)} | {_md_word(k.name)} | {_md_word(k.status)} | {detail} |")
     return lines
 
@@ -503,9 +535,9 @@ def _candidate_table(led, run, results=()) -> List[str]:
         v = c.stored_verdict
         failed = v.first_failure
         if failed:  # a check's detail can carry the candidate's own text: quoted as data
-            why = f"{_md_word(failed.name)}: {quote_untrusted(failed.detail, 160, markdown=True)}"
+            why = f"{_md_word(failed.name)}: {quote_untrusted(portable_paths(failed.detail), 160, markdown=True)}"
         elif v.error:
-            why = quote_untrusted(v.error, 160, markdown=True)
+            why = quote_untrusted(portable_paths(v.error), 160, markdown=True)
         elif c.status == CandidateStatus.PROPOSED:
             why = "not judged yet (`kernel-agent run --resume` finishes it)"
         else:

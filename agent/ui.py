@@ -165,6 +165,11 @@ def clock(seconds: float) -> str:
     return f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}" if sec >= 3600 else f"{sec // 60}:{sec % 60:02d}"
 
 
+def clip(text: str, n: int) -> str:
+    """`text` cut to `n` characters, with an ellipsis where it was cut (a cut detail must not read as whole)."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def duration(seconds: float) -> str:
     """A wall time in a sentence: 56s, 4m 12s, 2h 05m."""
     sec = int(round(seconds))

@@ -832,3 +832,39 @@ def test_the_run_summary_and_show_give_the_wall_time_at_80_columns(tmp_path, mon
     buf.truncate(0)
     cmd_show(argparse.Namespace(what=run.id, ledger=str(tmp_path / "l.db"), json=False, source=False))
     assert re.search(r"started \S+ \S+ UTC, wall \d+s", " ".join(buf.getvalue().split())), buf.getvalue()
+
+
+def test_a_cut_rejection_detail_ends_with_an_ellipsis(monkeypatch, capsys):
+    from kernel_agent.agent.commands import _run_events
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    events = _run_events(argparse.Namespace(json=False, ledger=None))
+    events.candidate("cfg-1", CandidateStatus.REJECTED, "x" * 300)
+    events.candidate("cfg-2", CandidateStatus.REJECTED, "short")
+    out = capsys.readouterr().out
+    assert "x" * 219 + "…\n" in out and "x" * 220 not in out and "cfg-2: short\n" in out
+
+
+def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(tmp_path, monkeypatch):
+    from kernel_agent.agent.review import write_report
+
+    home, work = tmp_path / "home", tmp_path / "home" / "clone"
+    work.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    led = Ledger(work / "l.db")
+    cfg = {"ops": ["quantize_kv"], "proposer": "search", "max_candidates": 2, "time_limit_s": 1800.0, "seed": 7}
+    run = led.start_run(cfg, {}, "search", ["quantize_kv"], None, {})
+    c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-1")
+    detail = f"cannot import {work}/kernels/candidates/a.py (see {home}/notes.txt)"
+    v = Verdict(str(work / "a.py"), "quantize_kv", "quick", [CheckOutcome("load", "failed", detail)], error=detail)
+    led.record_checks(c.id, "quick", [{"name": "load", "status": "failed", "detail": detail, "duration_s": 1}])
+    led.set_candidate_status(c.id, CandidateStatus.REJECTED, verdict=v.to_json())
+    text = open(write_report(led, run, str(work / "report"))).read()
+    led.close()
+    assert "kernels/candidates/a.py" in text and "~/notes.txt" in text, text
+    assert str(tmp_path) not in text, text
+    assert (
+        "reproduce: `kernel-agent run --ops quantize_kv --proposer search --candidates 2 --time-limit 1800s --seed 7`"
+        in text
+    )
