@@ -662,8 +662,15 @@ def _print_run_summary(summary: RunSummary, args) -> int:
             sorted(summary.checks_failed.items()),
             justify=["left", "right"],
         )
+    if summary.model.errors:
+        ui.line(f"model calls: {summary.model.errors} of {summary.model.calls} failed (no reply, no candidate)")
     if not (session and session.benchmarked):
-        ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")
+        verified = counts.get(CandidateStatus.VERIFIED, 0)  # what the line says is what the counts hold
+        ui.line(
+            (f"no GPU: {verified} candidate(s) verified by the sanitizer, not benchmarked" if verified else "no GPU: ")
+            + ("" if verified else "nothing was benchmarked")
+            + ("" if summary.promotions else ("; nothing was promoted" if verified else " or promoted"))
+        )
     for p in summary.promotions:
         ui.line(f"promoted {p.op} {p.bucket} {p.dtype}: {p.reason}", style="bold green")
     if session and session.throughput_line:

@@ -257,6 +257,12 @@ class Loop:
     # -- admission ------------------------------------------------------------------------
     def admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
         """Record a proposal; return its work, or None when it needs no evaluation."""
+        if p.rejected.startswith(MODEL_CALL_FAILED):
+            # no reply, so no candidate (its model call records the error); it uses the budget still, so that
+            # an endpoint that keeps failing cannot spin the run
+            self.events.candidate(p.label, "no reply", f"{t.op} {t.bucket}: {p.rejected}")
+            budget.used += 1
+            return None
         if p.rejected:
             cid, h = self.recorder.record_unusable(p)
             self.known[h] = cid
@@ -301,7 +307,9 @@ class Loop:
             # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
             # so a run over a ledger that holds earlier runs still judges as many new candidates
             self.events.candidate(
-                p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): not judged again"
+                p.label,
+                "replayed",
+                f"{t.op} {t.bucket}: judged before as candidate #{existing.id} ({existing.status}): not judged again",
             )
             self.recorder.replay(ctx, p, existing.id)
             return None

@@ -254,8 +254,10 @@ def write_report(led, run, out_dir: str) -> str:
         "",
         f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
         f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
-        f"- candidates: {summary.candidates} "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
+        # counted as `run` and `history` count them: what the run judged, apart from what it replayed
+        f"- candidates judged by this run: {summary.judged_now} "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.judged_now_by_status.items()) if n)}); "
+        f"replayed from earlier runs: {summary.replayed}",
         f"- reproduce: `{reproduce_command(run.config or {})}` (the search proposes the same candidates from "
         f"the same seed and ledger; each check's detail names the seed base that gives its inputs again: "
         f"`kernel-agent sanitize --op OP --seed N FILE`)",

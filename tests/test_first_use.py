@@ -163,7 +163,7 @@ def test_a_reachable_endpoint_that_is_not_the_openai_api_is_refused_before_the_r
     assert not (tmp_path / "l.db").exists()
 
 
-def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch):
+def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch, capsys):
     from kernel_agent.agent.commands import _print_run_summary
     from openai_stub import Stub
 
@@ -193,6 +193,11 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
     assert f"failed on its first {loop_mod.MODEL_FAILURES_LIMIT} calls and answered none" in s.session.stop_reason
     assert s.model.calls == loop_mod.MODEL_FAILURES_LIMIT  # not the whole budget of 10
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 1
+    out = capsys.readouterr().out
+    # a failed call is no candidate: nothing judged, nothing rejected, and nothing said to be verified
+    assert s.judged_now == 0 and s.candidates == 0, out
+    assert "no GPU: nothing was benchmarked or promoted" in out and "verified by" not in out, out
+    assert f"model calls: {loop_mod.MODEL_FAILURES_LIMIT} of {loop_mod.MODEL_FAILURES_LIMIT} failed" in out
 
 
 # -- 3. every way a run ends is recorded ----------------------------------------------------------------
@@ -625,6 +630,10 @@ def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_repl
     )
     row = next(r for r in json.loads(capsys.readouterr().out)["runs"] if r["id"] == second.id)
     assert row["judged_now"] == 1 and row["replayed"] == 1
+    from kernel_agent.agent.review import write_report
+
+    report = open(write_report(led, second, str(tmp_path / "report"))).read()
+    assert "- candidates judged by this run: 1 (verified 1); replayed from earlier runs: 1" in report, report
     led.close()
     from kernel_agent.agent.commands import cmd_show
 
@@ -868,3 +877,12 @@ def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(t
         "reproduce: `kernel-agent run --ops quantize_kv --proposer search --candidates 2 --time-limit 1800s --seed 7`"
         in text
     )
+
+
+def test_a_replay_line_names_the_op_and_bucket(tmp_path):
+    _cpu_run(tmp_path, tmp_path / "l.db", _passes)
+    lines = []
+    events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
+    replays = [d for st, d in lines if st == "replayed"]
+    assert replays and all(re.match(r"quantize_kv \S+: judged before as candidate #\d+", d) for d in replays), lines

@@ -143,7 +143,7 @@ def test_the_summary_after_a_run_reads_every_field_it_prints(recorded, capsys):
 
     s.session = None  # the ledger alone: nothing says the run benchmarked
     _print_run_summary(s, argparse.Namespace(json=False))
-    assert "no GPU: candidates were verified" in capsys.readouterr().out
+    assert "no GPU: nothing was benchmarked\n" in capsys.readouterr().out  # (it verified none, promoted one)
 
 
 def test_show_history_and_the_report_read_the_record(recorded, capsys, tmp_path):
@@ -161,7 +161,7 @@ def test_show_history_and_the_report_read_the_record(recorded, capsys, tmp_path)
     assert row["candidates"] == 3 and row["by_status"]["rejected"] == 2 and row["promotions"] == 1
 
     text = open(write_report(led, run, str(tmp_path / "report"))).read()
-    assert "- candidates: 3 (benchmarked 0, promoted 1, proposed 0, rejected 2, verified 0)" in text
+    assert "- candidates judged by this run: 3 (promoted 1, rejected 2); replayed from earlier runs: 0" in text
     assert "Rejections by the check that caught them: `bounds` 2, `coverage` 1" in text
 
 
