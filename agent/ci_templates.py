@@ -200,8 +200,8 @@ def write_templates(root: str, force: bool = False, only: Optional[str] = None) 
         there = [t.path for t in chosen if os.path.exists(os.path.join(root, t.path))]
         if there:
             raise UsageError(
-                f"{os.path.join(root, there[0])} exists: pass --force to overwrite "
-                f"{'it' if len(there) == 1 else 'them'}"
+                f"{', '.join(os.path.join(root, p) for p in there)} exist{'s' if len(there) == 1 else ''}: "
+                f"pass --force to overwrite {'it' if len(there) == 1 else 'them'}"
             )
     for t in chosen:
         path = os.path.join(root, t.path)

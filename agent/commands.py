@@ -1204,15 +1204,17 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place.
     The collaborators left out are this machine's, as for a run: `evaluator` runs the sanitizer and
     benchmark children (sandboxed children), `devices` says whether there is a GPU and its name."""
-    from ..harness.bench import NO_GPU, resolve_shapes  # here: torch, after the flags
-    from .publish import plan_target  # here: publication imports the serving set, which imports torch
-
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
     check_files([args.file])
-    if not devices.available():
-        ui.error(NO_GPU)
-        return 2
+    if not devices.available():  # (on a machine without an NVIDIA driver, known before torch is imported)
+        raise UsageError(
+            "promote benchmarks the kernel against the incumbent on a CUDA GPU, and none is available here: "
+            f"run `kernel-agent promote --op {args.op} {shlex.quote(args.file)}` on a GPU machine"
+        )
+    from ..harness.bench import resolve_shapes  # here: torch, after the flags and the GPU
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
+
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
@@ -1369,15 +1371,19 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
 
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
-    led = open_ledger(args, existing=True)  # a demotion changes what a ledger records: a typo creates none
+    # a ledger named (--ledger, KERNEL_AGENT_LEDGER) must exist: a typo creates none. The default one may not
+    # exist yet (a fresh clone, whose committed kernels serve before any run): it is made for the demotion.
+    named = bool(getattr(args, "ledger", None) or os.environ.get("KERNEL_AGENT_LEDGER"))
+    led = open_ledger(args, existing=True) if named or os.path.exists(default_ledger()) else None
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
-    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
+    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname) if led is not None else None
     if served is None and promo is None:
         raise UsageError(
             f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
             + _served_elsewhere(serving.load_manifest(plan.source_dir), args)
         )
+    led = led or open_ledger(args)
     # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
     run = led.start_run(
         {

@@ -415,6 +415,32 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
     )
 
 
+def test_demote_on_a_fresh_clone_makes_the_default_ledger_and_records_there(tmp_path, monkeypatch, capsys):
+    """The committed kernels serve before any run: demoting one needs no run first."""
+    from kernel_agent.agent.commands import cmd_demote
+
+    r = _git_repo(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNEL_AGENT_LEDGER", raising=False)
+    args = argparse.Namespace(
+        op="decode_attention_int8",
+        bucket="c8k-g4-d128",
+        dtype="bfloat16",
+        gpu="NVIDIA H200",
+        reason="r",
+        ledger=None,
+        in_place=True,
+    )
+    assert cmd_demote(args) == 0, capsys.readouterr()
+    with Ledger(tmp_path / "runs" / "ledger.db", read_only=True) as led:
+        assert [x.proposer for x in led.runs()] == ["manual"]
+    args.bucket = "nope"  # nothing serves it: refused, and (in a folder without a ledger) no ledger made
+    monkeypatch.chdir(r)
+    with pytest.raises(Exception, match="nothing serves"):
+        cmd_demote(args)
+    assert not (r / "runs").exists()
+
+
 def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_bucket(tmp_path, monkeypatch):
     """On the CPU machine `demote` looked the bucket up on 'cpu' and said only that nothing serves it there."""
     from kernel_agent.agent.commands import cmd_demote
@@ -886,3 +912,11 @@ def test_a_replay_line_names_the_op_and_bucket(tmp_path):
     _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
     replays = [d for st, d in lines if st == "replayed"]
     assert replays and all(re.match(r"quantize_kv \S+: judged before as candidate #\d+", d) for d in replays), lines
+
+
+def test_promote_on_a_machine_without_a_gpu_names_promote_before_torch_is_imported(tmp_path):
+    (tmp_path / "k.py").write_text("x = 1\n")
+    rc, torch_loaded, err = _cli(["promote", "--op", "quantize_kv", str(tmp_path / "k.py")], cwd=tmp_path)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"run `kernel-agent promote --op quantize_kv {tmp_path / 'k.py'}` on a GPU machine" in err
+    assert not torch_loaded and not (tmp_path / "runs").exists()

@@ -415,7 +415,7 @@ def test_ci_init_writes_the_files_and_refuses_to_overwrite_them(tmp_path):
     wf.write_text("# ours\n")
     r = _cli(["ci", "init", "--dir", str(tmp_path)])
     assert r.returncode == 2 and r.stderr.strip() == (
-        f"kernel-agent: error: {wf} exists: pass --force to overwrite them"
+        f"kernel-agent: error: {wf}, {pc} exist: pass --force to overwrite them"
     )
     assert wf.read_text() == "# ours\n"  # nothing written, not even the other one
     r = _cli(["ci", "init", "--dir", str(tmp_path), "--force"])
