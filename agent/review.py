@@ -778,6 +778,7 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                 judged: Dict[str, int] = judged,
                 op: str = op,
                 n: int = len(present),
+                last: str = "gpu" if gpu else mode,
             ) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
                 prog.note(
@@ -786,6 +787,8 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                 )
                 judged[stage] += 1
                 prog.working_on(f"{op}: {judged[stage]}/{n} kernel(s) through {stage}")
+                if stage == last:  # the kernel is done once its last stage has judged it: counted now
+                    prog.advance()
 
             prog.working_on(f"{op}: 0/{len(present)} kernel(s) through {mode}")
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
@@ -795,8 +798,7 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                 vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
             for it, v in zip(present, vs):
                 v.file = it.shown or it.path
-                verdicts.append(v)
-                prog.advance()  # (its line came as it was judged)
+                verdicts.append(v)  # (its line came, and it was counted done, as it was judged)
     return verdicts
 
 

@@ -920,3 +920,35 @@ def test_promote_on_a_machine_without_a_gpu_names_promote_before_torch_is_import
     assert rc == 2 and err.count("\n") == 1, err
     assert f"run `kernel-agent promote --op quantize_kv {tmp_path / 'k.py'}` on a GPU machine" in err
     assert not torch_loaded and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_gates_status_counts_a_kernel_done_as_its_last_stage_judges_it(monkeypatch, tmp_path, gpu):
+    from kernel_agent.agent import review, ui
+
+    counted = []
+    real_advance = ui.Progress.advance
+
+    def advance(self, message="", n=1):
+        real_advance(self, message, n)
+        counted.append(self.status_text())
+
+    monkeypatch.setattr(ui.Progress, "advance", advance)
+
+    def run_many(paths, op, mode, jobs=1, on_done=None, **kw):
+        out = []
+        for p in paths:
+            v = Verdict(os.path.abspath(p), op, mode, checks=[CheckOutcome("static_gate", "passed")], seed=7)
+            on_done(v)
+            out.append(v)
+        return out
+
+    monkeypatch.setattr(review, "run_many", run_many)
+    monkeypatch.setattr(review, "merge_gpu", lambda a, b: a)
+    items = []
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.py").write_text("x = 1\n")
+        items.append(review.GateItem("matmul", f"matmul/{name}", str(tmp_path / f"{name}.py")))
+    review._judge_gate_items(items, "full", gpu, 2)
+    assert [re.search(r"\d+/2 done", t).group(0) for t in counted] == ["1/2 done", "2/2 done"], counted
+    assert ("through gpu" in counted[0]) == gpu  # counted when the last stage judged it, not before
