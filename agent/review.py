@@ -637,35 +637,63 @@ def _speedup_plot(plt, run, best, out_dir: str) -> Tuple[str, str]:
 def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, str]:
     judged = [r for r in results if r.speedup is not None and not r.implausible and r.started_at is not None]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    labelled = []  # (minutes, speedup, text) of each point, labelled once the axes' limits are final
     for key in sorted({(r.op, r.bucket) for r in judged}):
         rs = [r for r in judged if (r.op, r.bucket) == key]
         mins = [(r.started_at - run.started_at).total_seconds() / 60 for r in rs]
         ax.plot(mins, [r.speedup for r in rs], "o", label=f"{key[0]} {key[1]}")
-        for m, r in zip(mins, rs):
-            ax.annotate(f"#{r.candidate_id}", (m, r.speedup), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    for pr in promotions:  # from here on the bucket's candidates are timed beside the promoted kernel
+        labelled += [(m, r.speedup, f"#{r.candidate_id}") for m, r in zip(mins, rs)]
+    ax.axhline(1.0, color="k", lw=0.8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + 0.05 * (hi - lo))
+    for i, pr in enumerate(sorted(promotions, key=lambda p: p.created_at)):
+        # from here on the bucket's candidates are timed beside the promoted kernel; each note a line lower than
+        # the one before, so that promotions close in time do not write over each other
         m = (pr.created_at - run.started_at).total_seconds() / 60
         ax.axvline(m, color="g", lw=0.8, ls=":")
         ax.annotate(
             f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it",
-            (m, 1.0),
+            (m, 0.97 - 0.09 * (i % 8)),
+            xycoords=("data", "axes fraction"),
             fontsize=6,
             color="g",
-            xytext=(3, -22),
+            xytext=(3, 0),
             textcoords="offset points",
+            va="top",
         )
-    ax.axhline(1.0, color="k", lw=0.8)
-    lo, hi = ax.get_ylim()
-    ax.set_ylim(lo, hi + 0.05 * (hi - lo))
     ax.set_xlabel("minutes into the run (when the benchmark was recorded)")
     ax.set_ylabel("speedup over the incumbent timed beside it")
     ax.set_title("each judged candidate: geometric mean over its bucket's shapes", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
+    _label_points(fig, ax, labelled)
     p = os.path.join(out_dir, "progress.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return "each candidate's speedup over the run", p
+
+
+# where a point's label may go, in points from it: right and up first, then below, further up, to the left
+LABEL_OFFSETS = [(3, 3), (3, -9), (3, 10), (3, -16), (-18, 3), (-18, -9), (3, 17), (3, -23), (-18, 10), (-18, -16)]
+
+
+def _label_points(fig, ax, points: List[Tuple[float, float, str]]) -> None:
+    """Label each point where its label overlaps no label placed before it (the first of LABEL_OFFSETS that is
+    free; the first one where none is): labels of candidates judged close together were written over each
+    other."""
+    renderer = fig.canvas.get_renderer()
+    placed: List[Any] = []
+    for x, y, text in sorted(points):
+        for dx, dy in LABEL_OFFSETS:
+            label = ax.annotate(text, (x, y), fontsize=6, xytext=(dx, dy), textcoords="offset points")
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+            label.remove()
+        else:  # nowhere free: the first place, as before
+            label = ax.annotate(text, (x, y), fontsize=6, xytext=LABEL_OFFSETS[0], textcoords="offset points")
+            box = label.get_window_extent(renderer)
+        placed.append(box)
 
 
 # -- gate --------------------------------------------------------------------------------------

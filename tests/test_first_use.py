@@ -952,3 +952,27 @@ def test_the_gates_status_counts_a_kernel_done_as_its_last_stage_judges_it(monke
     review._judge_gate_items(items, "full", gpu, 2)
     assert [re.search(r"\d+/2 done", t).group(0) for t in counted] == ["1/2 done", "2/2 done"], counted
     assert ("through gpu" in counted[0]) == gpu  # counted when the last stage judged it, not before
+
+
+def test_progress_plot_labels_of_candidates_judged_close_together_do_not_overlap(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernel_agent.agent.review import _label_points
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    # eight candidates judged within seconds of each other at nearly the same speedup
+    points = [(2.0 + 0.01 * i, 0.95 + 0.004 * i, f"#{100 + i}") for i in range(8)]
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o")
+    ax.set_xlim(0, 5)
+    ax.set_ylim(0.2, 1.2)
+    _label_points(fig, ax, points)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == 8
+    assert not [(i, j) for i in range(8) for j in range(i) if boxes[i].overlaps(boxes[j])]
+    fig.savefig(tmp_path / "crowded.png", dpi=110)
+    plt.close(fig)
