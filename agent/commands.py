@@ -662,15 +662,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
             sorted(summary.checks_failed.items()),
             justify=["left", "right"],
         )
-    if summary.model.errors:
-        ui.line(f"model calls: {summary.model.errors} of {summary.model.calls} failed (no reply, no candidate)")
-    if not (session and session.benchmarked):
-        verified = counts.get(CandidateStatus.VERIFIED, 0)  # what the line says is what the counts hold
-        ui.line(
-            (f"no GPU: {verified} candidate(s) verified by the sanitizer, not benchmarked" if verified else "no GPU: ")
-            + ("" if verified else "nothing was benchmarked")
-            + ("" if summary.promotions else ("; nothing was promoted" if verified else " or promoted"))
-        )
+    _print_what_was_judged(summary)
     for p in summary.promotions:
         ui.line(f"promoted {p.op} {p.bucket} {p.dtype}: {p.reason}", style="bold green")
     if session and session.throughput_line:
@@ -679,6 +671,21 @@ def _print_run_summary(summary: RunSummary, args) -> int:
         ui.line(session.serving_line)
     ui.line(f"details: {hint(f'show {summary.run_id}', getattr(args, 'ledger', None))}")
     return 1 if failed else 0
+
+
+def _print_what_was_judged(summary: RunSummary) -> None:
+    """The summary's lines on failed model calls and, without a GPU, on what was verified: each says what the
+    counts hold (a run whose model never answered verified nothing)."""
+    if summary.model.errors:
+        ui.line(f"model calls: {summary.model.errors} of {summary.model.calls} failed (no reply, no candidate)")
+    if summary.session and summary.session.benchmarked:
+        return
+    verified = summary.judged_now_by_status.get(CandidateStatus.VERIFIED, 0)
+    ui.line(
+        (f"no GPU: {verified} candidate(s) verified by the sanitizer, not benchmarked" if verified else "no GPU: ")
+        + ("" if verified else "nothing was benchmarked")
+        + ("" if summary.promotions else ("; nothing was promoted" if verified else " or promoted"))
+    )
 
 
 @command("bench")

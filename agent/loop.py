@@ -279,21 +279,7 @@ class Loop:
         repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself
         self.session_hashes.add(h)
         if h in self.known:  # recorded by this run already (a resume, or a repeat)
-            c = self.ledger.candidate(self.known[h])
-            # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
-            if c is not None and self._needs_work(c, t):
-                if c.label and c.label != p.label:  # what it prints names the candidate the ledger holds
-                    self.events.note(
-                        f"{p.label} ({t.op} {t.bucket}): the same source as candidate #{c.id} {c.label}, "
-                        f"judged once under that name"
-                    )
-                    p = dataclasses.replace(p, label=c.label)
-                return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
-            if repeat:
-                self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
-            if c is not None and not self.unfinished(c):  # (one still in flight tells its own result)
-                self.recorder.replay(ctx, p, c.id)
-            return None
+            return self._admit_known(t, ctx, p, h, repeat)
         existing = self.ledger.find_candidate(p.op, p.source)
         path = self._write(p, h, t)
         replay = existing is not None and not self._needs_work(existing, t)
@@ -316,6 +302,25 @@ class Loop:
         self.duplicate_streak[key] = 0
         budget.used += 1
         return self._work(t, ctx, p, cand.id, path, h)
+
+    def _admit_known(self, t: Target, ctx: ProposeContext, p: Proposal, h: str, repeat: bool) -> Optional[Work]:
+        """A source this run recorded already: its work for target `t` where it still needs one, else None."""
+        c = self.ledger.candidate(self.known[h])
+        # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
+        if c is not None and self._needs_work(c, t):
+            if c.label and c.label != p.label:  # what it prints names the candidate the ledger holds
+                self.events.note(
+                    f"{p.label} ({t.op} {t.bucket}): the same source as candidate #{c.id} {c.label}, "
+                    f"judged once under that name"
+                )
+                p = dataclasses.replace(p, label=c.label)
+            return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
+        if repeat:
+            key = (t.op, t.bucket)
+            self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
+        if c is not None and not self.unfinished(c):  # (one still in flight tells its own result)
+            self.recorder.replay(ctx, p, c.id)
+        return None
 
     def count_model_call(self, p: Proposal) -> None:
         """Count the proposer's model calls; with MODEL_FAILURES_LIMIT failed and none answered, the run cannot
