@@ -24,9 +24,16 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from . import ui
-from .cli_common import OP_NAMES, UsageError, command
+from .cli_common import OP_NAMES, UsageError, check_writable, command
 
 WORKFLOW_PATH = os.path.join(".github", "workflows", "kernel-agent.yml")
+# what the workflow and the hooks use from the repository they are written into
+CLONE_FILES = (
+    "pyproject.toml",
+    "requirements-cpu.txt",
+    os.path.join("kernels", "serving"),
+    os.path.join("kernels", "baseline"),
+)
 PRE_COMMIT_PATH = ".pre-commit-config.yaml"
 GPU_RUNNER_VAR = "KERNEL_AGENT_GPU_RUNNER"
 
@@ -194,12 +201,20 @@ def write_templates(root: str, force: bool = False, only: Optional[str] = None) 
     if not os.path.isdir(root):
         raise UsageError(f"--dir {root}: no such folder")
     chosen = [t for t in templates() if only is None or t.name == only]
+    for t in chosen:  # every destination before the first file is written
+        check_writable(os.path.join(root, t.path), "--dir", folder=False)
+    missing = [p for p in CLONE_FILES if not os.path.exists(os.path.join(root, p))]
+    if missing:  # the workflow installs kernel-agent from the repository and gates its serving set
+        raise UsageError(
+            f"--dir {root}: not the top of a kernel-agent clone (no {', '.join(missing)}): the workflow installs "
+            f"kernel-agent from it and gates its kernels; run `kernel-agent ci init` there"
+        )
     if not force:
         there = [t.path for t in chosen if os.path.exists(os.path.join(root, t.path))]
         if there:
             raise UsageError(
-                f"{os.path.join(root, there[0])} exists: pass --force to overwrite "
-                f"{'it' if len(there) == 1 else 'them'}"
+                f"{', '.join(os.path.join(root, p) for p in there)} exist{'s' if len(there) == 1 else ''}: "
+                f"pass --force to overwrite {'it' if len(there) == 1 else 'them'}"
             )
     for t in chosen:
         path = os.path.join(root, t.path)

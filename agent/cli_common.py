@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Dict, List
+import shlex
+import shutil
+import sys
+from typing import Any, Callable, Dict, List, Optional
 
 from ..harness.ledger import Ledger, server_url, sqlite_path
 from ..harness.ops import NAMES as OP_NAMES  # the registry's names load without torch
@@ -32,6 +35,30 @@ def command(name: str):
 
 def default_ledger() -> str:
     return os.environ.get("KERNEL_AGENT_LEDGER", os.path.join("runs", "ledger.db"))
+
+
+def command_name() -> str:
+    """How the hints name this command so that they paste as they are: `kernel-agent` where the shell finds
+    this one under that name (its venv active, say), else the path it was started by (`.venv/bin/kernel-agent`
+    after the quick start, whose venv is not active)."""
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "kernel-agent":  # `python -m kernel_agent.agent.cli`, or a test
+        return "kernel-agent"
+    found = shutil.which("kernel-agent")
+    if found and os.path.realpath(found) == os.path.realpath(started):
+        return "kernel-agent"
+    shown = os.path.relpath(started)
+    return shlex.quote(started if shown.startswith(os.pardir + os.sep + os.pardir) else shown)
+
+
+def ledger_flag(path: Optional[str]) -> str:
+    """' --ledger PATH' for a hint's command, or '' where the default ledger is the one meant."""
+    return f" --ledger {shlex.quote(path)}" if path and path != default_ledger() else ""
+
+
+def hint(command: str, ledger: Optional[str] = None) -> str:
+    """A command to paste: 'kernel-agent show r-1 --ledger l.db', named as `command_name` says."""
+    return f"{command_name()} {command}{ledger_flag(ledger)}"
 
 
 def check_ledger_exists(path: str) -> None:
@@ -65,22 +92,57 @@ def check_op(name: str) -> str:
 
 def parse_ops(text: str) -> List[str]:
     """`--ops`: a comma list of ops, or all."""
-    ops = list(OP_NAMES) if text in ("all", "") else [o.strip() for o in text.split(",") if o.strip()]
+    ops = list(OP_NAMES) if text == "all" else [o.strip() for o in text.split(",") if o.strip()]
+    if not ops:  # (an unset $OPS in a script): all five ops would be a surprise of hours
+        raise UsageError(f"no op named in {text!r}; name one or more of {OPS_HELP} (comma list), or all")
     for o in ops:
         if o not in OP_NAMES:
             raise UsageError(f"unknown op {o!r}; expected one of {OPS_HELP} (or all)")
     return ops
 
 
+# the units a duration may carry, in the words people write them (`8h`, `8 hours`, `90min`)
+DURATION_UNITS = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+    **dict.fromkeys(("d", "day", "days"), 86400),
+}
+
+
 def parse_duration(text: str) -> float:
-    """`--time-limit`: seconds from 90s, 30m, 8h, 1d or a bare number of seconds; more than none."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
-    if not m:
-        raise UsageError(f"bad duration {text!r}: use e.g. 90s, 30m, 8h")
-    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    if seconds <= 0:
+    """`--time-limit`: seconds from 90s, 30m, 8h, 1d, `8 hours` or `90min`; more than none. A bare number is
+    refused: `8` meant as hours would otherwise run for 8 seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text or "")
+    if m and float(m.group(1)) <= 0:
         raise UsageError(f"bad duration {text!r}: a run needs some time, e.g. 90s, 30m, 8h")
-    return seconds
+    if m and not m.group(2):
+        raise UsageError(f"bad duration {text!r}: give a unit, e.g. {m.group(1)}h, {m.group(1)}m or {m.group(1)}s")
+    if not m or m.group(2).lower() not in DURATION_UNITS:
+        raise UsageError(f"bad duration {text!r}: use e.g. 90s, 30m, 8h")
+    return float(m.group(1)) * DURATION_UNITS[m.group(2).lower()]
+
+
+def check_writable(path: str, flag: str, folder: bool, why: str = "") -> None:
+    """A destination a command writes (a folder it fills, or a file), checked before the work so that a long
+    replay or a report is not thrown away: it must be writable where it exists, else the nearest folder above
+    it that exists must be a writable folder (the rest is made). `why` ends the line: what is written there."""
+    probe = os.path.abspath(path)
+    if os.path.exists(probe):
+        if folder and not os.path.isdir(probe):
+            raise UsageError(f"{flag} {path}: is a file, not a folder")
+        if not folder and os.path.isdir(probe):
+            raise UsageError(f"{flag} {path}: is a folder; give the file to write")
+        if not os.access(probe, os.W_OK | (os.X_OK if folder else 0)):
+            raise UsageError(f"{flag} {path}: is read-only{why}")
+        return
+    probe = os.path.dirname(probe)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is read-only{why}")
 
 
 def check_files(paths: List[str]) -> List[str]:

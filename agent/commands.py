@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..harness import env
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
-from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary
+from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary, server_url, sqlite_path
 from ..harness.manifest import Manifest, ManifestEntry
 from ..harness.model_step import (
     KV_MODES,
@@ -35,6 +35,7 @@ from ..harness.model_step import (
 )
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
+from ..harness.run_hold import RunHold
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from ..sanitizer.canonical import TextRefused, canonical_source, source_hash
 from ..sanitizer.report import merge_gpu
@@ -45,9 +46,11 @@ from .cli_common import (
     check_files,
     check_ledger_exists,
     check_op,
+    check_writable,
     command,
     cuda_available,
     default_ledger,
+    hint,
     open_ledger,
     parse_duration,
     parse_ops,
@@ -329,7 +332,10 @@ def _check_run_flags(args, ledger_path: str) -> Dict[str, Any]:
         if args.workload or args.kv_budget:
             raise UsageError("--workload and --kv-budget choose a new run's targets; a resumed run keeps its own")
     if not args.resume:
-        _check_writable_dir(args.candidates_dir or os.path.join("kernels", "candidates"), "--candidates-dir")
+        candidates = args.candidates_dir or os.path.join("kernels", "candidates")
+        check_writable(candidates, "--candidates-dir", folder=True, why=" (candidate files are written there)")
+        if server_url(ledger_path) is None and not sqlite_path(ledger_path).exists():
+            check_writable(str(sqlite_path(ledger_path)), "--ledger", folder=False, why=" (a new ledger is made there)")
         _check_model_flags(args)
     return file_config
 
@@ -344,17 +350,6 @@ def _check_model_flags(args) -> None:
         )
     if model is not None and args.proposer in ("model", "auto"):
         _check_endpoint(model)
-
-
-def _check_writable_dir(path: str, flag: str) -> None:
-    """A folder the run will write in: it, or the nearest folder above it that exists, must be writable."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise UsageError(f"{flag} {path}: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {probe} is read-only (candidate files are written there)")
 
 
 def _cluster_section(args, file_config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -392,16 +387,22 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
 
 
 def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
+    from ..harness.serving import ServingError, load_manifest  # here: torch, after the flags
     from .loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
 
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
     cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
     limit = args.time_limit_s if args.resume else None
+    try:  # the serving set the run builds on, read before the run is recorded: a broken one is bad input
+        load_manifest()
+    except ServingError as e:
+        raise UsageError(f"the serving set cannot be read: {e}") from None
     cluster = _cluster_section(args, file_config)
     # the ledger before the cluster: one this version cannot use (an older schema) is refused before a
-    # cluster is joined
-    with Ledger(ledger_path) as ledger:
+    # cluster is joined; held from before the run is recorded, so that a second run on it is refused
+    with Ledger(ledger_path) as ledger, RunHold(ledger, events.resume_command) as hold:
+        events.started = hold.name
         summary = run_loop(
             cfg,
             resume=args.resume,
@@ -598,8 +599,11 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes
 def _run_events(args):
     from .loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
 
+    def resume_command(run_id: str) -> str:
+        return hint(f"run --resume {run_id}", args.ledger)
+
     if getattr(args, "json", False):
-        return RunEvents()
+        return RunEvents(resume_command=resume_command)
     marks = {
         CandidateStatus.REJECTED: "reject",
         CandidateStatus.VERIFIED: "verified",
@@ -609,7 +613,7 @@ def _run_events(args):
 
     def cand(label, status, detail):
         ui.line(
-            f"  {marks.get(status, status):9s} {label}: {detail[:220]}",
+            f"  {marks.get(status, status):9s} {label}: {ui.clip(detail, 220)}",
             style={CandidateStatus.PROMOTED: "bold green", CandidateStatus.REJECTED: "red"}.get(status),
         )
 
@@ -619,6 +623,7 @@ def _run_events(args):
         note=lambda s: ui.line(s, style="bold"),
         candidate=cand,
         status=lambda st: live.update(f"status: {st.describe()}"),
+        resume_command=resume_command,
     )
 
 
@@ -630,10 +635,17 @@ def _print_run_summary(summary: RunSummary, args) -> int:
         sys.stdout.write(json.dumps(summary.to_json(), indent=2, default=str) + "\n")
         return 1 if failed else 0
     counts, session = summary.judged_now_by_status, summary.session
-    ui.line(f"run {summary.run_id} {summary.status}: {(session and session.stop_reason) or ''}", style="bold")
+    # the wall time in the headline, which no terminal width cuts (a table drops its last columns at 80)
+    reason = (session and session.stop_reason) or ""
+    ui.line(
+        f"run {summary.run_id} {summary.status}"
+        + (f": {reason}" if reason else "")
+        + f"; wall {ui.duration(summary.wall_s or 0)}",
+        style="bold",
+    )
     ui.table(
         "",
-        ["judged now", "rejected", "not verified", "verified", "benchmarked", "promoted", "replayed", "tokens", "wall"],
+        ["judged now", "rejected", "not verified", "verified", "bench", "promoted", "replayed", "tokens"],
         [
             [
                 summary.judged_now,
@@ -644,10 +656,9 @@ def _print_run_summary(summary: RunSummary, args) -> int:
                 counts.get(CandidateStatus.PROMOTED, 0),
                 summary.replayed,
                 summary.model.total_tokens,
-                f"{summary.wall_s or 0:.0f}s",
             ]
         ],
-        justify=["right"] * 9,
+        justify=["right"] * 8,
     )
     if summary.replayed:
         ui.line(
@@ -657,7 +668,7 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     if summary.pruned:
         ui.line(
             f"{summary.pruned} proposal(s) kept off the GPU by the search's screens "
-            f"(`kernel-agent show {summary.run_id}` says why)"
+            f"(`{hint(f'show {summary.run_id}', getattr(args, 'ledger', None))}` says why)"
         )
     if summary.checks_failed:
         ui.table(
@@ -666,16 +677,30 @@ def _print_run_summary(summary: RunSummary, args) -> int:
             sorted(summary.checks_failed.items()),
             justify=["left", "right"],
         )
-    if not (session and session.benchmarked):
-        ui.line("no GPU: candidates were verified by the sanitizer, not benchmarked; nothing was promoted")
+    _print_what_was_judged(summary)
     for p in summary.promotions:
         ui.line(f"promoted {p.op} {p.bucket} {p.dtype}: {p.reason}", style="bold green")
     if session and session.throughput_line:
         ui.line(f"throughput: {session.throughput_line}")
     if session and session.serving_line:
         ui.line(session.serving_line)
-    ui.line(f"details: kernel-agent show {summary.run_id}")
+    ui.line(f"details: {hint(f'show {summary.run_id}', getattr(args, 'ledger', None))}")
     return 1 if failed else 0
+
+
+def _print_what_was_judged(summary: RunSummary) -> None:
+    """The summary's lines on failed model calls and, without a GPU, on what was verified: each says what the
+    counts hold (a run whose model never answered verified nothing)."""
+    if summary.model.errors:
+        ui.line(f"model calls: {summary.model.errors} of {summary.model.calls} failed (no reply, no candidate)")
+    if summary.session and summary.session.benchmarked:
+        return
+    verified = summary.judged_now_by_status.get(CandidateStatus.VERIFIED, 0)
+    ui.line(
+        (f"no GPU: {verified} candidate(s) verified by the sanitizer, not benchmarked" if verified else "no GPU: ")
+        + ("" if verified else "nothing was benchmarked")
+        + ("" if summary.promotions else ("; nothing was promoted" if verified else " or promoted"))
+    )
 
 
 @command("bench")
@@ -1032,8 +1057,11 @@ def _show_run(led, run, args) -> int:
     target = recorded_target(run_notes(run))  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
     ended = run_end_note(run)
+    # wall: start to end; a run that has not ended (interrupted, killed) the time its sessions ran
+    elapsed = summary.wall_s if run.finished_at is not None else run_notes(run).get("elapsed_s")
     ui.line(
         f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
+        + (f", wall {ui.duration(float(elapsed))}" if elapsed is not None else "")
         + (f", gpu {run.gpu_name}" if run.gpu_name else ", no GPU"),
         style="bold",
     )
@@ -1047,7 +1075,7 @@ def _show_run(led, run, args) -> int:
         eq = {True: "equiv", False: "not equiv", None: ""}[c.fpsan_equivalent]
         status = f"{c.status} (replayed)" if c.id in replayed else c.status  # judged by an earlier run
         bucket = os.path.basename(os.path.dirname(c.path)) if c.path else ""  # (the loop writes it there)
-        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, why[:90]])
+        rows.append([c.id, c.op, bucket, c.label or "", status, eq, timing, ui.clip(why, 90)])
     ui.table("candidates", ["id", "op", "bucket", "label", "status", "FpSan", "timing", "why"], rows)
     if summary.pruned:
         ui.line(
@@ -1204,15 +1232,17 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     through the same path as the loop (agent/publish.py): a commit on a branch of its own, or in place.
     The collaborators left out are this machine's, as for a run: `evaluator` runs the sanitizer and
     benchmark children (sandboxed children), `devices` says whether there is a GPU and its name."""
-    from ..harness.bench import NO_GPU, resolve_shapes  # here: torch, after the flags
-    from .publish import plan_target  # here: publication imports the serving set, which imports torch
-
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     check_op(args.op)
     check_files([args.file])
-    if not devices.available():
-        ui.error(NO_GPU)
-        return 2
+    if not devices.available():  # (on a machine without an NVIDIA driver, known before torch is imported)
+        raise UsageError(
+            "promote benchmarks the kernel against the incumbent on a CUDA GPU, and none is available here: "
+            f"run `kernel-agent promote --op {args.op} {shlex.quote(args.file)}` on a GPU machine"
+        )
+    from ..harness.bench import resolve_shapes  # here: torch, after the flags and the GPU
+    from .publish import plan_target  # here: publication imports the serving set, which imports torch
+
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
@@ -1369,12 +1399,17 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
 
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
-    led = open_ledger(args, existing=True)  # a demotion changes what a ledger records: a typo creates none
+    # a ledger named (--ledger, KERNEL_AGENT_LEDGER) must exist: a typo creates none. The default one may not
+    # exist yet (a fresh clone, whose committed kernels serve before any run): it is made for the demotion.
+    named = bool(getattr(args, "ledger", None) or os.environ.get("KERNEL_AGENT_LEDGER"))
+    led = open_ledger(args, existing=True) if named or os.path.exists(default_ledger()) else None
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
-    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname)
+    promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname) if led is not None else None
     if served is None and promo is None:
-        if led.field_failures(unresolved_only=True, op=args.op, bucket=args.bucket, dtype=args.dtype, gpu=gname):
+        if led is not None and led.field_failures(
+            unresolved_only=True, op=args.op, bucket=args.bucket, dtype=args.dtype, gpu=gname
+        ):
             # the kernel that failed in the field serves no more (replaced, or removed by hand): resolved all the same
             _resolve_field_failures(led, args, gname, f"demote with nothing served: {args.reason}")
             return 0
@@ -1382,6 +1417,7 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
             f"nothing serves {args.op} {args.bucket} {args.dtype} on {gname}"
             + _served_elsewhere(serving.load_manifest(plan.source_dir), args)
         )
+    led = led or open_ledger(args)
     # a demotion by hand is a run of its own (proposer 'manual'), as a promotion by hand is
     run = led.start_run(
         {

@@ -26,6 +26,7 @@ branch of the run's own, through a worktree; else the serving folder in place.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -261,6 +262,12 @@ class Loop:
     # -- admission ------------------------------------------------------------------------
     def admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
         """Record a proposal; return its work, or None when it needs no evaluation."""
+        if p.rejected.startswith(MODEL_CALL_FAILED):
+            # no reply, so no candidate (its model call records the error); it uses the budget still, so that
+            # an endpoint that keeps failing cannot spin the run
+            self.events.candidate(p.label, "no reply", f"{t.op} {t.bucket}: {p.rejected}")
+            budget.used += 1
+            return None
         if p.rejected:
             cid, h = self.recorder.record_unusable(p)
             self.known[h] = cid
@@ -278,15 +285,7 @@ class Loop:
         self.session_hashes.add(h)
         replay_repeats = self.proposer.replays_are_repeats  # a code model repeating an earlier run's source too
         if h in self.known:  # recorded by this run already (a resume, or a repeat)
-            c = self.ledger.candidate(self.known[h])
-            # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
-            if c is not None and self._needs_work(c, t):
-                return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
-            if repeat or replay_repeats:
-                self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
-            if c is not None and not self.unfinished(c):  # (one still in flight tells its own result)
-                self.recorder.replay(ctx, p, c.id)
-            return None
+            return self._admit_known(t, ctx, p, h, repeat or replay_repeats)
         existing = self.ledger.find_candidate(p.op, p.source)
         path = self._write(p, h, t)
         replay = existing is not None and not self._needs_work(existing, t)
@@ -300,7 +299,9 @@ class Loop:
             # judged by an earlier run: replayed to the proposer, which moves on from it; it costs no budget,
             # so a run over a ledger that holds earlier runs still judges as many new candidates
             self.events.candidate(
-                p.label, "replayed", f"judged before as candidate #{existing.id} ({existing.status}): not judged again"
+                p.label,
+                "replayed",
+                f"{t.op} {t.bucket}: judged before as candidate #{existing.id} ({existing.status}): not judged again",
             )
             self.recorder.replay(ctx, p, existing.id)
             if replay_repeats:
@@ -309,6 +310,26 @@ class Loop:
         self.duplicate_streak[key] = 0
         budget.used += 1
         return self._work(t, ctx, p, cand.id, path, h)
+
+    def _admit_known(self, t: Target, ctx: ProposeContext, p: Proposal, h: str, repeat: bool) -> Optional[Work]:
+        """A source this run recorded already: its work for target `t` where it still needs one, else None.
+        `repeat`: the proposer repeated itself (this process proposed it before, or a code model replayed it)."""
+        c = self.ledger.candidate(self.known[h])
+        # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
+        if c is not None and self._needs_work(c, t):
+            if c.label and c.label != p.label:  # what it prints names the candidate the ledger holds
+                self.events.note(
+                    f"{p.label} ({t.op} {t.bucket}): the same source as candidate #{c.id} {c.label}, "
+                    f"judged once under that name"
+                )
+                p = dataclasses.replace(p, label=c.label)
+            return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
+        if repeat:
+            key = (t.op, t.bucket)
+            self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
+        if c is not None and not self.unfinished(c):  # (one still in flight tells its own result)
+            self.recorder.replay(ctx, p, c.id)
+        return None
 
     def count_model_call(self, p: Proposal) -> None:
         """Count the proposer's model calls; with MODEL_FAILURES_LIMIT failed and none answered, the run cannot
@@ -506,6 +527,7 @@ def run_loop(
         run_id = run.id
         elapsed_before = 0.0
         progress = {}
+    events.started(run_id)
     try:
         target = plan.open(run_id, previous)
     except PublishError:
@@ -567,7 +589,7 @@ def run_loop(
         except KeyboardInterrupt:
             _end_target(target, events)
             ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.text())
-            events.note(f"interrupted: resume with `kernel-agent run --resume {run_id}`")
+            events.note(f"interrupted: resume with `{events.resume_command(run_id)}`")
             raise
         finally:
             loop.placement.close(wait=False)

@@ -273,11 +273,17 @@ class Devices(Protocol):
     def visible(self, limit: Optional[int] = None) -> List[str]: ...
 
 
+# what an NVIDIA driver creates (Linux; WSL2's GPU device); a machine without either has no CUDA GPU
+NVIDIA_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg")
+
+
 class LocalDevices:
     """This machine's GPUs, as torch sees them (none while Triton interprets: the run is on the CPU)."""
 
     def available(self) -> bool:
         if os.environ.get("TRITON_INTERPRET") == "1":
+            return False
+        if not any(os.path.exists(d) for d in NVIDIA_DEVICE_FILES):  # no driver: no CUDA GPU, known without torch
             return False
         import torch  # deferred: the cluster nodes import placement and never ask which GPUs this machine has
 

@@ -27,7 +27,7 @@ from ..harness.kv_plan import KvPlan, load_plan
 from ..harness.manifest import gpu_slug
 from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from . import ui
-from .cli_common import UsageError, command, default_ledger, open_ledger
+from .cli_common import UsageError, check_writable, command, default_ledger, open_ledger
 from .review import (
     PromotedKernel,
     _md_word,
@@ -670,6 +670,21 @@ def gh_unavailable() -> Optional[str]:
     return None
 
 
+def _missing_branch(b: RunBranch, repo: Optional[str]) -> Optional[str]:
+    """Why the run's branch cannot be pushed from here (None: it is in the repository it was made in): a
+    clone of the repository holds the run's commits, say, but not the branch the run made elsewhere."""
+    if not b.has_branch:
+        return None
+    if repo is None:
+        return f"the branch {b.branch} was made in {b.repo}, which is not on this machine"
+    if shutil.which("git") is None:
+        return "git is not installed"
+    r = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", f"refs/heads/{b.branch}"], cwd=repo, capture_output=True, timeout=60
+    )
+    return None if r.returncode == 0 else f"the branch {b.branch} is not in {repo} (the run made it elsewhere)"
+
+
 def _shell(cmd: Sequence[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
@@ -681,6 +696,7 @@ def cmd_pr(args) -> int:
         raise UsageError(f"no run {args.run!r} in the ledger")
     ledger_flag = f" --ledger {shlex.quote(args.ledger)}" if args.ledger and args.ledger != default_ledger() else ""
     out = args.out or os.path.join("runs", run.id, "pr")
+    check_writable(out, "--out", folder=True)
     plan = load_plan(args.kv_plan) if args.kv_plan else None  # a bad file: KvPlanError, one line
     pr = write_pr(led, run, out, ledger_flag, args.model_step, plan)
     if pr is None:
@@ -702,13 +718,19 @@ def cmd_pr(args) -> int:
     cmds = pr.open_commands()
     cwd = pr.branch.repo if pr.branch.repo and os.path.isdir(pr.branch.repo) else None
     where = cwd or "the repository"
+    missing = _missing_branch(pr.branch, cwd)
+    if missing:
+        ui.line(missing)
     why = None
     if args.open:
-        why = gh_unavailable() if pr.branch.has_branch else "the run has no branch to open it from"
+        why = (gh_unavailable() or missing) if pr.branch.has_branch else "the run has no branch to open it from"
     if not args.open or why:
-        ui.line((f"not opened: {why}; to open it, in {where}:" if why else f"to open it, in {where}:"))
+        ui.line(f"to open it, in {where}:")
         for c in cmds:
             ui.line(f"  {_shell(c)}")
+        if why:  # asked to open it and it was not: not a success
+            ui.error(f"pull request not opened: {why}")
+            return 1
         return 0
     for c in cmds:
         try:

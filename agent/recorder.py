@@ -219,7 +219,7 @@ class Recorder:
             works[0].proposal.label,
             NOT_VERIFIED,
             f"{self._other_text(works[0], mode, v)}; "
-            f"not judged: `kernel-agent run --resume {self.run_id}` judges it again",
+            f"not judged: `{self.events.resume_command(self.run_id)}` judges it again",
         )
         for w in works:
             self.proposer.feedback(w.ctx, w.proposal, False, None)
@@ -246,7 +246,7 @@ class Recorder:
             w0.proposal.label,
             NOT_VERIFIED,
             f"{w0.target.op} {mode}: {v.error}; judged again by a later run or "
-            f"`kernel-agent run --resume {self.run_id}`",
+            f"`{self.events.resume_command(self.run_id)}`",
         )
         for w in works:
             self.proposer.feedback(w.ctx, w.proposal, False, None)  # the proposer moves on; the ledger keeps it open

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from ..sanitizer.report import merge_gpu, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
 from . import ui
-from .cli_common import OP_NAMES, UsageError, command, cuda_available, default_ledger, open_ledger
+from .cli_common import OP_NAMES, UsageError, check_writable, command, cuda_available, default_ledger, open_ledger
 from .views import (  # noqa: F401
     JudgedBase,
     config_lines,
@@ -264,6 +265,7 @@ def cmd_report(args) -> int:
     if run is None:
         raise UsageError(f"no run {args.run!r} in the ledger")
     out = args.out or os.path.join("runs", run.id, "report")
+    check_writable(out, "--out", folder=True)
     path = write_report(led, run, out)
     ui.line(f"wrote {path}")
     return 0
@@ -280,8 +282,13 @@ def write_report(led, run, out_dir: str) -> str:
         "",
         f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
         f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
-        f"- candidates: {summary.candidates} "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.candidates_by_status.items()))})",
+        # counted as `run` and `history` count them: what the run judged, apart from what it replayed
+        f"- candidates judged by this run: {summary.judged_now} "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.judged_now_by_status.items()) if n)}); "
+        f"replayed from earlier runs: {summary.replayed}",
+        f"- reproduce: `{reproduce_command(run.config or {})}` (the search proposes the same candidates from "
+        f"the same seed and ledger; each check's detail names the seed base that gives its inputs again: "
+        f"`kernel-agent sanitize --op OP --seed N FILE`)",
         "",
     ]
     if summary.checks_failed:
@@ -311,8 +318,36 @@ def write_report(led, run, out_dir: str) -> str:
         lines += timings_section(pk) + verdict_section(led, pk) + diff_section(pk)
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(portable_paths("\n".join(lines) + "\n"))
     return path
+
+
+def reproduce_command(config: Dict[str, Any]) -> str:
+    """The `kernel-agent run` that makes a run with this recorded configuration again."""
+    words = ["kernel-agent run", f"--ops {','.join(config.get('ops') or ['all'])}"]
+    if config.get("proposer"):
+        words.append(f"--proposer {config['proposer']}")
+    if config.get("model"):
+        words.append(f"--model {shlex.quote(str(config['model']))}")
+    if config.get("max_candidates") is not None:
+        words.append(f"--candidates {config['max_candidates']}")
+    if config.get("time_limit_s"):
+        words.append(f"--time-limit {config['time_limit_s']:.0f}s")
+    if config.get("dtype"):
+        words.append(f"--dtype {config['dtype']}")
+    if config.get("bench_shapes") and config["bench_shapes"] != "serving":
+        words.append(f"--shapes {shlex.quote(str(config['bench_shapes']))}")
+    return " ".join(words + [f"--seed {config.get('seed', 0)}"])
+
+
+def portable_paths(text: str) -> str:
+    """A document to share, without this machine's folders: paths in the working folder or the repository
+    relative to it, paths under the home folder from ~."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root, shown in ((os.getcwd(), ""), (repo, ""), (os.path.expanduser("~"), "~/")):
+        if root not in ("", os.sep):
+            text = text.replace(root.rstrip(os.sep) + os.sep, shown)
+    return text
 
 
 # -- the sections of one promoted kernel: shared by `report` and `pr` (agent/pr.py) -----------------
@@ -425,10 +460,10 @@ def verdict_section(led, pk: PromotedKernel) -> List[str]:
     lines = ["", "### Sanitizer verdict", "", eq + ".", ""]
     # check details and FpSan's detail can carry the candidate's own messages: quoted as data
     if (c.verdict or {}).get("fpsan_detail"):
-        lines += [f"> FpSan: {quote_untrusted(c.verdict['fpsan_detail'], 400, markdown=True)}", ""]
+        lines += [f"> FpSan: {quote_untrusted(portable_paths(c.verdict['fpsan_detail']), 400, markdown=True)}", ""]
     lines += ["| mode | check | result | detail |", "|---|---|---|---|"]
     for k in led.checks(c.id):
-        detail = quote_untrusted(k.detail, 160, markdown=True) if k.detail else ""
+        detail = quote_untrusted(portable_paths(k.detail), 160, markdown=True) if k.detail else ""
         lines.append(f"| {_md_word(k.mode)} | {_md_word(k.name)} | {_md_word(k.status)} | {detail} |")
     return lines
 
@@ -530,9 +565,9 @@ def _candidate_table(led, run, results=()) -> List[str]:
         v = c.stored_verdict
         failed = v.first_failure
         if failed:  # a check's detail can carry the candidate's own text: quoted as data
-            why = f"{_md_word(failed.name)}: {quote_untrusted(failed.detail, 160, markdown=True)}"
+            why = f"{_md_word(failed.name)}: {quote_untrusted(portable_paths(failed.detail), 160, markdown=True)}"
         elif v.error:
-            why = quote_untrusted(v.error, 160, markdown=True)
+            why = quote_untrusted(portable_paths(v.error), 160, markdown=True)
         elif c.status == CandidateStatus.PROPOSED:
             why = "not judged yet (`kernel-agent run --resume` finishes it)"
         else:
@@ -630,35 +665,63 @@ def _speedup_plot(plt, run, best, out_dir: str) -> Tuple[str, str]:
 def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, str]:
     judged = [r for r in results if r.speedup is not None and not r.implausible and r.started_at is not None]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    labelled = []  # (minutes, speedup, text) of each point, labelled once the axes' limits are final
     for key in sorted({(r.op, r.bucket) for r in judged}):
         rs = [r for r in judged if (r.op, r.bucket) == key]
         mins = [(r.started_at - run.started_at).total_seconds() / 60 for r in rs]
         ax.plot(mins, [r.speedup for r in rs], "o", label=f"{key[0]} {key[1]}")
-        for m, r in zip(mins, rs):
-            ax.annotate(f"#{r.candidate_id}", (m, r.speedup), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    for pr in promotions:  # from here on the bucket's candidates are timed beside the promoted kernel
+        labelled += [(m, r.speedup, f"#{r.candidate_id}") for m, r in zip(mins, rs)]
+    ax.axhline(1.0, color="k", lw=0.8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + 0.05 * (hi - lo))
+    for i, pr in enumerate(sorted(promotions, key=lambda p: p.created_at)):
+        # from here on the bucket's candidates are timed beside the promoted kernel; each note a line lower than
+        # the one before, so that promotions close in time do not write over each other
         m = (pr.created_at - run.started_at).total_seconds() / 60
         ax.axvline(m, color="g", lw=0.8, ls=":")
         ax.annotate(
             f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it",
-            (m, 1.0),
+            (m, 0.97 - 0.09 * (i % 8)),
+            xycoords=("data", "axes fraction"),
             fontsize=6,
             color="g",
-            xytext=(3, -22),
+            xytext=(3, 0),
             textcoords="offset points",
+            va="top",
         )
-    ax.axhline(1.0, color="k", lw=0.8)
-    lo, hi = ax.get_ylim()
-    ax.set_ylim(lo, hi + 0.05 * (hi - lo))
     ax.set_xlabel("minutes into the run (when the benchmark was recorded)")
     ax.set_ylabel("speedup over the incumbent timed beside it")
     ax.set_title("each judged candidate: geometric mean over its bucket's shapes", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
+    _label_points(fig, ax, labelled)
     p = os.path.join(out_dir, "progress.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return "each candidate's speedup over the run", p
+
+
+# where a point's label may go, in points from it: right and up first, then below, further up, to the left
+LABEL_OFFSETS = [(3, 3), (3, -9), (3, 10), (3, -16), (-18, 3), (-18, -9), (3, 17), (3, -23), (-18, 10), (-18, -16)]
+
+
+def _label_points(fig, ax, points: List[Tuple[float, float, str]]) -> None:
+    """Label each point where its label overlaps no label placed before it (the first of LABEL_OFFSETS that is
+    free; the first one where none is): labels of candidates judged close together were written over each
+    other."""
+    renderer = fig.canvas.get_renderer()
+    placed: List[Any] = []
+    for x, y, text in sorted(points):
+        for dx, dy in LABEL_OFFSETS:
+            label = ax.annotate(text, (x, y), fontsize=6, xytext=(dx, dy), textcoords="offset points")
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+            label.remove()
+        else:  # nowhere free: the first place, as before
+            label = ax.annotate(text, (x, y), fontsize=6, xytext=LABEL_OFFSETS[0], textcoords="offset points")
+            box = label.get_window_extent(renderer)
+        placed.append(box)
 
 
 # -- gate --------------------------------------------------------------------------------------
@@ -796,6 +859,7 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                 judged: Dict[str, int] = judged,
                 op: str = op,
                 n: int = len(present),
+                last: str = "gpu" if gpu else mode,
             ) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
                 prog.note(
@@ -804,6 +868,8 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                 )
                 judged[stage] += 1
                 prog.working_on(f"{op}: {judged[stage]}/{n} kernel(s) through {stage}")
+                if stage == last:  # the kernel is done once its last stage has judged it: counted now
+                    prog.advance()
 
             prog.working_on(f"{op}: 0/{len(present)} kernel(s) through {mode}")
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
@@ -813,8 +879,7 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
                 vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
             for it, v in zip(present, vs):
                 v.file = it.shown or it.path
-                verdicts.append(v)
-                prog.advance()  # (its line came as it was judged)
+                verdicts.append(v)  # (its line came, and it was counted done, as it was judged)
     return verdicts
 
 

@@ -299,7 +299,7 @@ class Stream:
             self.recorder.left_unjudged(
                 1,
                 f"{w0.proposal.label} {stage}: {reason}, {n} times: left at that stage; "
-                f"`kernel-agent run --resume {lp.run_id}` finishes it",
+                f"`{lp.events.resume_command(lp.run_id)}` finishes it",
             )
             for w in sharing:
                 if not w.rejected:
@@ -358,7 +358,7 @@ class Stream:
                 f"{why}: stopped {len(left)} candidate(s) in flight "
                 f"({', '.join(w.proposal.label for w in left[:4])}"
                 f"{', ...' if len(left) > 4 else ''}); they stay at the stage they reached: "
-                f"`kernel-agent run --resume {lp.run_id}` finishes them",
+                f"`{lp.events.resume_command(lp.run_id)}` finishes them",
             )
 
     def run(self, works: Sequence[Work]) -> Optional[str]:

@@ -165,6 +165,21 @@ def clock(seconds: float) -> str:
     return f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}" if sec >= 3600 else f"{sec // 60}:{sec % 60:02d}"
 
 
+def clip(text: str, n: int) -> str:
+    """`text` cut to `n` characters, with an ellipsis where it was cut (a cut detail must not read as whole)."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def duration(seconds: float) -> str:
+    """A wall time in a sentence: 56s, 4m 12s, 2h 05m."""
+    sec = int(round(seconds))
+    if sec < 60:
+        return f"{sec}s"
+    if sec < 3600:
+        return f"{sec // 60}m {sec % 60:02d}s"
+    return f"{sec // 3600}h {sec // 60 % 60:02d}m"
+
+
 class Progress:
     """A task counter: a rich progress bar on a TTY, a plain line per step elsewhere. With `plain_status_every_s`,
     elsewhere (a pipe, a CI log) a plain status line also comes that often while a step is still running, as the

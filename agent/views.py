@@ -427,6 +427,37 @@ def _over_baseline(p, promos_by_candidate: Dict[int, Any]) -> Optional[float]:
     return None
 
 
+def manifest_rows() -> Dict[str, Any]:
+    """What the serving folder serves (`kernels/serving/manifest.json`, as `serving.get` reads it), whichever
+    ledger recorded its promotions: on a fresh clone the committed kernels serve before any run is recorded.
+    {"path": the file, "entries": one per key, "error": why it cannot be read, or None}."""
+    from ..harness import serving  # here: the serving set imports torch; flags are checked first
+
+    path = str(serving.serving_dir() / serving.MANIFEST_NAME)
+    try:
+        entries = serving.load_manifest().entries
+    except serving.ServingError as e:
+        return {"path": path, "entries": [], "error": str(e)}
+    return {
+        "path": path,
+        "error": None,
+        "entries": [
+            {
+                "op": e.op,
+                "bucket": e.bucket,
+                "dtype": e.dtype,
+                "gpu": e.gpu,
+                "serves": e.impl,
+                "gain": e.gain,
+                "promoted_at": e.promoted_at,
+                "file": e.file or (f"{e.variant.base} + configuration" if e.variant is not None else None),
+                "reason": e.reason,
+            }
+            for e in sorted(entries, key=lambda e: e.key())
+        ],
+    }
+
+
 def serving_doc(led: Ledger) -> Dict[str, Any]:
     """`history --serving --json`: per (op, bucket, dtype, GPU) what serves it by the ledger's record (the
     active promotion; torch or the baseline by the benchmarks that timed them side by side, as `dispatch`
@@ -476,6 +507,7 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
     return {
         "buckets": buckets,
         "field_failures": [field_failure_doc(r) for r in led.field_failures()],
+        "manifest": manifest_rows(),
         "promotions": [promotion_doc(p) for p in promos],
         "trend": {op: [t.to_json() for t in speedup_trend(led, op, runs)] for op in ops},
     }

@@ -70,6 +70,9 @@ class RunEvents:
     note: Callable[[str], None] = lambda s: None
     candidate: Callable[[str, str, str], None] = lambda label, status, detail: None
     status: Callable[["LiveStatus"], None] = lambda st: None  # about once a second while the run streams
+    started: Callable[[str], None] = lambda run_id: None  # the run's id, once it is recorded or resumed
+    # the command that resumes a run, as the hints print it (the CLI adds the ledger and how it was started)
+    resume_command: Callable[[str], str] = lambda run_id: f"kernel-agent run --resume {run_id}"
 
 
 @dataclass

@@ -31,7 +31,7 @@ from ..harness.model_step import (
 from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
 from ..harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
 from . import ui
-from .cli_common import UsageError, command, cuda_available, open_ledger
+from .cli_common import UsageError, check_writable, command, cuda_available, open_ledger
 
 
 def register(sub) -> None:
@@ -123,6 +123,7 @@ def _check_output(flag: str, path: Optional[str], make_folder: bool = False) -> 
     folder = os.path.dirname(os.path.abspath(path))
     if not make_folder and not os.path.isdir(folder):
         raise UsageError(f"{flag} {path}: no folder {folder}")
+    check_writable(path, flag, folder=False)
 
 
 def cmd_workload(args) -> int:

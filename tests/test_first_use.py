@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -180,7 +181,7 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_before_the_run(tmp_path)
         stub.stop()
 
 
-def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch):
+def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch, capsys):
     from kernel_agent.agent.commands import _print_run_summary
     from openai_stub import Stub
 
@@ -210,6 +211,11 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
     assert f"failed on its first {loop_mod.MODEL_FAILURES_LIMIT} calls and answered none" in s.session.stop_reason
     assert s.model.calls == loop_mod.MODEL_FAILURES_LIMIT  # not the whole budget of 10
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 1
+    out = capsys.readouterr().out
+    # a failed call is no candidate: nothing judged, nothing rejected, and nothing said to be verified
+    assert s.judged_now == 0 and s.candidates == 0, out
+    assert "no GPU: nothing was benchmarked or promoted" in out and "verified by" not in out, out
+    assert f"model calls: {loop_mod.MODEL_FAILURES_LIMIT} of {loop_mod.MODEL_FAILURES_LIMIT} failed" in out
 
 
 # -- 3. every way a run ends is recorded ----------------------------------------------------------------
@@ -329,7 +335,10 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
         (["run", "--ops", "matmul", "--shapes", "matmul:-4,8,8"], "M must be at least 1", True),
         (["run", "--time-limit", "0"], "bad duration '0'", False),
         (["run", "--time-limit", "-5m"], "bad duration '-5m'", False),
+        (["run", "--time-limit", "8"], "bad duration '8': give a unit, e.g. 8h, 8m or 8s", False),
         (["run", "--candidates", "0"], "--candidates must be at least 1", False),
+        (["run", "--ops", ""], "no op named in ''; name one or more of matmul", False),
+        (["run", "--ops", " , "], "no op named in ' , '", False),
         (["run", "--config", "{tmp}/typo.toml"], "unknown key 'candidatez' in [run]", False),
         (["run", "--config", "{tmp}/section.toml"], "unknown section [runn]", False),
         (["sanitize", "--op", "matmul", "{tmp}"], "is a folder", False),
@@ -422,6 +431,32 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
         serving.lookup("decode_attention_int8", "c8k-g4-d128", "bfloat16", "NVIDIA H200", dir=r / "kernels" / "serving")
         is None
     )
+
+
+def test_demote_on_a_fresh_clone_makes_the_default_ledger_and_records_there(tmp_path, monkeypatch, capsys):
+    """The committed kernels serve before any run: demoting one needs no run first."""
+    from kernel_agent.agent.commands import cmd_demote
+
+    r = _git_repo(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNEL_AGENT_LEDGER", raising=False)
+    args = argparse.Namespace(
+        op="decode_attention_int8",
+        bucket="c8k-g4-d128",
+        dtype="bfloat16",
+        gpu="NVIDIA H200",
+        reason="r",
+        ledger=None,
+        in_place=True,
+    )
+    assert cmd_demote(args) == 0, capsys.readouterr()
+    with Ledger(tmp_path / "runs" / "ledger.db", read_only=True) as led:
+        assert [x.proposer for x in led.runs()] == ["manual"]
+    args.bucket = "nope"  # nothing serves it: refused, and (in a folder without a ledger) no ledger made
+    monkeypatch.chdir(r)
+    with pytest.raises(Exception, match="nothing serves"):
+        cmd_demote(args)
+    assert not (r / "runs").exists()
 
 
 def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_bucket(tmp_path, monkeypatch):
@@ -639,6 +674,10 @@ def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_repl
     )
     row = next(r for r in json.loads(capsys.readouterr().out)["runs"] if r["id"] == second.id)
     assert row["judged_now"] == 1 and row["replayed"] == 1
+    from kernel_agent.agent.review import write_report
+
+    report = open(write_report(led, second, str(tmp_path / "report"))).read()
+    assert "- candidates judged by this run: 1 (verified 1); replayed from earlier runs: 1" in report, report
     led.close()
     from kernel_agent.agent.commands import cmd_show
 
@@ -663,3 +702,295 @@ def test_a_read_only_candidates_folder_is_one_line_before_the_run_is_recorded(tm
     )  # (chmod does not bind root)
     assert cli.main(["run", "--candidates-dir", str(cands / "sub"), "--ledger", str(tmp_path / "l.db")]) == 2
     assert "is read-only" in capsys.readouterr().err and not (tmp_path / "l.db").exists()
+
+
+# -- 6. one run holds a ledger -----------------------------------------------------------------------
+
+
+def _wait_for(predicate, timeout_s=240.0):
+    t0 = time.time()
+    while not predicate():
+        assert time.time() - t0 < timeout_s, "timed out waiting"
+        time.sleep(0.2)
+
+
+def test_two_runs_at_once_on_one_ledger_the_second_is_refused_and_a_killed_run_leaves_no_lock(tmp_path):
+    """The first run (the real command) holds the ledger: the second is refused in one line naming it and the
+    command that resumes it, before it records anything; killed with SIGKILL, the first holds nothing, and
+    its resume runs."""
+    ledger, lock = tmp_path / "l.db", tmp_path / "l.db.run-lock"
+    run = [sys.executable, "-m", "kernel_agent.agent.cli", "run", "--ops", "quantize_kv", "--candidates", "1"]
+    flags = ["--ledger", str(ledger), "--candidates-dir", str(tmp_path / "cands")]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    first = subprocess.Popen(run + flags, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: lock.exists() and '"run"' in lock.read_text())
+        run_id = json.loads(lock.read_text())["run"]
+        second = subprocess.run(run + flags, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"is held by run {run_id} (pid {first.pid}" in second.stderr
+        assert f"kernel-agent run --resume {run_id} --ledger {ledger}`" in second.stderr
+        with Ledger(ledger, read_only=True) as led:
+            assert [r.id for r in led.runs()] == [run_id]  # the second recorded nothing
+    finally:
+        first.kill()  # SIGKILL: no handler runs, nothing is released by the run itself
+        first.wait()
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "kernel_agent.agent.cli", "run", "--resume", run_id, "--ledger", str(ledger)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert f"resuming run {run_id}" in resumed.stdout.readline()
+    finally:
+        resumed.kill()
+        resumed.wait()
+
+
+def test_a_run_hold_names_its_holder_and_is_released_with_it(tmp_path):
+    """The hold itself, in one process: a second hold on the ledger is refused while the first is held, names
+    the run once it has one, and is taken once the first is released."""
+    from kernel_agent.harness.run_hold import LedgerHeld, RunHold
+
+    with Ledger(tmp_path / "l.db") as led:
+        first = RunHold(led).take()
+        with pytest.raises(LedgerHeld, match=r"held by a run that is starting \(pid \d+"):
+            RunHold(led).take()
+        first.name("r-1")
+        with pytest.raises(LedgerHeld, match=r"held by run r-1 .*`kernel-agent run --resume r-1`"):
+            RunHold(led).take()
+        first.release()
+        RunHold(led).take().release()
+
+
+def test_a_run_hold_on_a_postgresql_ledger_is_an_advisory_lock_its_session_releases(postgres):
+    from kernel_agent.harness.run_hold import LedgerHeld, RunHold
+
+    url = postgres()
+    with Ledger(url) as led, Ledger(url) as other:
+        first = RunHold(led).take()
+        first.name("r-7")
+        with pytest.raises(LedgerHeld, match=r"held by run r-7 \(pid \d+, host "):
+            RunHold(other).take()
+        first.release()  # the session ends: the server lets go, as it does when a killed run's connection drops
+        RunHold(other).take().release()
+
+
+def test_a_time_limit_reads_its_unit_in_words():
+    from kernel_agent.agent.cli_common import parse_duration
+
+    assert [parse_duration(t) for t in ("8hours", "8 hours", "90min", "1.5h", "45sec", "2d")] == [
+        28800,
+        28800,
+        5400,
+        5400,
+        45,
+        172800,
+    ]
+
+
+def test_hints_carry_the_ledger_and_the_path_of_a_venv_that_is_not_active(tmp_path, monkeypatch):
+    from kernel_agent.agent.cli_common import default_ledger, hint
+
+    exe = tmp_path / ".venv" / "bin" / "kernel-agent"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(exe), "run"])
+    monkeypatch.setenv("PATH", "/nonexistent")  # the venv is not active: the shell finds no kernel-agent
+    assert hint("show r-1", "my ledger.db") == ".venv/bin/kernel-agent show r-1 --ledger 'my ledger.db'"
+    assert hint("show r-1", default_ledger()) == ".venv/bin/kernel-agent show r-1"
+    monkeypatch.setenv("PATH", str(exe.parent))  # active: its kernel-agent is this one
+    assert hint("run --resume r-1", "l.db") == "kernel-agent run --resume r-1 --ledger l.db"
+
+
+def test_a_corrupted_serving_manifest_is_refused_before_a_run_is_recorded(tmp_path):
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    (serving / "manifest.json").write_text('{"version": 2, "entries": [\n')
+    rc, _, err = _cli(
+        ["run", "--ops", "quantize_kv", "--ledger", str(tmp_path / "l.db"), "--candidates-dir", str(tmp_path / "c")],
+        cwd=tmp_path,
+        env={"KERNEL_AGENT_SERVING_DIR": str(serving)},
+    )
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"the serving set cannot be read: {serving}/manifest.json is not valid JSON" in err
+    assert not (tmp_path / "l.db").exists()
+
+
+def _read_only(monkeypatch, folder):
+    """`folder` reads as read-only to the command (tests run as root, whom permission bits do not stop)."""
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode, **kw: False if os.path.abspath(p) == str(folder) else real(p, mode, **kw)
+    )
+
+
+@pytest.mark.parametrize("why", ["under a file", "read-only folder"])
+@pytest.mark.parametrize("what", ["report", "pr", "ci", "plan", "ledger"])
+def test_a_destination_that_cannot_be_written_is_one_line_before_the_work(tmp_path, monkeypatch, capsys, what, why):
+    from kernel_agent.agent.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.chdir(tmp_path)
+    with Ledger(tmp_path / "l.db") as led:
+        run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    if why == "under a file":
+        (tmp_path / "afile").write_text("")
+        dest, blocker = tmp_path / "afile" / "out", tmp_path / "afile"
+    else:
+        (tmp_path / "ro").mkdir()
+        dest, blocker = tmp_path / "ro" / "out", tmp_path / "ro"
+        _read_only(monkeypatch, blocker)
+    trace = os.path.join(ROOT, "tests", "data", "workloads", "chat_300.jsonl")
+    replays = []
+    monkeypatch.setattr("kernel_agent.agent.workload_cmd.analyze", lambda *a, **k: replays.append(a))
+    argv = {
+        "report": ["report", run.id, "--ledger", "l.db", "--out", str(dest)],
+        "pr": ["pr", run.id, "--ledger", "l.db", "--out", str(dest)],
+        "ci": ["ci", "init", "--dir", str(blocker)],
+        "plan": ["workload", "plan", trace, "--model", "llama-3-8b", "--out", str(dest / "plan.json")],
+        "ledger": ["run", "--ops", "quantize_kv", "--ledger", str(dest / "l.db"), "--candidates-dir", "c"],
+    }[what]
+    if what == "ci" and why == "under a file":
+        argv = ["ci", "init", "--dir", str(tmp_path / "afile")]
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert str(blocker) in err and ("read-only" in err or "not a folder" in err or "no such folder" in err), err
+    assert not replays and not (tmp_path / "c").exists()
+
+
+def test_the_run_summary_and_show_give_the_wall_time_at_80_columns(tmp_path, monkeypatch):
+    from kernel_agent.agent.commands import _print_run_summary, cmd_show
+
+    led = Ledger(tmp_path / "l.db")
+    run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
+    summary = led.run_summary(run.id)
+    led.close()
+    buf = _terminal(monkeypatch)
+    _print_run_summary(summary, argparse.Namespace(json=False, ledger=str(tmp_path / "l.db")))
+    text = buf.getvalue()
+    assert all(len(ln) <= 80 for ln in text.splitlines()), text
+    assert f"run {run.id} finished; wall " in text, text
+    header = next(ln for ln in text.splitlines() if "judged now" in ln)
+    assert header.split()[-1] == "tokens", header  # every count column kept
+    assert f"details: kernel-agent show {run.id} --ledger {tmp_path / 'l.db'}" in " ".join(text.split())
+    buf.seek(0)
+    buf.truncate(0)
+    cmd_show(argparse.Namespace(what=run.id, ledger=str(tmp_path / "l.db"), json=False, source=False))
+    assert re.search(r"started \S+ \S+ UTC, wall \d+s", " ".join(buf.getvalue().split())), buf.getvalue()
+
+
+def test_a_cut_rejection_detail_ends_with_an_ellipsis(monkeypatch, capsys):
+    from kernel_agent.agent.commands import _run_events
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    events = _run_events(argparse.Namespace(json=False, ledger=None))
+    events.candidate("cfg-1", CandidateStatus.REJECTED, "x" * 300)
+    events.candidate("cfg-2", CandidateStatus.REJECTED, "short")
+    out = capsys.readouterr().out
+    assert "x" * 219 + "…\n" in out and "x" * 220 not in out and "cfg-2: short\n" in out
+
+
+def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(tmp_path, monkeypatch):
+    from kernel_agent.agent.review import write_report
+
+    home, work = tmp_path / "home", tmp_path / "home" / "clone"
+    work.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    led = Ledger(work / "l.db")
+    cfg = {"ops": ["quantize_kv"], "proposer": "search", "max_candidates": 2, "time_limit_s": 1800.0, "seed": 7}
+    run = led.start_run(cfg, {}, "search", ["quantize_kv"], None, {})
+    c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-1")
+    detail = f"cannot import {work}/kernels/candidates/a.py (see {home}/notes.txt)"
+    v = Verdict(str(work / "a.py"), "quantize_kv", "quick", [CheckOutcome("load", "failed", detail)], error=detail)
+    led.record_checks(c.id, "quick", [{"name": "load", "status": "failed", "detail": detail, "duration_s": 1}])
+    led.set_candidate_status(c.id, CandidateStatus.REJECTED, verdict=v.to_json())
+    text = open(write_report(led, run, str(work / "report"))).read()
+    led.close()
+    assert "kernels/candidates/a.py" in text and "~/notes.txt" in text, text
+    assert str(tmp_path) not in text, text
+    assert (
+        "reproduce: `kernel-agent run --ops quantize_kv --proposer search --candidates 2 --time-limit 1800s --seed 7`"
+        in text
+    )
+
+
+def test_a_replay_line_names_the_op_and_bucket(tmp_path):
+    _cpu_run(tmp_path, tmp_path / "l.db", _passes)
+    lines = []
+    events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
+    replays = [d for st, d in lines if st == "replayed"]
+    assert replays and all(re.match(r"quantize_kv \S+: judged before as candidate #\d+", d) for d in replays), lines
+
+
+def test_promote_on_a_machine_without_a_gpu_names_promote_before_torch_is_imported(tmp_path):
+    (tmp_path / "k.py").write_text("x = 1\n")
+    rc, torch_loaded, err = _cli(["promote", "--op", "quantize_kv", str(tmp_path / "k.py")], cwd=tmp_path)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"run `kernel-agent promote --op quantize_kv {tmp_path / 'k.py'}` on a GPU machine" in err
+    assert not torch_loaded and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_gates_status_counts_a_kernel_done_as_its_last_stage_judges_it(monkeypatch, tmp_path, gpu):
+    from kernel_agent.agent import review, ui
+
+    counted = []
+    real_advance = ui.Progress.advance
+
+    def advance(self, message="", n=1):
+        real_advance(self, message, n)
+        counted.append(self.status_text())
+
+    monkeypatch.setattr(ui.Progress, "advance", advance)
+
+    def run_many(paths, op, mode, jobs=1, on_done=None, **kw):
+        out = []
+        for p in paths:
+            v = Verdict(os.path.abspath(p), op, mode, checks=[CheckOutcome("static_gate", "passed")], seed=7)
+            on_done(v)
+            out.append(v)
+        return out
+
+    monkeypatch.setattr(review, "run_many", run_many)
+    monkeypatch.setattr(review, "merge_gpu", lambda a, b: a)
+    items = []
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.py").write_text("x = 1\n")
+        items.append(review.GateItem("matmul", f"matmul/{name}", str(tmp_path / f"{name}.py")))
+    review._judge_gate_items(items, "full", gpu, 2)
+    assert [re.search(r"\d+/2 done", t).group(0) for t in counted] == ["1/2 done", "2/2 done"], counted
+    assert ("through gpu" in counted[0]) == gpu  # counted when the last stage judged it, not before
+
+
+def test_progress_plot_labels_of_candidates_judged_close_together_do_not_overlap(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernel_agent.agent.review import _label_points
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    # eight candidates judged within seconds of each other at nearly the same speedup
+    points = [(2.0 + 0.01 * i, 0.95 + 0.004 * i, f"#{100 + i}") for i in range(8)]
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o")
+    ax.set_xlim(0, 5)
+    ax.set_ylim(0.2, 1.2)
+    _label_points(fig, ax, points)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == 8
+    assert not [(i, j) for i in range(8) for j in range(i) if boxes[i].overlaps(boxes[j])]
+    fig.savefig(tmp_path / "crowded.png", dpi=110)
+    plt.close(fig)

@@ -411,6 +411,8 @@ def test_promote_by_hand_takes_the_same_path(tmp_path, monkeypatch, repo, capsys
 def test_promote_without_a_gpu_records_nothing(tmp_path, monkeypatch, repo, capsys):
     evaluator, _ = _fake_promote_children()
     _serve_from(monkeypatch, repo / "kernels" / "serving")
-    rc = _promote(["--op", "quantize_kv", GOOD, "--ledger", str(tmp_path / "l.db")], evaluator, FakeDevices([], None))
-    assert rc == 2 and "benchmarks need a CUDA GPU" in capsys.readouterr().err
+    from kernel_agent.agent.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^promote benchmarks the kernel against the incumbent on a CUDA GPU.*"):
+        _promote(["--op", "quantize_kv", GOOD, "--ledger", str(tmp_path / "l.db")], evaluator, FakeDevices([], None))
     assert not (tmp_path / "l.db").exists()

@@ -2,6 +2,7 @@
 with scripted replies (good rewrites, every cheat family, malformed replies, server faults), and
 the built-in search path killed with SIGKILL and resumed."""
 
+import dataclasses
 import json
 import os
 import re
@@ -1019,6 +1020,34 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     assert len(drawn) == len(both)  # and one shape drawn inside each bucket, recorded with its seed
     if late:  # promoted in the first bucket, and timed but slower in the others, it stays "promoted"
         assert len(led.run_summary(run.id).promotions) == 1 and led.candidate(cands[0].id).status == "promoted"
+    led.close()
+
+
+def test_a_source_proposed_again_under_another_label_prints_the_name_the_ledger_holds(tmp_path, monkeypatch):
+    """A model names each proposal anew (model-1, model-3): the same source proposed for a second bucket while
+    the first is judged is the same candidate, and every line printed names it as the ledger holds it."""
+    gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
+    led = Ledger(str(tmp_path / "l.db"))
+    lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"], gpu)
+    lp.cfg.bench_shapes = "serving"
+    from kernel_agent.agent.loop import targets_for
+
+    both = targets_for(lp.cfg)
+    lp.cfg.per_round = 1
+    real = lp.proposer.propose
+    names = iter(range(1, 100))
+
+    def propose(ctx, n):
+        return [dataclasses.replace(p, label=f"model-{next(names)}") for p in real(ctx, n) if p.label == "evict-first"]
+
+    printed, notes = [], []
+    lp.proposer.propose = propose
+    lp.events.candidate = lambda label, status, detail: printed.append(label)
+    lp.events.note = notes.append
+    _stream(lp, both, budget, 20)
+    cands = led.candidates(run_id=run.id)
+    assert len(cands) == 1 and printed and set(printed) == {cands[0].label}, (printed, cands[0].label)
+    assert any(f"the same source as candidate #{cands[0].id} {cands[0].label}" in n for n in notes), notes
     led.close()
 
 

