@@ -3,7 +3,7 @@
 # ten minutes, steps in order of priority (each capped):
 #   1. every op benchmarked at the serving shapes (the second of two runs; the first is the
 #      Foundation's, results/bench_run1.json);
-#   2. the int8 byte-plane variant promoted by hand through the rule (full sanitizer with the
+#   2. an int8 variant (evict-first hints) promoted by hand through the rule (full sanitizer with the
 #      GPU checks, benchmark against the incumbent, install into the serving set);
 #   3. serving-style calls through serving.get(op) at every serving shape, differential-checked;
 #   4. the code-model path through a loopback scripted endpoint (429, a good rewrite, a cheat, a
