@@ -12,8 +12,8 @@ MMA operands. Three choices keep that cheap.
 Exact codes without I2F. Converting int8 to floating point with the hardware instruction
 runs at a quarter of the arithmetic rate. Instead, code + 128 (0..255) is placed in the
 low mantissa bits of a float whose unit sits at 2^0 (1024.0 = 0x6400 in float16, 2^23 in
-float32) and one subtraction removes the bias (1024 + 128 = 1152): two integer-or-add
-operations and a subtraction per element, all exact (_codes_to, _plane_f16).
+float32) and one subtraction removes the bias (1024 + 128 = 1152): a few integer operations
+and one floating-point subtraction per element, all exact (_codes_to, _plane_f16).
 
 Float16 dots for 16-bit queries. Both dots run in float16, where that conversion is
 cheapest, whether q is float16 or bfloat16. The query is scaled by a power of two so
@@ -41,8 +41,9 @@ next power of two) wide, lanes d >= D load zeros, add nothing to q.k and give ze
 columns never stored; when D is BLOCK_D (EVEN_D) no head-dim mask is emitted) and any
 block size from 1 to 256 (the token tiles BLOCK_N do not depend on the page size, each
 token finds its page and slot on its own, block_table[b, t // PAGE] and t % PAGE; PAGE is
-a compile-time constant, so for power-of-two pages these are a shift and a mask). Both
-kernels write the same split partials, combined by one kernel. sm_scale defaults to
+a compile-time constant, so for power-of-two pages these are a shift and a mask). The
+page, the GQA group and q's strides (a broadcast q too) are handled alike by both kernels,
+which write the same split partials, combined by one kernel. sm_scale defaults to
 1/sqrt(D) of the true D.
 """
 import math
