@@ -10,8 +10,8 @@ and o); the fraction is of the copy ceiling measured in the same process (read +
 
 Variants:
   bf16 splits=S     the bf16 baseline kernel with S splits (kernels/baseline/decode_attention.py)
-  int8 baseline     kernels/baseline/decode_attention_int8.py as committed
-  int8 planes       the byte-plane kernel (kernels/serving/..c8k-g4..), its own config
+  int8 per-code     the per-code kernel the byte planes replaced as the baseline (tests/candidates/good/..)
+  int8 baseline     kernels/baseline/decode_attention_int8.py as committed: byte planes, its own config
   int8 planes+fold  byte planes with the float16 bias (1152) folded into the scores and the accumulator
   fp8 e4m3          an e4m3 cache with per-token scales, converted by the hardware's e4m3x2 -> f16x2
   sdpa              torch SDPA over a contiguous bf16 cache (enable_gqa)
@@ -653,12 +653,12 @@ def study_point(B, ctx, mods, rounds, log):
         fn = make_bf16_call(q, k16, v16, bt, lens, mods["bf16"]._decode_combine_kernel, **kw)
         variants[f"bf16 one-offset{name} ({kw['splits']})"] = (fn, "bf16", bf16_bytes)
     variants["bf16 baseline"] = (lambda: base16.decode_attention(q, k16, v16, bt, lens), "bf16", bf16_bytes)
-    variants["int8 baseline"] = (
-        lambda: mods["int8"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
+    variants["int8 per-code"] = (
+        lambda: mods["int8_per_code"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
         "int8",
         q8_bytes,
     )
-    variants["int8 planes"] = (
+    variants["int8 baseline"] = (
         lambda: mods["int8_planes"].decode_attention_int8(q, k8, ks8, v8, vs8, bt, lens),
         "int8",
         q8_bytes,
@@ -730,10 +730,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     mods = {
         "bf16": _load("kernels/baseline/decode_attention.py", "s_bf16"),
-        "int8": _load("kernels/baseline/decode_attention_int8.py", "s_int8"),
-        "int8_planes": _load(
-            "kernels/serving/decode_attention_int8__c8k-g4-d128__bfloat16__nvidia-h200.py", "s_planes"
-        ),
+        "int8_per_code": _load("tests/candidates/good/decode_attention_int8/per_code_reads.py", "s_int8"),
+        "int8_planes": _load("kernels/baseline/decode_attention_int8.py", "s_planes"),
     }
     ceiling = copy_ceiling_tbps()
     print(

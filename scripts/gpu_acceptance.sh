@@ -3,7 +3,7 @@
 # ten minutes, steps in order of priority (each capped):
 #   1. every op benchmarked at the serving shapes (the second of two runs; the first is the
 #      Foundation's, results/bench_run1.json);
-#   2. the int8 byte-plane variant promoted by hand through the rule (full sanitizer with the
+#   2. an int8 variant (evict-first hints) promoted by hand through the rule (full sanitizer with the
 #      GPU checks, benchmark against the incumbent, install into the serving set);
 #   3. serving-style calls through serving.get(op) at every serving shape, differential-checked;
 #   4. the code-model path through a loopback scripted endpoint (429, a good rewrite, a cheat, a
@@ -24,10 +24,10 @@ step() { echo; echo "=== $* ($(date +%T))"; }
 step 1 bench, second run
 timeout 150 python3 -m kernel_agent.agent.cli bench --op all --shapes serving --out "$OUT/bench_run2.json" > "$OUT/bench_run2.txt" 2>&1
 tail -n 28 "$OUT/bench_run2.txt"
-step 2 promote by hand: int8 byte planes
+step 2 promote by hand: int8 decode with evict-first hints
 timeout 150 python3 -m kernel_agent.agent.cli promote --op decode_attention_int8 \
-  tests/candidates/good/decode_attention_int8/byte_planes.py \
-  --reason "int32 words split into byte planes instead of byte loads from shared memory" 2>&1 | tail -n 12
+  tests/candidates/good/decode_attention_int8/evict_first_hint.py \
+  --reason "evict-first hints on the streaming cache loads" 2>&1 | tail -n 12
 step 3 serving-style calls through the API
 timeout 60 python3 scripts/serving_check.py 2>&1 | tail -n 16
 step 4 code-model path through a loopback scripted endpoint

@@ -54,8 +54,8 @@ MUTANTS = {
     "decode_attention_int8": [
         (
             "value_scale_ignored",
-            "acc = tl.dot((p * v_s[None, :]).to(q.dtype), _codes_to(v, q.dtype), acc)",
-            "acc = tl.dot(p.to(q.dtype), _codes_to(v, q.dtype), acc)",
+            "acc = tl.dot(p * v_s[None, :], _codes_to(v, F16), acc * alpha[:, None])",
+            "acc = tl.dot(p, _codes_to(v, F16), acc * alpha[:, None])",
         ),
     ],
 }

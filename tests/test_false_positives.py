@@ -7,12 +7,11 @@ Three kinds of test:
 * the bound itself over hundreds of cases that the sanitizer's own property draws produce, against torch
   emulations of the int8 kernels' rounding (cheap: no interpreter), at the sanitizer's differential and
   extended draws;
-* the numeric checks of the real sanitizer (differential, extended_numeric) on the int8 kernels, the ones
-  that had false positives, over a few of the false-positive sweep's seeds (scripts/false_positive_sweep.py
+* the numeric checks of the real sanitizer (differential, extended_numeric) on the int8 baseline (its kernels
+  had false positives), over a few of the false-positive sweep's seeds (scripts/false_positive_sweep.py
   runs every correct kernel over many seeds in full; results/cpu/ holds its figures).
 """
 
-import glob
 import importlib.util
 import math
 import os
@@ -31,32 +30,35 @@ from kernel_agent.kernels.baseline import decode_attention_int8 as int8_baseline
 from kernel_agent.sanitizer.checks import _draw_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INT8_SERVING = sorted(glob.glob(os.path.join(ROOT, "kernels", "serving", "decode_attention_int8__*.py")))
+# the per-code int8 kernel, the baseline before the byte planes (tests/candidates/good/decode_attention_int8/):
+# a correct kernel whose roundings differ (dots in the query's dtype), checked here beside the baseline
+PER_CODE_FILE = os.path.join(ROOT, "tests", "candidates", "good", "decode_attention_int8", "per_code_reads.py")
 OP = get_op("decode_attention_int8")
 LOG2E = 1.4426950408889634
 
 
-def _load(path: str):
+def _module(path: str):
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.decode_attention_int8
+    return mod
 
 
-INT8_KERNELS = [("baseline", int8_baseline.decode_attention_int8)] + [
-    (os.path.basename(p).split("__")[1], _load(p)) for p in INT8_SERVING
-]
+PER_CODE = _module(PER_CODE_FILE)
+PER_CODE_KERNEL = PER_CODE.decode_attention_int8
+INT8_KERNELS = [("baseline", int8_baseline.decode_attention_int8), ("per_code_reads", PER_CODE_KERNEL)]
 
 
 # -- the cases -------------------------------------------------------------------------------------
 
 
-def test_int8_baseline_passes_the_differential_case_that_once_rejected_it():
-    """`sanitize --op decode_attention_int8 --seed 103607840063` rejected the baseline at `differential`: in a
-    two-token sequence one key holds 0.99999 of the weight and has code 0 in dim 86, so the output there is
-    the other key's p = 7.6e-6 times its value. The baseline rounds p times the value scale (0.026) to float16,
-    2e-7, a subnormal with 15% error, then multiplies by the code (30): 8e-7 off. The bound counted that
-    underflow times code x scale (4.6e-8) instead of times the code."""
+def test_per_code_int8_kernel_passes_the_differential_case_that_once_rejected_it():
+    """`sanitize --op decode_attention_int8 --seed 103607840063` rejected the per-code kernel (then the
+    baseline) at `differential`: in a two-token sequence one key holds 0.99999 of the weight and has code 0 in
+    dim 86, so the output there is the other key's p = 7.6e-6 times its value. The kernel rounds p times the
+    value scale (0.026) to float16, 2e-7, a subnormal with 15% error, then multiplies by the code (30): 8e-7
+    off. The bound counted that underflow times code x scale (4.6e-8) instead of times the code. (Today's
+    baseline divides the scale by the tile's largest one first, so the underflow is not there; it passes too.)"""
     c = OP.make_case(
         OP.parse_shape("B=5,Hq=16,Hkv=2,D=112,block_size=4,ctx=17,ragged"),
         torch.float16,
@@ -65,10 +67,12 @@ def test_int8_baseline_passes_the_differential_case_that_once_rejected_it():
         layout="contiguous",
     )
     c.args["sm_scale"] = 0.5
-    out = int8_baseline.decode_attention_int8(**c.args)
+    out = PER_CODE_KERNEL(**c.args)
     ref = OP.reference(c.args, torch.float64)
     assert abs(float(out[1, 2, 86]) - float(ref[1, 2, 86])) > 5e-7  # the underflow is there
     r = OP.compare(out, c.args, ref)
+    assert r.ok, r.describe()
+    r = OP.compare(int8_baseline.decode_attention_int8(**c.args), c.args, ref)
     assert r.ok, r.describe()
 
 
@@ -76,7 +80,7 @@ def _two_token_case(q_dtype=torch.float16):
     """The case the rounding model derives for an int8 kernel's float16 probabilities: a query that puts
     1 - 5e-7 of its weight on token 0, whose value code is 0 in dim 0, and 5e-7 on token 1, whose code there is
     1, both at value scale 0.05. The output in dim 0 is 2.5e-8, under float16's normal range: a kernel that
-    rounds p_1 x 0.05 (the baseline) or p_1 x 0.05 / 0.05 (the serving kernels) to float16 loses it, and the
+    rounds p_1 x 0.05 (the per-code kernel) or p_1 x 0.05 / 0.05 (the baseline) to float16 loses it, and the
     float16 output itself holds 0 or 6e-8."""
     c = OP.make_case(OP.parse_shape("B=1,Hq=1,Hkv=1,D=16,block_size=1,ctx=2"), q_dtype, seed=1)
     a = c.args
@@ -151,7 +155,7 @@ def _pow2(e: int) -> torch.Tensor:
 
 
 def _query_for_dots(qh: torch.Tensor, scale_max: bool, dot_dtype: torch.dtype):
-    """The query as the dots take it and the factor left on the scores: the serving kernels scale a 16-bit
+    """The query as the dots take it and the factor left on the scores: the baseline scales a 16-bit
     query by the power of two that brings its largest element into [2^13, 2^14) of float16."""
     if not scale_max:
         return qh.to(dot_dtype).float(), 1.0
@@ -182,9 +186,9 @@ def _split(qd, kc, ks, vc, vs, score_scale, scale_max, dot_dtype, block_n):
 
 
 def emulate_int8_decode(args, scale_max: bool, splits: int, block_n: int = 128) -> torch.Tensor:
-    """What the int8 split-KV kernels compute, their roundings included: the baseline (scale_max False: dots
-    in the query's dtype on the raw codes, p x s_j rounded to it) or the serving kernels' float16 path
-    (scale_max True, 16-bit queries). Splits of ceil(L / splits) tokens rounded up to block_n, combined in
+    """What the int8 split-KV kernels compute, their roundings included: the per-code kernel (scale_max False:
+    dots in the query's dtype on the raw codes, p x s_j rounded to it) or the baseline's float16 paths, byte
+    planes or not (scale_max True, 16-bit queries). Splits of ceil(L / splits) tokens rounded up to block_n, combined in
     float32 in order; the output rounded to the query's dtype."""
     q = args["q"]
     B, Hq, D = q.shape
@@ -238,15 +242,15 @@ def test_int8_emulation_is_the_kernels_rounding():
         layout="contiguous",
     )
     c.args["sm_scale"] = 0.5
-    splits = int8_baseline._config(5, 2, int(c.args["block_table"].shape[1]) * 4, torch.device("cpu"))[0]
+    ctx = int(c.args["block_table"].shape[1]) * 4
+    per_code = PER_CODE_KERNEL(**c.args).float()
+    emulated = emulate_int8_decode(c.args, False, PER_CODE._config(5, 2, ctx, torch.device("cpu"))[0]).float()
+    assert float(emulated[1, 2, 86]) == float(per_code[1, 2, 86])  # the underflowed element, bit for bit
+    assert float((emulated - per_code).abs().max()) <= 2.0**-10 * float(per_code.abs().max())
     base = int8_baseline.decode_attention_int8(**c.args).float()
-    emulated = emulate_int8_decode(c.args, False, splits).float()
-    assert float(emulated[1, 2, 86]) == float(base[1, 2, 86])  # the underflowed element, bit for bit
-    assert float((emulated - base).abs().max()) <= 2.0**-10 * float(base.abs().max())
-    _, serving = INT8_KERNELS[1]
-    served = serving(**c.args).float()
-    assert float((emulate_int8_decode(c.args, True, splits).float() - served).abs().max()) <= 2.0**-10 * float(
-        served.abs().max()
+    splits = int8_baseline._config(5, 2, ctx, torch.device("cpu"))[0]
+    assert float((emulate_int8_decode(c.args, True, splits).float() - base).abs().max()) <= 2.0**-10 * float(
+        base.abs().max()
     )
 
 
@@ -280,7 +284,7 @@ def test_int8_bound_admits_the_emulated_kernels_over_the_sanitizers_draws(harsh)
                 emulate_int8_decode(c.args, scale_max, splits), ref, OP.tolerance(c.args["q"].dtype), element=bound
             )
             if not r.ok:
-                failures.append(f"{'serving' if scale_max else 'baseline'}: {r.describe()}; {c.describe()}")
+                failures.append(f"{'baseline' if scale_max else 'per-code'}: {r.describe()}; {c.describe()}")
 
     prop()
     assert not failures, "\n".join(failures[:5])
@@ -304,19 +308,14 @@ CI_SEEDS = 3
 
 @pytest.mark.slow
 def test_int8_kernels_pass_the_numeric_checks_over_several_seeds():
-    """Covers: the int8 baseline and the int8 serving kernels (the kernels that had false positives), the
-    numeric checks that rejected them (differential, extended_numeric), the sweep's first CI_SEEDS seeds.
+    """Covers: the int8 baseline (its byte-plane form, once a promoted serving kernel, and the per-code kernel
+    before it had false positives), the numeric checks that rejected them (differential, extended_numeric),
+    the sweep's first CI_SEEDS seeds.
     About 50 s per verdict on one core, 2 at a time; the full sanitizer over many seeds and every correct
     kernel is scripts/false_positive_sweep.py's job (results/cpu/false_positive_sweep.txt)."""
     from kernel_agent.sanitizer.runner import run_many
 
-    files, texts = [], set()
-    for f in [os.path.join(ROOT, "kernels", "baseline", "decode_attention_int8.py")] + INT8_SERVING:
-        with open(f) as fh:
-            text = fh.read()
-        if text not in texts:  # the serving set holds one text under several buckets: judge it once
-            files.append(f)
-            texts.add(text)
+    files = [os.path.join(ROOT, "kernels", "baseline", "decode_attention_int8.py")]
     bad = []
     for i in range(CI_SEEDS):
         seed = _sweep_seed(i)

@@ -410,8 +410,8 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
     db = tmp_path / "l.db"
     Ledger(db).close()
     args = argparse.Namespace(
-        op="decode_attention_int8",
-        bucket="c8k-g4-d128",
+        op="matmul",
+        bucket="m16-klarge",
         dtype="bfloat16",
         gpu="NVIDIA H200",
         reason="slower under the new driver",
@@ -424,13 +424,10 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
     [branch] = [b for b in _git(r, "branch", "--format=%(refname:short)").split() if b.startswith("kernel-agent/")]
     assert f"branch {branch}" in out
     shown = _git(r, "show", f"{branch}:kernels/serving/manifest.json")
-    assert "c8k-g4-d128" not in shown and "c8k-g1-d128" in shown
+    assert "m16-klarge" not in shown and "m1-klarge" in shown
     args.in_place = True
     assert cmd_demote(args) == 0 and "written in place" in capsys.readouterr().out
-    assert (
-        serving.lookup("decode_attention_int8", "c8k-g4-d128", "bfloat16", "NVIDIA H200", dir=r / "kernels" / "serving")
-        is None
-    )
+    assert serving.lookup("matmul", "m16-klarge", "bfloat16", "NVIDIA H200", dir=r / "kernels" / "serving") is None
 
 
 def test_demote_on_a_fresh_clone_makes_the_default_ledger_and_records_there(tmp_path, monkeypatch, capsys):
@@ -468,8 +465,8 @@ def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_buck
     db = tmp_path / "l.db"
     Ledger(db).close()
     args = argparse.Namespace(
-        op="decode_attention_int8",
-        bucket="c8k-g4-d128",
+        op="matmul",
+        bucket="m16-klarge",
         dtype="bfloat16",
         gpu="cpu",
         reason="r",
@@ -479,11 +476,10 @@ def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_buck
     with pytest.raises(UsageError) as e:
         cmd_demote(args)
     assert str(e.value) == (
-        "nothing serves decode_attention_int8 c8k-g4-d128 bfloat16 on cpu; it is served on "
-        "NVIDIA H200 (--gpu 'NVIDIA H200' names it)"
+        "nothing serves matmul m16-klarge bfloat16 on cpu; it is served on NVIDIA H200 (--gpu 'NVIDIA H200' names it)"
     )
     args.bucket = "nope"
-    with pytest.raises(UsageError, match=r"^nothing serves decode_attention_int8 nope bfloat16 on cpu$"):
+    with pytest.raises(UsageError, match=r"^nothing serves matmul nope bfloat16 on cpu$"):
         cmd_demote(args)
     assert not [b for b in os.listdir(r / ".git" / "refs" / "heads") if b == "kernel-agent"]  # nothing written
 

@@ -309,7 +309,9 @@ def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path
 def test_a_serving_folder_of_a_manifest_alone_commits_and_strays_stay_out(tmp_path, monkeypatch, repo):
     for f in (repo / "kernels" / "serving").glob("*.py"):
         _git(repo, "rm", "-q", str(f))
-    _git(repo, "-c", "user.name=someone", "-c", "user.email=someone@example.com", "commit", "-q", "-m", "no kernels")
+    # (empty when the committed serving set holds no kernel file: the manifest alone already)
+    ident = ("-c", "user.name=someone", "-c", "user.email=someone@example.com")
+    _git(repo, *ident, "commit", "-q", "--allow-empty", "-m", "no kernels")
     _serve_from(monkeypatch, repo / "kernels" / "serving")
     target = publish.plan_target().open("r-manifest")
     (target.dir / "manifest.json").write_text('{"version": 2, "entries": []}\n')

@@ -650,7 +650,8 @@ def test_benchmark_only_cheats_buy_nothing(path):
     """tests/candidates/gpu_bench/<op>/: kernels that pass every check and are fast only when a benchmark
     repeats its inputs, hands back an output block, replays a CUDA graph, or times the bucket's exact
     benchmark point. Benchmarked as a promotion is (the bucket's point, here the op's first serving shape or
-    the file's BENCH_SHAPE, then a shape drawn at random inside the bucket, seeded), each is refused with the
+    the file's BENCH_SHAPE, then a shape drawn at random inside the bucket, seeded; against the baseline or the
+    file's BENCH_INCUMBENT), each is refused with the
     timed call or replay named (EXPECTED_BENCH = "output of timed call" / "output of the last CUDA-graph
     replay"), refused at the drawn shape (EXPECTED_BENCH = "drawn at random inside the bucket"), or timed no
     faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
@@ -663,8 +664,13 @@ def test_benchmark_only_cheats_buy_nothing(path):
     expected = re.search(r'^EXPECTED_BENCH = "([^"]+)"', text, re.M).group(1)
     named = re.search(r'^BENCH_SHAPE = "([^"]+)"', text, re.M)
     shape = op.parse_shape(named.group(1)).key() if named else op.shapes("serving")[0].key()
+    # the incumbent: the baseline, or the file's BENCH_INCUMBENT (a cheat whose fast path is today's baseline is
+    # timed against the kernel it once beat, so that it still wins at the point and the drawn shape refuses it)
+    incumbent = re.search(r'^BENCH_INCUMBENT = "([^"]+)"', text, re.M)
+    incumbent_file = os.path.join(ROOT, incumbent.group(1)) if incumbent else None
     spec = with_drawn_shape(
-        BenchSpec.judging(op.name, [shape], "bfloat16", BenchKernel("i"), BenchKernel("c", str(path))), seed=20261203
+        BenchSpec.judging(op.name, [shape], "bfloat16", BenchKernel("i", incumbent_file), BenchKernel("c", str(path))),
+        seed=20261203,
     )
     assert spec.drawn, spec
     doc = run_bench_isolated(spec, timeout_s=900)

@@ -18,11 +18,13 @@ from kernel_agent.harness import figures as F
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger, upgrade_ledger
 from kernel_agent.harness.serving import kernel_file_name
+from kernel_agent.sanitizer.canonical import canonical_source
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 MODEL_STEP = os.path.join(ROOT, "results", "h200", "model_step", "model_step.json")
-INT8 = os.path.join(ROOT, "kernels", "serving", "decode_attention_int8__c8k-g4-d128__bfloat16__nvidia-h200.py")
+# the byte-plane int8 decode: promoted on the H200 for c8k-g4-d128, today the baseline
+INT8 = os.path.join(ROOT, "kernels", "baseline", "decode_attention_int8.py")
 
 
 def _cli(args, cwd=ROOT, env=None):
@@ -211,7 +213,7 @@ def _ledger_with_int8_promotion(tmp_path, notes=None):
         {},
     )
     with open(INT8) as f:
-        src = f.read()
+        src = canonical_source(f.read())  # the text the loop records
     cand, _ = led.add_candidate("decode_attention_int8", src, "search", run.id, label="byte-planes")
     led.record_checks(
         cand.id,
@@ -281,13 +283,13 @@ def test_pr_shows_the_decode_step_effect_that_bench_model_measured(tmp_path):
     assert row[6:9] == [f"{serving['step_ms']:.2f}", f"{base['step_ms']:.2f}", f"{torch_t['step_ms']:.2f}"]
     assert row[9] == F.fmt_x(serving["vs_torch"])
     assert "No decode-step measurement" not in md
-    # the recorded seed reproduces the sanitizer's inputs; the serving file of this checkout is the kernel
-    serving_file = "kernels/serving/" + kernel_file_name(
-        "decode_attention_int8", "c8k-g4-d128", "bfloat16", "NVIDIA H200"
-    )
-    assert f"kernel-agent sanitize --op decode_attention_int8 {serving_file} --seed 41" in md
+    # the recorded seed reproduces the sanitizer's inputs; the serving set of this checkout no longer holds the
+    # kernel (it became the baseline), so the commands run on the judged source extracted from the ledger
+    judged = f"candidate-{cand.id}.py"
+    assert f"kernel-agent show {cand.id} --json" in md and f"> {judged}" in md
+    assert f"kernel-agent sanitize --op decode_attention_int8 {judged} --seed 41" in md
     assert (
-        f"kernel-agent bench --op decode_attention_int8 {serving_file} --shapes "
+        f"kernel-agent bench --op decode_attention_int8 {judged} --shapes "
         f"B=32,Hq=32,Hkv=8,D=128,block_size=16,ctx=8192 --dtype bfloat16"
     ) in md
 

@@ -1,15 +1,17 @@
 """Benchmark-only cheat, decode_attention_int8: the full-speed kernel only on the benchmark point's cache.
 
-Trick: the kernel (the serving set's byte-plane decode for c8k-g1-d128) runs once when the cache pool holds
-exactly the blocks of the bucket's benchmark shape (32 sequences of 8192 tokens in 16-token pages, plus the
-3 spare blocks the harness allocates: 16387), and three times over (the same answer, three times the time)
-on any other pool. Every output is right, so every check passes; at the benchmark point it is about a third
-faster than the baseline, and on every other shape of its bucket (which the serving set would dispatch to
-it) it is about twice as slow.
+Trick: the kernel (the byte-plane decode, today's baseline) runs once when the cache pool holds exactly the
+blocks of the bucket's benchmark shape (32 sequences of 8192 tokens in 16-token pages, plus the 3 spare
+blocks the harness allocates: 16387), and three times over (the same answer, three times the time) on any
+other pool. Every output is right, so every check passes. Its fast path is the baseline itself, so it is
+timed against the per-code kernel that was the baseline when the byte planes were promoted
+(BENCH_INCUMBENT): at the benchmark point it is about a quarter faster than that incumbent, and on every
+other shape of its bucket (which the serving set would dispatch to it) it is about twice as slow.
 Expected: the promotion also times a shape drawn at random inside the bucket and refuses a candidate that
 does not win there ("drawn at random inside the bucket").
 """
 EXPECTED_BENCH = "drawn at random inside the bucket"
+BENCH_INCUMBENT = "tests/candidates/good/decode_attention_int8/per_code_reads.py"
 
 import math
 import torch
