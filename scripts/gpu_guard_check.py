@@ -6,12 +6,12 @@
 Each part installs kernels into a temporary serving folder (never the repository's) and calls them through
 `serving.get`, as a serving stack would:
 
-  (a) the committed int8 decode serving kernel, edited to be wrong only at a batch size the sanitizer never
-      draws (77 on a GPU), installed by force: its first call at that batch returns exactly the trusted
-      output, the class is retired and a field failure is recorded;
+  (a) the int8 decode baseline (the byte-plane kernel), edited to be wrong only at a batch size the sanitizer
+      never draws (77 on a GPU) and installed by force as a promoted kernel: its first call at that batch
+      returns exactly the trusted output, the class is retired and a field failure is recorded;
   (b) a compile bomb (a constexpr variant unrolling 2^20 loads) and a 64 GiB allocation, each only at a
       serving-sized batch: the check fails (timeout, out of memory), and this process answers the next call;
-  (c) the steady-state cost: N calls of the committed int8 decode kernel with the guard on (its class
+  (c) the steady-state cost: N calls of that kernel, installed unedited, with the guard on (its class
       verified) against off, as the ratio of their median times.
 
 It prints a table and writes the summary as JSON to $OUT/gpu_guard_check.json (or --out). Exit 1 when a
@@ -39,8 +39,7 @@ from kernel_agent.harness.field_failures import FailureKind  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
 
 OP = "decode_attention_int8"
-COMMITTED = Path(serving.__file__).resolve().parent.parent / "kernels" / "serving"
-KERNEL_FILE = "decode_attention_int8__c8k-g4-d128__bfloat16__nvidia-h200.py"
+KERNEL_FILE = Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline" / f"{OP}.py"
 HOOK = "    group = Hq // Hkv\n"
 BOMB_KERNEL = """
 
@@ -53,29 +52,29 @@ def _unrolled(x_ptr, N: tl.constexpr):
 """
 
 
-def committed_text() -> str:
-    text = (COMMITTED / KERNEL_FILE).read_text()
-    assert HOOK in text, f"{KERNEL_FILE} no longer has the line the demonstration edits"
+def kernel_text() -> str:
+    text = KERNEL_FILE.read_text()
+    assert HOOK in text, f"{KERNEL_FILE.name} no longer has the line the demonstration edits"
     return text
 
 
 def wrong_at(batch: int) -> str:
-    """The committed kernel, with a softmax scale 1.5 times too large at batch size `batch` alone."""
-    return committed_text().replace(HOOK, HOOK + f"    if B == {batch}:\n        sm_scale = sm_scale * 1.5\n")
+    """The int8 baseline, with a softmax scale 1.5 times too large at batch size `batch` alone."""
+    return kernel_text().replace(HOOK, HOOK + f"    if B == {batch}:\n        sm_scale = sm_scale * 1.5\n")
 
 
 def compile_bomb_at(batch: int) -> str:
-    """The committed kernel, launching a 2^20-statement unrolled kernel first at batch size `batch`."""
+    """The int8 baseline, launching a 2^20-statement unrolled kernel first at batch size `batch`."""
     launch = "        _unrolled[(1,)](torch.empty((8,), device=q.device, dtype=torch.float32), N=1048576)\n"
-    text = committed_text().replace(HOOK, HOOK + f"    if B == {batch}:\n" + launch)
+    text = kernel_text().replace(HOOK, HOOK + f"    if B == {batch}:\n" + launch)
     head, sep, tail = text.partition("\ndef decode_attention_int8(")
     return head + BOMB_KERNEL + sep + tail
 
 
 def hoard_at(batch: int) -> str:
-    """The committed kernel, asking for 64 GiB on the call's device at batch size `batch`."""
+    """The int8 baseline, asking for 64 GiB on the call's device at batch size `batch`."""
     alloc = "        hoard = torch.empty((68719476736,), device=q.device, dtype=torch.int8)\n"
-    return committed_text().replace(HOOK, HOOK + f"    if B == {batch}:\n" + alloc)
+    return kernel_text().replace(HOOK, HOOK + f"    if B == {batch}:\n" + alloc)
 
 
 def shapes(cpu: bool) -> dict:
@@ -179,9 +178,10 @@ def time_calls(fn, call: dict, n: int, cpu: bool) -> list[float]:
 
 
 def part_c(folder: Path, cpu: bool, gpu: str, config: serving.GuardConfig, n: int) -> dict:
-    """Steady state: the committed kernel, its class verified, guard on against off (rounds interleaved)."""
+    """Steady state: the int8 baseline installed as a kernel, its class verified, guard on against off (rounds
+    interleaved)."""
     s = shapes(cpu)
-    install(folder, committed_text(), s["serve"], cpu, gpu)
+    install(folder, kernel_text(), s["serve"], cpu, gpu)
     call = make_call(s["serve"], cpu)
     on = serving.get(OP, gpu=gpu, dir=folder, guard=True, guard_config=config, sink=lambda ff: None)
     off = serving.get(OP, gpu=gpu, dir=folder, guard=False)
