@@ -190,3 +190,17 @@ def test_a_min_of_the_same_numbers_on_every_call_indicates_nothing(tmp_path):
         "cand.py:20: `max(min(x.numel(), 1024), 16)` was never decided by `min(x.numel(), 1024)`",
         "cand.py:20: `min(x.numel(), 1024)` was never decided by `1024`",
     ], missing
+
+
+def test_a_kernel_parameter_is_a_device_read_only_when_every_launch_passes_one():
+    """`if DTYPE == tl.bfloat16:` in a kernel is on the dtype when every call passes a dtype (`q.dtype`); a
+    launch that passes anything else (a flag of a size) makes it a branch to cover."""
+    kernel = (
+        "import torch\nimport triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def _k(x_ptr, DTYPE: tl.constexpr):\n    if DTYPE == tl.bfloat16:\n        pass\n\n\n"
+    )
+    honest = kernel + "def f(x):\n    _k[(1,)](x, x.dtype)\n"
+    laundered = kernel + "def f(x, D):\n    _k[(1,)](x, torch.bfloat16 if D == 192 else x.dtype)\n"
+    for source, exempt in ((honest, DEVICE_ONLY), (laundered, "")):
+        sides = [s for s in indicator_sides(source) if s.qualname == "kernel:_k"]
+        assert sides and all(s.exempt == exempt for s in sides), (source, sides)
