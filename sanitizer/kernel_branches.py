@@ -223,6 +223,7 @@ def kernel_sides(source: str) -> List[Side]:
     jit = jit_names(tree)
     sides: List[Side] = []
     params = _device_params(tree)
+    loaded = _loaded_names(tree, jit)
     for fdef in tree.body:
         if not (isinstance(fdef, ast.FunctionDef) and fdef.name in jit):
             continue
@@ -230,13 +231,60 @@ def kernel_sides(source: str) -> List[Side]:
         for line, rank, node in _sites(fdef):
             test = node.args[0] if _is_where(node) else node.test  # type: ignore[attr-defined]
             text = _text(source, test)
-            exempt = condition_exemption(text, local)
+            exempt = condition_exemption(text, local) or (LOADED if _reads_loaded(test, loaded[fdef.name]) else "")
             scalar = " (as a scalar)" if _is_where(node) else ""
             for dest, value in ((1, "true"), (0, "false")):
                 sides.append(
                     Side(f"kernel:{fdef.name}", line, rank, dest, bool(dest), line, text, value + scalar, exempt)
                 )
     return sides
+
+
+LOADED = "reads values the kernel loaded: the numeric checks draw those (their sizes are compared values)"
+_LOADS = ("load", "atomic_add", "atomic_max", "atomic_min", "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or")
+
+
+def _reads_loaded(node: ast.AST, loaded: Set[str]) -> bool:
+    """Whether an expression reads memory or a name computed from what the kernel loaded (its dtype or shape
+    is no value: `q.dtype` of a loaded `q` is the dtype)."""
+    if isinstance(node, ast.Attribute) and node.attr in ("dtype", "element_ty", "shape"):
+        return False
+    if isinstance(node, ast.Name) and node.id in loaded or isinstance(node, ast.Call) and _tl_call(node) in _LOADS:
+        return True
+    return any(_reads_loaded(child, loaded) for child in ast.iter_child_nodes(node))
+
+
+def _tl_call(call: ast.Call) -> str:
+    fn = call.func
+    return fn.attr if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "tl" else ""
+
+
+def _loaded_names(tree: ast.Module, jit: Set[str]) -> Dict[str, Set[str]]:
+    """For each kernel and device function: the names bound to what it loaded from memory, or computed from it
+    (a device function's parameter too, where a call passes such a value): data, whose conditions (`v_max > 0`,
+    a zero scale) are the numeric checks' to draw, not sizes."""
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in jit}
+    loaded: Dict[str, Set[str]] = {name: set() for name in functions}
+    changed = True
+    while changed:
+        changed = False
+        for fdef in functions.values():
+            mine = loaded[fdef.name]
+            for node in ast.walk(fdef):
+                if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                    if _reads_loaded(node.value, mine):
+                        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                        new = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)} - mine
+                        mine |= new
+                        changed |= bool(new)
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions:
+                    callee = functions[node.func.id]
+                    names = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+                    for name, arg in zip(names, node.args):
+                        if _reads_loaded(arg, mine) and name not in loaded[callee.name]:
+                            loaded[callee.name].add(name)
+                            changed = True
+    return loaded
 
 
 def _device_params(tree: ast.Module) -> Dict[str, Dict[str, str]]:

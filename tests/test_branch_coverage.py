@@ -204,3 +204,20 @@ def test_a_kernel_parameter_is_a_device_read_only_when_every_launch_passes_one()
     for source, exempt in ((honest, DEVICE_ONLY), (laundered, "")):
         sides = [s for s in indicator_sides(source) if s.qualname == "kernel:_k"]
         assert sides and all(s.exempt == exempt for s in sides), (source, sides)
+
+
+def test_a_scalar_condition_on_loaded_values_is_the_numeric_checks_not_a_size():
+    """`tl.where(v_max > 0, v_max, 1.0)` on a loaded scale is data (the numeric checks draw zero scales); the
+    same where on a scalar argument, or on a loaded tensor's dtype, is a branch to cover."""
+    from kernel_agent.sanitizer.kernel_branches import LOADED
+
+    source = (
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def _k(s_ptr, n, BLOCK: tl.constexpr):\n"
+        "    v_max = tl.max(tl.load(s_ptr + tl.arange(0, BLOCK)), 0)\n"
+        "    v_max = tl.where(v_max > 0, v_max, 1.0)\n"
+        "    v_max = tl.where(n > 9000, v_max, 2.0)\n"
+        "    if v_max.dtype == tl.float16:\n        pass\n"
+    )
+    by_line = {s.line: s.exempt for s in indicator_sides(source) if s.dest == 1}
+    assert by_line == {8: LOADED, 9: "", 10: ""}, by_line
