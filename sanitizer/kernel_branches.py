@@ -348,7 +348,7 @@ def minmax_sides(source: str, host: Iterable[ast.AST], constants: Mapping[str, a
             if not fixed or not computed:
                 continue
             text = _text(source, node)
-            exempt = condition_exemption(text, local)
+            exempt = condition_exemption(text, local) or (_TILE_FLOOR if _tile_floor(node, fixed, constants) else "")
             mask = sum(1 << i for i in computed)
             what = ", ".join(f"`{_text(source, args[i])}`" for i in computed)
             entries = [(i, f"decided by `{_text(source, args[i])}`") for i in fixed] + [
@@ -360,6 +360,29 @@ def minmax_sides(source: str, host: Iterable[ast.AST], constants: Mapping[str, a
                 )
                 sides.append(Side("minmax", node.lineno, node.col_offset, dest, False, node.lineno, text, value, why))
     return sides
+
+
+_TILE_FLOOR = "a tile floor, `max(16, triton.next_power_of_2(n))`: a tile width, no threshold of the result"
+
+
+def _tile_floor(node: Any, fixed: List[int], constants: Mapping[str, ast.AST]) -> bool:
+    """`max(k, triton.next_power_of_2(x))` with k a power of two: the tile is the next power of two of
+    max(k, x), which only widens the tile (the kernel masks past the size, and its own branches on the tile
+    width are judged in its body)."""
+    if node.func.id != "max" or len(node.args) != 2 or len(fixed) != 1:
+        return False
+    k, other = node.args[fixed[0]], node.args[1 - fixed[0]]
+    value = k.value if isinstance(k, ast.Constant) else None
+    return (
+        isinstance(value, int)
+        and value > 0
+        and value & (value - 1) == 0
+        and isinstance(other, ast.Call)
+        and isinstance(other.func, ast.Attribute)
+        and other.func.attr == "next_power_of_2"
+        and isinstance(other.func.value, ast.Name)
+        and other.func.value.id == "triton"
+    )
 
 
 _GUARD = "a constant of a `max` of at most 1 or that the other arguments never go below: a guard, no threshold"

@@ -221,3 +221,13 @@ def test_a_scalar_condition_on_loaded_values_is_the_numeric_checks_not_a_size():
     )
     by_line = {s.line: s.exempt for s in indicator_sides(source) if s.dest == 1}
     assert by_line == {8: LOADED, 9: "", 10: ""}, by_line
+
+
+def test_a_power_of_two_tile_floor_is_no_threshold_but_a_clamp_of_the_size_is():
+    source = (
+        "import triton\n\n\ndef f(x, g):\n    return max(16, triton.next_power_of_2(g)) + max(16, g) + min(g, 128)\n"
+    )
+    exempt = {(s.condition, s.value): s.exempt for s in indicator_sides(source)}
+    assert exempt[("max(16, triton.next_power_of_2(g))", "decided by `16`")].startswith("a tile floor")
+    assert exempt[("max(16, g)", "decided by `16`")] == ""
+    assert exempt[("min(g, 128)", "decided by `128`")] == ""
