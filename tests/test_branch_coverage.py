@@ -158,7 +158,7 @@ def test_the_search_override_is_exempt_and_its_configuration_must_be_launched():
 @pytest.mark.slow
 def test_the_search_candidate_cfg_16_64_4_3_passes_the_full_sanitizer(tmp_path):
     """The search's own candidate for decode_attention c8k-g4-d128 passes the full sanitizer: host_branches once
-    refused it (`cfg == _TUNED_FROM` was never true). Several minutes on one core of the interpreter."""
+    refused it (`cfg == _TUNED_FROM` was never true). About 3 minutes on an idle core (168 s; 461 s on a loaded one)."""
     from kernel_agent.sanitizer.runner import run_many
 
     p = _search_candidate("cfg-16-64-4-3", "c8k-g4-d128")
