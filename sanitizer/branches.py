@@ -24,6 +24,8 @@ import types
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ..harness.config_variant import ConfigStep, split_config
+
 # (qualified name of the code object, its first line, offset of the jump, offset executed next)
 Arc = Tuple[str, int, int, int]
 
@@ -138,7 +140,7 @@ class Side:
         return f"{path}:{self.line}: `{self.condition}` was never {self.value}"
 
 
-def _jit_names(tree: ast.Module) -> Set[str]:
+def jit_names(tree: ast.Module) -> Set[str]:
     """Module-level functions decorated as Triton kernels (they run in the interpreter, not as host code)."""
     names = set()
     for node in tree.body:
@@ -179,15 +181,16 @@ def _raises(instrs: List[dis.Instruction], by_offset: Dict[int, int], start: int
     return False
 
 
-# What a condition the CPU cannot take may read besides the device and dtype: attributes of a tensor's or a
-# device's kind, the SM count, and the names these hang from (a bare name, a size, a stride or arithmetic on
-# them would let a condition on the inputs shelter behind the exemption: `x.is_cuda and x.stride(0) != D`)
+# What a condition the CPU cannot take may read: attributes of a tensor's or a device's kind, the dtype, the SM
+# count, and the names these hang from (a size, a stride, a number or arithmetic on them would let a condition on
+# the inputs shelter behind the exemption: `x.is_cuda and x.stride(0) != D`)
 _GPU_ATTRS = frozenset(
     {
         "device",
         "type",
         "is_cuda",
         "dtype",
+        "element_ty",
         "bfloat16",
         "float16",
         "float32",
@@ -198,49 +201,117 @@ _GPU_ATTRS = frozenset(
         "tl",
     }
 )
+DEVICE_ONLY = "reads only the device, the dtype or the SM count: the GPU stage takes its other side"
 
 
-_DTYPES = frozenset({"bfloat16", "float16", "float32"})
+def device_only(node: ast.AST, names: Mapping[str, str]) -> bool:
+    """Whether an expression reads nothing but the device, the dtype or the SM count: attributes of _GPU_ATTRS
+    hung from a name (`q.device.type`, `x.is_cuda`, `torch.bfloat16`), strings, comparisons and `not`/`and`/`or`
+    of them, `get_device_properties(...)`, and the locals in `names` (bound to such reads alone)."""
+    parents = {id(c): n for n in ast.walk(node) for c in ast.iter_child_nodes(n)}
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.IfExp, ast.BinOp, ast.Subscript, ast.Lambda, ast.NamedExpr, ast.Starred)):
+            return False
+        if isinstance(sub, ast.Constant) and not isinstance(sub.value, (str, bool, type(None))):
+            return False
+        if isinstance(sub, ast.Attribute) and sub.attr not in _GPU_ATTRS:
+            return False
+        if isinstance(sub, ast.Call) and not (
+            isinstance(sub.func, ast.Attribute) and sub.func.attr == "get_device_properties"
+        ):
+            return False
+        if isinstance(sub, ast.Name) and not isinstance(parents.get(id(sub)), (ast.Attribute, ast.Call)):
+            if sub.id not in names:
+                return False  # a bare name that is no device-only local: a parameter, a size, a flag
+    return True
 
 
-def gpu_only_condition(text: str) -> bool:
-    """Whether a host condition reads only the device a tensor lives on, the dtype (bfloat16) or the SM
-    count: the interpreter cannot take it both ways, the GPU stage does. Anything more in it (a size, a
-    stride, a bare name, arithmetic, a conditional expression) and it must be taken both ways here."""
-    if not GPU_ONLY.search(text):
-        return False
+def _reads(node: ast.AST, names: Mapping[str, str]) -> str:
+    """The text of `node` with the values of the device-only locals it names (what the marker is looked for in)."""
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return " ".join([ast.unparse(node)] + [names[n] for n in sorted(used) if n in names])
+
+
+def device_locals(fdef: ast.AST) -> Dict[str, str]:
+    """The names a function binds, every time, to a device-only read (`dt = q.dtype`, `bf16 = dt ==
+    torch.bfloat16`), never its parameters -> the text of what they read (transitively)."""
+    params = set()
+    if isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = fdef.args
+        params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x is not None}
+    values: Dict[str, List[ast.AST]] = {}
+    for node in ast.walk(fdef):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values.setdefault(node.targets[0].id, []).append(node.value)
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.comprehension, ast.NamedExpr)):
+            bound = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for sub in (n for t in bound for n in ast.walk(t)):
+                if isinstance(sub, ast.Name):  # unpacked, augmented, a loop's: bound to something else
+                    values.setdefault(sub.id, []).append(ast.Constant(0))
+    names: Dict[str, str] = {n: "" for n in values if n not in params}
+    changed = True
+    while changed:  # drop the names bound to anything else, until none is
+        changed = False
+        for n in list(names):
+            if not all(device_only(v, names) for v in values[n]):
+                del names[n]
+                changed = True
+    for _ in range(len(names)):  # each name's text holds what the names it reads hold
+        names = {n: " ".join(_reads(v, names) for v in values[n]) for n in names}
+    return names
+
+
+def gpu_only_condition(text: str, names: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether a condition reads only the device a tensor lives on, the dtype or the SM count, and names the
+    device or bfloat16 (what the interpreter cannot take both ways: the GPU stage does). Anything more in it (a
+    size, a stride, a parameter, arithmetic, a conditional expression) and it must be taken both ways here.
+    `names`: the function's device-only locals (device_locals)."""
+    names = names or {}
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:
         return False
-    parents = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.IfExp, ast.BinOp, ast.Subscript, ast.Lambda, ast.NamedExpr, ast.Starred)):
-            return False
-        if isinstance(node, ast.Constant) and not isinstance(node.value, (str, bool, type(None))):
-            return False
-        if isinstance(node, ast.Attribute) and node.attr not in _GPU_ATTRS:
-            return False
-        if isinstance(node, ast.Call) and not (
-            isinstance(node.func, ast.Attribute) and node.func.attr == "get_device_properties"
-        ):
-            return False
-        parent = parents.get(id(node))
-        if (
-            isinstance(node, ast.Name)
-            and not isinstance(parent, (ast.Attribute, ast.Call))
-            and not (
-                isinstance(parent, ast.Compare)
-                and any(isinstance(c, ast.Attribute) and c.attr in _DTYPES for c in [parent.left, *parent.comparators])
-            )
-        ):
-            return False  # a bare name, unless compared with a dtype (`dtype == torch.bfloat16`)
-    return True
+    return device_only(tree, names) and GPU_ONLY.search(_reads(tree, names)) is not None
 
 
-def _condition_text(source_lines: List[str], ins: dis.Instruction) -> Tuple[int, str]:
+def condition_exemption(text: str, names: Optional[Mapping[str, str]] = None) -> str:
+    """DEVICE_ONLY when the condition is gpu_only_condition, else ""."""
+    return DEVICE_ONLY if gpu_only_condition(text, names) else ""
+
+
+class _Positions:
+    """The syntax tree of a source by the span of each node: what a jump's positions point at."""
+
+    def __init__(self, source: str, tree: ast.Module):
+        self.source = source
+        self.spans: Dict[Tuple[int, int, int, int], ast.AST] = {}
+        for node in ast.walk(tree):
+            if getattr(node, "end_col_offset", None) is not None:
+                span = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+                self.spans.setdefault(span, node)
+
+    def condition(self, ins: dis.Instruction) -> Optional[ast.AST]:
+        """The expression a jump tests: the node of its span, or the test of the `if`, `while`, conditional
+        expression or `assert` whose span it has (a test that is a bare name or attribute gets the statement's)."""
+        pos = getattr(ins, "positions", None)
+        if not pos or pos.lineno is None or pos.col_offset is None:
+            return None
+        node = self.spans.get((pos.lineno, pos.col_offset, pos.end_lineno, pos.end_col_offset))
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+            return node.test
+        return node if isinstance(node, ast.expr) else None
+
+
+def _condition_text(
+    source_lines: List[str], ins: dis.Instruction, positions: Optional[_Positions] = None
+) -> Tuple[int, str]:
     pos = getattr(ins, "positions", None)
     line = (pos.lineno if pos and pos.lineno else None) or ins.starts_line or 0
+    node = positions.condition(ins) if positions is not None else None
+    if node is not None:
+        text = ast.get_source_segment(positions.source, node) or ast.unparse(node)  # type: ignore[union-attr]
+        return node.lineno, " ".join(text.split())[:160]  # type: ignore[attr-defined]
     text = ""
     if pos and pos.lineno and pos.end_lineno == pos.lineno and pos.col_offset is not None and pos.end_col_offset:
         text = source_lines[pos.lineno - 1][pos.col_offset : pos.end_col_offset]
@@ -257,7 +328,11 @@ _VALUES = {
 }
 
 
-def _sides_of(code: types.CodeType, source_lines: List[str]) -> List[Side]:
+def _sides_of(
+    code: types.CodeType, source_lines: List[str], positions: _Positions, local: Mapping[str, str], override: str
+) -> List[Side]:
+    """Both sides of every conditional jump of one code object. `override`: why the function's comparison is
+    exempt when it is a configuration override the search wrote ("" when it is none)."""
     instrs = list(dis.get_instructions(code))
     by_offset = {ins.offset: i for i, ins in enumerate(instrs)}
     sides = []
@@ -268,10 +343,12 @@ def _sides_of(code: types.CodeType, source_lines: List[str]) -> List[Side]:
             k for k in ("NOT_NONE", "NONE", "FALSE", "TRUE") if ins.opname.endswith(k) or f"IF_{k}_" in ins.opname
         )
         when_jumped, when_not = _VALUES[kind]
-        line, text = _condition_text(source_lines, ins)
-        gpu_only = "reads the device or bfloat16: taken on the GPU" if gpu_only_condition(text) else ""
+        line, text = _condition_text(source_lines, ins, positions)
+        why = (override if override and re.fullmatch(r"cfg == _TUNED_FROM\d*", text) else "") or condition_exemption(
+            text, local
+        )
         for jumped, dest, value in ((True, ins.argval, when_jumped), (False, instrs[i + 1].offset, when_not)):
-            exempt = gpu_only or (
+            exempt = why or (
                 "only raises (a guard on the contract's limits)" if _raises(instrs, by_offset, dest) else ""
             )
             sides.append(
@@ -280,14 +357,70 @@ def _sides_of(code: types.CodeType, source_lines: List[str]) -> List[Side]:
     return sides
 
 
+def config_overrides(source: str) -> Dict[str, ConfigStep]:
+    """The functions of `source` that are launch-configuration overrides as the search writes them
+    (harness/config_variant.py: apply_config), each stacked one recognised by split_config, which regenerates
+    the text byte for byte -> the override's step."""
+    out: Dict[str, ConfigStep] = {}
+    name, text = "_config", source
+    while (found := split_config(text)) is not None:
+        suffixes = re.findall(r"^_TUNED_BUCKET(\d*) = ", text, re.M)  # the peeled override's is the last
+        text, step = found
+        out[name] = step
+        name = f"_config_base{suffixes[-1] if suffixes else ''}"  # the override below it, renamed by this one
+    return out
+
+
+def override_exemption(step: ConfigStep) -> str:
+    """Why an override's comparison is no branch to cover; the configuration it selects must be launched
+    instead (configs_launched)."""
+    return (
+        f"the search's launch-configuration override for bucket {step.bucket} ({tuple(step.tuned_from)} -> "
+        f"{tuple(step.tuned_to)}): it selects a configuration, both sides compute the same function"
+    )
+
+
+_SPEC_FIELD = re.compile(r"(\w+)=([^,()]+)")
+
+
+def configs_launched(steps: Iterable[ConfigStep], specs: Iterable[str]) -> Optional[ConfigStep]:
+    """The first override whose configuration no launch of the checks used, else None. A configuration is
+    launched when some specialisation (launch_spec) shows every field of it that a launch shows (a constexpr,
+    num_warps, num_stages), at least one; a field that is no launch parameter (a grid size) cannot be seen."""
+    launched = [dict(_SPEC_FIELD.findall(spec)) for spec in specs]
+    for step in steps:
+        want = {f: repr(v) for f, v in zip(step.fields, step.tuned_to)}
+        if not any(
+            any(f in seen for f in want) and all(seen.get(f, v) == v for f, v in want.items()) for seen in launched
+        ):
+            return step
+    return None
+
+
+def _functions_by_start(tree: ast.Module) -> Dict[Tuple[str, int], ast.AST]:
+    """Every function of the tree by (name, the line its code object starts on: its first decorator's or def's)."""
+    out: Dict[Tuple[str, int], ast.AST] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            out[(node.name, first)] = node
+    return out
+
+
 def host_branches(source: str, path: str) -> List[Side]:
     """Both sides of every conditional jump in the host functions of `source`, compiled here (never run)."""
     tree = ast.parse(source, filename=path)
     module = compile(source, path, "exec", dont_inherit=True)
     lines = source.splitlines()
+    positions = _Positions(source, tree)
+    functions = _functions_by_start(tree)
+    overrides = config_overrides(source)
     sides: List[Side] = []
-    for code in _host_codes(module, _jit_names(tree)):
-        sides += _sides_of(code, lines)
+    for code in _host_codes(module, jit_names(tree)):
+        fdef = functions.get((code.co_name, code.co_firstlineno))
+        local = device_locals(fdef) if fdef is not None else {}
+        step = overrides.get(_qualname(code))
+        sides += _sides_of(code, lines, positions, local, override_exemption(step) if step else "")
     return sides
 
 

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, SM_SCALE_RANGE, Case, Op, Region, round_to, sm_scale_strategy
 from . import static_gate, wire
-from .branches import host_branches, taken, uncovered
+from .branches import DEVICE_ONLY, Side, config_overrides, configs_launched, host_branches, taken, uncovered
 from .canonical import TextRefused, canonical_source
 from .compared import TooManyCompared, compared_joints, compared_scales, compared_values
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
+from .kernel_branches import indicator_sides, kernel_taken
 from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
 
 
@@ -704,22 +705,38 @@ def check_compared_values(subject: Subject, s: Settings) -> str:
     )
 
 
+def _branch_sides(subject: Subject) -> List[Side]:
+    """Both sides of every branch the checks must take: the host code's conditional jumps (host_branches), the
+    kernel bodies' conditions and the host `min`/`max` indicators (kernel_branches), of the canonical text the
+    executor runs (its lines are the ones to compile)."""
+    try:
+        text = canonical_source(subject.source)
+        return host_branches(text, subject.path) + indicator_sides(text)
+    except (SyntaxError, TextRefused) as e:
+        raise CheckFailed(f"the judge cannot compile the file: {e}")
+
+
+def _untaken(ex: Executor, sides: List[Side]) -> Tuple[List[Side], List[str], List[Side]]:
+    """(the sides never taken so far, in source order; the specialisations launched; the device-only sides
+    never taken here, which the GPU stage must take)."""
+    arcs, specs = ex.coverage()
+    took = taken(arcs, sides) | kernel_taken(ex.indicator_coverage(), sides)
+    device = [x for x in sides if x.exempt == DEVICE_ONLY and x.key() not in took]
+    return uncovered(sides, took), specs, device
+
+
 def check_host_branches(subject: Subject, s: Settings) -> str:
-    """Every side of every host-code branch of the candidate was taken by some call of the checks (the
-    executor records them: sanitizer/branches.py); a side never taken gets inputs drawn from the op's pool
-    of extra shapes and views (Op.branch_pool) until it is, within Settings.branch_search_s, or the
-    candidate is refused with the condition named: a cheat wrong only on inputs the checks never draw
-    hides there."""
+    """Every side of every branch of the candidate was taken by some call of the checks: host-code jumps, kernel
+    `if`s and scalar `tl.where`s, and which argument decides each host `min`/`max` (the executor records them:
+    sanitizer/branches.py, sanitizer/kernel_branches.py); a side never taken gets inputs drawn from the op's pool
+    of extra shapes and views (Op.branch_pool) until it is, within Settings.branch_search_s, or the candidate is
+    refused with file:line and the condition named: a cheat wrong only on inputs the checks never draw hides
+    there. A device-only side is listed for the GPU stage."""
     ex = subject.fn
     if not isinstance(ex, Executor):
         raise CheckSkipped("not judged: the candidate runs outside an executor")
-    try:
-        # the executor runs (and records arcs of) the canonical text: its lines are the ones to compile
-        sides = host_branches(canonical_source(subject.source), subject.path)
-    except (SyntaxError, TextRefused) as e:
-        raise CheckFailed(f"the judge cannot compile the file: {e}")
-    arcs, specs = ex.coverage()
-    missing = uncovered(sides, taken(arcs, sides))
+    sides = _branch_sides(subject)
+    missing, specs, device = _untaken(ex, sides)
     tried, t0 = 0, time.time()
     for i, region in enumerate(subject.op.branch_pool()):
         if not missing or time.time() - t0 > s.branch_search_s:
@@ -728,26 +745,46 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
         r = run_case(subject, subject.fn, case)
         if not r.ok:
             raise CheckFailed(
-                f"drawn to take a host branch ({missing[0].describe(subject.path)}): {r.problem()}; "
+                f"drawn to take a branch ({missing[0].describe(subject.path)}): {r.problem()}; "
                 f"reproduce: {case.describe()}"
             )
-        _compare_or_fail(subject, case, r.out, f"drawn to take a host branch ({missing[0].describe(subject.path)}): ")
+        _compare_or_fail(subject, case, r.out, f"drawn to take a branch ({missing[0].describe(subject.path)}): ")
         subject.refs.pop(id(case), None)
         tried += 1
-        arcs, specs = ex.coverage()
-        missing = uncovered(sides, taken(arcs, sides))
+        missing, specs, device = _untaken(ex, sides)
+    _configs_or_fail(subject, specs)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckFailed(
-            f"host code branches on something no drawn input of the contract's domain takes both "
-            f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); a branch "
-            f"of the host code must be exercised both ways by the checks"
+            f"the code branches on something no drawn input of the contract's domain takes both "
+            f"ways: {missing[0].describe(subject.path)}{more}, after {tried} extra case(s); every branch "
+            f"of the host code and the kernels must be exercised both ways by the checks"
         )
-    exempt = sorted({x.exempt for x in sides if x.exempt})
+    return _branches_summary(subject, sides, device, tried, len(specs))
+
+
+def _configs_or_fail(subject: Subject, specs: List[str]) -> None:
+    """A launch-configuration override of the search is exempt from branch coverage (it selects a configuration):
+    the configuration it selects must have been launched by the checks instead."""
+    steps = config_overrides(canonical_source(subject.source)).values()
+    step = configs_launched(steps, specs)
+    if step is not None:
+        raise CheckFailed(
+            f"the launch configuration {step.describe()} was never launched by the checks: a configuration the "
+            f"search selects must be exercised as the branch it replaces would be"
+        )
+
+
+def _branches_summary(subject: Subject, sides: List[Side], untaken: List[Side], tried: int, specs: int) -> str:
+    """What was covered, and the exempt branches by reason; each device-only side the checks here never took
+    with file:line, condition and value: the sides the GPU stage must take."""
     branches = len({(x.qualname, x.firstlineno, x.jump) for x in sides})
+    device = sorted({f"{subject.path}:{x.line}: `{x.condition}` {x.value}" for x in untaken})
+    other = sorted({x.exempt for x in sides if x.exempt and x.exempt != DEVICE_ONLY})
     return (
-        f"every side of the host code's {branches} branch(es) taken ({tried} extra case(s) "
-        f"drawn); exempt: {'; '.join(exempt) or 'none'}; {len(specs)} kernel specialisation(s) launched"
+        f"every side of the code's {branches} branch(es) and min/max indicator(s) taken ({tried} extra "
+        f"case(s) drawn); exempt: {'; '.join(other) or 'none'}; device-only, for the GPU stage: "
+        f"{'; '.join(device) or 'none'}; {specs} kernel specialisation(s) launched"
     )
 
 

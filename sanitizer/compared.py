@@ -26,9 +26,10 @@ fit a check's time, and no kernel in the correct suite comes near it.
 from __future__ import annotations
 
 import ast
+import copy
 import math
 import operator
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from .canonical import holding_ast_lock
 
@@ -51,6 +52,44 @@ _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 Number = Union[int, float]
 # calls that clamp their argument at a constant: an indicator built of them flips where the argument meets it
 _CLAMPS = ("min", "max", "minimum", "maximum", "clamp")
+
+
+def _next_power_of_2(n: Number) -> int:
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: Number, b: Number) -> int:
+    return -(int(a) // -int(b))
+
+
+# calls the solver computes (a size reached through `triton.next_power_of_2(D)`, `math.log2(D)`): by the last
+# name of the callee, arguments folded first
+_CALLS: Dict[str, Callable[..., Number]] = {
+    "next_power_of_2": _next_power_of_2,
+    "cdiv": _cdiv,
+    "int": int,
+    "abs": abs,
+    "min": min,
+    "max": max,
+    "round": round,
+    "ceil": math.ceil,
+    "floor": math.floor,
+    "log2": math.log2,
+    "log": math.log,
+    "sqrt": math.sqrt,
+    "isqrt": math.isqrt,
+    "exp2": lambda x: 2.0**x,
+    "pow": pow,
+    "gcd": math.gcd,
+}
+
+
+def _number(v: Number) -> Optional[Number]:
+    """A folded value as the folder holds it (an int where it is whole), or None past its bounds."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) < 1 << 62 or v != v:
+        return None
+    return int(v) if float(v).is_integer() else v
 
 
 class TooManyCompared(ValueError):
@@ -91,6 +130,15 @@ class _Folder:
             if isinstance(node.op, ast.Invert):
                 return ~v if isinstance(v, int) else None  # `~0.5` is no number
             return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.Call) and not node.keywords and _computed(node):
+            args = [self.fold(a) for a in node.args]
+            if not args or any(a is None for a in args):
+                return None
+            try:
+                v = _CALLS[_callee(node)](*args)
+            except (ArithmeticError, ValueError, TypeError):
+                return None
+            return _number(v)
         if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
             a, b = self.fold(node.left), self.fold(node.right)
             if a is None or b is None or isinstance(node.op, (ast.Pow, ast.LShift)) and not 0 <= b <= 62:
@@ -217,6 +265,155 @@ def _changes(f: _Folder, expr: ast.AST, name: str) -> List[int]:
     return out
 
 
+MAX_VARIANTS = 8  # expansions of one comparison (a helper called from several places gives one per call)
+
+
+def _callee_name(call: ast.Call) -> str:
+    """The function a call names: `f(...)`, `kernel[grid](...)`."""
+    fn = call.func.value if isinstance(call.func, ast.Subscript) else call.func
+    return fn.id if isinstance(fn, ast.Name) else ""
+
+
+def _single_assignments(fn: ast.FunctionDef) -> Dict[str, ast.AST]:
+    """The names a function binds exactly once, by a plain `name = value` (not a parameter, a loop's, an unpacked
+    or augmented one) -> the value."""
+    params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+    counts: Dict[str, int] = {}
+    values: Dict[str, ast.AST] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            counts[node.id] = counts.get(node.id, 0) + 1
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values[node.targets[0].id] = node.value
+    return {n: v for n, v in values.items() if counts.get(n) == 1 and n not in params}
+
+
+class _Scopes:
+    """What a name inside a function of the file stands for, to solve a comparison written on it: a local bound
+    once (`pad = triton.next_power_of_2(D) - D`), a parameter of a function the file calls (each argument
+    expression at each call site, a kernel's launch too: `_impl(x, D * 2)`), followed a few levels deep."""
+
+    def __init__(self, tree: ast.Module):
+        self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        self.owner: Dict[int, ast.FunctionDef] = {}
+        for fn in self.functions.values():
+            for node in ast.walk(fn):
+                self.owner[id(node)] = fn
+        self.locals = {name: _single_assignments(fn) for name, fn in self.functions.items()}
+        self.sites: Dict[str, Dict[str, List[Tuple[ast.AST, ast.FunctionDef]]]] = {}
+        for caller in self.functions.values():
+            for call in (n for n in ast.walk(caller) if isinstance(n, ast.Call)):
+                callee = self.functions.get(_callee_name(call))
+                if callee is not None:
+                    self._bind(callee, call, caller)
+
+    def _bind(self, callee: ast.FunctionDef, call: ast.Call, caller: ast.FunctionDef) -> None:
+        names = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+        bound = self.sites.setdefault(callee.name, {})
+        for name, arg in zip(names, call.args):
+            if not isinstance(arg, ast.Starred):
+                bound.setdefault(name, []).append((arg, caller))
+        for kw in call.keywords:
+            if kw.arg:
+                bound.setdefault(kw.arg, []).append((kw.value, caller))
+
+    def variants(self, node: ast.AST) -> List[ast.AST]:
+        """`node` with its names replaced by what they stand for, one variant per combination (the node itself
+        first), at most MAX_VARIANTS."""
+        fn = self.owner.get(id(node))
+        out = [node] + (self._expand(node, fn, 0) if fn is not None else [])
+        unique: Dict[str, ast.AST] = {}
+        for v in out:
+            unique.setdefault(ast.dump(v), v)
+        return list(unique.values())[:MAX_VARIANTS]
+
+    def _options(self, name: str, fn: ast.FunctionDef, depth: int) -> List[ast.AST]:
+        """What `name` stands for in `fn`: nothing where that is computed by a call the solver does not compute
+        (a load, a method of a tensor: data, no size), which stays a name of its own."""
+        value = self.locals.get(fn.name, {}).get(name)
+        if value is not None:
+            return self._expand(value, fn, depth + 1) if _computable(value) else []
+        return [
+            v
+            for arg, caller in self.sites.get(fn.name, {}).get(name, [])
+            if _computable(arg)
+            for v in self._expand(arg, caller, depth + 1)
+        ]
+
+    def _expand(self, node: ast.AST, fn: ast.FunctionDef, depth: int) -> List[ast.AST]:
+        if depth > 4:
+            return [node]
+        names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
+        variants = [node]
+        for name in names:
+            options = self._options(name, fn, depth)[:MAX_VARIANTS]
+            if options:
+                variants = [_substitute(v, name, o) for v in variants for o in options][:MAX_VARIANTS]
+        return variants
+
+
+def _computable(node: ast.AST) -> bool:
+    """Whether every call in `node` is one the solver computes."""
+    return all(_computed(n) for n in ast.walk(node) if isinstance(n, ast.Call))
+
+
+def _computed(call: ast.Call) -> bool:
+    """A call the solver computes: a builtin of _CALLS by name, or a function of `triton` or `math` (a kernel's
+    `tl.max` of a block is data, not a size)."""
+    fn = call.func
+    if isinstance(fn, ast.Name):
+        return fn.id in _CALLS and fn.id in ("int", "abs", "min", "max", "round", "pow")
+    return (
+        isinstance(fn, ast.Attribute)
+        and isinstance(fn.value, ast.Name)
+        and fn.value.id in ("triton", "math")
+        and fn.attr in _CALLS
+    )
+
+
+def _substitute(node: ast.AST, name: str, value: ast.AST) -> ast.AST:
+    """A copy of `node` with every read of `name` replaced by `value`."""
+
+    class Replace(ast.NodeTransformer):
+        def visit_Name(self, n: ast.Name) -> ast.AST:
+            return copy.deepcopy(value) if n.id == name and isinstance(n.ctx, ast.Load) else n
+
+    return Replace().visit(copy.deepcopy(node))
+
+
+MAX_SCANNED = 8  # sizes kept from one scanned comparison (the smallest: they are drawn on the CPU)
+
+
+def _scan(f: _Folder, free: ast.AST, const: Number, ordering: bool) -> List[int]:
+    """Where a comparison of an expression of one name that the solver cannot undo (`triton.next_power_of_2(D)
+    - D == 64`) flips: computed at each size 0..SCAN_LIMIT, the sizes where it is equal (for `==`) or where an
+    ordering changes side, both neighbours. Empty when the expression has no one name or calls nothing."""
+    calls = [n for n in ast.walk(free) if isinstance(n, ast.Call) and _computed(n)]
+    modules = {
+        c.func.value.id for c in calls if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)
+    }
+    names = {n.id for n in ast.walk(free) if isinstance(n, ast.Name) and f.fold(n) is None} - modules
+    if len(names) != 1 or not calls:
+        return []
+    name = names.pop()
+    out: List[int] = []
+    previous: Optional[Tuple[bool, bool]] = None
+    for x in range(0, SCAN_LIMIT + 1):
+        v = _Folder({**f.constants, name: ast.Constant(x)}).fold(free)
+        if v is None:
+            previous = None
+            continue
+        if not ordering:
+            out += [x] if v == const else []
+        else:
+            now = (v < const, v <= const)
+            out += [x - 1, x] if previous is not None and now != previous else []
+            previous = now
+        if len(out) >= MAX_SCANNED:
+            break
+    return out[:MAX_SCANNED]
+
+
 @holding_ast_lock
 def compared_values(source: str) -> List[int]:
     """The sizes (0..2^31) at which some comparison or size-dependent step of `source` flips, most telling
@@ -229,11 +426,15 @@ def compared_values(source: str) -> List[int]:
     near: List[Number] = []  # its neighbours (an ordering flips between them)
     inner: List[Number] = []
     divisors: List[Number] = []  # a fractional one names no size (_unique drops it)
+    scopes = _Scopes(tree)
     for node in ast.walk(tree):
-        for free, const, ordering in _meetings(f, node):
-            for v in _solve(f, free, const):
-                solved.append(v)
-                near += [v - 1, v + 1] if ordering else []
+        if isinstance(node, (ast.Compare, ast.Call)):
+            for variant in scopes.variants(node):  # the comparison as written, then through locals and arguments
+                for free, const, ordering in _meetings(f, variant):
+                    solved += _scan(f, free, const, ordering)
+                    for v in _solve(f, free, const):
+                        solved.append(v)
+                        near += [v - 1, v + 1] if ordering else []
         if isinstance(node, ast.Compare):
             inner += [v for sub in ast.walk(node) for v in [f.fold(sub)] if v is not None]
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.RShift)):
@@ -289,7 +490,34 @@ def compared_joints(source: str) -> List[Dict[str, int]]:
                     joint[name] = values[0]
         if len(joint) >= 2 and joint not in out:
             out.append(joint)
+    for joint in _runtime_pairs(tree, f):
+        if joint not in out:
+            out.append(joint)
     return out[:MAX_COMPARED]
+
+
+# sizes two runtime values compared with each other are drawn at: equal, and unequal in each order
+PAIR_VALUES = ((16, 16), (16, 32), (32, 16))
+
+
+def _runtime_pairs(tree: ast.AST, f: _Folder) -> Iterator[Dict[str, int]]:
+    """For every comparison of two names that hold runtime values (`if Hq == D:`, `if S > D:`, neither a
+    constant), the two drawn equal and unequal, each order: a relation between sizes that the draws leave to
+    chance is decided on purpose."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for a, b in zip(operands, operands[1:]):
+            if (
+                isinstance(a, ast.Name)
+                and isinstance(b, ast.Name)
+                and a.id != b.id
+                and f.fold(a) is None
+                and f.fold(b) is None
+            ):
+                for x, y in PAIR_VALUES:
+                    yield {a.id: x, b.id: y}
 
 
 MAX_SCALES = 16  # float thresholds drawn as sm_scale; the correct suite's files compare against none or few

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+import types
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -220,14 +221,17 @@ def _counting_launches(count: List[int], specs: List[str]):
         JITFunction.run = original
 
 
-def load_module(path: str, op_name: str):
-    """Import a candidate file under a unique module name; return its op function."""
+def load_module(path: str, op_name: str, prepare: Optional[Callable[[types.ModuleType], None]] = None):
+    """Import a candidate file under a unique module name; return its op function. `prepare` sees the module
+    before its code runs (the executor's recorders bind what they watch there)."""
     name = f"ka_candidate_{op_name}_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise CheckFailed(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # triton.jit looks its functions up by module
+    if prepare is not None:
+        prepare(module)
     spec.loader.exec_module(module)
     fn = getattr(module, op_name, None)
     if not callable(fn):

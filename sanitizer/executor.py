@@ -64,6 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .branches import BranchRecorder  # deferred: inside the sandbox
     from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
     from .guard import HostGuard  # noqa: F401 - deferred: inside the sandbox
+    from .kernel_branches import KernelRecorder  # deferred: inside the sandbox
     from .static_gate import check_source  # deferred: inside the sandbox
 
     if args.device == "cpu":
@@ -88,9 +89,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ImportError(f"the static gate rejects the file: {gate.describe()}")
         # the branch recorder is the executor's own, installed before the candidate's code first runs
         recorder = BranchRecorder(os.path.abspath(args.file))
+        indicators = KernelRecorder(os.path.abspath(args.file))
+        if args.device == "cpu":
+            indicators.install_interpreter()  # kernel bodies run as Python only in the interpreter
         recorder.install()
         try:
-            fn = load_module(args.file, args.op)
+            fn = load_module(args.file, args.op, prepare=indicators.prepare_module)
         finally:
             sys.settrace(None)
         hello["signature"] = _signature(fn)
@@ -131,6 +135,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         if cmd == "coverage":  # the host-code branches taken and the specialisations launched, over all calls
             wire.send(sock, {"arcs": recorder.evidence()[:20000], "specs": list(specs)[:2000]})
+            continue
+        if cmd == "indicators":  # the kernel-body branches and host min/max indicators taken, over all calls
+            wire.send(sock, {"hits": indicators.evidence()[:20000]})
             continue
         if cmd != "call":
             wire.send(sock, {"error": "unknown command"})
@@ -509,6 +516,15 @@ class Executor:
         reply, _ = self._recv()
         arcs = [a for a in (wire.optional_list(reply.get("arcs")) or []) if isinstance(a, list) and len(a) == 4]
         return arcs, wire.strings(reply.get("specs"), 2000)
+
+    def indicator_coverage(self) -> List[list]:
+        """The kernel-body branches and host min/max indicators the candidate's calls took
+        (sanitizer/kernel_branches.py: Hit lists), over every call so far. Evidence: the judge decides."""
+        from . import wire  # deferred: as in coverage
+
+        self._send({"cmd": "indicators"})
+        reply, _ = self._recv()
+        return [h for h in (wire.optional_list(reply.get("hits")) or []) if isinstance(h, list) and len(h) == 4]
 
     def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
         from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch

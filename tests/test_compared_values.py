@@ -171,3 +171,39 @@ def test_the_real_thresholds_a_scale_may_meet_are_read_and_drawn_as_sm_scale_on_
         with open(path, "rb") as f:
             subject = Subject(OPS["attention"], path, f.read())
         assert not compared_scale_values(subject), path
+
+
+@pytest.mark.parametrize(
+    "code, sizes",
+    [
+        # a size reached through a call the solver computes: every size that makes it true, first
+        ("def f(q):\n    D = q.shape[2]\n    if triton.next_power_of_2(D) - D == 64:\n        pass", [192, 448]),
+        # a local holding the expression
+        ("def f(q, D):\n    pad = triton.next_power_of_2(D) - D\n    if pad == 64:\n        pass", [192]),
+        # a local holding the constant
+        ("def f(q, D):\n    lim = 96 * 2\n    if D >= lim:\n        pass", [191, 192, 193]),
+        # an argument of a helper the file calls, solved through the caller's expression
+        ("def _impl(x, n):\n    if n == 192:\n        return 1\n\ndef op(x, D):\n    return _impl(x, D * 2)", [96]),
+        # a kernel's constexpr, bound at its launch
+        (
+            "@triton.jit\ndef _k(x, HD: tl.constexpr):\n    if HD == 200:\n        pass\n\n"
+            "def op(x, D):\n    _k[(1,)](x, D + 8)",
+            [192],
+        ),
+        ("def op(x, D):\n    if triton.cdiv(D, 64) * 64 - D == 1:\n        pass", [63, 127]),
+        ("def op(x, D):\n    if math.log2(D) > 7.5:\n        pass", [181, 182]),
+    ],
+)
+def test_sizes_behind_locals_arguments_and_calls_are_solved(code, sizes):
+    values = compared_values(code)
+    assert all(v in values for v in sizes), values
+
+
+def test_two_runtime_values_compared_are_drawn_equal_and_unequal_each_order():
+    from kernel_agent.harness.ops import get_op
+    from kernel_agent.sanitizer.compared import compared_joints
+
+    joints = compared_joints("def op(q, S, D):\n    if S == D:\n        pass")
+    assert joints == [{"S": 16, "D": 16}, {"S": 16, "D": 32}, {"S": 32, "D": 16}]
+    regions = get_op("attention").joint_regions(joints)
+    assert [(r.shape.S, r.shape.D) for r in regions] == [(16, 16), (16, 32), (32, 16)]

@@ -378,7 +378,7 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     assert missing == ["cand.py:10: `n > 100` was never true"], missing
     assert {s.exempt for s in sides} >= {
         "only raises (a guard on the contract's limits)",
-        "reads the device or bfloat16: taken on the GPU",
+        "reads only the device, the dtype or the SM count: the GPU stage takes its other side",
     }
     assert not any(s.qualname == "_k" for s in sides)
 
