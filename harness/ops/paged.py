@@ -26,6 +26,7 @@ from .common import (
     Case,
     Domain,
     ElementBound,
+    IntegerChange,
     Op,
     ReferenceUnavailable,
     Region,
@@ -359,10 +360,31 @@ def decode_domain() -> Domain:
         Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd"),
         Region("q broadcast over its heads (stride 0)", S(2, 4, 2, 16, 16, 40), "expanded"),
         Region("q broadcast over the batch (stride 0)", S(3, 2, 1, 16, 8, 20, True), "expanded:q:0"),
+        Region("every cache at a storage offset (vLLM's kv_cache[1])", S(2, 4, 2, 32, 16, 37, True), "offset"),
+        # real shapes at proxy extents: 128-token pages, GQA group 7, a batch past 64
+        Region("page 128", S(1, 2, 1, 16, 128, 300, True)),
+        Region("GQA group 7", S(2, 14, 2, 16, 16, 40, True)),
+        Region("a batch of 66", S(66, 1, 1, 16, 4, 6, True)),
+        # the relations between a batch's runtime values (ORDERS, PAGINGS), each order at least once
+        Region("lengths ascending, consecutive pages", S(4, 2, 1, 16, 4, 30, True, order=1, pages=1)),
+        Region("lengths descending, a shared prefix", S(4, 2, 1, 16, 4, 30, True, order=2, pages=2)),
+        Region("the longest last, a shared prefix", S(3, 2, 1, 16, 8, 50, True, order=3, pages=2)),
+        Region("lengths shuffled, consecutive pages", S(5, 2, 1, 16, 4, 30, True, order=4, pages=1)),
     ]
     gpu = [
         Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
+        # live pages on both sides of element 2^31 on every draw (make_paged_layout), in a 131000-block pool
         Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
+        Region(
+            "a 116000-block pool of 16-token pages, a batch of 254",
+            S(254, 32, 8, 128, 16, 2048, True, spare_blocks=100000),
+            where="gpu",
+        ),
+        Region(
+            "128-token pages, GQA group 7, a batch of 66, contexts to 40000, shuffled",
+            S(66, 56, 8, 128, 128, 40000, True, order=4),
+            where="gpu",
+        ),
         Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
         Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
         Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu"),
@@ -372,7 +394,8 @@ def decode_domain() -> Domain:
         ("block_size", "1..256"),
         ("context", "1..131072, ragged in a batch"),
         ("GQA group", "1..128 (MQA included)"),
-        ("pool", "any number of blocks (past 2^31 elements on the GPU)"),
+        ("pool", "any number of blocks (past 2^31 elements on the GPU: live pages on both sides of element 2^31)"),
+        ("batch", "any (254 on the GPU), lengths in any order, pages shared or consecutive"),
         ("sm_scale", SM_SCALE_LIMIT),
     ) + COMMON_LIMITS
     return Domain(limits, tuple(cpu + gpu))
@@ -491,6 +514,32 @@ class PagedDecodeOp(Op):
 
     def reference(self, args, precision=torch.float32):
         return paged_reference(args, precision)
+
+    def integer_changes(self, args: Mapping[str, Any], gen: torch.Generator) -> List[IntegerChange]:
+        """The longest sequence cut short inside its pages, and one block-table entry of a full page pointed at
+        another sequence's full page (or another of its own): the output follows both, by contract."""
+        lens = [int(x) for x in args["seq_lens"].tolist()]
+        bs = int(args["k_cache"].shape[1])
+        table = args["block_table"]
+        out = []
+        b = max(range(len(lens)), key=lambda i: lens[i])
+        if lens[b] > 1:
+            n = 1 + int(torch.randint(0, lens[b] - 1, (1,), generator=gen))
+            out.append(IntegerChange(f"seq_lens[{b}] {lens[b]} -> {n}", lambda a: a["seq_lens"].__setitem__(b, n)))
+        full = [(s, i) for s, length in enumerate(lens) for i in range(length // bs)]
+        if len(full) >= 2:
+            s, i = full[int(torch.randint(0, len(full), (1,), generator=gen))]
+            others = [(t, j) for t, j in full if int(table[t, j]) != int(table[s, i]) and (t != s or len(lens) == 1)]
+            if others:
+                t, j = others[int(torch.randint(0, len(others), (1,), generator=gen))]
+                page = int(table[t, j])
+                out.append(
+                    IntegerChange(
+                        f"block_table[{s}, {i}] {int(table[s, i])} -> {page}",
+                        lambda a: a["block_table"].__setitem__((s, i), page),
+                    )
+                )
+        return out
 
     def element_bounds(self, args):
         """Each output element against its own softmax's rounding over the sequence's gathered cache
