@@ -376,8 +376,8 @@ def decode_domain() -> Domain:
         # live pages on both sides of element 2^31 on every draw (make_paged_layout), in a 131000-block pool
         Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
         Region(
-            "a 116000-block pool of 16-token pages, a batch of 254",
-            S(254, 32, 8, 128, 16, 2048, True, spare_blocks=100000),
+            "a pool of about 66000 16-token blocks, a batch of 254",
+            S(254, 32, 8, 128, 16, 2048, True, spare_blocks=50000),
             where="gpu",
         ),
         Region(
