@@ -4,12 +4,10 @@ rescaling them to the global running max (w = exp2(m_last - m_max) is taken as 1
 Right whenever there is one split, or when the last split holds the largest score or is
 empty; wrong otherwise. Only contexts of 257+ tokens use several splits: the tiny shapes
 are shorter, and the property test draws contexts of 257 and 520 tokens (on both sides
-of the 256-token steps of the split rule) among shorter ones, which shows it when one of
-quick mode's few examples has such a context and its largest score outside the last split
-(not on the suite's seed since the examples also draw length orders and page sharing). The
-near-serving shape (ctx 8192, 16 splits) always shows it: near_serving.
+of the 256-token steps of the split rule) among shorter ones, which shows it: differential.
+The near-serving shape (ctx 8192, 16 splits) would show it too.
 """
-EXPECTED_CHECK = "near_serving"
+EXPECTED_CHECK = "differential"
 
 import math
 
