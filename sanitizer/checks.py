@@ -444,9 +444,17 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
             out = _run_or_fail(subject, case).out
             _compare_or_fail(subject, case, out, f"after changing {name}{list(pos)}: ")
             done += 1
+    # the integer inputs the contract makes the output depend on (a block table, the lengths): Op.integer_changes
+    changes = op.integer_changes(base_case.args, gen)
+    for change in changes:
+        case = op.make_case(shape, torch.float32, seed=subject.seed(81))
+        change.apply(case.args)
+        out = _run_or_fail(subject, case).out
+        _compare_or_fail(subject, case, out, f"after changing {change.what}: ")
+    ints = f"; and after {len(changes)} change(s) to integer inputs: " + ", ".join(c.what for c in changes)
     return (
         f"output follows the reference after {done} single-element change{'' if done == 1 else 's'} "
-        f"(first, last, random)"
+        f"(first, last, random){ints if changes else ''}"
     )
 
 

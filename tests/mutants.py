@@ -46,9 +46,10 @@ MUTANTS = {
     "quantize_kv": [
         ("truncates_instead_of_rounding", "q = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int32)", "q = y.to(tl.int32)"),
         (
-            "nan_on_zero_rows",
-            "inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), tl.where(live, scale * up, 1.0))",
-            "inv = tl.math.div_rn(tl.where(live, 1.0, 0.0), scale * up)",
+            # without the 2^64 lift, 1 / scale overflows to inf for a subnormal scale under 2^-128: codes of +-127
+            "reciprocal_overflows_on_tiny_rows",
+            "up = tl.where(amax < 7.888609052210118e-31, 18446744073709551616.0, 1.0)",
+            "up = tl.where(amax < 0.0, 18446744073709551616.0, 1.0)",
         ),
     ],
     "decode_attention_int8": [

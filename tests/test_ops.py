@@ -1,5 +1,6 @@
 """The op registry: references, inputs, shape suites, cost model, comparisons."""
 
+import dataclasses
 import math
 
 import pytest
@@ -349,3 +350,51 @@ def test_sm_scale_is_drawn_log_uniformly_over_the_contract_range():
     assert find(sm_scale_strategy(), lambda v: v > 5.0) <= hi
     for name in ("attention", "decode_attention", "decode_attention_int8"):
         assert "1e-3 to 10" in OPS[name].contract and dict(OPS[name].domain().limits)["sm_scale"].startswith("1e-3..10")
+
+
+def test_the_far_pool_region_has_live_pages_on_both_sides_of_two_to_the_31_on_every_draw():
+    """The GPU region "a pool past 2^31 elements": the block just before element 2^31, the first past it and the
+    pool's last block are live on every seed, however its pages are handed out (PAGINGS), so that an int32 page
+    offset never survives a draw (the batch's few live pages scattered at random missed it on most draws)."""
+    from kernel_agent.harness.ops.paged import PAGINGS, make_paged_layout
+
+    op = OPS["decode_attention"]
+    (region,) = [r for r in op.domain().on("gpu") if r.name == "a pool past 2^31 elements"]
+    per_block = region.shape.block_size * region.shape.Hkv * region.shape.D
+    for pages in range(len(PAGINGS)):
+        shape = dataclasses.replace(region.shape, pages=pages)
+        for seed in range(10):
+            layout = make_paged_layout(shape, torch.Generator().manual_seed(seed), "cpu")
+            nb, live = layout["num_blocks"], layout["owned"].any(1)
+            first_far = -(-(2**31) // per_block)
+            assert nb * per_block > 2**31 and bool(live[[first_far - 1, first_far, nb - 1]].all()), (pages, seed)
+
+
+@pytest.mark.parametrize("order", range(5))
+def test_ragged_lengths_come_in_every_order_and_pages_shared_or_consecutive(order):
+    """ORDERS: the longest first (the default), ascending, descending, the longest last, shuffled; PAGINGS: a
+    shared prefix puts one page in several block tables, a fresh allocator hands out consecutive ids."""
+    from kernel_agent.harness.ops.paged import ORDERS
+
+    op = OPS["decode_attention"]
+    shape = op.parse_shape(f"B=6,Hq=2,Hkv=1,D=8,block_size=4,ctx=40,ragged,order={order or 1}")
+    shape = dataclasses.replace(shape, order=order)
+    lens = op.make_case(shape, torch.float32, seed=11).args["seq_lens"].tolist()
+    want = {
+        "longest first": lambda: lens[0] == 40 and lens[-1] == 1,
+        "ascending": lambda: lens == sorted(lens),
+        "descending": lambda: lens == sorted(lens, reverse=True),
+        "longest last": lambda: lens[-1] == 40,
+        "shuffled": lambda: sorted(lens)[0] == 1 and max(lens) == 40,
+    }[ORDERS[order]]
+    assert want(), lens
+    shared = op.make_case(dataclasses.replace(shape, pages=2), torch.float32, seed=11).args
+    table, n = shared["block_table"], shared["seq_lens"]
+    full = int(n.max()) // 4
+    longest = int(n.argmax())
+    for b in range(6):
+        k = min(full, (int(n[b]) + 3) // 4)
+        assert torch.equal(table[b, :k], table[longest, :k])
+    fresh = op.make_case(dataclasses.replace(shape, pages=1), torch.float32, seed=11).args
+    ids = torch.cat([fresh["block_table"][b, : (int(fresh["seq_lens"][b]) + 3) // 4] for b in range(6)])
+    assert torch.equal(ids, ids[0] + torch.arange(ids.numel(), dtype=ids.dtype))

@@ -227,16 +227,18 @@ class Attention(Op):
             Region("pair view", S(1, 2, 1, 17, 16), "pair"),
             Region("broadcast q over the batch, k and v over their heads", S(2, 4, 2, 17, 16, True), "expanded"),
             Region("one query row for every position (stride 0)", S(1, 2, 1, 33, 32), "expanded:q:2"),
+            Region("head dim 144 (default sm_scale 1/12)", S(1, 2, 1, 17, 144, True)),
         ]
         gpu = [
             Region("sequence 16384, MQA", S(1, 8, 1, 16384, 128, True), where="gpu"),
             Region("MQA group 128 at head dim 256", S(1, 128, 1, 1024, 256, True), where="gpu"),
             Region("BSHD view at serving shape", S(2, 32, 8, 2048, 128, True), "bshd", where="gpu"),
+            Region("a 24000-token prompt, causal", S(1, 2, 1, 24000, 128, True), where="gpu"),
         ]
         limits = (
             ("head dim D", "1..256"),
             ("GQA group", "1..128 (MQA included)"),
-            ("sequence", "1.. (16384 on the GPU)"),
+            ("sequence", "1.. (24000 on the GPU)"),
             ("sm_scale", SM_SCALE_LIMIT),
         ) + COMMON_LIMITS
         return Domain(limits, tuple(cpu + gpu))

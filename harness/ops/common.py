@@ -337,6 +337,17 @@ def pair_slice_like(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def offset_like(x: torch.Tensor) -> torch.Tensor:
+    """The same values as `x` in the second of two stacked copies, `kv_cache[1]` of vLLM's [2, num_blocks, ...]
+    cache: a packed view that starts at a storage offset of x.numel() elements (the first copy holds foreign
+    values). A kernel that takes its pointer for the start of the storage, or adds an offset of its own in
+    int32, shows it."""
+    storage = torch.full((2, *x.shape), _pad_value(x.dtype), dtype=x.dtype, device=x.device)
+    out = storage[1]
+    out.copy_(x)
+    return out
+
+
 def swapped_like(x: torch.Tensor) -> torch.Tensor:
     """The same values as `x` with the two dims before the last swapped in memory: attention's BSHD tensors
     seen as [B, H, S, D], a paged cache in the HND layout ([num_blocks, H, block_size, D]), a query [Hq, B, D];
@@ -377,12 +388,13 @@ def sm_scale_strategy():
 # well (the contract admits any strides). EXPANDED, the stride-0 views, applies to the inputs an op lists in
 # Op.expandable only (an output, or a cache that is written in place, cannot be a broadcast view).
 LAYOUTS = ("contiguous", "strided", "fused")
-DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd")
+DOMAIN_LAYOUTS = LAYOUTS + ("pair", "bshd", "offset")
 EXPANDED = "expanded"
 
 
 def relaid(x: torch.Tensor, layout: str, gen: Optional[torch.Generator]) -> torch.Tensor:
-    """`x`'s values in the view a layout names (strided_like, fused_slice_like, pair_slice_like, swapped_like)."""
+    """`x`'s values in the view a layout names (strided_like, fused_slice_like, pair_slice_like, swapped_like,
+    offset_like)."""
     if layout == "strided":
         return strided_like(x, gen)
     if layout == "fused":
@@ -391,6 +403,8 @@ def relaid(x: torch.Tensor, layout: str, gen: Optional[torch.Generator]) -> torc
         return pair_slice_like(x)
     if layout == "bshd":
         return swapped_like(x)
+    if layout == "offset":
+        return offset_like(x)
     return x
 
 
@@ -438,6 +452,7 @@ COMMON_LIMITS = (
         "views",
         "contiguous; strided (padded, last two dims transposed); a fused-QKV slice (rows 3x apart); "
         "a pair slice (`kv[:, 0]` of [T, 2, ...]); BSHD / HND (the dims before the last swapped); "
+        "at a storage offset (`kv[1]` of [2, T, ...]); "
         "broadcast (stride-0) views of the inputs each op names (Op.expandable)",
     ),
     (
@@ -457,6 +472,14 @@ class Anchor(NamedTuple):
 
     label: str  # 'anchor:<name>'
     fn: Callable[..., Any]
+
+
+class IntegerChange(NamedTuple):
+    """One change to an op's integer inputs (Op.integer_changes): what it does, and a function that applies it in
+    place to a case's arguments."""
+
+    what: str
+    apply: Callable[[Dict[str, Any]], None]
 
 
 @dataclass
@@ -596,7 +619,7 @@ class Op:
                 )
                 for k, v in args.items()
             }
-        elif layout in ("pair", "bshd"):  # int8 caches too: laid out as their float twins
+        elif layout in ("pair", "bshd", "offset"):  # int8 caches too: laid out as their float twins
             args = {
                 k: (
                     relaid(v, layout, gen)
@@ -765,6 +788,12 @@ class Op:
 
     def _make_args(self, shape, dtype, gen, dist, device) -> Dict[str, Any]:
         raise NotImplementedError
+
+    def integer_changes(self, args: Mapping[str, Any], gen: torch.Generator) -> List[IntegerChange]:
+        """Changes to the integer inputs whose values the output depends on by contract (a block table, the
+        lengths), each to be applied in place to a fresh copy of `args` (the input-sensitivity check judges the
+        output on each against the reference of the changed inputs). None where the op has no such input."""
+        return []
 
     def readable(self, args: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
         """Bool masks (same shape as the input) of the elements a kernel may read.

@@ -14,6 +14,8 @@ from .paged import (
     garbage_fill,
     make_paged_layout,
     owned_from_args,
+    paged_pool,
+    pool_rows,
     slot_readable,
 )
 from .tuning import Space
@@ -54,17 +56,18 @@ class DecodeAttention(PagedDecodeOp):
     def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
         self._check_heads(shape)
         layout = make_paged_layout(shape, gen, device)
-        nb = layout["num_blocks"]
+        owned = pool_rows(layout)  # the blocks drawn: all of them, or a pool past 2^31 elements' live ones
+        nb = owned.shape[0]
         scale = 6.0 if dist == "large" else 1.0
         q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
         k = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1), dtype=dtype)
         v = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1), dtype=dtype)
-        k = garbage_fill(k.to(dtype), layout["owned"], float("nan"))
-        v = garbage_fill(v.to(dtype), layout["owned"], float("nan"))
+        k = garbage_fill(k.to(dtype), owned, float("nan"))
+        v = garbage_fill(v.to(dtype), owned, float("nan"))
         return {
             "q": q.to(dtype),
-            "k_cache": k,
-            "v_cache": v,
+            "k_cache": paged_pool(k, layout, float("nan")),
+            "v_cache": paged_pool(v, layout, float("nan")),
             "block_table": layout["block_table"],
             "seq_lens": layout["seq_lens"],
             "sm_scale": None,

@@ -14,6 +14,8 @@ from .paged import (
     garbage_fill,
     make_paged_layout,
     owned_from_args,
+    paged_pool,
+    pool_rows,
     slot_readable,
 )
 from .tuning import Space
@@ -51,7 +53,8 @@ class DecodeAttentionInt8(PagedDecodeOp):
     def _make_args(self, shape: DecodeShape, dtype, gen, dist, device) -> Dict[str, Any]:
         self._check_heads(shape)
         layout = make_paged_layout(shape, gen, device)
-        nb, owned = layout["num_blocks"], layout["owned"]
+        owned = pool_rows(layout)  # the blocks drawn: all of them, or a pool past 2^31 elements' live ones
+        nb = owned.shape[0]
         scale = 6.0 if dist == "large" else 1.0
         q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
         # 'tiny' cache values (float32's range: the cache holds float32 scales) give subnormal scales
@@ -67,10 +70,10 @@ class DecodeAttentionInt8(PagedDecodeOp):
         v_s = garbage_fill(v_s, owned, float("nan"))
         return {
             "q": q.to(dtype),
-            "k_cache": k_q,
-            "k_scale": k_s,
-            "v_cache": v_q,
-            "v_scale": v_s,
+            "k_cache": paged_pool(k_q, layout, -128),
+            "k_scale": paged_pool(k_s, layout, float("nan")),
+            "v_cache": paged_pool(v_q, layout, -128),
+            "v_scale": paged_pool(v_s, layout, float("nan")),
             "block_table": layout["block_table"],
             "seq_lens": layout["seq_lens"],
             "sm_scale": None,

@@ -100,6 +100,7 @@ class Matmul(Op):
         S = MatmulShape
         cpu = [Region(f"{layout} view", S(33, 65, 31), layout) for layout in ("pair", "bshd")]
         cpu += [Region("K past the tiles, pair view", S(5, 40, 1000), "pair")]
+        cpu += [Region("K 16383 (a real K from 12288 to 16383)", S(5, 17, 16383))]
         cpu += [
             Region("broadcast rows of a and columns of b (stride 0)", S(33, 65, 31), "expanded"),
             Region("a broadcast along K", S(17, 13, 29), "expanded:a:1"),
@@ -108,6 +109,7 @@ class Matmul(Op):
         gpu = [
             Region("a past 2^31 elements", S(65600, 16, 32768), where="gpu"),
             Region("b past 2^31 elements, transposed", S(16, 65600, 32768), "bshd", where="gpu"),
+            Region("K 12288 at serving M and N", S(2048, 4096, 12288), where="gpu"),
         ]
         limits = (
             ("M, N, K", "0.. (empty products included)"),

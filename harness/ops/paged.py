@@ -1,9 +1,11 @@
 """The paged KV cache shared by decode_attention and decode_attention_int8.
 
 Token t of sequence b lives at cache[block_table[b, t // block_size], t % block_size].
-Blocks are handed out in a random order (a fragmented cache), block_table entries
-past the blocks a sequence needs hold invalid ids, and every cache slot that no live
-token owns holds garbage, so a kernel that reads one of them shows it.
+Blocks are handed out as a serving stack's allocator hands them out: in a random order (a fragmented
+cache), in consecutive ids (a fresh allocator), or with a prefix shared by every sequence (prefix
+caching). block_table entries past the blocks a sequence needs hold invalid ids, and every cache slot
+that no live token owns holds garbage, so a kernel that reads one of them shows it. A pool past 2^31
+elements always has live pages on both sides of element 2^31 (where an int32 offset wraps).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .common import (
     Case,
     Domain,
     ElementBound,
+    IntegerChange,
     Op,
     ReferenceUnavailable,
     Region,
@@ -38,6 +41,18 @@ def _invalid_ids(num_blocks: int):
     return (-1, num_blocks, num_blocks + 12345, 2**30)
 
 
+# The order of a ragged batch's lengths (DecodeShape.order, an index): the longest first and a one-token
+# sequence last (what the fixed suites were written against), ascending, descending, the longest last, and
+# shuffled. A kernel that takes the first sequence for the longest (its split count, its grid) meets the others.
+ORDERS = ("longest first", "ascending", "descending", "longest last", "shuffled")
+# How a batch's pages are handed out (DecodeShape.pages, an index): in a random order over the pool, in
+# consecutive ids (a fresh allocator), or with the longest sequence's full pages shared by every other
+# sequence as their prefix (prefix caching: one page in several block tables).
+PAGINGS = ("fragmented", "consecutive", "shared prefix")
+# Element 2^31 of a cache: an int32 offset (block id times the block stride) wraps past it.
+FAR_ELEMENT = 2**31
+
+
 @dataclass(frozen=True)
 class DecodeShape(Shape):
     B: int
@@ -48,6 +63,8 @@ class DecodeShape(Shape):
     ctx: int  # longest context; max_blocks = ctx / block_size (+1 spare column)
     ragged: bool = False  # seq_lens drawn from [1, ctx] instead of all equal to ctx
     spare_blocks: int = 3  # blocks of the pool no sequence owns (a serving pool is far larger than one batch)
+    order: int = 0  # ORDERS[order]: how a ragged batch's lengths are ordered
+    pages: int = 0  # PAGINGS[pages]: how its pages are handed out
 
 
 def decode_shape_strategy():
@@ -60,14 +77,23 @@ def decode_shape_strategy():
     def shapes(draw):
         hkv = draw(st.sampled_from([1, 2, 3]))
         group = draw(st.sampled_from([1, 2, 4, 5, 8]))
+        B = draw(st.sampled_from([1, 2, 3, 5]))
+        D = draw(st.sampled_from(HEAD_DIMS_DRAWN))
+        bs = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24]))
+        ctx = draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257, 520]))
+        # the lengths' order and the paging follow from the sizes drawn, not from draws of their own: an extra draw
+        # moves every later example of a seeded run (the suites name the check that meets a fault on their seed);
+        # every order and paging comes up over a run's examples, and the domain's regions draw each of them
         return DecodeShape(
-            draw(st.sampled_from([1, 2, 3, 5])),
+            B,
             hkv * group,
             hkv,
-            draw(st.sampled_from(HEAD_DIMS_DRAWN)),
-            draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24])),
-            draw(st.sampled_from([1, 2, 15, 16, 17, 33, 64, 100, 129, 257, 520])),
+            D,
+            bs,
+            ctx,
             draw(st.booleans()),
+            order=(B + ctx) % len(ORDERS),
+            pages=(D + bs) % len(PAGINGS),
         )
 
     return shapes()
@@ -85,8 +111,76 @@ def decode_bucket(shape: DecodeShape) -> str:
     return f"{c}-g{g}-d{shape.D}{p}"
 
 
+def _ordered_lens(shape: DecodeShape, gen: torch.Generator, device) -> torch.Tensor:
+    """seq_lens (int64): all ctx, or ragged from [1, ctx] with ctx and 1 among them, in ORDERS[shape.order]."""
+    B = shape.B
+    if not shape.ragged:
+        return torch.full((B,), shape.ctx, device=device, dtype=torch.int64)
+    lens = torch.randint(1, shape.ctx + 1, (B,), generator=gen, device=device, dtype=torch.int64)
+    lens[0] = shape.ctx  # the longest sequence is always present
+    if B > 1:
+        lens[-1] = 1
+    order = ORDERS[shape.order]
+    if order == "ascending":
+        lens = lens.sort().values
+    elif order == "descending":
+        lens = lens.sort(descending=True).values
+    elif order == "longest last":
+        lens = torch.cat([lens[1:], lens[:1]])
+    elif order == "shuffled":
+        lens = lens[torch.randperm(B, generator=gen, device=device)]
+    return lens
+
+
+def _far_boundary(shape: DecodeShape, num_blocks: int) -> Optional[int]:
+    """The first block that starts at or past element 2^31 of a cache, when the pool reaches past it."""
+    per_block = shape.block_size * shape.Hkv * shape.D
+    if num_blocks * per_block <= FAR_ELEMENT:
+        return None
+    return min(-(-FAR_ELEMENT // per_block), num_blocks - 1)
+
+
+def _live_ids(shape: DecodeShape, total: int, num_blocks: int, far: Optional[int], gen, device) -> torch.Tensor:
+    """The ids of a batch's `total` live pages in table order: a random order over the pool, or a run of
+    consecutive ids (across the 2^31 boundary of a pool past it)."""
+    if PAGINGS[shape.pages] != "consecutive":
+        return torch.randperm(num_blocks, generator=gen, device=device)[:total]
+    room = num_blocks - total
+    if far is not None:
+        base = max(0, min(room, far - 1 - (total - 1) // 2))
+    else:
+        base = int(torch.randint(0, room + 1, (1,), generator=gen, device=device))
+    return base + torch.arange(total, device=device)
+
+
+def _share_prefix(block_table: torch.Tensor, seq_lens: torch.Tensor, needed: torch.Tensor, bs: int) -> None:
+    """Prefix caching: every sequence's first pages are the longest sequence's full pages (in place)."""
+    ref = int(seq_lens.argmax())
+    full = int(seq_lens[ref]) // bs
+    for b in range(block_table.shape[0]):
+        n = min(full, int(needed[b]))
+        if b != ref and n:
+            block_table[b, :n] = block_table[ref, :n]
+
+
+def _place_far_pages(block_table, live, num_blocks: int, far: int, gen, device) -> None:
+    """Live pages on both sides of element 2^31 on every draw (in place): the block just before the boundary,
+    the first one past it and the pool's last block each take the place of a live page (every entry of
+    that page, so a shared page stays shared) unless one is live already."""
+    ids = block_table[live]
+    for target in sorted({far - 1, far, num_blocks - 1}):
+        if bool((ids == target).any()):
+            continue
+        others = ids[(ids != far - 1) & (ids != far) & (ids != num_blocks - 1)].unique()
+        if others.numel() == 0:
+            break
+        pick = others[int(torch.randint(0, others.numel(), (1,), generator=gen, device=device))]
+        ids = torch.where(ids == pick, torch.full_like(ids, target), ids)
+    block_table[live] = ids
+
+
 def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[str, Any]:
-    """seq_lens, block_table and the slot ownership mask of a fragmented cache."""
+    """seq_lens, block_table and the slot ownership mask of a paged cache (PAGINGS[shape.pages])."""
     B, bs = shape.B, shape.block_size
     max_blocks = math.ceil(shape.ctx / bs) + 1  # one spare column: always unused
     if torch.device(device).type == "meta":  # shapes only (a compile's launches): as many blocks as full sequences
@@ -97,23 +191,22 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
             "num_blocks": num_blocks,
             "owned": torch.empty((num_blocks, bs), device=device, dtype=torch.bool),
         }
-    if shape.ragged:
-        seq_lens = torch.randint(1, shape.ctx + 1, (B,), generator=gen, device=device, dtype=torch.int64)
-        seq_lens[0] = shape.ctx  # the longest sequence is always present
-        if B > 1:
-            seq_lens[-1] = 1
-    else:
-        seq_lens = torch.full((B,), shape.ctx, device=device, dtype=torch.int64)
+    seq_lens = _ordered_lens(shape, gen, device)
     needed = (seq_lens + bs - 1) // bs
     total = int(needed.sum())
     num_blocks = total + shape.spare_blocks  # blocks nobody owns, spread among the live ones
-    perm = torch.randperm(num_blocks, generator=gen, device=device)
+    far = _far_boundary(shape, num_blocks)
+    ids = _live_ids(shape, total, num_blocks, far, gen, device)
     invalid = torch.tensor(_invalid_ids(num_blocks), device=device, dtype=torch.int64)
     pick = torch.randint(0, len(invalid), (B, max_blocks), generator=gen, device=device)
     block_table = invalid[pick]
     col = torch.arange(max_blocks, device=device)
     live = col[None, :] < needed[:, None]
-    block_table[live] = perm[:total]
+    block_table[live] = ids
+    if PAGINGS[shape.pages] == "shared prefix":
+        _share_prefix(block_table, seq_lens, needed, bs)
+    if far is not None:
+        _place_far_pages(block_table, live, num_blocks, far, gen, device)
     # which (block, slot) pairs hold a live token
     owned = torch.zeros(num_blocks, bs, dtype=torch.bool, device=device)
     tok = torch.arange(max_blocks * bs, device=device)
@@ -125,7 +218,31 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
         "block_table": block_table.to(torch.int32),
         "num_blocks": num_blocks,
         "owned": owned,
+        "far": far is not None,
     }
+
+
+def pool_rows(layout: Mapping[str, Any]) -> torch.Tensor:
+    """The slot ownership of the blocks whose values a case draws: every block of the pool, or of a pool past 2^31
+    elements only its live ones (in id order), so that the interpreter affords such a pool (paged_pool)."""
+    owned = layout["owned"]
+    return owned[owned.any(1)] if layout.get("far") else owned
+
+
+def paged_pool(values: torch.Tensor, layout: Mapping[str, Any], pad) -> torch.Tensor:
+    """The cache of `values` drawn for the blocks of pool_rows(layout). A pool past 2^31 elements is allocated
+    whole and only its live blocks are written; on the CPU the others are never touched, so their pages stay
+    virtual (a few MB resident for a pool of GBs: what the interpreter affords); on a GPU they hold `pad`."""
+    if not layout.get("far"):
+        return values
+    owned = layout["owned"]
+    shape = (owned.shape[0], *values.shape[1:])
+    if values.device.type == "cpu":
+        pool = torch.empty(shape, dtype=values.dtype)
+    else:
+        pool = torch.full(shape, pad, dtype=values.dtype, device=values.device)
+    pool[owned.any(1)] = values
+    return pool
 
 
 def garbage_fill(cache: torch.Tensor, owned: torch.Tensor, garbage) -> torch.Tensor:
@@ -250,10 +367,31 @@ def decode_domain() -> Domain:
         Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd"),
         Region("q broadcast over its heads (stride 0)", S(2, 4, 2, 16, 16, 40), "expanded"),
         Region("q broadcast over the batch (stride 0)", S(3, 2, 1, 16, 8, 20, True), "expanded:q:0"),
+        Region("every cache at a storage offset (vLLM's kv_cache[1])", S(2, 4, 2, 32, 16, 37, True), "offset"),
+        # real shapes at proxy extents: 128-token pages, GQA group 7, a batch past 64
+        Region("page 128", S(1, 2, 1, 16, 128, 300, True)),
+        Region("GQA group 7", S(2, 14, 2, 16, 16, 40, True)),
+        Region("a batch of 66", S(66, 1, 1, 16, 4, 6, True)),
+        # the relations between a batch's runtime values (ORDERS, PAGINGS), each order at least once
+        Region("lengths ascending, consecutive pages", S(4, 2, 1, 16, 4, 30, True, order=1, pages=1)),
+        Region("lengths descending, a shared prefix", S(4, 2, 1, 16, 4, 30, True, order=2, pages=2)),
+        Region("the longest last, a shared prefix", S(3, 2, 1, 16, 8, 50, True, order=3, pages=2)),
+        Region("lengths shuffled, consecutive pages", S(5, 2, 1, 16, 4, 30, True, order=4, pages=1)),
     ]
     gpu = [
         Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
+        # live pages on both sides of element 2^31 on every draw (make_paged_layout), in a 131000-block pool
         Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
+        Region(
+            "a pool of about 66000 16-token blocks, a batch of 254",
+            S(254, 32, 8, 128, 16, 2048, True, spare_blocks=50000),
+            where="gpu",
+        ),
+        Region(
+            "128-token pages, GQA group 7, a batch of 66, contexts to 40000, shuffled",
+            S(66, 56, 8, 128, 128, 40000, True, order=4),
+            where="gpu",
+        ),
         Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
         Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
         Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu"),
@@ -263,7 +401,8 @@ def decode_domain() -> Domain:
         ("block_size", "1..256"),
         ("context", "1..131072, ragged in a batch"),
         ("GQA group", "1..128 (MQA included)"),
-        ("pool", "any number of blocks (past 2^31 elements on the GPU)"),
+        ("pool", "any number of blocks (past 2^31 elements on the GPU: live pages on both sides of element 2^31)"),
+        ("batch", "any (254 on the GPU), lengths in any order, pages shared or consecutive"),
         ("sm_scale", SM_SCALE_LIMIT),
     ) + COMMON_LIMITS
     return Domain(limits, tuple(cpu + gpu))
@@ -382,6 +521,32 @@ class PagedDecodeOp(Op):
 
     def reference(self, args, precision=torch.float32):
         return paged_reference(args, precision)
+
+    def integer_changes(self, args: Mapping[str, Any], gen: torch.Generator) -> List[IntegerChange]:
+        """The longest sequence cut short inside its pages, and one block-table entry of a full page pointed at
+        another sequence's full page (or another of its own): the output follows both, by contract."""
+        lens = [int(x) for x in args["seq_lens"].tolist()]
+        bs = int(args["k_cache"].shape[1])
+        table = args["block_table"]
+        out = []
+        b = max(range(len(lens)), key=lambda i: lens[i])
+        if lens[b] > 1:
+            n = 1 + int(torch.randint(0, lens[b] - 1, (1,), generator=gen))
+            out.append(IntegerChange(f"seq_lens[{b}] {lens[b]} -> {n}", lambda a: a["seq_lens"].__setitem__(b, n)))
+        full = [(s, i) for s, length in enumerate(lens) for i in range(length // bs)]
+        if len(full) >= 2:
+            s, i = full[int(torch.randint(0, len(full), (1,), generator=gen))]
+            others = [(t, j) for t, j in full if int(table[t, j]) != int(table[s, i]) and (t != s or len(lens) == 1)]
+            if others:
+                t, j = others[int(torch.randint(0, len(others), (1,), generator=gen))]
+                page = int(table[t, j])
+                out.append(
+                    IntegerChange(
+                        f"block_table[{s}, {i}] {int(table[s, i])} -> {page}",
+                        lambda a: a["block_table"].__setitem__((s, i), page),
+                    )
+                )
+        return out
 
     def element_bounds(self, args):
         """Each output element against its own softmax's rounding over the sequence's gathered cache

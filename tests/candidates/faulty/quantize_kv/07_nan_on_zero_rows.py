@@ -1,11 +1,11 @@
-"""Faulty quantize_kv: divides by amax without the zero guard (inv = 127 / amax).
+"""Faulty quantize_kv: divides by amax without any guard (inv = 127 / amax).
 
-A row of zeros gives inv = inf and y = 0 * inf = NaN, and the NaN is converted to an
-integer code: the contract says scale 0 and codes 0 for such a row (no NaN). On a GPU
-the conversion typically gives 0; in the interpreter (numpy) it gives INT_MIN, clamped
-to -127. |x_q * scale - x| <= scale / 2 holds trivially when scale is 0, so only an explicit
-"zero row => codes 0" rule rejects it; the differential suite draws the `zero_rows`
-distribution: differential.
+127 / amax overflows float32 to inf for a row max under 3.7e-37: every nonzero element of such a row becomes
+code +-127. Where the scale is subnormal but not 0 (a max from 127 * 2^-150 to 3.7e-37), a consumer reads
+127 * scale for every element, wrong by up to the row max; the differential's fixed cases draw the `tiny`
+distribution (float32 rows down to float32's subnormals): differential. A row of zeros gives 0 * inf = NaN,
+converted to a code (INT_MIN in the interpreter, clamped to -127): that alone is no fault, since its scale is
+0 and a consumer reads 0 whatever the code.
 """
 EXPECTED_CHECK = "differential"
 
