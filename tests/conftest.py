@@ -1,6 +1,7 @@
 """Test setup: Triton kernels run in the interpreter on the CPU (set before triton is imported)."""
 
 import os
+import subprocess
 import sys
 import warnings
 
@@ -25,11 +26,21 @@ def _no_test_leaves_children_refused():
         pytest.fail("this test left the sanitizer runner refusing new children (a stop without its release)")
 
 
+def _watchdog(pgdata) -> subprocess.Popen:
+    """tests/postgres_watchdog.py for this process and PGDATA, in a session of its own: it stops the server
+    once this process is gone, even killed (SIGTERM, SIGKILL), when no teardown runs."""
+    script = os.path.join(os.path.dirname(__file__), "postgres_watchdog.py")
+    return subprocess.Popen(
+        [sys.executable, script, str(os.getpid()), str(pgdata)], stdin=subprocess.DEVNULL, start_new_session=True
+    )
+
+
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory):
     """A real PostgreSQL server for the session (the pgserver package's binaries, in a temporary folder),
     as a function that creates a fresh database and returns its URL. Skipped where pgserver or the
-    psycopg driver is not installed (requirements-dev.txt installs both)."""
+    psycopg driver is not installed (requirements-dev.txt installs both). Under pytest-xdist each worker
+    starts its own. The server stops at the session's end, and when the session is killed (a watchdog)."""
     pgserver = pytest.importorskip("pgserver", reason="PostgreSQL ledger tests need pgserver")
     pytest.importorskip("psycopg", reason="PostgreSQL ledger tests need psycopg")
     import itertools
@@ -37,17 +48,36 @@ def postgres(tmp_path_factory):
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
-    server = pgserver.get_server(str(tmp_path_factory.mktemp("postgres")), cleanup_mode="stop")
-    base = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    counter = itertools.count()
+    pgdata = tmp_path_factory.mktemp("postgres")
+    watchdog = _watchdog(pgdata)  # before the server: a kill while it starts still stops it
+    try:
+        server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
+        base = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
+        admin = create_engine(base, isolation_level="AUTOCOMMIT")
+        counter = itertools.count()
 
-    def new_database() -> str:
-        name = f"ledger_{next(counter)}"
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        return base.set(database=name).render_as_string(hide_password=False)
+        def new_database() -> str:
+            name = f"ledger_{next(counter)}"
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            return base.set(database=name).render_as_string(hide_password=False)
 
-    yield new_database
-    admin.dispose()
-    server.cleanup()
+        yield new_database
+        admin.dispose()
+        server.cleanup()
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`-n 2`) with its default distribution, the tests of a module whose costly fixture
+    they share (marked `xdist_group`: a module-scoped judging of candidates, a browser, a cluster) go to one
+    worker, so that the fixture runs once and not once per worker; other tests go wherever a worker is free.
+    Another --dist keeps its own scheduler."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadGroupScheduling  # only under pytest-xdist, which may not be installed
+
+    return LoadGroupScheduling(config, log)

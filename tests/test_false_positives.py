@@ -29,6 +29,7 @@ from kernel_agent.harness.ops.paged import gather_tokens
 from kernel_agent.kernels.baseline import attention as attention_baseline
 from kernel_agent.kernels.baseline import decode_attention_int8 as int8_baseline
 from kernel_agent.sanitizer.checks import _draw_case
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INT8_SERVING = sorted(glob.glob(os.path.join(ROOT, "kernels", "serving", "decode_attention_int8__*.py")))
@@ -302,7 +303,7 @@ NUMERIC_CHECKS = ["differential", "extended_numeric"]
 CI_SEEDS = 3
 
 
-@pytest.mark.slow
+@exhaustive
 def test_int8_kernels_pass_the_numeric_checks_over_several_seeds():
     """Covers: the int8 baseline and the int8 serving kernels (the kernels that had false positives), the
     numeric checks that rejected them (differential, extended_numeric), the sweep's first CI_SEEDS seeds.

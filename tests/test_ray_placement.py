@@ -22,6 +22,9 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kern
 from kernel_agent.agent.ray_placement import Node, RayPlacement, choose_gpu_model  # noqa: E402
 from local_ray_cluster import LocalRayCluster  # noqa: E402
 
+# one worker starts the cluster under pytest-xdist (module-scoped fixtures; tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("ray-cluster")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 

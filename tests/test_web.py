@@ -26,6 +26,9 @@ from committed_h200 import RUN as H200_RUN
 from kernel_agent.harness.figures import fmt_x
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
 
+# one worker starts the browser and the servers under pytest-xdist (module-scoped fixtures; tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("web")
+
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 CHROMIUM = os.environ.get("KERNEL_AGENT_CHROMIUM", "/usr/bin/chromium")
 PR_EXAMPLE = os.path.join(ROOT, "results", "h200", "pr_example", "ledger.db")
