@@ -254,6 +254,7 @@ def test_int8_emulation_is_the_kernels_rounding():
 EMULATION_EXAMPLES = 100
 
 
+@exhaustive  # minutes of emulated decodes in Python; the quick tier checks the emulation on its recorded case
 @pytest.mark.parametrize("harsh", [False, True], ids=["differential", "extended"])
 def test_int8_bound_admits_the_emulated_kernels_over_the_sanitizers_draws(harsh):
     """EMULATION_EXAMPLES cases of the sanitizer's own property draws (shapes, dtypes, distributions, layouts,

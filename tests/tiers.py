@@ -15,13 +15,16 @@ def first_of_each(
     family: Callable[[object], Hashable],
     ids: Optional[Callable[[object], str]] = None,
     marks: Callable[[object], Sequence] = lambda v: (),
+    several: bool = False,
 ) -> List:
     """`values` as pytest params: the first value of each family in the quick tier, the others marked
-    exhaustive; `marks` adds a value's own marks (an xfail)."""
+    exhaustive; `marks` adds a value's own marks (an xfail). With `several`, each value is a tuple of the
+    test's several arguments."""
     seen = set()
     params = []
     for v in values:
         tier = [exhaustive] if family(v) in seen else []
         seen.add(family(v))
-        params.append(pytest.param(v, id=ids(v) if ids else None, marks=[*marks(v), *tier]))
+        args = v if several else (v,)
+        params.append(pytest.param(*args, id=ids(v) if ids else None, marks=[*marks(v), *tier]))
     return params
