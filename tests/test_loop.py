@@ -21,6 +21,7 @@ from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import OPS
 from kernel_agent.sanitizer.canonical import file_hash
 from openai_stub import Stub
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
@@ -126,6 +127,7 @@ def _script(tmp_path):
     ]
 
 
+@exhaustive  # ten candidates judged, minutes: the quick tier meets the model proposer in shorter runs
 def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
     stub = Stub(_script(tmp_path))
     port = stub.start()
