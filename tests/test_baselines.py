@@ -69,16 +69,20 @@ def test_baseline_matches_reference_property(name):
     differential(OPS[name], BASELINES[name])()
 
 
-@pytest.mark.parametrize("name", list(OPS))
-def test_baseline_every_tiny_shape_and_distribution(name):
+# (op, index of a tiny shape): the quick tier takes each op's first tiny shape, the exhaustive tier the others
+TINY_SHAPES = [(name, i) for name in OPS for i in range(len(OPS[name].shapes("tiny")))]
+
+
+@pytest.mark.parametrize("name,i", first_of_each(TINY_SHAPES, lambda c: c[0], lambda c: f"{c[0]}-{c[1]}", several=True))
+def test_baseline_every_tiny_shape_and_distribution(name, i):
     op, fn = OPS[name], BASELINES[name]
-    for i, shape in enumerate(op.shapes("tiny")):
-        for j, dist in enumerate(d.name for d in op.distributions):
-            dtype = (torch.float32, torch.float16)[(i + j) % 2]
-            layout = ("contiguous", "strided")[(i * 3 + j) % 2]
-            case = op.make_case(shape, dtype, seed=100 + i * 10 + j, dist=dist, layout=layout)
-            cmp = op.compare(case.call(fn), case.args)
-            assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
+    shape = op.shapes("tiny")[i]
+    for j, dist in enumerate(d.name for d in op.distributions):
+        dtype = (torch.float32, torch.float16)[(i + j) % 2]
+        layout = ("contiguous", "strided")[(i * 3 + j) % 2]
+        case = op.make_case(shape, dtype, seed=100 + i * 10 + j, dist=dist, layout=layout)
+        cmp = op.compare(case.call(fn), case.args)
+        assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
 
 
 def test_attention_custom_scale_and_size_one_dims():

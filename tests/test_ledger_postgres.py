@@ -148,6 +148,7 @@ def test_the_write_lock_serializes_writers_and_not_readers(postgres):
         led.close()
 
 
+@exhaustive  # two whole runs: the quick tier's concurrent writers are the processes above
 def test_two_concurrent_runs_write_one_server_ledger_and_the_commands_read_it(postgres, tmp_path):
     """Two `kernel-agent run`s at once (CPU: the sanitizer, no benchmark) on one PostgreSQL ledger, then
     `history`, `show` and `report` read it as they read a file."""

@@ -232,6 +232,7 @@ def _state(ledger_path):
     return run, {(c.source_hash, c.label, c.status) for c in cands}, props, checks
 
 
+@exhaustive  # two whole runs and a resume: the quick tier resumes a run stopped by its time limit
 def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     ref_db, kill_db = tmp_path / "ref.db", tmp_path / "kill.db"
     r = _run(SEARCH + ["--ledger", str(ref_db), "--candidates-dir", str(tmp_path / "ref")])
@@ -323,7 +324,7 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
     led.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=exhaustive)])
 def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
     db = tmp_path / "l.db"
     # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is
