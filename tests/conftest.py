@@ -1,8 +1,10 @@
 """Test setup: Triton kernels run in the interpreter on the CPU (set before triton is imported)."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -28,15 +30,19 @@ def _no_test_leaves_children_refused():
 
 def _watchdog(pgdata) -> subprocess.Popen:
     """tests/postgres_watchdog.py for this process and PGDATA, in a session of its own: it stops the server
-    once this process is gone, even killed (SIGTERM, SIGKILL), when no teardown runs."""
+    once this process is gone, even killed (SIGTERM, SIGKILL), when no teardown runs, and removes PGDATA."""
     script = os.path.join(os.path.dirname(__file__), "postgres_watchdog.py")
+    # a pytest-xdist worker's parent is the controller, which a kill ends without its workers
+    controller = [str(os.getppid())] if os.environ.get("PYTEST_XDIST_WORKER") else []
     return subprocess.Popen(
-        [sys.executable, script, str(os.getpid()), str(pgdata)], stdin=subprocess.DEVNULL, start_new_session=True
+        [sys.executable, script, str(os.getpid()), str(pgdata), *controller],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory):
+def postgres():
     """A real PostgreSQL server for the session (the pgserver package's binaries, in a temporary folder),
     as a function that creates a fresh database and returns its URL. Skipped where pgserver or the
     psycopg driver is not installed (requirements-dev.txt installs both). Under pytest-xdist each worker
@@ -48,7 +54,10 @@ def postgres(tmp_path_factory):
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
-    pgdata = tmp_path_factory.mktemp("postgres")
+    # Not under pytest's temporary root: run as root, pgserver runs the server as its own user and opens the
+    # folders above the data to it, and every pytest that starts (another session's, an xdist worker's) closes
+    # that root to its owner again, so a server starting then fails.
+    pgdata = tempfile.mkdtemp(prefix="kernel-agent-tests-postgres-")
     watchdog = _watchdog(pgdata)  # before the server: a kill while it starts still stops it
     try:
         server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
@@ -62,12 +71,14 @@ def postgres(tmp_path_factory):
                 conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
             return base.set(database=name).render_as_string(hide_password=False)
 
+        new_database.pgdata = pgdata  # where tests/test_ledger_postgres.py looks for the server
         yield new_database
         admin.dispose()
         server.cleanup()
     finally:
         watchdog.kill()
         watchdog.wait()
+        shutil.rmtree(pgdata, ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)

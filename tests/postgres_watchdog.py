@@ -1,14 +1,16 @@
 """Stops the PostgreSQL server of a test process once that process is gone, however it ended.
 
-`python tests/postgres_watchdog.py PID PGDATA`, started by tests/conftest.py before the server: pg_ctl starts
-the postmaster in a session of its own, so neither a Ctrl-C at the terminal nor the death of the test process
-reaches it, and pgserver's own stop runs only at a normal exit (an atexit hook, the fixture's teardown). This
-watchdog, in a session of its own too, waits until PID is no longer its parent (the test process ended: a
-normal exit, SIGTERM, SIGKILL) and then ends the postmaster recorded in PGDATA/postmaster.pid. The test
-process ends the watchdog itself after stopping the server at a normal teardown.
+`python tests/postgres_watchdog.py PID PGDATA [CONTROLLER]`, started by tests/conftest.py before the server:
+pg_ctl starts the postmaster in a session of its own, so neither a Ctrl-C at the terminal nor the death of the
+test process reaches it, and pgserver's own stop runs only at a normal exit (an atexit hook, the fixture's
+teardown). This watchdog, in a session of its own too, waits until PID is no longer its parent (the test
+process ended: a normal exit, SIGTERM, SIGKILL), or until CONTROLLER (pytest-xdist's, whose workers a kill
+leaves running) is gone, then ends the postmaster recorded in PGDATA/postmaster.pid and removes PGDATA. The
+test process ends the watchdog itself after stopping the server at a normal teardown.
 """
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -53,10 +55,13 @@ def stop(pgdata: Path) -> None:
 
 def main(argv) -> int:
     parent, pgdata = int(argv[1]), Path(argv[2])
+    controller = int(argv[3]) if len(argv) > 3 else None  # pytest-xdist's: its workers outlive it when killed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C ends the tests first; the watchdog stops after
-    while os.getppid() == parent:  # reparented once the test process is gone
+    # reparented once the test process is gone
+    while os.getppid() == parent and (controller is None or alive(controller)):
         time.sleep(POLL_S)
     stop(pgdata)
+    shutil.rmtree(pgdata, ignore_errors=True)
     return 0
 
 

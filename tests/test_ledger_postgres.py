@@ -223,7 +223,9 @@ HOLDER = textwrap.dedent("""
 
     def test_holds_the_server(postgres):
         postgres()
-        open(os.environ["KA_SERVER_READY"], "w").close()
+        with open(os.environ["KA_SERVER_READY"] + ".part", "w") as f:
+            f.write(postgres.pgdata)
+        os.rename(os.environ["KA_SERVER_READY"] + ".part", os.environ["KA_SERVER_READY"])
         time.sleep(600)
 """)
 
@@ -242,19 +244,26 @@ def _pgdata_processes(pgdata) -> list:
 
 
 @pytest.mark.parametrize(
-    "sig",
-    [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=exhaustive), pytest.param(signal.SIGINT, marks=exhaustive)],
-    ids=lambda s: s.name,
+    "sig,workers",
+    [
+        pytest.param(signal.SIGKILL, [], id="SIGKILL"),
+        pytest.param(signal.SIGTERM, [], id="SIGTERM", marks=exhaustive),
+        pytest.param(signal.SIGINT, [], id="SIGINT", marks=exhaustive),
+        pytest.param(signal.SIGKILL, ["-n", "1"], id="SIGKILL-xdist-controller", marks=exhaustive),
+    ],
 )
-def test_the_sessions_server_stops_when_the_test_run_is_killed(sig, tmp_path):
+def test_the_sessions_server_stops_when_the_test_run_is_killed(sig, workers, tmp_path):
     """pytest on a test that holds the `postgres` fixture, killed with SIG once the server is up: the
-    postmaster is gone within seconds, whatever the signal (SIGKILL leaves no teardown, only the watchdog)."""
+    postmaster is gone within seconds and its data folder removed, whatever the signal (SIGKILL leaves no
+    teardown, only the watchdog), also where the process killed is pytest-xdist's controller (its worker
+    holds the server, and goes on)."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder's own rootdir: none of the repository's addopts
     (tmp_path / "test_holder.py").write_text(HOLDER)
     ready = tmp_path / "ready"
     env = dict(os.environ, KA_SERVER_READY=str(ready), PYTHONPATH=os.path.join(ROOT, "tests"))
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "conftest", "--basetemp", str(tmp_path / "base"), "test_holder.py"],
+        [sys.executable, "-m", "pytest", "-p", "conftest", "--basetemp", str(tmp_path / "base"), *workers]
+        + ["test_holder.py"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -269,15 +278,21 @@ def test_the_sessions_server_stops_when_the_test_run_is_killed(sig, tmp_path):
             time.sleep(0.2)
         if not ready.exists():
             pytest.fail(f"the server did not start: {run.communicate(timeout=60)[0].decode()[-2000:]}")
-        pgdata = tmp_path / "base" / "postgres0"
+        pgdata = ready.read_text()
         assert _pgdata_processes(pgdata), "the server is not running"
         run.send_signal(sig)
-        run.communicate(timeout=60)
+        run.wait(timeout=60)  # (not its output: an xdist worker left running holds the pipe)
         deadline = time.monotonic() + 30
         while _pgdata_processes(pgdata) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _pgdata_processes(pgdata), f"the server outlived a test run killed with {sig.name}"
+        while os.path.exists(pgdata) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(pgdata), "the server's data folder is left behind"
     finally:
-        if run.poll() is None:
+        try:  # the run, and a worker the killed controller left running (one process group)
             os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
+        except ProcessLookupError:
+            pass
+        run.wait()
+        run.stdout.close()
