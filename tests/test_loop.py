@@ -1149,6 +1149,7 @@ def test_the_live_status_line(monkeypatch):
     plain.close()
 
 
+@exhaustive  # two whole runs on one ledger: minutes
 def test_a_second_run_on_the_same_ledger_judges_only_new_candidates(tmp_path):
     """Two consecutive default-style runs of the built-in search on one ledger: the second replays
     what the first judged (free) and judges as many new candidates as its budget."""
