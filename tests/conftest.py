@@ -1,7 +1,10 @@
 """Test setup: Triton kernels run in the interpreter on the CPU (set before triton is imported)."""
 
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import warnings
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -25,11 +28,25 @@ def _no_test_leaves_children_refused():
         pytest.fail("this test left the sanitizer runner refusing new children (a stop without its release)")
 
 
+def _watchdog(pgdata) -> subprocess.Popen:
+    """tests/postgres_watchdog.py for this process and PGDATA, in a session of its own: it stops the server
+    once this process is gone, even killed (SIGTERM, SIGKILL), when no teardown runs, and removes PGDATA."""
+    script = os.path.join(os.path.dirname(__file__), "postgres_watchdog.py")
+    # a pytest-xdist worker's parent is the controller, which a kill ends without its workers
+    controller = [str(os.getppid())] if os.environ.get("PYTEST_XDIST_WORKER") else []
+    return subprocess.Popen(
+        [sys.executable, script, str(os.getpid()), str(pgdata), *controller],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory):
+def postgres():
     """A real PostgreSQL server for the session (the pgserver package's binaries, in a temporary folder),
     as a function that creates a fresh database and returns its URL. Skipped where pgserver or the
-    psycopg driver is not installed (requirements-dev.txt installs both)."""
+    psycopg driver is not installed (requirements-dev.txt installs both). Under pytest-xdist each worker
+    starts its own. The server stops at the session's end, and when the session is killed (a watchdog)."""
     pgserver = pytest.importorskip("pgserver", reason="PostgreSQL ledger tests need pgserver")
     pytest.importorskip("psycopg", reason="PostgreSQL ledger tests need psycopg")
     import itertools
@@ -37,17 +54,41 @@ def postgres(tmp_path_factory):
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
-    server = pgserver.get_server(str(tmp_path_factory.mktemp("postgres")), cleanup_mode="stop")
-    base = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    counter = itertools.count()
+    # Not under pytest's temporary root: run as root, pgserver runs the server as its own user and opens the
+    # folders above the data to it, and every pytest that starts (another session's, an xdist worker's) closes
+    # that root to its owner again, so a server starting then fails.
+    pgdata = tempfile.mkdtemp(prefix="kernel-agent-tests-postgres-")
+    watchdog = _watchdog(pgdata)  # before the server: a kill while it starts still stops it
+    try:
+        server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
+        base = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
+        admin = create_engine(base, isolation_level="AUTOCOMMIT")
+        counter = itertools.count()
 
-    def new_database() -> str:
-        name = f"ledger_{next(counter)}"
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        return base.set(database=name).render_as_string(hide_password=False)
+        def new_database() -> str:
+            name = f"ledger_{next(counter)}"
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            return base.set(database=name).render_as_string(hide_password=False)
 
-    yield new_database
-    admin.dispose()
-    server.cleanup()
+        new_database.pgdata = pgdata  # where tests/test_ledger_postgres.py looks for the server
+        yield new_database
+        admin.dispose()
+        server.cleanup()
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        shutil.rmtree(pgdata, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`-n 2`) with its default distribution, the tests of a module whose costly fixture
+    they share (marked `xdist_group`: a module-scoped judging of candidates, a browser, a cluster) go to one
+    worker, so that the fixture runs once and not once per worker; other tests go wherever a worker is free.
+    Another --dist keeps its own scheduler."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadGroupScheduling  # only under pytest-xdist, which may not be installed
+
+    return LoadGroupScheduling(config, log)

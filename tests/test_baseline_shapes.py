@@ -15,10 +15,13 @@ import torch
 
 from kernel_agent.harness.ops import OPS
 from kernel_agent.harness.ops.common import round_to
+from tiers import exhaustive
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}
 HEAD_DIMS = [1, 8, 24, 40, 80, 96, 112, 200, 256]
 PAGE_SIZES = [1, 3, 6, 16, 64]
+# The quick tier's head dims for attention: the smallest, one off every power of two, the largest (tests/tiers.py)
+QUICK_HEAD_DIMS = (1, 40, 256)
 MODES = ["float32", "float16", "bfloat16-as-float32"]
 
 
@@ -38,7 +41,7 @@ def _assert_matches(op, fn, case):
     assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
 
 
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D", [pytest.param(D, marks=[] if D in QUICK_HEAD_DIMS else [exhaustive]) for D in HEAD_DIMS])
 def test_attention_any_head_dim(D):
     op, fn = OPS["attention"], BASELINES["attention"]
     i = HEAD_DIMS.index(D)
@@ -54,9 +57,22 @@ def test_attention_any_head_dim(D):
         _assert_matches(op, fn, case)
 
 
+def _head_dims_and_pages():
+    """Every (D, page) pair; the quick tier keeps one page size per head dim, which still meets every page size."""
+    return [
+        pytest.param(
+            D,
+            page,
+            id=f"{D}-{page}",
+            marks=[] if PAGE_SIZES.index(page) == HEAD_DIMS.index(D) % len(PAGE_SIZES) else [exhaustive],
+        )
+        for D in HEAD_DIMS
+        for page in PAGE_SIZES
+    ]
+
+
 @pytest.mark.parametrize("op_name", ["decode_attention", "decode_attention_int8"])
-@pytest.mark.parametrize("page", PAGE_SIZES)
-@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("D,page", _head_dims_and_pages())
 def test_paged_decode_any_head_dim_and_page_size(op_name, D, page):
     op, fn = OPS[op_name], BASELINES[op_name]
     i = HEAD_DIMS.index(D) + PAGE_SIZES.index(page)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import mutants
 from kernel_agent.harness.ops import OPS
 from kernel_agent.harness.ops.common import LAYOUTS, round_to, sm_scale_strategy
+from tiers import exhaustive, first_of_each
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}
 PROPERTY = settings(
@@ -58,21 +59,30 @@ def differential(op, fn):
     return prop
 
 
-@pytest.mark.parametrize("name", list(OPS))
+# The quick tier draws the property for the ops whose draws take a second or two; the attention ops' draws take
+# tens of seconds, and the quick tier meets their baselines on every tiny shape and distribution below.
+QUICK_PROPERTY = ("matmul", "quantize_kv")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in QUICK_PROPERTY else [exhaustive]) for n in OPS])
 def test_baseline_matches_reference_property(name):
     differential(OPS[name], BASELINES[name])()
 
 
-@pytest.mark.parametrize("name", list(OPS))
-def test_baseline_every_tiny_shape_and_distribution(name):
+# (op, index of a tiny shape): the quick tier takes each op's first tiny shape, the exhaustive tier the others
+TINY_SHAPES = [(name, i) for name in OPS for i in range(len(OPS[name].shapes("tiny")))]
+
+
+@pytest.mark.parametrize("name,i", first_of_each(TINY_SHAPES, lambda c: c[0], lambda c: f"{c[0]}-{c[1]}", several=True))
+def test_baseline_every_tiny_shape_and_distribution(name, i):
     op, fn = OPS[name], BASELINES[name]
-    for i, shape in enumerate(op.shapes("tiny")):
-        for j, dist in enumerate(d.name for d in op.distributions):
-            dtype = (torch.float32, torch.float16)[(i + j) % 2]
-            layout = ("contiguous", "strided")[(i * 3 + j) % 2]
-            case = op.make_case(shape, dtype, seed=100 + i * 10 + j, dist=dist, layout=layout)
-            cmp = op.compare(case.call(fn), case.args)
-            assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
+    shape = op.shapes("tiny")[i]
+    for j, dist in enumerate(d.name for d in op.distributions):
+        dtype = (torch.float32, torch.float16)[(i + j) % 2]
+        layout = ("contiguous", "strided")[(i * 3 + j) % 2]
+        case = op.make_case(shape, dtype, seed=100 + i * 10 + j, dist=dist, layout=layout)
+        cmp = op.compare(case.call(fn), case.args)
+        assert cmp.ok, f"{cmp.describe()}; reproduce: {case.describe()}"
 
 
 def test_attention_custom_scale_and_size_one_dims():
@@ -91,7 +101,7 @@ def test_quantize_zero_rows_give_zero_scale_and_codes():
     assert not bool(x_q[zero].any()) and torch.isfinite(scale).all()
 
 
-@pytest.mark.parametrize("op_name,mutant", mutants.all_mutants())
+@pytest.mark.parametrize("op_name,mutant", first_of_each(mutants.all_mutants(), lambda m: m[0], several=True))
 def test_broken_kernels_fail_the_same_property(op_name, mutant, tmp_path):
     """Every distribution once on a tiny shape (as the sanitizer's fixed cases do: a mutant that only zero rows
     show is met whatever the property draws), then the property."""

@@ -15,6 +15,7 @@ from kernel_agent.harness.bench_records import BenchOutcome, Measurement, ShapeR
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.quantize_kv import quantize_eager
 from kernel_agent.harness.promotion import judge_benchmark, timed_call_mismatch
+from tiers import exhaustive
 
 QUANT = get_op("quantize_kv")
 CAPTURED, REPLAYS = 20, 10  # calls in a fake graph, replays of it per round
@@ -73,6 +74,7 @@ def _graph_timed(contenders):
     return results
 
 
+@exhaustive  # the quick tier's graph replay check is the stale replay's below
 def test_the_last_graph_replay_of_each_round_is_checked_against_its_refreshed_inputs(fake_graphs):
     stale = StaleOnReplays(live=40)  # right in the eager calls and the first captured ones, stale on replays
     results = _graph_timed(
@@ -104,6 +106,7 @@ def test_a_stale_graph_replay_refuses_the_candidate_as_a_wrong_timed_call_does(f
 # -- a shape drawn inside the bucket beside its benchmark points ------------------------------------------
 
 
+@exhaustive  # the quick tier meets the drawn shape below (with_drawn_shape)
 def test_a_drawn_shape_lies_inside_the_bucket_off_the_point_and_costs_no_more_than_it():
     import random
 

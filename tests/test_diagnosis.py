@@ -21,6 +21,7 @@ from kernel_agent.harness.diagnosis import Diagnosis, diagnose, diagnose_incumbe
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from openai_stub import Stub
+from tiers import exhaustive
 
 PTX = """
 .visible .entry k(
@@ -108,6 +109,7 @@ def test_the_compile_probe_refuses_what_the_static_gate_refuses():
     assert p.error.startswith("the static gate rejects the file") and not p.launches
 
 
+@exhaustive  # a minute of compiling: the quick tier's compile probes are above
 def test_a_matmul_tile_too_large_for_its_warps_is_pruned_at_compile_time():
     """matmul cfg-128-256-64-8-1-2-4 measured 0.030x on the H200; its compile grinds for minutes in ptxas on
     the CPU (past the screen's limit, itself a reason). Its neighbour on 4 warps compiles in seconds, and spills."""

@@ -28,6 +28,7 @@ from kernel_agent.harness.ops.paged import gather_tokens
 from kernel_agent.kernels.baseline import attention as attention_baseline
 from kernel_agent.kernels.baseline import decode_attention_int8 as int8_baseline
 from kernel_agent.sanitizer.checks import _draw_case
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the per-code int8 kernel, the baseline before the byte planes (tests/candidates/good/decode_attention_int8/):
@@ -257,6 +258,7 @@ def test_int8_emulation_is_the_kernels_rounding():
 EMULATION_EXAMPLES = 100
 
 
+@exhaustive  # minutes of emulated decodes in Python; the quick tier checks the emulation on its recorded case
 @pytest.mark.parametrize("harsh", [False, True], ids=["differential", "extended"])
 def test_int8_bound_admits_the_emulated_kernels_over_the_sanitizers_draws(harsh):
     """EMULATION_EXAMPLES cases of the sanitizer's own property draws (shapes, dtypes, distributions, layouts,
@@ -306,7 +308,7 @@ NUMERIC_CHECKS = ["differential", "extended_numeric"]
 CI_SEEDS = 3
 
 
-@pytest.mark.slow
+@exhaustive
 def test_int8_kernels_pass_the_numeric_checks_over_several_seeds():
     """Covers: the int8 baseline (its byte-plane form, once a promoted serving kernel, and the per-code kernel
     before it had false positives), the numeric checks that rejected them (differential, extended_numeric),

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tiers import first_of_each
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = [os.path.join(ROOT, "kernels", "baseline", "matmul.py")] + sorted(
     glob.glob(os.path.join(ROOT, "tests", "candidates", "good", "matmul", "*.py"))
@@ -48,7 +50,8 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("path", KERNELS, ids=lambda p: os.path.relpath(p, ROOT))
+# the baseline in the quick tier, the good candidates in the exhaustive one (tests/tiers.py)
+@pytest.mark.parametrize("path", first_of_each(KERNELS, lambda p: "matmul", lambda p: os.path.relpath(p, ROOT)))
 def test_a_matmul_reads_operand_rows_past_two_to_the_31_elements(path):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, "-c", CHILD, path], capture_output=True, text=True, timeout=300, env=env)

@@ -54,6 +54,10 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 import pytest
 
 from kernel_agent.harness.ops import OPS
+from tiers import exhaustive, first_of_each
+
+# one worker judges the candidates under pytest-xdist (the module-scoped `behind_gate`; tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("hostile")
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "candidates" / "hostile"
@@ -586,13 +590,46 @@ def _cli(args: List[str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.slow
-def test_cli_rejects_every_hostile_candidate(observation):
+# Families the static gate stops by reading the file's bytes (text_mismatch: the text judged is not the text
+# that runs; trusted_import: Python run by a trusted process that imports or compiles a kernel;
+# host_arithmetic: host code whose effect the checks cannot draw, an identity test, an indicator of one size
+# built of bits or an exponent, a list as long as the input). Each file names the rule that must refuse it,
+# HOSTILE_RULE; tests/test_serving.py plants each in a serving set.
+GATE_FAMILIES = ("text_mismatch", "trusted_import", "host_arithmetic")
+GATE_CASES = [h for h in HOSTILES if h.family in GATE_FAMILIES]
+
+
+def _quick_first(cases: List[Hostile]) -> List[Hostile]:
+    return sorted(cases, key=lambda h: (heavy(h), h.op != "quantize_kv"))
+
+
+def _first_of_each_family(cases: List[Hostile]) -> List[Hostile]:
+    """The quick tier's case of each family: its first quantize_kv file (the cheapest op to judge, and one
+    `sanitize --op` call for them all), not a 12 GiB one where the family has another."""
+    firsts: Dict[str, Hostile] = {}
+    for h in _quick_first(cases):
+        firsts.setdefault(h.family, h)
+    return [h for h in cases if h in firsts.values()]
+
+
+def _tiers(quick: List[Hostile], cases: List[Hostile]) -> list:
+    """Two params of a test over `cases`: `quick` in the quick tier, the other cases in the exhaustive one."""
+    others = [h for h in cases if h not in quick]
+    return [pytest.param(quick, id="quick-tier"), pytest.param(others, id="the-others", marks=exhaustive)]
+
+
+# The quick tier's CLI run takes one file of each family that neither the gate-families test nor the test with
+# the gate bypassed (test_rejected_with_the_gate_bypassed) has a quick-tier case of; the exhaustive tier, the rest.
+@pytest.mark.parametrize(
+    "cases",
+    _tiers(_first_of_each_family([h for h in HOSTILES if h.family not in BEHIND_GATE + GATE_FAMILIES]), HOSTILES),
+)
+def test_cli_rejects_every_hostile_candidate(observation, cases: List[Hostile]):
     """`kernel-agent sanitize --op OP --json --quick --jobs 2` on every hostile file: exit 1, every
     file `passed: false`, the canary in no output, and no side effect anywhere."""
     problems = []
     groups: Dict[tuple, List[Probe]] = defaultdict(list)  # (op, heavy): heavy ones one at a time
-    for h in HOSTILES:
+    for h in cases:
         groups[(h.op, heavy(h))].append(observation.add(h))
     texts = []
     for (op, is_heavy), probes in sorted(groups.items()):
@@ -625,21 +662,13 @@ def test_cli_rejects_every_hostile_candidate(observation):
 
 # -- the text a process imports: the gate's families, each refused with its rule ---------------------
 
-# Families the static gate stops by reading the file's bytes (text_mismatch: the text judged is not the text
-# that runs; trusted_import: Python run by a trusted process that imports or compiles a kernel;
-# host_arithmetic: host code whose effect the checks cannot draw, an identity test, an indicator of one size
-# built of bits or an exponent, a list as long as the input). Each file names the rule that must refuse it,
-# HOSTILE_RULE; tests/test_serving.py plants each in a serving set.
-GATE_FAMILIES = ("text_mismatch", "trusted_import", "host_arithmetic")
-GATE_CASES = [h for h in HOSTILES if h.family in GATE_FAMILIES]
 
-
-@pytest.mark.slow
-def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observation):
+@pytest.mark.parametrize("cases", _tiers(_first_of_each_family(GATE_CASES), GATE_CASES))
+def test_the_gate_families_are_refused_by_their_rule_with_no_side_effect(observation, cases: List[Hostile]):
     """`kernel-agent sanitize --op OP --json --quick` on each file of the gate families: it fails at
     `static_gate` with the rule its HOSTILE_RULE names, no executor imports it, and nothing leaks."""
     assert all(len([h for h in GATE_CASES if h.family == f]) >= 2 for f in GATE_FAMILIES)
-    probes = [observation.add(h) for h in GATE_CASES]
+    probes = [observation.add(h) for h in cases]
     problems: List[str] = []
     verdicts: Dict[str, dict] = {}
     outputs: List[str] = []
@@ -776,15 +805,15 @@ def behind_gate(request, tmp_path_factory) -> BehindGate:
 
 
 def _behind_gate_params():
-    return [
-        pytest.param(
-            h, id=h.rel, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[h.rel])] if h.rel in KNOWN_GAPS else []
-        )
-        for h in BEHIND
-    ]
+    """The quick tier judges one candidate of each family (as _first_of_each_family picks it)."""
+    return first_of_each(
+        _quick_first(BEHIND),
+        lambda h: h.family,
+        lambda h: h.rel,
+        lambda h: [pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[h.rel])] if h.rel in KNOWN_GAPS else [],
+    )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("h", _behind_gate_params())
 def test_rejected_with_the_gate_bypassed(h: Hostile, behind_gate):
     """With the static gate off, the sandbox and the judge still reject the candidate, within its
@@ -803,7 +832,6 @@ def test_rejected_with_the_gate_bypassed(h: Hostile, behind_gate):
     assert not problems, f"{h.rel}:\n  " + "\n  ".join(problems)
 
 
-@pytest.mark.slow
 def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
     """No process carries the canary, no file under /tmp or in the repository holds it, and the
     repository's serving set and baselines are as they were."""
@@ -890,8 +918,8 @@ DOMAIN_CONTROLS = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("rel", sorted(DOMAIN_CONTROLS))
+# the quick tier: the first case (half a minute); the exhaustive tier, the others
+@pytest.mark.parametrize("rel", first_of_each(sorted(DOMAIN_CONTROLS), lambda rel: "undrawn_inputs"))
 def test_an_undrawn_input_is_met_by_its_check_and_the_kernel_without_the_cheat_passes_it(rel, tmp_path):
     """Each case is rejected by the check that draws its corner of the domain (quick mode, seed 0, that check
     alone), and the same file with the cheat replaced by the baseline's text passes that check: the check
@@ -914,7 +942,7 @@ def test_an_undrawn_input_is_met_by_its_check_and_the_kernel_without_the_cheat_p
 # -- the agent loop end to end -----------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@exhaustive
 def test_agent_run_with_hostile_model_replies_verifies_nothing(observation, tmp_path):
     """`kernel-agent run` against a loopback model endpoint whose replies are hostile rewrites:
     the run finishes (exit 0), no candidate is verified, and the canary reaches neither the

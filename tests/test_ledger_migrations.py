@@ -23,6 +23,7 @@ from kernel_agent.harness import ledger_migrations as migrations
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, upgrade_ledger
 from ledger_v1_schema import V1_DDL
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLES = ("meta", "run", "candidate", "proposal", "model_call", "check_result", "bench_result", "promotion")
@@ -304,6 +305,7 @@ def test_two_processes_upgrading_at_once_migrate_once(backend, tmp_path):
     assert _version(loc) == SCHEMA_VERSION and _rows(loc) == {**rows, "meta": [("schema_version", str(SCHEMA_VERSION))]}
 
 
+@exhaustive  # `run` refused in a process, twice, then the upgrade: the quick tier reads a version 1 ledger above
 def test_the_commands_on_a_version_1_ledger(tmp_path, capsys):
     """`history` reads a version-1 file without changing it; `run` refuses it with the one line that names
     `kernel-agent ledger upgrade`, which upgrades it and says where the old file is kept."""

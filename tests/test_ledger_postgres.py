@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from sqlalchemy import create_engine
 
 from kernel_agent.harness.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, server_url
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
@@ -145,6 +148,7 @@ def test_the_write_lock_serializes_writers_and_not_readers(postgres):
         led.close()
 
 
+@exhaustive  # two whole runs: the quick tier's concurrent writers are the processes above
 def test_two_concurrent_runs_write_one_server_ledger_and_the_commands_read_it(postgres, tmp_path):
     """Two `kernel-agent run`s at once (CPU: the sanitizer, no benchmark) on one PostgreSQL ledger, then
     `history`, `show` and `report` read it as they read a file."""
@@ -210,3 +214,85 @@ def test_two_concurrent_runs_write_one_server_ledger_and_the_commands_read_it(po
         per_source = conn.exec_driver_sql("SELECT count(*) FROM candidate GROUP BY op, source_hash").fetchall()
     engine.dispose()
     assert all(per_run.get(i, 0) >= 1 for i in ids) and all(c == (1,) for c in per_source)
+
+
+HOLDER = textwrap.dedent("""
+    import os
+    import time
+
+
+    def test_holds_the_server(postgres):
+        postgres()
+        with open(os.environ["KA_SERVER_READY"] + ".part", "w") as f:
+            f.write(postgres.pgdata)
+        os.rename(os.environ["KA_SERVER_READY"] + ".part", os.environ["KA_SERVER_READY"])
+        time.sleep(600)
+""")
+
+
+def _pgdata_processes(pgdata) -> list:
+    """The processes whose command line names the data folder (the postmaster: `postgres -D PGDATA ...`)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(pgdata).encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize(
+    "sig,workers",
+    [
+        pytest.param(signal.SIGKILL, [], id="SIGKILL"),
+        pytest.param(signal.SIGTERM, [], id="SIGTERM", marks=exhaustive),
+        pytest.param(signal.SIGINT, [], id="SIGINT", marks=exhaustive),
+        pytest.param(signal.SIGKILL, ["-n", "1"], id="SIGKILL-xdist-controller", marks=exhaustive),
+    ],
+)
+def test_the_sessions_server_stops_when_the_test_run_is_killed(sig, workers, tmp_path):
+    """pytest on a test that holds the `postgres` fixture, killed with SIG once the server is up: the
+    postmaster is gone within seconds and its data folder removed, whatever the signal (SIGKILL leaves no
+    teardown, only the watchdog), also where the process killed is pytest-xdist's controller (its worker
+    holds the server, and goes on)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder's own rootdir: none of the repository's addopts
+    (tmp_path / "test_holder.py").write_text(HOLDER)
+    ready = tmp_path / "ready"
+    env = dict(os.environ, KA_SERVER_READY=str(ready), PYTHONPATH=os.path.join(ROOT, "tests"))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "--basetemp", str(tmp_path / "base"), *workers]
+        + ["test_holder.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # Ctrl-C's default, also where these tests run with SIGINT ignored (a non-interactive shell's background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not ready.exists():
+            pytest.fail(f"the server did not start: {run.communicate(timeout=60)[0].decode()[-2000:]}")
+        pgdata = ready.read_text()
+        assert _pgdata_processes(pgdata), "the server is not running"
+        run.send_signal(sig)
+        run.wait(timeout=60)  # (not its output: an xdist worker left running holds the pipe)
+        deadline = time.monotonic() + 30
+        while _pgdata_processes(pgdata) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _pgdata_processes(pgdata), f"the server outlived a test run killed with {sig.name}"
+        while os.path.exists(pgdata) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(pgdata), "the server's data folder is left behind"
+    finally:
+        try:  # the run, and a worker the killed controller left running (one process group)
+            os.killpg(run.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        run.wait()
+        run.stdout.close()

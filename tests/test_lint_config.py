@@ -4,6 +4,7 @@ the link tree that shows mypy the package `kernel_agent` follows pyproject.toml'
 import importlib.util
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def test_ci_and_pre_commit_run_the_type_check():
     lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     typecheck = lines.index(".venv/bin/python .ci/typecheck.py")
     assert "set -euo pipefail" in lines[: lines.index(".venv/bin/ruff check .")]
-    assert lines.index(".venv/bin/ruff check .") < typecheck < lines.index(".venv/bin/python -m pytest -q")
+    assert lines.index(".venv/bin/ruff check .") < typecheck < lines.index("tier .venv/bin/python -m pytest -q")
     assert "set +e" not in lines[:typecheck]
     # each hook's block of `key: value` lines (the file is flat YAML; the test needs no YAML parser)
     blocks = (ROOT / ".pre-commit-config.yaml").read_text().split("- id:")[1:]
@@ -91,3 +92,34 @@ def test_the_link_tree_refuses_a_nested_package_mapped_elsewhere(tmp_path):
     mapping = {"kernel_agent": "kernel_agent", "kernel_agent.harness": "harness", "kernel_agent.harness.ops": "ops"}
     with pytest.raises(SystemExit, match="maps kernel_agent.harness.ops to ops, not inside harness"):
         _typecheck().lay_out_tree(mapping, str(tmp_path))
+
+
+def test_ci_runs_the_readme_test_command_and_the_exhaustive_tier():
+    """The README's test command runs the quick tier (pyproject's addopts deselect `exhaustive`), and CI runs it,
+    then the exhaustive tier (docs/CONTRIBUTING.md), each through `tier`, which takes exit 5 (no test) as no
+    failure."""
+    readme = (ROOT / "README.md").read_text()
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-m 'not exhaustive'" in config["addopts"]
+    assert any(m.startswith("exhaustive:") for m in config["markers"])
+    assert ".venv/bin/python -m pytest -q\n" in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    quick = lines.index("tier .venv/bin/python -m pytest -q")
+    exhaustive = next(i for i, line in enumerate(lines) if line.startswith("tier ") and "-m exhaustive" in line)
+    assert quick < exhaustive
+    assert 'if [ "$rc" -eq 5 ]; then echo "no tests collected: $*"; rc=0; fi' in lines
+
+
+def test_ci_tier_passes_an_empty_selection_and_stops_at_a_failure():
+    ci = (ROOT / ".ci" / "run").read_text()
+    function = re.search(r"^tier\(\) \{\n.*?^\}\n", ci, re.M | re.S).group(0)
+    script = "set -euo pipefail\n" + function + "tier bash -c 'exit 5'\necho went-on\n"
+    script += "tier bash -c 'exit 1'\necho not-reached\n"
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == [
+        "no tests collected: bash -c exit 5",
+        "went-on",
+        "tests failed (pytest exit 1): bash -c exit 1",
+    ]

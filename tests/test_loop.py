@@ -22,6 +22,7 @@ from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import OPS
 from kernel_agent.sanitizer.canonical import file_hash
 from openai_stub import Stub
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
@@ -127,6 +128,7 @@ def _script(tmp_path):
     ]
 
 
+@exhaustive  # ten candidates judged, minutes: the quick tier meets the model proposer in shorter runs
 def test_code_model_run_rejects_every_cheat_and_survives_every_fault(tmp_path):
     stub = Stub(_script(tmp_path))
     port = stub.start()
@@ -231,6 +233,7 @@ def _state(ledger_path):
     return run, {(c.source_hash, c.label, c.status) for c in cands}, props, checks
 
 
+@exhaustive  # two whole runs and a resume: the quick tier resumes a run stopped by its time limit
 def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     ref_db, kill_db = tmp_path / "ref.db", tmp_path / "kill.db"
     r = _run(SEARCH + ["--ledger", str(ref_db), "--candidates-dir", str(tmp_path / "ref")])
@@ -322,7 +325,7 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
     led.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=exhaustive)])
 def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
     db = tmp_path / "l.db"
     # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is
@@ -1208,6 +1211,7 @@ def test_the_live_status_line(monkeypatch):
     plain.close()
 
 
+@exhaustive  # two whole runs on one ledger: minutes
 def test_a_second_run_on_the_same_ledger_judges_only_new_candidates(tmp_path):
     """Two consecutive default-style runs of the built-in search on one ledger: the second replays
     what the first judged (free) and judges as many new candidates as its budget."""

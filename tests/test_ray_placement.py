@@ -21,6 +21,10 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kern
 
 from kernel_agent.agent.ray_placement import Node, RayPlacement, choose_gpu_model  # noqa: E402
 from local_ray_cluster import LocalRayCluster  # noqa: E402
+from tiers import exhaustive  # noqa: E402
+
+# one worker starts the cluster under pytest-xdist (module-scoped fixtures; tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("ray-cluster")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
@@ -122,6 +126,7 @@ def _ledger_state(db):
     return cands, checks, props
 
 
+@exhaustive
 def test_a_run_on_the_cluster_requeues_the_candidate_of_a_node_that_dies(cluster, tmp_path):
     """Two candidates on two one-CPU nodes; the second node is killed while it judges one of them. The run
     ends normally, that candidate's stage is queued again and runs on the node left, and each candidate
@@ -200,6 +205,7 @@ def test_the_run_uses_the_gpus_of_one_model():
     assert choose_gpu_model(nodes[3:]) is None
 
 
+@exhaustive
 def test_gpu_tasks_hold_a_gpu_of_the_runs_model_and_get_the_source_as_text(gpu_node, tmp_path):
     p = RayPlacement(gpu_node.address)
     try:
@@ -224,6 +230,7 @@ def test_gpu_tasks_hold_a_gpu_of_the_runs_model_and_get_the_source_as_text(gpu_n
         p.close()
 
 
+@exhaustive
 def test_a_task_over_its_limit_is_cancelled_and_stop_cancels_the_rest(gpu_node, tmp_path):
     p = RayPlacement(gpu_node.address, time_limits={"bench": 4.0})
     try:

@@ -11,6 +11,7 @@ import torch
 from kernel_agent.agent.rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, target_for
 from kernel_agent.harness.ops import NAMES
 from kernel_agent.sanitizer.runner import run_isolated
+from tiers import first_of_each
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +98,11 @@ def _sanitize(tmp_path, op: str, name: str, mode: str):
     return run_isolated(str(path), op, mode, seed=1234)
 
 
-@pytest.mark.parametrize("op,name", sorted((op, n) for op, names in APPLIES.items() for n in names))
+# the quick tier: each op's first rewrite (tests/tiers.py); the exhaustive tier, the others
+@pytest.mark.parametrize(
+    "op,name",
+    first_of_each(sorted((op, n) for op, names in APPLIES.items() for n in names), lambda c: c[0], several=True),
+)
 def test_each_rewrite_of_a_baseline_passes_the_quick_sanitizer_as_fpsan_equivalent(tmp_path, op, name):
     v = _sanitize(tmp_path, op, name, "quick")
     assert v.passed, v.summary()
@@ -105,7 +110,8 @@ def test_each_rewrite_of_a_baseline_passes_the_quick_sanitizer_as_fpsan_equivale
         assert v.fpsan_equivalent is True, v.fpsan_detail
 
 
-@pytest.mark.parametrize("name", sorted(FULL_RUN))
+# the quick tier: the first rewrite's full run; the exhaustive tier, the others
+@pytest.mark.parametrize("name", first_of_each(sorted(FULL_RUN), lambda n: "rewrite"))
 def test_each_rewrite_passes_the_full_sanitizer_once(tmp_path, name):
     v = _sanitize(tmp_path, FULL_RUN[name], name, "full")
     assert v.passed, v.summary()

@@ -30,6 +30,10 @@ from kernel_agent.harness.field_failures import FailureKind
 from kernel_agent.harness.figures import fmt_x
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
 from test_review import _ledger_with_a_field_failure
+from tiers import exhaustive
+
+# one worker starts the browser and the servers under pytest-xdist (module-scoped fixtures; tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("web")
 
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 CHROMIUM = os.environ.get("KERNEL_AGENT_CHROMIUM", "/usr/bin/chromium")
@@ -234,6 +238,7 @@ def cpu_run(request, tmp_path_factory):
 # -- the committed H200 example: every view, the figures, the JSON -------------------------------------
 
 
+@exhaustive
 def test_navigation_runs_run_candidate_serving_on_the_h200_example(browser, serve, tmp_path):
     shown = os.path.relpath(PR_EXAMPLE, ROOT)  # a copy at the committed path, so that the pages name it
     os.makedirs(tmp_path / os.path.dirname(shown))
@@ -302,6 +307,7 @@ def h200_search(browser, tmp_path_factory):
     srv.stop()
 
 
+@exhaustive
 def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser, h200_search, tmp_path, capsys):
     from kernel_agent.agent.cli import main
 
@@ -329,6 +335,7 @@ def test_the_plots_and_figures_on_the_page_are_those_of_show_and_report(browser,
     assert compared >= 10
 
 
+@exhaustive
 def test_the_json_api_returns_what_the_command_line_prints(browser, h200_search, capsys):
     from kernel_agent.agent.cli import main
 
@@ -357,6 +364,7 @@ def _start_run(led, ops, gpu=None, config=None):
     return led.start_run(config or {}, {"torch": "2.13"}, "search", ops, gpu, {})
 
 
+@exhaustive
 def test_the_runs_filter_by_op_status_gpu_and_date(browser, serve, tmp_path):
     ledger = _copy(os.path.join(H200, "ledger.db"), tmp_path)
     upgrade_ledger(ledger, backup=False)  # (the committed ledger is of schema version 1; this test writes to it)
@@ -407,6 +415,7 @@ def test_the_runs_filter_by_op_status_gpu_and_date(browser, serve, tmp_path):
     assert page.errors == []
 
 
+@exhaustive
 def test_a_run_in_progress_updates_on_the_open_page(browser, serve, tmp_path):
     ledger = str(tmp_path / "live.db")
     led = Ledger(ledger)
@@ -562,6 +571,7 @@ def _no_injection(page) -> None:
     assert all(h.startswith(("/", "?")) for h in hrefs), hrefs  # no javascript:, no other site
 
 
+@exhaustive
 def test_hostile_text_is_shown_as_text_and_cannot_break_the_layout(browser, serve, tmp_path):
     run_id, ids = _hostile_ledger(tmp_path / "hostile.db")
     srv = serve(tmp_path / "hostile.db")
@@ -657,6 +667,7 @@ def test_a_postgresql_ledger_is_served_read_only(postgres, serve):
 # -- the real CPU run, last: its run went on beside the tests above ------------------------------------
 
 
+@exhaustive
 def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(browser, serve, cpu_run):
     ledger, run_id = cpu_run()
     before = hashlib.sha256(open(ledger, "rb").read()).hexdigest()
@@ -759,6 +770,7 @@ def test_the_serving_page_of_a_ledger_without_runs_shows_what_the_serving_folder
     assert {(e["op"], e["bucket"]) for e in doc["manifest"]["entries"]} == {(e.op, e.bucket) for e in served}
 
 
+@exhaustive
 def test_the_candidate_pages_benchmark_table_fits_1280_px(browser, serve):
     """Its twelfth column was cut off at 1280 px: the shape now folds instead."""
     srv = serve(PR_EXAMPLE)
