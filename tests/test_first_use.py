@@ -431,15 +431,15 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
 
 
 def test_demote_on_a_fresh_clone_makes_the_default_ledger_and_records_there(tmp_path, monkeypatch, capsys):
-    """The committed kernels serve before any run: demoting one needs no run first."""
+    """The committed serving set's choices hold before any run: demoting one needs no run first."""
     from kernel_agent.agent.commands import cmd_demote
 
     r = _git_repo(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KERNEL_AGENT_LEDGER", raising=False)
     args = argparse.Namespace(
-        op="decode_attention_int8",
-        bucket="c8k-g4-d128",
+        op="matmul",
+        bucket="m16-klarge",
         dtype="bfloat16",
         gpu="NVIDIA H200",
         reason="r",
