@@ -1399,10 +1399,7 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
 
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
-    # a ledger named (--ledger, KERNEL_AGENT_LEDGER) must exist: a typo creates none. The default one may not
-    # exist yet (a fresh clone, whose committed kernels serve before any run): it is made for the demotion.
-    named = bool(getattr(args, "ledger", None) or os.environ.get("KERNEL_AGENT_LEDGER"))
-    led = open_ledger(args, existing=True) if named or os.path.exists(default_ledger()) else None
+    led = _demote_ledger(args)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
     promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname) if led is not None else None
@@ -1451,6 +1448,14 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     _resolve_field_failures(led, args, gname, run.id)
     ui.line(info.outcome())
     return 0
+
+
+def _demote_ledger(args) -> Optional[Ledger]:
+    """The ledger a demotion records in, if there is one yet. A ledger named (--ledger, KERNEL_AGENT_LEDGER) must
+    exist: a typo creates none. The default one may not exist yet (a fresh clone, whose committed serving set
+    holds before any run): None, and it is made once the demotion has something to record."""
+    named = bool(getattr(args, "ledger", None) or os.environ.get("KERNEL_AGENT_LEDGER"))
+    return open_ledger(args, existing=True) if named or os.path.exists(default_ledger()) else None
 
 
 def _resolve_field_failures(led, args, gname: str, by: str) -> int:

@@ -40,8 +40,8 @@ baseline (per-code reads, the same plan otherwise): 1.33-1.35x faster on the H20
 programs per SM in _config (the bf16 baseline targets two); the search may tune it.
 
 Which kernel runs. The planes kernel needs 16-bit queries (its dots are float16), a
-power-of-two D >= 64 (each plane is a tile of D / 4 words, and a tensor-core dot needs
-K >= 16), and caches whose view as int32 is exact: the last dim contiguous, the storage
+power-of-two D >= 128 (each plane is a tile of D / 4 words; at D=64 its planes are too
+narrow to pay: 2.3x slower than the per-code kernel on the H100), and caches whose view as int32 is exact: the last dim contiguous, the storage
 offset and the other strides multiples of 4 bytes. Every other call (float32 q, any other
 D, an odd-strided or offset slice of a cache) takes the per-code split kernel, which
 covers the whole contract: any head dim D from 1 to 256 (tiles are BLOCK_D = max(16,
@@ -329,10 +329,10 @@ def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, se
     acc = torch.empty((B, Hq, splits, D), device=q.device, dtype=torch.float32)
     o = torch.empty((B, Hq, D), device=q.device, dtype=q.dtype)
     # Byte planes need 16-bit queries (float16 dots), int32 words along D: D a power of two (each plane is a
-    # tile of D / 4 words) and >= 64 (so each plane's dot has K >= 16), the last dim contiguous and 4-byte
-    # aligned. Anything else takes the per-code kernel, which pads any other D to a power of two with masks.
+    # tile of D / 4 words) and >= 128 (at 64 the planes kernel is the slower one), the last dim contiguous and
+    # 4-byte aligned. Anything else takes the per-code kernel, which pads any other D to a power of two with masks.
     block_d = max(16, triton.next_power_of_2(D))
-    planes = (q.element_size() == 2 and D >= 64 and D == block_d and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    planes = (q.element_size() == 2 and D >= 128 and D == block_d and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
               and k_cache.storage_offset() % 4 == 0 and v_cache.storage_offset() % 4 == 0
               and all(s % 4 == 0 for s in k_cache.stride()[:3]) and all(s % 4 == 0 for s in v_cache.stride()[:3]))
     if planes:
