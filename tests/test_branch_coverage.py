@@ -16,6 +16,7 @@ from kernel_agent.sanitizer.branches import (
     uncovered,
 )
 from kernel_agent.sanitizer.kernel_branches import KernelRecorder, indicator_sides, kernel_taken
+from tiers import exhaustive
 
 KERNEL_FILE = """import torch
 import triton
@@ -155,7 +156,7 @@ def test_the_search_override_is_exempt_and_its_configuration_must_be_launched():
     assert not any(s.exempt.startswith("the search's") for s in host_branches(forged, "cand.py"))
 
 
-@pytest.mark.slow
+@exhaustive
 def test_the_search_candidate_cfg_16_64_4_3_passes_the_full_sanitizer(tmp_path):
     """The search's own candidate for decode_attention c8k-g4-d128 passes the full sanitizer: host_branches once
     refused it (`cfg == _TUNED_FROM` was never true). About 3 minutes on an idle core (168 s; 461 s on a loaded one)."""
