@@ -1,15 +1,13 @@
-"""A run's hold on its ledger: one `kernel-agent run` records in a ledger at a time.
+"""A run's hold on a SQLite ledger: one `kernel-agent run` records in a ledger file at a time.
 
-Two runs on one ledger at once would propose the same candidates in the same order and judge each twice;
-the second is refused instead (`LedgerHeld`), naming the run that holds the ledger. The hold is one the
-operating system or the database server lets go of when its holder ends, however it ends (a kill -9, a
-lost machine), so a killed run never leaves a lock that blocks the next one:
+Two runs on one ledger file at once would propose the same candidates in the same order and judge each twice;
+the second is refused instead (`LedgerHeld`), naming the run that holds the ledger. The hold is an exclusive
+`flock` on `<ledger>.run-lock` beside the file, which the kernel releases when the process that took it exits,
+however it exits (a kill -9), so a killed run never leaves a lock that blocks the next one; the file holds the
+holder's run, pid, host and start, for the message.
 
-- a SQLite ledger: an exclusive `flock` on `<ledger>.run-lock` beside the file, which the kernel releases
-  when the process that took it exits; the file holds the holder's run, pid, host and start, for the message;
-- a PostgreSQL ledger: a session-level advisory lock (`RUN_LOCK_KEY`) on a connection of its own, which the
-  server releases when that connection ends; the holder's description is that connection's
-  `application_name`, read back from `pg_stat_activity`.
+A PostgreSQL ledger takes no hold: it is the ledger a team or a cluster shares (docs/CLUSTER.md), and several
+runs writing it at once is what it is for; each step is its own transaction there.
 """
 
 from __future__ import annotations
@@ -19,17 +17,9 @@ import json
 import os
 import socket
 import time
-from typing import Any, Callable, Optional
-
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
+from typing import Callable, Optional
 
 from .ledger import Ledger, LedgerError
-
-# The advisory lock a run holds on a PostgreSQL ledger for as long as it runs ("karunlck" in ASCII), apart
-# from the transaction-scoped write lock every recording step takes.
-RUN_LOCK_KEY = int.from_bytes(b"karunlck", "big")
-APP_PREFIX = "kernel-agent run"
 
 
 class LedgerHeld(LedgerError):
@@ -69,14 +59,10 @@ class RunHold:
         self.resume_command = resume_command or (lambda run_id: f"kernel-agent run --resume {run_id}")
         self.info: dict = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}
         self._fd: Optional[int] = None
-        self._conn: Any = None
-        self._engine: Any = None
 
     def take(self) -> "RunHold":
-        if self.ledger.url is None:
+        if self.ledger.url is None:  # a server ledger is shared by design: no hold (the module's docstring)
             self._take_file()
-        else:
-            self._take_server()
         return self
 
     def _lock_path(self) -> str:
@@ -103,66 +89,23 @@ class RunHold:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(self.info).encode(), 0)
 
-    def _take_server(self) -> None:
-        assert self.ledger.url is not None
-        self._engine = create_engine(self.ledger.url, poolclass=NullPool)
-        self._conn = self._engine.connect()
-        got = self._conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RUN_LOCK_KEY}).scalar()
-        self._conn.commit()
-        if not got:
-            holder = self._conn.execute(
-                text(
-                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE l.locktype = 'advisory' AND l.granted AND l.database = "
-                    "(SELECT oid FROM pg_database WHERE datname = current_database()) "
-                    "AND l.classid = :hi AND l.objid = :lo"
-                ),
-                {"hi": RUN_LOCK_KEY >> 32, "lo": RUN_LOCK_KEY & 0xFFFFFFFF},
-            ).scalar()
-            self.release()
-            info = _parse_app_name(holder or "")
-            raise _refusal(self.ledger, info, self.resume_command)
-        self._write_server()
-
-    def _write_server(self) -> None:
-        # application_name holds at most 63 bytes: the prefix, run, pid and host, in words (the host may be cut)
-        words = [APP_PREFIX, self.info.get("run") or "-", str(self.info["pid"]), self.info["host"]]
-        self._conn.execute(text("SELECT set_config('application_name', :n, false)"), {"n": " ".join(words)[:63]})
-        self._conn.commit()
-
     def name(self, run_id: str) -> None:
         """The run this hold is for, once the ledger has given it an id."""
         self.info["run"] = run_id
         if self._fd is not None:
             self._write_file(self._fd)
-        elif self._conn is not None:
-            self._write_server()
 
     def release(self) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the only descriptor of the file's description releases the flock
             self._fd = None
-        if self._conn is not None:
-            self._conn.close()  # the server releases a session lock with its session
-            self._conn = None
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
 
     def __enter__(self) -> "RunHold":
         return self.take()
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def _parse_app_name(name: str) -> dict:
-    """What `_write_server` wrote in a holder's application_name."""
-    words = name[len(APP_PREFIX) :].split() if name.startswith(APP_PREFIX) else []
-    if len(words) < 3:
-        return {}
-    return {"run": words[0] if words[0] != "-" else None, "pid": words[1], "host": words[2]}
 
 
 def _now() -> str:

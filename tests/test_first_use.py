@@ -762,17 +762,18 @@ def test_a_run_hold_names_its_holder_and_is_released_with_it(tmp_path):
         RunHold(led).take().release()
 
 
-def test_a_run_hold_on_a_postgresql_ledger_is_an_advisory_lock_its_session_releases(postgres):
-    from kernel_agent.harness.run_hold import LedgerHeld, RunHold
+def test_a_postgresql_ledger_takes_no_run_hold_it_is_shared_by_design(postgres):
+    """A server ledger is the one a team or a cluster shares: two runs may record in it at once
+    (tests/test_ledger_postgres.py runs two), so neither is refused."""
+    from kernel_agent.harness.run_hold import RunHold
 
     url = postgres()
     with Ledger(url) as led, Ledger(url) as other:
         first = RunHold(led).take()
         first.name("r-7")
-        with pytest.raises(LedgerHeld, match=r"held by run r-7 \(pid \d+, host "):
-            RunHold(other).take()
-        first.release()  # the session ends: the server lets go, as it does when a killed run's connection drops
-        RunHold(other).take().release()
+        second = RunHold(other).take()
+        second.release()
+        first.release()
 
 
 def test_a_time_limit_reads_its_unit_in_words():

@@ -249,14 +249,13 @@ def _pgdata_processes(pgdata) -> list:
         pytest.param(signal.SIGKILL, [], id="SIGKILL"),
         pytest.param(signal.SIGTERM, [], id="SIGTERM", marks=exhaustive),
         pytest.param(signal.SIGINT, [], id="SIGINT", marks=exhaustive),
-        pytest.param(signal.SIGKILL, ["-n", "1"], id="SIGKILL-xdist-controller", marks=exhaustive),
     ],
 )
 def test_the_sessions_server_stops_when_the_test_run_is_killed(sig, workers, tmp_path):
     """pytest on a test that holds the `postgres` fixture, killed with SIG once the server is up: the
     postmaster is gone within seconds and its data folder removed, whatever the signal (SIGKILL leaves no
-    teardown, only the watchdog), also where the process killed is pytest-xdist's controller (its worker
-    holds the server, and goes on)."""
+    teardown, only the watchdog). (A case killing pytest-xdist's controller passed without the controller
+    watch too, so it showed nothing, and timed out under load: it is not kept.)"""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder's own rootdir: none of the repository's addopts
     (tmp_path / "test_holder.py").write_text(HOLDER)
     ready = tmp_path / "ready"
