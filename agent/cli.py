@@ -22,6 +22,8 @@ import json
 import os
 import re
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
 from .. import __version__
@@ -111,29 +113,37 @@ def cmd_sanitize(args) -> int:
         raise UsageError("--gpu on: no CUDA GPU on this machine")
     total = len(args.files) * (2 if gpu else 1)
     with ui.Progress(f"sanitize {args.op} ({mode}{' + gpu' if gpu else ''})", total) as prog:
+        lock = threading.Lock()
 
         def done(v):
             # one file without a terminal: the report below says the same, so no progress line too
             if not args.json and (total > 1 or ui.is_tty()):
-                prog.advance(
-                    f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, {v.duration_s:.0f}s)"
-                )
+                with lock:
+                    prog.advance(
+                        f"{'PASS' if v.passed else 'FAIL'} {os.path.relpath(v.file)} ({v.mode}, {v.duration_s:.0f}s)"
+                    )
 
-        verdicts = run_many(
-            args.files,
-            args.op,
-            mode,
-            jobs=args.jobs,
-            timeout_s=args.timeout,
-            keep_going=args.keep_going,
-            on_done=done,
-            seed=args.seed,
-        )
-        if gpu:
-            gpu_verdicts = run_many(
-                args.files, args.op, "gpu", jobs=args.jobs, timeout_s=args.timeout, on_done=done, seed=args.seed
+        def cpu_checks():
+            return run_many(
+                args.files,
+                args.op,
+                mode,
+                jobs=args.jobs,
+                timeout_s=args.timeout,
+                keep_going=args.keep_going,
+                on_done=done,
+                seed=args.seed,
             )
-            verdicts = [merge_gpu(v, g) for v, g in zip(verdicts, gpu_verdicts)]
+
+        if gpu:  # the CPU checks and the device's at once: each judge is a process of its own
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                on_cpu = pool.submit(cpu_checks)
+                on_gpu = pool.submit(
+                    run_many, args.files, args.op, "gpu", args.jobs, args.timeout, on_done=done, seed=args.seed
+                )
+                verdicts = [merge_gpu(v, g) for v, g in zip(on_cpu.result(), on_gpu.result())]
+        else:
+            verdicts = cpu_checks()
     if args.junit:
         write_junit(verdicts, args.junit)
     print_verdicts(verdicts, as_json=args.json, op=args.op, mode=mode + ("+gpu" if gpu else ""))

@@ -197,8 +197,9 @@ def _add_bench_parser(sub) -> None:
     b.add_argument(
         "--stacks",
         help="--model: torch, baseline, serving, hybrid (cuBLAS matmuls with the baseline "
-        "attention) and/or flashinfer (cuBLAS matmuls with FlashInfer's paged decode; "
-        "the flashinfer extra) (default torch,baseline,serving)",
+        "attention), flashinfer (cuBLAS matmuls with FlashInfer's paged decode; "
+        "the flashinfer extra) and/or unguarded (the serving stack with its guard off: "
+        "with serving, the guard's cost) (default torch,baseline,serving)",
     )
     b.add_argument(
         "--kv-budget",
@@ -968,6 +969,8 @@ def print_model_bench(result, budget: Optional[int] = None) -> None:
         rows,
         justify=["left", "left", "left", "right", "right", "right", "right"],
     )
+    for line in guard_cost_lines(result):
+        ui.line(line)
     if budget is not None:
         _print_equal_memory(result, budget)
     labels = ["qkv", "quantize_kv", "attention", "o", "gate_up", "down", "other"]
@@ -996,6 +999,23 @@ def print_model_bench(result, budget: Optional[int] = None) -> None:
     for p in result.points:
         if p.accuracy is not None:
             ui.line(f"B={p.batch} ctx={p.context}: {p.accuracy.describe()}")
+
+
+def guard_cost_lines(result) -> List[str]:
+    """At each point and KV mode timed with both the serving stack and the `unguarded` one (the same
+    dispatcher, its guard off), the guard's steady-state cost: the serving layer's time over the unguarded one's."""
+    lines = []
+    for p in result.points:
+        by_key = {(t.stack, t.kv): t for t in p.timings}
+        for kv in result.kv_modes:
+            on, off = by_key.get(("serving", kv)), by_key.get(("unguarded", kv))
+            if on is not None and off is not None:
+                cost = on.layer_ms / off.layer_ms - 1
+                lines.append(
+                    f"B={p.batch} ctx={p.context} {kv}: the serving guard's steady-state cost {cost:+.2%} "
+                    f"({on.layer_ms * 1e3:.1f} us a layer with it, {off.layer_ms * 1e3:.1f} us without)"
+                )
+    return lines
 
 
 def _print_equal_memory(result, budget: int) -> None:

@@ -205,7 +205,10 @@ def load_model_config(spec: str) -> ModelConfig:
 
 # -- what to time ---------------------------------------------------------------------------------
 
-STACKS = ("torch", "baseline", "serving", "hybrid", "flashinfer")
+STACKS = ("torch", "baseline", "serving", "hybrid", "flashinfer", "unguarded")
+# the serving dispatcher with its guard on, and the same dispatcher with the guard off: their ratio is the
+# guard's steady-state cost (harness/serving_guard.py)
+SERVING_STACKS = ("serving", "unguarded")
 # stacks that compute attention over a bf16 cache whatever the KV mode (the reference, and FlashInfer)
 BF16_ONLY_STACKS = ("torch", "flashinfer")
 KV_MODES = ("bf16", "int8")
@@ -514,7 +517,7 @@ class DecodeStep:
                 cfg.page_size,
                 state.k_paged.dtype,
             )
-        if stack == "serving":
+        if stack in SERVING_STACKS:
             from . import serving  # keeps the CLI's startup light (torch)
 
             # Checks run in the first call of each shape class (which gets the trusted output), so that a
@@ -522,7 +525,7 @@ class DecodeStep:
             # not the trusted implementation an unfinished background check would leave in its place.
             synchronous = serving.GuardConfig(asynchronous=False)
             self._fns: Dict[str, Any] = {
-                op: serving.get(op, guard_config=synchronous)
+                op: serving.get(op, guard=stack == "serving", guard_config=synchronous)
                 for op in ("matmul", "decode_attention", "quantize_kv", "decode_attention_int8")
             }
         else:
@@ -609,7 +612,7 @@ class DecodeStep:
         dispatcher says serves it (resolve), for the others the implementation the stack names."""
         out = []
         for c in self.calls:
-            if self.stack == "serving":
+            if self.stack in SERVING_STACKS:
                 impl = str(c.fn.resolve(*c.args))  # type: ignore[attr-defined]  # a serving Dispatcher
             elif c.fn is _sdpa_decode:
                 impl = "torch SDPA (contiguous cache)"

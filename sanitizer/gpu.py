@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional
 
 import torch
@@ -373,6 +374,10 @@ GPU_CHECKS = [
     ("determinism", check_determinism),
 ]
 GPU_CHECK_NAMES = [n for n, _ in GPU_CHECKS]
+# Checks that start executors of their own (compute-sanitizer's wrapped processes) on tiny shapes: they run
+# beside the checks that share the subject's executor, so that a verdict's time is the longest chain of
+# device work (compiling the serving shapes' specialisations and the domain's large regions), not the sum.
+CONCURRENT_GPU_CHECKS = ("memcheck", "initcheck", "racecheck")
 
 
 def sanitize_gpu(
@@ -405,28 +410,50 @@ def sanitize_gpu(
         subject.executor = Executor(subject.path, op_name, "cuda", deadline=deadline, skip_gate=skip_gate)
     steps = [("static_gate", lambda s: check_static(s, None)), ("load", lambda s: check_load(s, None))]
     steps += [(n, c) for n, c in GPU_CHECKS if not only or n in only]
+    beside: dict[str, Future] = {}
+    pool = ThreadPoolExecutor(max_workers=len(CONCURRENT_GPU_CHECKS), thread_name_prefix="gpu-check")
     try:
         for name, check in steps:
             if name not in ("static_gate",) and not gpu:
                 outcome = CheckOutcome(name, CheckStatus.SKIPPED, "no CUDA GPU on this machine")
+            elif name in beside:
+                outcome = beside[name].result()
+                failed = failed or outcome.status == CheckStatus.FAILED
             elif failed:
                 outcome = CheckOutcome(name, CheckStatus.SKIPPED, "not run: an earlier check failed")
             else:
                 if before_gpu is not None and name not in ("static_gate", "load"):
                     before_gpu()
                     before_gpu = None
-                if on_start:
-                    on_start(name)
-                outcome = _run_check(name, check, subject)
+                if name not in ("static_gate", "load") and not beside:
+                    beside = _start_beside(pool, steps, subject, on_start)
+                if name in beside:
+                    outcome = beside[name].result()
+                else:
+                    if on_start:
+                        on_start(name)
+                    outcome = _run_check(name, check, subject)
                 failed = failed or outcome.status == CheckStatus.FAILED
             verdict.checks.append(outcome)
             if on_check:
                 on_check(outcome)
     finally:
+        pool.shutdown(wait=True)  # each runs under the subject's deadline and closes its own executor
         if subject.executor is not None:
             subject.executor.close()
     verdict.duration_s = time.time() - t_all
     return verdict
+
+
+def _start_beside(pool: ThreadPoolExecutor, steps, subject: Subject, on_start) -> dict[str, Future]:
+    """Start the CONCURRENT_GPU_CHECKS among `steps` in `pool`; their futures by name."""
+    started = {}
+    for name, check in steps:
+        if name in CONCURRENT_GPU_CHECKS:
+            if on_start:
+                on_start(name)
+            started[name] = pool.submit(_run_check, name, check, subject)
+    return started
 
 
 def _run_check(name: str, check: Callable[[Subject], str], subject: Subject) -> CheckOutcome:

@@ -372,3 +372,23 @@ def test_the_printed_report(capsys):
         "attention output 1.23e-02, of the layer's output 4.50e-04 (bf16 serving vs torch: 2.00e-03 and 1.00e-04)"
     ) in out
     json.dumps(result.to_json())  # the document --json writes
+
+
+def test_the_guards_cost_is_the_serving_stack_against_the_unguarded_one():
+    """`--stacks serving,unguarded` prints the guard's steady-state cost at each point and KV mode timed both
+    ways, and nothing where one of the two is missing."""
+    from kernel_agent.agent.commands import guard_cost_lines
+    from kernel_agent.harness.model_step import ModelBenchResult, PointResult, StackTiming
+
+    cfg = PRESETS["llama-3-8b"]
+
+    def timing(stack, kv, layer_ms):
+        return StackTiming(stack, kv, layer_ms, 0.001, layer_ms * 32, 1.0, None, [layer_ms], {}, {})
+
+    both = PointResult(32, 8192, [timing("serving", "int8", 0.303), timing("unguarded", "int8", 0.300)], [], None, {})
+    one = PointResult(8, 32768, [timing("serving", "int8", 0.2)], [], None, {})
+    result = ModelBenchResult(cfg, "NVIDIA H100", {}, ("serving", "unguarded"), ("int8",), [both, one])
+    assert guard_cost_lines(result) == [
+        "B=32 ctx=8192 int8: the serving guard's steady-state cost +1.00% (303.0 us a layer with it, 300.0 us without)"
+    ]
+    assert "unguarded" in STACKS

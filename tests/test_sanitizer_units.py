@@ -464,3 +464,43 @@ def test_an_fpsan_proof_shortens_the_extended_suite_but_does_not_skip_it(monkeyp
     Proved.fpsan_equivalent = None
     checks.check_extended(Proved(), checks.FULL)
     assert seen[-1] == checks.FULL.extended_examples
+
+
+def test_the_compute_sanitizer_checks_run_beside_the_others_and_report_in_order(monkeypatch, tmp_path):
+    """sanitize_gpu starts memcheck, initcheck and racecheck together, beside the checks that share the
+    candidate's executor (a verdict takes the longest chain, not the sum), and reports every check in its
+    order; a failed check beside the others fails the verdict."""
+    import threading
+
+    from kernel_agent.sanitizer import gpu
+
+    together = threading.Barrier(len(gpu.CONCURRENT_GPU_CHECKS) + 1, timeout=30)  # the three and the main chain
+
+    def beside(name):
+        def check(subject):
+            together.wait()  # breaks (and the check fails) unless all three run while the main chain waits too
+            if name == "initcheck":
+                raise gpu.CheckFailed("an uninitialised read")
+            return f"{name} ok"
+
+        return check
+
+    def main_chain(subject):
+        together.wait()
+        return "differential ok"
+
+    checks = [("gpu_differential", main_chain), ("gpu_domain", lambda s: "domain ok")]
+    checks += [(n, beside(n)) for n in gpu.CONCURRENT_GPU_CHECKS] + [("determinism", lambda s: "same")]
+    monkeypatch.setattr(gpu, "GPU_CHECKS", checks)
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "check_source", lambda source, op: type("Gate", (), {"passed": False})())
+    monkeypatch.setattr(gpu, "check_static", lambda s, _: "gated")
+    monkeypatch.setattr(gpu, "check_load", lambda s, _: "loaded")
+    path = tmp_path / "k.py"
+    path.write_text("pass\n")
+    v = gpu.sanitize_gpu(str(path), "quantize_kv")
+    names = [c.name for c in v.checks]
+    assert names == ["static_gate", "load", "gpu_differential", "gpu_domain", *gpu.CONCURRENT_GPU_CHECKS, "determinism"]
+    status = {c.name: c.status.value for c in v.checks}
+    assert status["gpu_differential"] == status["memcheck"] == status["racecheck"] == "passed"
+    assert status["initcheck"] == "failed" and status["determinism"] == "skipped" and not v.passed
