@@ -10,10 +10,13 @@
 #   run:      a short `kernel-agent run` of the built-in search over all five ops (RUN_LIMIT, 150s)
 #   reads:    the legitimate kernel under each narrower GPU rule, with what CUDA was refused
 #             (scripts/gpu_sandbox_probe.py --reads)
-#   sweep:    the false-positive sweep (scripts/false_positive_sweep.py, full mode, SWEEP_JOBS at lowest
-#             priority) in the background for SWEEP_S seconds while the other steps run; it resumes from
-#             SWEEP_FILE (default: a copy of the committed results/cpu/false_positive_sweep.jsonl) and its
-#             file lands in DEST/false_positive_sweep.jsonl; SWEEP_KERNELS picks the groups (baselines,serving,good)
+#   sweep:    the false-positive sweep (scripts/false_positive_sweep.py, full mode, at lowest priority) in the
+#             background for SWEEP_S seconds while the other steps run. SWEEPS lists GROUP:SEEDS:JOBS (default
+#             "baselines:50:8 good:10:6"); each group's file resumes from
+#             SWEEP_FROM/false_positive_sweep_GROUP.jsonl where that exists and lands in DEST under that name
+#   alone:    one candidate (ALONE_OP's baseline, default decode_attention_int8) through `sanitize --gpu on`
+#             with nothing else on the GPU, timed: the verdict's latency
+#   guardcost: the serving guard's steady-state cost in `bench --model` (scripts/gpu_guard_cost.py)
 # STEPS picks them (default "sandbox baselines tests run"). Prints a summary table last.
 # Usage: [STEPS=...] [RUN_LIMIT=150s] bash scripts/gpu_trust.sh OUTDIR
 set -u
@@ -28,13 +31,18 @@ if ls .whl/sqlalchemy*.whl >/dev/null 2>&1; then  # the ledger's one dependency 
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/sqlalchemy*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+sweep_pids=()
 if [[ " $STEPS " == *" sweep "* ]]; then
-  SWEEP_FILE=${SWEEP_FILE:-$KA/false_positive_sweep.jsonl}
-  mkdir -p "$KA"; [ -e "$SWEEP_FILE" ] || cp results/cpu/false_positive_sweep.jsonl "$SWEEP_FILE"
-  OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds 50 --kernels "${SWEEP_KERNELS:-baselines,serving,good}" \
-    --jobs "${SWEEP_JOBS:-12}" --timeout 900 --out "$SWEEP_FILE" --commit "${SWEEP_COMMIT:-unknown}" \
-    > "$OUT/sweep.txt" 2>&1 &
-  sweep_pid=$!
+  mkdir -p "$KA"
+  for spec in ${SWEEPS:-baselines:50:8 good:10:6}; do
+    IFS=: read -r group seeds jobs <<< "$spec"
+    file=$KA/false_positive_sweep_$group.jsonl
+    [ -e "${SWEEP_FROM:-/nonexistent}/false_positive_sweep_$group.jsonl" ] && cp "$SWEEP_FROM/false_positive_sweep_$group.jsonl" "$file"
+    touch "$file"
+    OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds "$seeds" --kernels "$group" \
+      --jobs "$jobs" --timeout 900 --out "$file" --commit "${SWEEP_COMMIT:-unknown}" > "$OUT/sweep_$group.txt" 2>&1 &
+    sweep_pids+=($!)
+  done
 fi
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], sys.executable, 'torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
@@ -59,6 +67,22 @@ if [[ " $STEPS " == *" baselines "* ]]; then
   done
   wait
   for op in matmul attention decode_attention quantize_kv decode_attention_int8; do summary+=("$(cat "$OUT/sum_$op.txt")"); done
+fi
+if [[ " $STEPS " == *" alone "* ]]; then
+  op=${ALONE_OP:-decode_attention_int8}; t0=$(date +%s)
+  timeout 420 $CLI sanitize --op "$op" "kernels/baseline/$op.py" --gpu on --json > "$OUT/alone_$op.json" 2> "$OUT/alone_$op.err"
+  rc=$?; summary+=("sanitize --gpu on, $op's baseline alone on the GPU: exit $rc, $(( $(date +%s) - t0 )) s")
+  python3 -c "
+import json, sys
+for f in json.load(open(sys.argv[1]))['files']:
+    print(' '.join(f\"{c['name']}={c['duration_s']:.0f}s\" for c in f['checks']))" "$OUT/alone_$op.json" | tee "$OUT/alone_checks.txt"
+fi
+if [[ " $STEPS " == *" guardcost "* ]]; then
+  t0=$(date +%s)
+  timeout "${GUARD_S:-330}" python3 scripts/gpu_guard_cost.py --out "$OUT/guard_cost.json" > "$OUT/guard_cost.txt" 2>&1
+  rc=$?; summary+=("guard cost (bench --model, serving against unguarded): exit $rc, $(( $(date +%s) - t0 )) s")
+  grep -E "steady-state cost|promoted by force|Error|error" "$OUT/guard_cost.txt" | head -n 20
+  while read -r line; do summary+=("  $line"); done < <(grep "steady-state cost" "$OUT/guard_cost.txt")
 fi
 if [[ " $STEPS " == *" benchprobe "* ]]; then
   timeout 200 python3 -c "
@@ -89,9 +113,11 @@ if [[ " $STEPS " == *" run "* ]]; then
   tail -n 12 "$OUT/run.txt"
   cp "$KA/run/ledger.db" "$OUT/run_ledger.db" 2>/dev/null
 fi
-if [[ -n "${sweep_pid:-}" ]]; then
-  wait "$sweep_pid"; cp "$SWEEP_FILE" "$DEST/false_positive_sweep.jsonl"
-  summary+=("sweep: $(python3 scripts/false_positive_sweep.py --summary --out "$SWEEP_FILE" | tail -n 1)")
+if [[ ${#sweep_pids[@]} -gt 0 ]]; then
+  wait "${sweep_pids[@]}"
+  for f in "$KA"/false_positive_sweep_*.jsonl; do
+    cp "$f" "$DEST/"; summary+=("sweep $(basename "$f"): $(python3 scripts/false_positive_sweep.py --summary --out "$f" | tail -n 1)")
+  done
 fi
 echo
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
