@@ -41,6 +41,7 @@ _UNCONDITIONAL = {
 # A condition the interpreter cannot take both ways: the device a tensor lives on, bfloat16 tensors (the CPU
 # checks draw bfloat16 values in float32 tensors). The GPU stage runs these.
 GPU_ONLY = re.compile(r"\bdevice\b|is_cuda|\bcuda\b|get_device_properties|multi_processor_count|bfloat16")
+DEVICE_READ = re.compile(r"\bdevice\b|is_cuda|\bcuda\b|get_device_properties|multi_processor_count")
 
 
 def _qualname(code: types.CodeType) -> str:
@@ -132,6 +133,12 @@ class Side:
     condition: str  # the source of the condition
     value: str  # what the condition evaluates to on this side ("true", "false", "None", "not None")
     exempt: str  # why this side need not be taken ("" when it must)
+    reads: str = ""  # a DEVICE_ONLY side's condition with the device-only locals it names spelled out
+
+    @property
+    def reads_the_device(self) -> bool:
+        """A DEVICE_ONLY side that reads the device or its SM count (not only the dtype): one GPU takes one side."""
+        return DEVICE_READ.search(self.reads or self.condition) is not None
 
     def key(self) -> Tuple[str, int, int, int]:
         return (self.qualname, self.firstlineno, self.jump, self.dest)
@@ -347,12 +354,13 @@ def _sides_of(
         why = (override if override and re.fullmatch(r"cfg == _TUNED_FROM\d*", text) else "") or condition_exemption(
             text, local
         )
+        reads = _reads(ast.parse(text.strip(), mode="eval"), local) if why == DEVICE_ONLY else ""
         for jumped, dest, value in ((True, ins.argval, when_jumped), (False, instrs[i + 1].offset, when_not)):
             exempt = why or (
                 "only raises (a guard on the contract's limits)" if _raises(instrs, by_offset, dest) else ""
             )
             sides.append(
-                Side(_qualname(code), code.co_firstlineno, ins.offset, dest, jumped, line, text, value, exempt)
+                Side(_qualname(code), code.co_firstlineno, ins.offset, dest, jumped, line, text, value, exempt, reads)
             )
     return sides
 

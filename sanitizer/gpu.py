@@ -31,7 +31,7 @@ from typing import Callable, List, Optional
 import torch
 
 from ..harness.ops import get_op
-from .branches import host_branches, taken
+from .branches import DEVICE_ONLY, host_branches, taken
 from .canonical import TextRefused, canonical_source
 from .checks import (
     CheckSkipped,
@@ -128,7 +128,7 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         del case, ref, out
         subject.fn.reset()
         torch.cuda.empty_cache()
-    _bf16_branches_taken(subject)
+    _device_branches_taken(subject)
     # every specialisation a serving shape launches is compared with the reference here, whether or not the
     # interpreter ever ran it (the CPU verdict's host_branches check counts the ones it did)
     return (
@@ -139,23 +139,32 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
     )
 
 
-def _bf16_branches_taken(subject: Subject) -> None:
-    """The host branches on bfloat16, which the CPU checks leave to this stage (sanitizer/branches.py), taken
-    both ways by the device cases above (bf16, fp16 and fp32 each)."""
+def _device_branches_taken(subject: Subject) -> None:
+    """The host branches that read only the device, the dtype or the SM count, which the CPU checks leave to
+    this stage (sanitizer/branches.py DEVICE_ONLY): each one the device cases above reached (bf16, fp16 and fp32
+    each), taken both ways when it reads only the dtype (every dtype is drawn here). One that reads the device
+    or its SM count takes one side on one GPU: the CPU took the other, and on another GPU the serving guard
+    checks each shape class before a kernel serves it (harness/serving_guard.py)."""
     try:
         # the executor runs (and records arcs of) the canonical text: its lines are the ones to compile
-        sides = [x for x in host_branches(canonical_source(subject.source), subject.path) if "bfloat16" in x.condition]
+        sides = [x for x in host_branches(canonical_source(subject.source), subject.path) if x.exempt == DEVICE_ONLY]
     except (SyntaxError, TextRefused) as e:
         raise CheckFailed(f"the judge cannot compile the file: {e}")
     if not sides:
         return
     arcs, _ = subject.fn.coverage()
-    missing = [x for x in sides if x.key() not in taken(arcs, sides)]
-    if missing:
-        raise CheckFailed(
-            f"host code branches on bfloat16 and the device cases never took one side: "
-            f"{missing[0].describe(subject.path)}"
-        )
+    took = taken(arcs, sides)
+    branches: dict[tuple, list] = {}
+    for x in sides:
+        branches.setdefault((x.qualname, x.firstlineno, x.jump), []).append(x)
+    for both in branches.values():
+        reached = any(x.key() in took for x in both)
+        missing = [x for x in both if x.key() not in took]
+        if reached and missing and not both[0].reads_the_device:
+            raise CheckFailed(
+                f"host code branches on the dtype alone and the device cases (bf16, fp16 and fp32) never took one "
+                f"side: {missing[0].describe(subject.path)}"
+            )
 
 
 def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:

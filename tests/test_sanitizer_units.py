@@ -383,30 +383,57 @@ def test_host_branch_coverage_names_each_side_never_taken(tmp_path):
     assert not any(s.qualname == "_k" for s in sides)
 
 
-def test_the_gpu_check_of_bfloat16_branches_reads_the_file_as_text(tmp_path):
-    """The GPU differential check finds the host branches on bfloat16 in the file it read as bytes: it
-    compiles the canonical text (as the CPU check does), and names the side the device cases never took."""
+@pytest.mark.parametrize(
+    "condition,refused",
+    [
+        ("a.dtype == torch.bfloat16", True),  # every dtype is drawn on the device: both sides there
+        ("half", True),  # the same, through a device-only local
+        ("a.is_cuda", False),  # the device takes one side, the CPU the other
+        ("a.device.type == 'cuda'", False),
+    ],
+)
+def test_the_gpu_stage_takes_the_device_only_sides_the_cpu_left_it(tmp_path, condition, refused):
+    """The GPU stage finds the device-only host branches in the file it read as bytes (it compiles the canonical
+    text, as the CPU check does). A branch the device cases reached one way is refused when it reads only the
+    dtype, and named; one that reads the device or its SM count takes one side per GPU. A branch the device
+    never reached (host code of another path) asks nothing of it."""
     from kernel_agent.harness.ops import get_op
+    from kernel_agent.sanitizer.branches import DEVICE_ONLY, host_branches
+    from kernel_agent.sanitizer.canonical import canonical_source
     from kernel_agent.sanitizer.checks import Subject
     from kernel_agent.sanitizer.execution import CheckFailed
-    from kernel_agent.sanitizer.gpu import _bf16_branches_taken
-
-    class NoArcs:  # an executor whose device cases took no branch
-        def coverage(self):
-            return [], []
+    from kernel_agent.sanitizer.gpu import _device_branches_taken
 
     src = (
         "import torch\n\n\n"
         "def matmul(a, b):\n"
-        "    if a.dtype == torch.bfloat16:\n"
+        "    half = a.dtype == torch.bfloat16\n"
+        f"    if {condition}:\n"
         "        return (a.float() @ b.float()).to(a.dtype)\n"
         "    return a @ b\n"
     )
     path = tmp_path / "cand.py"
     path.write_bytes(src.encode())
-    subject = Subject(get_op("matmul"), str(path), path.read_bytes(), fn=NoArcs())
-    with pytest.raises(CheckFailed, match="branches on bfloat16 and the device cases never took one side"):
-        _bf16_branches_taken(subject)
+    sides = [x for x in host_branches(canonical_source(path.read_bytes()), str(path)) if x.exempt == DEVICE_ONLY]
+    assert len(sides) == 2, sides
+
+    class Took:  # an executor whose device cases took the given sides
+        def __init__(self, took):
+            self.took = took
+
+        def coverage(self):
+            return [[x.qualname, x.firstlineno, x.jump, x.dest] for x in self.took], []
+
+    def judge(took):
+        _device_branches_taken(Subject(get_op("matmul"), str(path), path.read_bytes(), fn=Took(took)))
+
+    judge([])  # never reached on the device
+    judge(sides)  # both ways
+    if refused:
+        with pytest.raises(CheckFailed, match=r"branches on the dtype alone .* never took one side: .*cand.py:\d+: `"):
+            judge(sides[:1])
+    else:
+        judge(sides[:1])
 
 
 @pytest.mark.parametrize("op_name", ["matmul", "attention", "decode_attention", "decode_attention_int8", "quantize_kv"])
