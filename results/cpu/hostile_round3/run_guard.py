@@ -133,8 +133,9 @@ CASE_TABLE = {
 }
 
 
-def _clone(args: dict) -> dict:
-    """A deep copy that keeps storage sharing between arguments (aliased k/v stay aliased)."""
+def _clone(args: dict, device: str | None = None) -> dict:
+    """A deep copy (on `device`, default where each tensor is) that keeps storage sharing between arguments
+    (aliased k/v stay aliased)."""
     memo: dict = {}
     out = {}
     for k, v in args.items():
@@ -142,8 +143,10 @@ def _clone(args: dict) -> dict:
             st = v.untyped_storage()
             key = st.data_ptr()
             if key not in memo:
-                memo[key] = st.clone()
-            out[k] = torch.empty(0, dtype=v.dtype).set_(memo[key], v.storage_offset(), v.shape, v.stride())
+                memo[key] = st.clone() if device is None else st.to(device=torch.device(device))
+            where = memo[key].device
+            out[k] = torch.empty(0, dtype=v.dtype, device=where).set_(
+                memo[key], v.storage_offset(), v.shape, v.stride())
         else:
             out[k] = v
     return out
@@ -154,7 +157,7 @@ def _digests(args: dict) -> dict:
     out = {}
     for k, v in args.items():
         if isinstance(v, torch.Tensor):
-            raw = torch.empty(0, dtype=torch.uint8).set_(v.untyped_storage())
+            raw = torch.empty(0, dtype=torch.uint8, device=v.device).set_(v.untyped_storage()).cpu()
             out[k] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
     return out
 
@@ -193,17 +196,18 @@ def demo(op: str, path: Path, args: dict) -> dict:
             "baseline_s": round(t_ref, 2), "candidate_s": round(t_cand, 2)}
 
 
-def guard(op: str, path: Path, args: dict, time_limit: float, first: dict | None = None) -> dict:
+def guard(op: str, path: Path, args: dict, time_limit: float, first: dict | None = None, gpu: str = "cpu") -> dict:
     """Install by force, call twice through the guarded dispatcher (the first call of the class checks it)."""
     tmp = Path(tempfile.mkdtemp(prefix="rt3_serving_"))
     sdir = tmp / "serving"
     spec = get_op(op)
     bucket = spec.bucket(spec.shape_of(args))
-    serving.install(op, bucket, "float32", "cpu", path.read_text(), 7, 0.1, "forced for the round-3 case", {},
-                    dir=sdir)
+    dtype = next(v.dtype for v in args.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+    serving.install(op, bucket, {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype],
+                    gpu, path.read_text(), 7, 0.1, "forced for the round-3 case", {}, dir=sdir)
     failures: list = []
     cfg = serving.GuardConfig(asynchronous=False, time_limit_s=time_limit)
-    fn = serving.get(op, gpu="cpu", dir=sdir, guard=True, guard_config=cfg, sink=failures.append)
+    fn = serving.get(op, gpu=gpu, dir=sdir, guard=True, guard_config=cfg, sink=failures.append)
     base = getattr(_load(ROOT / "kernels" / "baseline" / f"{op}.py"), op)
     rows = []
     for label, call in (("first", first or args), ("second", args)):
@@ -232,18 +236,19 @@ def guard(op: str, path: Path, args: dict, time_limit: float, first: dict | None
             "files_outside_serving_dir": [str(p) for p in stray]}
 
 
-def run_case(name: str, time_limit: float, skip_demo: bool) -> dict:
+def run_case(name: str, time_limit: float, skip_demo: bool, device: str = "cpu") -> dict:
     op, rel, build, note = CASE_TABLE[name]
     path = CASES / rel
-    args = build()
+    args = _clone(build(), device)
+    gpu = "cpu" if device == "cpu" else torch.cuda.get_device_name(torch.device(device))
     result: dict = {"case": name, "op": op, "file": rel}
     if not skip_demo:  # the compile bomb is shown at a batch of 136 (1025 unrolled steps), not 254
-        demo_args = _decode_args(D_, DecodeShape(136, 1, 1, 16, 4, 4)) if note == "demo-b136" else args
+        demo_args = _clone(_decode_args(D_, DecodeShape(136, 1, 1, 16, 4, 4)), device) if note == "demo-b136" else args
         result["demo"] = demo(op, path, demo_args)
-    first = _short_then_long()[0] if note == "short-then-long" else None
-    result["guard_first_use_triggering"] = guard(op, path, args, time_limit)
+    first = _clone(_short_then_long()[0], device) if note == "short-then-long" else None
+    result["guard_first_use_triggering"] = guard(op, path, args, time_limit, gpu=gpu)
     if first is not None:  # the realistic order: the class first met at a short context
-        result["guard_short_then_long"] = guard(op, path, args, time_limit, first=first)
+        result["guard_short_then_long"] = guard(op, path, args, time_limit, first=first, gpu=gpu)
     return result
 
 
@@ -254,22 +259,25 @@ def main() -> None:
     ap.add_argument("--skip-demo", action="store_true")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--each-in-own-process", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu (the interpreter) or cuda (compiled; run without TRITON_INTERPRET)")
     a = ap.parse_args()
     for name in a.cases:
         if a.each_in_own_process and len(a.cases) > 1:
-            extra = ["--time-limit", str(a.time_limit)] + (["--record"] if a.record else [])
+            extra = ["--time-limit", str(a.time_limit), "--device", a.device] + (["--record"] if a.record else [])
             subprocess.run([sys.executable, __file__, name, *extra], check=False)
             continue
         t0 = time.perf_counter()
-        res = run_case(name, a.time_limit, a.skip_demo)
+        res = run_case(name, a.time_limit, a.skip_demo, a.device)
         res["wall_s"] = round(time.perf_counter() - t0, 1)
         line = json.dumps(res, default=str)
         print(line, flush=True)
         if a.record:
-            with open(HERE / "guard_results.jsonl", "a", encoding="utf-8") as f:
+            out = "guard_results.jsonl" if a.device == "cpu" else "guard_results_gpu.jsonl"
+            with open(HERE / out, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if "--device" not in sys.argv or "cpu" in sys.argv[sys.argv.index("--device") + 1 :][:1]:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     main()
