@@ -473,6 +473,128 @@ def _decode_sized(shapes: Sequence[Any]) -> bool:
     return bool(shapes) and all(s.M <= 64 and s.K >= 1024 for s in shapes)
 
 
+def _parse_expr(text: str) -> ast.expr:
+    return cast(ast.Expr, ast.parse(text).body[0]).value
+
+
+def _parse_stmt(text: str) -> ast.stmt:
+    return ast.parse(text).body[0]
+
+
+def _planes_kernels(tree: ast.Module) -> List[ast.FunctionDef]:
+    """Jit kernels of byte planes whose word tile is exactly D / 4 wide: `W: tl.constexpr = HEAD_D // 4` and
+    `offs_w = tl.arange(0, W)`, without a BLOCK_W parameter yet."""
+    out = []
+    for fn in _jit_functions(tree):
+        params = {a.arg for a in fn.args.args}
+        texts = {ast.unparse(st) for st in fn.body}
+        if (
+            "HEAD_D" in params
+            and "BLOCK_W" not in params
+            and "W: tl.constexpr = HEAD_D // 4" in texts
+            and "offs_w = tl.arange(0, W)" in texts
+        ):
+            out.append(fn)
+    return out
+
+
+def _insert_after(body: List[ast.stmt], assigned: str, stmt: ast.stmt) -> bool:
+    for i, st in enumerate(body):
+        if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == assigned for t in st.targets):
+            body.insert(i + 1, stmt)
+            return True
+    return False
+
+
+def _padded_planes_kernel(fn: ast.FunctionDef) -> ast.FunctionDef:
+    """The planes kernel over a BLOCK_W-word tile (a power of two) of which the first W words are the head's:
+    the other words load as zero codes (0.0 in every plane), add nothing to q.k and are never stored. Where W
+    fills the tile (EVEN_W) no word mask is emitted, so a power-of-two D compiles to the kernel it was."""
+    new = copy.deepcopy(fn)
+    constexpr = _parse_expr("tl.constexpr")
+    new.args.args += [ast.arg("BLOCK_W", copy.deepcopy(constexpr)), ast.arg("EVEN_W", copy.deepcopy(constexpr))]
+    masks = {
+        "kw": ("live[None, :]", "k_mask"),
+        "vw": ("live[:, None]", "v_mask"),
+    }
+    for node in ast.walk(new):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in masks:
+            old, name = masks[node.targets[0].id]
+            load = _unwrap_to(node.value)
+            for k in load.keywords if _is_load(load) else []:
+                if k.arg == "mask" and ast.unparse(k.value) == old:
+                    k.value = ast.Name(name, ast.Load())
+        if isinstance(node, ast.keyword) and node.arg == "mask" and ast.unparse(node.value) == "h_mask[:, None]":
+            node.value = ast.Name("hw_mask", ast.Load())
+        if isinstance(node, ast.Call) and ast.unparse(node) == "tl.arange(0, W)":
+            node.args[1] = ast.Name("BLOCK_W", ast.Load())
+        if isinstance(node, ast.List) and ast.unparse(node) == "[BLOCK_H, W]":
+            node.elts[1] = ast.Name("BLOCK_W", ast.Load())
+    hw = _parse_stmt(
+        "if EVEN_W:\n    hw_mask = h_mask[:, None]\nelse:\n    hw_mask = h_mask[:, None] & (offs_w < W)[None, :]"
+    )
+    kv = _parse_stmt(
+        "if EVEN_W:\n    k_mask = live[None, :]\n    v_mask = live[:, None]\n"
+        "else:\n    k_mask = live[None, :] & (offs_w < W)[:, None]\n    v_mask = live[:, None] & (offs_w < W)[None, :]"
+    )
+    loops = [n for n in new.body if isinstance(n, ast.For)]
+    if not (_insert_after(new.body, "h_mask", hw) and loops and _insert_after(loops[0].body, "live", kv)):
+        raise NotApplicable("planes-padded: the planes kernel defines no h_mask, or no loop defines live")
+    return new
+
+
+def _planes_choice(fn: ast.FunctionDef, head_d: str) -> List[Edit]:
+    """In the wrapper `fn`, the two comparisons that keep the planes kernel to a power-of-two D >= 128 (`D ==
+    <tile>`, `D >= 128`), as `D % 4 == 0` (whole int32 words) and `D > 64` (a tile of D = 128's width or wider)."""
+    edits: List[Edit] = []
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and ast.unparse(node.left) == head_d):
+            continue
+        right = node.comparators[0]
+        if isinstance(node.ops[0], ast.Eq) and isinstance(right, ast.Name):
+            edits.append((node, _parse_expr(f"{head_d} % 4 == 0")))
+        elif isinstance(node.ops[0], ast.GtE) and isinstance(right, ast.Constant) and right.value == 128:
+            edits.append((node, _parse_expr(f"{head_d} > 64")))
+    return edits
+
+
+def _planes_padded(tree: ast.Module, target: RewriteTarget) -> List[Edit]:
+    kernels = _planes_kernels(tree)
+    names = {k.name for k in kernels}
+    edits: List[Edit] = [(k, _padded_planes_kernel(k)) for k in kernels]
+    for fn in (f for f in tree.body if isinstance(f, ast.FunctionDef) and f not in kernels):
+        for call in ast.walk(fn):
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Subscript)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in names
+            ):
+                continue
+            head_d = next((ast.unparse(k.value) for k in call.keywords if k.arg == "HEAD_D"), None)
+            choice = _planes_choice(fn, head_d) if head_d else []
+            if len(choice) != 2:
+                raise NotApplicable(
+                    "planes-padded: the wrapper does not keep the planes kernel to `D == <tile>` and `D >= 128`"
+                )
+            launch = copy.deepcopy(call)
+            tile = f"triton.next_power_of_2({head_d})"
+            launch.keywords += [
+                ast.keyword("BLOCK_W", _parse_expr(f"{tile} // 4")),
+                ast.keyword("EVEN_W", _parse_expr(f"{tile} == {head_d}")),
+            ]
+            edits += [(call, launch)] + choice
+    if kernels and len(edits) == len(kernels):
+        raise NotApplicable("planes-padded: no wrapper launches the planes kernel with HEAD_D")
+    return edits
+
+
+def _padded_head_dim(shapes: Sequence[Any]) -> bool:
+    """A bucket whose head dim is whole int32 words, past 64 and not a power of two (D = 96, Phi-3's): the
+    per-code kernel runs there, on a tile padded to the next power of two anyway."""
+    return any(s.D > 64 and s.D % 4 == 0 and s.D & (s.D - 1) for s in shapes)
+
+
 CATALOG: Dict[str, Rewrite] = {
     r.name: r
     for r in (
@@ -536,6 +658,16 @@ CATALOG: Dict[str, Rewrite] = {
             _split_k_waves,
             suits=_decode_sized,
             edits_config=True,
+        ),
+        Rewrite(
+            "planes-padded",
+            "the int8 decode reads its codes as int32 words split into byte planes at every head dim of whole "
+            "words past 64 (D = 96: a 32-word tile of which 24 words are the head's), not only at powers of two",
+            ("latency", "compute"),
+            "a jit kernel of byte planes has a word tile exactly `W = HEAD_D // 4` wide, and its wrapper takes it "
+            "only where `D == <tile>` and `D >= 128`",
+            _planes_padded,
+            suits=_padded_head_dim,
         ),
     )
 }

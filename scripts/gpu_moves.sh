@@ -30,6 +30,8 @@ sys.stdout.write(apply_rewrite('$2', baseline_source('$1'), target_for('$1')))" 
 run_move decode_attention kv-splits-wide "$DECODE"
 run_move decode_attention_int8 kv-splits-wide "$DECODE"
 run_move matmul split-k-waves "$MATMUL"
+# int8 byte planes past powers of two: D = 96 (Phi-3, a serving shape) and 80, then D = 128 (unchanged: the control)
+run_move decode_attention_int8 planes-padded "32,32,32,96,16,8192;32,32,8,96,16,8192;32,32,8,80,16,8192;32,32,8,128,16,8192"
 # a block shape past the grid: the bf16 decode at D = 64 takes 128-token tiles, the grid's largest; 256 past it
 PAST_GRID_SHAPE="32,32,8,64,16,8192"
 python3 - "$OUT/moves/decode_attention_past-grid.py" "$PAST_GRID_SHAPE" <<'PY' && bench decode_attention past-grid "$PAST_GRID_SHAPE"

@@ -96,6 +96,20 @@ def test_split_k_waves_scales_the_sm_count_of_the_split_decision_only():
             apply_rewrite("split-k-waves", _baseline(op), target_for(op))
 
 
+def test_planes_padded_widens_the_planes_kernel_to_a_tile_of_words_and_its_choice_to_whole_words():
+    src = _baseline("decode_attention_int8")
+    out = apply_rewrite("planes-padded", src, target_for("decode_attention_int8"))
+    assert "D >= 128 and D == block_d" in src and "D > 64 and D % 4 == 0" in out
+    assert "offs_w = tl.arange(0, BLOCK_W)" in out and "hw_mask = h_mask[:, None] & (offs_w < W)[None, :]" in out
+    assert "BLOCK_W=triton.next_power_of_2(D) // 4, EVEN_W=triton.next_power_of_2(D) == D)" in out
+    with pytest.raises(NotApplicable, match="nothing in this source matches"):  # no planes kernel
+        apply_rewrite("planes-padded", _baseline("decode_attention"), target_for("decode_attention"))
+    # a wrapper that chooses the planes kernel otherwise than the move knows: refused, not half rewritten
+    other = src.replace("D >= 128 and D == block_d", "D in (128, 256)")
+    with pytest.raises(NotApplicable, match="^planes-padded: the wrapper does not keep"):
+        apply_rewrite("planes-padded", other, target_for("decode_attention_int8"))
+
+
 # -- what the moves compute ---------------------------------------------------------------------------
 
 
@@ -155,10 +169,27 @@ def test_split_k_waves_splits_a_decode_sized_matmul_further(tmp_path):
     assert waves["_config"](4096, 4096, 4096, cpu) == base["_config"](4096, 4096, 4096, cpu)  # enough tiles
 
 
+@pytest.mark.parametrize("shape", ["2,8,2,96,16,100", "1,4,1,80,8,40", "1,2,1,68,3,33", "1,4,2,128,16,70"])
+def test_planes_padded_runs_the_planes_kernel_past_powers_of_two_and_matches_the_per_code_kernel(tmp_path, shape):
+    # at D = 96 (Phi-3) the byte planes replace the per-code kernel: the same dots over a permuted reduction,
+    # on codes that are exact in float16 (the per-code kernel is removed from the rewritten module, so a call
+    # that would still take it fails)
+    op = get_op("decode_attention_int8")
+    base = _module(_baseline(op.name), tmp_path, "int8_base")
+    planes = _module(apply_rewrite("planes-padded", _baseline(op.name), target_for(op.name)), tmp_path, "int8_pl")
+    planes["_decode_int8_split_kernel"] = None
+    case = op.make_case(op.parse_shape(shape), torch.bfloat16, seed=3)
+    want = base["decode_attention_int8"](**case.args)
+    got = planes["decode_attention_int8"](**case.args)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
 def _sanitize(tmp_path, op: str, name: str, mode: str):
     path = tmp_path / f"{op}_{name}.py"
     path.write_text(apply_rewrite(name, _baseline(op), target_for(op)))
-    return run_isolated(str(path), op, mode, seed=1234)
+    # the mode's checks under the full mode's wall limit: the int8 decode's quick checks took 117 s of the quick
+    # mode's 120 on a loaded two-core host, and a time limit there would say nothing about the move
+    return run_isolated(str(path), op, mode, timeout_s=600.0, seed=1234)
 
 
 @pytest.mark.parametrize(
@@ -166,6 +197,7 @@ def _sanitize(tmp_path, op: str, name: str, mode: str):
     [
         ("decode_attention", "kv-splits-wide"),
         ("matmul", "split-k-waves"),
+        ("decode_attention_int8", "planes-padded"),
         pytest.param("decode_attention_int8", "kv-splits-wide", marks=exhaustive),
     ],
 )
@@ -177,7 +209,12 @@ def test_each_move_passes_the_quick_sanitizer(tmp_path, op, name):
 @exhaustive
 @pytest.mark.parametrize(
     "op,name",
-    [("decode_attention", "kv-splits-wide"), ("decode_attention_int8", "kv-splits-wide"), ("matmul", "split-k-waves")],
+    [
+        ("decode_attention", "kv-splits-wide"),
+        ("decode_attention_int8", "kv-splits-wide"),
+        ("decode_attention_int8", "planes-padded"),
+        ("matmul", "split-k-waves"),
+    ],
 )
 def test_each_move_passes_the_full_sanitizer(tmp_path, op, name):
     v = _sanitize(tmp_path, op, name, "full")
@@ -206,6 +243,10 @@ def test_the_move_that_suits_the_bucket_comes_first():
     assert move_suits("split-k-waves", [m16]) and not move_suits("split-k-waves", [big])
     assert _first_rewrites("matmul", m16)[0] == "split-k-waves"
     assert _first_rewrites("matmul", big) == ["evict-last", "load-hints", "split-k-waves"]
+    d96 = get_op("decode_attention_int8").shapes("serving")[3]  # D = 96: the per-code kernel on a padded tile
+    assert move_suits("planes-padded", [d96]) and not move_suits("planes-padded", [serving])
+    assert _first_rewrites("decode_attention_int8", d96)[0] == "planes-padded"
+    assert _first_rewrites("decode_attention_int8", serving)[0] == "evict-first"
     # a move's test reads its op's sizes: another op's shape is not its bucket
     assert not move_suits("split-k-waves", [decode]) and not move_suits("exp2", [m16])
 

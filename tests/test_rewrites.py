@@ -21,7 +21,7 @@ APPLIES = {
     "attention": {"evict-last", "load-hints"},
     "decode_attention": {"evict-first", "cache-global", "kv-splits-wide"},
     "quantize_kv": {"evict-first", "cache-global", "load-hints"},
-    "decode_attention_int8": {"evict-first", "cache-global", "kv-splits-wide"},
+    "decode_attention_int8": {"evict-first", "cache-global", "kv-splits-wide", "planes-padded"},
 }
 # one full sanitizer run per rewrite that applies to a baseline, on its cheapest baseline
 FULL_RUN = {
