@@ -9,11 +9,13 @@ and a new `_config` that returns a different tuple wherever the old one would re
 tuple the target shapes use: the kernels are untouched, so a variant is as correct as its
 parent (and the sanitizer still checks it). The search is a hill climb: start from the
 incumbent's tuple, propose untried neighbours (one field changed, within what the
-hardware can hold), and move to the best measured one. When a variant is promoted it
+hardware can hold; after them, a block shape one step past the grid where the tuple sits at its edge), and move
+to the best measured one. When a variant is promoted it
 becomes the incumbent and the climb continues from it.
 
 Beside configurations it proposes the rewrites of the catalog (agent/rewrites.py) whose precondition holds
-for the incumbent, those that help what bounds it (ProposeContext.diagnosis) first, alternating with the
+for the incumbent, the structural moves that suit the bucket's shapes first, then those that help what bounds it
+(ProposeContext.diagnosis), alternating with the
 configurations; a rewrite measured faster than the climb's best is kept, and the configurations proposed
 after it are composed with it (and a better configuration with the rewrites). With a `Screen`
 (agent/screen.py), proposals whose compiled kernel cannot run well on an H200, or that a model fitted to
@@ -37,7 +39,7 @@ from ..harness.ops.common import Shape
 from ..harness.ops.tuning import Space
 from ..harness.source_text import source_hash
 from .proposal import Proposal, ProposeContext, Proposer
-from .rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, target_for
+from .rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, move_suits, target_for
 from .screen import PREDICTED_FLOOR, Screen
 
 
@@ -68,6 +70,21 @@ def one_field_neighbours(space: Space, cfg: tuple, shapes: Sequence[Shape]) -> L
         for v in values:
             c = cfg[:i] + (v,) + cfg[i + 1 :]
             if v != cfg[i] and all(space.valid(c, s) for s in shapes):
+                out.append(c)
+    return out
+
+
+def past_grid_neighbours(space: Space, cfg: tuple, shapes: Sequence[Shape]) -> List[tuple]:
+    """Block shapes one step past the configuration grid: where a BLOCK_* field of `cfg` (a field of powers of
+    two) sits at the grid's largest or smallest value, twice or half that (16 at least, what a tensor-core dot
+    takes), where the hardware can hold it at every shape. From a best configuration past the grid, the next step."""
+    out = []
+    for i, (name, values) in enumerate(zip(space.fields, space.values)):
+        if not name.startswith("BLOCK_") or not all(v > 0 and v & (v - 1) == 0 for v in values):
+            continue
+        for past in (2 * cfg[i],) * (cfg[i] >= max(values)) + (cfg[i] // 2,) * (cfg[i] <= min(values)):
+            c = cfg[:i] + (past,) + cfg[i + 1 :]
+            if past >= 16 and all(space.valid(c, s) for s in shapes):
                 out.append(c)
     return out
 
@@ -141,17 +158,20 @@ class SearchProposer(Proposer):
                 if c not in st.tried and all(space.valid(c, s) for s in st.shapes):
                     out.append(c)
         self.rng.shuffle(out)
-        return out
+        # block shapes past the grid come after the grid's own neighbours: nothing measured predicts them
+        return out + [c for c in past_grid_neighbours(space, st.best_cfg, st.shapes) if c not in st.tried]
 
     def _rewrite_order(self, ctx: ProposeContext, st: _OpState) -> List[str]:
-        """Untried catalog rewrites, those that help the diagnosed bound first (catalog order otherwise)."""
+        """Untried catalog rewrites in the order to try them: first the structural moves whose bucket test holds
+        at the bucket's shapes (a decode whose capped splits leave SMs idle, a matmul of decode-sized M), then
+        those that help the diagnosed bound, catalog order otherwise."""
         bound = ctx.diagnosis.bound if ctx.diagnosis is not None else None
         names = [
             n
             for n in applicable(st.source, target_for(ctx.op))
             if n not in st.rewrites_tried and n not in st.best_rewrites
         ]
-        return sorted(names, key=lambda n: bound not in CATALOG[n].helps)
+        return sorted(names, key=lambda n: (not move_suits(n, ctx.shapes), bound not in CATALOG[n].helps))
 
     def _make(
         self, ctx: ProposeContext, st: _OpState, space: Space, cfg: tuple, rewrites: Tuple[str, ...]
@@ -176,13 +196,18 @@ class SearchProposer(Proposer):
         predict = self.screen.speed_model(ctx, st.base_cfg) if self.screen else (lambda cfg: None)
         rewrites = self._rewrite_order(ctx, st)
         configs = sorted(self._neighbours(space, st), key=lambda c: -(predict(c) or 1.0))  # stable: shuffled ties
+        # a move that rewrites `_config` replaces the tuned configuration (an override of the old policy would
+        # never fire, and the sanitizer refuses an override the checks never select), and configurations compose
+        # with the kernel rewrites only
+        kernel_rewrites = tuple(r for r in st.best_rewrites if not CATALOG[r].edits_config)
         for i in range(max(len(rewrites), len(configs))):
             if i < len(rewrites):
                 st.rewrites_tried.add(rewrites[i])
-                yield self._make(ctx, st, space, st.best_cfg, st.best_rewrites + (rewrites[i],)), st.best_cfg, None
+                cfg = st.base_cfg if CATALOG[rewrites[i]].edits_config else st.best_cfg
+                yield self._make(ctx, st, space, cfg, st.best_rewrites + (rewrites[i],)), cfg, None
             if i < len(configs):
                 st.tried.add(configs[i])
-                yield self._make(ctx, st, space, configs[i], st.best_rewrites), configs[i], predict(configs[i])
+                yield self._make(ctx, st, space, configs[i], kernel_rewrites), configs[i], predict(configs[i])
 
     def _pruned(self, ctx: ProposeContext, p: Proposal, predicted: Optional[float], seen: set) -> bool:
         """Whether the screen keeps `p` off the GPU (recorded in the ledger with the reason)."""
