@@ -195,9 +195,9 @@ def _sanitize(tmp_path, op: str, name: str, mode: str):
 @pytest.mark.parametrize(
     "op,name",
     [
-        ("decode_attention", "kv-splits-wide"),
-        ("matmul", "split-k-waves"),
-        ("decode_attention_int8", "planes-padded"),
+        ("matmul", "split-k-waves"),  # the quick tier's representative: the decode moves take minutes each
+        pytest.param("decode_attention", "kv-splits-wide", marks=exhaustive),
+        pytest.param("decode_attention_int8", "planes-padded", marks=exhaustive),
         pytest.param("decode_attention_int8", "kv-splits-wide", marks=exhaustive),
     ],
 )
