@@ -400,6 +400,16 @@ class Instrumentation:
             scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
         patch(interp, "_patch_lang_tensor", patch_lang_tensor)
+
+        def ptr_to_int(src, dst_type):  # `p.to(tl.int64)`, `tl.cast(p, tl.int64, bitcast=True)`, a pointer's truth
+            inst._fail(
+                "cast",
+                "a pointer converted to an integer: a kernel may not read its own addresses (with them it can tell "
+                "how the caller laid its arguments out, e.g. two views of one cache, from how the checks did)",
+                title="refused",
+            )
+
+        patch(builder, "create_ptr_to_int", ptr_to_int)
         patch(builder, "create_masked_load", masked_load)
         patch(builder, "create_masked_store", masked_store)
         patch(builder, "create_atomic_rmw", atomic_rmw)

@@ -154,6 +154,34 @@ def test_bounds_catch_a_read_past_the_view_inside_the_allocation_before_it_happe
     assert not ok.violations and torch.equal(y, x)
 
 
+@triton.jit
+def _address_kernel(x_ptr, y_ptr, n, CAST: tl.constexpr, BLOCK: tl.constexpr):
+    # scales its copy when y lies right after x in memory: what the layout of the caller's arguments can tell
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    if CAST == 1:
+        x = tl.where((x_ptr + n + offs * 0).to(tl.int64) == (y_ptr + offs * 0).to(tl.int64), x * 2.0, x)
+    if CAST == 2:
+        x = tl.where(tl.cast(y_ptr + offs * 0, tl.int64, bitcast=True) % 1024 == 0, x * 2.0, x)
+    tl.store(y_ptr + offs, x, mask=offs < n)
+
+
+@pytest.mark.parametrize("cast", [1, 2])
+def test_a_kernel_that_reads_its_own_addresses_is_refused(cast):
+    """A pointer converted to an integer (`.to`, a bitcast) is refused on every run: with its addresses a kernel
+    tells the caller's layout (two views of one cache) from the checks' (a storage each)."""
+    x, y = torch.randn(16), torch.empty(16)
+    inst = Instrumentation(watched=_watched(x=x))
+    with inst.active():
+        with pytest.raises(Exception):
+            _address_kernel[(1,)](x, y, 16, CAST=cast, BLOCK=16)
+    assert inst.violations and "a pointer converted to an integer" in inst.violations[0]
+    ok = Instrumentation(watched=_watched(x=x))
+    with ok.active():
+        _address_kernel[(1,)](x, y, 16, CAST=0, BLOCK=16)
+    assert not ok.violations and torch.equal(y, x)
+
+
 def test_bounds_make_inputs_read_only():
     x = torch.randn(16)
     inst = Instrumentation(watched=_watched(x=x))
