@@ -112,10 +112,16 @@ def class_key(bound: Mapping[str, Any], names: Sequence[str]) -> tuple:
     of a guarded kernel, so it holds torch's own hashable objects (dtype, Size, device), converted to text
     only when a class is first met (`class_text`)."""
     key: list[tuple] = []
+    storages: list[int] = []  # each tensor argument's storage, in order: which arguments share one is the class's
     for name in names:
         v = bound.get(name, _ABSENT)
         if isinstance(v, torch.Tensor):
-            key.append((name, v.dtype, v.shape, v.stride(), v.storage_offset(), v.device, v.data_ptr() % 16 == 0))
+            base = v.untyped_storage().data_ptr()
+            shares = storages.index(base) if base in storages else -1
+            storages.append(base)
+            key.append(
+                (name, v.dtype, v.shape, v.stride(), v.storage_offset(), v.device, v.data_ptr() % 16 == 0, shares)
+            )
         elif v is not _ABSENT:  # a scalar by its text: a NaN is then equal to itself, a list hashable
             key.append((name, type(v), repr(v)))
     return tuple(key)
@@ -125,13 +131,14 @@ def class_text(key: tuple) -> str:
     """The class key as stable text: `x:float16[4,2,16]/[32,16,1]+0@cpu,a16; sm_scale=0.125`."""
     parts = []
     for name, *k in key:
-        if len(k) == 6:
-            dtype, shape, stride, offset, device, aligned = k
+        if len(k) == 7:
+            dtype, shape, stride, offset, device, aligned, shares = k
             dims = ",".join(map(str, shape))
             strides = ",".join(map(str, stride))
             dname = DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
             where = f"{device.type},{'a16' if aligned else 'unaligned'}"
-            parts.append(f"{name}:{dname}[{dims}]/[{strides}]+{offset}@{where}")
+            with_ = f" (the storage of tensor argument {shares})" if shares >= 0 else ""
+            parts.append(f"{name}:{dname}[{dims}]/[{strides}]+{offset}@{where}{with_}")
         else:
             parts.append(f"{name}={k[1]}")
     return "; ".join(parts)
@@ -151,16 +158,28 @@ def _metadata(bound: Mapping[str, Any]) -> tuple[tuple, tuple, tuple]:
 # copies of the inputs, and their checksums
 
 
-def snapshot(v: Any) -> Any:
-    """A CPU copy of a tensor argument with its whole storage and its view (shape, stride, offset), so that
-    the child sees exactly the layout the kernel would have seen; other values as they are."""
-    if not isinstance(v, torch.Tensor):
-        return v
-    storage = v.untyped_storage()
-    copy = storage.cpu() if storage.device.type != "cpu" else storage.clone()
-    if copy.data_ptr() == storage.data_ptr():  # `.cpu()` of a CPU storage is itself
-        copy = storage.clone()
-    return torch.empty(0, dtype=v.dtype).set_(copy, v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+def snapshot(bound: Mapping[str, Any]) -> dict[str, Any]:
+    """CPU copies of a call's tensor arguments, each with its whole storage and its view (shape, stride,
+    offset), so that the child sees exactly the layout the kernel would have seen; a storage several arguments
+    share (vLLM's `kv[0]` and `kv[1]`, slices of one fused QKV) is copied once and shared by their copies, as
+    the wire keeps it (sanitizer/wire.py). Other values as they are."""
+    copies: dict[tuple, Any] = {}
+    out = {}
+    for name, v in bound.items():
+        if not isinstance(v, torch.Tensor):
+            out[name] = v
+            continue
+        storage = v.untyped_storage()
+        key = (str(storage.device), storage.data_ptr())
+        if key not in copies:
+            copy = storage.cpu() if storage.device.type != "cpu" else storage.clone()
+            if copy.data_ptr() == storage.data_ptr():  # `.cpu()` of a CPU storage is itself
+                copy = storage.clone()
+            copies[key] = copy
+        out[name] = torch.empty(0, dtype=v.dtype).set_(
+            copies[key], v.storage_offset(), tuple(v.shape), tuple(v.stride())
+        )
+    return out
 
 
 def storage_digest(t: torch.Tensor) -> str:
@@ -288,7 +307,7 @@ def run_in_child(
         case = _GuardCase(inputs)
         res = ex.call(case, bounds=False, return_inputs=True)
         if not res.error:  # the first call compiled (or was first interpreted): time a warm one, on fresh copies
-            warm = ex.call(_GuardCase({k: snapshot(v) for k, v in inputs.items()}), bounds=False)
+            warm = ex.call(_GuardCase(snapshot(inputs)), bounds=False)
             res.elapsed_s = warm.elapsed_s if not warm.error else res.elapsed_s
         return res, None
     except ExecutorError as e:
@@ -476,7 +495,7 @@ class Guard:
         """The trusted output for this call, and a check of the kernel on a copy of its inputs (in the
         background unless the guard is synchronous)."""
         try:
-            sent = {k: snapshot(v) for k, v in bound.items()}
+            sent = snapshot(bound)
             device = _device_of(bound)
             t0 = time.perf_counter()
             out = self.trusted(*args, **kwargs)
@@ -557,7 +576,7 @@ class Guard:
             self.wait(self.config.time_limit_s + 60)
             return record.outcomes[-1] if record.outcomes else CheckOutcome(FailureKind.TIMEOUT, "still checking")
         try:
-            sent = {k: snapshot(v) for k, v in bound.items()}
+            sent = snapshot(bound)
             device = _device_of(bound)
             self.trusted(**bound)
             t0 = time.perf_counter()

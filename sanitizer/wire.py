@@ -80,15 +80,35 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(storage_bytes(t)).hexdigest()
 
 
+def storage_key(t: torch.Tensor) -> Tuple[str, int]:
+    """What tells two tensors' storages apart: its device and its address (views of one storage share it)."""
+    st = t.untyped_storage()
+    return (str(st.device), st.data_ptr())
+
+
 def send(sock: socket.socket, header: Dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> None:
-    header = dict(header, tensors=[describe(t) for t in tensors])
+    """The header and the tensors. A storage shared by several tensors travels once, the later ones naming the
+    first (`storage_of`), so the receiver's views share it as the sender's did: two views of one cache, or slices
+    of one fused QKV, reach the other side as they were laid out."""
+    descs, first, unique = [], {}, []
+    for i, t in enumerate(tensors):
+        d = describe(t)
+        key = storage_key(t)
+        if key in first and d["nbytes"]:
+            d["storage_of"], d["nbytes"] = first[key], 0
+        else:
+            first.setdefault(key, i)
+            unique.append(t)
+        descs.append(d)
+    header = dict(header, tensors=descs)
     body = json.dumps(header).encode()
-    sock.sendall(struct.pack("<QQ", len(body), sum(d["nbytes"] for d in header["tensors"])) + body)
-    for t in tensors:
+    sock.sendall(struct.pack("<QQ", len(body), sum(d["nbytes"] for d in descs)) + body)
+    for t in unique:
         sock.sendall(storage_bytes(t))
 
 
-def _tensor(desc: Dict[str, Any], raw: bytearray, device: str) -> torch.Tensor:
+def _tensor(desc: Dict[str, Any], flat: torch.Tensor) -> torch.Tensor:
+    """The view `desc` describes on a storage's bytes (`flat`: uint8, on the receiver's device)."""
     dtype = WIRE_DTYPES.get(desc.get("dtype", ""))
     if dtype is None:
         raise WireError(f"tensor of a dtype that is not allowed: {str(desc.get('dtype'))[:40]}")
@@ -103,16 +123,14 @@ def _tensor(desc: Dict[str, Any], raw: bytearray, device: str) -> torch.Tensor:
     ):
         raise WireError("malformed tensor description")
     esize = torch.empty(0, dtype=dtype).element_size()
-    if len(raw) % esize:
+    nbytes = flat.numel()
+    if nbytes % esize:
         raise WireError("tensor storage is not a whole number of elements")
     if all(s > 0 for s in shape):
         last = offset + sum((s - 1) * st for s, st in zip(shape, stride))
-        if (last + 1) * esize > len(raw):
+        if (last + 1) * esize > nbytes:
             raise WireError("tensor view reaches past its storage")
-    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-    storage = flat.view(dtype) if raw else torch.empty(0, dtype=dtype)
-    if device != "cpu":
-        storage = storage.to(device)
+    storage = flat.view(dtype) if nbytes else torch.empty(0, dtype=dtype, device=flat.device)
     return torch.as_strided(storage, shape, stride, offset)
 
 
@@ -131,12 +149,22 @@ def recv(
     descs = header.pop("tensors", [])
     if sum(int(d.get("nbytes", 0)) if isinstance(d, dict) else 0 for d in descs) != plen:
         raise WireError("payload length does not match the tensor descriptions")
-    tensors = []
-    for d in descs:
+    tensors, flats = [], []
+    for i, d in enumerate(descs):
         n = d.get("nbytes")
+        of = d.get("storage_of") if isinstance(d, dict) else None
         if not isinstance(n, int) or n < 0:
             raise WireError("malformed tensor size")
-        tensors.append(_tensor(d, _recv_exact(sock, n), device))
+        if of is not None:  # a view of an earlier tensor's storage (send)
+            if not isinstance(of, int) or not 0 <= of < i or n:
+                raise WireError("malformed shared storage")
+            flat = flats[of]
+        else:
+            raw = _recv_exact(sock, n)
+            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+            flat = flat.to(device) if device != "cpu" else flat
+        flats.append(flat)
+        tensors.append(_tensor(d, flat))
     return header, tensors
 
 

@@ -219,6 +219,23 @@ def test_the_class_key_is_the_calls_exact_metadata():
     assert text == "x:float32[64,2,16]/[32,16,1]+32@cpu,a16; s=0.5"
 
 
+def test_arguments_sharing_a_storage_are_a_class_of_their_own_and_their_copy_shares_it():
+    """k and v as vLLM's kv[0] and kv[1]: which arguments share a storage is part of the class, and the copy the
+    check runs on keeps the sharing (each storage copied once), so a kernel wrong only on that layout meets it."""
+
+    def key(**bound):
+        return serving_guard.class_key(bound, ("k", "v"))
+
+    kv = torch.zeros(2, 4, 16)
+    apart = torch.zeros(2, 4, 16)[1]  # the same view of a storage of its own
+    assert key(k=kv[0], v=kv[1]) != key(k=kv[0], v=apart)
+    assert serving_guard.class_text(key(k=kv[0], v=kv[1])).endswith("+64@cpu,a16 (the storage of tensor argument 0)")
+    sent = serving_guard.snapshot({"k": kv[0], "v": kv[1], "s": 0.5})
+    assert sent["k"].untyped_storage().data_ptr() == sent["v"].untyped_storage().data_ptr()
+    assert sent["k"].untyped_storage().data_ptr() != kv.untyped_storage().data_ptr() and sent["s"] == 0.5
+    assert sent["v"].storage_offset() == 64 and torch.equal(sent["v"], kv[1])
+
+
 def test_the_default_sink_writes_json_lines_where_there_is_no_ledger(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(serving_guard.ENV_LEDGER, raising=False)

@@ -27,6 +27,29 @@ def test_a_strided_view_travels_with_its_whole_storage():
     assert torch.equal(got, view) and wire.digest(got) == wire.digest(view)
 
 
+def test_views_of_one_storage_arrive_as_views_of_one_storage():
+    """vLLM's `kv[0]` and `kv[1]` (or slices of one fused QKV) reach the other side sharing their storage, which
+    travels once; tensors of storages of their own stay apart."""
+    a, b = _pair()
+    kv = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4)
+    other = torch.zeros(5, dtype=torch.int32)
+    wire.send(a, {}, [kv[0], other, kv[1]])
+    _, [k, o, v] = wire.recv(b)
+    assert torch.equal(k, kv[0]) and torch.equal(v, kv[1]) and torch.equal(o, other)
+    assert k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() != o.untyped_storage().data_ptr()
+    assert v.storage_offset() == 12
+
+
+@pytest.mark.parametrize("of", [0, 1, -1, "0"])
+def test_a_shared_storage_must_name_an_earlier_tensor(of):
+    desc = {"dtype": "float32", "shape": [1], "stride": [1], "offset": 0, "nbytes": 0, "storage_of": of}
+    a, b = _pair()
+    body = json.dumps({"tensors": [desc]}).encode()
+    a.sendall(struct.pack("<QQ", len(body), 0) + body)
+    with pytest.raises(wire.WireError, match="malformed shared storage"):
+        wire.recv(b)
+
+
 def _raw(header: dict, payload: bytes = b"") -> bytes:
     body = json.dumps(header).encode()
     return struct.pack("<QQ", len(body), len(payload)) + body + payload
