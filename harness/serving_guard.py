@@ -323,8 +323,8 @@ def judge_run(
 ) -> Optional[CheckOutcome]:
     """The trusted verdict on the child's evidence: an error, a changed input, a wrong output (None: it passed).
     `sent`: the inputs as sent (CPU copies); `digests`: their storages' hashes, taken before sending."""
-    if res.error or res.guard:
-        text = res.error or f"host code: {res.guard[0]}"
+    if res.error or res.guard or res.bounds:  # (bounds: what the interpreter refuses on every run, on the CPU)
+        text = res.error or (f"host code: {res.guard[0]}" if res.guard else res.bounds[0])
         return CheckOutcome(_memory_kind(text), text[:300])
     changed = [
         k for k, d in digests.items() if k not in res.returned_inputs or storage_digest(res.returned_inputs[k]) != d
