@@ -969,10 +969,7 @@ def print_model_bench(result, budget: Optional[int] = None) -> None:
         rows,
         justify=["left", "left", "left", "right", "right", "right", "right"],
     )
-    for line in guard_cost_lines(result):
-        ui.line(line)
-    if budget is not None:
-        _print_equal_memory(result, budget)
+    _print_guard_cost_and_budget(result, budget)
     labels = ["qkv", "quantize_kv", "attention", "o", "gate_up", "down", "other"]
     shown = [lb for lb in labels if any(lb in t.shares for p in result.points for t in p.timings)]
     rows = [
@@ -999,6 +996,14 @@ def print_model_bench(result, budget: Optional[int] = None) -> None:
     for p in result.points:
         if p.accuracy is not None:
             ui.line(f"B={p.batch} ctx={p.context}: {p.accuracy.describe()}")
+
+
+def _print_guard_cost_and_budget(result, budget: Optional[int]) -> None:
+    """The lines after the step table: the guard's cost where it was timed, the equal-memory table at a budget."""
+    for line in guard_cost_lines(result):
+        ui.line(line)
+    if budget is not None:
+        _print_equal_memory(result, budget)
 
 
 def guard_cost_lines(result) -> List[str]:

@@ -413,12 +413,24 @@ def sanitize_gpu(
     subject.deadline = deadline
     verdict = Verdict(path, op_name, "gpu")
     t_all = time.time()
-    failed = False
     gpu = torch.cuda.is_available()
     if gpu and (skip_gate or check_source(source, op_name).passed):
         subject.executor = Executor(subject.path, op_name, "cuda", deadline=deadline, skip_gate=skip_gate)
     steps = [("static_gate", lambda s: check_static(s, None)), ("load", lambda s: check_load(s, None))]
     steps += [(n, c) for n, c in GPU_CHECKS if not only or n in only]
+    try:
+        _run_steps(steps, subject, verdict, gpu, on_check, on_start, before_gpu)
+    finally:
+        if subject.executor is not None:
+            subject.executor.close()
+    verdict.duration_s = time.time() - t_all
+    return verdict
+
+
+def _run_steps(steps, subject: Subject, verdict: Verdict, gpu: bool, on_check, on_start, before_gpu) -> None:
+    """Each step's outcome into `verdict`, in order: the CONCURRENT_GPU_CHECKS start together with the first
+    check on the device and run beside the others; a step after a failed one is skipped, unless it ran beside."""
+    failed = False
     beside: dict[str, Future] = {}
     pool = ThreadPoolExecutor(max_workers=len(CONCURRENT_GPU_CHECKS), thread_name_prefix="gpu-check")
     try:
@@ -427,7 +439,6 @@ def sanitize_gpu(
                 outcome = CheckOutcome(name, CheckStatus.SKIPPED, "no CUDA GPU on this machine")
             elif name in beside:
                 outcome = beside[name].result()
-                failed = failed or outcome.status == CheckStatus.FAILED
             elif failed:
                 outcome = CheckOutcome(name, CheckStatus.SKIPPED, "not run: an earlier check failed")
             else:
@@ -442,16 +453,12 @@ def sanitize_gpu(
                     if on_start:
                         on_start(name)
                     outcome = _run_check(name, check, subject)
-                failed = failed or outcome.status == CheckStatus.FAILED
+            failed = failed or outcome.status == CheckStatus.FAILED
             verdict.checks.append(outcome)
             if on_check:
                 on_check(outcome)
     finally:
         pool.shutdown(wait=True)  # each runs under the subject's deadline and closes its own executor
-        if subject.executor is not None:
-            subject.executor.close()
-    verdict.duration_s = time.time() - t_all
-    return verdict
 
 
 def _start_beside(pool: ThreadPoolExecutor, steps, subject: Subject, on_start) -> dict[str, Future]:

@@ -90,7 +90,9 @@ def send(sock: socket.socket, header: Dict[str, Any], tensors: Sequence[torch.Te
     """The header and the tensors. A storage shared by several tensors travels once, the later ones naming the
     first (`storage_of`), so the receiver's views share it as the sender's did: two views of one cache, or slices
     of one fused QKV, reach the other side as they were laid out."""
-    descs, first, unique = [], {}, []
+    descs: List[Dict[str, Any]] = []
+    first: Dict[Tuple[str, int], int] = {}
+    unique: List[torch.Tensor] = []
     for i, t in enumerate(tensors):
         d = describe(t)
         key = storage_key(t)
@@ -149,7 +151,8 @@ def recv(
     descs = header.pop("tensors", [])
     if sum(int(d.get("nbytes", 0)) if isinstance(d, dict) else 0 for d in descs) != plen:
         raise WireError("payload length does not match the tensor descriptions")
-    tensors, flats = [], []
+    tensors: List[torch.Tensor] = []
+    flats: List[torch.Tensor] = []
     for i, d in enumerate(descs):
         n = d.get("nbytes")
         of = d.get("storage_of") if isinstance(d, dict) else None

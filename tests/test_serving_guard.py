@@ -286,3 +286,15 @@ def test_checks_in_flight_are_bounded_and_a_failed_trusted_call_leaves_no_claim(
     with pytest.raises(RuntimeError, match="trusted call failed"):
         fn(_x(6))
     assert len(fn.guard.classes) == 2 and fn.guard._in_flight == 0  # no class left claimed
+
+
+def test_an_output_inside_the_contracts_tolerance_but_past_the_error_budget_is_a_mismatch():
+    """At K = 16384 a matmul output 2% too large passes the contract's tolerance (it grows with K); the guard
+    also holds the kernel to the sanitizer's error budget against the trusted output on the same inputs."""
+    op = get_op("matmul")
+    args = op.make_case(op.parse_shape("4,8,16384"), torch.float32, seed=0).args
+    trusted = torch.matmul(args["a"], args["b"])
+    assert op.compare(trusted * 1.02, args).ok  # what the contract alone lets through
+    assert serving_guard._judge_output("matmul", trusted * 1.02, args, trusted).startswith("error 0.02 exceeds")
+    assert serving_guard._judge_output("matmul", trusted.clone(), args, trusted) == ""
+    assert serving_guard._judge_output("matmul", trusted * 1.02, args, None) == ""  # no trusted output: no budget
