@@ -112,18 +112,7 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         cmp = op.compare(out, case.args, ref)
         if not cmp.ok:
             raise CheckFailed(f"{cmp.describe()}; reproduce: {case.describe()} (cuda)")
-        if not op.exact_check:  # an exact contract has no error budget
-            base = _call(subject, subject.baseline, case)
-            err_c = op.output_error(outputs(out)[0], outputs(ref)[0])
-            err_b = op.output_error(outputs(base)[0], outputs(ref)[0])
-            allowed = max(2.0 * err_b, op.tolerance(dtype).budget_floor)
-            if err_c > allowed:
-                raise CheckFailed(
-                    f"error {err_c:.3g} exceeds the budget {allowed:.3g} (2x the baseline's "
-                    f"{err_b:.3g}); reproduce: {case.describe()} (cuda)"
-                )
-            worst = max(worst, err_c / allowed)
-            del base
+        worst = max(worst, _within_budget(subject, case, out, ref))
         n += 1
         del case, ref, out
         subject.fn.reset()
@@ -137,6 +126,25 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         f"match the reference; worst error {worst:.0%} of the budget; {len(subject.specs)} kernel "
         f"specialisation(s) launched, each checked against the reference"
     )
+
+
+def _within_budget(subject: Subject, case, out, ref, where: str = "") -> float:
+    """The error budget on the device: the candidate's error against `ref` at most twice the baseline's on the
+    same inputs (the contract's tolerance grows with a matmul's K: an output 8% off passes it at K = 12288).
+    Returns the fraction of the budget used (0 for an exact contract, which has none)."""
+    op = subject.op
+    if op.exact_check:
+        return 0.0
+    base = _call(subject, subject.baseline, case)
+    err_c = op.output_error(outputs(out)[0], outputs(ref)[0])
+    err_b = op.output_error(outputs(base)[0], outputs(ref)[0])
+    allowed = max(2.0 * err_b, op.tolerance(op.output_dtype(case.args)).budget_floor)
+    if err_c > allowed:
+        raise CheckFailed(
+            f"{where}error {err_c:.3g} exceeds the budget {allowed:.3g} (2x the baseline's {err_b:.3g}); "
+            f"reproduce: {case.describe()} (cuda)"
+        )
+    return err_c / allowed
 
 
 def _device_branches_taken(subject: Subject) -> None:
@@ -184,6 +192,7 @@ def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
         cmp = op.compare(out, case.args, ref)
         if not cmp.ok:
             raise CheckFailed(f"{region.name}: {cmp.describe()}; reproduce: {case.describe()} (cuda)")
+        _within_budget(subject, case, out, ref, f"{region.name}: ")
         del case, ref, out
         subject.fn.reset()
         torch.cuda.empty_cache()
