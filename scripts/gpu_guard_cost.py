@@ -5,8 +5,8 @@ promoted (guarded) kernels, timed with the guard on (`serving`) and off (`unguar
                                       [--out FILE]          # on a GPU machine
 
 The committed serving set may serve a GPU's buckets from the baselines, which the guard does not check (they
-are trusted), so the two stacks would not differ. Here every attention and quantize_kv bucket of each point
-is given a promoted kernel (the baseline's text installed by force into a temporary serving folder, keyed to
+are trusted), so the two stacks would not differ. Here every bucket a decode step of each point calls is given
+a promoted kernel (the baseline's text installed by force into a temporary serving folder, keyed to
 this GPU), so the `serving` stack checks each class on its first call and then serves it through the guard.
 The command then runs is printed and is `kernel-agent bench --model ... --stacks serving,unguarded` with
 `KERNEL_AGENT_SERVING_DIR` set to that folder: its output ends with the guard's cost at each point.
@@ -26,19 +26,17 @@ import torch
 from kernel_agent.harness import serving
 from kernel_agent.harness.model_step import load_model_config, parse_points, step_op_calls
 
-GUARDED_OPS = ("decode_attention", "decode_attention_int8", "quantize_kv")
-
 
 def install_promoted(folder: Path, model: str, points: str, kv_modes: list[str], gpu: str) -> list[str]:
-    """Install each baseline as the promoted kernel of every bucket of GUARDED_OPS at the points; return the keys."""
+    """Install each baseline as the promoted kernel of every bucket a decode step calls at the points (the matmuls
+    too: every op call of the layer goes through the guard); return the keys."""
     cfg = load_model_config(model)
     baseline_dir = Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline"
     keys = set()
     for point in parse_points(points):
         for kv in kv_modes:
             for call in step_op_calls(cfg, point.batch, point.context, kv):
-                if call.op in GUARDED_OPS:
-                    keys.add((call.op, call.bucket))
+                keys.add((call.op, call.bucket))
     for op, bucket in sorted(keys):
         text = (baseline_dir / f"{op}.py").read_text()
         serving.install(op, bucket, "bfloat16", gpu, text, None, 0.0, "installed by force: guard cost", {}, dir=folder)
