@@ -98,7 +98,8 @@ def test_the_baseline_paged_decodes_read_live_pages_past_two_to_the_31_elements(
     assert p.returncode == 0 and all(f"{s} ok" in lines for s in FAR_SEEDS), (p.stdout[-800:], p.stderr[-1500:])
 
 
-@pytest.mark.parametrize("op", PAGED_OPS)
+# the quick tier: the bf16 decode's ten draws; the int8 one's in the exhaustive tier (each takes a minute or two)
+@pytest.mark.parametrize("op", first_of_each(PAGED_OPS, lambda op: "paged"))
 def test_an_int32_page_offset_is_wrong_on_every_draw_of_the_far_pool(op):
     """The faulty int32-offset decodes (tests/candidates/gpu_faulty/<op>/int32_page_offsets.py), on ten seeds: each
     draw is wrong, or crashes the child (a wrapped offset is a wild address in the interpreter)."""

@@ -37,7 +37,7 @@ from kernel_agent.harness.ops import OPS
 from kernel_agent.sanitizer.checks import CHECKS
 from kernel_agent.sanitizer.runner import run_many
 from kernel_agent.sanitizer.verdict import Verdict
-from tiers import first_of_each
+from tiers import exhaustive, first_of_each
 
 # one worker judges the candidates under pytest-xdist (the module-scoped `verdicts`; tests/conftest.py)
 pytestmark = pytest.mark.xdist_group("sanitizer-suite")
@@ -228,7 +228,17 @@ def test_faulty_candidate_is_rejected_by_expected_check(cand: Candidate, verdict
     )
 
 
-@pytest.mark.parametrize("cand", first_of_each(GOOD, lambda c: c.op, lambda c: c.rel))
+# the quick tier: one correct candidate through the full sanitizer (quantize_kv's first: the others take minutes
+# each, and `gate` judges every baseline in full in CI); the exhaustive tier, the others
+@pytest.mark.parametrize(
+    "cand",
+    first_of_each(
+        GOOD,
+        lambda c: c.op == "quantize_kv" or c.rel,
+        lambda c: c.rel,
+        marks=lambda c: [] if c.op == "quantize_kv" else [exhaustive],
+    ),
+)
 def test_good_candidate_passes_full_sanitizer(cand: Candidate, verdicts):
     assert "EXPECTED_FPSAN_EQUIVALENT" in cand.expected, f"{cand.rel} has no EXPECTED_FPSAN_EQUIVALENT line"
     v = verdicts[cand.rel]
