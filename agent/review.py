@@ -283,8 +283,7 @@ def write_report(led, run, out_dir: str) -> str:
         f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
         f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
         # counted as `run` and `history` count them: what the run judged, apart from what it replayed
-        f"- candidates judged by this run: {summary.judged_now} "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.judged_now_by_status.items()) if n)}); "
+        f"- candidates judged by this run: {summary.judged_now} ({_judged_words(summary)}); "
         f"replayed from earlier runs: {summary.replayed}",
         f"- reproduce: `{reproduce_command(run.config or {})}` ("
         + (
@@ -325,6 +324,14 @@ def write_report(led, run, out_dir: str) -> str:
     with open(path, "w") as f:
         f.write(portable_paths("\n".join(lines) + "\n"))
     return path
+
+
+def _judged_words(summary) -> str:
+    """'verified 2' and, apart, what the run left unjudged: it read `judged by this run: 0 (proposed 1)`."""
+    counts = summary.judged_now_by_status
+    judged = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if n and k != CandidateStatus.PROPOSED)
+    unjudged = counts.get(CandidateStatus.PROPOSED, 0)
+    return (judged or "none") + (f"; {unjudged} left unjudged, for a later run or --resume" if unjudged else "")
 
 
 def reproduce_command(config: Dict[str, Any]) -> str:

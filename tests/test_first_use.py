@@ -946,6 +946,23 @@ def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(t
     )
 
 
+def test_the_reports_judged_count_keeps_what_the_run_left_unjudged_apart(tmp_path):
+    """A run stopped by its time limit with one candidate in flight: the report read `candidates judged by this
+    run: 0 (proposed 1)`."""
+    from kernel_agent.agent.review import write_report
+
+    with Ledger(tmp_path / "l.db") as led:
+        run = led.start_run({"ops": ["quantize_kv"], "proposer": "search"}, {}, "search", ["quantize_kv"], None, {})
+        led.add_candidate("quantize_kv", "a = 1\n", "search", run.id, label="a")  # stays proposed
+        done, _ = led.add_candidate("quantize_kv", "b = 1\n", "search", run.id, label="b")
+        led.set_candidate_status(done.id, CandidateStatus.VERIFIED)
+        text = open(write_report(led, run, str(tmp_path / "report"))).read()
+    assert (
+        "- candidates judged by this run: 1 (verified 1; 1 left unjudged, for a later run or --resume); "
+        "replayed from earlier runs: 0"
+    ) in text, text
+
+
 def test_a_model_runs_reproduce_line_names_the_model_and_endpoint_as_flags(tmp_path):
     """It gave the recorded endpoint as one quoted dict: `--model '{'"'"'base_url'"'"': ...}'`."""
     import shlex
