@@ -990,6 +990,15 @@ def test_a_replay_line_names_the_op_and_bucket(tmp_path):
     assert replays and all(re.match(r"quantize_kv \S+: judged before as candidate #\d+", d) for d in replays), lines
 
 
+def test_a_verified_line_names_the_op_and_bucket(tmp_path):
+    """A source a code model proposed for two buckets printed `verified model-1: quantize_kv: ...` twice."""
+    lines = []
+    events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
+    verified = [d for st, d in lines if st == CandidateStatus.VERIFIED]
+    assert verified and all(re.match(r"quantize_kv \S+: passed the full sanitizer", d) for d in verified), lines
+
+
 def test_promote_on_a_machine_without_a_gpu_names_promote_before_torch_is_imported(tmp_path):
     (tmp_path / "k.py").write_text("x = 1\n")
     rc, torch_loaded, err = _cli(["promote", "--op", "quantize_kv", str(tmp_path / "k.py")], cwd=tmp_path)
