@@ -682,7 +682,8 @@ def _print_run_summary(summary: RunSummary, args) -> int:
     for p in summary.promotions:
         ui.line(f"promoted {p.op} {p.bucket} {p.dtype}: {p.reason}", style="bold green")
     if session and session.throughput_line:
-        ui.line(f"throughput: {session.throughput_line}")
+        # the session's own figures; after a --resume the counts above are the whole run's (as `show` has them)
+        ui.line(f"throughput{', this resume' if session.throughput.get('resumed') else ''}: {session.throughput_line}")
     if session and session.serving_line:
         ui.line(session.serving_line)
     ui.line(f"details: {hint(f'show {summary.run_id}', getattr(args, 'ledger', None))}")

@@ -162,6 +162,7 @@ class Loop:
         self.placement = placement
         self.recorder = Recorder(cfg, ledger, run_id, events, self.proposer_thread, gpu_name, self.target)
         self.model_calls = {"answered": 0, "failed": 0}  # the proposer's model calls in this session
+        self.last_call_error = ""  # what the last failed one said
         self.failure: Optional[str] = None  # why the run cannot go on (it then ends as failed)
         # past the deadline the run stops hard: running children are killed, and their candidates stay
         # in the ledger at the stage they reached (a resume finishes them)
@@ -340,13 +341,24 @@ class Loop:
             self.model_calls["answered"] += 1
             return
         self.model_calls["failed"] += 1
+        self.last_call_error = p.rejected[len(MODEL_CALL_FAILED) + 2 :][:200]
         n = self.model_calls["failed"]
         if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
             # "its first n": calls still in flight then may fail too, and print after this line is set
             self.failure = (
-                f"the model endpoint failed on its first {n} calls and answered none, last: "
-                f"{p.rejected[len(MODEL_CALL_FAILED) + 2 :][:200]}"
+                f"the model endpoint failed on its first {n} calls and answered none, last: {self.last_call_error}"
             )
+
+    def session_end(self, stop_reason: Optional[str]) -> Optional[str]:
+        """Why the session ended, as recorded: a session whose every model call failed ended as failed however it
+        stopped (a budget smaller than MODEL_FAILURES_LIMIT, the time limit), since it judged nothing and the
+        endpoint is what to fix; it said `finished: candidate budget reached` with no candidate, and exit 0."""
+        n = self.model_calls["failed"]
+        if self.failure is None and n and not self.model_calls["answered"]:
+            self.failure = (
+                f"the model endpoint failed on all {n} of its calls and answered none, last: {self.last_call_error}"
+            )
+        return self.failure or stop_reason
 
     def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str, h: str) -> Work:
         c = self.ledger.candidate(cid)
@@ -585,7 +597,7 @@ def run_loop(
         # recorded now, so that `show` names the branch while the run is going and after a kill
         ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes.text())
         try:
-            stop_reason = loop.stream(targets, budget, pending)
+            stop_reason = loop.session_end(loop.stream(targets, budget, pending))
         except KeyboardInterrupt:
             _end_target(target, events)
             ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.text())

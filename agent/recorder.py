@@ -262,7 +262,8 @@ class Recorder:
         self.events.candidate(
             w0.proposal.label,
             CandidateStatus.VERIFIED,
-            f"{w0.target.op}: passed the full sanitizer ({eq}); not benchmarked: no GPU",
+            # the bucket too: a source judged for two buckets prints a line for each, which read the same
+            f"{w0.target.op} {w0.target.bucket}: passed the full sanitizer ({eq}); not benchmarked: no GPU",
         )
         for w in works:
             self.attempt(w, Attempt(w.proposal.label, True, "verified, not benchmarked"))

@@ -9,7 +9,7 @@ import shlex
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..harness.env import versions
 from ..harness.figures import (
@@ -283,12 +283,16 @@ def write_report(led, run, out_dir: str) -> str:
         f"- proposer: **{run.proposer}**, ops: {run.ops}, status: {run.status}",
         f"- GPU: {run.gpu_name or 'none (verified, not benchmarked)'}; {stack}",
         # counted as `run` and `history` count them: what the run judged, apart from what it replayed
-        f"- candidates judged by this run: {summary.judged_now} "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(summary.judged_now_by_status.items()) if n)}); "
+        f"- candidates judged by this run: {summary.judged_now} ({_judged_words(summary)}); "
         f"replayed from earlier runs: {summary.replayed}",
-        f"- reproduce: `{reproduce_command(run.config or {})}` (the search proposes the same candidates from "
-        f"the same seed and ledger; each check's detail names the seed base that gives its inputs again: "
-        f"`kernel-agent sanitize --op OP --seed N FILE`)",
+        f"- reproduce: `{reproduce_command(run.config or {})}` ("
+        + (
+            "the search proposes the same candidates from the same seed and ledger"
+            if run.proposer == "search"
+            else "a code model's replies differ from run to run; each candidate's exchange is in `show ID`"
+        )
+        + "; each check's detail names the seed base that gives its inputs again: "
+        "`kernel-agent sanitize --op OP --seed N FILE`)",
         "",
     ]
     if summary.checks_failed:
@@ -322,13 +326,26 @@ def write_report(led, run, out_dir: str) -> str:
     return path
 
 
+def _judged_words(summary) -> str:
+    """'verified 2' and, apart, what the run left unjudged: it read `judged by this run: 0 (proposed 1)`."""
+    counts = summary.judged_now_by_status
+    judged = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if n and k != CandidateStatus.PROPOSED)
+    unjudged = counts.get(CandidateStatus.PROPOSED, 0)
+    return (judged or "none") + (f"; {unjudged} left unjudged, for a later run or --resume" if unjudged else "")
+
+
 def reproduce_command(config: Dict[str, Any]) -> str:
     """The `kernel-agent run` that makes a run with this recorded configuration again."""
     words = ["kernel-agent run", f"--ops {','.join(config.get('ops') or ['all'])}"]
     if config.get("proposer"):
         words.append(f"--proposer {config['proposer']}")
-    if config.get("model"):
-        words.append(f"--model {shlex.quote(str(config['model']))}")
+    model = config.get("model")
+    if isinstance(model, dict):  # the recorded endpoint: its model and URL are flags (its key was never stored)
+        words.append(f"--model {shlex.quote(str(model.get('model', '')))}")
+        if model.get("base_url"):
+            words.append(f"--base-url {shlex.quote(str(model['base_url']))}")
+    elif model:
+        words.append(f"--model {shlex.quote(str(model))}")
     if config.get("max_candidates") is not None:
         words.append(f"--candidates {config['max_candidates']}")
     if config.get("time_limit_s"):
@@ -663,6 +680,15 @@ def _speedup_plot(plt, run, best, out_dir: str) -> Tuple[str, str]:
 
 
 def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, str]:
+    fig, _ = progress_figure(plt, run, results, promotions)
+    p = os.path.join(out_dir, "progress.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return "each candidate's speedup over the run", p
+
+
+def progress_figure(plt, run, results, promotions) -> Tuple[Any, Any]:
+    """Each judged candidate's speedup against the minutes into the run, labelled, with a note per promotion."""
     judged = [r for r in results if r.speedup is not None and not r.implausible and r.started_at is not None]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     labelled = []  # (minutes, speedup, text) of each point, labelled once the axes' limits are final
@@ -674,43 +700,57 @@ def _progress_plot(plt, run, results, promotions, out_dir: str) -> Tuple[str, st
     ax.axhline(1.0, color="k", lw=0.8)
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo, hi + 0.05 * (hi - lo))
+    notes = []
     for i, pr in enumerate(sorted(promotions, key=lambda p: p.created_at)):
         # from here on the bucket's candidates are timed beside the promoted kernel; each note a line lower than
         # the one before, so that promotions close in time do not write over each other
         m = (pr.created_at - run.started_at).total_seconds() / 60
         ax.axvline(m, color="g", lw=0.8, ls=":")
-        ax.annotate(
-            f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it",
-            (m, 0.97 - 0.09 * (i % 8)),
-            xycoords=("data", "axes fraction"),
-            fontsize=6,
-            color="g",
-            xytext=(3, 0),
-            textcoords="offset points",
-            va="top",
+        notes.append(
+            ax.annotate(
+                f"#{pr.candidate_id} promoted ({pr.bucket}):\nlater ones are over it",
+                (m, 0.97 - 0.09 * (i % 8)),
+                xycoords=("data", "axes fraction"),
+                fontsize=6,
+                color="g",
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="top",
+            )
         )
     ax.set_xlabel("minutes into the run (when the benchmark was recorded)")
     ax.set_ylabel("speedup over the incumbent timed beside it")
     ax.set_title("each judged candidate: geometric mean over its bucket's shapes", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    _label_points(fig, ax, labelled)
-    p = os.path.join(out_dir, "progress.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return "each candidate's speedup over the run", p
+    _label_points(fig, ax, labelled, avoid=_notes_inside(fig, ax, notes))
+    return fig, ax
+
+
+def _notes_inside(fig, ax, notes) -> List[Any]:
+    """Each promotion note turned to the left of its line where it would run past the axes' right edge (into
+    the legend, which sits there: a promotion late in the run was written under it); their boxes."""
+    renderer = fig.canvas.get_renderer()
+    right = ax.get_window_extent(renderer).x1
+    boxes = []
+    for note in notes:
+        if note.get_window_extent(renderer).x1 > right:
+            note.set_horizontalalignment("right")
+            note.set_position((-3, 0))  # (the text's offset from its point, in points)
+        boxes.append(note.get_window_extent(renderer))
+    return boxes
 
 
 # where a point's label may go, in points from it: right and up first, then below, further up, to the left
 LABEL_OFFSETS = [(3, 3), (3, -9), (3, 10), (3, -16), (-18, 3), (-18, -9), (3, 17), (3, -23), (-18, 10), (-18, -16)]
 
 
-def _label_points(fig, ax, points: List[Tuple[float, float, str]]) -> None:
-    """Label each point where its label overlaps no label placed before it (the first of LABEL_OFFSETS that is
-    free; the first one where none is): labels of candidates judged close together were written over each
-    other."""
+def _label_points(fig, ax, points: List[Tuple[float, float, str]], avoid: Sequence[Any] = ()) -> None:
+    """Label each point where its label overlaps no label placed before it nor a box of `avoid` (the first of
+    LABEL_OFFSETS that is free; the first one where none is): labels of candidates judged close together were
+    written over each other."""
     renderer = fig.canvas.get_renderer()
-    placed: List[Any] = []
+    placed: List[Any] = list(avoid)
     for x, y, text in sorted(points):
         for dx, dy in LABEL_OFFSETS:
             label = ax.annotate(text, (x, y), fontsize=6, xytext=(dx, dy), textcoords="offset points")

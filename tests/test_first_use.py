@@ -181,7 +181,10 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_before_the_run(tmp_path)
         stub.stop()
 
 
-def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("budget", [10, 2])
+def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch, capsys, budget):
+    """With a budget of 10 it stops after MODEL_FAILURES_LIMIT calls; with a budget of 2 the failed calls used the
+    budget before that, and the run said `finished: candidate budget reached (2)`, exit 0, with no candidate."""
     from kernel_agent.agent.commands import _print_run_summary
     from openai_stub import Stub
 
@@ -191,7 +194,7 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
         cfg = loop_mod.RunConfig(
             ops=["quantize_kv"],
             per_round=1,
-            max_candidates=10,
+            max_candidates=budget,
             jobs=1,
             proposer="model",
             candidates_dir=str(tmp_path / "cands"),
@@ -207,15 +210,17 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
         s = loop_mod.run_loop(cfg, str(tmp_path / "l.db"), devices=FakeDevices([], None), evaluator=FakeEvaluator())
     finally:
         stub.stop()
-    assert s.status == RunStatus.FAILED
-    assert f"failed on its first {loop_mod.MODEL_FAILURES_LIMIT} calls and answered none" in s.session.stop_reason
-    assert s.model.calls == loop_mod.MODEL_FAILURES_LIMIT  # not the whole budget of 10
+    calls = min(budget, loop_mod.MODEL_FAILURES_LIMIT)  # not the whole budget of 10
+    assert s.status == RunStatus.FAILED and s.model.calls == calls
+    said = f"failed on its first {calls} calls" if budget > calls else f"failed on all {calls} of its calls"
+    assert f"the model endpoint {said} and answered none, last: " in s.session.stop_reason
+    assert "budget reached" not in s.session.stop_reason
     assert _print_run_summary(s, argparse.Namespace(json=False)) == 1
     out = capsys.readouterr().out
     # a failed call is no candidate: nothing judged, nothing rejected, and nothing said to be verified
     assert s.judged_now == 0 and s.candidates == 0, out
     assert "no GPU: nothing was benchmarked or promoted" in out and "verified by" not in out, out
-    assert f"model calls: {loop_mod.MODEL_FAILURES_LIMIT} of {loop_mod.MODEL_FAILURES_LIMIT} failed" in out
+    assert f"model calls: {calls} of {calls} failed" in out
 
 
 # -- 3. every way a run ends is recorded ----------------------------------------------------------------
@@ -884,6 +889,27 @@ def test_the_run_summary_and_show_give_the_wall_time_at_80_columns(tmp_path, mon
     assert re.search(r"started \S+ \S+ UTC, wall \d+s", " ".join(buf.getvalue().split())), buf.getvalue()
 
 
+@pytest.mark.parametrize("resumed", [False, True])
+def test_the_throughput_line_after_a_resume_says_it_counts_that_session(tmp_path, capsys, resumed):
+    """After `run --resume` the table's `judged now 2` is the run's, the throughput line's `1 judged` the
+    resume's: the line said only `throughput: 1 judged`."""
+    from kernel_agent.agent.commands import _print_run_summary
+    from kernel_agent.harness.ledger import RunSession
+
+    with Ledger(tmp_path / "l.db") as led:
+        run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
+        for text in ("a = 1\n", "b = 1\n"):
+            c, _ = led.add_candidate("quantize_kv", text, "search", run.id, label=text[0])
+            led.set_candidate_status(c.id, CandidateStatus.VERIFIED)
+        led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
+        summary = led.run_summary(run.id)
+    summary.session = RunSession(None, None, False, {"judged": 1, "resumed": resumed}, "1 judged", {}, "")
+    _print_run_summary(summary, argparse.Namespace(json=False, ledger=str(tmp_path / "l.db")))
+    out = capsys.readouterr().out
+    assert re.search(r"^ +2 +0 +0 +2 ", out, re.M), out  # judged now 2: the run's
+    assert ("throughput, this resume: 1 judged\n" if resumed else "throughput: 1 judged\n") in out, out
+
+
 def test_a_cut_rejection_detail_ends_with_an_ellipsis(monkeypatch, capsys):
     from kernel_agent.agent.commands import _run_events
 
@@ -920,6 +946,41 @@ def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(t
     )
 
 
+def test_the_reports_judged_count_keeps_what_the_run_left_unjudged_apart(tmp_path):
+    """A run stopped by its time limit with one candidate in flight: the report read `candidates judged by this
+    run: 0 (proposed 1)`."""
+    from kernel_agent.agent.review import write_report
+
+    with Ledger(tmp_path / "l.db") as led:
+        run = led.start_run({"ops": ["quantize_kv"], "proposer": "search"}, {}, "search", ["quantize_kv"], None, {})
+        led.add_candidate("quantize_kv", "a = 1\n", "search", run.id, label="a")  # stays proposed
+        done, _ = led.add_candidate("quantize_kv", "b = 1\n", "search", run.id, label="b")
+        led.set_candidate_status(done.id, CandidateStatus.VERIFIED)
+        text = open(write_report(led, run, str(tmp_path / "report"))).read()
+    assert (
+        "- candidates judged by this run: 1 (verified 1; 1 left unjudged, for a later run or --resume); "
+        "replayed from earlier runs: 0"
+    ) in text, text
+
+
+def test_a_model_runs_reproduce_line_names_the_model_and_endpoint_as_flags(tmp_path):
+    """It gave the recorded endpoint as one quoted dict: `--model '{'"'"'base_url'"'"': ...}'`."""
+    import shlex
+
+    from kernel_agent.agent.cli import build_parser
+    from kernel_agent.agent.review import write_report
+
+    endpoint = {"model": "coder 7b", "base_url": "http://127.0.0.1:9/v1", "max_tokens": 8192, "temperature": 0.7}
+    cfg = {"ops": ["quantize_kv"], "proposer": "model", "model": endpoint, "max_candidates": 3, "time_limit_s": 150}
+    with Ledger(tmp_path / "l.db") as led:
+        run = led.start_run(cfg, {}, "model", ["quantize_kv"], None, {})
+        text = open(write_report(led, run, str(tmp_path / "report"))).read()
+    command = re.search(r"- reproduce: `([^`]*)` \(a code model's replies differ", text).group(1)
+    assert "{" not in command, command
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.model, args.base_url, args.proposer, args.candidates) == ("coder 7b", endpoint["base_url"], "model", 3)
+
+
 def test_a_replay_line_names_the_op_and_bucket(tmp_path):
     _cpu_run(tmp_path, tmp_path / "l.db", _passes)
     lines = []
@@ -927,6 +988,15 @@ def test_a_replay_line_names_the_op_and_bucket(tmp_path):
     _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
     replays = [d for st, d in lines if st == "replayed"]
     assert replays and all(re.match(r"quantize_kv \S+: judged before as candidate #\d+", d) for d in replays), lines
+
+
+def test_a_verified_line_names_the_op_and_bucket(tmp_path):
+    """A source a code model proposed for two buckets printed `verified model-1: quantize_kv: ...` twice."""
+    lines = []
+    events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
+    verified = [d for st, d in lines if st == CandidateStatus.VERIFIED]
+    assert verified and all(re.match(r"quantize_kv \S+: passed the full sanitizer", d) for d in verified), lines
 
 
 def test_promote_on_a_machine_without_a_gpu_names_promote_before_torch_is_imported(tmp_path):
@@ -991,3 +1061,42 @@ def test_progress_plot_labels_of_candidates_judged_close_together_do_not_overlap
     assert not [(i, j) for i in range(8) for j in range(i) if boxes[i].overlaps(boxes[j])]
     fig.savefig(tmp_path / "crowded.png", dpi=110)
     plt.close(fig)
+
+
+def test_a_late_promotions_note_stays_inside_the_plot_clear_of_the_legend_and_labels():
+    """The note of a promotion late in the run ran past the axes' right edge, under the legend beside it."""
+    pytest.importorskip("matplotlib")
+    import datetime as dt
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernel_agent.agent.review import progress_figure
+
+    t0 = dt.datetime(2026, 12, 2, 5, 12, tzinfo=dt.timezone.utc)
+    minutes = [1.9, 2.1, 2.3, 2.8, 3.4, 3.6, 3.9, 5.3, 5.9, 7.3]
+    results = [
+        SimpleNamespace(
+            op="decode_attention_int8",
+            bucket="clong-g4-d128",
+            speedup=0.5 + 0.06 * i,
+            implausible=False,
+            started_at=t0 + dt.timedelta(minutes=m),
+            candidate_id=i + 1,
+        )
+        for i, m in enumerate(minutes)
+    ]
+    promotion = SimpleNamespace(candidate_id=9, bucket="clong-g4-d128", created_at=t0 + dt.timedelta(minutes=7.05))
+    fig, ax = progress_figure(plt, SimpleNamespace(started_at=t0), results, [promotion])
+    renderer = fig.canvas.get_renderer()
+    axes, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+    note = next(t for t in ax.texts if "promoted" in t.get_text()).get_window_extent(renderer)
+    labels = [
+        t.get_window_extent(renderer) for t in ax.texts if t.get_text().startswith("#") and "\n" not in t.get_text()
+    ]
+    plt.close(fig)
+    assert axes.x0 <= note.x0 and note.x1 <= axes.x1 and not note.overlaps(legend), (note, axes, legend)
+    assert len(labels) == len(minutes) and not [b for b in labels if b.overlaps(note)]
