@@ -277,6 +277,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_end_state(tmp_path):
     assert checks == ref_checks  # each check recorded once per candidate and mode
 
 
+@exhaustive  # 15-35 s of sanitizer runs; the quick tier meets the same paths elsewhere
 def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(tmp_path):
     """A sanitizer stage outlasts the limit: the run kills it and ends within 15 s of the limit with its
     summary printed; the candidates stay 'proposed' without a check recorded, and `--resume` judges

@@ -19,6 +19,7 @@ from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger, upgrade_ledger
 from kernel_agent.harness.serving import kernel_file_name
 from kernel_agent.sanitizer.canonical import canonical_source
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
@@ -509,6 +510,7 @@ def test_the_repository_runs_the_template_workflow():
         assert f.read() == ci_templates.WORKFLOW, "regenerate it: kernel-agent ci init --only workflow --force"
 
 
+@exhaustive  # 15-35 s of sanitizer runs; the quick tier meets the same paths elsewhere
 def test_pre_commit_hooks_sanitize_each_changed_kernel_file_by_its_op(tmp_path):
     """Each serving and baseline file goes to exactly the hook of its op (pre-commit searches `files` in the
     path from the repository's root), and the hook's entry passes a good kernel and fails a faulty one."""

@@ -14,6 +14,7 @@ from kernel_agent.agent.review import write_report
 from kernel_agent.harness import serving
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
@@ -40,6 +41,7 @@ def _serving_set(tmp_path, extra_source=None):
     return d
 
 
+@exhaustive  # 15-35 s of sanitizer runs; the quick tier meets the same paths elsewhere
 def test_gate_passes_on_a_real_serving_set(tmp_path):
     d = _serving_set(tmp_path)
     summary = tmp_path / "summary.md"
@@ -95,6 +97,7 @@ def test_gate_fails_loudly_on_a_faulty_kernel_slipped_in_by_hand(tmp_path):
     assert sum(int(s.get("failures")) for s in suites) >= 1
 
 
+@exhaustive  # 15-35 s of sanitizer runs; the quick tier meets the same paths elsewhere
 def test_gate_flags_kernels_measured_under_other_versions(tmp_path):
     d = _serving_set(tmp_path)
     m = json.loads((d / "manifest.json").read_text())

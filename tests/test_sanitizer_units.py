@@ -15,6 +15,7 @@ from kernel_agent.sanitizer import isolation, runner
 from kernel_agent.sanitizer.guard import GuardViolation, HostGuard
 from kernel_agent.sanitizer.interp import Instrumentation, Watched
 from kernel_agent.sanitizer.static_gate import check_source
+from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = os.path.join(ROOT, "kernels", "baseline")
@@ -273,6 +274,7 @@ def test_cli_usage_errors_exit_2_with_one_line():
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
 
 
+@exhaustive  # 15-35 s of sanitizer runs; the quick tier meets the same paths elsewhere
 def test_cli_json_and_junit_and_exit_codes(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(HEADER + "def quantize_kv(x):\n    return torch.matmul(x, x)\n")
@@ -362,9 +364,14 @@ def test_map_tracked_stops_every_worker_on_ctrl_c():
         sent.append(time.time())
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=ctrl_c_once_both_run, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        isolation.map_tracked(item, [0, 1, 2, 3], 2)
+    # Python's own Ctrl-C handler, which a pytest-xdist worker does not keep
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c_once_both_run, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            isolation.map_tracked(item, [0, 1, 2, 3], 2)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
     assert time.time() - sent[0] < 10  # returned at once, not after the children's 20 s
     # the first child of the two running items, killed; no second child, no third item
     assert exits == [-signal.SIGKILL] * 2 and not isolation._live
