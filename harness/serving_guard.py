@@ -163,6 +163,8 @@ def snapshot(bound: Mapping[str, Any]) -> dict[str, Any]:
     offset), so that the child sees exactly the layout the kernel would have seen; a storage several arguments
     share (vLLM's `kv[0]` and `kv[1]`, slices of one fused QKV) is copied once and shared by their copies, as
     the wire keeps it (sanitizer/wire.py). Other values as they are."""
+    from ..sanitizer.wire import storage_key  # deferred: the wire module is the sanitizer's
+
     copies: dict[tuple, Any] = {}
     out = {}
     for name, v in bound.items():
@@ -170,7 +172,7 @@ def snapshot(bound: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = v
             continue
         storage = v.untyped_storage()
-        key = (str(storage.device), storage.data_ptr())
+        key = storage_key(v)
         if key not in copies:
             copy = storage.cpu() if storage.device.type != "cpu" else storage.clone()
             if copy.data_ptr() == storage.data_ptr():  # `.cpu()` of a CPU storage is itself
@@ -363,13 +365,12 @@ def _judge_output(op: str, out: Any, args: dict[str, Any], trusted_out: Any) -> 
         return cmp.describe()
     if trusted_out is None or spec.exact_check:
         return ""
-    first = lambda o: o[0] if isinstance(o, (tuple, list)) else o  # noqa: E731 - the budget's output
-    ref = first(ref64)
-    err = spec.output_error(first(out), ref)
-    err_trusted = spec.output_error(first(_to(trusted_out, ref.device)), ref)
-    allowed = max(2.0 * err_trusted, spec.tolerance(spec.output_dtype(args)).budget_floor)
-    if err > allowed:
-        return f"error {err:.3g} exceeds the budget {allowed:.3g} (2x the trusted implementation's {err_trusted:.3g})"
+    b = spec.error_budget(out, trusted_out, ref64, spec.output_dtype(args))
+    if not b.ok:
+        return (
+            f"error {b.error:.3g} exceeds the budget {b.allowed:.3g} "
+            f"(2x the trusted implementation's {b.trusted_error:.3g})"
+        )
     return ""
 
 

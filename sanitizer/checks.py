@@ -582,17 +582,14 @@ def check_error_budget(subject: Subject, s: Settings) -> str:
         rb = run_case(subject, subject.baseline, case, bounds=False)
         if not rb.ok:
             raise CheckFailed(f"internal: the baseline failed: {rb.problem()}")
-        err_c = op.output_error(outputs(out_c)[0], outputs(ref)[0])
-        err_b = op.output_error(outputs(rb.out)[0], outputs(ref)[0])
-        floor = op.tolerance(dtype).budget_floor
-        allowed = max(2.0 * err_b, floor)
-        if not (err_c <= allowed):
+        b = op.error_budget(out_c, rb.out, ref, dtype)
+        if not b.ok:
             raise CheckFailed(
-                f"error {err_c:.3g} against float64 exceeds the budget {allowed:.3g} (2x the "
-                f"baseline's {err_b:.3g}, floor {floor:g}): reduced precision?; reproduce: "
-                f"{case.describe()}"
+                f"error {b.error:.3g} against float64 exceeds the budget {b.allowed:.3g} (2x the "
+                f"baseline's {b.trusted_error:.3g}, floor {op.tolerance(dtype).budget_floor:g}): reduced precision?; "
+                f"reproduce: {case.describe()}"
             )
-        worst = max(worst, err_c / allowed)
+        worst = max(worst, b.used)
     return f"error within the budget on {cases_n(len(combos))} (worst {worst:.0%} of the allowance)"
 
 

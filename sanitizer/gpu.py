@@ -41,7 +41,6 @@ from .checks import (
     check_static,
     compared_regions,
     first_difference,
-    outputs,
     run_case,
 )
 from .execution import CheckFailed, baseline_fn, describe_exception
@@ -135,16 +134,13 @@ def _within_budget(subject: Subject, case, out, ref, where: str = "") -> float:
     op = subject.op
     if op.exact_check:
         return 0.0
-    base = _call(subject, subject.baseline, case)
-    err_c = op.output_error(outputs(out)[0], outputs(ref)[0])
-    err_b = op.output_error(outputs(base)[0], outputs(ref)[0])
-    allowed = max(2.0 * err_b, op.tolerance(op.output_dtype(case.args)).budget_floor)
-    if err_c > allowed:
+    b = op.error_budget(out, _call(subject, subject.baseline, case), ref, op.output_dtype(case.args))
+    if not b.ok:
         raise CheckFailed(
-            f"{where}error {err_c:.3g} exceeds the budget {allowed:.3g} (2x the baseline's {err_b:.3g}); "
-            f"reproduce: {case.describe()} (cuda)"
+            f"{where}error {b.error:.3g} exceeds the budget {b.allowed:.3g} (2x the baseline's "
+            f"{b.trusted_error:.3g}); reproduce: {case.describe()} (cuda)"
         )
-    return err_c / allowed
+    return b.used
 
 
 def _device_branches_taken(subject: Subject) -> None:
@@ -439,7 +435,7 @@ def sanitize_gpu(
 def _run_steps(steps, subject: Subject, verdict: Verdict, gpu: bool, on_check, on_start, before_gpu) -> None:
     """Each step's outcome into `verdict`, in order: the CONCURRENT_GPU_CHECKS start together with the first
     check on the device and run beside the others; a step after a failed one is skipped, unless it ran beside."""
-    failed = False
+    failed = started = False
     beside: dict[str, Future] = {}
     pool = ThreadPoolExecutor(max_workers=len(CONCURRENT_GPU_CHECKS), thread_name_prefix="gpu-check")
     try:
@@ -454,8 +450,8 @@ def _run_steps(steps, subject: Subject, verdict: Verdict, gpu: bool, on_check, o
                 if before_gpu is not None and name not in ("static_gate", "load"):
                     before_gpu()
                     before_gpu = None
-                if name not in ("static_gate", "load") and not beside:
-                    beside = _start_beside(pool, steps, subject, on_start)
+                if name not in ("static_gate", "load") and not started:
+                    beside, started = _start_beside(pool, steps, subject, on_start), True
                 if name in beside:
                     outcome = beside[name].result()
                 else:

@@ -112,6 +112,25 @@ class Comparison:
         return f"{self.reason}{where} (rel_error={self.rel_error:.3g}, bad_fraction={self.bad_fraction:.3g})"
 
 
+@dataclass(frozen=True)
+class Budget:
+    """The error budget of one output against the float64 reference (Op.error_budget): the norm-wise error of
+    the kernel judged and of a trusted one (the baseline) on the same inputs, and what is allowed: twice the
+    trusted one's, never under the dtype's `budget_floor`."""
+
+    error: float
+    trusted_error: float
+    allowed: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.allowed  # (a NaN error is over any budget)
+
+    @property
+    def used(self) -> float:
+        return self.error / self.allowed
+
+
 def first_index(mask: torch.Tensor) -> Optional[Tuple[int, ...]]:
     """The index of the first True element of `mask` (row-major), or None: where a comparison points."""
     nz = torch.nonzero(mask.reshape(mask.shape), as_tuple=False)
@@ -834,6 +853,17 @@ class Op:
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return TOLERANCES[dtype]
+
+    def error_budget(self, out, trusted, ref64, dtype: torch.dtype) -> Budget:
+        """The error budget of `out` against `trusted` (each an op's output: its first tensor is measured) on
+        the same inputs, `ref64` their reference, `dtype` the one whose floor applies. The sanitizer's CPU and
+        GPU checks and the serving guard all judge by it."""
+
+        def first(o):
+            return o[0] if isinstance(o, (tuple, list)) else o
+
+        err, err_trusted = self.output_error(first(out), first(ref64)), self.output_error(first(trusted), first(ref64))
+        return Budget(err, err_trusted, max(2.0 * err_trusted, self.tolerance(dtype).budget_floor))
 
     # -- the torch implementation ---------------------------------------------------------
     def torch_impl(self) -> Optional[Callable[..., Any]]:
