@@ -300,18 +300,27 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
         "--candidates-dir",
         str(tmp_path / "c"),
     ]
-    t0 = time.time()
-    r = _run(args + ["--time-limit", "6s"], timeout=120)
-    wall = time.time() - t0
-    assert r.returncode == 0, r.stderr[-2000:]
-    led = Ledger(str(db))
-    run = led.runs()[0]
-    assert json.loads(run.notes)["elapsed_s"] <= 6 + 15 and wall < 6 + 15 + 15  # (+ the CLI's start)
+    # The incumbent's diagnosis comes before the first proposal; on a loaded machine it can outlast a short
+    # limit, and then nothing is in flight to leave unjudged. Such a run is retried with a longer limit (a
+    # quantize_kv sanitizer stage still outlasts it), in a fresh ledger.
+    for limit in (6, 12, 24):
+        db = tmp_path / f"l{limit}.db"
+        args[args.index("--ledger") + 1] = str(db)
+        t0 = time.time()
+        r = _run(args + ["--time-limit", f"{limit}s"], timeout=120)
+        wall = time.time() - t0
+        assert r.returncode == 0, r.stderr[-2000:]
+        led = Ledger(str(db))
+        run = led.runs()[0]
+        if led.candidates(run_id=run.id):
+            break
+        led.close()
+    assert json.loads(run.notes)["elapsed_s"] <= limit + 15 and wall < limit + 15 + 15  # (+ the CLI's start)
     assert "left unjudged at the time limit" in r.stdout and f"--resume {run.id}" in r.stdout + r.stderr
     # not a terminal: the live status comes as a plain line (at the start, then once a minute)
     status = [ln for ln in r.stdout.splitlines() if ln.startswith("status: ")]
     # at the start (within the first seconds: the incumbent's diagnosis may compile first on a loaded machine)
-    assert status and re.match(r"status: 0:0\d/0:06 cand 0/2; quick 0 full 0;", status[0]), status
+    assert status and re.match(rf"status: 0:[0-5]\d/0:{limit:02d} cand 0/2; quick 0 full 0;", status[0]), status
     assert "\x1b" not in r.stdout
     cands = led.candidates(run_id=run.id)
     # one or both proposed by the limit: the incumbent's diagnosis is made before the first proposal
