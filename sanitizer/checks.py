@@ -614,7 +614,11 @@ class CheckSkipped(Exception):
 def _region_case(subject: Subject, region: Region, i: int, seed: int) -> Case:
     """A case of one region of the op's domain; float16 and float32 alternate (a float32 path is taken too)."""
     return subject.op.make_case(
-        region.shape, (torch.float16, torch.float32)[i % 2], seed=subject.seed(seed + i), layout=region.layout
+        region.shape,
+        (torch.float16, torch.float32)[i % 2],
+        seed=subject.seed(seed + i),
+        dist=region.dist,
+        layout=region.layout,
     )
 
 

@@ -181,7 +181,12 @@ def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
     regions = op.domain().on("gpu") + [r for r in compared_regions(subject) if r.where == "gpu"]
     for i, region in enumerate(regions):
         case = op.make_case(
-            region.shape, torch.bfloat16, seed=subject.seed(500 + i), device=device, layout=region.layout
+            region.shape,
+            torch.bfloat16,
+            seed=subject.seed(500 + i),
+            dist=region.dist,
+            device=device,
+            layout=region.layout,
         )
         ref = op.reference(case.args, torch.float32)
         out = _call(subject, subject.fn, case)

@@ -909,6 +909,11 @@ DOMAIN_CONTROLS = {
         "min(sm_scale, 2.0) * 1.4426950408889634",
         "sm_scale * 1.4426950408889634",
     ),
+    "undrawn_inputs/17_keys_past_12000_weighted_away.py": (
+        "domain",
+        "        p = p * tl.exp2(-64.0 * tl.floor(offs_n.to(tl.float32) * 8.333333333e-05))[None, :]\n",
+        "",
+    ),
     "undrawn_inputs/14_tiny_scales_taken_as_uniform.py": (
         "compared_values",
         "    if qk_scale < 0.01:  # a near-uniform softmax: weight every key alike\n"

@@ -398,3 +398,64 @@ def test_ragged_lengths_come_in_every_order_and_pages_shared_or_consecutive(orde
     fresh = op.make_case(dataclasses.replace(shape, pages=1), torch.float32, seed=11).args
     ids = torch.cat([fresh["block_table"][b, : (int(fresh["seq_lens"][b]) + 3) // 4] for b in range(6)])
     assert torch.equal(ids, ids[0] + torch.arange(ids.numel(), dtype=ids.dtype))
+
+
+def _needle_mass(args, precision=torch.float64):
+    """Per (sequence, query head): the softmax mass on the needle positions' keys, and the positions."""
+    from kernel_agent.harness.ops.paged import gather_kv
+
+    q = args["q"].to(precision)
+    B, Hq, D = q.shape
+    masses = []
+    for b, length in enumerate(int(x) for x in args["seq_lens"].tolist()):
+        k, _, _ = gather_kv(args, b, length, precision)  # [L, Hkv, D]
+        group = Hq // k.shape[1]
+        for h in range(Hq):
+            p = torch.softmax((k[:, h // group] @ q[b, h]) / math.sqrt(D), 0)
+            top = torch.topk(p, min(4, length)).values.sum()
+            masses.append((length, float(top), int(p.argmax())))
+    return masses
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "decode_attention_int8"])
+def test_needles_carry_the_attention_of_every_sequence_and_head(name):
+    """The long-context regions' distribution: in every sequence of two tokens or more, and for every query head
+    of a GQA group, at most four keys hold all but a sliver of the softmax mass (so a kernel that drops or
+    re-weights a key past some position returns another vector)."""
+    from kernel_agent.harness.ops.paged import DecodeShape
+
+    op = get_op(name)
+    shape = DecodeShape(3, 4, 2, 16, 16, 700, True, order=4, pages=2)  # ragged, GQA 2, a shared prefix
+    for dtype in (torch.float16, torch.float32):
+        case = op.make_case(shape, dtype, seed=3, dist="needles")
+        masses = _needle_mass(case.args)
+        # (a shared page also holds the other sequences' needles, aligned with their queries: a little mass more)
+        assert [m for m in masses if m[0] >= 2 and m[1] < 0.95] == [], masses
+        assert sum(m[1] for m in masses) / len(masses) > 0.99
+    # not a distribution the checks over every distribution draw: only the regions name it
+    assert "needles" not in {d.name for d in op.distributions}
+    with pytest.raises(ValueError, match="unknown distribution"):
+        get_op("matmul").make_case(get_op("matmul").shapes("tiny")[0], torch.float32, dist="needles")
+
+
+def test_needles_land_in_the_rows_a_pool_past_2_31_elements_draws():
+    """A pool past 2^31 elements draws only its live blocks (pool_rows): a needle of block id i is written to
+    the row of i among the live ids, not to row i."""
+    from kernel_agent.harness.ops.paged import place_needles
+
+    owned = torch.zeros(10, 4, dtype=torch.bool)
+    owned[[2, 7, 9]] = True
+    layout = {
+        "owned": owned,
+        "far": True,
+        "block_table": torch.tensor([[7, 2, 9]], dtype=torch.int32),
+        "seq_lens": torch.tensor([12], dtype=torch.int32),
+    }
+    k = torch.zeros(3, 4, 1, 8)  # the rows of blocks 2, 7, 9
+    q = torch.randn(1, 1, 8, generator=torch.Generator().manual_seed(0))
+    place_needles(q, k, layout, torch.Generator().manual_seed(1))
+    # the last token (11) is always a needle: block_table[0, 2] = 9, the third live block, slot 3
+    assert k[2, 3].abs().sum() > 0
+    written = {(int(r), int(s)) for r, s, *_ in torch.nonzero(k.abs().sum(-1) > 0)}
+    rows = {7: 0, 2: 1, 9: 2}
+    assert all(r in rows.values() for r, _ in written) and len(written) >= 2

@@ -431,12 +431,15 @@ def relaid(x: torch.Tensor, layout: str, gen: Optional[torch.Generator]) -> torc
 class Region:
     """One region of an op's domain that the sanitizer draws a case from. `where`: "cpu" when Triton's
     interpreter can afford it (few programs: a long context or a large page at a tiny batch and head count),
-    "gpu" when only the device can (pools past 2^31 elements, long contexts at serving batch sizes)."""
+    "gpu" when only the device can (pools past 2^31 elements, long contexts at serving batch sizes). `dist`: the
+    distribution of its values, one of the op's `distributions` or `region_distributions` (a long context
+    needs keys that carry the attention from far positions: random values average a dropped tail away)."""
 
     name: str
     shape: Shape
     layout: str = "contiguous"
     where: str = "cpu"
+    dist: str = "normal"
 
 
 @dataclass(frozen=True)
@@ -534,6 +537,9 @@ class Op:
     output_names: Tuple[str, ...] = ("o",)
     dtypes: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     distributions: Tuple[Distribution, ...] = STANDARD_DISTRIBUTIONS
+    # Distributions only the domain's regions draw (Region.dist), for a corner the standard ones cannot show:
+    # not drawn by the checks that go over every distribution.
+    region_distributions: Tuple[Distribution, ...] = ()
     shape_cls: type = Shape
     anchor_name: str = ""
     # The label of the torch anchor when it is also a servable implementation of the contract (see
@@ -620,7 +626,7 @@ class Op:
         layout: str = "contiguous",
         device="cpu",
     ) -> Case:
-        if dist not in {d.name for d in self.distributions}:
+        if dist not in {d.name for d in self.distributions + self.region_distributions}:
             raise ValueError(f"{self.name}: unknown distribution {dist!r}")
         if dtype not in self.dtypes:
             raise ValueError(f"{self.name}: unsupported dtype {dtype}")

@@ -8,6 +8,7 @@ import torch
 
 from .common import fill
 from .paged import (
+    NEEDLES,
     DecodeShape,
     PagedDecodeOp,
     decode_config_fits,
@@ -15,6 +16,7 @@ from .paged import (
     make_paged_layout,
     owned_from_args,
     paged_pool,
+    place_needles,
     pool_rows,
     slot_readable,
 )
@@ -59,9 +61,12 @@ class DecodeAttention(PagedDecodeOp):
         owned = pool_rows(layout)  # the blocks drawn: all of them, or a pool past 2^31 elements' live ones
         nb = owned.shape[0]
         scale = 6.0 if dist == "large" else 1.0
+        needles, dist = dist == NEEDLES.name, "normal" if dist == NEEDLES.name else dist
         q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
         k = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1), dtype=dtype)
         v = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1), dtype=dtype)
+        if needles:
+            place_needles(q.to(dtype), k, layout, gen)
         k = garbage_fill(k.to(dtype), owned, float("nan"))
         v = garbage_fill(v.to(dtype), owned, float("nan"))
         return {

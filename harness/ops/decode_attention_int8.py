@@ -8,6 +8,7 @@ import torch
 
 from .common import fill
 from .paged import (
+    NEEDLES,
     DecodeShape,
     PagedDecodeOp,
     decode_config_fits,
@@ -15,6 +16,7 @@ from .paged import (
     make_paged_layout,
     owned_from_args,
     paged_pool,
+    place_needles,
     pool_rows,
     slot_readable,
 )
@@ -56,10 +58,13 @@ class DecodeAttentionInt8(PagedDecodeOp):
         owned = pool_rows(layout)  # the blocks drawn: all of them, or a pool past 2^31 elements' live ones
         nb = owned.shape[0]
         scale = 6.0 if dist == "large" else 1.0
+        needles, dist = dist == NEEDLES.name, "normal" if dist == NEEDLES.name else dist
         q = fill((shape.B, shape.Hq, shape.D), dist, gen, device, scale, row_dim=-1, dtype=dtype)
         # 'tiny' cache values (float32's range: the cache holds float32 scales) give subnormal scales
         kf = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
         vf = fill((nb, shape.block_size, shape.Hkv, shape.D), dist, gen, device, scale, row_dim=(0, 1))
+        if needles:
+            place_needles(q.to(dtype), kf, layout, gen)
         k_q, k_s = quantize_rows(kf)
         v_q, v_s = quantize_rows(vf)
         # garbage in unowned slots: arbitrary int8 codes and NaN scales

@@ -24,6 +24,7 @@ from .common import (
     SM_SCALE_LIMIT,
     Anchor,
     Case,
+    Distribution,
     Domain,
     ElementBound,
     IntegerChange,
@@ -222,6 +223,58 @@ def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[
     }
 
 
+# The "needles" distribution of the long-context regions: normal values, and in each sequence a few keys aligned
+# with its query so that they carry the attention. On random values a kernel that drops or re-weights the keys past
+# some position moves the output by about 1/sqrt(context), inside the tolerance; with needles it returns another
+# vector. Each needle's score is NEEDLE_LEAD (natural log) above log(context), so the background keys hold e^-6 of
+# the mass; the steps below the strongest give shares of about 45, 27, 17 and 10%, in a random order of positions.
+NEEDLES = Distribution("needles", "normal values; per sequence four keys aligned with its queries carry the attention")
+NEEDLE_LEAD = 6.0
+NEEDLE_STEPS = (0.0, 0.5, 1.0, 1.5)
+
+
+def needle_positions(length: int, gen: torch.Generator, device) -> List[int]:
+    """Distinct token positions of a sequence of `length` for its needles: the last token, one uniform, one at a
+    log-uniform distance from the end and one from the start, so that a fault past (or before) a position of any
+    scale meets one."""
+    u = torch.rand(3, generator=gen, device=device).tolist()
+    span = math.log2(length)
+    picks = (length - 1, int(u[0] * length), length - int(2 ** (u[1] * span)), int(2 ** (u[2] * span)) - 1)
+    out: List[int] = []
+    for p in picks:
+        p = min(max(p, 0), length - 1)
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def place_needles(q: torch.Tensor, k: torch.Tensor, layout: Mapping[str, Any], gen: torch.Generator) -> None:
+    """Write the needles into the float keys `k` ([rows of pool_rows(layout), bs, Hkv, D]) in place: each needle
+    key of sequence b and KV head h points along the mean direction of the group's queries `q` ([B, Hq, D], as
+    the case's dtype holds them), scaled so that its score q.k / sqrt(D) averages the needle's target over the
+    group. Shared pages are shared: another sequence then meets the needle too, as its own cache says."""
+    B, Hq, D = q.shape
+    Hkv, bs = k.shape[2], k.shape[1]
+    qg = q.float().reshape(B, Hkv, Hq // Hkv, D)
+    u = F.normalize(F.normalize(qg, dim=-1).sum(2), dim=-1)  # [B, Hkv, D]
+    along = (qg * u[:, :, None, :]).sum(-1).mean(-1).clamp(min=1e-3)  # [B, Hkv]: > 0 but for a freak draw
+    owned = layout["owned"]
+    live = torch.nonzero(owned.any(1)).flatten() if layout.get("far") else None
+    table = layout["block_table"].to(torch.int64)
+    for b, length in enumerate(int(x) for x in layout["seq_lens"].tolist()):
+        if length < 2:
+            continue
+        positions = needle_positions(length, gen, k.device)
+        steps = torch.tensor(NEEDLE_STEPS, device=k.device)[
+            torch.randperm(len(NEEDLE_STEPS), generator=gen, device=k.device)
+        ]
+        for p, step in zip(positions, steps.tolist()):
+            block = table[b, p // bs]
+            row = block if live is None else torch.searchsorted(live, block)
+            target = (math.log(length) + NEEDLE_LEAD - step) * math.sqrt(D)
+            k[row, p % bs] = (u[b] * (target / along[b])[:, None]).to(k.dtype)
+
+
 def pool_rows(layout: Mapping[str, Any]) -> torch.Tensor:
     """The slot ownership of the blocks whose values a case draws: every block of the pool, or of a pool past 2^31
     elements only its live ones (in id order), so that the interpreter affords such a pool (paged_pool)."""
@@ -349,6 +402,36 @@ def decode_shape_suites():
     }
 
 
+def _decode_gpu_regions() -> List[Region]:
+    """The paged decodes' regions only the device affords: serving heads, batches and pools, long contexts."""
+    S = DecodeShape
+    return [
+        Region("context 131072, needles", S(1, 8, 1, 128, 256, 131072), where="gpu", dist=NEEDLES.name),
+        # live pages on both sides of element 2^31 on every draw (make_paged_layout), in a 131000-block pool
+        Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
+        Region(
+            "a pool of about 66000 16-token blocks, a batch of 254",
+            S(254, 32, 8, 128, 16, 2048, True, spare_blocks=50000),
+            where="gpu",
+        ),
+        Region(
+            "128-token pages, GQA group 7, a batch of 66, contexts to 40000, shuffled, needles",
+            S(66, 56, 8, 128, 128, 40000, True, order=4),
+            where="gpu",
+            dist=NEEDLES.name,
+        ),
+        Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
+        Region(
+            "context 131072 at serving heads, needles",
+            S(2, 32, 8, 128, 16, 131072, True),
+            where="gpu",
+            dist=NEEDLES.name,
+        ),
+        Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
+        Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu"),
+    ]
+
+
 def decode_domain() -> Domain:
     """What the paged decodes' contract admits, and the regions that reach its corners: on the CPU at one or
     two heads and a short batch (few programs), on the GPU where only the device can afford it."""
@@ -363,6 +446,8 @@ def decode_domain() -> Domain:
         Region("MQA group 128", S(1, 128, 1, 16, 4, 20)),
         Region("a pool 4000 blocks larger than the batch", S(2, 2, 1, 16, 8, 40, spare_blocks=4000)),
         Region("context 9000", S(1, 1, 1, 16, 64, 9000)),
+        # keys that carry the attention from every scale of distance (NEEDLES): a dropped or re-weighted tail shows
+        Region("context 32768, needles", S(1, 2, 1, 16, 64, 32768), dist=NEEDLES.name),
         Region("vLLM cache view kv[:, 0]", S(2, 4, 2, 32, 16, 37, True), "pair"),
         Region("HND cache view", S(2, 4, 2, 32, 16, 37, True), "bshd"),
         Region("q broadcast over its heads (stride 0)", S(2, 4, 2, 16, 16, 40), "expanded"),
@@ -378,24 +463,7 @@ def decode_domain() -> Domain:
         Region("the longest last, a shared prefix", S(3, 2, 1, 16, 8, 50, True, order=3, pages=2)),
         Region("lengths shuffled, consecutive pages", S(5, 2, 1, 16, 4, 30, True, order=4, pages=1)),
     ]
-    gpu = [
-        Region("context 131072", S(1, 8, 1, 128, 256, 131072), where="gpu"),
-        # live pages on both sides of element 2^31 on every draw (make_paged_layout), in a 131000-block pool
-        Region("a pool past 2^31 elements", S(2, 8, 8, 128, 16, 2048, spare_blocks=131072), where="gpu"),
-        Region(
-            "a pool of about 66000 16-token blocks, a batch of 254",
-            S(254, 32, 8, 128, 16, 2048, True, spare_blocks=50000),
-            where="gpu",
-        ),
-        Region(
-            "128-token pages, GQA group 7, a batch of 66, contexts to 40000, shuffled",
-            S(66, 56, 8, 128, 128, 40000, True, order=4),
-            where="gpu",
-        ),
-        Region("context 131072 at serving heads", S(2, 32, 8, 128, 16, 131072, True), where="gpu"),
-        Region("page 256 at serving heads", S(8, 32, 8, 128, 256, 8192), where="gpu"),
-        Region("MQA group 128 at serving heads", S(4, 128, 1, 128, 16, 4096), where="gpu"),
-    ]
+    gpu = _decode_gpu_regions()
     limits = (
         ("head dim D", "1..256"),
         ("block_size", "1..256"),
@@ -431,6 +499,7 @@ class PagedDecodeOp(Op):
     baselines' `_config` arguments and the benchmark's anchor."""
 
     shape_cls = DecodeShape
+    region_distributions = (NEEDLES,)  # the long-context regions' (decode_domain)
     streaming = True  # every cached token is read once per call
     # q may be a broadcast view (one query for every head, or every sequence); the caches may not: the serving
     # stack writes them in place, and a stride-0 cache would alias every block (the scales are caches too)
