@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
+from ..sanitizer.canonical import TextRefused, canonical_source, parse_module
 
 if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
     from .ops.tuning import Space
@@ -77,20 +77,18 @@ def _fields_text(fields: Sequence[str], values: Sequence) -> str:
     return ", ".join(f"{f}={v}" for f, v in zip(fields, values))
 
 
-@holding_ast_lock
 def with_config(source: str, old: tuple, new: tuple, bucket: str, space: "Space") -> str:
     """The source with `_config` overridden for the shapes that used `old`. A source that is
     itself a variant keeps its override; the new one is stacked on top under fresh names."""
     return apply_config(source, ConfigStep(bucket, tuple(space.fields), tuple(old), tuple(new)))
 
 
-@holding_ast_lock
 def apply_config(source: str, step: ConfigStep) -> str:
     """`with_config` for a recorded step: the text is a function of the source and the step alone, so the
     serving set can rebuild a promoted variant from its base. The result is canonical text
     (sanitizer/canonical.py), whatever form `source` was in: the override holds its bucket and fields as
     constants, so that nothing of it lives in a comment the canonical text drops."""
-    tree = ast.parse(canonical_source(source))
+    tree = parse_module(canonical_source(source))
     own = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_config"]
     if not own:
         raise ValueError("the source has no module-level `_config` function")
@@ -102,7 +100,7 @@ def apply_config(source: str, step: ConfigStep) -> str:
         n += 1
     sfx = str(n or "")
     own[0].name = f"_config_base{sfx}"
-    tree.body += ast.parse(f"""
+    tree.body += parse_module(f"""
 _TUNED_BUCKET{sfx} = {step.bucket!r}
 _TUNED_FIELDS{sfx} = {tuple(step.fields)!r}
 _TUNED_FROM{sfx} = {tuple(step.tuned_from)!r}
@@ -158,12 +156,11 @@ def _override(tail: Sequence[ast.stmt]) -> Optional[Tuple[str, ConfigStep]]:
     return sfx, ConfigStep(bucket, fields, old, new)
 
 
-@holding_ast_lock
 def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
     """(the source it tuned, the step) when `source` is exactly what `apply_config` makes of some source,
     else None. The recovered source is canonical text; regenerating from it gives `source` byte for byte."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if len(tree.body) < 6 or (found := _override(tree.body[-5:])) is None:

@@ -520,12 +520,12 @@ def test_the_benchmark_times_no_file_that_is_not_the_judged_text(tmp_path, monke
     checks its copy again before it imports it."""
     from kernel_agent.harness import bench_worker
     from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
-    from kernel_agent.sanitizer.canonical import canonical_source, source_hash
+    from kernel_agent.sanitizer.canonical import canonical_source, judge_text
 
     src = canonical_source((ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text())
     cand = tmp_path / "cand.py"
     cand.write_text(src)
-    judged = BenchKernel("candidate", str(cand), source_hash(src))
+    judged = BenchKernel("candidate", str(cand), judge_text(src).hash)
     spec = BenchSpec.judging("quantize_kv", ["T=16,H=8,D=128"], "bfloat16", BenchKernel("incumbent"), judged)
     cand.write_text(src + "\nCHANGED = 1\n")  # changed after it was judged
     started = []
