@@ -1397,12 +1397,11 @@ def _promote_bucket(
             gname,
             cid,
             os.path.basename(args.file),
-            judged.text,
+            judged,
             j,
             args.margin,
             env.versions(),
             note=args.reason,
-            source_hash=judged.hash,
         ),
     )
     where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""

@@ -382,11 +382,10 @@ class Recorder:
                     self.gpu_name,
                     w.cid,
                     p.label,
-                    p.source,
+                    w.judged,
                     j,
                     self.cfg.margin,
                     versions(),
-                    source_hash=w.judged.hash,
                 ),
             )
         except serving.ServingError as e:

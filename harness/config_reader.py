@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 import torch
 import triton
 
-from ..sanitizer.canonical import TextRefused, canonical_source, parse_module
+from ..sanitizer.canonical import TextRefused, judge_text, parse_module
 
 MAX_STEPS = 20_000  # a step is a node evaluated, or a cell of a sequence built or read
 MAX_DEPTH = 16
@@ -406,7 +406,7 @@ def read_config(source: str, args: tuple) -> tuple:
     """What the source's `_config(*args)` returns, evaluated on its syntax tree. ConfigUnreadable (one line)
     when it cannot be read that way."""
     try:
-        tree = parse_module(canonical_source(source))
+        tree = parse_module(judge_text(source).text)
     except TextRefused as e:
         raise ConfigUnreadable(f"the source is refused: {e}") from None
     try:

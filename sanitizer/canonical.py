@@ -282,11 +282,6 @@ def _canonical_text(source: Union[str, bytes]) -> str:
     return text
 
 
-def canonical_source(source: Union[str, bytes]) -> str:
-    """`judge_text(source).text`: for the readers of a text's syntax tree, which need the text and not its hash."""
-    return judge_text(source).text
-
-
 def judged_or_as_read(raw: Union[str, bytes]) -> JudgedText:
     """What the loop holds for a proposal and the judge for the bytes it reads: the canonical text, or, for bytes
     that have none (refused, so nothing runs them), the text as it reads, not canonical."""
@@ -328,7 +323,6 @@ __all__ = [
     "as_written",
     "read_back",
     "read_judged",
-    "canonical_source",
     "parse_expression",
     "parse_module",
     "text_problems",

@@ -26,7 +26,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from .canonical import TextRefused, canonical_source, parse_expression, parse_module
+from .canonical import TextRefused, judge_text, parse_expression, parse_module
 
 # -- the language ----------------------------------------------------------------------------
 
@@ -1318,7 +1318,7 @@ def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
     (sanitizer/canonical.py), then the language on the syntax tree. A file that passes has a canonical
     text, and that text passes too: it is what runs."""
     try:
-        canonical_source(source)
+        judge_text(source)
     except TextRefused as e:
         return GateResult(
             False,

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
-from kernel_agent.sanitizer.canonical import as_written, canonical_source, judge_text  # noqa: E402
+from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
 
 OP = "quantize_kv"
 GPU = "NVIDIA H200"
@@ -72,7 +72,7 @@ def test_manifest_round_trip(sdir):
     assert serving.load_manifest() == serving.Manifest(2, ())  # missing file: empty set
     entry = _install(shapes=["T=4,H=2,D=16"])
     assert entry.file == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
-    assert (sdir / entry.file).read_text() == canonical_source(VARIANT_SRC)  # the text that runs, as judged
+    assert (sdir / entry.file).read_text() == judge_text(VARIANT_SRC).text  # the text that runs, as judged
     manifest = serving.load_manifest()
     assert manifest.version == 2 and manifest.entries == (entry,)
     assert json.loads((sdir / "manifest.json").read_text()) == manifest.to_json()
