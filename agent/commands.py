@@ -37,7 +37,7 @@ from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..harness.run_hold import RunHold
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
-from ..sanitizer.canonical import TextRefused, canonical_source, source_hash
+from ..sanitizer.canonical import JudgedText, judged_or_as_read
 from ..sanitizer.report import merge_gpu
 from . import ui
 from .cli_common import (
@@ -1272,7 +1272,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
     op = get_op(args.op)
     plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
-    source = _promoted_text(args.file)
+    judged = _promoted_text(args.file)
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
     run = led.start_run(
         {
@@ -1290,7 +1290,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
         {},
     )
     cand, _ = led.add_candidate(
-        args.op, source, "manual", run.id, path=os.path.abspath(args.file), label=os.path.basename(args.file)
+        args.op, judged, "manual", run.id, path=os.path.abspath(args.file), label=os.path.basename(args.file)
     )
     if not _sanitize_promoted(args, led, evaluator, run.id, cand.id):
         return 1
@@ -1299,18 +1299,14 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
         by_bucket.setdefault(op.bucket(s), []).append(s)
     # available() said there is a GPU, which has a name; "cpu" as `demote` says where none is known
     gname = devices.name() or "cpu"
-    return 0 if _promote_buckets(args, led, evaluator, run.id, cand.id, source, plan, gname, by_bucket) else 1
+    return 0 if _promote_buckets(args, led, evaluator, run.id, cand.id, judged, plan, gname, by_bucket) else 1
 
 
-def _promoted_text(path: str) -> str:
+def _promoted_text(path: str) -> JudgedText:
     """The text a promotion by hand records, judges and installs: the file's canonical text
     (sanitizer/canonical.py), else its bytes as they are, which the sanitizer refuses with the reason."""
     with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        return canonical_source(raw)
-    except TextRefused:
-        return raw.decode("utf-8", errors="replace")
+        return judged_or_as_read(f.read())
 
 
 def _sanitize_promoted(args, led, evaluator: Evaluator, run_id: str, cid: int) -> bool:
@@ -1328,7 +1324,15 @@ def _sanitize_promoted(args, led, evaluator: Evaluator, run_id: str, cid: int) -
 
 
 def _promote_buckets(
-    args, led, evaluator: Evaluator, run_id: str, cid: int, source: str, plan, gname: str, by_bucket: Dict[str, list]
+    args,
+    led,
+    evaluator: Evaluator,
+    run_id: str,
+    cid: int,
+    judged: JudgedText,
+    plan,
+    gname: str,
+    by_bucket: Dict[str, list],
 ) -> bool:
     """Each bucket's benchmark and promotion, into the run's serving target; True if any was promoted."""
     target = plan.open(run_id)
@@ -1337,7 +1341,7 @@ def _promote_buckets(
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
-            promoted = _promote_bucket(args, led, evaluator, run_id, cid, source, target, gname, bucket, bshapes)
+            promoted = _promote_bucket(args, led, evaluator, run_id, cid, judged, target, gname, bucket, bshapes)
             promoted_any = promoted or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
@@ -1347,7 +1351,7 @@ def _promote_buckets(
 
 
 def _promote_bucket(
-    args, led, evaluator: Evaluator, run_id: str, cid: int, source: str, target, gname: str, bucket: str, bshapes
+    args, led, evaluator: Evaluator, run_id: str, cid: int, judged: JudgedText, target, gname: str, bucket: str, bshapes
 ) -> bool:
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
     from ..harness import serving  # here: torch, after the flags
@@ -1362,7 +1366,7 @@ def _promote_bucket(
             [s.key() for s in bshapes],
             args.dtype,
             BenchKernel(INCUMBENT, inc_file),
-            BenchKernel(CANDIDATE, os.path.abspath(args.file), source_hash(source)),
+            BenchKernel(CANDIDATE, os.path.abspath(args.file), judged.hash),
         )
     )
     outcome = BenchOutcome.from_json(evaluator.bench(spec.to_json()))
@@ -1393,12 +1397,11 @@ def _promote_bucket(
             gname,
             cid,
             os.path.basename(args.file),
-            source,
+            judged,
             j,
             args.margin,
             env.versions(),
             note=args.reason,
-            source_hash=source_hash(source),
         ),
     )
     where = f" (commit {done.commit[:10]} on {target.info.branch})" if done.commit else ""

@@ -40,8 +40,8 @@ from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchSpec
 from ..harness.compile_probe import CompileProfile
 from ..harness.diagnosis import Diagnosis, diagnose_incumbent
 from ..harness.env import versions
-from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source
-from ..sanitizer.canonical import TextRefused, canonical_source, judged_hash
+from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary
+from ..sanitizer.canonical import JudgedText, as_written, judged_or_as_read, read_back
 from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
 from .placement import (
     BenchTask,
@@ -197,8 +197,10 @@ class Loop:
                 # what cannot be served is no incumbent: the climb starts from the baseline, and says why
                 self.events.note(f"{t.op} {t.bucket}: {e}")
             else:
-                return Incumbent(f"serving:{serving.entry_name(entry)}", str(path), path.read_text(encoding="utf-8"))
-        return Incumbent("baseline", None, baseline_source(t.op))
+                return Incumbent(
+                    f"serving:{serving.entry_name(entry)}", str(path), judged_or_as_read(path.read_bytes())
+                )
+        return Incumbent("baseline", None, as_written(baseline_source(t.op)))
 
     def context(self, t: Target) -> ProposeContext:
         key = (t.op, t.bucket)
@@ -225,7 +227,7 @@ class Loop:
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
         """What bounds the bucket's incumbent (harness/diagnosis.py), once per incumbent source and run;
         recorded in the ledger. None where the placement's children cannot compile (a test's fakes)."""
-        key = (t.op, t.bucket, hash_source(inc.source))
+        key = (t.op, t.bucket, inc.judged.hash)
         profile = compiler_of(self.placement)
         if key not in self.diagnoses and profile is not None:
             self.diagnoses[key] = diagnose_incumbent(
@@ -246,7 +248,7 @@ class Loop:
         benchmark times no file that changed since it was judged. After the bucket's shapes, one drawn at random
         inside the bucket (with_drawn_shape), which the candidate must win too."""
         inc = self.incumbent(w.target)
-        incumbent = BenchKernel(INCUMBENT, inc.file, judged_hash(inc.source) if inc.file else "")
+        incumbent = BenchKernel(INCUMBENT, inc.file, inc.judged.hash if inc.file else "")
         return BenchTask(
             with_drawn_shape(
                 BenchSpec.judging(
@@ -254,7 +256,7 @@ class Loop:
                     [s.key() for s in w.target.shapes],
                     self.cfg.dtype,
                     incumbent,
-                    BenchKernel(CANDIDATE, w.path, w.source_hash),
+                    BenchKernel(CANDIDATE, w.path, w.judged.hash),
                     race=True,
                 )
             )
@@ -274,24 +276,23 @@ class Loop:
             self.known[h] = cid
             budget.used += 1
             return None
-        try:
-            # what is recorded, hashed, judged and promoted is the canonical text (sanitizer/canonical.py); the
-            # model's reply as it came stays in its model call
-            p.source = canonical_source(p.source)
-        except TextRefused:
-            pass  # kept as proposed: the judge's static gate refuses it with the reason, and nothing runs it
-        h = hash_source(p.source)
+        # what is recorded, hashed, judged and promoted is the canonical text (sanitizer/canonical.py), made here once
+        # and carried from here on; the model's reply as it came stays in its model call. Bytes without one are kept
+        # as proposed: the judge's static gate refuses them with the reason, and nothing runs them
+        judged = judged_or_as_read(p.source)
+        p.source = judged.text
+        h = judged.hash
         key = (t.op, t.bucket)
         repeat = h in self.session_hashes  # proposed before in this very process: the proposer repeats itself
         self.session_hashes.add(h)
         replay_repeats = self.proposer.replays_are_repeats  # a code model repeating an earlier run's source too
         if h in self.known:  # recorded by this run already (a resume, or a repeat)
-            return self._admit_known(t, ctx, p, h, repeat or replay_repeats)
-        existing = self.ledger.find_candidate(p.op, p.source)
-        path = self._write(p, h, t)
+            return self._admit_known(t, ctx, p, judged, repeat or replay_repeats)
+        existing = self.ledger.find_candidate(p.op, judged)
+        path = self._write(p, judged, t)
         replay = existing is not None and not self._needs_work(existing, t)
         cand, new = self.ledger.add_candidate(
-            p.op, p.source, p.proposer, self.run_id, parent_id=p.parent_id, path=path, label=p.label, replayed=replay
+            p.op, judged, p.proposer, self.run_id, parent_id=p.parent_id, path=path, label=p.label, replayed=replay
         )
         self.known[h] = cand.id
         if p.model_call_id:
@@ -310,12 +311,14 @@ class Loop:
             return None
         self.duplicate_streak[key] = 0
         budget.used += 1
-        return self._work(t, ctx, p, cand.id, path, h)
+        return self._work(t, ctx, p, cand.id, path, judged)
 
-    def _admit_known(self, t: Target, ctx: ProposeContext, p: Proposal, h: str, repeat: bool) -> Optional[Work]:
+    def _admit_known(
+        self, t: Target, ctx: ProposeContext, p: Proposal, judged: JudgedText, repeat: bool
+    ) -> Optional[Work]:
         """A source this run recorded already: its work for target `t` where it still needs one, else None.
         `repeat`: the proposer repeated itself (this process proposed it before, or a code model replayed it)."""
-        c = self.ledger.candidate(self.known[h])
+        c = self.ledger.candidate(self.known[judged.hash])
         # interrupted mid-evaluation, or timed for another bucket only: finish it for this one
         if c is not None and self._needs_work(c, t):
             if c.label and c.label != p.label:  # what it prints names the candidate the ledger holds
@@ -324,7 +327,7 @@ class Loop:
                     f"judged once under that name"
                 )
                 p = dataclasses.replace(p, label=c.label)
-            return self._work(t, ctx, p, c.id, self._write(p, h, t), h)
+            return self._work(t, ctx, p, c.id, self._write(p, judged, t), judged)
         if repeat:
             key = (t.op, t.bucket)
             self.duplicate_streak[key] = self.duplicate_streak.get(key, 0) + 1
@@ -360,12 +363,12 @@ class Loop:
             )
         return self.failure or stop_reason
 
-    def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str, h: str) -> Work:
+    def _work(self, t: Target, ctx: ProposeContext, p: Proposal, cid: int, path: str, judged: JudgedText) -> Work:
         c = self.ledger.candidate(cid)
         if c is not None:
             self.recorder.reopen(c)
         self.working.add((cid, t.op, t.bucket))
-        return Work(t, ctx, p, cid, path, h)
+        return Work(t, ctx, p, cid, path, judged)
 
     def unfinished(self, c: Candidate) -> bool:
         """Whether a recorded candidate still needs evaluating here: never judged, not verified within the
@@ -402,18 +405,22 @@ class Loop:
             t = by_key.get((c.op, bucket)) or next((x for x in targets if x.op == c.op), None)
             if t is None:
                 continue
-            p = Proposal(c.op, c.source, c.label or f"candidate-{c.id}", c.proposer)
-            works.append(self._work(t, self.context(t), p, c.id, self._write(p, c.source_hash, t), c.source_hash))
+            judged = read_back(c.source, c.source_hash)  # read back from the ledger: made again, held to its hash
+            if judged is None:
+                self.events.note(f"candidate #{c.id}: its recorded text does not have its recorded hash; not resumed")
+                continue
+            p = Proposal(c.op, judged.text, c.label or f"candidate-{c.id}", c.proposer)
+            works.append(self._work(t, self.context(t), p, c.id, self._write(p, judged, t), judged))
         return works
 
-    def _write(self, p: Proposal, h: str, t: Target) -> str:
+    def _write(self, p: Proposal, judged: JudgedText, t: Target) -> str:
         """kernels/candidates/<run>/<op>/<bucket>/<label>-<hash>.py (the bucket is how a resume finds its target)."""
         d = os.path.join(self.cfg.candidates_dir, self.run_id, p.op, t.bucket)
         os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, f"{p.label}-{h[:8]}.py")
+        path = os.path.join(d, f"{p.label}-{judged.hash[:8]}.py")
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(p.source)
+            f.write(judged.text)
         os.replace(tmp, path)
         return path
 

@@ -14,7 +14,6 @@ and every call (prompt, reply, tokens, latency) is recorded in the ledger.
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import random
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from ..harness.ops import get_op
-from ..sanitizer.canonical import holding_ast_lock
+from ..sanitizer.canonical import parse_module
 from ..sanitizer.static_gate import language_summary
 from ..sanitizer.verdict import fence_for, quote_untrusted
 from .model_config import ModelConfig
@@ -57,7 +56,6 @@ class ReplyError(Exception):
     """A reply that cannot become a candidate; the message is recorded as the reason."""
 
 
-@holding_ast_lock
 def extract_source(reply: Optional[str], op_name: str) -> str:
     """The candidate file in a model reply, or ReplyError with the reason."""
     if reply is None or not reply.strip():
@@ -71,7 +69,7 @@ def extract_source(reply: Optional[str], op_name: str) -> str:
         if opened and "```" not in opened.group(1):
             body = opened.group(1)
             try:
-                ast.parse(body)
+                parse_module(body)
             except SyntaxError:
                 raise ReplyError("truncated reply: the code block never closes and the code does not parse")
             candidates = [body]
@@ -84,7 +82,7 @@ def extract_source(reply: Optional[str], op_name: str) -> str:
         raise ReplyError(f"no code block defines `def {op_name}(`")
     source = max(defining, key=len)  # several blocks: the complete file is the largest that defines the op
     try:
-        ast.parse(source)
+        parse_module(source)
     except SyntaxError as e:
         raise ReplyError(f"the code does not parse: line {e.lineno}: {e.msg}")
     return source.rstrip() + "\n"

@@ -36,6 +36,7 @@ from ..harness.dispatch import Choice, record_choices
 from ..harness.ledger import Ledger
 from ..harness.manifest import ManifestEntry
 from ..harness.promotion import Judgement
+from ..sanitizer.canonical import JudgedText
 
 BRANCH, IN_PLACE, NONE = "branch", "in_place", "none"
 BRANCH_PREFIX = "kernel-agent/"
@@ -371,14 +372,12 @@ class PromotionRequest:
     gpu_name: str
     candidate_id: int
     label: str
-    source: str
+    # the text the sanitizer and the benchmark judged, and its hash: what is installed, or nothing is
+    judged: JudgedText
     judgement: Judgement
     margin: float
     versions: Dict[str, Any]
     note: str = ""
-    # the hash of the text the sanitizer and the benchmark judged (sanitizer/canonical.py): `source` must be it,
-    # or nothing is installed; None only where the caller judged `source` itself
-    source_hash: Optional[str] = None
 
     @property
     def reason(self) -> str:
@@ -449,14 +448,14 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
         req.bucket,
         req.dtype,
         req.gpu_name,
-        req.source,
+        req.judged.text,
         req.candidate_id,
         j.decision.gain,
         req.reason,
         req.versions,
         dir=target.dir,
         shapes=list(j.shapes),
-        judged_hash=req.source_hash,
+        judged_hash=req.judged.hash,
     )
     if entry.file:
         path, config = target.dir / entry.file, None

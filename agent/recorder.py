@@ -16,9 +16,10 @@ from ..harness.bench import record_shape_result
 from ..harness.bench_records import BenchOutcome
 from ..harness.dispatch import measured_choices
 from ..harness.env import versions
-from ..harness.ledger import Candidate, CandidateStatus, Ledger, hash_source, row_time
+from ..harness.ledger import Candidate, CandidateStatus, Ledger, row_time
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
+from ..sanitizer.canonical import as_written
 from ..sanitizer.verdict import CheckOutcome, CheckStatus, Verdict, is_time_limit
 from .placement import BenchTask
 from .proposal import Attempt, Proposal, ProposeContext, ProposerThread
@@ -155,28 +156,29 @@ class Recorder:
     # -- proposals ------------------------------------------------------------------------------
     def record_unusable(self, p: Proposal) -> Tuple[int, str]:
         """A model reply that could not become a candidate, recorded as a rejected one; (its id, its hash)."""
-        body = f"# unusable model reply ({p.label}, model call {p.model_call_id}): {p.rejected}\n"
-        cand, _ = self.ledger.add_candidate(p.op, body, p.proposer, self.run_id, label=p.label)
+        # a note, not a kernel: kept as written (its canonical text would be empty, comments being dropped)
+        note = as_written(f"# unusable model reply ({p.label}, model call {p.model_call_id}): {p.rejected}\n")
+        cand, _ = self.ledger.add_candidate(p.op, note, p.proposer, self.run_id, label=p.label)
         verdict = Verdict(
             "",
             p.op,
             "reply",
             [CheckOutcome("reply", CheckStatus.FAILED, p.rejected)],
             error=p.rejected,
-            source_hash=hash_source(body),
+            source_hash=note.hash,
         )
         self.ledger.record_checks(cand.id, Stage.QUICK.value, [asdict(c) for c in verdict.checks])
         self.ledger.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=verdict.to_json())
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
         self.events.candidate(p.label, CandidateStatus.REJECTED, p.rejected)
-        return cand.id, hash_source(body)
+        return cand.id, note.hash
 
     # -- the sanitizer's stages -----------------------------------------------------------------
     def record_verdict(self, works: Sequence[Work], mode: Stage, v: Verdict) -> bool:
         """Record one sanitizer stage's verdict for a candidate (its works share it); True when it passed."""
         cid = works[0].cid
-        if v.source_hash != works[0].source_hash:
+        if v.source_hash != works[0].judged.hash:
             return self._judged_other_text(works, mode, v)
         if not v.passed and is_time_limit(v.error):
             return self._not_verified(works, mode, v)
@@ -199,7 +201,7 @@ class Recorder:
 
     def record_checks_beside(self, works: Sequence[Work], mode: Stage, v: Verdict) -> None:
         """The checks of a stage that ran beside the one that rejected the candidate: kept, nothing follows."""
-        if v.source_hash == works[0].source_hash:
+        if v.source_hash == works[0].judged.hash:
             self.ledger.record_checks(works[0].cid, mode.value, [asdict(c) for c in v.checks])
 
     def _other_text(self, w: Work, mode: Stage, v: Verdict) -> str:
@@ -208,7 +210,7 @@ class Recorder:
         got = f"sha256 {v.source_hash[:12]}" if v.source_hash else "a text it did not name"
         return (
             f"{w.target.op} {mode}: the file judged is not the candidate's text ({got}, the candidate's "
-            f"{w.source_hash[:12]}): {w.path} changed after it was written"
+            f"{w.judged.hash[:12]}): {w.path} changed after it was written"
         )
 
     def _judged_other_text(self, works: Sequence[Work], mode: Stage, v: Verdict) -> bool:
@@ -292,7 +294,7 @@ class Recorder:
             self.raced_out += 1
         if any(r.stopped_early is not None for r in outcome.results):
             self.stopped_early += 1
-        inc_hash = hash_source(baseline_source(t.op)) if inc.file is None else inc.source_hash
+        inc_hash = as_written(baseline_source(t.op)).hash if inc.file is None else inc.source_hash
         for res in outcome.results:
             seed = task.spec.draw_seed if res.shape in task.spec.drawn else None
             record_shape_result(self.ledger, self.run_id, res, cid, inc_label, inc_hash, drawn_seed=seed)
@@ -303,7 +305,7 @@ class Recorder:
             self.ledger.set_candidate_status(
                 cid,
                 CandidateStatus.REJECTED,
-                verdict=Verdict(w.path, t.op, Stage.BENCH.value, error=j.error, source_hash=w.source_hash).to_json(),
+                verdict=Verdict(w.path, t.op, Stage.BENCH.value, error=j.error, source_hash=w.judged.hash).to_json(),
             )
             self.events.candidate(p.label, CandidateStatus.REJECTED, f"benchmark: {j.error}")
             self.proposer.feedback(w.ctx, p, False, None)
@@ -346,7 +348,7 @@ class Recorder:
         """compute-sanitizer memcheck / initcheck / racecheck (and the device suite) before a kernel enters
         the serving set; True when they passed. A verdict about another text than the candidate's promotes
         nothing."""
-        if v.source_hash != w.source_hash:
+        if v.source_hash != w.judged.hash:
             self.events.candidate(
                 w.proposal.label,
                 CandidateStatus.BENCHMARKED,
@@ -380,11 +382,10 @@ class Recorder:
                     self.gpu_name,
                     w.cid,
                     p.label,
-                    p.source,
+                    w.judged,
                     j,
                     self.cfg.margin,
                     versions(),
-                    source_hash=w.source_hash,
                 ),
             )
         except serving.ServingError as e:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeGua
 
 from ..harness.diagnosis import SM_COUNT
 from ..harness.ops import get_op
-from ..sanitizer.canonical import holding_ast_lock
+from ..sanitizer.canonical import parse_module
 
 LOG2E = 1.4426950408889634  # float32 log2(e) is the FpSan payload constant exp is defined by
 
@@ -59,10 +59,9 @@ class Rewrite:
     suits: Optional[Callable[[Sequence[Any]], bool]] = None
     edits_config: bool = False  # it changes the host `_config` policy, so it replaces a tuned configuration
 
-    @holding_ast_lock
     def apply(self, source: str, target: RewriteTarget = RewriteTarget()) -> str:
         try:
-            tree = ast.parse(source)
+            tree = parse_module(source)
         except SyntaxError as e:
             raise NotApplicable(f"{self.name}: the source does not parse ({e.msg}, line {e.lineno})") from None
         edits = self.collect(tree, target)
@@ -126,7 +125,7 @@ def render(source: str, tree: ast.Module, edits: Sequence[Edit]) -> str:
         out = out[:start] + _unparse_in_place(new).encode() + out[end:]
         _replace_in_tree(tree, old, new)
     text = out.decode()
-    if ast.dump(ast.parse(text)) != ast.dump(tree):
+    if ast.dump(parse_module(text)) != ast.dump(tree):
         raise RuntimeError("rewrite: the rendered text does not parse to the rewritten tree")
     return text
 
@@ -358,7 +357,7 @@ def _combine(m_ptr, l_ptr, acc_ptr, o_ptr, stride_mb, stride_mh, stride_ms, stri
         tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, o.to(o_ptr.dtype.element_ty),
                  mask=d_mask)
 """
-_COMBINE_PARAMS = {a.arg for a in cast(ast.FunctionDef, ast.parse(_TILED_COMBINE).body[0]).args.args}
+_COMBINE_PARAMS = {a.arg for a in cast(ast.FunctionDef, parse_module(_TILED_COMBINE).body[0]).args.args}
 SPLITS_PER_PROGRAM_TARGET = 2  # programs per SM the decode baselines' split policy aims at (at least)
 SPLIT_CAP = 16  # the split count the decode baselines cap at
 
@@ -399,7 +398,7 @@ def _serial_combines(tree: ast.Module) -> List[Edit]:
     """Each jit kernel with the combine's parameters that folds NUM_SPLITS partials one split a step
     (`for s in range(..., NUM_SPLITS)`), with the tiled combine's body in place of its own."""
     edits: List[Edit] = []
-    body = cast(ast.FunctionDef, ast.parse(_TILED_COMBINE).body[0]).body
+    body = cast(ast.FunctionDef, parse_module(_TILED_COMBINE).body[0]).body
     for fn in _jit_functions(tree):
         params = {a.arg for a in fn.args.args}
         serial = any(
@@ -474,11 +473,11 @@ def _decode_sized(shapes: Sequence[Any]) -> bool:
 
 
 def _parse_expr(text: str) -> ast.expr:
-    return cast(ast.Expr, ast.parse(text).body[0]).value
+    return cast(ast.Expr, parse_module(text).body[0]).value
 
 
 def _parse_stmt(text: str) -> ast.stmt:
-    return ast.parse(text).body[0]
+    return parse_module(text).body[0]
 
 
 def _planes_kernels(tree: ast.Module) -> List[ast.FunctionDef]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..harness.compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, profile_source
 from ..harness.diagnosis import SHARED_PER_PROGRAM, SM_COUNT
-from ..harness.source_text import source_hash
+from ..sanitizer.canonical import as_written
 from .proposal import Proposal, ProposeContext
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Screen:
     def compile_reason(self, ctx: ProposeContext, source: str) -> str:
         if self.profile is None:
             return ""
-        key = (ctx.op, ctx.bucket, source_hash(ctx.incumbent_source))
+        key = (ctx.op, ctx.bucket, as_written(ctx.incumbent_source).hash)
         if key not in self._incumbents:
             self._incumbents[key] = self._profile(ctx, ctx.incumbent_source, INCUMBENT_TIMEOUT_S)
         return compile_objection(self._profile(ctx, source, COMPILE_TIMEOUT_S), self._incumbents[key])
@@ -169,5 +169,5 @@ class Screen:
 
     def record(self, ctx: ProposeContext, proposal: Proposal, reason: str) -> None:
         self.ledger.record_pruned(
-            self.run_id, ctx.op, ctx.bucket, ctx.dtype, proposal.label, source_hash(proposal.source), reason
+            self.run_id, ctx.op, ctx.bucket, ctx.dtype, proposal.label, as_written(proposal.source).hash, reason
         )

@@ -37,7 +37,7 @@ from ..harness.config_variant import baseline_source, has_config, with_config  #
 from ..harness.ops import get_op
 from ..harness.ops.common import Shape
 from ..harness.ops.tuning import Space
-from ..harness.source_text import source_hash
+from ..sanitizer.canonical import as_written
 from .proposal import Proposal, ProposeContext, Proposer
 from .rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, move_suits, target_for
 from .screen import PREDICTED_FLOOR, Screen
@@ -213,7 +213,7 @@ class SearchProposer(Proposer):
         """Whether the screen keeps `p` off the GPU (recorded in the ledger with the reason)."""
         if self.screen is None:
             return False
-        if source_hash(p.source) in seen:
+        if as_written(p.source).hash in seen:
             return True  # pruned by an earlier run: its reason is in the ledger already
         reason = ""
         if predicted is not None and predicted < PREDICTED_FLOOR:

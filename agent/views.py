@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 
 from ..harness.config_variant import split_stored, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
-from ..harness.ledger import Ledger, Run, RunStatus, RunSummary, hash_source
-from ..sanitizer.canonical import TextRefused, canonical_source
+from ..harness.ledger import Ledger, Run, RunStatus, RunSummary
+from ..sanitizer.canonical import as_written, judged_or_as_read
 from ..sanitizer.verdict import CheckStatus, quote_untrusted
 from .throughput import session_lines
 
@@ -323,8 +323,11 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
     today, baseline_label = baseline_source(c.op), f"kernels/baseline/{c.op}.py"
     split = split_stored(c.source)
     recorded = _incumbent_hash(led, c.id)
-    wanted = hash_source(split[0]) if split is not None else recorded
-    if wanted is None or wanted in (hash_source(today), hash_source(_as_judged(today))):  # judged texts are canonical
+    wanted = as_written(split[0]).hash if split is not None else recorded
+    if wanted is None or wanted in (
+        as_written(today).hash,
+        judged_or_as_read(today).hash,
+    ):  # judged texts are canonical
         return JudgedBase(baseline_label, today)
     known = led.find_candidate_by_hash(c.op, wanted)
     if known is not None and known.id != c.id:
@@ -352,18 +355,10 @@ def _incumbent_hash(led, cid: int) -> Optional[str]:
     return None
 
 
-def _as_judged(source: str) -> str:
-    """The canonical text of a source (what is judged and runs), or the source as it is when it has none."""
-    try:
-        return canonical_source(source)
-    except TextRefused:
-        return source
-
-
 def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
     """The diff between the canonical texts (a candidate is stored as one; the baseline's comments and
     docstrings are not a change)."""
-    old, new = _as_judged(old), _as_judged(new)
+    old, new = judged_or_as_read(old).text, judged_or_as_read(new).text
     return "".join(
         difflib.unified_diff(
             old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=old_label, tofile=new_label, n=3

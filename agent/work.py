@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Callable, Dict, Optional, Set
 
 from ..harness.promotion import Judgement
+from ..sanitizer.canonical import JudgedText
 from . import ui
 from .proposal import Proposal, ProposeContext
 from .run_config import Target
@@ -42,7 +43,11 @@ class Incumbent:
 
     label: str  # "baseline", or "serving:<file>" for a promoted kernel
     file: Optional[str]  # None for the baseline
-    source: str
+    judged: JudgedText  # a promoted kernel's canonical text; the baseline's file as written
+
+    @property
+    def source(self) -> str:
+        return self.judged.text
 
 
 @dataclass
@@ -55,9 +60,9 @@ class Work:
     proposal: Proposal
     cid: int
     path: str
-    # the identity of the text the loop holds for it (proposal.source, canonical): what every verdict, the benchmark
-    # and the promotion are held against, whatever becomes of the file at `path`
-    source_hash: str
+    # the text the loop holds for it (proposal.source, canonical unless refused) and its hash: what every verdict,
+    # the benchmark and the promotion are held against, whatever becomes of the file at `path`
+    judged: JudgedText
     judgement: Optional[Judgement] = None  # set by the benchmark, read by the promotion checks
     passed: Set[Stage] = field(default_factory=set)  # sanitizer stages passed (full, gpu)
     rejected: bool = False  # a stage failed: whatever runs beside it is recorded, nothing follows

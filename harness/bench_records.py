@@ -127,7 +127,7 @@ class ShapeResult:
 @dataclass(frozen=True)
 class BenchKernel:
     """A contender of a benchmark: its label, and its file (None: the op's baseline, from the package) with
-    the identity of the text it must hold (sanitizer/canonical.py `judged_hash`; '' when not checked)."""
+    the identity of the text it must hold (a JudgedText's hash, sanitizer/canonical.py; '' when not checked)."""
 
     label: str
     file: Optional[str] = None

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from typing import Any, Dict, Optional, Union
 
 from ..sanitizer import sandbox
-from ..sanitizer.canonical import canonical_source, judged_hash
+from ..sanitizer.canonical import judge_text, judged_or_as_read
 from ..sanitizer.isolation import run_tracked
 from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
 from ..sanitizer.static_gate import check_source
@@ -58,7 +58,7 @@ def _contenders(spec: BenchSpec):
         if k.file:
             canonical = os.path.join(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), f"kernel_{i}.py")
             with open(canonical, "w", encoding="utf-8") as f:
-                f.write(canonical_source(raw))
+                f.write(judge_text(raw).text)
             fn = load_module(canonical, spec.op)
         else:
             fn = baseline_fn(spec.op)
@@ -71,7 +71,7 @@ def hash_mismatch(kernel: BenchKernel, raw: bytes) -> str:
     file changed after it was judged is not timed in its place."""
     if not kernel.source_hash:
         return ""
-    got = judged_hash(raw)
+    got = judged_or_as_read(raw).hash
     if got == kernel.source_hash:
         return ""
     return (

@@ -31,10 +31,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..sanitizer import sandbox
-from ..sanitizer.canonical import canonical_source
+from ..sanitizer.canonical import as_written, judge_text
 from ..sanitizer.isolation import run_tracked
 from ..sanitizer.static_gate import check_source
-from .source_text import source_hash
 
 ARCH = 90  # the H200
 INCUMBENT_TIMEOUT_S = 300.0  # every serving shape of a large kernel: a minute on a busy 2-core machine
@@ -256,7 +255,7 @@ def _profile_in_child(spec: ProbeSpec) -> CompileProfile:
     # compiled from its canonical text, as the executor and the benchmark child run it (sanitizer/canonical.py)
     canonical = os.path.join(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), "kernel_profiled.py")
     with open(canonical, "w", encoding="utf-8") as f:
-        f.write(canonical_source(raw))
+        f.write(judge_text(raw).text)
     fn = load_module(canonical, spec.op)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     out, done = CompileProfile(), {}
@@ -308,7 +307,7 @@ def profile_source(
 ) -> CompileProfile:
     """The compiled launches of `source` (a kernel file for `op`) at each shape key, from a sandboxed child;
     a failure (the gate, a compile error, a timeout) is a CompileProfile with `error`, never an exception."""
-    key = (source_hash(source), op, dtype, tuple(shapes))
+    key = (as_written(source).hash, op, dtype, tuple(shapes))
     if key in _CACHE:
         return _CACHE[key]
     scratch = sandbox.make_scratch("ka-compile-")

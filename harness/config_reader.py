@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 import torch
 import triton
 
-from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
+from ..sanitizer.canonical import TextRefused, judge_text, parse_module
 
 MAX_STEPS = 20_000  # a step is a node evaluated, or a cell of a sequence built or read
 MAX_DEPTH = 16
@@ -402,12 +402,11 @@ class _Evaluator:
         raise ConfigUnreadable(f"`{ast.unparse(node)[:60]}`: not an attribute the search evaluates")
 
 
-@holding_ast_lock
 def read_config(source: str, args: tuple) -> tuple:
     """What the source's `_config(*args)` returns, evaluated on its syntax tree. ConfigUnreadable (one line)
     when it cannot be read that way."""
     try:
-        tree = ast.parse(canonical_source(source))
+        tree = parse_module(judge_text(source).text)
     except TextRefused as e:
         raise ConfigUnreadable(f"the source is refused: {e}") from None
     try:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
+from ..sanitizer.canonical import TextRefused, judge_text, parse_expression, parse_module
 
 if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
     from .ops.tuning import Space
@@ -77,20 +77,18 @@ def _fields_text(fields: Sequence[str], values: Sequence) -> str:
     return ", ".join(f"{f}={v}" for f, v in zip(fields, values))
 
 
-@holding_ast_lock
 def with_config(source: str, old: tuple, new: tuple, bucket: str, space: "Space") -> str:
     """The source with `_config` overridden for the shapes that used `old`. A source that is
     itself a variant keeps its override; the new one is stacked on top under fresh names."""
     return apply_config(source, ConfigStep(bucket, tuple(space.fields), tuple(old), tuple(new)))
 
 
-@holding_ast_lock
 def apply_config(source: str, step: ConfigStep) -> str:
     """`with_config` for a recorded step: the text is a function of the source and the step alone, so the
     serving set can rebuild a promoted variant from its base. The result is canonical text
     (sanitizer/canonical.py), whatever form `source` was in: the override holds its bucket and fields as
     constants, so that nothing of it lives in a comment the canonical text drops."""
-    tree = ast.parse(canonical_source(source))
+    tree = parse_module(judge_text(source).text)
     own = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_config"]
     if not own:
         raise ValueError("the source has no module-level `_config` function")
@@ -102,7 +100,7 @@ def apply_config(source: str, step: ConfigStep) -> str:
         n += 1
     sfx = str(n or "")
     own[0].name = f"_config_base{sfx}"
-    tree.body += ast.parse(f"""
+    tree.body += parse_module(f"""
 _TUNED_BUCKET{sfx} = {step.bucket!r}
 _TUNED_FIELDS{sfx} = {tuple(step.fields)!r}
 _TUNED_FROM{sfx} = {tuple(step.tuned_from)!r}
@@ -113,12 +111,12 @@ def _config(*args):
     cfg = tuple(_config_base{sfx}(*args))
     return _TUNED_TO{sfx} if cfg == _TUNED_FROM{sfx} else cfg
 """).body
-    return canonical_source(ast.unparse(tree))
+    return judge_text(ast.unparse(tree)).text
 
 
 def rebuild(base: str, steps: Sequence[ConfigStep]) -> str:
     """The variant made of `base` and its overrides, in the order they were stacked (canonical text)."""
-    text = canonical_source(base)
+    text = judge_text(base).text
     for step in steps:
         text = apply_config(text, step)
     return text
@@ -158,12 +156,11 @@ def _override(tail: Sequence[ast.stmt]) -> Optional[Tuple[str, ConfigStep]]:
     return sfx, ConfigStep(bucket, fields, old, new)
 
 
-@holding_ast_lock
 def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
     """(the source it tuned, the step) when `source` is exactly what `apply_config` makes of some source,
     else None. The recovered source is canonical text; regenerating from it gives `source` byte for byte."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if len(tree.body) < 6 or (found := _override(tree.body[-5:])) is None:
@@ -174,7 +171,7 @@ def split_config(source: str) -> Optional[Tuple[str, ConfigStep]]:
         if isinstance(node, ast.FunctionDef) and node.name == f"_config_base{sfx}":
             node.name = "_config"
     try:
-        base = canonical_source(ast.unparse(tree))
+        base = judge_text(ast.unparse(tree)).text
         regenerated = apply_config(base, step)
     except ValueError:  # TextRefused is one
         return None
@@ -197,7 +194,7 @@ def _legacy_split(source: str) -> Optional[Tuple[str, ConfigStep]]:
     if m is None:
         return None
     try:
-        old, new = ast.literal_eval(m["old"]), ast.literal_eval(m["new"])
+        old, new = ast.literal_eval(parse_expression(m["old"])), ast.literal_eval(parse_expression(m["new"]))
     except (ValueError, SyntaxError):
         return None
     pairs = [p.split("=", 1) for p in m["desc"].split(", ")] if m["desc"] else []
@@ -215,7 +212,7 @@ def split_stored(source: str) -> Optional[Tuple[str, ConfigStep]]:
 
 def _canonical_or_none(text: str) -> Optional[str]:
     try:
-        return canonical_source(text)
+        return judge_text(text).text
     except TextRefused:
         return None
 

@@ -24,9 +24,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..sanitizer.canonical import as_written
 from .compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, LaunchProfile, profile_source
 from .ops import get_op
-from .source_text import source_hash
 
 SM_COUNT = 132  # the H200
 SHARED_PER_SM = 233472  # 228 KB of shared memory an H200 SM holds
@@ -172,7 +172,7 @@ def diagnose(
     bench_rows: Sequence = (),
 ) -> Diagnosis:
     """The diagnosis from a compiled profile and the incumbent's benchmark rows on the bucket."""
-    d = Diagnosis(op, bucket, dtype, incumbent, source_hash(source), bound="")
+    d = Diagnosis(op, bucket, dtype, incumbent, as_written(source).hash, bound="")
     d.roofline, d.ceiling_kind, d.measured_on = measured_roofline(bench_rows)
     _compiled_facts(d, profile)
     _classify(d, get_op(op).bound(shapes[0]) if shapes else "memory")
@@ -193,7 +193,7 @@ def diagnose_incumbent(
     """Diagnose the bucket's incumbent and record it in the ledger. The compiled facts of a source are
     read from an earlier diagnosis of the same source and bucket when there is one (the compile is the
     slow part); the measurements are read afresh."""
-    h = source_hash(source)
+    h = as_written(source).hash
     earlier = ledger.diagnoses(op=op, bucket=bucket, dtype=dtype, source_hash=h)
     rows = ledger.bench_results(op=op, bucket=bucket, dtype=dtype, label=incumbent)
     if earlier and not earlier[-1].document.get("compile_error"):

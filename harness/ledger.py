@@ -64,12 +64,12 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from ..sanitizer.canonical import JudgedText
 from ..sanitizer.verdict import CheckStatus, Verdict
 from . import figures as _figures
 from . import ledger_migrations as _migrations
 from .field_failures import FailureKind, FieldFailure
 from .manifest import gpu_slug
-from .source_text import source_hash as hash_source  # the ledger's name for it (candidates are keyed by it)
 
 # The version of the schema the models below create; an older ledger reaches it through the steps of
 # harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
@@ -1086,7 +1086,7 @@ class Ledger:
     def add_candidate(
         self,
         op: str,
-        source: str,
+        judged: JudgedText,
         proposer: str,
         run_id: str | None,
         parent_id: int | None = None,
@@ -1094,12 +1094,12 @@ class Ledger:
         label: str | None = None,
         replayed: bool | None = None,
     ) -> tuple[Candidate, bool]:
-        """Record that `run_id` proposed `source` for `op`. Returns the candidate and
+        """Record that `run_id` proposed the text `judged` for `op`, keyed by its hash. Returns the candidate and
         whether it is new; a known (op, hash) returns the existing candidate untouched,
         so the same source is evaluated once. A Proposal row is recorded either way, a duplicate (replayed,
         not judged again) when `replayed` says so, by default when the candidate was known (a known one
         that is judged again, one a time limit stopped say, is no replay)."""
-        h = hash_source(source)
+        h = judged.hash
         with self._write.begin() as s:
             cand = s.scalars(select(Candidate).where(Candidate.op == op, Candidate.source_hash == h)).one_or_none()
             new = cand is None
@@ -1108,7 +1108,7 @@ class Ledger:
                 cand = Candidate(
                     op=op,
                     source_hash=h,
-                    source=source,
+                    source=judged.text,
                     path=path,
                     parent_id=parent_id,
                     proposer=proposer,
@@ -1123,12 +1123,12 @@ class Ledger:
             s.add(Proposal(run_id=run_id, candidate_id=cand.id, proposer=proposer, created_at=now, duplicate=duplicate))  # type: ignore[union-attr]
         return cand, new  # type: ignore[return-value]
 
-    def find_candidate(self, op: str, source: str) -> Candidate | None:
-        """The candidate with this source's hash, if it was ever proposed."""
-        return self.find_candidate_by_hash(op, hash_source(source))
+    def find_candidate(self, op: str, judged: JudgedText) -> Candidate | None:
+        """The candidate with this text's hash, if it was ever proposed."""
+        return self.find_candidate_by_hash(op, judged.hash)
 
     def find_candidate_by_hash(self, op: str, source_hash: str) -> Candidate | None:
-        """The candidate of `op` whose source has this hash (harness/source_text.py), if it was ever proposed."""
+        """The candidate of `op` whose text has this hash (a JudgedText's), if it was ever proposed."""
         with self._read() as s:
             return s.scalars(
                 select(Candidate).where(Candidate.op == op, Candidate.source_hash == source_hash)
@@ -1747,7 +1747,6 @@ __all__ = [
     "Ledger",
     "Upgrade",
     "upgrade_ledger",
-    "hash_source",
     "server_url",
     "sqlite_path",
     "Base",

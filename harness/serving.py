@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .. import kernels as kernels_package
-from ..sanitizer.canonical import TextRefused, canonical_source, holding_ast_lock
+from ..sanitizer.canonical import JudgedText, TextRefused, as_written, judge_text, parse_module, read_back
 from ..sanitizer.static_gate import check_source
 from . import serving_guard
 from .config_variant import ConfigStep, baseline_source, rebuild, split_config
@@ -68,7 +68,6 @@ from .manifest import (
 )
 from .ops import DTYPE_NAMES, DTYPES, get_op
 from .serving_guard import Guard, GuardConfig, WarmupResult, guard_wanted
-from .source_text import source_hash
 
 MANIFEST_NAME = "manifest.json"
 ENV_DIR = "KERNEL_AGENT_SERVING_DIR"
@@ -157,16 +156,15 @@ def promoted(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None 
     return e if e is not None and e.is_kernel else None
 
 
-@holding_ast_lock
 def _defines_function(source: str, name: str) -> bool:
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError as e:
         raise ServingError(f"kernel source does not parse: {e.msg} (line {e.lineno})") from None
     return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
 
 
-def _installable_text(op: str, bucket: str, dtype: str, source: str, judged_hash: Optional[str]) -> str:
+def _installable_text(op: str, bucket: str, dtype: str, source: str, judged_hash: Optional[str]) -> JudgedText:
     """The canonical text of `source` (what the set holds and hashes: the text that runs,
     sanitizer/canonical.py), once it is known to be a kernel of `op` that the static gate admits and, where
     `judged_hash` is given, the text that was judged."""
@@ -178,13 +176,13 @@ def _installable_text(op: str, bucket: str, dtype: str, source: str, judged_hash
     gate = check_source(source, op)
     if not gate.passed:
         raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
-    text = canonical_source(source)
-    if judged_hash is not None and source_hash(text) != judged_hash:
+    judged = judge_text(source)
+    if judged_hash is not None and judged.hash != judged_hash:
         raise ServingError(
-            f"kernel source for {op} {bucket} is not the judged text (sha256 {source_hash(text)[:12]}, "
+            f"kernel source for {op} {bucket} is not the judged text (sha256 {judged.hash[:12]}, "
             f"judged {judged_hash[:12]}): not installed"
         )
-    return text
+    return judged
 
 
 def install(
@@ -209,7 +207,8 @@ def install(
     baseline or of the kernel it replaces is recorded as that base and its configuration (`as_variant`);
     anything else is written as a file, before the manifest names it, so a reader never finds an entry
     without its file."""
-    text = _installable_text(op, bucket, dtype, source, judged_hash)
+    judged = _installable_text(op, bucket, dtype, source, judged_hash)
+    text = judged.text
     d = _dir(dir)
     manifest = load_manifest(d)
     old = [e for e in manifest.entries if e.matches(op, bucket, dtype, gpu)]
@@ -219,7 +218,7 @@ def install(
         dtype,
         gpu,
         KERNEL,
-        source_hash=source_hash(text),
+        source_hash=judged.hash,
         candidate_id=candidate_id,
         promoted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         gain=float(gain),
@@ -248,7 +247,7 @@ def as_variant(op: str, text: str, replaced: Sequence[ManifestEntry], d: Path) -
     while (found := split_config(current)) is not None:
         current, step = found
         steps.insert(0, step)
-        stored = _stored_base(op, source_hash(current), replaced, d)
+        stored = _stored_base(op, as_written(current).hash, replaced, d)
         if stored is None:
             continue
         base, base_hash, earlier = stored
@@ -266,7 +265,7 @@ def _stored_base(
 ) -> Optional[tuple[str, str, tuple[ConfigStep, ...]]]:
     """(base, its hash, configurations stacked on it before) when the set can rebuild a source of hash `h`:
     the baseline, the file of the entry being replaced, or the variant being replaced (its own base)."""
-    if source_hash(_baseline_text(op)) == h:
+    if judge_text(baseline_source(op)).hash == h:
         return BASE_BASELINE, h, ()
     for e in replaced:
         if e.source_hash != h:
@@ -394,7 +393,7 @@ _module_ids = itertools.count()
 
 def _baseline_text(op: str) -> str:
     """The canonical text of the op's baseline: what a variant of it is rebuilt from and hashed against."""
-    return canonical_source(baseline_source(op))
+    return judge_text(baseline_source(op)).text
 
 
 # this process's private folder for the texts it imports: rebuilt variants and the canonical text of each load
@@ -428,7 +427,7 @@ def load_kernel_file(path: str | Path, op: str) -> Callable:
     if not path.is_file():
         raise ServingError(f"kernel file {path} does not exist")
     try:
-        text = canonical_source(path.read_bytes())
+        text = judge_text(path.read_bytes()).text
     except TextRefused as e:
         raise ServingError(f"kernel file {path} is refused by the static gate: {e}") from None
     gate = check_source(text, op)
@@ -487,10 +486,10 @@ def rebuild_variant(op: str, variant: Variant, dir: str | Path | None = None) ->
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ServingError(f"{path}, the base of a promoted configuration of {op}, is missing") from None
-    if source_hash(text) != variant.base_hash:
+    if read_back(text, variant.base_hash) is None:
         raise ServingError(
             f"{where} changed since a configuration of it was promoted (hash "
-            f"{source_hash(text)[:12]}, recorded {variant.base_hash[:12]}); re-verify and "
+            f"{as_written(text).hash[:12]}, recorded {variant.base_hash[:12]}); re-verify and "
             f"reinstall it"
         )
     try:
@@ -505,7 +504,7 @@ def entry_source(entry: ManifestEntry, dir: str | Path | None = None) -> str:
     name = entry_name(entry)
     if entry.variant is not None:
         text = rebuild_variant(entry.op, entry.variant, dir)
-        if source_hash(text) != entry.source_hash:
+        if entry.source_hash is None or read_back(text, entry.source_hash) is None:
             raise ServingError(
                 f"serving kernel {name} rebuilt from its base and configuration does not match its "
                 f"manifest hash (configuration edited after promotion?); re-verify and reinstall it"
@@ -518,7 +517,7 @@ def entry_source(entry: ManifestEntry, dir: str | Path | None = None) -> str:
         raise ServingError(f"serving kernel {path} named in the manifest is missing") from None
     except UnicodeDecodeError:
         raise ServingError(f"serving kernel {path} is not UTF-8 text (edited after promotion?)") from None
-    if entry.source_hash and source_hash(text) != entry.source_hash:
+    if entry.source_hash and read_back(text, entry.source_hash) is None:
         raise ServingError(
             f"serving kernel {path} does not match its manifest hash "
             f"(edited after promotion?); re-verify and reinstall it"
@@ -852,7 +851,6 @@ __all__ = [
     "describe_entry",
     "gpu_slug",
     "kernel_file_name",
-    "source_hash",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "KERNEL",

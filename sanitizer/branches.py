@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..harness.config_variant import ConfigStep, split_config
+from .canonical import parse_expression, parse_module
 
 # (qualified name of the code object, its first line, offset of the jump, offset executed next)
 Arc = Tuple[str, int, int, int]
@@ -276,7 +277,7 @@ def gpu_only_condition(text: str, names: Optional[Mapping[str, str]] = None) -> 
     `names`: the function's device-only locals (device_locals)."""
     names = names or {}
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = parse_expression(text.strip())
     except SyntaxError:
         return False
     return device_only(tree, names) and GPU_ONLY.search(_reads(tree, names)) is not None
@@ -354,7 +355,7 @@ def _sides_of(
         why = (override if override and re.fullmatch(r"cfg == _TUNED_FROM\d*", text) else "") or condition_exemption(
             text, local
         )
-        reads = _reads(ast.parse(text.strip(), mode="eval"), local) if why == DEVICE_ONLY else ""
+        reads = _reads(parse_expression(text.strip()), local) if why == DEVICE_ONLY else ""
         for jumped, dest, value in ((True, ins.argval, when_jumped), (False, instrs[i + 1].offset, when_not)):
             exempt = why or (
                 "only raises (a guard on the contract's limits)" if _raises(instrs, by_offset, dest) else ""
@@ -417,7 +418,7 @@ def _functions_by_start(tree: ast.Module) -> Dict[Tuple[str, int], ast.AST]:
 
 def host_branches(source: str, path: str) -> List[Side]:
     """Both sides of every conditional jump in the host functions of `source`, compiled here (never run)."""
-    tree = ast.parse(source, filename=path)
+    tree = parse_module(source, path)
     module = compile(source, path, "exec", dont_inherit=True)
     lines = source.splitlines()
     positions = _Positions(source, tree)

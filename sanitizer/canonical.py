@@ -9,24 +9,33 @@ way can therefore run another way: a `# coding: utf-7` cookie hides code from a 
 So the bytes are refused unless they read one way only (`text_problems`): UTF-8 without a byte order
 mark, no coding cookie but UTF-8, no NUL, form feed or other control character, nothing but ASCII
 outside comments and string literals, and no string whose lines begin with `def ` or `@`. What is kept
-and handed on is then not those bytes but `canonical_source`: the module printed back from its syntax
+and handed on is then not those bytes but `judge_text`: the module printed back from its syntax
 tree (`ast.unparse`), docstrings and comments dropped. The executor, the benchmark child, the ledger and
-the serving set all hold that text, and its hash (`source_hash`) is the kernel's identity: what the judge,
-the benchmark and the serving set check a file against (`judged_hash`).
+the serving set all hold that text, and its hash is the kernel's identity: what the judge, the benchmark
+and the serving set check a file against.
+
+The text and its hash travel together as a `JudgedText`, which only this module makes (`judge_text`,
+`judged_or_as_read`, `as_written`): the hash is taken in one place (`_judged`), so that no two layers can
+hash the same kernel two ways, and a text read back from a file or the ledger becomes a `JudgedText` again
+through the same constructors, which is its check.
+
+`parse_module` and `parse_expression` are every syntax-tree parse of the project: Python 3.11's `ast.parse`
+keeps its recursion counter in state shared by the interpreter's threads, so two parses at once can corrupt it
+("AST constructor recursion depth mismatch"); they hold the one lock for the parse alone.
 """
 
 from __future__ import annotations
 
 import ast
 import codecs
-import functools
 import hashlib
 import io
 import re
 import threading
 import tokenize
 from collections import OrderedDict
-from typing import Any, Callable, List, Set, Tuple, TypeVar, Union, cast
+from dataclasses import dataclass, field
+from typing import List, Optional, Set, Tuple, Union
 
 # a PEP 263 declaration, in either spelling (`# -*- coding: X -*-`, `# vim: set fileencoding=X :`)
 _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
@@ -129,7 +138,7 @@ def _parsed(source: Union[str, bytes]) -> ast.Module:
         raw = bytes(source)
     text = _decode(raw)
     try:
-        tree = ast.parse(text)
+        tree = parse_module(text)
     except SyntaxError as e:
         raise TextRefused(e.lineno or 0, f"syntax error: {e.msg}") from None
     except (ValueError, RecursionError, MemoryError) as e:
@@ -165,40 +174,88 @@ def _print(tree: ast.Module) -> str:
     return body + "\n" if body else ""
 
 
-# canonical texts already made: of the inputs, and of the canonical texts themselves (a fixed point), so that
-# a text canonicalised again on its way (the search, the loop, the serving set) costs a look-up
-_MADE: "OrderedDict[Union[str, bytes], str]" = OrderedDict()
+# Python 3.11's ast module keeps its recursion counter in state that the interpreter's threads share, reset at the
+# start of each parse and compared at its end ("AST constructor recursion depth mismatch" when another thread
+# parsed in between, seen in the loop, whose threads canonicalise, read configurations and rewrite at the same
+# time; python/cpython#106905). Only the parse builds syntax-tree objects in C: `ast.unparse`, `ast.walk` and the
+# visitors are Python and need no lock, so the lock is held by the two parse functions alone.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_module(text: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse(text, filename)` holding the parse lock: every parse of a module in the project goes here."""
+    with _PARSE_LOCK:
+        return ast.parse(text, filename=filename)
+
+
+def parse_expression(text: str) -> ast.Expression:
+    """`ast.parse(text, mode="eval")` holding the parse lock: every parse of an expression goes here."""
+    with _PARSE_LOCK:
+        return ast.parse(text, mode="eval")
+
+
+# JudgedText's constructors pass this token; a JudgedText made anywhere else fails at once
+_CANONICALIZER = object()
+
+
+@dataclass(frozen=True)
+class JudgedText:
+    """A kernel text and its identity, made only by this module. `canonical`: the text is its own canonical
+    text (what runs); False for a text kept as it was given (bytes that have no canonical text, refused by the
+    judge's gate; a baseline's file as written; the note that stands for an unusable model reply)."""
+
+    text: str
+    hash: str
+    canonical: bool
+    _maker: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._maker is not _CANONICALIZER:
+            raise TypeError(
+                "a JudgedText is made by sanitizer/canonical.py (judge_text, judged_or_as_read, as_written)"
+            )
+
+
+def normalized_source(text: str) -> str:
+    """The text with editors' whitespace habits taken out (trailing spaces, CRLF, trailing blank lines), so
+    that they do not make the same kernel new."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines)
+
+
+def _judged(text: str, canonical: bool) -> JudgedText:
+    """The one place a kernel text's identity is taken: the sha256 hex of its normalised text, for the ledger's
+    key, the verdict, the benchmark and the serving set, so that they cannot disagree."""
+    digest = hashlib.sha256(normalized_source(text).encode("utf-8")).hexdigest()
+    return JudgedText(text, digest, canonical, _CANONICALIZER)
+
+
+# judged texts already made: of the inputs, and of the canonical texts themselves (a fixed point), so that a
+# text read back (the serving set, a file the judge reads) costs a look-up
+_MADE: "OrderedDict[Union[str, bytes], JudgedText]" = OrderedDict()
 _MADE_LOCK = threading.Lock()
-# Python 3.11's ast module keeps a recursion counter that threads parsing at once can corrupt ("AST constructor
-# recursion depth mismatch", seen in the loop, whose threads canonicalise, read configurations and rewrite at
-# the same time): every syntax-tree job of the loop's process holds this lock.
-AST_LOCK = threading.RLock()
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def holding_ast_lock(fn: _F) -> _F:
-    """`fn` runs holding AST_LOCK."""
-
-    @functools.wraps(fn)
-    def locked(*args: Any, **kwargs: Any) -> Any:
-        with AST_LOCK:
-            return fn(*args, **kwargs)
-
-    return cast(_F, locked)
-
-
 _MADE_MAX = 256
 
 
-@holding_ast_lock
-def canonical_source(source: Union[str, bytes]) -> str:
-    """The canonical text of a candidate: its syntax tree printed back, docstrings and comments dropped.
-    TextRefused (one line) for bytes that do not read one way only. The result is a fixed point (its
+def judge_text(source: Union[str, bytes]) -> JudgedText:
+    """The canonical text of a candidate and its hash: its syntax tree printed back, docstrings and comments
+    dropped. TextRefused (one line) for bytes that do not read one way only. The text is a fixed point (its
     own canonical text), and every line of it that begins `def` or `@` is a definition or a decorator."""
     with _MADE_LOCK:
         if source in _MADE:
             _MADE.move_to_end(source)
             return _MADE[source]
+    judged = _judged(_canonical_text(source), True)
+    with _MADE_LOCK:
+        _MADE[source] = _MADE[judged.text] = judged
+        while len(_MADE) > _MADE_MAX:
+            _MADE.popitem(last=False)
+    return judged
+
+
+def _canonical_text(source: Union[str, bytes]) -> str:
     tree = _parsed(source)
     try:
         text = _print(tree)
@@ -206,8 +263,8 @@ def canonical_source(source: Union[str, bytes]) -> str:
         # a tree that parses but nests too deep to print back (a 700-term constant sum): it crashed the loop
         raise TextRefused(0, f"the file cannot be printed back: {type(e).__name__}") from None
     try:
-        tree = ast.parse(text)
-        again = _print(ast.parse(text))
+        tree = parse_module(text)
+        again = _print(parse_module(text))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         again = None
     if again != text:
@@ -222,49 +279,52 @@ def canonical_source(source: Union[str, bytes]) -> str:
         m = _KERNEL_LINE.match(line)
         if m and i not in (decorators if m.group(1) == "@" else starts):
             raise TextRefused(i, "a line of the printed text begins like a definition but is not one")
-    with _MADE_LOCK:
-        _MADE[source] = _MADE[text] = text
-        while len(_MADE) > _MADE_MAX:
-            _MADE.popitem(last=False)
     return text
 
 
-def normalized_source(text: str) -> str:
-    """The text with editors' whitespace habits taken out (trailing spaces, CRLF, trailing blank lines), so
-    that they do not make the same kernel new."""
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return "\n".join(lines)
-
-
-def source_hash(text: str) -> str:
-    """A kernel source's identity: the sha256 hex of its normalised text. One definition, for the ledger's
-    key, the verdict, the benchmark and the serving set, so that they cannot disagree."""
-    return hashlib.sha256(normalized_source(text).encode("utf-8")).hexdigest()
-
-
-def judged_hash(raw: Union[str, bytes]) -> str:
-    """The identity of the text that runs for these bytes: the hash of their canonical text, as the loop
-    hashes a proposal; bytes that have none (refused, so nothing runs them) hash as they read."""
+def judged_or_as_read(raw: Union[str, bytes]) -> JudgedText:
+    """What the loop holds for a proposal and the judge for the bytes it reads: the canonical text, or, for bytes
+    that have none (refused, so nothing runs them), the text as it reads, not canonical."""
     try:
-        return source_hash(canonical_source(raw))
+        return judge_text(raw)
     except TextRefused:
-        return source_hash(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw)
+        return _judged(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw, False)
 
 
-def file_hash(path: str) -> str:
-    """`judged_hash` of a file's bytes, read once."""
+def as_written(text: str) -> JudgedText:
+    """A text kept as it was given, not canonicalised: a baseline's file as written (its identity in the
+    benchmark rows and diagnoses), the note that stands for an unusable model reply."""
+    return _judged(text, False)
+
+
+def read_back(text: str, recorded_hash: str) -> Optional[JudgedText]:
+    """A text read back from a file or the ledger, as it reads, held to the hash recorded with it: None when it
+    does not have it (edited since). Canonical when it is its own canonical text."""
+    try:
+        judged: Optional[JudgedText] = judge_text(text)
+    except TextRefused:
+        judged = None
+    if judged is None or judged.text != text:
+        judged = as_written(text)
+    return judged if judged.hash == recorded_hash else None
+
+
+def read_judged(path: str) -> JudgedText:
+    """`judged_or_as_read` of a file's bytes, read once."""
     with open(path, "rb") as f:
-        return judged_hash(f.read())
+        return judged_or_as_read(f.read())
 
 
 __all__ = [
+    "JudgedText",
     "TextRefused",
-    "canonical_source",
+    "judge_text",
+    "judged_or_as_read",
+    "as_written",
+    "read_back",
+    "read_judged",
+    "parse_expression",
+    "parse_module",
     "text_problems",
     "normalized_source",
-    "source_hash",
-    "judged_hash",
-    "file_hash",
 ]

@@ -25,7 +25,7 @@ from ..harness.ops import get_op
 from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, SM_SCALE_RANGE, Case, Op, Region, round_to, sm_scale_strategy
 from . import static_gate, wire
 from .branches import DEVICE_ONLY, Side, config_overrides, configs_launched, host_branches, taken, uncovered
-from .canonical import TextRefused, canonical_source
+from .canonical import JudgedText, TextRefused, judge_text
 from .compared import TooManyCompared, compared_joints, compared_scales, compared_values
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
@@ -164,6 +164,14 @@ class Subject:
     skip_gate: bool = False  # tests only: proves that the sandbox and the judge hold on their own
     deadline: Optional[float] = None  # epoch seconds: the GPU checks start executors of their own until then
     specs: Dict[str, None] = field(default_factory=dict)  # kernel specialisations the GPU checks launched
+    _judged: Optional[JudgedText] = field(default=None, repr=False)
+
+    def judged(self) -> JudgedText:
+        """The file's canonical text (what the executor runs) and its hash, made once from `source`;
+        TextRefused when the bytes have none."""
+        if self._judged is None:
+            self._judged = judge_text(self.source)
+        return self._judged
 
     def seed(self, n: int) -> int:
         return self.seed_base + n
@@ -641,7 +649,7 @@ def compared_regions(subject: Subject) -> List[Region]:
     """The op's value regions for the sizes the candidate compares against (sanitizer/compared.py), read from
     the canonical text the executor runs. CheckFailed when the file names more than the check draws."""
     try:
-        text = canonical_source(subject.source)
+        text = subject.judged().text
         values, joints = compared_values(text), compared_joints(text)
     except TooManyCompared as e:
         raise CheckFailed(str(e))
@@ -665,7 +673,7 @@ def compared_scale_values(subject: Subject) -> List[float]:
         return []
     lo, hi = SM_SCALE_RANGE
     out: List[float] = []
-    for t in compared_scales(canonical_source(subject.source)):
+    for t in compared_scales(subject.judged().text):
         for v in (t * f * side for f in SCALE_FACTORS for side in SCALE_SIDES):
             if lo <= v <= hi and v not in out:
                 out.append(v)
@@ -719,7 +727,7 @@ def _branch_sides(subject: Subject) -> List[Side]:
     kernel bodies' conditions and the host `min`/`max` indicators (kernel_branches), of the canonical text the
     executor runs (its lines are the ones to compile)."""
     try:
-        text = canonical_source(subject.source)
+        text = subject.judged().text
         return host_branches(text, subject.path) + indicator_sides(text)
     except (SyntaxError, TextRefused) as e:
         raise CheckFailed(f"the judge cannot compile the file: {e}")
@@ -775,7 +783,7 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
 def _configs_or_fail(subject: Subject, specs: List[str]) -> None:
     """A launch-configuration override of the search is exempt from branch coverage (it selects a configuration):
     the configuration it selects must have been launched by the checks instead."""
-    steps = config_overrides(canonical_source(subject.source)).values()
+    steps = config_overrides(subject.judged().text).values()
     step = configs_launched(steps, specs)
     if step is not None:
         raise CheckFailed(

@@ -31,7 +31,7 @@ import math
 import operator
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from .canonical import holding_ast_lock
+from .canonical import parse_module
 
 MAX_COMPARED = 48  # distinct values from comparisons; the correct suite's largest file has far fewer
 LIMIT = 1 << 31  # sizes past this are not drawn as one dimension by any op
@@ -414,12 +414,11 @@ def _scan(f: _Folder, free: ast.AST, const: Number, ordering: bool) -> List[int]
     return out[:MAX_SCANNED]
 
 
-@holding_ast_lock
 def compared_values(source: str) -> List[int]:
     """The sizes (0..2^31) at which some comparison or size-dependent step of `source` flips, most telling
     first: where an expression of bits changes, solved comparison sides, constants inside comparisons, divisors.
     TooManyCompared when the comparisons alone name more than MAX_COMPARED distinct values."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     f = _Folder(_module_constants(tree))
     solved: List[Number] = []  # where a comparison or clamp flips exactly
     flips: List[Number] = []  # where an expression of bits or powers of one name changes value
@@ -463,11 +462,10 @@ def _free_name(f: _Folder, expr: ast.AST) -> str:
     return names.pop() if len(names) == 1 else ""
 
 
-@holding_ast_lock
 def compared_joints(source: str) -> List[Dict[str, int]]:
     """The sizes one condition compares several names against together (`(H == 8) & (D == 192)`, `H == 8 and
     D == 192`): each is drawn alone by the check, so the condition is drawn whole too, by the names."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     f = _Folder(_module_constants(tree))
     out: List[Dict[str, int]] = []
     for node in ast.walk(tree):
@@ -523,13 +521,12 @@ def _runtime_pairs(tree: ast.AST, f: _Folder) -> Iterator[Dict[str, int]]:
 MAX_SCALES = 16  # float thresholds drawn as sm_scale; the correct suite's files compare against none or few
 
 
-@holding_ast_lock
 def compared_scales(source: str) -> List[float]:
     """The positive real numbers a comparison or a clamp of `source` meets where a scale may flip it: every
     constant that is not a whole number (`qk_scale < 0.07`, `min(s, 0.5)`), and the whole numbers compared with
     an expression that names a scale (`sm_scale > 2`). An op with an `sm_scale` argument draws scales on both
     sides of each (sanitizer/checks.py: check_compared_values). At most MAX_SCALES, fractions first."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     f = _Folder(_module_constants(tree))
     fractions: List[float] = []
     wholes: List[float] = []

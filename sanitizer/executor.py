@@ -26,7 +26,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import sandbox
-from .canonical import TextRefused, canonical_source
+from .canonical import TextRefused, judge_text
 from .sandbox import REFUSED_EXIT
 
 PROTOCOL = 1
@@ -239,7 +239,7 @@ def _write_judged_copy(path: str, dest: str, skip_gate: bool) -> None:
     with open(path, "rb") as src:
         raw = src.read()
     try:
-        text = canonical_source(raw).encode("utf-8")
+        text = judge_text(raw).text.encode("utf-8")
     except TextRefused:
         if not skip_gate:
             raise

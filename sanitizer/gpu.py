@@ -32,7 +32,7 @@ import torch
 
 from ..harness.ops import get_op
 from .branches import DEVICE_ONLY, host_branches, taken
-from .canonical import TextRefused, canonical_source
+from .canonical import TextRefused
 from .checks import (
     CheckSkipped,
     Subject,
@@ -151,7 +151,7 @@ def _device_branches_taken(subject: Subject) -> None:
     checks each shape class before a kernel serves it (harness/serving_guard.py)."""
     try:
         # the executor runs (and records arcs of) the canonical text: its lines are the ones to compile
-        sides = [x for x in host_branches(canonical_source(subject.source), subject.path) if x.exempt == DEVICE_ONLY]
+        sides = [x for x in host_branches(subject.judged().text, subject.path) if x.exempt == DEVICE_ONLY]
     except (SyntaxError, TextRefused) as e:
         raise CheckFailed(f"the judge cannot compile the file: {e}")
     if not sides:

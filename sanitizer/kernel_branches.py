@@ -31,6 +31,7 @@ import types
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .branches import Side, condition_exemption, device_locals, device_only, jit_names
+from .canonical import parse_module
 
 # (kind, line, rank or column, value): kind "if" / "where" (value true, false or block), "enter" (a kernel ran:
 # line of its def, value its name), "minmax" (column of the call, value the index of the deciding argument)
@@ -219,7 +220,7 @@ def _text(source: str, node: ast.AST) -> str:
 def kernel_sides(source: str) -> List[Side]:
     """Both sides of every branch site in the kernels (and device functions) of `source`: qualname
     `kernel:<function>`, firstlineno the site's line, jump its rank on the line, dest 1 for the true side."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     jit = jit_names(tree)
     sides: List[Side] = []
     params = _device_params(tree)
@@ -478,7 +479,7 @@ def host_functions(tree: ast.Module) -> List[ast.AST]:
 
 def indicator_sides(source: str) -> List[Side]:
     """kernel_sides and minmax_sides of the canonical text the executor runs."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     constants = {
         n.targets[0].id: n.value
         for n in tree.body

@@ -26,7 +26,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from .canonical import TextRefused, canonical_source, holding_ast_lock
+from .canonical import TextRefused, judge_text, parse_expression, parse_module
 
 # -- the language ----------------------------------------------------------------------------
 
@@ -837,7 +837,7 @@ class _Gate:
                 return True
             if isinstance(node.value, str):
                 try:
-                    return self.annotation_ok(ast.parse(node.value, mode="eval").body)
+                    return self.annotation_ok(parse_expression(node.value).body)
                 except (SyntaxError, ValueError):
                     return False
             return False
@@ -1313,13 +1313,12 @@ class _Gate:
             self.expr(kw.value, s)
 
 
-@holding_ast_lock
 def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
     """The gate's verdict on a file's bytes (or text): first that they read one way only
     (sanitizer/canonical.py), then the language on the syntax tree. A file that passes has a canonical
     text, and that text passes too: it is what runs."""
     try:
-        canonical_source(source)
+        judge_text(source)
     except TextRefused as e:
         return GateResult(
             False,
@@ -1331,7 +1330,7 @@ def check_source(source: Union[str, bytes], op_name: str) -> GateResult:
                 )
             ],
         )
-    tree = ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
+    tree = parse_module(source.decode("utf-8") if isinstance(source, bytes) else source)
     gate = _Gate(op_name)
     try:
         gate.module(tree)

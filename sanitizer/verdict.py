@@ -105,7 +105,8 @@ class Verdict:
     duration_s: float = 0.0
     error: str = ""  # the isolated run itself failed (crash, timeout)
     seed: Optional[int] = None  # the inputs' seed base (`sanitize --seed N` reproduces them); None: not known
-    # the identity of the text judged (sanitizer/canonical.py `judged_hash` of the bytes the judge read); '' when
+    # the identity of the text judged (sanitizer/canonical.py: the hash of `judged_or_as_read` of the bytes the
+    # judge read); '' when
     # the verdict does not say (an older ledger's): the loop holds it against the candidate's own hash
     source_hash: str = ""
 

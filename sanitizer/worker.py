@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Callable, List, Optional
 
-from .canonical import judged_hash
+from .canonical import judged_or_as_read
 from .executor import Executor
 from .lease import wait_for_grant
 from .static_gate import check_source
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         "checks": [],
         "started": time.time(),
         "seed": seed_base,
-        "source_hash": judged_hash(raw),
+        "source_hash": judged_or_as_read(raw).hash,
     }
     _write(args.out, progress)
 

@@ -25,7 +25,7 @@ def run_task(task, env=None, on_ready=None):
         with open(task.spec.candidate.file) as f:
             source = f.read()
         return {"results": [], "error": None, "source_seen": source}
-    from kernel_agent.sanitizer.canonical import file_hash
+    from kernel_agent.sanitizer.canonical import read_judged
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 
     time.sleep(float(os.environ.get("FAKE_GPU_SLEEP_S", "0")))
@@ -34,5 +34,5 @@ def run_task(task, env=None, on_ready=None):
         task.op,
         task.mode,
         checks=[CheckOutcome(c, "passed") for c in task.checks or ()],
-        source_hash=file_hash(task.path),
+        source_hash=read_judged(task.path).hash,
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernel_agent.harness.ops import OPS
-from kernel_agent.sanitizer.canonical import canonical_source
+from kernel_agent.sanitizer.canonical import judge_text
 from kernel_agent.sanitizer.compared import MAX_COMPARED, TooManyCompared, compared_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +62,7 @@ def test_every_correct_kernel_stays_well_under_the_limit():
     assert len(files) > 20
     for path in files:
         with open(path, "rb") as f:
-            values = compared_values(canonical_source(f.read()))
+            values = compared_values(judge_text(f.read()).text)
         assert len(values) <= MAX_COMPARED * 3 // 4, (path, values)
 
 
@@ -101,11 +101,11 @@ def test_sizes_outside_the_contract_are_not_drawn():
 def test_a_file_too_deep_to_print_back_is_refused_in_one_line():
     """A constant sum of 727 terms parses, but printing it back recursed past the limit: the loop process,
     which canonicalises every proposal, raised RecursionError and stopped. Now a TextRefused, as the gate's."""
-    from kernel_agent.sanitizer.canonical import TextRefused
+    from kernel_agent.sanitizer.canonical import TextRefused, judge_text
 
     src = "ROW_STEPS = " + " + ".join(["1"] * 727) + "\n"
     with pytest.raises(TextRefused, match="printed back|parsed"):
-        canonical_source(src)
+        judge_text(src)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from kernel_agent.agent.search import baseline_config  # noqa: E402
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.config_variant import baseline_source, split_config, with_config  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
-from kernel_agent.sanitizer.canonical import canonical_source  # noqa: E402
+from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
 
 OP, BUCKET, DTYPE, GPU = "quantize_kv", "tsmall-d16", "float32", "NVIDIA H200"
 SHAPE = "4,2,16"  # T=4, H=2, D=16: bucket tsmall-d16
@@ -41,7 +41,7 @@ CONFIG = with_config(BASELINE, FROM, TO, BUCKET, SPACE)
 # a code change: the baseline with another rows-per-program rule (a file of its own when promoted)
 CODE_CHANGE = BASELINE.replace("return max(1, min(64, 4096 // block_d)), 4", "return 2, 4  # two rows per program")
 # what the set stores of a text: its canonical form (sanitizer/canonical.py), comments and docstrings dropped
-CODE_CHANGE_TEXT = canonical_source(CODE_CHANGE)
+CODE_CHANGE_TEXT = judge_text(CODE_CHANGE).text
 assert CODE_CHANGE != BASELINE
 
 
@@ -75,10 +75,10 @@ def test_a_configuration_of_the_baseline_is_stored_without_a_copy(tmp_path):
     assert entry.file is None and entry.impl == serving.KERNEL
     assert entry.to_json()["variant"] == {
         "base": "baseline",
-        "base_hash": serving.source_hash(canonical_source(BASELINE)),
+        "base_hash": judge_text(BASELINE).hash,
         "configs": [{"bucket": BUCKET, "fields": list(SPACE.fields), "tuned_from": list(FROM), "tuned_to": list(TO)}],
     }
-    assert entry.source_hash == serving.source_hash(CONFIG)
+    assert entry.source_hash == as_written(CONFIG).hash
     doc = json.loads((tmp_path / serving.MANIFEST_NAME).read_text())
     assert doc["version"] == serving.MANIFEST_VERSION == 3
     assert serving.entry_source(serving.promoted(OP, BUCKET, DTYPE, GPU, dir=tmp_path), tmp_path) == CONFIG
@@ -228,8 +228,8 @@ def test_show_names_the_configuration_before_the_diff(tmp_path, capsys):
     path = tmp_path / "ledger.db"
     with Ledger(path) as led:
         run = led.start_run({}, {}, "search", [OP], None, {})
-        cfg, _ = led.add_candidate(OP, CONFIG, "search", run.id, label="cfg")
-        code, _ = led.add_candidate(OP, CODE_CHANGE, "search", run.id, label="code")
+        cfg, _ = led.add_candidate(OP, as_written(CONFIG), "search", run.id, label="cfg")
+        code, _ = led.add_candidate(OP, as_written(CODE_CHANGE), "search", run.id, label="code")
     capsys.readouterr()
     assert cli.main(["show", str(cfg.id), "--ledger", str(path)]) == 0
     out = capsys.readouterr().out
@@ -245,7 +245,9 @@ def test_the_commit_and_the_pull_request_name_the_configuration_not_a_file(tmp_p
     j = SimpleNamespace(
         decision=d, kinds=["event"], incumbent_ms=1.0, candidate_ms=0.9, against="the baseline", shapes=[SHAPE]
     )
-    req = publish.PromotionRequest("r1", OP, BUCKET, DTYPE, GPU, 9, "cfg-2-1", CONFIG, j, 0.02, {"triton": "3.9"})
+    req = publish.PromotionRequest(
+        "r1", OP, BUCKET, DTYPE, GPU, 9, "cfg-2-1", judge_text(CONFIG), j, 0.02, {"triton": "3.9"}
+    )
     msg = publish.promotion_message(req, None, "kernels/serving/manifest.json", serving.describe_entry(entry))
     assert (
         f"configuration (in kernels/serving/manifest.json): {serving.entry_name(entry)}: "

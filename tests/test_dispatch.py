@@ -14,6 +14,7 @@ from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from kernel_agent.harness.ops.matmul import torch_matmul
 from kernel_agent.harness.promotion import judge_benchmark as judge_outcome
+from kernel_agent.sanitizer.canonical import as_written
 
 GPU = "NVIDIA H200"
 MATMUL = get_op("matmul")
@@ -108,8 +109,8 @@ def test_a_promoted_kernel_that_torch_beats_is_demoted_and_one_that_beats_torch_
     sdir = tmp_path / "serving"
     run = _run(led)
     src = open(KERNEL_SRC).read()
-    slow, _ = led.add_candidate("matmul", src + "\n# slow\n", "search", run)
-    fast, _ = led.add_candidate("matmul", src + "\n# fast\n", "search", run)
+    slow, _ = led.add_candidate("matmul", as_written(src + "\n# slow\n"), "search", run)
+    fast, _ = led.add_candidate("matmul", as_written(src + "\n# fast\n"), "search", run)
     for cand, bucket, _shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
         serving.install(
             "matmul", bucket, "bfloat16", GPU, src + f"\n# {cand.id}\n", cand.id, 0.05, "test", {}, dir=sdir
@@ -252,7 +253,7 @@ def test_a_benchmark_races_out_a_candidate_slower_than_torch():
 
 def test_rows_of_one_shape_pair_only_within_one_benchmark(led):
     run = _run(led)
-    cand, _ = led.add_candidate("matmul", "def matmul(a, b):\n    pass\n", "search", run)
+    cand, _ = led.add_candidate("matmul", as_written("def matmul(a, b):\n    pass\n"), "search", run)
     _row(led, run, "baseline", "16,8192,8192", 0.05, 0.04, cid=None)
     _row(led, run, "anchor:torch.matmul", "16,8192,8192", 0.05, 0.03, cid=cand.id)  # beside a candidate
     assert choices_from_rows(led.bench_results()) == []

@@ -18,7 +18,7 @@ import pytest
 
 from kernel_agent.agent import loop as loop_mod
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus
-from kernel_agent.sanitizer.canonical import file_hash
+from kernel_agent.sanitizer.canonical import as_written, read_judged
 from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator
 
@@ -67,7 +67,7 @@ def _passes(path, op, mode):
         op,
         mode,
         checks=[CheckOutcome("static_gate", "passed"), CheckOutcome("runs", "passed")],
-        source_hash=file_hash(path),
+        source_hash=read_judged(path).hash,
     )
 
 
@@ -79,7 +79,7 @@ def _times_out_in_full(path, op, mode):
         op,
         mode,
         checks=[CheckOutcome("static_gate", "passed"), CheckOutcome("near_serving", "failed", TIME_LIMIT)],
-        source_hash=file_hash(path),
+        source_hash=read_judged(path).hash,
     )
     v.error = TIME_LIMIT
     return v
@@ -297,11 +297,12 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
     with open(GOOD) as f:
         incumbent = f.read()
-    inc, _ = led.add_candidate("quantize_kv", incumbent, "search", run.id, label="incumbent")
-    cand, _ = led.add_candidate("quantize_kv", incumbent + "\n# a code change\nX = 1\n", "model", run.id, label="c")
+    inc, _ = led.add_candidate("quantize_kv", as_written(incumbent), "search", run.id, label="incumbent")
+    cand, _ = led.add_candidate(
+        "quantize_kv", as_written(incumbent + "\n# a code change\nX = 1\n"), "model", run.id, label="c"
+    )
     from kernel_agent.harness.bench import record_shape_result
     from kernel_agent.harness.bench_records import ShapeResult
-    from kernel_agent.harness.ledger import hash_source
     from test_loop import _measured
 
     record_shape_result(
@@ -319,7 +320,7 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
         ),
         cand.id,
         "serving:x.py",
-        hash_source(incumbent),
+        as_written(incumbent).hash,
     )
     led.close()
     cmd_show(argparse.Namespace(what=str(cand.id), ledger=str(tmp_path / "l.db"), json=False, source=False))
@@ -524,7 +525,7 @@ def test_show_wraps_a_check_detail_at_80_columns_instead_of_cutting_it(tmp_path,
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
-    c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id)
+    c, _ = led.add_candidate("quantize_kv", as_written("x = 1\n"), "search", run.id)
     detail = (
         "wrong result at T=17,H=3,D=128: 12 of 6528 elements beyond the tolerance, the worst 0.51 against "
         "0.0078; reproduce with --seed 918273645"
@@ -642,14 +643,14 @@ def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_repl
 
     led = Ledger(tmp_path / "l.db")
     first = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
-    old, _ = led.add_candidate("quantize_kv", "old = 1\n", "search", first.id, label="cfg-a")
+    old, _ = led.add_candidate("quantize_kv", as_written("old = 1\n"), "search", first.id, label="cfg-a")
     led.record_checks(old.id, "full", [{"name": "bounds", "status": "failed", "detail": "x", "duration_s": 0.1}])
     led.set_candidate_status(old.id, CandidateStatus.REJECTED)
     second = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
-    led.add_candidate("quantize_kv", "old = 1\n", "search", second.id, label="cfg-a")  # replayed
+    led.add_candidate("quantize_kv", as_written("old = 1\n"), "search", second.id, label="cfg-a")  # replayed
     new, _ = led.add_candidate(
         "quantize_kv",
-        "new = 1\n",
+        as_written("new = 1\n"),
         "search",
         second.id,
         label="cfg-a",
@@ -899,7 +900,7 @@ def test_the_throughput_line_after_a_resume_says_it_counts_that_session(tmp_path
     with Ledger(tmp_path / "l.db") as led:
         run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
         for text in ("a = 1\n", "b = 1\n"):
-            c, _ = led.add_candidate("quantize_kv", text, "search", run.id, label=text[0])
+            c, _ = led.add_candidate("quantize_kv", as_written(text), "search", run.id, label=text[0])
             led.set_candidate_status(c.id, CandidateStatus.VERIFIED)
         led.set_run_status(run.id, RunStatus.FINISHED, finished=True)
         summary = led.run_summary(run.id)
@@ -931,7 +932,7 @@ def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(t
     led = Ledger(work / "l.db")
     cfg = {"ops": ["quantize_kv"], "proposer": "search", "max_candidates": 2, "time_limit_s": 1800.0, "seed": 7}
     run = led.start_run(cfg, {}, "search", ["quantize_kv"], None, {})
-    c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-1")
+    c, _ = led.add_candidate("quantize_kv", as_written("x = 1\n"), "search", run.id, label="cfg-1")
     detail = f"cannot import {work}/kernels/candidates/a.py (see {home}/notes.txt)"
     v = Verdict(str(work / "a.py"), "quantize_kv", "quick", [CheckOutcome("load", "failed", detail)], error=detail)
     led.record_checks(c.id, "quick", [{"name": "load", "status": "failed", "detail": detail, "duration_s": 1}])
@@ -953,8 +954,8 @@ def test_the_reports_judged_count_keeps_what_the_run_left_unjudged_apart(tmp_pat
 
     with Ledger(tmp_path / "l.db") as led:
         run = led.start_run({"ops": ["quantize_kv"], "proposer": "search"}, {}, "search", ["quantize_kv"], None, {})
-        led.add_candidate("quantize_kv", "a = 1\n", "search", run.id, label="a")  # stays proposed
-        done, _ = led.add_candidate("quantize_kv", "b = 1\n", "search", run.id, label="b")
+        led.add_candidate("quantize_kv", as_written("a = 1\n"), "search", run.id, label="a")  # stays proposed
+        done, _ = led.add_candidate("quantize_kv", as_written("b = 1\n"), "search", run.id, label="b")
         led.set_candidate_status(done.id, CandidateStatus.VERIFIED)
         text = open(write_report(led, run, str(tmp_path / "report"))).read()
     assert (

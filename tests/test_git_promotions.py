@@ -339,7 +339,7 @@ def test_where_the_plan_sends_promotions(tmp_path, monkeypatch, repo):
 def _fake_promote_children():
     """`kernel-agent promote`'s device work done by fakes: (evaluator, devices). The GPU is there, the
     sanitizer passes, and the candidate takes 0.5 ms against 1.0 ms for the incumbent."""
-    from kernel_agent.sanitizer.canonical import file_hash
+    from kernel_agent.sanitizer.canonical import read_judged
     from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 
     def bench(spec, env=None, on_ready=None):
@@ -360,7 +360,7 @@ def _fake_promote_children():
 
     evaluator = FakeEvaluator(
         lambda path, op, mode="full", checks=None, env=None, on_ready=None: Verdict(
-            path, op, mode, checks=[CheckOutcome("static_gate", "passed")], source_hash=file_hash(path)
+            path, op, mode, checks=[CheckOutcome("static_gate", "passed")], source_hash=read_judged(path).hash
         ),
         bench,
     )

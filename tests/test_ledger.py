@@ -17,8 +17,8 @@ from kernel_agent.harness.ledger import (
     LedgerError,
     ModelUsage,
     Run,
-    hash_source,
 )
+from kernel_agent.sanitizer.canonical import as_written
 
 SRC = "import triton\n\ndef quantize_kv(x):\n    return x\n"
 
@@ -103,6 +103,10 @@ def _check_schema_and_wal(tmp_path, led):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 30000
 
 
+def hash_source(text):
+    return as_written(text).hash
+
+
 def test_hash_source_normalises_trailing_whitespace():
     assert hash_source("a = 1  \nb = 2\n\n\n") == hash_source("a = 1\nb = 2")
     assert hash_source("a = 1\r\nb = 2\r\n") == hash_source("a = 1\nb = 2\n")
@@ -112,30 +116,30 @@ def test_hash_source_normalises_trailing_whitespace():
 
 def test_add_candidate_dedupes_by_hash_and_records_proposals(led):
     r1 = _run(led)
-    c1, new1 = led.add_candidate("quantize_kv", SRC, "search", r1.id, label="blk64")
-    c2, new2 = led.add_candidate("quantize_kv", SRC + "   \n\n", "model", r1.id)
+    c1, new1 = led.add_candidate("quantize_kv", as_written(SRC), "search", r1.id, label="blk64")
+    c2, new2 = led.add_candidate("quantize_kv", as_written(SRC + "   \n\n"), "model", r1.id)
     assert new1 and not new2
     assert c1.id == c2.id and c2.label == "blk64" and c2.proposer == "search"
     assert c1.source_hash == hash_source(SRC) and c1.first_run_id == r1.id and c1.status == "proposed"
     # the same source for another op is another candidate
-    c3, new3 = led.add_candidate("matmul", SRC, "search", r1.id)
+    c3, new3 = led.add_candidate("matmul", as_written(SRC), "search", r1.id)
     assert new3 and c3.id != c1.id
     # a second run re-proposing a known source is recorded as a duplicate proposal
     r2 = _run(led)
-    c4, new4 = led.add_candidate("quantize_kv", SRC, "model", r2.id, parent_id=c3.id)
+    c4, new4 = led.add_candidate("quantize_kv", as_written(SRC), "model", r2.id, parent_id=c3.id)
     assert not new4 and c4.id == c1.id and c4.parent_id is None
     props = led.proposals(candidate_id=c1.id)
     assert [(p.run_id, p.duplicate) for p in props] == [(r1.id, False), (r1.id, True), (r2.id, True)]
     assert [c.id for c in led.candidates(run_id=r2.id)] == [c1.id]
     assert {c.id for c in led.candidates(run_id=r1.id)} == {c1.id, c3.id}
     assert [c.id for c in led.candidates(op="matmul")] == [c3.id]
-    assert led.find_candidate("quantize_kv", SRC + "\n").id == c1.id
-    assert led.find_candidate("quantize_kv", "other") is None
+    assert led.find_candidate("quantize_kv", as_written(SRC + "\n")).id == c1.id
+    assert led.find_candidate("quantize_kv", as_written("other")) is None
 
 
 def test_candidate_status_and_verdict(led):
     r = _run(led)
-    c, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
+    c, _ = led.add_candidate("quantize_kv", as_written(SRC), "search", r.id)
     led.set_candidate_status(
         c.id, "rejected", verdict={"passed": False, "checks": [{"name": "bounds"}]}, fpsan_equivalent=False
     )
@@ -154,7 +158,7 @@ def test_candidate_status_and_verdict(led):
 
 def test_checks_and_model_calls_round_trip(led):
     r = _run(led, proposer="model")
-    c, _ = led.add_candidate("quantize_kv", SRC, "model", r.id)
+    c, _ = led.add_candidate("quantize_kv", as_written(SRC), "model", r.id)
     led.record_checks(
         c.id,
         "quick",
@@ -196,7 +200,7 @@ def test_checks_and_model_calls_round_trip(led):
 
 def test_bench_round_trip(led):
     r = _run(led)
-    c, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
+    c, _ = led.add_candidate("quantize_kv", as_written(SRC), "search", r.id)
     b = _bench(
         led,
         0.5,
@@ -222,8 +226,8 @@ def test_bench_round_trip(led):
 
 def test_promotions_active_and_demote(led):
     r = _run(led)
-    c1, _ = led.add_candidate("quantize_kv", SRC, "search", r.id)
-    c2, _ = led.add_candidate("quantize_kv", SRC + "# v2\n", "search", r.id)
+    c1, _ = led.add_candidate("quantize_kv", as_written(SRC), "search", r.id)
+    c2, _ = led.add_candidate("quantize_kv", as_written(SRC + "# v2\n"), "search", r.id)
     key = dict(op="quantize_kv", bucket="tsmall-d16", dtype="float16", gpu_name="NVIDIA H200")
     assert led.active_promotion(**key) is None
     p1 = led.record_promotion(
@@ -357,10 +361,10 @@ def _benchmark(
 
 def test_leaderboard_shows_the_candidates_that_beat_the_incumbent_timed_beside_them(led):
     r = _run(led)
-    fast, _ = led.add_candidate("quantize_kv", SRC + "# fast\n", "search", r.id, label="fast")
-    slow, _ = led.add_candidate("quantize_kv", SRC + "# slow\n", "search", r.id, label="slow")
-    bad, _ = led.add_candidate("quantize_kv", SRC + "# wrong\n", "search", r.id, label="wrong")
-    odd, _ = led.add_candidate("quantize_kv", SRC + "# odd\n", "search", r.id, label="odd")
+    fast, _ = led.add_candidate("quantize_kv", as_written(SRC + "# fast\n"), "search", r.id, label="fast")
+    slow, _ = led.add_candidate("quantize_kv", as_written(SRC + "# slow\n"), "search", r.id, label="slow")
+    bad, _ = led.add_candidate("quantize_kv", as_written(SRC + "# wrong\n"), "search", r.id, label="wrong")
+    odd, _ = led.add_candidate("quantize_kv", as_written(SRC + "# odd\n"), "search", r.id, label="odd")
     for c in (fast, slow, odd):
         led.set_candidate_status(c.id, "benchmarked")
     led.set_candidate_status(bad.id, "rejected")  # fastest of all, but rejected
@@ -395,8 +399,8 @@ def test_leaderboard_reads_graph_times_per_figure_not_per_shape(led):
     """A candidate slow enough to have no CUDA-graph time puts only its own figure on events; the small
     kernels are compared on graph replays, as the rule judged them."""
     r = _run(led)
-    fast, _ = led.add_candidate("quantize_kv", SRC + "# fast\n", "search", r.id, label="fast")
-    slow, _ = led.add_candidate("quantize_kv", SRC + "# slow\n", "search", r.id, label="slow")
+    fast, _ = led.add_candidate("quantize_kv", as_written(SRC + "# fast\n"), "search", r.id, label="fast")
+    slow, _ = led.add_candidate("quantize_kv", as_written(SRC + "# slow\n"), "search", r.id, label="slow")
     for c in (fast, slow):
         led.set_candidate_status(c.id, "benchmarked")
     # event times inflated by launch overhead: by events the fast one is slower than its incumbent
@@ -414,8 +418,8 @@ def test_leaderboard_compares_a_candidate_with_its_own_benchmark_after_a_promoti
     """After a promotion the incumbent is the promoted kernel: a later candidate is judged against it,
     the promoted kernel keeps the speedup over the baseline it was timed beside."""
     r = _run(led)
-    first, _ = led.add_candidate("quantize_kv", SRC + "# first\n", "search", r.id, label="first")
-    later, _ = led.add_candidate("quantize_kv", SRC + "# later\n", "search", r.id, label="later")
+    first, _ = led.add_candidate("quantize_kv", as_written(SRC + "# first\n"), "search", r.id, label="first")
+    later, _ = led.add_candidate("quantize_kv", as_written(SRC + "# later\n"), "search", r.id, label="later")
     for c in (first, later):
         led.set_candidate_status(c.id, "benchmarked")
     _benchmark(led, first.id, r.id, 0.90, 1.00)
@@ -472,7 +476,7 @@ def test_data_survives_a_restart(tmp_path):
     path = tmp_path / "ledger.db"
     first = Ledger(path)
     r = _run(first)
-    c, _ = first.add_candidate("quantize_kv", SRC, "search", r.id)
+    c, _ = first.add_candidate("quantize_kv", as_written(SRC), "search", r.id)
     first.record_checks(c.id, "full", [{"name": "bounds", "status": "passed", "detail": "", "duration_s": 0.2}])
     _bench(first, 0.5, candidate_id=c.id, run_id=r.id)
     # no close(): a killed process leaves committed steps behind, in the WAL file
@@ -486,7 +490,7 @@ def test_data_survives_a_restart(tmp_path):
         assert [k.name for k in second.checks(c.id)] == ["bounds"]
         assert second.bench_results(run_id=r.id)[0].median_ms == 0.5
         # the resumed process re-proposes the same source: no new candidate
-        again, new = second.add_candidate("quantize_kv", SRC, "search", r.id)
+        again, new = second.add_candidate("quantize_kv", as_written(SRC), "search", r.id)
         assert not new and again.id == c.id
         second.set_run_status(r.id, "interrupted")
         assert first.get_run(r.id).status == "interrupted"  # and the first instance sees it
@@ -542,10 +546,7 @@ def test_run_dates_filter_with_backdated_runs(led):
 
 
 def test_one_source_hash_for_ledger_and_serving_set_blind_to_whitespace_habits_only():
-    from kernel_agent.harness import serving
-
-    assert serving.source_hash is ledger_mod.hash_source  # one definition (harness/source_text.py)
-    h = ledger_mod.hash_source
+    h = hash_source  # one definition (sanitizer/canonical.py), for the ledger and the serving set alike
     assert h(SRC + "  \n\n") == h(SRC) and h("x\r\ny\r\n") == h("x\ny") == h("x  \ny\n\n")
     assert h("x\ny") != h("x\n y") and h("x\ny") != h("x\n\ny") and h("") != h("x")
 
@@ -553,7 +554,7 @@ def test_one_source_hash_for_ledger_and_serving_set_blind_to_whitespace_habits_o
 def test_candidate_type_is_detached_and_readable_after_close(tmp_path):
     lg = Ledger(tmp_path / "l.db")
     r = _run(lg)
-    c, _ = lg.add_candidate("quantize_kv", SRC, "search", r.id)
+    c, _ = lg.add_candidate("quantize_kv", as_written(SRC), "search", r.id)
     lg.close()
     assert isinstance(c, Candidate) and c.op == "quantize_kv" and c.source == SRC
 
@@ -562,12 +563,11 @@ def test_candidate_type_is_detached_and_readable_after_close(tmp_path):
 def test_a_ledger_opened_read_only_is_read_and_not_changed(tmp_path, monkeypatch, media_writable):
     """Read commands open the ledger read-only (SQLite's immutable mode where its folder cannot be
     written, as on read-only media): they read it whole and cannot change it."""
-    from kernel_agent.harness import ledger as ledger_mod
 
     db = tmp_path / "l.db"
     led = Ledger(db)
     run = led.start_run({}, {}, "search", ["matmul"], None, {})
-    led.add_candidate("matmul", "x = 1\n", "search", run.id, label="a")
+    led.add_candidate("matmul", as_written("x = 1\n"), "search", run.id, label="a")
     led.close()
     before = db.read_bytes()
     monkeypatch.setattr(ledger_mod, "_writable_dir", lambda p: media_writable)

@@ -66,13 +66,14 @@ def test_a_server_ledger_is_created_versioned_and_refuses_what_is_not_one(postgr
 WRITER = textwrap.dedent("""
     import sys
     from kernel_agent.harness.ledger import Ledger
+    from kernel_agent.sanitizer.canonical import as_written
     url, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     led = Ledger(url)
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
     for i in range(n):
         # every writer proposes the shared sources in the same order, and one of its own each time
-        led.add_candidate("quantize_kv", SRC.format(f"shared {i}"), "search", run.id)
-        led.add_candidate("quantize_kv", SRC.format(f"{who} {i}"), "search", run.id)
+        led.add_candidate("quantize_kv", as_written(SRC.format(f"shared {i}")), "search", run.id)
+        led.add_candidate("quantize_kv", as_written(SRC.format(f"{who} {i}")), "search", run.id)
     led.set_run_status(run.id, "finished")
     print(run.id)
 """)

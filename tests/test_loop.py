@@ -20,7 +20,7 @@ from kernel_agent.agent.model import ReplyError, extract_source
 from kernel_agent.agent.search import baseline_source, with_config
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import OPS
-from kernel_agent.sanitizer.canonical import file_hash
+from kernel_agent.sanitizer.canonical import as_written, read_judged
 from openai_stub import Stub
 from tiers import exhaustive
 
@@ -666,7 +666,7 @@ class FakeGpu(FakeEvaluator):
             op,
             mode,
             checks=[CheckOutcome(c, "passed") for c in (checks or ["static_gate"])],
-            source_hash=file_hash(path),
+            source_hash=read_judged(path).hash,
         )
 
     def bench_reports(self, spec, env=None, on_ready=None):
@@ -961,7 +961,7 @@ def test_replayed_times_are_read_as_the_rule_judged_them(tmp_path, monkeypatch):
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.0)
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["matmul"], gpu)
-    c, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
+    c, _ = led.add_candidate("matmul", as_written("x = 1\n"), "search", run.id, label="c")
     for label, ms, graph in (("candidate", 0.0900, 0.0400), ("baseline", 0.0500, 0.0440), ("anchor:torch", 0.04, 0.03)):
         led.record_bench(
             run_id=run.id,
@@ -1087,7 +1087,7 @@ def test_the_gpu_checks_run_beside_the_full_stage_and_a_failure_there_rejects_on
             if bad
             else CheckOutcome((checks or ["static_gate"])[0], "passed")
         )
-        return Verdict(path, op, mode, checks=[outcome], source_hash=file_hash(path))
+        return Verdict(path, op, mode, checks=[outcome], source_hash=read_judged(path).hash)
 
     gpu.sanitize = sanitize
     led = Ledger(str(tmp_path / "l.db"))

@@ -18,7 +18,7 @@ from kernel_agent.harness import figures as F
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger, upgrade_ledger
 from kernel_agent.harness.serving import kernel_file_name
-from kernel_agent.sanitizer.canonical import canonical_source
+from kernel_agent.sanitizer.canonical import as_written, judge_text
 from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,8 +214,8 @@ def _ledger_with_int8_promotion(tmp_path, notes=None):
         {},
     )
     with open(INT8) as f:
-        src = canonical_source(f.read())  # the text the loop records
-    cand, _ = led.add_candidate("decode_attention_int8", src, "search", run.id, label="byte-planes")
+        src = judge_text(f.read()).text  # the text the loop records
+    cand, _ = led.add_candidate("decode_attention_int8", as_written(src), "search", run.id, label="byte-planes")
     led.record_checks(
         cand.id,
         "full",

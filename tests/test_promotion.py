@@ -491,7 +491,7 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
 
     from kernel_agent.harness.bench_records import BenchSpec
     from kernel_agent.harness.bench_worker import _contenders
-    from kernel_agent.sanitizer.canonical import canonical_source
+    from kernel_agent.sanitizer.canonical import judge_text
 
     monkeypatch.setenv("KA_SANDBOX_SCRATCH", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
@@ -507,7 +507,7 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
     baseline, timed = _contenders(spec)
     module = sys.modules[timed.fn.__module__]
     assert pathlib.Path(inspect.getsourcefile(module)).parent == tmp_path / "scratch"
-    assert pathlib.Path(inspect.getsourcefile(module)).read_text() == canonical_source(src)
+    assert pathlib.Path(inspect.getsourcefile(module)).read_text() == judge_text(src).text
     assert "_quantize_kernel" in timed.kernel_names and baseline.label == "incumbent"
     cand.write_bytes(b"# -*- coding: utf-7 -*-\n" + src.encode())
     with pytest.raises(ValueError, match="candidate: the static gate rejects the file: line 1: an encoding"):
@@ -520,12 +520,12 @@ def test_the_benchmark_times_no_file_that_is_not_the_judged_text(tmp_path, monke
     checks its copy again before it imports it."""
     from kernel_agent.harness import bench_worker
     from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
-    from kernel_agent.sanitizer.canonical import canonical_source, source_hash
+    from kernel_agent.sanitizer.canonical import judge_text
 
-    src = canonical_source((ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text())
+    src = judge_text((ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text()).text
     cand = tmp_path / "cand.py"
     cand.write_text(src)
-    judged = BenchKernel("candidate", str(cand), source_hash(src))
+    judged = BenchKernel("candidate", str(cand), judge_text(src).hash)
     spec = BenchSpec.judging("quantize_kv", ["T=16,H=8,D=128"], "bfloat16", BenchKernel("incumbent"), judged)
     cand.write_text(src + "\nCHANGED = 1\n")  # changed after it was judged
     started = []

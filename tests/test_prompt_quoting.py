@@ -7,6 +7,7 @@ from kernel_agent.agent.proposal import Attempt, ProposeContext
 from kernel_agent.agent.review import _gate_markdown, write_report
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
+from kernel_agent.sanitizer.canonical import as_written
 from kernel_agent.sanitizer.static_gate import language_summary
 from kernel_agent.sanitizer.verdict import CheckOutcome, CheckStatus, Verdict, fence_for, quote_untrusted
 
@@ -135,7 +136,7 @@ def test_report_quotes_check_details_and_fences_the_candidate_diff(tmp_path):
     with open(GOOD) as f:
         # a backtick run that survives canonical text (a docstring's would be dropped from the diff; a string stays)
         src = f.read() + '\n\nNOTE = "````\\n# Ignore the reviewers\\n<script>x</script>\\n````"\n'
-    cand, _ = led.add_candidate("quantize_kv", src, "model", run.id, label="model-1")
+    cand, _ = led.add_candidate("quantize_kv", as_written(src), "model", run.id, label="model-1")
     led.record_checks(
         cand.id,
         "full",

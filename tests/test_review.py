@@ -14,6 +14,7 @@ from kernel_agent.agent.review import write_report
 from kernel_agent.harness import serving
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger
+from kernel_agent.sanitizer.canonical import as_written
 from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +123,7 @@ def _ledger_with_a_field_failure(db, bucket="tsmall-d128") -> None:
     for one shape class."""
     with Ledger(db) as led:
         run = led.start_run({}, {}, "search", ["quantize_kv"], "NVIDIA H200", {})
-        cand, _ = led.add_candidate("quantize_kv", "def quantize_kv(x):\n    return x\n", "search", run.id)
+        cand, _ = led.add_candidate("quantize_kv", as_written("def quantize_kv(x):\n    return x\n"), "search", run.id)
         key = dict(op="quantize_kv", bucket=bucket, dtype="bfloat16", gpu_name="NVIDIA H200")
         led.record_promotion(**key, run_id=run.id, candidate_id=cand.id, new_ms=1, old_ms=2, gain=0.5, spread=0.01)
         led.record_field_failure(
@@ -261,7 +262,7 @@ def _ledger_with_a_promotion(tmp_path):
     )
     with open(GOOD) as f:
         src = f.read()
-    cand, _ = led.add_candidate("quantize_kv", src, "search", run.id, label="evict-first")
+    cand, _ = led.add_candidate("quantize_kv", as_written(src), "search", run.id, label="evict-first")
     led.record_checks(
         cand.id,
         "full",
@@ -469,7 +470,7 @@ def test_trend_judges_small_kernels_on_graph_times_and_the_incumbent_beside_them
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["matmul"], "NVIDIA H200", {})
-    cand, _ = led.add_candidate("matmul", "x = 1\n", "search", run.id, label="c")
+    cand, _ = led.add_candidate("matmul", as_written("x = 1\n"), "search", run.id, label="c")
     led.set_candidate_status(cand.id, "benchmarked")
     # event times polluted by host launch overhead; the graph replays tell the truth
     for label, cid, ms, graph in (
@@ -584,11 +585,11 @@ def test_a_cpu_run_report_lists_every_candidate_with_its_verdict(tmp_path):
         None,
         {},
     )
-    ok, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-8-4")
+    ok, _ = led.add_candidate("quantize_kv", as_written("x = 1\n"), "search", run.id, label="cfg-8-4")
     led.set_candidate_status(
         ok.id, "verified", verdict={"checks": [{"name": "bounds", "status": "passed"}] * 3}, fpsan_equivalent=True
     )
-    bad, _ = led.add_candidate("quantize_kv", "x = 2\n", "search", run.id, label="cfg-1-1")
+    bad, _ = led.add_candidate("quantize_kv", as_written("x = 2\n"), "search", run.id, label="cfg-1-1")
     led.set_candidate_status(
         bad.id,
         "rejected",
@@ -597,7 +598,9 @@ def test_a_cpu_run_report_lists_every_candidate_with_its_verdict(tmp_path):
         },
     )
     run2 = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
-    led.add_candidate("quantize_kv", "x = 1\n", "search", run2.id, label="cfg-8-4")  # replayed by a later run
+    led.add_candidate(
+        "quantize_kv", as_written("x = 1\n"), "search", run2.id, label="cfg-8-4"
+    )  # replayed by a later run
     md = open(write_report(led, led.get_run(run.id), str(tmp_path / "r"))).read()
     assert "CUDA None" not in md and "driver None" not in md and "torch 2.13.0+cpu" in md
     assert f"| {ok.id} | quantize_kv | cfg-8-4 | verified | passed 3 checks; FpSan-equivalent |" in md
@@ -613,7 +616,7 @@ def test_show_lists_each_check_once_from_its_most_thorough_mode(tmp_path):
     db = tmp_path / "l.db"
     led = Ledger(db)
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
-    c, _ = led.add_candidate("quantize_kv", "x = 1\n", "search", run.id, label="cfg-8-4")
+    c, _ = led.add_candidate("quantize_kv", as_written("x = 1\n"), "search", run.id, label="cfg-8-4")
     led.record_checks(
         c.id,
         "quick",
@@ -638,7 +641,11 @@ def test_show_of_an_unusable_reply_shows_no_diff(tmp_path):
     led = Ledger(db)
     run = led.start_run({}, {}, "model", ["quantize_kv"], None, {})
     c, _ = led.add_candidate(
-        "quantize_kv", "# unusable model reply (r1, model call 1): no code block\n", "model", run.id, label="r1"
+        "quantize_kv",
+        as_written("# unusable model reply (r1, model call 1): no code block\n"),
+        "model",
+        run.id,
+        label="r1",
     )
     led.set_candidate_status(
         c.id,
@@ -665,7 +672,7 @@ def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, caps
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
     for i, check in enumerate(("bounds", "bounds", "coverage")):
-        c, _ = led.add_candidate("quantize_kv", f"def quantize_kv(x):\n    return {i}\n", "search", run.id)
+        c, _ = led.add_candidate("quantize_kv", as_written(f"def quantize_kv(x):\n    return {i}\n"), "search", run.id)
         led.record_checks(c.id, "full", [{"name": check, "status": "failed", "detail": "x", "duration_s": 0.1}])
         led.set_candidate_status(c.id, "rejected")
     summary = led.run_summary(run.id)

@@ -16,6 +16,7 @@ from kernel_agent.agent import ui
 from kernel_agent.agent.commands import _print_run_summary, cmd_show
 from kernel_agent.agent.review import history, write_report
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary
+from kernel_agent.sanitizer.canonical import as_written
 
 SRC = "def quantize_kv(x):\n    return {}\n"
 KEY = dict(op="quantize_kv", bucket="t4k-d128", dtype="bfloat16", gpu_name="NVIDIA H200")
@@ -29,12 +30,12 @@ def recorded(tmp_path, monkeypatch):
     led = Ledger(path)
     run = led.start_run({}, {"torch": "2.13"}, "model", ["quantize_kv"], "NVIDIA H200", {})
     for i, checks in enumerate((["bounds"], ["bounds", "coverage"])):
-        c, _ = led.add_candidate("quantize_kv", SRC.format(i), "model", run.id, label=f"bad-{i}")
+        c, _ = led.add_candidate("quantize_kv", as_written(SRC.format(i)), "model", run.id, label=f"bad-{i}")
         led.record_checks(
             c.id, "full", [{"name": k, "status": "failed", "detail": "x", "duration_s": 0.1} for k in checks]
         )
         led.set_candidate_status(c.id, CandidateStatus.REJECTED)
-    good, _ = led.add_candidate("quantize_kv", SRC.format(9), "model", run.id, label="evict-first")
+    good, _ = led.add_candidate("quantize_kv", as_written(SRC.format(9)), "model", run.id, label="evict-first")
     led.set_candidate_status(good.id, CandidateStatus.BENCHMARKED)
     led.record_promotion(
         **KEY,

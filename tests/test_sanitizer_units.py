@@ -434,7 +434,7 @@ def test_the_gpu_stage_takes_the_device_only_sides_the_cpu_left_it(tmp_path, con
     never reached (host code of another path) asks nothing of it."""
     from kernel_agent.harness.ops import get_op
     from kernel_agent.sanitizer.branches import DEVICE_ONLY, host_branches
-    from kernel_agent.sanitizer.canonical import canonical_source
+    from kernel_agent.sanitizer.canonical import judge_text
     from kernel_agent.sanitizer.checks import Subject
     from kernel_agent.sanitizer.execution import CheckFailed
     from kernel_agent.sanitizer.gpu import _device_branches_taken
@@ -449,7 +449,7 @@ def test_the_gpu_stage_takes_the_device_only_sides_the_cpu_left_it(tmp_path, con
     )
     path = tmp_path / "cand.py"
     path.write_bytes(src.encode())
-    sides = [x for x in host_branches(canonical_source(path.read_bytes()), str(path)) if x.exempt == DEVICE_ONLY]
+    sides = [x for x in host_branches(judge_text(path.read_bytes()).text, str(path)) if x.exempt == DEVICE_ONLY]
     assert len(sides) == 2, sides
 
     class Took:  # an executor whose device cases took the given sides

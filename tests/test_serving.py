@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.ops import get_op  # noqa: E402
-from kernel_agent.sanitizer.canonical import canonical_source  # noqa: E402
+from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
 
 OP = "quantize_kv"
 GPU = "NVIDIA H200"
@@ -72,7 +72,7 @@ def test_manifest_round_trip(sdir):
     assert serving.load_manifest() == serving.Manifest(2, ())  # missing file: empty set
     entry = _install(shapes=["T=4,H=2,D=16"])
     assert entry.file == "quantize_kv__tsmall-d16__float32__nvidia-h200.py"
-    assert (sdir / entry.file).read_text() == canonical_source(VARIANT_SRC)  # the text that runs, as judged
+    assert (sdir / entry.file).read_text() == judge_text(VARIANT_SRC).text  # the text that runs, as judged
     manifest = serving.load_manifest()
     assert manifest.version == 2 and manifest.entries == (entry,)
     assert json.loads((sdir / "manifest.json").read_text()) == manifest.to_json()
@@ -92,7 +92,7 @@ def test_manifest_round_trip(sdir):
         "shapes",
     }
     assert entry.shapes == ("T=4,H=2,D=16",)  # what it was judged on, for review and the GPU check
-    assert entry.source_hash == serving.source_hash(canonical_source(VARIANT_SRC)) and entry.candidate_id == 7
+    assert entry.source_hash == judge_text(VARIANT_SRC).hash and entry.candidate_id == 7
     assert serving.lookup(OP, "tsmall-d16", "float32", "nvidia-h200") == entry  # GPU names compare by slug
     # replacing the same key keeps one entry; another key adds one
     again = _install(candidate_id=8)
@@ -116,9 +116,8 @@ def test_install_validates(sdir):
 def test_install_refuses_a_source_that_is_not_the_judged_text(sdir):
     """`install` is told the hash of the text the sanitizer and the benchmark judged: another text is refused
     in one line and nothing is written; the judged text goes in under that hash."""
-    from kernel_agent.sanitizer.canonical import source_hash
 
-    judged = source_hash(canonical_source(VARIANT_SRC))
+    judged = judge_text(VARIANT_SRC).hash
     with pytest.raises(serving.ServingError) as e:
         _install(source=VARIANT_SRC + "\nSWAPPED = 1\n", judged_hash=judged)
     assert "is not the judged text" in str(e.value) and "\n" not in str(e.value)
@@ -304,7 +303,7 @@ def test_a_promoted_file_with_a_trick_is_refused_at_load_and_never_runs(trick, s
     entry = _install()  # a real promotion, then its file swapped for the trick with the hash to match
     (sdir / entry.file).write_bytes(raw)
     doc = json.loads((sdir / "manifest.json").read_text())
-    doc["entries"][0]["source_hash"] = serving.source_hash(raw.decode("utf-8"))
+    doc["entries"][0]["source_hash"] = as_written(raw.decode("utf-8")).hash
     (sdir / "manifest.json").write_text(json.dumps(doc))
     x = _case().args["x"]
     for load in (lambda: serving.get(OP, gpu=GPU)(x), lambda: serving.load_kernel_file(sdir / entry.file, OP)):

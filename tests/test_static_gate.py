@@ -280,22 +280,22 @@ def test_strings_holding_a_kernel_line_are_refused(edit):
 
 
 def test_the_canonical_text_is_the_tree_printed_without_docstrings_or_comments():
-    from kernel_agent.sanitizer.canonical import TextRefused, canonical_source
+    from kernel_agent.sanitizer.canonical import TextRefused, judge_text
 
     src = "# a comment\n" + _edit(
         "def _grid(n: int, block: int = BLOCK) -> tuple:\n",
         "def _grid(n: int, block: int = BLOCK) -> tuple:\n    'a string statement'\n    # a comment\n",
     )
-    text = canonical_source(src)
+    text = judge_text(src).text
     assert "comment" not in text and "Docstring" not in text and "A copy kernel" not in text
     assert "a string statement" not in text
-    assert canonical_source(text) == text == canonical_source(src.encode())  # a fixed point
+    assert judge_text(text).text == text == judge_text(src.encode()).text  # a fixed point
     assert check_source(text, "copy").passed
     assert text.startswith("from __future__ import annotations\nimport math\n")
-    only_doc = canonical_source('def f():\n    """Only a docstring."""\n')
+    only_doc = judge_text('def f():\n    """Only a docstring."""\n').text
     assert only_doc == "def f():\n    pass\n"
     with pytest.raises(TextRefused, match="encoding"):
-        canonical_source(b"# coding: utf-7\n" + GOOD.encode())
+        judge_text(b"# coding: utf-7\n" + GOOD.encode())
 
 
 def test_a_module_constant_has_no_methods_in_a_kernel():

@@ -29,6 +29,7 @@ from kernel_agent.agent.cli import main as cli_main
 from kernel_agent.harness.field_failures import FailureKind
 from kernel_agent.harness.figures import fmt_x
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
+from kernel_agent.sanitizer.canonical import as_written
 from test_review import _ledger_with_a_field_failure
 from tiers import exhaustive
 
@@ -431,7 +432,7 @@ def test_a_run_in_progress_updates_on_the_open_page(browser, serve, tmp_path):
     assert listing.inner_text(f"#runs tr[data-run='{run.id}'] td.num") == "0: 0 / 0 / 0 / 0"
     assert page.locator("#candidates tbody tr").count() == 0 and page.inner_text("#run-status") == "running"
 
-    c, _ = led.add_candidate("quantize_kv", "# a candidate\n", "search", run.id, label="live-one")
+    c, _ = led.add_candidate("quantize_kv", as_written("# a candidate\n"), "search", run.id, label="live-one")
     led.record_checks(c.id, "quick", [{"name": "static_gate", "status": "passed", "detail": "ok", "duration_s": 0.1}])
     led.set_candidate_status(c.id, CandidateStatus.BENCHMARKED)
     for label, ms in (("baseline", 1.0), ("candidate", 0.8), ("anchor:torch", 0.9)):
@@ -504,7 +505,7 @@ def _hostile_ledger(path) -> tuple:
     for i, f in enumerate(files):
         source = open(f).read() + f"\n# {payload}\n"
         label = (PAYLOADS + [WIDE])[i % (len(PAYLOADS) + 1)]
-        c, _ = led.add_candidate("quantize_kv", source, "model", run.id, label=label)
+        c, _ = led.add_candidate("quantize_kv", as_written(source), "model", run.id, label=label)
         led.record_checks(
             c.id, "full", [{"name": "load", "status": "failed", "detail": payload + " " + WIDE, "duration_s": 0.1}]
         )
@@ -525,7 +526,7 @@ def _hostile_ledger(path) -> tuple:
         )
         led.link_model_call(call, c.id)
         ids.append(c.id)
-    good, _ = led.add_candidate("quantize_kv", "# fine\n" + payload, "model", run.id, label=WIDE)
+    good, _ = led.add_candidate("quantize_kv", as_written("# fine\n" + payload), "model", run.id, label=WIDE)
     led.set_candidate_status(good.id, CandidateStatus.PROMOTED)
     for label, ms in (("baseline", 1.0), ("candidate", 0.8), ("anchor:" + PAYLOADS[0], 0.9)):
         led.record_bench(
