@@ -39,6 +39,7 @@ from ..harness.run_hold import RunHold
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from ..sanitizer.canonical import TextRefused, canonical_source, source_hash
 from ..sanitizer.report import merge_gpu
+from ..sanitizer.verdict import SanitizerMode
 from . import ui
 from .cli_common import (
     UsageError,
@@ -1198,7 +1199,7 @@ def _print_checks(checks) -> None:
     if checks:
         # one row per check, from the most thorough mode that ran it (the quick stage repeats the full
         # stage's checks on fewer cases), and one line per mode with its totals
-        rank = {"quick": 0, "full": 1, "gpu": 2}
+        rank = {mode: i for i, mode in enumerate(SanitizerMode)}  # (declared from the least thorough)
         best: Dict[str, Any] = {}
         for k in checks:
             if k.name not in best or rank.get(k.mode, 0) >= rank.get(best[k.name].mode, 0):
@@ -1316,8 +1317,9 @@ def _promoted_text(path: str) -> str:
 def _sanitize_promoted(args, led, evaluator: Evaluator, run_id: str, cid: int) -> bool:
     """The full sanitizer and the GPU checks on the file, recorded; False (and the run finished) if rejected."""
     ui.line(f"candidate #{cid}: sanitizing (full + GPU checks)...")
-    v = merge_gpu(evaluator.sanitize(args.file, args.op, "full"), evaluator.sanitize(args.file, args.op, "gpu"))
-    led.record_checks(cid, "full", [dataclasses.asdict(c) for c in v.checks])
+    cpu = evaluator.sanitize(args.file, args.op, SanitizerMode.FULL)
+    v = merge_gpu(cpu, evaluator.sanitize(args.file, args.op, SanitizerMode.GPU))
+    led.record_checks(cid, SanitizerMode.FULL, [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
         led.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=v.to_json())
         led.set_run_status(run_id, RunStatus.FINISHED, finished=True)

@@ -19,7 +19,7 @@ from ..harness.env import versions
 from ..harness.ledger import Candidate, CandidateStatus, Ledger, hash_source, row_time
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
-from ..sanitizer.verdict import CheckOutcome, CheckStatus, Verdict, is_time_limit
+from ..sanitizer.verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict, is_time_limit
 from .placement import BenchTask
 from .proposal import Attempt, Proposal, ProposeContext, ProposerThread
 from .publish import PromotionRequest, ServingTarget, publish_choices, publish_promotion
@@ -128,7 +128,7 @@ class Recorder:
 
     def stage_done(self, cid: int, mode: Stage, checks: Optional[Sequence[str]]) -> Optional[bool]:
         """A stage this candidate already finished (a resume): True passed, False failed, None not run."""
-        done = self._since_time_limit(cid, mode, self.ledger.checks(cid, mode=mode.value))
+        done = self._since_time_limit(cid, mode, self.ledger.checks(cid, mode=mode.mode))
         if done and (checks is None or {c.name for c in done} >= set(checks)):
             return all(c.status != CheckStatus.FAILED for c in done)
         return None
@@ -165,7 +165,7 @@ class Recorder:
             error=p.rejected,
             source_hash=hash_source(body),
         )
-        self.ledger.record_checks(cand.id, Stage.QUICK.value, [asdict(c) for c in verdict.checks])
+        self.ledger.record_checks(cand.id, SanitizerMode.QUICK, [asdict(c) for c in verdict.checks])
         self.ledger.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=verdict.to_json())
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
@@ -180,7 +180,7 @@ class Recorder:
             return self._judged_other_text(works, mode, v)
         if not v.passed and is_time_limit(v.error):
             return self._not_verified(works, mode, v)
-        self.ledger.record_checks(cid, mode.value, [asdict(c) for c in v.checks])
+        self.ledger.record_checks(cid, mode.mode, [asdict(c) for c in v.checks])
         if v.passed:
             if mode == Stage.FULL:
                 self.ledger.set_candidate_status(
@@ -200,7 +200,7 @@ class Recorder:
     def record_checks_beside(self, works: Sequence[Work], mode: Stage, v: Verdict) -> None:
         """The checks of a stage that ran beside the one that rejected the candidate: kept, nothing follows."""
         if v.source_hash == works[0].source_hash:
-            self.ledger.record_checks(works[0].cid, mode.value, [asdict(c) for c in v.checks])
+            self.ledger.record_checks(works[0].cid, mode.mode, [asdict(c) for c in v.checks])
 
     def _other_text(self, w: Work, mode: Stage, v: Verdict) -> str:
         """Why a verdict does not count for the candidate: it is about another text (the file changed after the
@@ -238,7 +238,7 @@ class Recorder:
             else k
             for k in v.checks
         ]
-        self.ledger.record_checks(cid, mode.value, [asdict(k) for k in checks])
+        self.ledger.record_checks(cid, mode.mode, [asdict(k) for k in checks])
         c = self.ledger.candidate(cid)
         if c is not None and c.status == CandidateStatus.PROPOSED:  # (a verified one keeps its full verdict)
             self.ledger.set_candidate_status(cid, CandidateStatus.PROPOSED, verdict=v.to_json())
@@ -354,7 +354,7 @@ class Recorder:
             )
             return False
         self.ledger.record_checks(
-            w.cid, Stage.GPU.value, [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS]
+            w.cid, SanitizerMode.GPU, [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS]
         )
         if not v.passed:
             self.ledger.set_candidate_status(w.cid, CandidateStatus.REJECTED, verdict=v.to_json())

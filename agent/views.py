@@ -19,7 +19,7 @@ from ..harness.config_variant import split_stored, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
 from ..harness.ledger import Ledger, Run, RunStatus, RunSummary, hash_source
 from ..sanitizer.canonical import TextRefused, canonical_source
-from ..sanitizer.verdict import CheckStatus, quote_untrusted
+from ..sanitizer.verdict import CheckStatus, SanitizerMode, quote_untrusted
 from .throughput import session_lines
 
 
@@ -371,7 +371,7 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
     )
 
 
-def seed_of(led, cid: int, mode: str = "full") -> Optional[int]:
+def seed_of(led, cid: int, mode: SanitizerMode = SanitizerMode.FULL) -> Optional[int]:
     """The seed base the sanitizer (`mode`) drew its inputs from, where its `load` check recorded it."""
     for k in led.checks(cid, mode=mode):
         m = re.search(r"seed base (\d+)", k.detail or "")
@@ -388,12 +388,12 @@ def extract_command(cid: int, ledger_flag: str, dest: str) -> str:
     )
 
 
-def reproduce_check(led: Ledger, c, mode: str) -> str:
+def reproduce_check(led: Ledger, c, mode: SanitizerMode) -> str:
     """The commands that run the stage (`mode`) that failed a check again, on the same inputs where the
     stage recorded its seed: the source out of the ledger, then the sanitizer."""
     dest = f"candidate-{c.id}.py"
-    seed = seed_of(led, c.id, mode if mode != "gpu" else "full")
-    flags = {"quick": " --quick", "gpu": " --gpu on"}.get(mode, "")
+    seed = seed_of(led, c.id, mode if mode != SanitizerMode.GPU else SanitizerMode.FULL)
+    flags = {SanitizerMode.QUICK: " --quick", SanitizerMode.GPU: " --gpu on"}.get(mode, "")
     return (
         extract_command(c.id, f" --ledger {shlex.quote(led.shown)}", dest)
         + "\n"

@@ -64,7 +64,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-from ..sanitizer.verdict import CheckStatus, Verdict
+from ..sanitizer.verdict import CheckStatus, SanitizerMode, Verdict
 from . import figures as _figures
 from . import ledger_migrations as _migrations
 from .field_failures import FailureKind, FieldFailure
@@ -110,7 +110,7 @@ class CandidateStatus(str, Enum):
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 CANDIDATE_STATUSES = tuple(s.value for s in CandidateStatus)
 CHECK_STATUSES = tuple(s.value for s in CheckStatus)
-CHECK_MODES = ("quick", "full", "gpu")
+CHECK_MODES = tuple(m.value for m in SanitizerMode)
 CEILING_KINDS = ("compute", "memory")
 
 
@@ -1176,7 +1176,7 @@ class Ledger:
             return list(s.scalars(q.order_by(Proposal.id)))
 
     # -- checks -------------------------------------------------------------------------
-    def record_checks(self, cid: int, mode: str, checks: Iterable[Mapping[str, Any]]) -> list[CheckResult]:
+    def record_checks(self, cid: int, mode: SanitizerMode, checks: Iterable[Mapping[str, Any]]) -> list[CheckResult]:
         """Store a sanitizer pass's checks for a candidate. Each check has name, status
         ('passed'|'failed'|'skipped'; a bool `passed` is accepted instead), detail and
         duration_s."""
@@ -1207,7 +1207,7 @@ class Ledger:
             s.add_all(rows)
         return rows
 
-    def checks(self, cid: int, mode: str | None = None) -> list[CheckResult]:
+    def checks(self, cid: int, mode: SanitizerMode | None = None) -> list[CheckResult]:
         q = _where_equal(select(CheckResult), CheckResult, candidate_id=cid, mode=mode)
         with self._read() as s:
             return list(s.scalars(q.order_by(CheckResult.id)))

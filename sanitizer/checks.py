@@ -30,7 +30,7 @@ from .compared import TooManyCompared, compared_joints, compared_scales, compare
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .kernel_branches import indicator_sides, kernel_taken
-from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
+from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, SanitizerMode, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -65,7 +65,7 @@ class Settings:
 # full mode, which a promotion needs, draws them all.
 QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0, compared_regions=32)
 FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
-MODES = {"quick": QUICK, "full": FULL}
+MODES = {SanitizerMode.QUICK: QUICK, SanitizerMode.FULL: FULL}
 
 
 def run_case(
@@ -926,7 +926,7 @@ def _judge_one(
 def sanitize_file(
     path: str,
     op_name: str,
-    mode: str = "full",
+    mode: SanitizerMode = SanitizerMode.FULL,
     on_check: Optional[Callable[[CheckOutcome], None]] = None,
     fail_fast: Optional[bool] = None,
     only: Optional[Sequence[str]] = None,
@@ -940,6 +940,7 @@ def sanitize_file(
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the CPU checks need TRITON_INTERPRET=1 set before triton is imported")
     op = get_op(op_name)
+    mode = SanitizerMode(mode)  # (a caller may name it by its word)
     settings = MODES[mode]
     if fail_fast is None:
         fail_fast = settings.fail_fast

@@ -18,6 +18,17 @@ def is_time_limit(text: Optional[str]) -> bool:
     return (text or "").startswith(TIME_LIMIT_PREFIX)
 
 
+class SanitizerMode(str, Enum):
+    """Which checks a judge runs; the member is the string the command line, the ledger and the JSON hold."""
+
+    QUICK = "quick"  # the CPU checks, each drawing fewer cases (what a run screens with)
+    FULL = "full"  # every CPU check at full depth (what a promotion needs)
+    GPU = "gpu"  # the checks that need the device (determinism, the device suite)
+
+    def __str__(self) -> str:  # f-strings and str() give the word, not SanitizerMode.QUICK
+        return self.value
+
+
 class CheckStatus(str, Enum):
     """How one check of a verdict ended; the member is the string stored in the ledger and the JSON."""
 
