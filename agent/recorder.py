@@ -39,7 +39,7 @@ NOT_VERIFIED = "not verified"
 
 def rejected_for_time(c: Candidate) -> bool:
     """A candidate an older version recorded as rejected when only the sanitizer's time limit stopped it."""
-    return c.status == CandidateStatus.REJECTED and is_time_limit(c.stored_verdict.error)
+    return c.status == CandidateStatus.REJECTED and c.stored_verdict.timed_out
 
 
 class Recorder:
@@ -139,7 +139,7 @@ class Recorder:
         the limit stopped as failed, its candidate's verdict naming the limit; this one as not run."""
         c = self.ledger.candidate(cid)
         verdict = c.stored_verdict if c is not None else Verdict("", "", "")
-        old_style = is_time_limit(verdict.error) and verdict.mode == mode
+        old_style = verdict.timed_out and verdict.mode == mode
         # (by the judge's words only: a failed check's detail may quote the candidate's own messages)
         stopped = [
             k
@@ -178,7 +178,7 @@ class Recorder:
         cid = works[0].cid
         if v.source_hash != works[0].source_hash:
             return self._judged_other_text(works, mode, v)
-        if not v.passed and is_time_limit(v.error):
+        if not v.passed and v.timed_out:
             return self._not_verified(works, mode, v)
         self.ledger.record_checks(cid, mode.mode, [asdict(c) for c in v.checks])
         if v.passed:

@@ -30,7 +30,7 @@ from .compared import TooManyCompared, compared_joints, compared_scales, compare
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .kernel_branches import indicator_sides, kernel_taken
-from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, SanitizerMode, Verdict
+from .verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -986,9 +986,8 @@ def _run_checks(
                 on_start(name)
             outcome, timed_out = _judge_one(subject, name, check, settings)
             if timed_out:  # slowness is not a fault: the verdict says the candidate was not verified
-                verdict.error = (
-                    f"{TIME_LIMIT_PREFIX} ({time.time() - t_all:.0f}s) during check `{name}` (a "
-                    f"hang, or too slow to check here)"
+                verdict.stop_for_time_limit(
+                    f"({time.time() - t_all:.0f}s) during check `{name}` (a hang, or too slow to check here)"
                 )
                 fail_fast = True
             subject.refs.clear()

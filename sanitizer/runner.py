@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence
 from . import sandbox
 from .isolation import map_tracked, run_tracked, signal_name
 from .lease import OnReady, run_gated
-from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, SanitizerMode, Verdict
+from .verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict
 
 DEFAULT_TIMEOUT = {SanitizerMode.QUICK: 120.0, SanitizerMode.FULL: 600.0, SanitizerMode.GPU: 900.0}
 
@@ -125,7 +125,8 @@ def run_isolated(
     where = f" during check `{running}`" if running else ""
     if timed_out:
         # slowness is not a fault: the verdict says the candidate could not be verified, not that it is wrong
-        reason = f"{TIME_LIMIT_PREFIX} ({timeout_s:.0f}s){where} (a hang, or too slow to check here)"
+        v.stop_for_time_limit(f"({timeout_s:.0f}s){where} (a hang, or too slow to check here)")
+        reason = v.error
     elif rc is not None and rc < 0:  # None is a time-out, above
         reason = f"crashed with {signal_name(rc)}{where}"
     else:
