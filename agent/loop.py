@@ -42,7 +42,7 @@ from ..harness.diagnosis import Diagnosis, diagnose_incumbent
 from ..harness.env import versions
 from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary, hash_source
 from ..sanitizer.canonical import TextRefused, canonical_source, judged_hash
-from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
+from .model import CallRecord, ModelConfig, ModelProposer
 from .placement import (
     BenchTask,
     ClusterDevices,
@@ -263,7 +263,7 @@ class Loop:
     # -- admission ------------------------------------------------------------------------
     def admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
         """Record a proposal; return its work, or None when it needs no evaluation."""
-        if p.rejected.startswith(MODEL_CALL_FAILED):
+        if p.call_failed:
             # no reply, so no candidate (its model call records the error); it uses the budget still, so that
             # an endpoint that keeps failing cannot spin the run
             self.events.candidate(p.label, "no reply", f"{t.op} {t.bucket}: {p.rejected}")
@@ -335,13 +335,12 @@ class Loop:
     def count_model_call(self, p: Proposal) -> None:
         """Count the proposer's model calls; with MODEL_FAILURES_LIMIT failed and none answered, the run cannot
         go on (`failure`): the endpoint answers, but not as the API it should be."""
-        if p.model_call_id is None and not p.rejected.startswith(MODEL_CALL_FAILED):
-            return
-        if not p.rejected.startswith(MODEL_CALL_FAILED):
-            self.model_calls["answered"] += 1
+        if p.model_call_error is None:
+            if p.model_call_id is not None:
+                self.model_calls["answered"] += 1
             return
         self.model_calls["failed"] += 1
-        self.last_call_error = p.rejected[len(MODEL_CALL_FAILED) + 2 :][:200]
+        self.last_call_error = p.model_call_error[:200]
         n = self.model_calls["failed"]
         if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
             # "its first n": calls still in flight then may fail too, and print after this line is set

@@ -223,6 +223,18 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
     assert f"model calls: {calls} of {calls} failed" in out
 
 
+def test_a_failed_model_call_is_told_by_its_type_not_by_the_words_of_its_reason():
+    """A proposal whose call failed carries the call's error; an unusable reply whose reason reads the same is
+    still an unusable reply (recorded as a rejected candidate), not a failed call."""
+    from kernel_agent.agent.proposal import Proposal
+
+    failed = Proposal.no_reply("matmul", "model-1", "model", 7, "HTTP 501")
+    assert failed.call_failed and failed.model_call_error == "HTTP 501"
+    assert failed.rejected == "model call failed: HTTP 501" and failed.source == "" and failed.model_call_id == 7
+    unusable = Proposal("matmul", "", "model-2", "model", model_call_id=8, rejected="model call failed: says the reply")
+    assert not unusable.call_failed
+
+
 # -- 3. every way a run ends is recorded ----------------------------------------------------------------
 
 
