@@ -259,7 +259,7 @@ def test_a_run_that_ends_by_an_error_records_how(tmp_path, exc, status, why):
         _cpu_run(tmp_path, db, _passes, events=loop_mod.RunEvents(note=_note_raising(exc)))
     led = Ledger(db, read_only=True)
     [run] = led.runs()
-    assert run.status == status and why in json.loads(run.notes)["stop"]
+    assert run.status == status and why in run.notes.stop
     led.close()
 
 
