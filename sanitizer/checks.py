@@ -38,9 +38,9 @@ def cases_n(n: int) -> str:
     return f"{n} case{'' if n == 1 else 's'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How much of each check a mode runs."""
+    """How much of each check a mode runs (built by keyword: eleven numbers in a row cannot be told apart)."""
 
     bounds_layouts: Tuple[str, ...]
     bounds_shapes: int  # first n tiny shapes (all of them when larger)
@@ -63,8 +63,34 @@ class Settings:
 # the last dim) is where a kernel that takes unit stride to mean packed rows reads its neighbours.
 # Quick mode draws the first cases of compared_values only (the sizes the comparisons name exactly, first);
 # full mode, which a promotion needs, draws them all.
-QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0, compared_regions=32)
-FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
+QUICK = Settings(
+    bounds_layouts=LAYOUTS,
+    bounds_shapes=3,
+    coverage_shapes=1,
+    order_shapes=1,
+    orders=("reverse",),
+    sensitivity_positions=1,
+    differential_examples=6,
+    budget_cases=2,
+    near_serving_shapes=99,
+    fpsan_cases=1,
+    extended_examples=12,
+    branch_search_s=10.0,
+    compared_regions=32,
+)
+FULL = Settings(
+    bounds_layouts=LAYOUTS,
+    bounds_shapes=99,
+    coverage_shapes=3,
+    order_shapes=3,
+    orders=("reverse", "shuffle"),
+    sensitivity_positions=3,
+    differential_examples=50,
+    budget_cases=4,
+    near_serving_shapes=99,
+    fpsan_cases=3,
+    extended_examples=80,
+)
 MODES = {SanitizerMode.QUICK: QUICK, SanitizerMode.FULL: FULL}
 
 
