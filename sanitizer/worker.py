@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     # not started at all for a file that the static gate rejects.
     gate_ok = args.skip_gate or check_source(raw, args.op).passed
     executor = None
-    if gate_ok and args.mode != "gpu":
+    if gate_ok and args.mode != SanitizerMode.GPU:
         executor = Executor(args.file, args.op, "cpu", deadline=deadline, skip_gate=args.skip_gate)
 
     def on_start(name: str):
