@@ -48,6 +48,9 @@ class SanitizeTask:
     stage: str = ""  # what the run calls this task (default: the mode)
     gated: bool = False  # gpu mode: the judge starts without the GPU and asks for it (sanitizer/lease.py)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", SanitizerMode(self.mode))  # (a caller may name it by its word)
+
     @property
     def resource(self) -> str:
         return "gpu" if self.mode == SanitizerMode.GPU else "cpu"
