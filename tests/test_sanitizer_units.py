@@ -538,8 +538,8 @@ def test_an_fpsan_proof_shortens_the_extended_suite_but_does_not_skip_it(monkeyp
     class Proved:
         fpsan_equivalent = True
 
-        def seed(self, stream, i=0):
-            return i
+        def seed(self, k):
+            return k
 
     detail = checks.check_extended(Proved(), checks.FULL)
     assert seen == [checks.FULL.extended_examples // 4] and "a quarter" in detail
@@ -586,61 +586,3 @@ def test_the_compute_sanitizer_checks_run_beside_the_others_and_report_in_order(
     status = {c.name: c.status.value for c in v.checks}
     assert status["gpu_differential"] == status["memcheck"] == status["racecheck"] == "passed"
     assert status["initcheck"] == "failed" and status["determinism"] == "skipped" and not v.passed
-
-
-def _seed_streams_named(path: str):
-    """(function, stream name, line) of each literal stream name a module's code draws seeds from: the first
-    argument of a `.seed(...)` call, or a `stream=` argument handed to a helper that draws."""
-    import ast
-
-    with open(path) as f:
-        tree = ast.parse(f.read())
-    found, unnamed = [], []
-    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
-        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
-            named = [k.value for k in call.keywords if k.arg == "stream"]
-            if isinstance(call.func, ast.Attribute) and call.func.attr == "seed" and call.func.value.id == "subject":
-                named = call.args[:1]
-                if not (isinstance(named[0], ast.Constant) or ast.unparse(named[0]) == "stream"):
-                    unnamed.append((fn.name, call.lineno))
-            found += [(fn.name, n.value, call.lineno) for n in named if isinstance(n, ast.Constant)]
-    return found, unnamed
-
-
-def test_each_check_draws_from_seed_streams_of_its_own_that_no_other_stream_overlaps():
-    """Every seed a check draws is named (a literal stream, or a helper's `stream` handed down from one), each
-    stream is named in one function only and after a check (or a part of one, `check.part`), and no two
-    streams' runs of seeds overlap: two checks cannot draw the same inputs unseen."""
-    from kernel_agent.sanitizer import checks, gpu
-
-    names = set(checks.CHECK_NAMES) | set(gpu.GPU_CHECK_NAMES)
-    found, unnamed = [], []
-    for module in (checks, gpu):
-        f, u = _seed_streams_named(module.__file__)
-        found, unnamed = found + f, unnamed + u
-    assert not unnamed, f"seeds drawn from no named stream: {unnamed}"
-    where: dict = {}
-    for fn, stream, _line in found:
-        where.setdefault(stream, set()).add(fn)
-    assert len(where) >= 20, sorted(where)  # every drawing check was found (the scan itself works)
-    shared = {s: fns for s, fns in where.items() if len(fns) > 1}
-    assert not shared, f"a stream named in two functions: {shared}"
-    # (gpu_probes: the cases the four process-wrapping GPU tools share on purpose, drawn in one helper)
-    foreign = [s for s in where if s.split(".")[0] not in names and s != "gpu_probes"]
-    assert not foreign, f"streams named after no check: {foreign}"
-    starts = sorted((checks.seed_stream(s), s) for s in where)
-    for (a, first), (b, second) in zip(starts, starts[1:]):
-        assert b - a >= checks.SEED_STREAM_SPAN, f"streams {first!r} and {second!r} overlap"
-    assert checks.seed_stream("no_state") != checks.seed_stream("order_independence")
-
-
-def test_a_seed_is_its_streams_offset_past_the_seed_base_and_bounded_by_the_span():
-    from kernel_agent.harness.ops import get_op
-    from kernel_agent.sanitizer.checks import SEED_STREAM_SPAN, Subject, seed_stream
-
-    subject = Subject(get_op("matmul"), "x.py", b"", seed_base=1234)
-    assert subject.seed("bounds", 3) == 1234 + seed_stream("bounds") + 3
-    assert subject.seed("bounds") != subject.seed("coverage")
-    assert seed_stream("bounds") % SEED_STREAM_SPAN == 0 and seed_stream("bounds") < 2**56
-    with pytest.raises(ValueError, match="past its"):
-        subject.seed("bounds", SEED_STREAM_SPAN)
