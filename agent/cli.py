@@ -31,7 +31,7 @@ from ..harness.ledger import LedgerError
 from ..sanitizer.report import merge_gpu, verdicts_json, write_junit
 from ..sanitizer.runner import run_many
 from ..sanitizer.sandbox import host_protections
-from ..sanitizer.verdict import Verdict
+from ..sanitizer.verdict import SanitizerMode, Verdict
 from . import ci_templates, commands, ledger_cmd, pr, review, serve_cmd, serving_cmd, ui, workload_cmd
 from .cli_common import COMMANDS, OPS_HELP, UsageError, check_files, check_op, command, cuda_available
 
@@ -107,7 +107,7 @@ def cmd_sanitize(args) -> int:
     check_files(args.files)
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    mode = "quick" if args.quick else "full"
+    mode = SanitizerMode.QUICK if args.quick else SanitizerMode.FULL
     gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
     if args.gpu == "on" and not cuda_available():
         raise UsageError("--gpu on: no CUDA GPU on this machine")
@@ -138,8 +138,9 @@ def cmd_sanitize(args) -> int:
         if gpu:  # the CPU checks and the device's at once: each judge is a process of its own
             with ThreadPoolExecutor(max_workers=2) as pool:
                 on_cpu = pool.submit(cpu_checks)
+                gpu_mode = SanitizerMode.GPU
                 on_gpu = pool.submit(
-                    run_many, args.files, args.op, "gpu", args.jobs, args.timeout, on_done=done, seed=args.seed
+                    run_many, args.files, args.op, gpu_mode, args.jobs, args.timeout, on_done=done, seed=args.seed
                 )
                 verdicts = [merge_gpu(v, g) for v, g in zip(on_cpu.result(), on_gpu.result())]
         else:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..harness import env
 from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec, Measurement
 from ..harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
-from ..harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary, server_url, sqlite_path
+from ..harness.ledger import CandidateStatus, Ledger, RunNotesRecord, RunStatus, RunSummary, server_url, sqlite_path
 from ..harness.manifest import Manifest, ManifestEntry
 from ..harness.model_step import (
     KV_MODES,
@@ -39,6 +39,7 @@ from ..harness.run_hold import RunHold
 from ..harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from ..sanitizer.canonical import JudgedText, judged_or_as_read
 from ..sanitizer.report import merge_gpu
+from ..sanitizer.verdict import SanitizerMode
 from . import ui
 from .cli_common import (
     UsageError,
@@ -70,7 +71,6 @@ from .views import (
     run_doc,
     run_end_note,
     run_field_failures,
-    run_notes,
     unified_diff,
     versions_line,
 )
@@ -1080,11 +1080,11 @@ def _show_run(led, run, args) -> int:
         return 0
     summary = led.run_summary(run.id)
     cands = led.candidates(run_id=run.id)
-    target = recorded_target(run_notes(run))  # where it promoted
+    target = recorded_target(run.notes)  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
     ended = run_end_note(run)
     # wall: start to end; a run that has not ended (interrupted, killed) the time its sessions ran
-    elapsed = summary.wall_s if run.finished_at is not None else run_notes(run).get("elapsed_s")
+    elapsed = summary.wall_s if run.finished_at is not None else run.notes.elapsed_s
     ui.line(
         f"run {run.id} [{run.status}{ended}] proposer {run.proposer}, ops {run.ops}, started {started} UTC"
         + (f", wall {ui.duration(float(elapsed))}" if elapsed is not None else "")
@@ -1118,7 +1118,7 @@ def _show_run(led, run, args) -> int:
         ui.line(target.describe() if run.status == RunStatus.RUNNING else target.outcome())
     if model_usage_line(summary):
         ui.line(model_usage_line(summary))
-    for line in session_lines(run_notes(run)):
+    for line in session_lines(run.notes):
         ui.line(f"throughput, {line}")
     return 0
 
@@ -1198,7 +1198,7 @@ def _print_checks(checks) -> None:
     if checks:
         # one row per check, from the most thorough mode that ran it (the quick stage repeats the full
         # stage's checks on fewer cases), and one line per mode with its totals
-        rank = {"quick": 0, "full": 1, "gpu": 2}
+        rank = {mode: i for i, mode in enumerate(SanitizerMode)}  # (declared from the least thorough)
         best: Dict[str, Any] = {}
         for k in checks:
             if k.name not in best or rank.get(k.mode, 0) >= rank.get(best[k.name].mode, 0):
@@ -1312,8 +1312,9 @@ def _promoted_text(path: str) -> JudgedText:
 def _sanitize_promoted(args, led, evaluator: Evaluator, run_id: str, cid: int) -> bool:
     """The full sanitizer and the GPU checks on the file, recorded; False (and the run finished) if rejected."""
     ui.line(f"candidate #{cid}: sanitizing (full + GPU checks)...")
-    v = merge_gpu(evaluator.sanitize(args.file, args.op, "full"), evaluator.sanitize(args.file, args.op, "gpu"))
-    led.record_checks(cid, "full", [dataclasses.asdict(c) for c in v.checks])
+    cpu = evaluator.sanitize(args.file, args.op, SanitizerMode.FULL)
+    v = merge_gpu(cpu, evaluator.sanitize(args.file, args.op, SanitizerMode.GPU))
+    led.record_checks(cid, SanitizerMode.FULL, [dataclasses.asdict(c) for c in v.checks])
     if not v.passed:
         led.set_candidate_status(cid, CandidateStatus.REJECTED, verdict=v.to_json())
         led.set_run_status(run_id, RunStatus.FINISHED, finished=True)
@@ -1337,7 +1338,7 @@ def _promote_buckets(
     """Each bucket's benchmark and promotion, into the run's serving target; True if any was promoted."""
     target = plan.open(run_id)
     ui.line(target.info.describe())
-    led.set_run_status(run_id, RunStatus.RUNNING, notes=json.dumps({"serving": target.info.to_json()}))
+    led.set_run_status(run_id, RunStatus.RUNNING, notes=RunNotesRecord(serving=target.info.to_json()))
     promoted_any = False
     try:
         for bucket, bshapes in by_bucket.items():
@@ -1345,7 +1346,7 @@ def _promote_buckets(
             promoted_any = promoted or promoted_any
     finally:
         info = target.close()  # the worktree goes also when a benchmark fails with an exception
-    led.set_run_status(run_id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
+    led.set_run_status(run_id, RunStatus.FINISHED, finished=True, notes=RunNotesRecord(serving=info.to_json()))
     ui.line(info.outcome())
     return promoted_any
 
@@ -1471,7 +1472,7 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
         )
     finally:
         info = target.close()
-    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=json.dumps({"serving": info.to_json()}))
+    led.set_run_status(run.id, RunStatus.FINISHED, finished=True, notes=RunNotesRecord(serving=info.to_json()))
     what = "removed from the serving set" if removed else "no serving entry (the ledger's promotion is marked demoted)"
     ui.line(f"demoted {args.op} {args.bucket} {args.dtype} on {gname}: {args.reason}; {what}; the baseline serves it")
     _resolve_field_failures(led, args, gname, run.id)

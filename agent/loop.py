@@ -27,7 +27,6 @@ branch of the run's own, through a worktree; else the serving folder in place.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -40,9 +39,17 @@ from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchSpec
 from ..harness.compile_probe import CompileProfile
 from ..harness.diagnosis import Diagnosis, diagnose_incumbent
 from ..harness.env import versions
-from ..harness.ledger import Candidate, CandidateStatus, Ledger, RunSession, RunStatus, RunSummary
+from ..harness.ledger import (
+    Candidate,
+    CandidateStatus,
+    Ledger,
+    RunNotesRecord,
+    RunSession,
+    RunStatus,
+    RunSummary,
+)
 from ..sanitizer.canonical import JudgedText, as_written, judged_or_as_read, read_back
-from .model import MODEL_CALL_FAILED, CallRecord, ModelConfig, ModelProposer
+from .model import CallRecord, ModelConfig, ModelProposer
 from .placement import (
     BenchTask,
     ClusterDevices,
@@ -265,7 +272,7 @@ class Loop:
     # -- admission ------------------------------------------------------------------------
     def admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
         """Record a proposal; return its work, or None when it needs no evaluation."""
-        if p.rejected.startswith(MODEL_CALL_FAILED):
+        if p.call_failed:
             # no reply, so no candidate (its model call records the error); it uses the budget still, so that
             # an endpoint that keeps failing cannot spin the run
             self.events.candidate(p.label, "no reply", f"{t.op} {t.bucket}: {p.rejected}")
@@ -338,13 +345,12 @@ class Loop:
     def count_model_call(self, p: Proposal) -> None:
         """Count the proposer's model calls; with MODEL_FAILURES_LIMIT failed and none answered, the run cannot
         go on (`failure`): the endpoint answers, but not as the API it should be."""
-        if p.model_call_id is None and not p.rejected.startswith(MODEL_CALL_FAILED):
-            return
-        if not p.rejected.startswith(MODEL_CALL_FAILED):
-            self.model_calls["answered"] += 1
+        if p.model_call_error is None:
+            if p.model_call_id is not None:
+                self.model_calls["answered"] += 1
             return
         self.model_calls["failed"] += 1
-        self.last_call_error = p.rejected[len(MODEL_CALL_FAILED) + 2 :][:200]
+        self.last_call_error = p.model_call_error[:200]
         n = self.model_calls["failed"]
         if n >= MODEL_FAILURES_LIMIT and not self.model_calls["answered"] and self.failure is None:
             # "its first n": calls still in flight then may fail too, and print after this line is set
@@ -528,8 +534,8 @@ def run_loop(
     # missing) is an error that leaves no run behind
     plan = serving_plan or plan_target(in_place=cfg.in_place, writes=gpu)
     if run is not None:  # resuming (a missing run was refused above)
-        progress = json.loads(run.notes) if run.notes and run.notes.startswith("{") else {}
-        elapsed_before = float(progress.get("elapsed_s", 0.0))
+        progress = run.notes
+        elapsed_before = float(progress.elapsed_s or 0.0)
         if time_limit_s is not None:
             cfg.time_limit_s = elapsed_before + time_limit_s
         run_id = run.id
@@ -545,7 +551,7 @@ def run_loop(
         )
         run_id = run.id
         elapsed_before = 0.0
-        progress = {}
+        progress = RunNotesRecord()
     events.started(run_id)
     try:
         target = plan.open(run_id, previous)
@@ -600,14 +606,14 @@ def run_loop(
             left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
         loop.deadline = time.time() + max(0.0, left)
 
-        notes = RunNotes(list(progress.get("sessions", [])), budget, loop.proposer_thread, target, previous)
+        notes = RunNotes(list(progress.sessions or []), budget, loop.proposer_thread, target, previous)
         # recorded now, so that `show` names the branch while the run is going and after a kill
-        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes.text())
+        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes.record())
         try:
             stop_reason = loop.session_end(loop.stream(targets, budget, pending))
         except KeyboardInterrupt:
             _end_target(target, events)
-            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.text())
+            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.record())
             events.note(f"interrupted: resume with `{events.resume_command(run_id)}`")
             raise
         finally:
@@ -630,7 +636,7 @@ def run_loop(
             stop=stop_reason,
         )
         ended = RunStatus.FAILED if loop.failure is not None else RunStatus.FINISHED
-        ledger.set_run_status(run_id, ended, finished=True, notes=notes.text(session))
+        ledger.set_run_status(run_id, ended, finished=True, notes=notes.record(session))
         summary = ledger.run_summary(run_id)
         summary.session = RunSession(
             stop_reason,
@@ -664,18 +670,15 @@ class RunNotes:
         """Where the run's serving-set changes went (a session without a GPU keeps an earlier one's branch)."""
         return self.previous if self.target.info.mode == NONE and self.previous is not None else self.target.info
 
-    def text(self, session: Optional[Dict[str, Any]] = None) -> str:
-        """The notes as stored, with this `session`'s record once it has ended."""
-        d = {
-            "elapsed_s": round(self.budget.elapsed(), 1),
-            "tokens": self.proposer.tokens(),
-            "sessions": self.sessions,
-            "serving": self.serving().to_json(),
-        }
-        if session is not None:
-            d["stop"] = session["stop"]
-            d["sessions"] = self.sessions + [session]
-        return json.dumps(d)
+    def record(self, session: Optional[Dict[str, Any]] = None) -> RunNotesRecord:
+        """The notes to store, with this `session`'s record once it has ended."""
+        return RunNotesRecord(
+            elapsed_s=round(self.budget.elapsed(), 1),
+            tokens=self.proposer.tokens(),
+            sessions=self.sessions + ([session] if session is not None else []),
+            serving=self.serving().to_json(),
+            stop=session["stop"] if session is not None else None,
+        )
 
 
 def _record_end(ledger: Ledger, run_id: str, e: BaseException) -> None:
@@ -693,9 +696,8 @@ def _record_end(ledger: Ledger, run_id: str, e: BaseException) -> None:
             status, why = RunStatus.INTERRUPTED, f"interrupted ({type(e).__name__})"
         else:
             status, why = RunStatus.FAILED, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        notes = json.loads(run.notes) if (run.notes or "").startswith("{") else {}
-        notes["stop"] = why
-        ledger.set_run_status(run_id, status, finished=status == RunStatus.FAILED, notes=json.dumps(notes))
+        notes = dataclasses.replace(run.notes, stop=why)
+        ledger.set_run_status(run_id, status, finished=status == RunStatus.FAILED, notes=notes)
     except Exception:  # noqa: BLE001 - the error that ended the run is the one to report
         pass
 

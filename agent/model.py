@@ -211,10 +211,6 @@ class CallRecord:
     error: Optional[str]
 
 
-# How a proposal says that its model call failed (no reply came back), as distinct from an unusable reply.
-MODEL_CALL_FAILED = "model call failed"
-
-
 # A reply that repeats a source already tried for the bucket is answered with a prompt that says so, at a
 # temperature raised by this much per repeat in a row (up to MAX_TEMPERATURE); after REPEAT_LIMIT repeats in a
 # row the bucket is given up (Proposer.repeat_limit).
@@ -327,16 +323,7 @@ class ModelProposer(Proposer):
             self.counter += 1
             label = f"model-{self.counter}"
             if rec.response is None:
-                out.append(
-                    Proposal(
-                        ctx.op,
-                        "",
-                        label,
-                        self.name,
-                        model_call_id=call_id,
-                        rejected=f"{MODEL_CALL_FAILED}: {rec.error}",
-                    )
-                )
+                out.append(Proposal.no_reply(ctx.op, label, self.name, call_id, str(rec.error)))
                 continue
             asked = requested_rewrites(rec.response)
             try:

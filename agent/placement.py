@@ -34,7 +34,7 @@ from ..harness.compile_probe import CompileProfile
 from ..harness.env import gpu_name
 from ..sanitizer import isolation, runner
 from ..sanitizer.lease import OnReady
-from ..sanitizer.verdict import Verdict
+from ..sanitizer.verdict import SanitizerMode, Verdict
 
 
 @dataclass(frozen=True)
@@ -43,18 +43,21 @@ class SanitizeTask:
 
     path: str
     op: str
-    mode: str
+    mode: SanitizerMode
     checks: Optional[Tuple[str, ...]] = None
     stage: str = ""  # what the run calls this task (default: the mode)
     gated: bool = False  # gpu mode: the judge starts without the GPU and asks for it (sanitizer/lease.py)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", SanitizerMode(self.mode))  # (a caller may name it by its word)
+
     @property
     def resource(self) -> str:
-        return "gpu" if self.mode == "gpu" else "cpu"
+        return "gpu" if self.mode == SanitizerMode.GPU else "cpu"
 
     @property
     def kind(self) -> str:
-        return self.stage or self.mode
+        return self.stage or self.mode.value
 
     @property
     def subject(self) -> str:
@@ -191,7 +194,7 @@ class Evaluator(Protocol):
         self,
         path: str,
         op: str,
-        mode: str,
+        mode: SanitizerMode,
         checks: Optional[Sequence[str]] = None,
         env: Optional[Dict[str, str]] = None,
         on_ready: Optional[OnReady] = None,
@@ -217,7 +220,7 @@ class ChildEvaluator:
         self,
         path: str,
         op: str,
-        mode: str,
+        mode: SanitizerMode,
         checks: Optional[Sequence[str]] = None,
         env: Optional[Dict[str, str]] = None,
         on_ready: Optional[OnReady] = None,

@@ -117,13 +117,7 @@ class RunBranch:
 def run_branch(run) -> RunBranch:
     """The RunBranch a run recorded: its notes' 'serving' object (agent/publish.py), else a 'branch' key
     in its notes or its config, else unrecorded."""
-    notes: Dict[str, Any] = {}
-    if run.notes and run.notes.lstrip().startswith("{"):
-        try:
-            parsed = json.loads(run.notes)
-            notes = parsed if isinstance(parsed, dict) else {}
-        except ValueError:
-            notes = {}  # free-text notes of an older run: no record of a branch
+    notes = run.notes.to_json()  # (an older run's free-text notes have no fields: no record of a branch)
     target = notes.get("serving")
     if isinstance(target, dict) and target.get("mode"):
         commits = target.get("commits") or 0

@@ -20,7 +20,20 @@ class Proposal:
     note: str = ""
     parent_id: Optional[int] = None
     model_call_id: Optional[int] = None
-    rejected: str = ""  # set when the reply could not become a candidate (no code, truncated, ...)
+    rejected: str = ""  # set when the reply could not become a candidate (no code, truncated, ...), or none came
+    # set when the model call itself failed (no reply came back), as distinct from an unusable reply: its error
+    model_call_error: Optional[str] = None
+
+    @classmethod
+    def no_reply(cls, op: str, label: str, proposer: str, call_id: Optional[int], error: str) -> "Proposal":
+        """A proposal whose model call failed: no candidate, and `rejected` says why."""
+        why = f"model call failed: {error}"
+        return cls(op, "", label, proposer, model_call_id=call_id, rejected=why, model_call_error=error)
+
+    @property
+    def call_failed(self) -> bool:
+        """Whether the model call failed (no reply came back): not a candidate, not an unusable reply either."""
+        return self.model_call_error is not None
 
 
 @dataclass

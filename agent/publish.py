@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..harness import serving
 from ..harness.dispatch import Choice, record_choices
-from ..harness.ledger import Ledger
+from ..harness.ledger import Ledger, RunNotesRecord
 from ..harness.manifest import ManifestEntry
 from ..harness.promotion import Judgement
 from ..sanitizer.canonical import JudgedText
@@ -170,9 +170,9 @@ class TargetInfo:
         return cls(**kw)
 
 
-def recorded_target(notes: Dict[str, Any]) -> Optional[TargetInfo]:
-    """The serving target a run recorded in its notes (parsed JSON), or None (a run from before targets)."""
-    d = notes.get("serving") if isinstance(notes, dict) else None
+def recorded_target(notes: RunNotesRecord) -> Optional[TargetInfo]:
+    """The serving target a run recorded in its notes, or None (a run from before targets)."""
+    d = notes.serving
     return TargetInfo.from_json(d) if isinstance(d, dict) and d.get("mode") else None
 
 

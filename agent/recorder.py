@@ -20,7 +20,7 @@ from ..harness.ledger import Candidate, CandidateStatus, Ledger, row_time
 from ..harness.ops import get_op
 from ..harness.promotion import judge_benchmark
 from ..sanitizer.canonical import as_written
-from ..sanitizer.verdict import CheckOutcome, CheckStatus, Verdict, is_time_limit
+from ..sanitizer.verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict, is_time_limit
 from .placement import BenchTask
 from .proposal import Attempt, Proposal, ProposeContext, ProposerThread
 from .publish import PromotionRequest, ServingTarget, publish_choices, publish_promotion
@@ -40,7 +40,7 @@ NOT_VERIFIED = "not verified"
 
 def rejected_for_time(c: Candidate) -> bool:
     """A candidate an older version recorded as rejected when only the sanitizer's time limit stopped it."""
-    return c.status == CandidateStatus.REJECTED and is_time_limit(c.stored_verdict.error)
+    return c.status == CandidateStatus.REJECTED and c.stored_verdict.timed_out
 
 
 class Recorder:
@@ -129,7 +129,7 @@ class Recorder:
 
     def stage_done(self, cid: int, mode: Stage, checks: Optional[Sequence[str]]) -> Optional[bool]:
         """A stage this candidate already finished (a resume): True passed, False failed, None not run."""
-        done = self._since_time_limit(cid, mode, self.ledger.checks(cid, mode=mode.value))
+        done = self._since_time_limit(cid, mode, self.ledger.checks(cid, mode=mode.mode))
         if done and (checks is None or {c.name for c in done} >= set(checks)):
             return all(c.status != CheckStatus.FAILED for c in done)
         return None
@@ -140,7 +140,7 @@ class Recorder:
         the limit stopped as failed, its candidate's verdict naming the limit; this one as not run."""
         c = self.ledger.candidate(cid)
         verdict = c.stored_verdict if c is not None else Verdict("", "", "")
-        old_style = is_time_limit(verdict.error) and verdict.mode == mode
+        old_style = verdict.timed_out and verdict.mode == mode
         # (by the judge's words only: a failed check's detail may quote the candidate's own messages)
         stopped = [
             k
@@ -167,7 +167,7 @@ class Recorder:
             error=p.rejected,
             source_hash=note.hash,
         )
-        self.ledger.record_checks(cand.id, Stage.QUICK.value, [asdict(c) for c in verdict.checks])
+        self.ledger.record_checks(cand.id, SanitizerMode.QUICK, [asdict(c) for c in verdict.checks])
         self.ledger.set_candidate_status(cand.id, CandidateStatus.REJECTED, verdict=verdict.to_json())
         if p.model_call_id:
             self.ledger.link_model_call(p.model_call_id, cand.id)
@@ -180,9 +180,9 @@ class Recorder:
         cid = works[0].cid
         if v.source_hash != works[0].judged.hash:
             return self._judged_other_text(works, mode, v)
-        if not v.passed and is_time_limit(v.error):
+        if not v.passed and v.timed_out:
             return self._not_verified(works, mode, v)
-        self.ledger.record_checks(cid, mode.value, [asdict(c) for c in v.checks])
+        self.ledger.record_checks(cid, mode.mode, [asdict(c) for c in v.checks])
         if v.passed:
             if mode == Stage.FULL:
                 self.ledger.set_candidate_status(
@@ -202,7 +202,7 @@ class Recorder:
     def record_checks_beside(self, works: Sequence[Work], mode: Stage, v: Verdict) -> None:
         """The checks of a stage that ran beside the one that rejected the candidate: kept, nothing follows."""
         if v.source_hash == works[0].judged.hash:
-            self.ledger.record_checks(works[0].cid, mode.value, [asdict(c) for c in v.checks])
+            self.ledger.record_checks(works[0].cid, mode.mode, [asdict(c) for c in v.checks])
 
     def _other_text(self, w: Work, mode: Stage, v: Verdict) -> str:
         """Why a verdict does not count for the candidate: it is about another text (the file changed after the
@@ -240,7 +240,7 @@ class Recorder:
             else k
             for k in v.checks
         ]
-        self.ledger.record_checks(cid, mode.value, [asdict(k) for k in checks])
+        self.ledger.record_checks(cid, mode.mode, [asdict(k) for k in checks])
         c = self.ledger.candidate(cid)
         if c is not None and c.status == CandidateStatus.PROPOSED:  # (a verified one keeps its full verdict)
             self.ledger.set_candidate_status(cid, CandidateStatus.PROPOSED, verdict=v.to_json())
@@ -356,7 +356,7 @@ class Recorder:
             )
             return False
         self.ledger.record_checks(
-            w.cid, Stage.GPU.value, [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS]
+            w.cid, SanitizerMode.GPU, [asdict(c) for c in v.checks if c.name in GPU_PROMOTION_CHECKS]
         )
         if not v.passed:
             self.ledger.set_candidate_status(w.cid, CandidateStatus.REJECTED, verdict=v.to_json())

@@ -30,7 +30,7 @@ from ..harness.manifest import ManifestEntry
 from ..kernels import baseline as kernels_baseline
 from ..sanitizer.report import merge_gpu, write_junit
 from ..sanitizer.runner import run_many
-from ..sanitizer.verdict import CheckStatus, Verdict, fence_for, quote_untrusted
+from ..sanitizer.verdict import CheckStatus, SanitizerMode, Verdict, fence_for, quote_untrusted
 from . import ui
 from .cli_common import OP_NAMES, UsageError, check_writable, command, cuda_available, default_ledger, open_ledger
 from .views import (  # noqa: F401
@@ -808,7 +808,7 @@ def cmd_gate(args) -> int:
         base_dir = os.path.dirname(kernels_baseline.__file__)
         items += [GateItem(op, f"{op}/baseline", os.path.join(base_dir, f"{op}.py")) for op in OP_NAMES]
     gpu = args.gpu == "on" or (args.gpu == "auto" and cuda_available())
-    mode = "quick" if args.quick else "full"
+    mode = SanitizerMode.QUICK if args.quick else SanitizerMode.FULL
     verdicts = _judge_gate_items(items, mode, gpu, args.jobs)
     md = _gate_markdown(
         verdicts,
@@ -868,7 +868,7 @@ def _write_gate_documents(args, verdicts: List[Verdict], field_failures: list, m
 GATE_STATUS_EVERY_S = 60.0
 
 
-def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) -> List[Verdict]:
+def _judge_gate_items(items: List[GateItem], mode: SanitizerMode, gpu: bool, jobs: int) -> List[Verdict]:
     """A verdict per item, op by op: a missing file fails, the rest are sanitized (and GPU-checked)."""
     verdicts: List[Verdict] = []
     title = f"gate: {len(items)} kernel(s), {mode}{' + gpu' if gpu else ''}, {jobs} at a time"
@@ -890,16 +890,16 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
             present = [it for it in its if not it.error and os.path.exists(it.path)]
             label = {os.path.abspath(it.path): it.label for it in present}
 
-            judged = {mode: 0, "gpu": 0}
+            judged = {mode: 0, SanitizerMode.GPU: 0}
 
             def done(
                 v: Verdict,
-                stage: str = mode,
+                stage: SanitizerMode = mode,
                 shown: Dict[str, str] = label,
-                judged: Dict[str, int] = judged,
+                judged: Dict[SanitizerMode, int] = judged,
                 op: str = op,
                 n: int = len(present),
-                last: str = "gpu" if gpu else mode,
+                last: SanitizerMode = SanitizerMode.GPU if gpu else mode,
             ) -> None:
                 # each kernel as it is judged (through a pipe too: a CI log shows the gate moving)
                 prog.note(
@@ -915,7 +915,8 @@ def _judge_gate_items(items: List[GateItem], mode: str, gpu: bool, jobs: int) ->
             vs = run_many([it.path for it in present], op, mode, jobs=jobs, on_done=done)
             if gpu:
                 prog.working_on(f"{op}: 0/{len(present)} kernel(s) through gpu")
-                gs = run_many([it.path for it in present], op, "gpu", jobs=1, on_done=lambda v: done(v, "gpu"))
+                on_gpu = lambda v: done(v, SanitizerMode.GPU)  # noqa: E731
+                gs = run_many([it.path for it in present], op, SanitizerMode.GPU, jobs=1, on_done=on_gpu)
                 vs = [merge_gpu(a, b) for a, b in zip(vs, gs)]
             for it, v in zip(present, vs):
                 v.file = it.shown or it.path

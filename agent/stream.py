@@ -160,11 +160,11 @@ class Stream:
 
     def _gpu_task(self, stage: Stage, w: Work) -> Task:
         if stage == Stage.GPU:
-            return SanitizeTask(w.path, w.target.op, Stage.GPU.value, GPU_QUICK_CHECKS, gated=True)
+            return SanitizeTask(w.path, w.target.op, Stage.GPU.mode, GPU_QUICK_CHECKS, gated=True)
         if stage == Stage.BENCH:
             return self.session.bench_task(w)
         return SanitizeTask(
-            w.path, w.target.op, Stage.GPU.value, GPU_PROMOTION_CHECKS, stage=Stage.PROMOTE.value, gated=True
+            w.path, w.target.op, Stage.PROMOTE.mode, GPU_PROMOTION_CHECKS, stage=Stage.PROMOTE.value, gated=True
         )
 
     def _start(self) -> None:
@@ -190,7 +190,7 @@ class Stream:
             self.running[self.placement.submit(task)] = Started(item, task)
         while self.cpu_queue and self.placement.running("cpu") < self.placement.cpu_slots:
             item = self.cpu_queue.popleft()
-            task = SanitizeTask(item.work.path, item.work.target.op, item.stage.value)
+            task = SanitizeTask(item.work.path, item.work.target.op, item.stage.mode)
             self.running[self.placement.submit(task)] = Started(item, task)
 
     def _propose(self) -> None:

@@ -4,7 +4,10 @@ and the throughput line they are read back as (after a run, in `show`, `history`
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:  # (the type only: the ledger loads SQLAlchemy)
+    from ..harness.ledger import RunNotesRecord
 
 
 @dataclass
@@ -69,10 +72,10 @@ def gpu_seconds_words(gpu_s: Dict[str, float], busy_s: Optional[float], judged: 
     return text
 
 
-def session_lines(notes: Any) -> List[str]:
-    """The throughput line of each session a run's notes (parsed JSON) recorded: the run, then each
-    `--resume`. A session still going has none yet (the loop records it when the session ends)."""
-    sessions = notes.get("sessions") if isinstance(notes, dict) else None
+def session_lines(notes: RunNotesRecord) -> List[str]:
+    """The throughput line of each session a run's notes recorded: the run, then each `--resume`. A session
+    still going has none yet (the loop records it when the session ends)."""
+    sessions = notes.sessions
     known = {f.name for f in fields(Throughput)}
     lines = []
     for s in sessions if isinstance(sessions, list) else []:

@@ -7,7 +7,6 @@ every timing through harness/figures.py.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 import re
@@ -19,22 +18,13 @@ from ..harness.config_variant import split_stored, steps_over
 from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
 from ..harness.ledger import Ledger, Run, RunStatus, RunSummary
 from ..sanitizer.canonical import as_written, judged_or_as_read
-from ..sanitizer.verdict import CheckStatus, quote_untrusted
+from ..sanitizer.verdict import CheckStatus, SanitizerMode, quote_untrusted
 from .throughput import session_lines
-
-
-def run_notes(run: Run) -> Dict[str, Any]:
-    """A run's notes as the loop wrote them (JSON), or {} for a run that recorded none."""
-    try:
-        notes = json.loads(run.notes) if (run.notes or "").startswith("{") else {}
-    except ValueError:
-        return {}
-    return notes if isinstance(notes, dict) else {}
 
 
 def run_end_note(run: Run) -> str:
     """Why a run that is over ended (the loop's stop reason), as ': REASON' after its status; '' otherwise."""
-    stop = run_notes(run).get("stop")
+    stop = run.notes.stop
     return f": {stop}" if stop and run.status != RunStatus.RUNNING else ""
 
 
@@ -84,7 +74,7 @@ def run_row(led: Ledger, r: Run) -> Dict[str, Any]:
         "judged_now_by_status": s.judged_now_by_status,
         "replayed": s.replayed,
         "promotions": len(s.promotions),
-        "throughput": session_lines(run_notes(r)),
+        "throughput": session_lines(r.notes),
     }
 
 
@@ -147,7 +137,7 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     `show` prints, which the web view shows)."""
     from .publish import recorded_target  # here: publication imports the serving set, which imports torch
 
-    target = recorded_target(run_notes(run))
+    target = recorded_target(run.notes)
     summary = led.run_summary(run.id)
     return {
         "run": summary.to_json(),
@@ -155,7 +145,7 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
         "config": run.config,
         "versions": run.versions,
         "serving": target.to_json() if target is not None else None,
-        "throughput": session_lines(run_notes(run)),
+        "throughput": session_lines(run.notes),
         "ended": run_end_note(run)[2:] or None,
         "candidates": _run_candidates(led, run.id),
         "diagnoses": [dict(r.document, incumbent=r.incumbent) for r in led.diagnoses(run_id=run.id)],
@@ -366,7 +356,7 @@ def unified_diff(old_label: str, old: str, new_label: str, new: str) -> str:
     )
 
 
-def seed_of(led, cid: int, mode: str = "full") -> Optional[int]:
+def seed_of(led, cid: int, mode: SanitizerMode = SanitizerMode.FULL) -> Optional[int]:
     """The seed base the sanitizer (`mode`) drew its inputs from, where its `load` check recorded it."""
     for k in led.checks(cid, mode=mode):
         m = re.search(r"seed base (\d+)", k.detail or "")
@@ -383,12 +373,12 @@ def extract_command(cid: int, ledger_flag: str, dest: str) -> str:
     )
 
 
-def reproduce_check(led: Ledger, c, mode: str) -> str:
+def reproduce_check(led: Ledger, c, mode: SanitizerMode) -> str:
     """The commands that run the stage (`mode`) that failed a check again, on the same inputs where the
     stage recorded its seed: the source out of the ledger, then the sanitizer."""
     dest = f"candidate-{c.id}.py"
-    seed = seed_of(led, c.id, mode if mode != "gpu" else "full")
-    flags = {"quick": " --quick", "gpu": " --gpu on"}.get(mode, "")
+    seed = seed_of(led, c.id, mode if mode != SanitizerMode.GPU else SanitizerMode.FULL)
+    flags = {SanitizerMode.QUICK: " --quick", SanitizerMode.GPU: " --gpu on"}.get(mode, "")
     return (
         extract_command(c.id, f" --ledger {shlex.quote(led.shown)}", dest)
         + "\n"

@@ -10,6 +10,7 @@ from typing import Callable, Dict, Optional, Set
 
 from ..harness.promotion import Judgement
 from ..sanitizer.canonical import JudgedText
+from ..sanitizer.verdict import SanitizerMode
 from . import ui
 from .proposal import Proposal, ProposeContext
 from .run_config import Target
@@ -27,6 +28,11 @@ class Stage(str, Enum):
 
     def __str__(self) -> str:  # f-strings and str() give the word, not Stage.QUICK
         return self.value
+
+    @property
+    def mode(self) -> SanitizerMode:
+        """The sanitizer mode a sanitizer stage runs (the promotion checks run the GPU mode's)."""
+        return SanitizerMode.GPU if self == Stage.PROMOTE else SanitizerMode(self.value)
 
     @property
     def sanitizer(self) -> bool:

@@ -65,7 +65,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.types import TypeDecorator
 
 from ..sanitizer.canonical import JudgedText
-from ..sanitizer.verdict import CheckStatus, Verdict
+from ..sanitizer.verdict import CheckStatus, SanitizerMode, Verdict
 from . import figures as _figures
 from . import ledger_migrations as _migrations
 from .field_failures import FailureKind, FieldFailure
@@ -110,7 +110,7 @@ class CandidateStatus(str, Enum):
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 CANDIDATE_STATUSES = tuple(s.value for s in CandidateStatus)
 CHECK_STATUSES = tuple(s.value for s in CheckStatus)
-CHECK_MODES = ("quick", "full", "gpu")
+CHECK_MODES = tuple(m.value for m in SanitizerMode)
 CEILING_KINDS = ("compute", "memory")
 
 
@@ -266,6 +266,60 @@ class UTCDateTime(TypeDecorator):
         return value.replace(tzinfo=timezone.utc)
 
 
+_NOTES_KEYS = ("elapsed_s", "tokens", "sessions", "serving", "stop")  # RunNotesRecord's fields, in stored order
+
+
+@dataclass(frozen=True)
+class RunNotesRecord:
+    """A run's notes, as the ledger reads them: the JSON object `run` and `promote` write, or the plain text an
+    older run may hold (`text`; every field is then empty). A key this version does not know is kept in `other`,
+    so a record read and written back loses nothing."""
+
+    elapsed_s: Optional[float] = None  # the run's time so far, over its sessions (a resume's time limit adds to it)
+    tokens: Optional[int] = None  # the model's tokens so far
+    sessions: Optional[List[Dict[str, Any]]] = None  # each ended session's throughput (agent/throughput.py)
+    serving: Optional[Dict[str, Any]] = None  # where promotions went (agent.publish.TargetInfo.to_json())
+    stop: Optional[str] = None  # why the last session ended
+    other: Dict[str, Any] = field(default_factory=dict)
+    text: str = ""  # notes that are no JSON object: an older run's free text
+
+    @classmethod
+    def from_stored(cls, stored: Optional[str]) -> "RunNotesRecord":
+        """The record of a stored value: a JSON object's fields, or any other text as it is."""
+        try:
+            doc = json.loads(stored) if stored else None
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return cls(text=stored or "")
+        return cls(
+            **{k: doc[k] for k in _NOTES_KEYS if k in doc}, other={k: v for k, v in doc.items() if k not in _NOTES_KEYS}
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """The JSON object of the fields that are set (an older run's text has none)."""
+        doc = {k: getattr(self, k) for k in _NOTES_KEYS if getattr(self, k) is not None}
+        return {**doc, **{k: v for k, v in self.other.items() if k not in doc}}
+
+    def stored(self) -> str:
+        """What the column holds: the JSON object, or the free text where there are no fields ('' for none)."""
+        doc = self.to_json()
+        return json.dumps(doc) if doc else self.text
+
+
+class RunNotesColumn(TypeDecorator):
+    """A run's notes: stored as text (so a ledger of any version holds them as it did), read as a RunNotesRecord."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Optional[RunNotesRecord], dialect) -> Optional[str]:
+        return None if value is None else value.stored()
+
+    def process_result_value(self, value: Optional[str], dialect) -> RunNotesRecord:
+        return RunNotesRecord.from_stored(value)
+
+
 # --------------------------------------------------------------------------------------
 # schema
 
@@ -294,7 +348,7 @@ class Run(Base):
     proposer: Mapped[str] = mapped_column(String)
     ops: Mapped[str] = mapped_column(Text, default="")
     budget_json: Mapped[str] = mapped_column(Text, default="{}")
-    notes: Mapped[str] = mapped_column(Text, default="")
+    notes: Mapped[RunNotesRecord] = mapped_column(RunNotesColumn, default=RunNotesRecord())
 
     @property
     def config(self) -> dict:
@@ -1004,7 +1058,7 @@ class Ledger:
         ops: list[str],
         gpu_name: str | None,
         budget: dict,
-        notes: str = "",
+        notes: RunNotesRecord = RunNotesRecord(),
     ) -> Run:
         """Record a new run (status 'running') and return it."""
         for _ in range(5):
@@ -1034,7 +1088,9 @@ class Ledger:
         with self._read() as s:
             return s.get(Run, run_id)
 
-    def set_run_status(self, run_id: str, status: str, finished: bool | None = None, notes: str | None = None) -> Run:
+    def set_run_status(
+        self, run_id: str, status: str, finished: bool | None = None, notes: RunNotesRecord | None = None
+    ) -> Run:
         """Set a run's status. `finished` (default: status is not 'running') stamps
         finished_at now; False clears it (a resumed run)."""
         _check_choice("run status", status, RUN_STATUSES)
@@ -1176,7 +1232,7 @@ class Ledger:
             return list(s.scalars(q.order_by(Proposal.id)))
 
     # -- checks -------------------------------------------------------------------------
-    def record_checks(self, cid: int, mode: str, checks: Iterable[Mapping[str, Any]]) -> list[CheckResult]:
+    def record_checks(self, cid: int, mode: SanitizerMode, checks: Iterable[Mapping[str, Any]]) -> list[CheckResult]:
         """Store a sanitizer pass's checks for a candidate. Each check has name, status
         ('passed'|'failed'|'skipped'; a bool `passed` is accepted instead), detail and
         duration_s."""
@@ -1207,7 +1263,7 @@ class Ledger:
             s.add_all(rows)
         return rows
 
-    def checks(self, cid: int, mode: str | None = None) -> list[CheckResult]:
+    def checks(self, cid: int, mode: SanitizerMode | None = None) -> list[CheckResult]:
         q = _where_equal(select(CheckResult), CheckResult, candidate_id=cid, mode=mode)
         with self._read() as s:
             return list(s.scalars(q.order_by(CheckResult.id)))
@@ -1752,6 +1808,7 @@ __all__ = [
     "Base",
     "Meta",
     "Run",
+    "RunNotesRecord",
     "Candidate",
     "Proposal",
     "ModelCall",

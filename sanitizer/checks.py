@@ -30,7 +30,7 @@ from .compared import TooManyCompared, compared_joints, compared_scales, compare
 from .execution import CheckFailed, RunResult, TimedOut, baseline_fn, describe_exception, execute_call
 from .executor import Executor, ExecutorError
 from .kernel_branches import indicator_sides, kernel_taken
-from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
+from .verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict
 
 
 def cases_n(n: int) -> str:
@@ -38,9 +38,9 @@ def cases_n(n: int) -> str:
     return f"{n} case{'' if n == 1 else 's'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How much of each check a mode runs."""
+    """How much of each check a mode runs (built by keyword: eleven numbers in a row cannot be told apart)."""
 
     bounds_layouts: Tuple[str, ...]
     bounds_shapes: int  # first n tiny shapes (all of them when larger)
@@ -63,9 +63,35 @@ class Settings:
 # the last dim) is where a kernel that takes unit stride to mean packed rows reads its neighbours.
 # Quick mode draws the first cases of compared_values only (the sizes the comparisons name exactly, first);
 # full mode, which a promotion needs, draws them all.
-QUICK = Settings(LAYOUTS, 3, 1, 1, ("reverse",), 1, 6, 2, 99, 1, 12, branch_search_s=10.0, compared_regions=32)
-FULL = Settings(LAYOUTS, 99, 3, 3, ("reverse", "shuffle"), 3, 50, 4, 99, 3, 80)
-MODES = {"quick": QUICK, "full": FULL}
+QUICK = Settings(
+    bounds_layouts=LAYOUTS,
+    bounds_shapes=3,
+    coverage_shapes=1,
+    order_shapes=1,
+    orders=("reverse",),
+    sensitivity_positions=1,
+    differential_examples=6,
+    budget_cases=2,
+    near_serving_shapes=99,
+    fpsan_cases=1,
+    extended_examples=12,
+    branch_search_s=10.0,
+    compared_regions=32,
+)
+FULL = Settings(
+    bounds_layouts=LAYOUTS,
+    bounds_shapes=99,
+    coverage_shapes=3,
+    order_shapes=3,
+    orders=("reverse", "shuffle"),
+    sensitivity_positions=3,
+    differential_examples=50,
+    budget_cases=4,
+    near_serving_shapes=99,
+    fpsan_cases=3,
+    extended_examples=80,
+)
+MODES = {SanitizerMode.QUICK: QUICK, SanitizerMode.FULL: FULL}
 
 
 def run_case(
@@ -938,7 +964,7 @@ def _judge_one(
 def sanitize_file(
     path: str,
     op_name: str,
-    mode: str = "full",
+    mode: SanitizerMode = SanitizerMode.FULL,
     on_check: Optional[Callable[[CheckOutcome], None]] = None,
     fail_fast: Optional[bool] = None,
     only: Optional[Sequence[str]] = None,
@@ -952,6 +978,7 @@ def sanitize_file(
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the CPU checks need TRITON_INTERPRET=1 set before triton is imported")
     op = get_op(op_name)
+    mode = SanitizerMode(mode)  # (a caller may name it by its word)
     settings = MODES[mode]
     if fail_fast is None:
         fail_fast = settings.fail_fast
@@ -997,9 +1024,8 @@ def _run_checks(
                 on_start(name)
             outcome, timed_out = _judge_one(subject, name, check, settings)
             if timed_out:  # slowness is not a fault: the verdict says the candidate was not verified
-                verdict.error = (
-                    f"{TIME_LIMIT_PREFIX} ({time.time() - t_all:.0f}s) during check `{name}` (a "
-                    f"hang, or too slow to check here)"
+                verdict.stop_for_time_limit(
+                    f"({time.time() - t_all:.0f}s) during check `{name}` (a hang, or too slow to check here)"
                 )
                 fail_fast = True
             subject.refs.clear()

@@ -23,8 +23,9 @@ def merge_gpu(cpu: Verdict, gpu: Verdict) -> Verdict:
         cpu.duration_s + gpu.duration_s,
         cpu.error or gpu.error,
         cpu.seed,
-        cpu.source_hash if cpu.source_hash == gpu.source_hash else "",
-    )  # ('': two texts were judged)
+        cpu.source_hash if cpu.source_hash == gpu.source_hash else "",  # ('': two texts were judged)
+        cpu.kind if cpu.error else gpu.kind,  # (the kind of the error it keeps)
+    )
     seen = {c.name for c in cpu.checks}
     merged.checks += [c for c in gpu.checks if c.name not in seen]
     return merged

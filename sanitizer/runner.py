@@ -19,14 +19,14 @@ from typing import Callable, List, Optional, Sequence
 from . import sandbox
 from .isolation import map_tracked, run_tracked, signal_name
 from .lease import OnReady, run_gated
-from .verdict import TIME_LIMIT_PREFIX, CheckOutcome, CheckStatus, Verdict
+from .verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict
 
-DEFAULT_TIMEOUT = {"quick": 120.0, "full": 600.0, "gpu": 900.0}
+DEFAULT_TIMEOUT = {SanitizerMode.QUICK: 120.0, SanitizerMode.FULL: 600.0, SanitizerMode.GPU: 900.0}
 
 
-def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str]:
+def expected_checks(mode: SanitizerMode, only: Optional[Sequence[str]] = None) -> List[str]:
     """The checks a complete verdict of this mode holds (a verdict missing one fails)."""
-    if mode == "gpu":
+    if mode == SanitizerMode.GPU:
         from .gpu import GPU_CHECK_NAMES  # keeps the CLI's startup light: the GPU checks load torch
 
         names = ["static_gate", "load"] + [n for n in GPU_CHECK_NAMES if not only or n in only]
@@ -41,7 +41,7 @@ def expected_checks(mode: str, only: Optional[Sequence[str]] = None) -> List[str
 def run_isolated(
     path: str,
     op: str,
-    mode: str = "full",
+    mode: SanitizerMode = SanitizerMode.FULL,
     timeout_s: Optional[float] = None,
     keep_going: bool = False,
     env: Optional[dict] = None,
@@ -55,6 +55,7 @@ def run_isolated(
     the GPU they may see). `seed`: the inputs' seed base (default: a secret one per call). `skip_gate`:
     tests only, to show that the layers behind the static gate hold on their own. `on_ready` (gpu mode):
     the judge starts without the GPU and asks for it through this (sanitizer/lease.py)."""
+    mode = SanitizerMode(mode)  # (a caller may name it by its word)
     timeout_s = timeout_s or DEFAULT_TIMEOUT[mode]
     path = os.path.abspath(path)
     with tempfile.TemporaryDirectory(prefix="ka-sanitize-") as tmp:
@@ -71,7 +72,7 @@ def run_isolated(
             "--file",
             path,
             "--mode",
-            mode,
+            mode.value,
             "--out",
             out,
             "--deadline",
@@ -85,11 +86,11 @@ def run_isolated(
             cmd += ["--seed", str(int(seed))]
         if skip_gate:
             cmd.append("--skip-gate")
-        gated = on_ready is not None and mode == "gpu"
+        gated = on_ready is not None and mode == SanitizerMode.GPU
         if gated:
             cmd.append("--gpu-lease")
         child_env = sandbox.env_for(tmp, env)
-        if mode != "gpu":
+        if mode != SanitizerMode.GPU:
             child_env["TRITON_INTERPRET"] = "1"
         if gated and on_ready is not None:
             rc, log = run_gated(cmd, timeout_s, child_env, tmp, on_ready)
@@ -124,7 +125,8 @@ def run_isolated(
     where = f" during check `{running}`" if running else ""
     if timed_out:
         # slowness is not a fault: the verdict says the candidate could not be verified, not that it is wrong
-        reason = f"{TIME_LIMIT_PREFIX} ({timeout_s:.0f}s){where} (a hang, or too slow to check here)"
+        v.stop_for_time_limit(f"({timeout_s:.0f}s){where} (a hang, or too slow to check here)")
+        reason = v.error
     elif rc is not None and rc < 0:  # None is a time-out, above
         reason = f"crashed with {signal_name(rc)}{where}"
     else:
@@ -138,7 +140,7 @@ def run_isolated(
 def run_many(
     paths: Sequence[str],
     op: str,
-    mode: str = "full",
+    mode: SanitizerMode = SanitizerMode.FULL,
     jobs: int = 1,
     timeout_s: Optional[float] = None,
     keep_going: bool = False,

@@ -8,14 +8,38 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
-# How a verdict says that the time limit ended the judging, not a fault of the candidate: slowness (a loaded
-# machine, the interpreter) is no reason to reject, so such a candidate stays "not verified", to be judged again.
+# The words a time-limit verdict's error, and the check it stopped, begin with: slowness (a loaded machine, the
+# interpreter) is no reason to reject, so such a candidate stays "not verified", to be judged again. A verdict
+# says so by its kind (VerdictKind.TIME_LIMIT); the words remain what a ledger's check rows (which carry no
+# kind) and a verdict written before verdicts had a kind are read by.
 TIME_LIMIT_PREFIX = "not verified: time limit"
 
 
 def is_time_limit(text: Optional[str]) -> bool:
-    """Whether a verdict's error (or a check's detail) is the time limit's, not a finding."""
+    """Whether a check's recorded detail (or an older verdict's error) is the time limit's words, not a finding."""
     return (text or "").startswith(TIME_LIMIT_PREFIX)
+
+
+class VerdictKind(str, Enum):
+    """What a verdict is: a judgement of the candidate, or a judging the time limit ended (no finding: the
+    candidate is not verified, and is judged again). The member is the string the JSON holds."""
+
+    JUDGED = "judged"  # passed or failed on what the checks found (or the judge failing for another reason)
+    TIME_LIMIT = "time limit"  # the time limit stopped the judging: neither passed nor a fault of the candidate
+
+    def __str__(self) -> str:  # f-strings and str() give the word, not VerdictKind.JUDGED
+        return self.value
+
+
+class SanitizerMode(str, Enum):
+    """Which checks a judge runs; the member is the string the command line, the ledger and the JSON hold."""
+
+    QUICK = "quick"  # the CPU checks, each drawing fewer cases (what a run screens with)
+    FULL = "full"  # every CPU check at full depth (what a promotion needs)
+    GPU = "gpu"  # the checks that need the device (determinism, the device suite)
+
+    def __str__(self) -> str:  # f-strings and str() give the word, not SanitizerMode.QUICK
+        return self.value
 
 
 class CheckStatus(str, Enum):
@@ -109,6 +133,20 @@ class Verdict:
     # judge read); '' when
     # the verdict does not say (an older ledger's): the loop holds it against the candidate's own hash
     source_hash: str = ""
+    kind: VerdictKind = VerdictKind.JUDGED  # (a stored word, as read back from JSON, is made a member)
+
+    def __post_init__(self) -> None:
+        self.kind = VerdictKind(self.kind)
+
+    @property
+    def timed_out(self) -> bool:
+        """The time limit ended the judging: the candidate is not verified, and not at fault."""
+        return self.kind == VerdictKind.TIME_LIMIT
+
+    def stop_for_time_limit(self, reason: str) -> None:
+        """The time limit ended the judging: `reason` (the limit's words, then where it stopped) is the error."""
+        self.error = f"{TIME_LIMIT_PREFIX} {reason}"
+        self.kind = VerdictKind.TIME_LIMIT
 
     @property
     def passed(self) -> bool:
@@ -148,11 +186,14 @@ class Verdict:
             "checks": [c.to_json() for c in self.checks],
             "seed": self.seed,
             "source_hash": self.source_hash,
+            "kind": self.kind,
         }
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
-        """A verdict document: a judge's, or one the ledger stores (whose older rows may lack any key)."""
+        """A verdict document: a judge's, or one the ledger stores (whose older rows may lack any key; one
+        written before verdicts had a kind says the time limit's by its error's words)."""
+        kind = d.get("kind") or (VerdictKind.TIME_LIMIT if is_time_limit(d.get("error")) else VerdictKind.JUDGED)
         return cls(
             d.get("file") or "",
             d.get("op") or "",
@@ -164,4 +205,5 @@ class Verdict:
             d.get("error") or "",
             d.get("seed"),
             d.get("source_hash") or "",
+            kind,
         )

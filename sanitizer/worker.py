@@ -24,7 +24,7 @@ from .canonical import judged_or_as_read
 from .executor import Executor
 from .lease import wait_for_grant
 from .static_gate import check_source
-from .verdict import CheckOutcome, Verdict
+from .verdict import CheckOutcome, SanitizerMode, Verdict
 
 
 def _write(path: str, doc: dict) -> None:
@@ -47,7 +47,7 @@ def _parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", required=True)
     ap.add_argument("--file", required=True)
-    ap.add_argument("--mode", default="full", choices=["quick", "full", "gpu"])
+    ap.add_argument("--mode", default=SanitizerMode.FULL, type=SanitizerMode, choices=list(SanitizerMode))
     ap.add_argument("--out", required=True)
     ap.add_argument("--keep-going", action="store_true")
     ap.add_argument("--checks", default="", help="comma-separated subset of checks (static_gate and load always run)")
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     args = _parse_args(argv)
     _die_with_parent()
     only = [c for c in args.checks.split(",") if c] or None
-    if args.mode != "gpu":
+    if args.mode != SanitizerMode.GPU:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
     seed_base = args.seed if args.seed is not None else secrets.randbelow(1 << 40)
     deadline = args.deadline or time.time() + 600
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     # not started at all for a file that the static gate rejects.
     gate_ok = args.skip_gate or check_source(raw, args.op).passed
     executor = None
-    if gate_ok and args.mode != "gpu":
+    if gate_ok and args.mode != SanitizerMode.GPU:
         executor = Executor(args.file, args.op, "cpu", deadline=deadline, skip_gate=args.skip_gate)
 
     def on_start(name: str):
@@ -121,7 +121,7 @@ def _judge(
     on_start: Callable[[str], None],
 ) -> Verdict:
     """Run the checks of args.mode on the candidate: on the GPU, or through its executor in the interpreter."""
-    if args.mode == "gpu":
+    if args.mode == SanitizerMode.GPU:
         from .gpu import sanitize_gpu  # deferred: torch and triton load after the executor has started
 
         return sanitize_gpu(

@@ -46,8 +46,7 @@ def report(ledger_path: str, run_id: str) -> dict:
     run = ledger.get_run(run_id)
     if run is None:
         raise SystemExit(f"no run {run_id!r} in {ledger_path}")
-    notes = json.loads(run.notes) if run.notes.startswith("{") else {}
-    sessions = notes.get("sessions", [])
+    sessions = run.notes.sessions or []
     statuses: dict = {}
     for c in ledger.candidates(run_id=run_id):
         statuses[c.status] = statuses.get(c.status, 0) + 1

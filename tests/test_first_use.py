@@ -81,7 +81,8 @@ def _times_out_in_full(path, op, mode):
         checks=[CheckOutcome("static_gate", "passed"), CheckOutcome("near_serving", "failed", TIME_LIMIT)],
         source_hash=read_judged(path).hash,
     )
-    v.error = TIME_LIMIT
+    v.stop_for_time_limit(TIME_LIMIT.removeprefix("not verified: time limit "))  # as the judge says it
+    assert v.error == TIME_LIMIT
     return v
 
 
@@ -223,6 +224,18 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
     assert f"model calls: {calls} of {calls} failed" in out
 
 
+def test_a_failed_model_call_is_told_by_its_type_not_by_the_words_of_its_reason():
+    """A proposal whose call failed carries the call's error; an unusable reply whose reason reads the same is
+    still an unusable reply (recorded as a rejected candidate), not a failed call."""
+    from kernel_agent.agent.proposal import Proposal
+
+    failed = Proposal.no_reply("matmul", "model-1", "model", 7, "HTTP 501")
+    assert failed.call_failed and failed.model_call_error == "HTTP 501"
+    assert failed.rejected == "model call failed: HTTP 501" and failed.source == "" and failed.model_call_id == 7
+    unusable = Proposal("matmul", "", "model-2", "model", model_call_id=8, rejected="model call failed: says the reply")
+    assert not unusable.call_failed
+
+
 # -- 3. every way a run ends is recorded ----------------------------------------------------------------
 
 
@@ -247,7 +260,7 @@ def test_a_run_that_ends_by_an_error_records_how(tmp_path, exc, status, why):
         _cpu_run(tmp_path, db, _passes, events=loop_mod.RunEvents(note=_note_raising(exc)))
     led = Ledger(db, read_only=True)
     [run] = led.runs()
-    assert run.status == status and why in json.loads(run.notes)["stop"]
+    assert run.status == status and why in run.notes.stop
     led.close()
 
 

@@ -131,7 +131,7 @@ def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alon
     assert target["worktree"] not in _git(repo, "worktree", "list")
     assert _git(repo, "branch", "--list", branch)
     led = Ledger(ledger_path)
-    assert publish.recorded_target(json.loads(led.get_run(run_id).notes)).branch == branch
+    assert publish.recorded_target(led.get_run(run_id).notes).branch == branch
     led.close()
     from kernel_agent.agent.cli import main
 

@@ -6,6 +6,7 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import text as sql_text
 
 from kernel_agent.harness import ledger as ledger_mod
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
@@ -17,6 +18,7 @@ from kernel_agent.harness.ledger import (
     LedgerError,
     ModelUsage,
     Run,
+    RunNotesRecord,
 )
 from kernel_agent.sanitizer.canonical import as_written
 
@@ -529,6 +531,27 @@ def test_run_status_and_filters(led):
     assert led.runs(until=now - timedelta(days=2)) == []
     assert len(led.runs(until=now.date())) == 3  # a bare date includes its whole day
     assert len(led.runs(since=(now - timedelta(days=1)).date().isoformat())) == 3
+
+
+def test_run_notes_read_as_a_record_and_an_older_runs_plain_text_still_reads(led):
+    """The notes column holds text on either backend: the JSON object `run` writes reads back as its fields
+    (a key this version does not know kept), and the free text an older ledger's run holds as a record of it."""
+    a, b, c = _run(led), _run(led), _run(led)
+    assert led.get_run(a.id).notes == RunNotesRecord()  # none recorded: every field empty
+    sessions = [{"candidates": 3, "resumed": False}]
+    written = RunNotesRecord(elapsed_s=12.5, tokens=40, sessions=sessions, stop="budget", other={"branch": "x"})
+    led.set_run_status(a.id, "finished", notes=written)
+    got = led.get_run(a.id).notes
+    assert got == written and got.sessions == sessions and got.other == {"branch": "x"} and got.text == ""
+    with led._write.begin() as s:  # as an older version wrote them: plain text, and a JSON document that is no object
+        s.execute(sql_text("UPDATE run SET notes = :n WHERE id = :i"), {"n": "tuned by hand {see log}", "i": b.id})
+        s.execute(sql_text("UPDATE run SET notes = :n WHERE id = :i"), {"n": "[1, 2]", "i": c.id})
+    old = led.get_run(b.id).notes
+    assert old.text == "tuned by hand {see log}" and old.to_json() == {} and old.sessions is None
+    assert led.get_run(c.id).notes.text == "[1, 2]"
+    led.set_run_status(b.id, "finished", notes=old)  # read and written back, it is the same text
+    with led._read() as s:
+        assert s.execute(sql_text("SELECT notes FROM run WHERE id = :i"), {"i": b.id}).scalar_one() == old.text
 
 
 def test_run_dates_filter_with_backdated_runs(led):

@@ -315,7 +315,7 @@ def test_the_time_limit_stops_the_run_and_a_resume_finishes_what_was_in_flight(t
         if led.candidates(run_id=run.id):
             break
         led.close()
-    assert json.loads(run.notes)["elapsed_s"] <= limit + 15 and wall < limit + 15 + 15  # (+ the CLI's start)
+    assert run.notes.elapsed_s <= limit + 15 and wall < limit + 15 + 15  # (+ the CLI's start)
     assert "left unjudged at the time limit" in r.stdout and f"--resume {run.id}" in r.stdout + r.stderr
     # not a terminal: the live status comes as a plain line (at the start, then once a minute)
     status = [ln for ln in r.stdout.splitlines() if ln.startswith("status: ")]

@@ -16,7 +16,7 @@ from kernel_agent.agent.pr import run_branch, write_pr
 from kernel_agent.agent.review import write_report
 from kernel_agent.harness import figures as F
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
-from kernel_agent.harness.ledger import Ledger, upgrade_ledger
+from kernel_agent.harness.ledger import Ledger, RunNotesRecord, upgrade_ledger
 from kernel_agent.harness.serving import kernel_file_name
 from kernel_agent.sanitizer.canonical import as_written, judge_text
 from tiers import exhaustive
@@ -262,7 +262,8 @@ def _ledger_with_int8_promotion(tmp_path, notes=None):
         reason="33.3% faster than the incumbent",
         versions={},
     )
-    led.set_run_status(run.id, "finished", notes=json.dumps(notes) if notes is not None else None)
+    stored = RunNotesRecord.from_stored(json.dumps(notes)) if notes is not None else None
+    led.set_run_status(run.id, "finished", notes=stored)
     return led, led.get_run(run.id), cand
 
 

@@ -14,7 +14,9 @@ import triton.language as tl
 from kernel_agent.sanitizer import isolation, runner
 from kernel_agent.sanitizer.guard import GuardViolation, HostGuard
 from kernel_agent.sanitizer.interp import Instrumentation, Watched
+from kernel_agent.sanitizer.report import merge_gpu
 from kernel_agent.sanitizer.static_gate import check_source
+from kernel_agent.sanitizer.verdict import Verdict, VerdictKind
 from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,6 +250,24 @@ def test_a_hang_is_a_verdict(tmp_path):
     # less, the deadline can pass before `runs`, and the verdict names `load`: still not verified)
     v = runner.run_isolated(str(hang), "matmul", "quick", timeout_s=20)
     assert not v.passed and v.error.startswith("not verified: time limit") and "`runs`" in v.error, v.to_json()
+    assert v.timed_out and v.kind == VerdictKind.TIME_LIMIT, v.to_json()
+
+
+def test_a_verdicts_kind_survives_its_document_and_an_older_document_is_read_by_its_words():
+    """The kind is what the loop reads (a time-limit verdict is judged again); a verdict stored before verdicts
+    had a kind says the time limit's only by its error's words, and reads back as the same kind."""
+    stopped = Verdict("f.py", "matmul", "quick")
+    stopped.stop_for_time_limit("(20s) during check `runs` (a hang, or too slow to check here)")
+    assert stopped.error.startswith("not verified: time limit") and not stopped.passed
+    doc = json.loads(json.dumps(stopped.to_json()))
+    assert doc["kind"] == "time limit" and Verdict.from_json(doc).timed_out
+    older = {k: v for k, v in doc.items() if k != "kind"}
+    assert Verdict.from_json(older).kind == VerdictKind.TIME_LIMIT
+    failed = Verdict("f.py", "matmul", "quick", error="crashed with SIGSEGV during check `bounds`")
+    assert Verdict.from_json(failed.to_json()).kind == VerdictKind.JUDGED
+    assert Verdict.from_json({k: v for k, v in failed.to_json().items() if k != "kind"}).kind == VerdictKind.JUDGED
+    merged = merge_gpu(Verdict("f.py", "matmul", "full", seed=1), stopped)
+    assert merged.timed_out and merged.error == stopped.error
 
 
 def test_a_bf16_only_path_passes_on_cpu_and_the_verdict_says_it_is_verified_on_gpu_only():
