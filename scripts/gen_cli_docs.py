@@ -49,7 +49,7 @@ def _sections(parser: argparse.ArgumentParser, path: str):
 
 def render() -> str:
     """The page, as the command line's parser prints its help today."""
-    from kernel_agent.agent.cli import build_parser  # after the checkout joins sys.path
+    from kernel_agent.agent.cli.parser import build_parser  # after the checkout joins sys.path
 
     saved = {k: os.environ.get(k) for k in HELP_ENV}
     os.environ.update(HELP_ENV)
