@@ -1,4 +1,5 @@
-"""Errors the command line turns into one line on stderr (own module: `python -m` runs cli.py as __main__)."""
+"""Errors the command line (agent/cli/) turns into one line on stderr; every command imports them through
+agent/cli/common.py."""
 
 
 class UsageError(Exception):

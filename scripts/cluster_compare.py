@@ -7,7 +7,7 @@ per node), and on this machine's own placement for reference: candidates judged 
 Each configuration runs the built-in search proposer with the same seed, ops and candidate cap on a
 ledger, candidates folder and serving set of its own (so nothing is replayed from another run and the
 repository's serving set is not touched). A cluster's nodes are started here with `ray start --block`,
-each in a process group of its own on free ports (tests/local_ray_cluster.py, which the cluster tests
+each in a process group of its own on free ports (agent/local_ray_cluster.py, which the cluster tests
 start theirs with), and stopped by killing those groups, never with `ray stop` (which would stop every
 Ray node of the machine). The cluster is up before its run starts: its start is
 not measured. Nothing here needs a GPU: the sanitizer runs in Triton's interpreter.
@@ -32,9 +32,9 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from kernel_agent.agent.local_ray_cluster import LocalRayCluster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # the local cluster the cluster tests start, shared with them
-from local_ray_cluster import LocalRayCluster  # noqa: E402
 
 CLI = [sys.executable, "-m", "kernel_agent.agent.cli"]
 # the judges run Triton in its interpreter on every node, as on a CPU-only machine

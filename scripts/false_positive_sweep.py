@@ -27,18 +27,17 @@ import argparse
 import glob
 import json
 import os
-import random
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from kernel_agent.agent.seed_sweep import checkout_commit, read_results, sweep_seed
+from kernel_agent.harness.ops import OPS
+from kernel_agent.sanitizer.runner import run_isolated
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from kernel_agent.harness.ops import OPS  # noqa: E402
-from kernel_agent.sanitizer.runner import run_isolated  # noqa: E402
 
 GROUPS = {
     "baselines": "kernels/baseline/[!_]*.py",
@@ -46,11 +45,6 @@ GROUPS = {
     "good": "tests/candidates/good/*/*.py",
 }
 DEFAULT_OUT = "results/cpu/false_positive_sweep.jsonl"
-
-
-def sweep_seed(i: int) -> int:
-    """The seed base of the sweep's i-th seed: spread over 40 bits, the same for the same i."""
-    return random.Random(i).getrandbits(40)
 
 
 def op_of(path: str) -> str:
@@ -86,34 +80,6 @@ def kernel_files(names: Iterable[str]) -> List[str]:
 
 def _key(kernel: str, seed: int, mode: str, checks: str) -> Tuple[str, int, str, str]:
     return kernel, int(seed), mode, checks
-
-
-def read_results(path: str) -> List[Dict]:
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    rows.append(json.loads(line))
-    return rows
-
-
-def _commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def is_timeout(row: Dict) -> bool:
@@ -224,7 +190,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if _key(k, sweep_seed(i), a.mode, a.checks) not in done
     ]
     print(f"{len(kernels)} kernels x {a.seeds} seeds: {len(todo)} verdicts to judge, {a.jobs} at a time", flush=True)
-    commit, lock = a.commit or _commit(), threading.Lock()
+    commit, lock = a.commit or checkout_commit(ROOT), threading.Lock()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
 
     def one(item):

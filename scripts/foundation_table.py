@@ -15,8 +15,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # run from a checkout
-
 FLOORS = {  # op -> (what, test(baseline, anchor, ceilings, shape) -> (value, ok))
     "matmul": "baseline >= 0.9x torch.matmul at 4096^3 and 8192^3",
     "decode_attention": "baseline >= 70% of copy bandwidth at 8k context",

@@ -14,8 +14,9 @@ import argparse
 import os
 import sys
 
+from kernel_agent.agent.cli import parser as cli_parser
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the checkout, installed or not
 
 PAGE = os.path.join(ROOT, "docs", "COMMANDS.md")
 # argparse wraps at the terminal's width, and Python 3.14 colours help where it may: fix both
@@ -49,12 +50,10 @@ def _sections(parser: argparse.ArgumentParser, path: str):
 
 def render() -> str:
     """The page, as the command line's parser prints its help today."""
-    from kernel_agent.agent.cli import build_parser  # after the checkout joins sys.path
-
     saved = {k: os.environ.get(k) for k in HELP_ENV}
     os.environ.update(HELP_ENV)
     try:
-        parser = build_parser()
+        parser = cli_parser.build_parser()  # looked up when the page is rendered
         parts = [HEADER, "## kernel-agent\n", "```text\n" + parser.format_help().rstrip() + "\n```\n"]
         index = []
         for heading, what, text in _sections(parser, "kernel-agent"):

@@ -43,10 +43,9 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from kernel_agent.sanitizer import sandbox
 
-from kernel_agent.sanitizer import sandbox  # noqa: E402 - after the checkout joins the path
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TOOL_PORTS = (49152, 49168)  # compute-sanitizer's range (sanitizer/gpu.py)
 

@@ -24,12 +24,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Set, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from false_positive_sweep import _commit, read_results, sweep_seed  # noqa: E402
+from kernel_agent.agent.seed_sweep import checkout_commit, read_results, sweep_seed
+from kernel_agent.sanitizer.runner import run_isolated
 
-from kernel_agent.sanitizer.runner import run_isolated  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOSTILE = os.path.join(ROOT, "tests", "candidates", "hostile")
 DEFAULT_OUT = "results/cpu/hostile_seed_sweep.jsonl"
@@ -109,7 +107,7 @@ def main() -> int:
         for rel, op in named
         if (rel, i) not in done
     ]
-    commit = _commit()
+    commit = checkout_commit(ROOT)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with ThreadPoolExecutor(a.jobs) as ex, open(out, "a", encoding="utf-8") as f:
         for row in ex.map(lambda t: judge(*t, commit), todo):

@@ -21,8 +21,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernel_agent.agent import publish  # noqa: E402
-from kernel_agent.agent.pr import RunBranch, _serving_file_holds  # noqa: E402
-from kernel_agent.agent.review import PromotedKernel, diff_section, serving_gate_item  # noqa: E402
+from kernel_agent.agent.cli.gate import serving_gate_item  # noqa: E402
+from kernel_agent.agent.cli.pr import RunBranch, _serving_file_holds  # noqa: E402
+from kernel_agent.agent.cli.promotion_sections import PromotedKernel, diff_section  # noqa: E402
 from kernel_agent.agent.search import baseline_config  # noqa: E402
 from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.config_variant import baseline_source, split_config, with_config  # noqa: E402
@@ -222,7 +223,7 @@ def test_reports_show_the_configuration_in_a_line():
 def test_show_names_the_configuration_before_the_diff(tmp_path, capsys):
     """`kernel-agent show CANDIDATE` says in a line what a configuration candidate changes, as the report
     does; a code change gets no such line."""
-    from kernel_agent.agent import cli
+    from kernel_agent.agent.cli import parser as cli
     from kernel_agent.harness.ledger import Ledger
 
     path = tmp_path / "ledger.db"

@@ -24,7 +24,7 @@ def test_commands_page_is_what_help_prints():
 
 def test_commands_page_follows_a_changed_flag(monkeypatch):
     """A flag added to a command changes the page, so the test above fails until the page is regenerated."""
-    from kernel_agent.agent import cli
+    from kernel_agent.agent.cli import parser as cli
 
     gen = _generator()
     build = cli.build_parser
@@ -41,8 +41,8 @@ def test_commands_page_follows_a_changed_flag(monkeypatch):
 
 
 def test_every_command_has_a_section():
-    from kernel_agent.agent import cli
-    from kernel_agent.agent.cli_common import COMMANDS
+    from kernel_agent.agent.cli import parser as cli
+    from kernel_agent.agent.cli.common import COMMANDS
 
     cli.build_parser()  # building the parser fills the command table
     assert len(COMMANDS) >= 10

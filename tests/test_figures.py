@@ -149,7 +149,8 @@ def test_the_committed_h200_report_agrees_with_its_plots_trend_and_leaderboard(h
     pytest.importorskip("matplotlib")
     import matplotlib.axes
 
-    from kernel_agent.agent.review import speedup_trend, write_report
+    from kernel_agent.agent.cli.report import write_report
+    from kernel_agent.agent.cli.views import speedup_trend
 
     drawn = []  # what the plots draw: (legend label, bar heights)
     bar = matplotlib.axes.Axes.bar

@@ -186,7 +186,7 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_before_the_run(tmp_path)
 def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, monkeypatch, capsys, budget):
     """With a budget of 10 it stops after MODEL_FAILURES_LIMIT calls; with a budget of 2 the failed calls used the
     budget before that, and the run said `finished: candidate budget reached (2)`, exit 0, with no candidate."""
-    from kernel_agent.agent.commands import _print_run_summary
+    from kernel_agent.agent.cli.run import _print_run_summary
     from openai_stub import Stub
 
     stub = Stub([{"status": 501}])
@@ -265,7 +265,8 @@ def test_a_run_that_ends_by_an_error_records_how(tmp_path, exc, status, why):
 
 
 def test_a_closed_pipe_is_not_a_success(monkeypatch):
-    from kernel_agent.agent import cli, cli_common
+    from kernel_agent.agent.cli import common as cli_common
+    from kernel_agent.agent.cli import parser as cli
 
     def closed(args):
         raise BrokenPipeError(32, "Broken pipe")
@@ -279,7 +280,7 @@ def test_a_closed_pipe_is_not_a_success(monkeypatch):
 
 
 def test_the_committed_h200_pull_request_diffs_against_the_incumbent_it_was_judged_against(tmp_path):
-    from kernel_agent.agent.pr import write_pr
+    from kernel_agent.agent.cli.pr import write_pr
 
     example = os.path.join(ROOT, "results", "h200", "pr_example")
     shutil.copy(os.path.join(example, "ledger.db"), tmp_path / "l.db")
@@ -304,7 +305,7 @@ def test_the_committed_h200_pull_request_diffs_against_the_incumbent_it_was_judg
 
 
 def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_path, capsys):
-    from kernel_agent.agent.commands import cmd_show
+    from kernel_agent.agent.cli.show import cmd_show
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
@@ -420,7 +421,7 @@ def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, mon
 
 
 def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monkeypatch, capsys):
-    from kernel_agent.agent.commands import cmd_demote
+    from kernel_agent.agent.cli.demote import cmd_demote
     from kernel_agent.harness import serving
     from test_git_promotions import _checkout, _git
 
@@ -451,7 +452,7 @@ def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monk
 
 def test_demote_on_a_fresh_clone_makes_the_default_ledger_and_records_there(tmp_path, monkeypatch, capsys):
     """The committed serving set's choices hold before any run: demoting one needs no run first."""
-    from kernel_agent.agent.commands import cmd_demote
+    from kernel_agent.agent.cli.demote import cmd_demote
 
     r = _git_repo(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
@@ -477,7 +478,7 @@ def test_demote_on_a_fresh_clone_makes_the_default_ledger_and_records_there(tmp_
 
 def test_demote_on_a_machine_without_that_gpu_names_the_gpus_that_serve_the_bucket(tmp_path, monkeypatch):
     """On the CPU machine `demote` looked the bucket up on 'cpu' and said only that nothing serves it there."""
-    from kernel_agent.agent.commands import cmd_demote
+    from kernel_agent.agent.cli.demote import cmd_demote
     from kernel_agent.agent.errors import UsageError
 
     r = _git_repo(tmp_path, monkeypatch)
@@ -534,7 +535,7 @@ def _terminal(monkeypatch, width=80):
 
 
 def test_show_wraps_a_check_detail_at_80_columns_instead_of_cutting_it(tmp_path, monkeypatch):
-    from kernel_agent.agent.commands import _print_checks
+    from kernel_agent.agent.cli.show import _print_checks
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
@@ -553,7 +554,7 @@ def test_show_wraps_a_check_detail_at_80_columns_instead_of_cutting_it(tmp_path,
 
 
 def test_history_keeps_its_count_columns_at_80_columns(tmp_path, monkeypatch):
-    from kernel_agent.agent.review import history
+    from kernel_agent.agent.cli.history import history
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["matmul", "attention", "decode_attention", "quantize_kv"], "NVIDIA H200", {})
@@ -579,7 +580,7 @@ def test_history_keeps_its_count_columns_at_80_columns(tmp_path, monkeypatch):
 
 
 def test_the_gate_names_the_seed_base_in_its_junit_and_summary(tmp_path):
-    from kernel_agent.agent.review import _gate_markdown
+    from kernel_agent.agent.cli.gate import _gate_markdown
     from kernel_agent.sanitizer.report import write_junit
 
     v = Verdict(
@@ -597,7 +598,7 @@ def test_the_gate_names_the_seed_base_in_its_junit_and_summary(tmp_path):
 
 
 def test_the_gate_prints_each_kernel_as_it_is_judged_through_a_pipe(monkeypatch, capsys, tmp_path):
-    from kernel_agent.agent import review
+    from kernel_agent.agent.cli import gate
 
     seen_during = []
 
@@ -611,9 +612,9 @@ def test_the_gate_prints_each_kernel_as_it_is_judged_through_a_pipe(monkeypatch,
             out.append(v)
         return out
 
-    monkeypatch.setattr(review, "run_many", run_many)
+    monkeypatch.setattr(gate, "run_many", run_many)
     (tmp_path / "a.py").write_text("x = 1\n")
-    review._judge_gate_items([review.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
+    gate._judge_gate_items([gate.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
     assert "PASS matmul/baseline" in seen_during[0] and "seed 7" in seen_during[0]
 
 
@@ -622,7 +623,7 @@ def test_the_gate_says_it_is_still_working_through_a_pipe_before_its_first_verdi
     the gate gives a status line meanwhile, as the run does every minute (here every 50 ms)."""
     import time
 
-    from kernel_agent.agent import review
+    from kernel_agent.agent.cli import gate
 
     before_verdict = []
 
@@ -636,10 +637,10 @@ def test_the_gate_says_it_is_still_working_through_a_pipe_before_its_first_verdi
             on_done(v)
         return out
 
-    monkeypatch.setattr(review, "run_many", run_many)
-    monkeypatch.setattr(review, "GATE_STATUS_EVERY_S", 0.05, raising=False)
+    monkeypatch.setattr(gate, "run_many", run_many)
+    monkeypatch.setattr(gate, "GATE_STATUS_EVERY_S", 0.05, raising=False)
     (tmp_path / "a.py").write_text("x = 1\n")
-    review._judge_gate_items([review.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
+    gate._judge_gate_items([gate.GateItem("matmul", "matmul/baseline", str(tmp_path / "a.py"))], "full", False, 2)
     status = [ln for ln in before_verdict[0].splitlines() if ln.startswith("status: ")]
     assert status and status[0].startswith(
         "status: 0:00 gate: 1 kernel(s), full, 2 at a time: 0/1 done; matmul: 0/1 kernel(s) through full"
@@ -652,7 +653,7 @@ def test_the_gate_says_it_is_still_working_through_a_pipe_before_its_first_verdi
 
 
 def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_replayed(tmp_path, capsys):
-    from kernel_agent.agent.review import history
+    from kernel_agent.agent.cli.history import history
 
     led = Ledger(tmp_path / "l.db")
     first = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
@@ -689,12 +690,12 @@ def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_repl
     )
     row = next(r for r in json.loads(capsys.readouterr().out)["runs"] if r["id"] == second.id)
     assert row["judged_now"] == 1 and row["replayed"] == 1
-    from kernel_agent.agent.review import write_report
+    from kernel_agent.agent.cli.report import write_report
 
     report = open(write_report(led, second, str(tmp_path / "report"))).read()
     assert "- candidates judged by this run: 1 (verified 1); replayed from earlier runs: 1" in report, report
     led.close()
-    from kernel_agent.agent.commands import cmd_show
+    from kernel_agent.agent.cli.show import cmd_show
 
     cmd_show(argparse.Namespace(what=second.id, ledger=str(tmp_path / "l.db"), json=False, source=False))
     rows = {
@@ -707,7 +708,7 @@ def test_the_summary_and_history_count_what_a_run_judged_apart_from_what_it_repl
 
 
 def test_a_read_only_candidates_folder_is_one_line_before_the_run_is_recorded(tmp_path, monkeypatch, capsys):
-    from kernel_agent.agent import cli
+    from kernel_agent.agent.cli import parser as cli
 
     cands = tmp_path / "cands"
     cands.mkdir()
@@ -796,7 +797,7 @@ def test_a_postgresql_ledger_takes_no_run_hold_it_is_shared_by_design(postgres):
 
 
 def test_a_time_limit_reads_its_unit_in_words():
-    from kernel_agent.agent.cli_common import parse_duration
+    from kernel_agent.agent.cli.common import parse_duration
 
     assert [parse_duration(t) for t in ("8hours", "8 hours", "90min", "1.5h", "45sec", "2d")] == [
         28800,
@@ -809,7 +810,7 @@ def test_a_time_limit_reads_its_unit_in_words():
 
 
 def test_hints_carry_the_ledger_and_the_path_of_a_venv_that_is_not_active(tmp_path, monkeypatch):
-    from kernel_agent.agent.cli_common import default_ledger, hint
+    from kernel_agent.agent.cli.common import default_ledger, hint
 
     exe = tmp_path / ".venv" / "bin" / "kernel-agent"
     exe.parent.mkdir(parents=True)
@@ -864,7 +865,7 @@ def test_a_destination_that_cannot_be_written_is_one_line_before_the_work(tmp_pa
         _read_only(monkeypatch, blocker)
     trace = os.path.join(ROOT, "tests", "data", "workloads", "chat_300.jsonl")
     replays = []
-    monkeypatch.setattr("kernel_agent.agent.workload_cmd.analyze", lambda *a, **k: replays.append(a))
+    monkeypatch.setattr("kernel_agent.agent.cli.workload.analyze", lambda *a, **k: replays.append(a))
     argv = {
         "report": ["report", run.id, "--ledger", "l.db", "--out", str(dest)],
         "pr": ["pr", run.id, "--ledger", "l.db", "--out", str(dest)],
@@ -882,7 +883,8 @@ def test_a_destination_that_cannot_be_written_is_one_line_before_the_work(tmp_pa
 
 
 def test_the_run_summary_and_show_give_the_wall_time_at_80_columns(tmp_path, monkeypatch):
-    from kernel_agent.agent.commands import _print_run_summary, cmd_show
+    from kernel_agent.agent.cli.run import _print_run_summary
+    from kernel_agent.agent.cli.show import cmd_show
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})
@@ -907,7 +909,7 @@ def test_the_run_summary_and_show_give_the_wall_time_at_80_columns(tmp_path, mon
 def test_the_throughput_line_after_a_resume_says_it_counts_that_session(tmp_path, capsys, resumed):
     """After `run --resume` the table's `judged now 2` is the run's, the throughput line's `1 judged` the
     resume's: the line said only `throughput: 1 judged`."""
-    from kernel_agent.agent.commands import _print_run_summary
+    from kernel_agent.agent.cli.run import _print_run_summary
     from kernel_agent.harness.ledger import RunSession
 
     with Ledger(tmp_path / "l.db") as led:
@@ -925,7 +927,7 @@ def test_the_throughput_line_after_a_resume_says_it_counts_that_session(tmp_path
 
 
 def test_a_cut_rejection_detail_ends_with_an_ellipsis(monkeypatch, capsys):
-    from kernel_agent.agent.commands import _run_events
+    from kernel_agent.agent.cli.run import _run_events
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     events = _run_events(argparse.Namespace(json=False, ledger=None))
@@ -936,7 +938,7 @@ def test_a_cut_rejection_detail_ends_with_an_ellipsis(monkeypatch, capsys):
 
 
 def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(tmp_path, monkeypatch):
-    from kernel_agent.agent.review import write_report
+    from kernel_agent.agent.cli.report import write_report
 
     home, work = tmp_path / "home", tmp_path / "home" / "clone"
     work.mkdir(parents=True)
@@ -963,7 +965,7 @@ def test_the_report_carries_no_machine_paths_and_says_how_to_reproduce_the_run(t
 def test_the_reports_judged_count_keeps_what_the_run_left_unjudged_apart(tmp_path):
     """A run stopped by its time limit with one candidate in flight: the report read `candidates judged by this
     run: 0 (proposed 1)`."""
-    from kernel_agent.agent.review import write_report
+    from kernel_agent.agent.cli.report import write_report
 
     with Ledger(tmp_path / "l.db") as led:
         run = led.start_run({"ops": ["quantize_kv"], "proposer": "search"}, {}, "search", ["quantize_kv"], None, {})
@@ -981,8 +983,8 @@ def test_a_model_runs_reproduce_line_names_the_model_and_endpoint_as_flags(tmp_p
     """It gave the recorded endpoint as one quoted dict: `--model '{'"'"'base_url'"'"': ...}'`."""
     import shlex
 
-    from kernel_agent.agent.cli import build_parser
-    from kernel_agent.agent.review import write_report
+    from kernel_agent.agent.cli.parser import build_parser
+    from kernel_agent.agent.cli.report import write_report
 
     endpoint = {"model": "coder 7b", "base_url": "http://127.0.0.1:9/v1", "max_tokens": 8192, "temperature": 0.7}
     cfg = {"ops": ["quantize_kv"], "proposer": "model", "model": endpoint, "max_candidates": 3, "time_limit_s": 150}
@@ -1023,7 +1025,8 @@ def test_promote_on_a_machine_without_a_gpu_names_promote_before_torch_is_import
 
 @pytest.mark.parametrize("gpu", [False, True])
 def test_the_gates_status_counts_a_kernel_done_as_its_last_stage_judges_it(monkeypatch, tmp_path, gpu):
-    from kernel_agent.agent import review, ui
+    from kernel_agent.agent import ui
+    from kernel_agent.agent.cli import gate
 
     counted = []
     real_advance = ui.Progress.advance
@@ -1042,13 +1045,13 @@ def test_the_gates_status_counts_a_kernel_done_as_its_last_stage_judges_it(monke
             out.append(v)
         return out
 
-    monkeypatch.setattr(review, "run_many", run_many)
-    monkeypatch.setattr(review, "merge_gpu", lambda a, b: a)
+    monkeypatch.setattr(gate, "run_many", run_many)
+    monkeypatch.setattr(gate, "merge_gpu", lambda a, b: a)
     items = []
     for name in ("a", "b"):
         (tmp_path / f"{name}.py").write_text("x = 1\n")
-        items.append(review.GateItem("matmul", f"matmul/{name}", str(tmp_path / f"{name}.py")))
-    review._judge_gate_items(items, "full", gpu, 2)
+        items.append(gate.GateItem("matmul", f"matmul/{name}", str(tmp_path / f"{name}.py")))
+    gate._judge_gate_items(items, "full", gpu, 2)
     assert [re.search(r"\d+/2 done", t).group(0) for t in counted] == ["1/2 done", "2/2 done"], counted
     assert ("through gpu" in counted[0]) == gpu  # counted when the last stage judged it, not before
 
@@ -1060,7 +1063,7 @@ def test_progress_plot_labels_of_candidates_judged_close_together_do_not_overlap
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kernel_agent.agent.review import _label_points
+    from kernel_agent.agent.cli.plots import _label_points
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     # eight candidates judged within seconds of each other at nearly the same speedup
@@ -1088,7 +1091,7 @@ def test_a_late_promotions_note_stays_inside_the_plot_clear_of_the_legend_and_la
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kernel_agent.agent.review import progress_figure
+    from kernel_agent.agent.cli.plots import progress_figure
 
     t0 = dt.datetime(2026, 12, 2, 5, 12, tzinfo=dt.timezone.utc)
     minutes = [1.9, 2.1, 2.3, 2.8, 3.4, 3.6, 3.9, 5.3, 5.9, 7.3]

@@ -369,8 +369,8 @@ def _fake_promote_children():
 
 def _promote(argv, evaluator, devices):
     """`kernel-agent promote ARGV` handed its collaborators."""
-    from kernel_agent.agent.cli import build_parser
-    from kernel_agent.agent.commands import cmd_promote
+    from kernel_agent.agent.cli.parser import build_parser
+    from kernel_agent.agent.cli.promote import cmd_promote
 
     return cmd_promote(build_parser().parse_args(["promote"] + argv), evaluator=evaluator, devices=devices)
 

@@ -705,7 +705,7 @@ def test_each_baseline_passes_the_gpu_regions_of_its_domain(op_name):
 def test_a_workload_plan_measured_on_the_gpu_scales_each_option_by_its_step():
     """`workload plan --measure on`'s path: each option's heaviest point timed with bench --model's machinery
     (the serving stack in its KV mode), tokens/s scaled by measured over roofline, the int8 error measured."""
-    from kernel_agent.agent.workload_cmd import _gpu_measure
+    from kernel_agent.agent.cli.workload import _gpu_measure
     from kernel_agent.harness.kv_plan import estimate_options
     from kernel_agent.harness.model_step import PRESETS
 

@@ -2,13 +2,17 @@
 says why it is there.
 
 The layer map is the table under "## Layers" in docs/ARCHITECTURE.md; this test reads it and keeps no copy.
-Every module under agent/, harness/, sanitizer/ and kernels/ is parsed with `ast` (imports at module level
+Every module under agent/, harness/, sanitizer/, kernels/ and scripts/ is parsed with `ast` (imports at module level
 and inside functions alike, and `importlib.import_module` of a package path spelled as a literal) and
 mapped to its layer. An import from a lower layer into a higher one, or a cycle between modules, fails
 with the modules and layers named. A cycle between layers needs an upward import, so it fails as one.
 
 Imports belong at the top of a module; one inside a function of agent/, harness/ or sanitizer/ needs a
 comment on its line saying why (docs/ARCHITECTURE.md lists the reasons), and fails without one.
+
+The scripts are the top layer: each imports the package by its installed name (`kernel_agent....`), never
+another script or a module of tests/, and none edits `sys.path` (a checkout that was never installed puts its
+root on PYTHONPATH instead, as scripts/gpu_*.sh do).
 """
 
 import ast
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent", "harness", "sanitizer", "kernels")
+PACKAGES = ("agent", "harness", "sanitizer", "kernels", "scripts")
 NOT_CODE = ("kernels/candidates/",)  # files the tool judges (adversarial, possibly not even Python), not its code
 NAMESPACE = "kernel_agent."  # the installed name of the repository's folders (pyproject.toml)
 
@@ -235,7 +239,8 @@ def project_layers() -> List[Layer]:
 def test_the_layer_table_is_read():
     layers = project_layers()
     assert [layer.rank for layer in layers] == list(range(1, len(layers) + 1)), "ranks run 1, 2, ... from the bottom"
-    assert [layer.name for layer in layers][:2] == ["ops", "kernels"] and layers[-1].name == "cli"
+    names = [layer.name for layer in layers]
+    assert names[:2] == ["ops", "kernels"] and names[-2:] == ["cli", "scripts"]
     for layer in layers:
         for entry in layer.paths:
             assert (ROOT / entry).exists(), f"the layer table names {entry} (layer {layer.name}), which does not exist"
@@ -269,6 +274,35 @@ def test_every_import_inside_a_function_says_why():
         "imports inside functions without a comment saying why (move each to the top of its "
         "module, or say why it stays):\n" + "\n".join(found)
     )
+
+
+def script_problems(root: Path = ROOT) -> List[str]:
+    """Each script's `sys.path` edit, and its import of another script or of a module of tests/ (by the bare
+    name that a `sys.path` edit makes importable)."""
+    scripts = {p.stem for p in (root / "scripts").glob("*.py")}
+    test_modules = {p.stem for p in (root / "tests").glob("*.py")} | {"tests"}
+    problems: List[Tuple[str, int, str]] = []
+    for file in sorted((root / "scripts").glob("*.py")):
+        rel = file.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(file.read_text(), filename=rel)):
+            if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "sys" and node.attr == "path":
+                problems.append((rel, node.lineno, "edits sys.path: import the package as installed"))
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top in scripts or top in test_modules:
+                    what = "another script" if top in scripts else "a module of tests/"
+                    problems.append((rel, node.lineno, f"imports {name}, {what}: move what it shares into the package"))
+    return [f"{rel}:{line} {what}" for rel, line, what in sorted(problems)]
+
+
+def test_scripts_import_the_package_only():
+    problems = script_problems()
+    assert not problems, "scripts:\n" + "\n".join(problems)
 
 
 # -- the check itself, on a small tree that breaks each rule ----------------------------------------------
@@ -353,3 +387,19 @@ def test_the_check_names_an_import_inside_a_function_without_a_reason():
         "        return inner\n"
     )
     assert unexplained_imports(source, "m.py") == ["m.py:11 inner: import json"]
+
+
+def test_the_check_names_a_script_that_edits_sys_path_or_imports_a_script_or_a_test_module(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "tests/helper.py": "",
+            "scripts/a.py": "import sys\nsys.path.insert(0, '..')\nfrom b import x\n",
+            "scripts/b.py": "import helper\nfrom kernel_agent.agent import loop\n",
+        },
+    )
+    assert script_problems(root) == [
+        "scripts/a.py:2 edits sys.path: import the package as installed",
+        "scripts/a.py:3 imports b, another script: move what it shares into the package",
+        "scripts/b.py:1 imports helper, a module of tests/: move what it shares into the package",
+    ]

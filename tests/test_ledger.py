@@ -608,7 +608,7 @@ def test_a_ledger_opened_read_only_is_read_and_not_changed(tmp_path, monkeypatch
 def test_every_ledger_a_command_opens_is_closed_however_it_ends(tmp_path, monkeypatch, capsys):
     """`main` closes the ledgers its command opened: after a command that succeeds and after one that fails
     (on PostgreSQL each open engine holds server connections until then)."""
-    from kernel_agent.agent import cli
+    from kernel_agent.agent.cli import parser as cli
 
     path = tmp_path / "ledger.db"
     with Ledger(path) as lg:
@@ -622,7 +622,7 @@ def test_every_ledger_a_command_opens_is_closed_however_it_ends(tmp_path, monkey
     assert len(closed) == 2 and closed[0] is not closed[1]
     capsys.readouterr()
     # within a command, every step that asks gets the one ledger it opened (bench asks after every shape)
-    from kernel_agent.agent.cli_common import open_ledger
+    from kernel_agent.agent.cli.common import open_ledger
 
     args = cli.build_parser().parse_args(["history", "--ledger", str(path)])
     assert open_ledger(args) is open_ledger(args) and open_ledger(args, read=True) is not open_ledger(args)

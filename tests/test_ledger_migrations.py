@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy import inspect as sa_inspect
 
-from kernel_agent.agent import cli
+from kernel_agent.agent.cli import parser as cli
 from kernel_agent.harness import ledger_migrations as migrations
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, upgrade_ledger

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kernel_agent.agent.cli import build_parser, main
+from kernel_agent.agent.cli.parser import build_parser, main
 from kernel_agent.harness.model_step import (
     KV_MODES,
     PRESETS,
@@ -330,7 +330,7 @@ def test_json_is_a_flag_and_out_a_path():
 
 def test_the_printed_report(capsys):
     """What `bench --model` prints from a result (the figures here are made up: the layout is tested)."""
-    from kernel_agent.agent.commands import print_model_bench
+    from kernel_agent.agent.cli.bench import print_model_bench
     from kernel_agent.harness.model_step import Int8Accuracy, ModelBenchResult, PointResult, Served, StackTiming
 
     cfg = PRESETS["llama-3-8b"]
@@ -377,7 +377,7 @@ def test_the_printed_report(capsys):
 def test_the_guards_cost_is_the_serving_stack_against_the_unguarded_one():
     """`--stacks serving,unguarded` prints the guard's steady-state cost at each point and KV mode timed both
     ways, and nothing where one of the two is missing."""
-    from kernel_agent.agent.commands import guard_cost_lines
+    from kernel_agent.agent.cli.bench import guard_cost_lines
     from kernel_agent.harness.model_step import ModelBenchResult, PointResult, StackTiming
 
     cfg = PRESETS["llama-3-8b"]

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from committed_h200 import RUN, copied_ledger, table_rows
-from kernel_agent.agent import ci_templates
-from kernel_agent.agent.pr import run_branch, write_pr
-from kernel_agent.agent.review import write_report
+from kernel_agent.agent.cli import ci as ci_templates
+from kernel_agent.agent.cli.pr import run_branch, write_pr
+from kernel_agent.agent.cli.report import write_report
 from kernel_agent.harness import figures as F
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger, RunNotesRecord, upgrade_ledger

@@ -430,7 +430,7 @@ def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible()
 
 def test_bench_table_prints_the_reported_figure(capsys):
     """`bench`'s table (no GPU needed to print one): the within-run spread and the figure as reported."""
-    from kernel_agent.agent.commands import print_bench
+    from kernel_agent.agent.cli.bench import print_bench
 
     m = {
         "label": "baseline",

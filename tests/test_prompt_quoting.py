@@ -2,9 +2,10 @@
 
 import os
 
+from kernel_agent.agent.cli.gate import _gate_markdown
+from kernel_agent.agent.cli.report import write_report
 from kernel_agent.agent.model import RULES, attempt_line, build_prompt
 from kernel_agent.agent.proposal import Attempt, ProposeContext
-from kernel_agent.agent.review import _gate_markdown, write_report
 from kernel_agent.harness.ledger import Ledger
 from kernel_agent.harness.ops import get_op
 from kernel_agent.sanitizer.canonical import as_written

@@ -19,8 +19,8 @@ from kernel_agent.harness.ledger import Ledger
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kernel-agent[cluster]')")
 
+from kernel_agent.agent.local_ray_cluster import LocalRayCluster  # noqa: E402
 from kernel_agent.agent.ray_placement import Node, RayPlacement, choose_gpu_model  # noqa: E402
-from local_ray_cluster import LocalRayCluster  # noqa: E402
 from tiers import exhaustive  # noqa: E402
 
 # one worker starts the cluster under pytest-xdist (module-scoped fixtures; tests/conftest.py)

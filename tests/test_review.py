@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kernel_agent.agent import cli
-from kernel_agent.agent.review import write_report
+from kernel_agent.agent.cli import parser as cli
+from kernel_agent.agent.cli.report import write_report
 from kernel_agent.harness import serving
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger import Ledger
@@ -466,7 +466,7 @@ def test_a_ledger_from_a_newer_version_is_refused_not_touched(tmp_path):
 
 
 def test_trend_judges_small_kernels_on_graph_times_and_the_incumbent_beside_them(tmp_path):
-    from kernel_agent.agent.review import speedup_trend
+    from kernel_agent.agent.cli.views import speedup_trend
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["matmul"], "NVIDIA H200", {})
@@ -515,7 +515,7 @@ def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path
 
 
 def test_usage_errors_come_before_torch_is_imported():
-    from kernel_agent.agent.cli_common import OP_NAMES
+    from kernel_agent.agent.cli.common import OP_NAMES
     from kernel_agent.harness.ops import OPS
 
     assert tuple(OPS) == OP_NAMES
@@ -666,8 +666,8 @@ def test_rejections_by_check_reach_the_run_summary_and_the_report(tmp_path, caps
     """run_summary's failed checks by name are what the summary after a run and the report print."""
     import argparse
 
-    from kernel_agent.agent.commands import _print_run_summary
-    from kernel_agent.agent.review import write_report
+    from kernel_agent.agent.cli.report import write_report
+    from kernel_agent.agent.cli.run import _print_run_summary
 
     led = Ledger(tmp_path / "l.db")
     run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})

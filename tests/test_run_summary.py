@@ -13,8 +13,10 @@ import json
 import pytest
 
 from kernel_agent.agent import ui
-from kernel_agent.agent.commands import _print_run_summary, cmd_show
-from kernel_agent.agent.review import history, write_report
+from kernel_agent.agent.cli.history import history
+from kernel_agent.agent.cli.report import write_report
+from kernel_agent.agent.cli.run import _print_run_summary
+from kernel_agent.agent.cli.show import cmd_show
 from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary
 from kernel_agent.sanitizer.canonical import as_written
 

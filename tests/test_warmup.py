@@ -1,4 +1,4 @@
-"""`kernel-agent serving warmup` (agent/serving_cmd.py, harness/warmup.py): the calls it plans from a model's decode
+"""`kernel-agent serving warmup` (agent/cli/serving.py, harness/warmup.py): the calls it plans from a model's decode
 step or a list of op shapes, the real inputs it builds for each, the one-line errors, and what it hands the serving
 guard and records of what the guard finds."""
 
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from kernel_agent.agent import cli
+from kernel_agent.agent.cli import parser as cli
 from kernel_agent.harness import serving
 from kernel_agent.harness import warmup as W
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure

@@ -644,7 +644,7 @@ def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys)
     import kernel_agent.agent as agent_package
     from kernel_agent.agent.cli import main
 
-    monkeypatch.setitem(sys.modules, "kernel_agent.agent.web", None)  # as if starlette were missing
+    monkeypatch.setitem(sys.modules, "kernel_agent.agent.cli.web", None)  # as if starlette were missing
     monkeypatch.delattr(agent_package, "web", raising=False)
     assert main(["serve", "--ledger", PR_EXAMPLE, "--port", "0"]) == 2
     assert "pip install 'kernel-agent[web]'" in capsys.readouterr().err
@@ -685,7 +685,7 @@ def test_a_real_cpu_run_reads_as_its_verdicts_reproductions_and_model_exchanges(
     assert "3 (rejected 3); replayed from earlier runs: 0" in facts and "candidate budget reached (3)" in facts
     assert "None" not in facts and "null" not in facts  # no driver on this machine: left out, not "driver null"
     with Ledger(ledger, read_only=True) as led:  # the diagnosis `show RUN` prints, line for line
-        from kernel_agent.agent.views import diagnosis_lines
+        from kernel_agent.agent.cli.views import diagnosis_lines
 
         shown = diagnosis_lines(led, run_id)
     assert shown and shown[0].startswith("diagnosis: quantize_kv ") and "compiled for sm_90" in "\n".join(shown)

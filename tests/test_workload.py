@@ -251,8 +251,8 @@ def test_a_workloads_heavier_point_gets_the_larger_share_of_proposals():
 
 
 def test_a_workload_sets_the_runs_weighted_points(tmp_path):
-    from kernel_agent.agent.cli import build_parser
-    from kernel_agent.agent.commands import _run_config
+    from kernel_agent.agent.cli.parser import build_parser
+    from kernel_agent.agent.cli.run import _run_config
 
     trace = os.path.join(DATA, "chat_300.jsonl")
     args = build_parser().parse_args(
@@ -429,7 +429,7 @@ def test_measured_options_scale_the_roofline_by_what_the_gpu_step_took():
 
 def test_the_pull_request_body_shows_a_plan(tmp_path):
     from committed_h200 import RUN, copied_ledger
-    from kernel_agent.agent.pr import write_pr
+    from kernel_agent.agent.cli.pr import write_pr
 
     led, _ = copied_ledger(tmp_path)
     try:
@@ -509,7 +509,7 @@ def test_buckets_a_ledger_measured_take_the_measured_time():
 def test_a_workload_runs_pull_request_suggests_its_heaviest_point_for_the_decode_step():
     from types import SimpleNamespace
 
-    from kernel_agent.agent.pr import suggest_step
+    from kernel_agent.agent.cli.pr import suggest_step
 
     weights = [["bf16", 8, 4096, 0.2], ["int8", 48, 3040, 0.5], ["bf16", 48, 3040, 0.3]]
     run = SimpleNamespace(
@@ -548,8 +548,8 @@ def test_plan_json_is_the_document_alone_and_the_file_it_wrote(tmp_path, capsys,
 
 
 def test_a_config_files_run_section_names_the_workload(tmp_path):
-    from kernel_agent.agent.cli import build_parser
-    from kernel_agent.agent.commands import _run_config
+    from kernel_agent.agent.cli.parser import build_parser
+    from kernel_agent.agent.cli.run import _run_config
 
     trace = os.path.join(DATA, "chat_300.jsonl")
     args = build_parser().parse_args(["run", "--proposer", "search"])

@@ -22,17 +22,17 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
-from ..harness.kv_plan import KvPlan, load_plan
-from ..harness.manifest import gpu_slug
-from ..harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
-from . import ui
-from .cli_common import UsageError, check_writable, command, default_ledger, open_ledger
-from .review import (
+from ...harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
+from ...harness.kv_plan import KvPlan, load_plan
+from ...harness.manifest import gpu_slug
+from ...harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
+from .. import ui
+from .common import UsageError, check_writable, command, default_ledger, open_ledger
+from .plots import _plots
+from .promotion_sections import (
     PromotedKernel,
-    _md_word,
-    _plots,
     diff_section,
+    md_word,
     promoted_kernels,
     promotion_header,
     timings_section,
@@ -196,7 +196,7 @@ def load_model_step(path: str) -> Dict[str, Any]:
 
 
 def step_measurement(doc: Dict[str, Any], pk: PromotedKernel) -> StepMeasurement:
-    from ..harness.serving import gpu_slug, kernel_file_name  # here: the serving set imports torch; flags come first
+    from ...harness.serving import gpu_slug, kernel_file_name  # here: the serving set imports torch; flags come first
 
     pr = pk.promotion
     mine = kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
@@ -319,7 +319,7 @@ def step_section(
 def _step_effects(m: StepMeasurement, pr, doc_name: str) -> List[str]:
     """The table of what this kernel saves in each measured decode step, from the `bench --model` document."""
     lines = [
-        f"`bench --model` on {_md_word(m.model, extra=' ')} ({_md_word(m.gpu, extra=' ')}; "
+        f"`bench --model` on {md_word(m.model, extra=' ')} ({md_word(m.gpu, extra=' ')}; "
         f"`{doc_name}`), "
         f"one layer as a CUDA graph x the layers: the op calls this kernel served in the serving stack, "
         f"against the same calls in the baseline stack, and the whole step of each stack.",
@@ -352,14 +352,14 @@ def _step_not_served(m: StepMeasurement, pr, doc_name: str) -> str:
     if m.other:
         return (
             f"The `bench --model` document given (`{doc_name}`, "
-            f"{_md_word(m.model, extra=' ')} on {_md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
+            f"{md_word(m.model, extra=' ')} on {md_word(m.gpu, extra=' ')}) calls bucket `{pr.bucket}`, "
             f"but this kernel did not serve it there: "
-            + "; ".join(_md_word(o, extra=":, ") for o in m.other[:6])
+            + "; ".join(md_word(o, extra=":, ") for o in m.other[:6])
             + ". It was measured without this kernel in the serving set."
         )
     return (
         f"The `bench --model` document given (`{doc_name}`, "
-        f"{_md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
+        f"{md_word(m.model, extra=' ')}) makes no `{pr.op}` call of bucket `{pr.bucket}`: its decode "
         f"step does not run this kernel."
     )
 
@@ -403,7 +403,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
         return False  # (a configuration is an entry of the manifest, rebuilt from its base: no file to name)
     if branch.has_branch:
         return True  # the branch's commit of this promotion wrote it, and nothing later in the run replaced it
-    from ..harness.serving import kernel_file_name, serving_dir  # here: as above
+    from ...harness.serving import kernel_file_name, serving_dir  # here: as above
 
     pr = pk.promotion
     path = serving_dir() / kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
@@ -416,7 +416,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
 def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBranch, ledger_flag: str) -> List[str]:
     """The exact commands behind the sections above: the sanitizer's verdict, the benchmark's timings
     (the shapes judged, in order) and the ledger's record."""
-    from ..harness.serving import kernel_file_name  # here: as above
+    from ...harness.serving import kernel_file_name  # here: as above
 
     pr, c = pk.promotion, pk.candidate
     if c is None:

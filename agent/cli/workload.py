@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from ..harness.kv_plan import (
+from ...harness.kv_plan import (
     CACHE_FORMATS,
     DEFAULT_MAX_ERROR,
     DEFAULT_PAGE_SIZES,
@@ -19,7 +19,7 @@ from ..harness.kv_plan import (
     make_plan,
     write_plan,
 )
-from ..harness.model_step import (
+from ...harness.model_step import (
     KV_MODES,
     ModelConfigError,
     Point,
@@ -28,10 +28,10 @@ from ..harness.model_step import (
     parse_names,
     run_point,
 )
-from ..harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
-from ..harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
-from . import ui
-from .cli_common import UsageError, check_writable, command, cuda_available, open_ledger
+from ...harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
+from ...harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
+from .. import ui
+from .common import UsageError, check_writable, command, cuda_available, open_ledger
 
 
 def register(sub) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import sys
 
-from . import ui
-from .cli_common import UsageError, command, open_ledger
+from .. import ui
+from .common import UsageError, command, open_ledger
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765

@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
-from . import ui
-from .cli_common import OP_NAMES, UsageError, check_writable, command
+from .. import ui
+from .common import OP_NAMES, UsageError, check_writable, command
 
 WORKFLOW_PATH = os.path.join(".github", "workflows", "kernel-agent.yml")
 # what the workflow and the hooks use from the repository they are written into

@@ -1,5 +1,5 @@
-"""A Ray cluster of nodes on this machine, for the cluster tests (tests/test_ray_placement.py) and the
-one-node/two-node comparison (scripts/cluster_compare.py).
+"""A Ray cluster of nodes on this machine, to try `run --cluster` without a cluster: the cluster tests
+(tests/test_ray_placement.py) and the one-node/two-node comparison (scripts/cluster_compare.py) start one.
 
 Each node is a `ray start --block` process, the leader of a process group of its own, on free ports with
 a short --temp-dir under /tmp (Ray's socket paths must fit). A node is stopped by killing its group, as a
@@ -9,6 +9,7 @@ Ray node of the machine, other clusters' too.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
@@ -79,7 +80,7 @@ class LocalRayCluster:
                 env=dict(self.env, **(env or {})),
             )
 
-    def start_head(self, args: List[str] = (), env: Optional[Mapping[str, str]] = None) -> None:
+    def start_head(self, args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None) -> None:
         self.start(
             "head",
             ["--head", "--port", str(self.port), "--include-dashboard=false", "--temp-dir", self.dir] + list(args),
@@ -103,7 +104,7 @@ class LocalRayCluster:
 
         try:
             if not ray.is_initialized():
-                ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
+                ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
             nodes = [node for node in ray.nodes() if node["Alive"]]
         except ConnectionError:
             return None

@@ -14,9 +14,9 @@ import shutil
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from ..harness.ledger import Ledger, server_url, sqlite_path
-from ..harness.ops import NAMES as OP_NAMES  # the registry's names load without torch
-from .errors import UsageError
+from ...harness.ledger import Ledger, server_url, sqlite_path
+from ...harness.ops import NAMES as OP_NAMES  # the registry's names load without torch
+from ..errors import UsageError
 
 OPS_HELP = ", ".join(OP_NAMES)
 

@@ -14,12 +14,12 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..harness.config_variant import split_stored, steps_over
-from ..harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
-from ..harness.ledger import Ledger, Run, RunStatus, RunSummary
-from ..sanitizer.canonical import as_written, judged_or_as_read
-from ..sanitizer.verdict import CheckStatus, SanitizerMode, quote_untrusted
-from .throughput import session_lines
+from ...harness.config_variant import split_stored, steps_over
+from ...harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
+from ...harness.ledger import Ledger, Run, RunStatus, RunSummary
+from ...sanitizer.canonical import as_written, judged_or_as_read
+from ...sanitizer.verdict import CheckStatus, SanitizerMode, quote_untrusted
+from ..throughput import session_lines
 
 
 def run_end_note(run: Run) -> str:
@@ -135,7 +135,7 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     """`show RUN --json`: the run's summary, configuration, versions, where it promoted, why it ended, its
     candidates, the diagnosis of each incumbent and the proposals pruned before the GPU (also as the lines
     `show` prints, which the web view shows)."""
-    from .publish import recorded_target  # here: publication imports the serving set, which imports torch
+    from ..publish import recorded_target  # here: publication imports the serving set, which imports torch
 
     target = recorded_target(run.notes)
     summary = led.run_summary(run.id)
@@ -243,7 +243,7 @@ def promotion_doc(p) -> Dict[str, Any]:
 def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
     """What bounded each incumbent the run diagnosed (harness/diagnosis.py), and the proposals it kept off the
     GPU with why: for `show` (plain lines) and `report` (markdown)."""
-    from ..harness.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
+    from ...harness.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
 
     out: List[str] = ["## Diagnoses", ""] if markdown else []
     latest = {}
@@ -304,7 +304,7 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
     configuration variant was made of (recovered exactly from the variant's own text), else the incumbent
     whose hash its benchmark recorded, found in the ledger; the baseline file as it is now only when nothing
     says otherwise (the note says when the hashes show it is not the one judged)."""
-    from .search import baseline_source  # here: the search imports torch; flags are checked first
+    from ..search import baseline_source  # here: the search imports torch; flags are checked first
 
     for cid in (replaced_candidate_id, c.parent_id):
         p = led.candidate(cid) if cid else None
@@ -416,7 +416,7 @@ def manifest_rows() -> Dict[str, Any]:
     """What the serving folder serves (`kernels/serving/manifest.json`, as `serving.get` reads it), whichever
     ledger recorded its promotions: on a fresh clone the committed kernels serve before any run is recorded.
     {"path": the file, "entries": one per key, "error": why it cannot be read, or None}."""
-    from ..harness import serving  # here: the serving set imports torch; flags are checked first
+    from ...harness import serving  # here: the serving set imports torch; flags are checked first
 
     path = str(serving.serving_dir() / serving.MANIFEST_NAME)
     try:
@@ -449,8 +449,8 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
     chooses), its speedup over the baseline and against torch, the versions it was judged on; every field
     failure the serving guard recorded; every promotion and demotion, newest first; and per op each run's
     best candidate (`history --trend`)."""
-    from ..harness import serving  # here: the serving set imports torch; flags are checked first
-    from ..harness.dispatch import choices_from_rows  # here: as the serving set
+    from ...harness import serving  # here: the serving set imports torch; flags are checked first
+    from ...harness.dispatch import choices_from_rows  # here: as the serving set
 
     promos = led.promotions()
     active: Dict[tuple, Any] = {}
