@@ -1,10 +1,10 @@
-"""mypy over agent/, harness/ and sanitizer/, imported as kernel_agent.* (what .ci/run and the pre-commit hook
-run): `python .ci/typecheck.py [mypy options]`; the settings are pyproject.toml's [tool.mypy].
+"""mypy over ops/, isolation/, sanitizer/, harness/ and agent/, imported as kernel_agent.* (what .ci/run and the
+pre-commit hook run): `python .ci/typecheck.py [mypy options]`; the settings are pyproject.toml's [tool.mypy].
 
 pyproject.toml's package-dir installs the repository's folders as kernel_agent.agent, kernel_agent.harness, ...
 (and kernel_agent/__init__.py maps them the same way in a checkout); mypy reads neither. So this lays the same
 mapping out as links under build/typecheck/kernel_agent, where mypy_path points, and mypy resolves
-`kernel_agent.harness.ledger` and `from ..harness import env` as Python does. Its report names repository paths.
+`kernel_agent.harness.ledger.ledger` and `from ..harness import env` as Python does. Its report names repository paths.
 """
 
 import os

@@ -33,13 +33,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..harness import serving
-from ..harness.bench import with_drawn_shape
-from ..harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchSpec
-from ..harness.compile_probe import CompileProfile
-from ..harness.diagnosis import Diagnosis, diagnose_incumbent
+from ..harness.bench.bench import with_drawn_shape
+from ..harness.bench.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchSpec
+from ..harness.bench.compile_probe import CompileProfile
+from ..harness.bench.diagnosis import Diagnosis, diagnose_incumbent
 from ..harness.env import versions
-from ..harness.ledger import (
+from ..harness.ledger.ledger import (
     Candidate,
     CandidateStatus,
     Ledger,
@@ -48,6 +47,7 @@ from ..harness.ledger import (
     RunStatus,
     RunSummary,
 )
+from ..harness.serving import serving
 from ..sanitizer.canonical import JudgedText, as_written, judged_or_as_read, read_back
 from .model import CallRecord, ModelConfig, ModelProposer
 from .placement import (
@@ -232,7 +232,7 @@ class Loop:
         )
 
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
-        """What bounds the bucket's incumbent (harness/diagnosis.py), once per incumbent source and run;
+        """What bounds the bucket's incumbent (harness/bench/diagnosis.py), once per incumbent source and run;
         recorded in the ledger. None where the placement's children cannot compile (a test's fakes)."""
         key = (t.op, t.bucket, inc.judged.hash)
         profile = compiler_of(self.placement)

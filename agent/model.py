@@ -3,7 +3,7 @@
 The prompt carries the op's contract, the PyTorch reference, the incumbent's source,
 the rules of the sanitizer, the hardware facts and measured ceilings, and feedback
 from earlier attempts (which check failed and how; timings and roofline fractions).
-The prompt also carries the incumbent's diagnosis (what bounds it, harness/diagnosis.py) and the
+The prompt also carries the incumbent's diagnosis (what bounds it, harness/bench/diagnosis.py) and the
 rewrite catalog (agent/rewrites.py): the model may reply with `REWRITE: <name>` lines instead of a file,
 and the named rewrites are applied to the incumbent in order.
 It asks for one whole file in one fenced block and copes with anything else: prose
@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from ..harness.ops import get_op
+from ..ops import get_op
 from ..sanitizer.canonical import parse_module
 from ..sanitizer.static_gate import language_summary
 from ..sanitizer.verdict import fence_for, quote_untrusted

@@ -3,13 +3,13 @@
 The loop decides *what* to evaluate next; a placement decides *where* and runs it. A task is
 plain data (a file path and op, or a benchmark spec), so the same tasks can later be shipped to
 other machines; its result is a Verdict or a benchmark document. `LocalPlacement` runs each task
-in child processes of this machine (sanitizer/runner.py, harness/bench_worker.py):
+in child processes of this machine (sanitizer/runner.py, harness/bench/bench_worker.py):
 
 - CPU tasks (the interpreter's sanitizer stages) on `cpu_slots` threads, each driving one judge;
 - GPU tasks on the visible GPUs. A benchmark's timing has its GPU to itself: two kernels sharing a
   GPU would time each other. GPU checks (correctness, not timing) share a GPU with each other, up to
   `checks_per_gpu` at once: most of a check's time is its processes starting and compiling, not
-  the GPU, so they overlap well. Tasks are gated (sanitizer/lease.py): a child starts, imports and
+  the GPU, so they overlap well. Tasks are gated (isolation/lease.py): a child starts, imports and
   loads before it holds any of the GPU, then asks for a shared lease, and a benchmark later for the
   GPU alone; from that request on no lease is granted there, and the timing begins once the tasks
   on the GPU have ended. So a child's seconds of starting hold nothing, and a benchmark's compiling
@@ -28,12 +28,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
-from ..harness import bench_worker, compile_probe
-from ..harness.bench_records import CANDIDATE, BenchSpec
-from ..harness.compile_probe import CompileProfile
+from ..harness.bench import bench_worker, compile_probe
+from ..harness.bench.bench_records import CANDIDATE, BenchSpec
+from ..harness.bench.compile_probe import CompileProfile
 from ..harness.env import gpu_name
-from ..sanitizer import isolation, runner
-from ..sanitizer.lease import OnReady
+from ..isolation import isolation
+from ..isolation.lease import OnReady
+from ..sanitizer import runner
 from ..sanitizer.verdict import SanitizerMode, Verdict
 
 
@@ -46,7 +47,7 @@ class SanitizeTask:
     mode: SanitizerMode
     checks: Optional[Tuple[str, ...]] = None
     stage: str = ""  # what the run calls this task (default: the mode)
-    gated: bool = False  # gpu mode: the judge starts without the GPU and asks for it (sanitizer/lease.py)
+    gated: bool = False  # gpu mode: the judge starts without the GPU and asks for it (isolation/lease.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", SanitizerMode(self.mode))  # (a caller may name it by its word)
@@ -69,7 +70,7 @@ class SanitizeTask:
 
 @dataclass(frozen=True)
 class BenchTask:
-    """One benchmark (harness/bench_worker.py): candidate against incumbent on a bucket's shapes."""
+    """One benchmark (harness/bench/bench_worker.py): candidate against incumbent on a bucket's shapes."""
 
     spec: BenchSpec
     resource: str = "gpu"
@@ -214,7 +215,7 @@ class Evaluator(Protocol):
 
 class ChildEvaluator:
     """Each task in sandboxed children of this process: the sanitizer's judge (sanitizer/runner.py) and
-    the benchmark child (harness/bench_worker.py), under the process-wide hard stop (sanitizer/isolation.py)."""
+    the benchmark child (harness/bench/bench_worker.py), under the process-wide hard stop (isolation/isolation.py)."""
 
     def sanitize(
         self,
@@ -240,8 +241,9 @@ class ChildEvaluator:
         dtype: str,
         timeout_s: float = compile_probe.INCUMBENT_TIMEOUT_S,
     ) -> CompileProfile:
-        """The kernel compiled for the H200 on this machine's CPU, in a sandboxed child (harness/compile_probe.py).
-        An evaluator without `profile` (a test's fake) gives the run no compiled diagnosis or compile screen."""
+        """The kernel compiled for the H200 on this machine's CPU, in a sandboxed child
+        (harness/bench/compile_probe.py). An evaluator without `profile` (a test's fake) gives the run no compiled
+        diagnosis or compile screen."""
         return compile_probe.profile_source(source, op, shapes, dtype, timeout_s)
 
     def stop_all(self) -> None:
@@ -258,7 +260,7 @@ def run_task(
     evaluator: Optional[Evaluator] = None,
 ) -> Any:
     """Run one task through `evaluator` (default: this machine's children). `on_ready`: a gated task's
-    requests for the GPU (sanitizer/lease.py)."""
+    requests for the GPU (isolation/lease.py)."""
     evaluator = evaluator or ChildEvaluator()
     if isinstance(task, SanitizeTask):
         return evaluator.sanitize(task.path, task.op, task.mode, checks=task.checks, env=env, on_ready=on_ready)
@@ -326,7 +328,7 @@ class LocalPlacement:
     """Tasks on this machine: `cpu_slots` CPU tasks at once, and on each GPU in `gpus`
     (CUDA_VISIBLE_DEVICES entries) either one task alone or up to `checks_per_gpu` sharing it.
 
-    A gated task (sanitizer/lease.py) is admitted before it holds the GPU: its child starts, imports
+    A gated task (isolation/lease.py) is admitted before it holds the GPU: its child starts, imports
     and loads without it, then asks for a shared lease ("gpu"), and a benchmark later for the GPU alone
     ("alone"). Up to `2 * checks_per_gpu` gated tasks are admitted per GPU (those starting overlap with
     those on the GPU), and one benchmark: two waiting to time alone would wait on each other. From a

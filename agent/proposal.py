@@ -7,8 +7,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..harness.diagnosis import Diagnosis
-from ..harness.ops.common import Shape
+from ..harness.bench.diagnosis import Diagnosis
+from ..ops.common import Shape
 
 
 @dataclass
@@ -60,7 +60,7 @@ class ProposeContext:
     ceilings: Optional[Dict[str, Any]] = None
     attempts: List[Attempt] = field(default_factory=list)
     archive: List[str] = field(default_factory=list)  # sources of diverse good candidates
-    diagnosis: Optional[Diagnosis] = None  # what bounds the incumbent on this bucket (harness/diagnosis.py)
+    diagnosis: Optional[Diagnosis] = None  # what bounds the incumbent on this bucket (harness/bench/diagnosis.py)
     repeats: int = 0  # the proposer's latest replies for this bucket in a row that repeated a source already tried
 
 

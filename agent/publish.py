@@ -1,12 +1,12 @@
 """Where promotions go, and the one path by which `run` and `promote` write the serving set.
 
-A promotion changes the serving set (harness/serving.py): a kernel file and the manifest. Where that
+A promotion changes the serving set (harness/serving/serving.py): a kernel file and the manifest. Where that
 change lands is the serving target of the run (or of the `promote` command, which is a run of its own):
 
   - branch: the serving folder is tracked in a git repository. The run's changes are committed on a
     branch of their own, `kernel-agent/<run-id>`, through a worktree kept under the repository's git
     directory. One commit per promotion, whose message is the rule's decision; a dispatch choice
-    (torch or the baseline serves a bucket, harness/dispatch.py) is a commit of its own. The user's
+    (torch or the baseline serves a bucket, harness/serving/dispatch.py) is a commit of its own. The user's
     checkout (files, index, HEAD, current branch) is never touched, so a run started on a main
     checkout cannot change it, and a night's promotions arrive as a reviewable branch. A resumed run
     continues its branch; the worktree is removed when the run ends, and a branch that received no
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..harness import serving
-from ..harness.dispatch import Choice, record_choices
-from ..harness.ledger import Ledger, RunNotesRecord
+from ..harness.bench.promotion import Judgement
+from ..harness.ledger.ledger import Ledger, RunNotesRecord
 from ..harness.manifest import ManifestEntry
-from ..harness.promotion import Judgement
+from ..harness.serving import serving
+from ..harness.serving.dispatch import Choice, record_choices
 from ..sanitizer.canonical import JudgedText
 
 BRANCH, IN_PLACE, NONE = "branch", "in_place", "none"
@@ -493,7 +493,7 @@ def choice_message(c: Choice) -> str:
 def publish_choices(
     target: ServingTarget, ledger: Ledger, choices: Iterable[Choice]
 ) -> List[Tuple[Choice, Optional[ManifestEntry]]]:
-    """Record dispatch choices in the target's manifest (harness.dispatch.record_choices) and commit each
+    """Record dispatch choices in the target's manifest (harness.serving.dispatch.record_choices) and commit each
     one that changed it (branch mode): the choices travel with the promotions they are measured against."""
     if not target.writes:
         raise PublishError(f"the serving target takes no dispatch choice ({target.info.why})")

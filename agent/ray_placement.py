@@ -7,7 +7,7 @@ of the cluster instead of in this machine's children. Imported only by `kernel-a
   children there, exactly as on one machine.
 - GPU tasks (GPU checks, benchmarks, promotion checks) are Ray tasks of one GPU (and one CPU, for the
   child that compiles and launches). Each holds its GPU for the whole task, ungated: the lease
-  handshake of sanitizer/lease.py, which lets GPU checks share a GPU and a benchmark's start and
+  handshake of isolation/lease.py, which lets GPU checks share a GPU and a benchmark's start and
   compile hold none of it, is a conversation with this process and is not carried over the cluster.
   A GPU therefore runs one task at a time here, and a benchmark still has its GPU to itself.
 - Nodes are told apart by their GPU model (Ray's `accelerator_type:<model>` resource): a run uses the
@@ -47,7 +47,7 @@ from .placement import SanitizeTask, Task, TaskLost, TaskSpan
 # A module whose `run_task(task, env)` and `gpu_name()` the nodes use instead of this package's (set in
 # the environment of `ray start`). Tests use it to stand in for GPU work on nodes without a GPU.
 RUNNER_ENV = "KERNEL_AGENT_RAY_RUNNER"
-# The benchmark child's own limit (harness/bench_worker.py) and the sanitizer's per mode (sanitizer/runner.py)
+# The benchmark child's own limit (harness/bench/bench_worker.py) and the sanitizer's per mode (sanitizer/runner.py)
 BENCH_TIMEOUT_S = 900.0
 # On top of the task's own limit: starting a Ray worker, moving the sources, the child's own teardown.
 TIME_LIMIT_SLACK_S = 120.0

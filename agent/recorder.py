@@ -11,14 +11,14 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..harness import serving
-from ..harness.bench import record_shape_result
-from ..harness.bench_records import BenchOutcome
-from ..harness.dispatch import measured_choices
+from ..harness.bench.bench import record_shape_result
+from ..harness.bench.bench_records import BenchOutcome
+from ..harness.bench.promotion import judge_benchmark
 from ..harness.env import versions
-from ..harness.ledger import Candidate, CandidateStatus, Ledger, row_time
-from ..harness.ops import get_op
-from ..harness.promotion import judge_benchmark
+from ..harness.ledger.ledger import Candidate, CandidateStatus, Ledger, row_time
+from ..harness.serving import serving
+from ..harness.serving.dispatch import measured_choices
+from ..ops import get_op
 from ..sanitizer.canonical import as_written
 from ..sanitizer.verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict, is_time_limit
 from .placement import BenchTask
@@ -69,7 +69,7 @@ class Recorder:
         # each benchmark child's phases: start (sandbox, imports, ceilings), compile, wait for the GPU alone
         self.bench_phases: Dict[str, List[float]] = {"start": [], "compile": [], "wait": []}
         self.raced_out = 0  # benchmarks stopped at a shape the rule refuses on its own
-        self.stopped_early = 0  # of which the sequential test stopped (harness/sequential.py)
+        self.stopped_early = 0  # of which the sequential test stopped (harness/bench/sequential.py)
         self.best_gain: Optional[float] = None
         self.first_benchmark_at: Optional[float] = None
 
@@ -334,7 +334,7 @@ class Recorder:
 
     def _choose_serving(self, t: Target) -> None:
         """Every benchmark times the incumbent beside torch: where torch serves the op's contract, the faster
-        of the two serves the bucket from now on (harness.dispatch)."""
+        of the two serves the bucket from now on (harness.serving.dispatch)."""
         if not get_op(t.op).torch_label:
             return
         choices = measured_choices(

@@ -20,8 +20,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeGuard, cast
 
-from ..harness.diagnosis import SM_COUNT
-from ..harness.ops import get_op
+from ..harness.bench.diagnosis import SM_COUNT
+from ..ops import get_op
 from ..sanitizer.canonical import parse_module
 
 LOG2E = 1.4426950408889634  # float32 log2(e) is the FpSan payload constant exp is defined by

@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..harness import model_step
-from ..harness.ops import NAMES, get_op
-from ..harness.ops.common import Shape
+from ..harness.workload import model_step
+from ..ops import NAMES, get_op
+from ..ops.common import Shape
 
 ALL_OPS = NAMES  # the op registry, in its order
 
@@ -36,12 +36,12 @@ class RunConfig:
     compute_sanitizer: bool = True
     gpus: Optional[int] = None  # GPUs used for evaluation (default: every visible one)
     candidates_dir: str = os.path.join("kernels", "candidates")
-    # a model's decode step (harness.model_step.ModelConfig fields) whose op calls are the targets, each
+    # a model's decode step (harness.workload.model_step.ModelConfig fields) whose op calls are the targets, each
     # bucket weighted by its share of the step, at these points ('BATCHxCONTEXT,...')
     target_model: Optional[Dict[str, Any]] = None
     target_points: str = "32x8192"
     # a workload's weighted points instead of target_points' equal ones: [kv, batch, context, weight] per point
-    # (harness.workload.workload_points), and the trace they came from (`run --workload`)
+    # (harness.workload.workload.workload_points), and the trace they came from (`run --workload`)
     target_weights: Optional[List[List[Any]]] = None
     target_workload: Optional[Dict[str, Any]] = None
     # write the serving folder in place even where git tracks it (default: a branch of the run's own)
@@ -145,7 +145,7 @@ def weighted_points(cfg: RunConfig) -> List[Tuple[str, int, int, float]]:
 def model_targets(cfg: RunConfig) -> List[Target]:
     """The buckets a model's decode step calls at the run's weighted points (`weighted_points`), each
     weighted by its roofline share of the step at each point times the point's weight
-    (harness.model_step.step_op_calls), heaviest first; ops outside `cfg.ops` are left out."""
+    (harness.workload.model_step.step_op_calls), heaviest first; ops outside `cfg.ops` are left out."""
     model = model_step.ModelConfig.from_mapping(cfg.target_model or {})
     shapes: Dict[Tuple[str, str], List[Shape]] = {}
     weight: Dict[Tuple[str, str], float] = collections.defaultdict(float)

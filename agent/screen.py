@@ -3,7 +3,7 @@
 Two screens, both on the CPU, both recorded in the ledger (`pruned_proposal`) with their reason so that no
 later run proposes the same source again and a run's summary counts them:
 
-- compile time (harness/compile_probe.py, sm_90 compiled in a sandbox): a proposal whose main kernel
+- compile time (harness/bench/compile_probe.py, sm_90 compiled in a sandbox): a proposal whose main kernel
   spills registers where the incumbent's does not (or spills more), needs more shared memory than an H200
   program may use, does not compile for sm_90 for want of resources, or leaves SMs idle (fewer programs
   than SMs) at a shape where the incumbent fills them;
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ..harness.compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, profile_source
-from ..harness.diagnosis import SHARED_PER_PROGRAM, SM_COUNT
+from ..harness.bench.compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, profile_source
+from ..harness.bench.diagnosis import SHARED_PER_PROGRAM, SM_COUNT
 from ..sanitizer.canonical import as_written
 from .proposal import Proposal, ProposeContext
 
 if TYPE_CHECKING:
-    from ..harness.ledger import Ledger
+    from ..harness.ledger.ledger import Ledger
 
 PREDICTED_FLOOR = 0.8
 # a proposal's compile, whose incumbent's took seconds: matmul 128x256 tiles on 2 warps ground 200 s in ptxas

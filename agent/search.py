@@ -32,12 +32,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..harness.config_reader import ConfigUnreadable, read_config
-from ..harness.config_variant import baseline_source, has_config, with_config  # noqa: F401 (re-exported)
-from ..harness.ops import get_op
-from ..harness.ops.common import Shape
-from ..harness.ops.tuning import Space
+from ..ops import get_op
+from ..ops.common import Shape
+from ..ops.tuning import Space
 from ..sanitizer.canonical import as_written
+from ..sanitizer.config_reader import ConfigUnreadable, read_config
+from ..sanitizer.config_variant import baseline_source, has_config, with_config  # noqa: F401 (re-exported)
 from .proposal import Proposal, ProposeContext, Proposer
 from .rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, move_suits, target_for
 from .screen import PREDICTED_FLOOR, Screen
@@ -52,7 +52,7 @@ def baseline_config(op_name: str, shape) -> tuple:
 def source_config(op_name: str, source: str, shape) -> tuple:
     """What a kernel source's `_config` returns for a shape, read from its syntax tree: a promoted kernel
     was written by a model, and this process holds the model's key, so its text is never imported here
-    (harness/config_reader.py). ConfigUnreadable when `_config` does what the reader does not evaluate."""
+    (sanitizer/config_reader.py). ConfigUnreadable when `_config` does what the reader does not evaluate."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return read_config(source, tuple(get_op(op_name).config_args(shape, device)))
 

@@ -11,7 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..harness.bench_records import BenchOutcome
+from ..harness.bench.bench_records import BenchOutcome
 from .placement import BenchTask, SanitizeTask, Task, TaskLost
 from .proposal import Proposal, ProposeContext, Proposer
 from .recorder import GPU_PROMOTION_CHECKS

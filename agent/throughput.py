@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 if TYPE_CHECKING:  # (the type only: the ledger loads SQLAlchemy)
-    from ..harness.ledger import RunNotesRecord
+    from ..harness.ledger.ledger import RunNotesRecord
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Throughput:
     stage_s: Dict[str, float] = field(default_factory=dict)  # median seconds per task of each stage
     benchmarks: int = 0  # benchmark children run
     raced_out: int = 0  # of which stopped early at a shape the rule refuses on its own
-    stopped_early: int = 0  # of which stopped by the sequential test (harness/sequential.py)
+    stopped_early: int = 0  # of which stopped by the sequential test (harness/bench/sequential.py)
     wall_s: float = 0.0
     # GPU wall seconds per candidate (placement.gpu_seconds): the median per stage and in total, leased seconds
     gpu_s: Dict[str, float] = field(default_factory=dict)

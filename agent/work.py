@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Dict, Optional, Set
 
-from ..harness.promotion import Judgement
+from ..harness.bench.promotion import Judgement
 from ..sanitizer.canonical import JudgedText
 from ..sanitizer.verdict import SanitizerMode
 from . import ui

@@ -1,7 +1,7 @@
 """Field failures: what the serving guard found when a promoted kernel met a real input.
 
 A promoted kernel serves a shape class only after one call of that class was verified on the device
-(harness/serving.py's guard: compiled and run in a sandboxed child, its output compared with the trusted
+(harness/serving/serving.py's guard: compiled and run in a sandboxed child, its output compared with the trusted
 implementation's, its inputs checksummed). A class whose check fails is retired (the trusted implementation
 serves it from then on), and the failure is a `FieldFailure`: the record crosses from the serving process to
 the ledger (`Ledger.record_field_failure`), where `gate` fails while any is unresolved and `demote` resolves

@@ -2,7 +2,7 @@
 back to the same JSON: `Manifest` holds one `ManifestEntry` per (op, shape bucket, dtype, GPU), and a kernel
 entry promoted as a launch configuration holds its `Variant` instead of a file.
 
-The file's format is harness/serving.py's (its module docstring and docs/ARCHITECTURE.md describe it); this
+The file's format is harness/serving/serving.py's (its module docstring and docs/ARCHITECTURE.md describe it); this
 module is that format and nothing else: no files, no torch. `from_json` refuses a record that is not one
 (ValueError, one line, which the reader turns into a ServingError naming the file); `to_json` writes the keys
 the record was read with, so a manifest read and written again is the same text.
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .config_variant import ConfigStep
+from ..sanitizer.config_variant import ConfigStep
 
 # 2: entries carry `impl` (version 1 held promoted kernels only); 3: a kernel entry may be a configuration
 # (`variant`) instead of a file. All three are read. A set without such an entry is still written as version 2,

@@ -1,7 +1,7 @@
 """kernel-agent: makes Triton GPU kernels faster without making them wrong.
 
-The repository's folders agent/, sanitizer/, harness/ and kernels/ are installed as
-kernel_agent.agent, kernel_agent.sanitizer, ... (see pyproject.toml). When the package
+The repository's folders ops/, kernels/, isolation/, sanitizer/, harness/ and agent/ are installed
+as kernel_agent.ops, kernel_agent.kernels, ... (see pyproject.toml). When the package
 is imported straight from a source checkout that was never installed (a GPU machine
 with torch and triton preinstalled and no package index), the checkout's root joins
 this package's path so the same import names work there too.

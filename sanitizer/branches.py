@@ -24,8 +24,8 @@ import types
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..harness.config_variant import ConfigStep, split_config
 from .canonical import parse_expression, parse_module
+from .config_variant import ConfigStep, split_config
 
 # (qualified name of the code object, its first line, offset of the jump, offset executed next)
 Arc = Tuple[str, int, int, int]
@@ -368,7 +368,7 @@ def _sides_of(
 
 def config_overrides(source: str) -> Dict[str, ConfigStep]:
     """The functions of `source` that are launch-configuration overrides as the search writes them
-    (harness/config_variant.py: apply_config), each stacked one recognised by split_config, which regenerates
+    (sanitizer/config_variant.py: apply_config), each stacked one recognised by split_config, which regenerates
     the text byte for byte -> the override's step."""
     out: Dict[str, ConfigStep] = {}
     name, text = "_config", source

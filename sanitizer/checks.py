@@ -21,8 +21,8 @@ import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
-from ..harness.ops import get_op
-from ..harness.ops.common import DTYPE_NAMES, LAYOUTS, SM_SCALE_RANGE, Case, Op, Region, round_to, sm_scale_strategy
+from ..ops import get_op
+from ..ops.common import DTYPE_NAMES, LAYOUTS, SM_SCALE_RANGE, Case, Op, Region, round_to, sm_scale_strategy
 from . import static_gate, wire
 from .branches import DEVICE_ONLY, Side, config_overrides, configs_launched, host_branches, taken, uncovered
 from .canonical import JudgedText, TextRefused, judge_text
@@ -657,7 +657,7 @@ def _region_case(subject: Subject, region: Region, i: int, seed: int) -> Case:
 
 
 def check_domain(subject: Subject, s: Settings) -> str:
-    """Every CPU region of the op's domain (harness/ops: Op.domain): the corners the random draws do not
+    """Every CPU region of the op's domain (ops/: Op.domain): the corners the random draws do not
     reach (pages and head dims up to 256, GQA groups up to MQA, pools far larger than the batch, contexts
     past 8192, the views a K/V cache is sliced as). The GPU stage draws the regions only it can afford."""
     regions = subject.op.domain().on("cpu")

@@ -2,7 +2,7 @@
 
 The judge (sanitizer/worker.py, trusted: it never imports candidate code) starts an
 executor per candidate: `python -m kernel_agent.sanitizer.executor --fd N ...`. The
-executor enters the sandbox (sanitizer/sandbox.py) before it reads anything, checks the
+executor enters the sandbox (isolation/sandbox.py) before it reads anything, checks the
 file against the static gate again, imports it, and then serves calls over a socket
 (sanitizer/wire.py): the judge sends a case's tensors and how to instrument the call
 (bounds, program order, FpSan, allocation sentinel), the executor runs the candidate in
@@ -25,9 +25,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import sandbox
+from ..isolation import sandbox
+from ..isolation.sandbox import REFUSED_EXIT
 from .canonical import TextRefused, judge_text
-from .sandbox import REFUSED_EXIT
 
 PROTOCOL = 1
 

@@ -30,7 +30,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ..harness.ops import get_op
+from ..ops import get_op
 from .branches import DEVICE_ONLY, host_branches, taken
 from .canonical import TextRefused
 from .checks import (
@@ -148,7 +148,7 @@ def _device_branches_taken(subject: Subject) -> None:
     this stage (sanitizer/branches.py DEVICE_ONLY): each one the device cases above reached (bf16, fp16 and fp32
     each), taken both ways when it reads only the dtype (every dtype is drawn here). One that reads the device
     or its SM count takes one side on one GPU: the CPU took the other, and on another GPU the serving guard
-    checks each shape class before a kernel serves it (harness/serving_guard.py)."""
+    checks each shape class before a kernel serves it (harness/serving/serving_guard.py)."""
     try:
         # the executor runs (and records arcs of) the canonical text: its lines are the ones to compile
         sides = [x for x in host_branches(subject.judged().text, subject.path) if x.exempt == DEVICE_ONLY]

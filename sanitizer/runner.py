@@ -16,9 +16,9 @@ import tempfile
 import time
 from typing import Callable, List, Optional, Sequence
 
-from . import sandbox
-from .isolation import map_tracked, run_tracked, signal_name
-from .lease import OnReady, run_gated
+from ..isolation import sandbox
+from ..isolation.isolation import map_tracked, run_tracked, signal_name
+from ..isolation.lease import OnReady, run_gated
 from .verdict import CheckOutcome, CheckStatus, SanitizerMode, Verdict
 
 DEFAULT_TIMEOUT = {SanitizerMode.QUICK: 120.0, SanitizerMode.FULL: 600.0, SanitizerMode.GPU: 900.0}
@@ -54,7 +54,7 @@ def run_isolated(
     its own); always returns a Verdict. `env`: variables for the children on top of the allowlist (e.g.
     the GPU they may see). `seed`: the inputs' seed base (default: a secret one per call). `skip_gate`:
     tests only, to show that the layers behind the static gate hold on their own. `on_ready` (gpu mode):
-    the judge starts without the GPU and asks for it through this (sanitizer/lease.py)."""
+    the judge starts without the GPU and asks for it through this (isolation/lease.py)."""
     mode = SanitizerMode(mode)  # (a caller may name it by its word)
     timeout_s = timeout_s or DEFAULT_TIMEOUT[mode]
     path = os.path.abspath(path)

@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Callable, List, Optional
 
+from ..isolation.lease import wait_for_grant
 from .canonical import judged_or_as_read
 from .executor import Executor
-from .lease import wait_for_grant
 from .static_gate import check_source
 from .verdict import CheckOutcome, SanitizerMode, Verdict
 
@@ -57,7 +57,7 @@ def _parse_args(argv) -> argparse.Namespace:
     ap.add_argument(
         "--gpu-lease",
         action="store_true",
-        help="gpu mode: ask the parent for the GPU before the first check on it (sanitizer/lease.py)",
+        help="gpu mode: ask the parent for the GPU before the first check on it (isolation/lease.py)",
     )
     return ap.parse_args(argv)
 

@@ -17,8 +17,8 @@ import tempfile
 CHILD = r"""
 import glob, json, os, statistics, sys
 import torch, triton.testing
-from kernel_agent.harness.bench import anchor_for, warm_gpu
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.bench.bench import anchor_for, warm_gpu
+from kernel_agent.ops import get_op
 op = get_op("quantize_kv")
 shape = op.shapes("serving")[0]  # T=65536, H=8, D=128: the shape this check was written for
 case = op.make_case(shape, torch.bfloat16, seed=0, device="cuda")

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_agent.harness.ops.decode_attention_int8 import quantize_rows
+from kernel_agent.ops.decode_attention_int8 import quantize_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HQ, HKV, D, PAGE = 32, 8, 128, 16

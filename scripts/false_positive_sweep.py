@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from kernel_agent.agent.seed_sweep import checkout_commit, read_results, sweep_seed
-from kernel_agent.harness.ops import OPS
+from kernel_agent.ops import OPS
 from kernel_agent.sanitizer.runner import run_isolated
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

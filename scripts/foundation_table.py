@@ -48,9 +48,9 @@ def agreement(run1, run2):
     """Per kernel and shape, the figure judged (CUDA-graph replays when both runs have them, else
     event times): do the two runs' medians agree within the larger run-to-run spread
     (bench.reported_time: the measured spread, never less than RUN_TO_RUN_FLOOR)?"""
-    from kernel_agent.harness.bench import reported_time
-    from kernel_agent.harness.bench_records import Measurement
-    from kernel_agent.harness.promotion import graph_timed
+    from kernel_agent.harness.bench.bench import reported_time
+    from kernel_agent.harness.bench.bench_records import Measurement
+    from kernel_agent.harness.bench.promotion import graph_timed
 
     def index(doc):
         return {
@@ -72,7 +72,7 @@ def agreement(run1, run2):
 
 
 def load(path, rebalance=False):
-    from kernel_agent.harness.bench import restore_positions
+    from kernel_agent.harness.bench.bench import restore_positions
 
     with open(path) as f:
         doc = json.load(f)
@@ -92,9 +92,9 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
         f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n"
     )
-    from kernel_agent.harness.bench import reported_time
-    from kernel_agent.harness.bench_records import Measurement
-    from kernel_agent.harness.promotion import graph_timed
+    from kernel_agent.harness.bench.bench import reported_time
+    from kernel_agent.harness.bench.bench_records import Measurement
+    from kernel_agent.harness.bench.promotion import graph_timed
 
     print(
         "| op | shape | dtype | baseline ms (within-run spread) | baseline as reported (± run to run) | anchor | "

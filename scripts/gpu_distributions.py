@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from kernel_agent.harness.ops import OPS
+from kernel_agent.ops import OPS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (interpreter) only to try the script
 SEEDS = int(os.environ.get("SEEDS", "3"))

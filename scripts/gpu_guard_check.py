@@ -34,12 +34,12 @@ if "--cpu" in sys.argv:
 
 import torch  # noqa: E402
 
-from kernel_agent.harness import serving  # noqa: E402
 from kernel_agent.harness.field_failures import FailureKind  # noqa: E402
-from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.harness.serving import serving  # noqa: E402
+from kernel_agent.ops import get_op  # noqa: E402
 
 OP = "decode_attention_int8"
-KERNEL_FILE = Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline" / f"{OP}.py"
+KERNEL_FILE = Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / f"{OP}.py"
 HOOK = "    group = Hq // Hkv\n"
 BOMB_KERNEL = """
 

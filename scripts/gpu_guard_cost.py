@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
-from kernel_agent.harness import serving
-from kernel_agent.harness.model_step import load_model_config, parse_points, step_op_calls
+from kernel_agent.harness.serving import serving
+from kernel_agent.harness.workload.model_step import load_model_config, parse_points, step_op_calls
 
 
 def install_promoted(folder: Path, model: str, points: str, kv_modes: list[str], gpu: str) -> list[str]:
     """Install each baseline as the promoted kernel of every bucket a decode step calls at the points (the matmuls
     too: every op call of the layer goes through the guard); return the keys."""
     cfg = load_model_config(model)
-    baseline_dir = Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline"
+    baseline_dir = Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline"
     keys = set()
     for point in parse_points(points):
         for kv in kv_modes:

@@ -37,7 +37,7 @@ PAST_GRID_SHAPE="32,32,8,64,16,8192"
 python3 - "$OUT/moves/decode_attention_past-grid.py" "$PAST_GRID_SHAPE" <<'PY' && bench decode_attention past-grid "$PAST_GRID_SHAPE"
 import sys
 from kernel_agent.agent.search import baseline_config, baseline_source, past_grid_neighbours, with_config
-from kernel_agent.harness.ops import get_op
+from kernel_agent.ops import get_op
 op = get_op("decode_attention")
 shape = op.parse_shape(sys.argv[2])
 base = baseline_config(op.name, shape)

@@ -18,8 +18,8 @@ if [ -n "${SEED_LEDGER:-}" ]; then
 fi
 python3 - > "$OUT/profiles.txt" 2>&1 <<'EOF'
 from kernel_agent.agent.search import baseline_source
-from kernel_agent.harness.compile_probe import profile_source
-from kernel_agent.harness.ops import OPS
+from kernel_agent.harness.bench.compile_probe import profile_source
+from kernel_agent.ops import OPS
 for name, op in OPS.items():
     p = profile_source(baseline_source(name), name, [s.key() for s in op.shapes("serving")], "bfloat16")
     print(name, p.error or "", f"{p.wall_s:.1f}s")

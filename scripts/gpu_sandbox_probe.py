@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 scripts/gpu_sandbox_probe.py [--cpu] [--quick]
 
 A candidate-like child enters the sandbox as the GPU checks' executor does
-(sanitizer/sandbox.py: `enter(gpu=True)`, torch and Triton imported, `prepare_gpu`, the audit
+(isolation/sandbox.py: `enter(gpu=True)`, torch and Triton imported, `prepare_gpu`, the audit
 hook armed) and tries each escape. Each attempt is made in three places:
 
 * executor: the executor's sandbox with the audit hook armed (record-only here, so that every
@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from kernel_agent.sanitizer import sandbox
+from kernel_agent.isolation import sandbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,7 +54,7 @@ TOOL_PORTS = (49152, 49168)  # compute-sanitizer's range (sanitizer/gpu.py)
 CHILD = r"""
 import json, os, socket, sys, threading
 config = json.loads(sys.argv[1])
-from kernel_agent.sanitizer import sandbox
+from kernel_agent.isolation import sandbox
 for patch in config.get("patches", []):
     exec(patch)  # the probe's own diagnosis variants (a layer loosened), never a candidate's text
 tool_ports = range(*config["tool_ports"]) if config.get("tool_ports") else ()
@@ -158,7 +158,7 @@ print("PROBE-RESULT " + json.dumps(result), flush=True)
 # this process's thread names to the CUDA driver, so there only the hook counts)
 ATTEMPTS = [
     ("ctypes", "ctypes: load libc, call getpid", ("executor",)),
-    # reads are not confined on a GPU, and its own /proc is writable there, below the hook (sanitizer/sandbox.py
+    # reads are not confined on a GPU, and its own /proc is writable there, below the hook (isolation/sandbox.py
     # _landlock: the narrower rules failed CUDA's initialisation on the H200): these rows are shown, not counted,
     # except where the hook or file permissions still refuse them
     ("read_canary", "read a world-readable file outside (GPU: allowed)", ()),
@@ -333,8 +333,8 @@ def legit_runs(gpu: bool, quick: bool) -> List[Tuple[str, Optional[bool], str]]:
 
 def pipeline_runs() -> List[Tuple[str, bool, str]]:
     """The sanitizer's GPU checks and a benchmark child on the quantize_kv baseline, through the product."""
-    from kernel_agent.harness.bench_worker import run_bench_isolated
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.harness.bench.bench_worker import run_bench_isolated
+    from kernel_agent.ops import get_op
     from kernel_agent.sanitizer.runner import run_isolated
 
     rows = []
@@ -436,7 +436,7 @@ def diagnose_reads(base: Tuple[str, ...] = ()) -> List[Tuple[str, bool, str]]:
     return [("  diagnosis: reads needed under", True, ", ".join(found)[:160])]
 
 
-# The narrower GPU rules (sanitizer/sandbox.py), each tried on its own and together by --reads
+# The narrower GPU rules (isolation/sandbox.py), each tried on its own and together by --reads
 NARROW_RULES = [
     ("reads confined", ("sandbox.GPU_CONFINED_READS = True",)),
     ("/proc narrowed to thread names", ("sandbox.GPU_NARROW_PROC = True",)),

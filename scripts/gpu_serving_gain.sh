@@ -26,7 +26,7 @@ SHAPES='B=32,Hq=32,Hkv=8,D=128,block_size=16,ctx=8192;B=8,Hq=32,Hkv=8,D=128,bloc
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 echo "start $(date +%T)"
 if step prebuild; then
-  timeout 60 python3 -m kernel_agent.harness.ops.flashinfer_paged --head-dims 128 > "$OUT/prebuild.txt" 2>&1
+  timeout 60 python3 -m kernel_agent.ops.flashinfer_paged --head-dims 128 > "$OUT/prebuild.txt" 2>&1
   echo "prebuild: exit $? ($(date +%T))"; grep -v installed "$OUT/prebuild.txt" | tail -4
 fi
 if step study; then

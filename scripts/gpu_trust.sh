@@ -86,8 +86,8 @@ if [[ " $STEPS " == *" guardcost "* ]]; then
 fi
 if [[ " $STEPS " == *" benchprobe "* ]]; then
   timeout 200 python3 -c "
-from kernel_agent.harness.bench_worker import run_bench_isolated
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.bench.bench_worker import run_bench_isolated
+from kernel_agent.ops import get_op
 d = run_bench_isolated({'op': 'quantize_kv', 'shapes': [get_op('quantize_kv').shapes('serving')[0].key()], 'dtype': 'bfloat16',
                         'seed': 0, 'kernels': [{'label': 'candidate', 'file': None}]})
 print('bench probe: error', d.get('error'), '| refused', d.get('sandbox_refused'))

@@ -29,9 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _load(path: str, op_name: str, promoted: bool):
     """The module of a kernel file. A promoted kernel was written by a model: it is loaded as serving loads it
-    (its canonical text, re-gated: harness/serving.py), never imported as its bytes."""
+    (its canonical text, re-gated: harness/serving/serving.py), never imported as its bytes."""
     if promoted:
-        from kernel_agent.harness.serving import load_kernel_file
+        from kernel_agent.harness.serving.serving import load_kernel_file
 
         return sys.modules[load_kernel_file(path, op_name).__module__]
     name = f"same_ptx_{uuid.uuid4().hex[:8]}"
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         return 2
     import json
 
-    from kernel_agent.harness.ops import OPS, dtype_from_name
+    from kernel_agent.ops import OPS, dtype_from_name
 
     dtype = dtype_from_name(args.dtype)
     files = [(name, f"kernels/baseline/{name}.py") for name in OPS]

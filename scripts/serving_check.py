@@ -1,5 +1,5 @@
 """A serving-style call through the serving set's API at every serving shape, judged by the
-op's differential check: what a serving stack gets from `kernel_agent.harness.serving.get(op)`.
+op's differential check: what a serving stack gets from `kernel_agent.harness.serving.serving.get(op)`.
 
     PYTHONPATH=. python3 scripts/serving_check.py [--dtype bfloat16] [--extra 'matmul:128,8192,8192;...']
 
@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from kernel_agent.harness import serving
-from kernel_agent.harness.ops import OPS, dtype_from_name
+from kernel_agent.harness.serving import serving
+from kernel_agent.ops import OPS, dtype_from_name
 
 
 def main() -> int:

@@ -38,7 +38,7 @@ def _fmt(v, spec: str = "{:.0f}") -> str:
 
 
 def report(ledger_path: str, run_id: str) -> dict:
-    from kernel_agent.harness.ledger import Ledger
+    from kernel_agent.harness.ledger.ledger import Ledger
 
     ledger = Ledger(ledger_path)
     run = ledger.get_run(run_id)
@@ -134,7 +134,7 @@ def _print_sessions(rows: list) -> None:
 def sanitize_baselines(seed=None) -> dict:
     """Full sanitizer on each baseline in a child process, one at a time (wall seconds and the checks' sum)."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from kernel_agent.harness.ops import NAMES, OPS  # noqa: F401  (OPS loads every op: fails early on a broken install)
+    from kernel_agent.ops import NAMES, OPS  # noqa: F401  (OPS loads every op: fails early on a broken install)
     from kernel_agent.sanitizer import runner
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

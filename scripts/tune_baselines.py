@@ -26,8 +26,8 @@ from functools import partial
 import torch
 import triton
 
-from kernel_agent.harness.bench import anchor_for
-from kernel_agent.harness.ops import NAMES, get_op
+from kernel_agent.harness.bench.bench import anchor_for
+from kernel_agent.ops import NAMES, get_op
 
 # The hand-picked sweeps that chose each baseline's `_config`, kept as the record of how kernels/baseline
 # were tuned. An op without one is swept over its own config, or with --neighbours over the search's space.
@@ -114,7 +114,7 @@ def rows_base(rows, op_name, shape):
 def kernel_module(op_name, kernel_file=""):
     """(module, function) of the kernel whose `_config` is swept: a kernel file, else the op's baseline."""
     if kernel_file:
-        from kernel_agent.harness.serving import ServingError, load_kernel_file
+        from kernel_agent.harness.serving.serving import ServingError, load_kernel_file
 
         try:
             fn = load_kernel_file(kernel_file, op_name)

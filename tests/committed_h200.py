@@ -4,7 +4,7 @@ markdown tables those documents print (shared by tests/test_figures.py and tests
 import os
 import shutil
 
-from kernel_agent.harness.ledger import Ledger
+from kernel_agent.harness.ledger.ledger import Ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H200 = os.path.join(ROOT, "results", "h200", "search")

@@ -21,7 +21,7 @@ def _no_test_leaves_children_refused():
     """A hard stop refuses new children process-wide while it kills; a test that left it so would fail
     every later test that starts a child, far from the cause. Name the test instead."""
     yield
-    from kernel_agent.sanitizer import isolation
+    from kernel_agent.isolation import isolation
 
     if isolation._stopping.is_set():
         isolation.resume_starting()

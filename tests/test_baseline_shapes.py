@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from kernel_agent.harness.ops import OPS
-from kernel_agent.harness.ops.common import round_to
+from kernel_agent.ops import OPS
+from kernel_agent.ops.common import round_to
 from tiers import exhaustive
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}

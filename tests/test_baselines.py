@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import mutants
-from kernel_agent.harness.ops import OPS
-from kernel_agent.harness.ops.common import LAYOUTS, round_to, sm_scale_strategy
+from kernel_agent.ops import OPS
+from kernel_agent.ops.common import LAYOUTS, round_to, sm_scale_strategy
 from tiers import exhaustive, first_of_each
 
 BASELINES = {name: getattr(importlib.import_module(f"kernel_agent.kernels.baseline.{name}"), name) for name in OPS}

@@ -10,11 +10,11 @@ import pytest
 import torch
 import triton.testing
 
-from kernel_agent.harness import bench
-from kernel_agent.harness.bench_records import BenchOutcome, Measurement, ShapeResult
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.ops.quantize_kv import quantize_eager
-from kernel_agent.harness.promotion import judge_benchmark, timed_call_mismatch
+from kernel_agent.harness.bench import bench
+from kernel_agent.harness.bench.bench_records import BenchOutcome, Measurement, ShapeResult
+from kernel_agent.harness.bench.promotion import judge_benchmark, timed_call_mismatch
+from kernel_agent.ops import get_op
+from kernel_agent.ops.quantize_kv import quantize_eager
 from tiers import exhaustive
 
 QUANT = get_op("quantize_kv")
@@ -129,7 +129,7 @@ def test_a_drawn_shape_lies_inside_the_bucket_off_the_point_and_costs_no_more_th
 
 
 def test_with_drawn_shape_appends_one_shape_and_records_its_seed():
-    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
+    from kernel_agent.harness.bench.bench_records import BenchKernel, BenchSpec
 
     op = get_op("decode_attention")
     key = op.shapes("serving")[1].key()

@@ -13,8 +13,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernel_agent.agent.cli.bench import cmd_bench  # noqa: E402
 from kernel_agent.agent.cli.parser import build_parser  # noqa: E402
-from kernel_agent.harness.bench import NO_GPU  # noqa: E402
-from kernel_agent.harness.ledger import Ledger, RunStatus  # noqa: E402
+from kernel_agent.harness.bench.bench import NO_GPU  # noqa: E402
+from kernel_agent.harness.ledger.ledger import Ledger, RunStatus  # noqa: E402
 from test_loop import FakeDevices, FakeEvaluator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -126,8 +126,8 @@ def _search_candidate(label: str, bucket: str):
     (agent/search.py: SearchProposer from the baseline, at the bucket's serving shapes)."""
     from kernel_agent.agent.proposal import ProposeContext
     from kernel_agent.agent.search import SearchProposer
-    from kernel_agent.harness.config_variant import baseline_source
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
+    from kernel_agent.sanitizer.config_variant import baseline_source
 
     op = get_op("decode_attention")
     shapes = [s for s in op.shapes("serving") if op.bucket(s) == bucket]

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from kernel_agent.harness.ops import OPS
+from kernel_agent.ops import OPS
 from kernel_agent.sanitizer.canonical import judge_text
 from kernel_agent.sanitizer.compared import MAX_COMPARED, TooManyCompared, compared_values
 
@@ -200,7 +200,7 @@ def test_sizes_behind_locals_arguments_and_calls_are_solved(code, sizes):
 
 
 def test_two_runtime_values_compared_are_drawn_equal_and_unequal_each_order():
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
     from kernel_agent.sanitizer.compared import compared_joints
 
     joints = compared_joints("def op(q, S, D):\n    if S == D:\n        pass")

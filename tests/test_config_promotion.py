@@ -1,6 +1,6 @@
 """A promoted launch configuration is stored as what it is: the kernel it tunes plus the configuration.
 
-The serving set rebuilds it with the search's own function (harness/config_variant.py), checks it against
+The serving set rebuilds it with the search's own function (sanitizer/config_variant.py), checks it against
 the hash that was judged, and refuses it when the base or the configuration changed; reports show it as
 the configuration in a line. Kernels run on the CPU through Triton's interpreter.
 """
@@ -25,10 +25,10 @@ from kernel_agent.agent.cli.gate import serving_gate_item  # noqa: E402
 from kernel_agent.agent.cli.pr import RunBranch, _serving_file_holds  # noqa: E402
 from kernel_agent.agent.cli.promotion_sections import PromotedKernel, diff_section  # noqa: E402
 from kernel_agent.agent.search import baseline_config  # noqa: E402
-from kernel_agent.harness import serving  # noqa: E402
-from kernel_agent.harness.config_variant import baseline_source, split_config, with_config  # noqa: E402
-from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.harness.serving import serving  # noqa: E402
+from kernel_agent.ops import get_op  # noqa: E402
 from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
+from kernel_agent.sanitizer.config_variant import baseline_source, split_config, with_config  # noqa: E402
 
 OP, BUCKET, DTYPE, GPU = "quantize_kv", "tsmall-d16", "float32", "NVIDIA H200"
 SHAPE = "4,2,16"  # T=4, H=2, D=16: bucket tsmall-d16
@@ -224,7 +224,7 @@ def test_show_names_the_configuration_before_the_diff(tmp_path, capsys):
     """`kernel-agent show CANDIDATE` says in a line what a configuration candidate changes, as the report
     does; a code change gets no such line."""
     from kernel_agent.agent.cli import parser as cli
-    from kernel_agent.harness.ledger import Ledger
+    from kernel_agent.harness.ledger.ledger import Ledger
 
     path = tmp_path / "ledger.db"
     with Ledger(path) as led:

@@ -1,4 +1,4 @@
-"""The search's configuration reader (harness/config_reader.py) runs in the loop's process, which holds the model's
+"""The search's configuration reader (sanitizer/config_reader.py) runs in the loop's process, which holds the model's
 key: a hostile `_config` is refused (ConfigUnreadable) before it makes that process build anything large or spend
 long, and every committed kernel's `_config` stays readable, with the values Python gives it."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
-from kernel_agent.harness.ops import OPS, get_op
+from kernel_agent.ops import OPS, get_op
+from kernel_agent.sanitizer.config_reader import ConfigUnreadable, read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

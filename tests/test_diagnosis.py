@@ -1,5 +1,5 @@
-"""The diagnosis of an incumbent (harness/diagnosis.py), the sm_90 compile probe it reads
-(harness/compile_probe.py), the search's screens (agent/screen.py) and the code model's catalog requests."""
+"""The diagnosis of an incumbent (harness/bench/diagnosis.py), the sm_90 compile probe it reads
+(harness/bench/compile_probe.py), the search's screens (agent/screen.py) and the code model's catalog requests."""
 
 import re
 
@@ -10,16 +10,16 @@ from kernel_agent.agent.proposal import ProposeContext
 from kernel_agent.agent.rewrites import CATALOG, apply_rewrite, target_for
 from kernel_agent.agent.screen import Screen, compile_objection, fit_speed_model, label_config
 from kernel_agent.agent.search import SearchProposer, baseline_config, baseline_source, with_config
-from kernel_agent.harness.compile_probe import (
+from kernel_agent.harness.bench.compile_probe import (
     CompileProfile,
     LaunchProfile,
     innermost_loop_mix,
     profile_source,
     resource_usage,
 )
-from kernel_agent.harness.diagnosis import Diagnosis, diagnose, diagnose_incumbent, programs_per_sm
-from kernel_agent.harness.ledger import Ledger
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.bench.diagnosis import Diagnosis, diagnose, diagnose_incumbent, programs_per_sm
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.ops import get_op
 from openai_stub import Stub
 from tiers import exhaustive
 

@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-from kernel_agent.harness import serving
-from kernel_agent.harness.bench_records import BenchOutcome, ShapeResult
-from kernel_agent.harness.bench_worker import refused_here
-from kernel_agent.harness.dispatch import choices_from_rows, measured_choices, record_choices
-from kernel_agent.harness.ledger import Ledger
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.ops.matmul import torch_matmul
-from kernel_agent.harness.promotion import judge_benchmark as judge_outcome
+from kernel_agent.harness.bench.bench_records import BenchOutcome, ShapeResult
+from kernel_agent.harness.bench.bench_worker import refused_here
+from kernel_agent.harness.bench.promotion import judge_benchmark as judge_outcome
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.harness.serving import serving
+from kernel_agent.harness.serving.dispatch import choices_from_rows, measured_choices, record_choices
+from kernel_agent.ops import get_op
+from kernel_agent.ops.matmul import torch_matmul
 from kernel_agent.sanitizer.canonical import as_written
 
 GPU = "NVIDIA H200"

@@ -22,11 +22,11 @@ import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.ops.common import compare_tensor
-from kernel_agent.harness.ops.paged import gather_tokens
 from kernel_agent.kernels.baseline import attention as attention_baseline
 from kernel_agent.kernels.baseline import decode_attention_int8 as int8_baseline
+from kernel_agent.ops import get_op
+from kernel_agent.ops.common import compare_tensor
+from kernel_agent.ops.paged import gather_tokens
 from kernel_agent.sanitizer.checks import _draw_case
 from tiers import exhaustive
 

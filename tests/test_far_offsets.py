@@ -59,14 +59,14 @@ def test_a_matmul_reads_operand_rows_past_two_to_the_31_elements(path):
 
 
 # A paged decode over a pool past 2^31 elements: the region that the GPU stage draws ("a pool past 2^31 elements",
-# harness/ops/paged.py), at a CPU proxy shape. Its pages of 256 tokens of one 256-wide head are 2^16 elements, so
+# ops/paged.py), at a CPU proxy shape. Its pages of 256 tokens of one 256-wide head are 2^16 elements, so
 # block 32768 starts at element 2^31; only the live blocks are written (the pool's other pages stay virtual).
 FAR_POOL = "B=2,Hq=2,Hkv=1,D=256,block_size=256,ctx=600,ragged,spare_blocks=32768"
 FAR_SEEDS = range(10)
 
 PAGED_CHILD = r"""
 import importlib.util, sys, torch
-from kernel_agent.harness.ops import OPS
+from kernel_agent.ops import OPS
 spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)

@@ -1,4 +1,4 @@
-"""Judged figures (harness/figures.py): one reading of benchmark rows for the report, its plots,
+"""Judged figures (harness/bench/figures.py): one reading of benchmark rows for the report, its plots,
 `history --trend`, the leaderboard and `show`, checked on made-up rows and on the committed H200 run."""
 
 import math
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from committed_h200 import H200, RUN, copied_ledger, table_rows
-from kernel_agent.harness import figures as F
-from kernel_agent.harness.bench_records import Measurement
-from kernel_agent.harness.promotion import judged_pair
+from kernel_agent.harness.bench import figures as F
+from kernel_agent.harness.bench.bench_records import Measurement
+from kernel_agent.harness.bench.promotion import judged_pair
 
 T0 = datetime(2026, 11, 30, 16, 0, tzinfo=timezone.utc)
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from kernel_agent.agent import loop as loop_mod
-from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus
+from kernel_agent.harness.ledger.ledger import CandidateStatus, Ledger, RunStatus
 from kernel_agent.sanitizer.canonical import as_written, read_judged
 from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
 from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator
@@ -315,8 +315,8 @@ def test_show_diffs_against_the_incumbent_whose_hash_the_benchmark_recorded(tmp_
     cand, _ = led.add_candidate(
         "quantize_kv", as_written(incumbent + "\n# a code change\nX = 1\n"), "model", run.id, label="c"
     )
-    from kernel_agent.harness.bench import record_shape_result
-    from kernel_agent.harness.bench_records import ShapeResult
+    from kernel_agent.harness.bench.bench import record_shape_result
+    from kernel_agent.harness.bench.bench_records import ShapeResult
     from test_loop import _measured
 
     record_shape_result(
@@ -405,7 +405,7 @@ def test_a_model_without_an_endpoint_is_refused_before_torch_is_imported(tmp_pat
 
 
 def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, monkeypatch):
-    from kernel_agent.harness.ledger import LedgerError
+    from kernel_agent.harness.ledger.ledger import LedgerError
 
     Ledger(tmp_path / "l.db").close()
     real = os.access
@@ -422,7 +422,7 @@ def test_a_read_only_ledger_given_to_a_command_that_writes_says_so(tmp_path, mon
 
 def test_demote_commits_on_a_branch_and_leaves_the_checkout_alone(tmp_path, monkeypatch, capsys):
     from kernel_agent.agent.cli.demote import cmd_demote
-    from kernel_agent.harness import serving
+    from kernel_agent.harness.serving import serving
     from test_git_promotions import _checkout, _git
 
     r = _git_repo(tmp_path, monkeypatch)
@@ -769,7 +769,7 @@ def test_two_runs_at_once_on_one_ledger_the_second_is_refused_and_a_killed_run_l
 def test_a_run_hold_names_its_holder_and_is_released_with_it(tmp_path):
     """The hold itself, in one process: a second hold on the ledger is refused while the first is held, names
     the run once it has one, and is taken once the first is released."""
-    from kernel_agent.harness.run_hold import LedgerHeld, RunHold
+    from kernel_agent.harness.ledger.run_hold import LedgerHeld, RunHold
 
     with Ledger(tmp_path / "l.db") as led:
         first = RunHold(led).take()
@@ -785,7 +785,7 @@ def test_a_run_hold_names_its_holder_and_is_released_with_it(tmp_path):
 def test_a_postgresql_ledger_takes_no_run_hold_it_is_shared_by_design(postgres):
     """A server ledger is the one a team or a cluster shares: two runs may record in it at once
     (tests/test_ledger_postgres.py runs two), so neither is refused."""
-    from kernel_agent.harness.run_hold import RunHold
+    from kernel_agent.harness.ledger.run_hold import RunHold
 
     url = postgres()
     with Ledger(url) as led, Ledger(url) as other:
@@ -910,7 +910,7 @@ def test_the_throughput_line_after_a_resume_says_it_counts_that_session(tmp_path
     """After `run --resume` the table's `judged now 2` is the run's, the throughput line's `1 judged` the
     resume's: the line said only `throughput: 1 judged`."""
     from kernel_agent.agent.cli.run import _print_run_summary
-    from kernel_agent.harness.ledger import RunSession
+    from kernel_agent.harness.ledger.ledger import RunSession
 
     with Ledger(tmp_path / "l.db") as led:
         run = led.start_run({}, {}, "search", ["quantize_kv"], None, {})

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 import mutants
-from kernel_agent.harness.ops import get_op
+from kernel_agent.ops import get_op
 from kernel_agent.sanitizer import fpsan as F
 from kernel_agent.sanitizer.checks import bits
 from kernel_agent.sanitizer.interp import Instrumentation

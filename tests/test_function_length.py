@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("agent", "harness", "sanitizer", "scripts", "kernel_agent")
+SCANNED = ("ops", "isolation", "sanitizer", "harness", "agent", "scripts", "kernel_agent")
 LIMIT = 60
 REASON = re.compile(r"#\s*long:\s*\S")
 

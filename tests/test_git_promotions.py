@@ -15,8 +15,8 @@ import pytest
 from kernel_agent.agent import loop as loop_mod
 from kernel_agent.agent import publish
 from kernel_agent.agent.search import SearchProposer
-from kernel_agent.harness import serving
-from kernel_agent.harness.ledger import Ledger
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.harness.serving import serving
 from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator, _fake_gpu, _measured, _stream
 
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from kernel_agent.agent.search import baseline_config, baseline_source, with_config
-from kernel_agent.harness import serving
-from kernel_agent.harness.bench import Contender, balanced_median, benchmark_shape, load_ceilings
-from kernel_agent.harness.bench_records import BenchOutcome
-from kernel_agent.harness.bench_worker import run_bench_isolated
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.promotion import decide_over_shapes, judged_pair
-from kernel_agent.sanitizer import sandbox
+from kernel_agent.harness.bench.bench import Contender, balanced_median, benchmark_shape, load_ceilings
+from kernel_agent.harness.bench.bench_records import BenchOutcome
+from kernel_agent.harness.bench.bench_worker import run_bench_isolated
+from kernel_agent.harness.bench.promotion import decide_over_shapes, judged_pair
+from kernel_agent.harness.serving import serving
+from kernel_agent.isolation import sandbox
+from kernel_agent.ops import get_op
 
 pytestmark = [
     pytest.mark.gpu,
@@ -73,7 +73,7 @@ def test_bench_times_the_baseline_and_its_anchor(ceilings):
 
 
 def test_bench_refuses_a_kernel_that_does_not_launch_its_own_kernels(ceilings):
-    from kernel_agent.harness.ops.quantize_kv import quantize_eager  # torch alone: no Triton kernel of its own
+    from kernel_agent.ops.quantize_kv import quantize_eager  # torch alone: no Triton kernel of its own
 
     ms = _measure(Contender("candidate", lambda x: quantize_eager(x), ("_quantize_kernel",)), ceilings)
     assert "none of its Triton kernels" in ms["candidate"].error
@@ -283,7 +283,7 @@ def test_compute_sanitizer_reaches_the_sandboxed_executor_and_sees_an_out_of_bou
 
 def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
     from kernel_agent.agent.loop import RunConfig, run_loop
-    from kernel_agent.harness.ledger import Ledger
+    from kernel_agent.harness.ledger.ledger import Ledger
 
     os.environ["KERNEL_AGENT_SERVING_DIR"] = str(tmp_path / "serving")
     try:
@@ -342,7 +342,7 @@ def test_bench_in_two_processes_reports_a_spread_covering_both(tmp_path):
     for res in results:
         for m in res["measurements"]:
             assert m["processes"] == 2 and m["n"] >= 6 and m["spread_ms"] >= m["within_spread_ms"]
-            # graph replays only for small kernels (harness.bench.is_small); where timed, both processes' rounds
+            # graph replays only for small kernels (harness.bench.bench.is_small); where timed, both processes' rounds
             assert not m.get("graph_ms") or len(m["graph_rounds"]) >= 6
 
 
@@ -411,10 +411,10 @@ def test_a_hostile_candidate_is_contained_on_the_gpu_paths(tmp_path, monkeypatch
 
 
 def test_the_model_step_times_every_stack_and_kv_mode():
-    from kernel_agent.harness.model_step import KV_MODES, PRESETS, STACKS, Point, run_model_bench
+    from kernel_agent.harness.workload.model_step import KV_MODES, PRESETS, STACKS, Point, run_model_bench
 
     cfg = PRESETS["llama-3-8b"]
-    from kernel_agent.harness.model_step import BF16_ONLY_STACKS
+    from kernel_agent.harness.workload.model_step import BF16_ONLY_STACKS
 
     result = run_model_bench(cfg, [Point(4, 1024)], STACKS, KV_MODES)
     [p] = result.points
@@ -655,9 +655,9 @@ def test_benchmark_only_cheats_buy_nothing(path):
     timed call or replay named (EXPECTED_BENCH = "output of timed call" / "output of the last CUDA-graph
     replay"), refused at the drawn shape (EXPECTED_BENCH = "drawn at random inside the bucket"), or timed no
     faster than the baseline and not promoted (EXPECTED_BENCH = "no gain")."""
-    from kernel_agent.harness.bench import with_drawn_shape
-    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
-    from kernel_agent.harness.promotion import judge_benchmark
+    from kernel_agent.harness.bench.bench import with_drawn_shape
+    from kernel_agent.harness.bench.bench_records import BenchKernel, BenchSpec
+    from kernel_agent.harness.bench.promotion import judge_benchmark
 
     op = get_op(path.parent.name)
     text = path.read_text()
@@ -706,8 +706,8 @@ def test_a_workload_plan_measured_on_the_gpu_scales_each_option_by_its_step():
     """`workload plan --measure on`'s path: each option's heaviest point timed with bench --model's machinery
     (the serving stack in its KV mode), tokens/s scaled by measured over roofline, the int8 error measured."""
     from kernel_agent.agent.cli.workload import _gpu_measure
-    from kernel_agent.harness.kv_plan import estimate_options
-    from kernel_agent.harness.model_step import PRESETS
+    from kernel_agent.harness.workload.kv_plan import estimate_options
+    from kernel_agent.harness.workload.model_step import PRESETS
 
     trace = os.path.join(ROOT, "tests", "data", "workloads", "chat_300.jsonl")
     opts = estimate_options(

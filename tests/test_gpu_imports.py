@@ -220,9 +220,9 @@ def test_what_a_gpu_test_uses_of_the_project_still_fits(path):
 
 def test_the_check_fails_on_a_name_that_was_removed(tmp_path):
     bad = tmp_path / "test_gone.py"
-    bad.write_text("def test_x():\n    from kernel_agent.harness.bench import _quantize_eager\n")
+    bad.write_text("def test_x():\n    from kernel_agent.harness.bench.bench import _quantize_eager\n")
     [(line, module, name)] = project_imports(str(bad))
-    assert (module, name) == ("kernel_agent.harness.bench", "_quantize_eager")
+    assert (module, name) == ("kernel_agent.harness.bench.bench", "_quantize_eager")
     with pytest.raises(ImportError):
         _resolve(module, name)
 
@@ -231,8 +231,8 @@ def test_the_check_fails_on_uses_that_no_longer_fit(tmp_path):
     bad = tmp_path / "test_rotten.py"
     bad.write_text(
         "import importlib, os\n"
-        "from kernel_agent.harness import serving\n"
-        "from kernel_agent.harness.ops import get_op\n"
+        "from kernel_agent.harness.serving import serving\n"
+        "from kernel_agent.ops import get_op\n"
         "ROOT = '.'\n"
         "def test_x(tmp_path):\n"
         "    serving.install_everything()\n"  # 6: a removed function

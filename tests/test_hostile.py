@@ -53,7 +53,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 
 import pytest
 
-from kernel_agent.harness.ops import OPS
+from kernel_agent.ops import OPS
 from tiers import exhaustive, first_of_each
 
 # one worker judges the candidates under pytest-xdist (the module-scoped `behind_gate`; tests/conftest.py)
@@ -952,7 +952,7 @@ def test_agent_run_with_hostile_model_replies_verifies_nothing(observation, tmp_
     """`kernel-agent run` against a loopback model endpoint whose replies are hostile rewrites:
     the run finishes (exit 0), no candidate is verified, and the canary reaches neither the
     listeners, nor the model endpoint, nor any file (ledger included)."""
-    from kernel_agent.harness.ledger import Ledger
+    from kernel_agent.harness.ledger.ledger import Ledger
     from openai_stub import Stub
 
     probes = [observation.add(next(h for h in HOSTILES if h.rel == rel)) for rel in E2E]

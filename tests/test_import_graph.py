@@ -2,9 +2,9 @@
 says why it is there.
 
 The layer map is the table under "## Layers" in docs/ARCHITECTURE.md; this test reads it and keeps no copy.
-Every module under agent/, harness/, sanitizer/, kernels/ and scripts/ is parsed with `ast` (imports at module level
-and inside functions alike, and `importlib.import_module` of a package path spelled as a literal) and
-mapped to its layer. An import from a lower layer into a higher one, or a cycle between modules, fails
+Every module under ops/, kernels/, isolation/, sanitizer/, harness/, agent/ and scripts/ is parsed with `ast`
+(imports at module level and inside functions alike, and `importlib.import_module` of a package path spelled as
+a literal) and mapped to its layer. An import from a lower layer into a higher one, or a cycle between modules, fails
 with the modules and layers named. A cycle between layers needs an upward import, so it fails as one.
 
 Imports belong at the top of a module; one inside a function of agent/, harness/ or sanitizer/ needs a
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent", "harness", "sanitizer", "kernels", "scripts")
+PACKAGES = ("ops", "kernels", "isolation", "sanitizer", "harness", "agent", "scripts")
 NOT_CODE = ("kernels/candidates/",)  # files the tool judges (adversarial, possibly not even Python), not its code
 NAMESPACE = "kernel_agent."  # the installed name of the repository's folders (pyproject.toml)
 
@@ -209,7 +209,8 @@ def describe_cycle(component: Sequence[str], edges: Sequence[Import]) -> str:
     return f"modules that import each other: {', '.join(component)} ({'; '.join(links)})"
 
 
-EXPLAINED = ("agent", "harness", "sanitizer")  # where an import inside a function needs its reason beside it
+# where an import inside a function needs its reason beside it
+EXPLAINED = ("ops", "isolation", "sanitizer", "harness", "agent")
 
 
 def unexplained_imports(source: str, rel: str) -> List[str]:

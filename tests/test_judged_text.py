@@ -47,7 +47,7 @@ def test_a_judged_text_is_made_only_by_the_canonicalizer():
 def test_one_construction_site_for_the_hash():
     """sha256 is taken in sanitizer/canonical.py only, but for what is no kernel text: a storage's bytes (the
     wire's storage key), a workload trace file, compiled PTX names."""
-    others = {Path("sanitizer/wire.py"), Path("harness/kv_plan.py"), Path("scripts/same_ptx.py")}
+    others = {Path("sanitizer/wire.py"), Path("harness/workload/kv_plan.py"), Path("scripts/same_ptx.py")}
     hashing = {rel for rel, text in _modules() if re.search(r"\bsha256\(|hashlib\.new\(|\bmd5\(|\bblake2", text)}
     assert hashing <= others, f"a kernel text hashed outside sanitizer/canonical.py: {sorted(hashing - others)}"
     assert len(re.findall(r"hashlib\.sha256\(", (ROOT / CANONICAL).read_text(encoding="utf-8"))) == 1

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from kernel_agent.harness import bench
-from kernel_agent.harness.model_step import (
+from kernel_agent.harness.bench import bench
+from kernel_agent.harness.workload.model_step import (
     PRESETS,
     ModelConfigError,
     available_stacks,
@@ -16,8 +16,8 @@ from kernel_agent.harness.model_step import (
     kv_budget_points,
     parse_bytes,
 )
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.ops.flashinfer_paged import FlashInferUnavailable, version
+from kernel_agent.ops import get_op
+from kernel_agent.ops.flashinfer_paged import FlashInferUnavailable, version
 
 LLAMA = PRESETS["llama-3-8b"]
 no_flashinfer = pytest.mark.skipif(version() is not None, reason="FlashInfer is installed here")
@@ -72,7 +72,7 @@ def test_without_flashinfer_the_bench_row_is_one_line_and_the_other_contenders_s
     op = get_op("decode_attention")
     case = op.make_case(op.shapes("tiny")[0], torch.float16, seed=0)
     with pytest.raises(FlashInferUnavailable):
-        from kernel_agent.harness.ops.flashinfer_paged import decode_anchor
+        from kernel_agent.ops.flashinfer_paged import decode_anchor
 
         decode_anchor(case.args)
     results = {}

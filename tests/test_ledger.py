@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import text as sql_text
 
-from kernel_agent.harness import ledger as ledger_mod
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
-from kernel_agent.harness.ledger import (
+from kernel_agent.harness.ledger import ledger as ledger_mod
+from kernel_agent.harness.ledger.ledger import (
     SCHEMA_VERSION,
     BenchResult,
     Candidate,

@@ -1,4 +1,4 @@
-"""Schema migrations of the ledger (harness/ledger_migrations.py), on SQLite and on PostgreSQL: a
+"""Schema migrations of the ledger (harness/ledger/ledger_migrations.py), on SQLite and on PostgreSQL: a
 version-1 ledger made from the version-1 DDL (tests/ledger_v1_schema.py) is read as it is by the read
 commands, refused by the writing ones with the command that upgrades it, and upgraded keeping every row,
 to the schema a new ledger has; a newer ledger is still refused; two processes upgrading at once
@@ -19,9 +19,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy import inspect as sa_inspect
 
 from kernel_agent.agent.cli import parser as cli
-from kernel_agent.harness import ledger_migrations as migrations
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
-from kernel_agent.harness.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, upgrade_ledger
+from kernel_agent.harness.ledger import ledger_migrations as migrations
+from kernel_agent.harness.ledger.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, upgrade_ledger
 from ledger_v1_schema import V1_DDL
 from tiers import exhaustive
 
@@ -235,7 +235,8 @@ def test_a_ledger_older_than_every_migration_is_refused(tmp_path):
 
 
 UPGRADER = (
-    "import sys\nfrom kernel_agent.harness.ledger import upgrade_ledger\nprint(upgrade_ledger(sys.argv[1]).reached)\n"
+    "import sys\nfrom kernel_agent.harness.ledger.ledger import upgrade_ledger\n"
+    "print(upgrade_ledger(sys.argv[1]).reached)\n"
 )
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from sqlalchemy import create_engine
 
-from kernel_agent.harness.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, server_url
+from kernel_agent.harness.ledger.ledger import SCHEMA_VERSION, WRITE_LOCK_KEY, Ledger, LedgerError, server_url
 from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +65,7 @@ def test_a_server_ledger_is_created_versioned_and_refuses_what_is_not_one(postgr
 
 WRITER = textwrap.dedent("""
     import sys
-    from kernel_agent.harness.ledger import Ledger
+    from kernel_agent.harness.ledger.ledger import Ledger
     from kernel_agent.sanitizer.canonical import as_written
     url, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     led = Ledger(url)
@@ -119,7 +119,9 @@ def test_concurrent_writers_on_one_server_ledger_record_each_source_once(postgre
 def test_concurrent_first_opens_of_a_new_server_ledger_create_it_once(postgres, tmp_path):
     url = postgres()
     script = tmp_path / "open.py"
-    script.write_text("import sys\nfrom kernel_agent.harness.ledger import Ledger\nLedger(sys.argv[1]).close()\n")
+    script.write_text(
+        "import sys\nfrom kernel_agent.harness.ledger.ledger import Ledger\nLedger(sys.argv[1]).close()\n"
+    )
     procs = [subprocess.Popen([sys.executable, str(script), url], stderr=subprocess.PIPE, text=True) for _ in range(4)]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-800:] for e in errs]

@@ -18,8 +18,8 @@ import pytest
 
 from kernel_agent.agent.model import ReplyError, extract_source
 from kernel_agent.agent.search import baseline_source, with_config
-from kernel_agent.harness.ledger import Ledger
-from kernel_agent.harness.ops import OPS
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.ops import OPS
 from kernel_agent.sanitizer.canonical import as_written, read_judged
 from openai_stub import Stub
 from tiers import exhaustive
@@ -376,7 +376,7 @@ def test_ctrl_c_and_sigterm_mark_the_run_interrupted(tmp_path, sig):
 
 def _spec(n):
     """A benchmark of nothing, told apart from the others by its seed (placement tests)."""
-    from kernel_agent.harness.bench_records import BenchSpec
+    from kernel_agent.harness.bench.bench_records import BenchSpec
 
     return BenchSpec("matmul", (), "bfloat16", (), seed=n)
 
@@ -556,12 +556,12 @@ def test_the_gated_child_goes_on_only_once_the_parent_grants_each_phase(tmp_path
     goes on only when granted; refused, it waits until its time limit kills it."""
     import sys
 
-    from kernel_agent.sanitizer.lease import run_gated
+    from kernel_agent.isolation.lease import run_gated
 
     child = [
         sys.executable,
         "-c",
-        "from kernel_agent.sanitizer.lease import wait_for_grant\n"
+        "from kernel_agent.isolation.lease import wait_for_grant\n"
         "wait_for_grant('gpu'); print('compiled', flush=True)\nwait_for_grant('alone'); print('timed')",
     ]
     calls = []
@@ -753,7 +753,7 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     """The loop's GPU path with the device children replaced by fakes: every candidate is judged on
     a GPU of its own, the faster one is promoted into the serving set, and the next round's variants
     are built on it."""
-    from kernel_agent.harness import serving
+    from kernel_agent.harness.serving import serving
 
     fast = {}  # the first configuration of each op is the faster one (the search proposes catalog rewrites too)
     gpu = _fake_gpu(
@@ -793,7 +793,7 @@ def test_a_candidate_file_changed_after_it_was_judged_is_not_promoted(tmp_path, 
     changed between judgement and promotion (here: while it was benchmarked, a winner) is not what the
     promotion checks then judge: nothing is promoted, the run says why, and the serving set gets no text."""
     from kernel_agent.agent import loop as loop_mod
-    from kernel_agent.harness import serving
+    from kernel_agent.harness.serving import serving
 
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)  # every candidate twice as fast
     timed = gpu.bench
@@ -926,7 +926,7 @@ def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_pa
 
 def test_run_shapes_per_op():
     from kernel_agent.agent.loop import RunConfig, run_shapes, targets_for
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
 
     ops = ["matmul", "quantize_kv"]
     spec = "matmul:256,8192,8192;matmul:M=512,N=4096,K=4096;quantize_kv:4096,8,64"
@@ -1279,7 +1279,7 @@ def test_targets_are_picked_in_proportion_to_their_weight():
 
 def test_a_model_step_sets_the_targets_and_their_weights():
     from kernel_agent.agent.loop import RunConfig, targets_for
-    from kernel_agent.harness.model_step import PRESETS
+    from kernel_agent.harness.workload.model_step import PRESETS
 
     cfg = RunConfig(target_model=PRESETS["llama-3-8b"].to_json(), target_points="32x8192")
     ts = targets_for(cfg)
@@ -1301,7 +1301,7 @@ def test_a_model_step_sets_the_targets_and_their_weights():
 def test_a_candidate_must_beat_torch_where_torch_serves_and_the_bucket_then_serves_torch(tmp_path, monkeypatch):
     """With cuBLAS faster than the baseline, a candidate 15% faster than the baseline but slower than
     cuBLAS is not promoted, and the benchmark leaves the bucket to torch in the serving set."""
-    from kernel_agent.harness import serving
+    from kernel_agent.harness.serving import serving
 
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.85, anchor=("anchor:torch.matmul", 0.8, True))
     led = Ledger(str(tmp_path / "l.db"))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel_agent.harness import serving
 from kernel_agent.harness.manifest import KERNEL, Manifest, ManifestEntry, Variant
+from kernel_agent.harness.serving import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 HASH = "ab" * 32

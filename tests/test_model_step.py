@@ -1,4 +1,4 @@
-"""The model decode step of `kernel-agent bench --model` (harness/model_step.py) on the CPU.
+"""The model decode step of `kernel-agent bench --model` (harness/workload/model_step.py) on the CPU.
 
 The step runs in Triton's interpreter on a tiny config, in float16 (the interpreter's bf16 arithmetic
 is broken; float16 rounds about as coarsely). The GPU timing is in tests/test_gpu.py.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernel_agent.agent.cli.parser import build_parser, main
-from kernel_agent.harness.model_step import (
+from kernel_agent.harness.workload.model_step import (
     KV_MODES,
     PRESETS,
     STACKS,
@@ -31,11 +31,11 @@ from kernel_agent.harness.model_step import (
     rel_error,
     step_op_calls,
 )
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.ops.common import TOLERANCES, compare_tensor
-from kernel_agent.harness.ops.matmul import MatmulShape
-from kernel_agent.harness.ops.paged import DecodeShape
-from kernel_agent.harness.ops.quantize_kv import QuantizeShape
+from kernel_agent.ops import get_op
+from kernel_agent.ops.common import TOLERANCES, compare_tensor
+from kernel_agent.ops.matmul import MatmulShape
+from kernel_agent.ops.paged import DecodeShape
+from kernel_agent.ops.quantize_kv import QuantizeShape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, page_size=4)
@@ -331,7 +331,13 @@ def test_json_is_a_flag_and_out_a_path():
 def test_the_printed_report(capsys):
     """What `bench --model` prints from a result (the figures here are made up: the layout is tested)."""
     from kernel_agent.agent.cli.bench import print_model_bench
-    from kernel_agent.harness.model_step import Int8Accuracy, ModelBenchResult, PointResult, Served, StackTiming
+    from kernel_agent.harness.workload.model_step import (
+        Int8Accuracy,
+        ModelBenchResult,
+        PointResult,
+        Served,
+        StackTiming,
+    )
 
     cfg = PRESETS["llama-3-8b"]
 
@@ -378,7 +384,7 @@ def test_the_guards_cost_is_the_serving_stack_against_the_unguarded_one():
     """`--stacks serving,unguarded` prints the guard's steady-state cost at each point and KV mode timed both
     ways, and nothing where one of the two is missing."""
     from kernel_agent.agent.cli.bench import guard_cost_lines
-    from kernel_agent.harness.model_step import ModelBenchResult, PointResult, StackTiming
+    from kernel_agent.harness.workload.model_step import ModelBenchResult, PointResult, StackTiming
 
     cfg = PRESETS["llama-3-8b"]
 

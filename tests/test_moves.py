@@ -18,8 +18,8 @@ from kernel_agent.agent.search import (
     past_grid_neighbours,
     with_config,
 )
-from kernel_agent.harness.diagnosis import Diagnosis
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.bench.diagnosis import Diagnosis
+from kernel_agent.ops import get_op
 from kernel_agent.sanitizer.runner import run_isolated
 from tiers import exhaustive
 

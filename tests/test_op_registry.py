@@ -1,6 +1,6 @@
 """The op owns what is particular to it; every other layer asks the op and never branches on its name.
 
-Adding an op is one op module (harness/ops/<name>.py, named in harness/ops/__init__.NAMES), one baseline
+Adding an op is one op module (ops/<name>.py, named in ops/__init__.NAMES), one baseline
 (kernels/baseline/<name>.py) and its tests. The scan below fails wherever code outside the registry keys a
 decision on an op's name or copies the list of ops; the hook tests check that each op answers what the other
 layers ask it.
@@ -15,25 +15,25 @@ from typing import Iterator, List, Tuple
 import pytest
 import torch
 
-from kernel_agent.harness.ops import NAMES, OPS, get_op
+from kernel_agent.ops import NAMES, OPS, get_op
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("agent", "harness", "sanitizer", "scripts")
-NOT_SCANNED = ("harness/ops",)  # the registry itself: each op module names its own op
+SCANNED = ("agent", "harness", "isolation", "sanitizer", "scripts")
+NOT_SCANNED = ("ops",)  # the registry itself: each op module names its own op
 
 # (file, scope) -> why an op name may be matched there. The scope is the enclosing function or class
 # (dotted), or the module-level name assigned, or "<module>".
 ALLOWED = {
     (
-        "harness/model_step.py",
+        "harness/workload/model_step.py",
         "DecodeStep.__init__",
     ): "a Llama decode step: the client that calls the very ops it is made of, as a serving stack does",
     (
-        "harness/model_step.py",
+        "harness/workload/model_step.py",
         "DecodeStep.__call__",
     ): "a Llama decode step: the client that calls the very ops it is made of, as a serving stack does",
     (
-        "harness/model_step.py",
+        "harness/workload/model_step.py",
         "DecodeStep.served",
     ): "the hybrid stack is defined as torch.matmul with the Triton attention; it names the op it swaps",
     (
@@ -180,8 +180,8 @@ def test_no_layer_outside_the_registry_branches_on_an_op_name():
         rel = path.relative_to(ROOT).as_posix()
         found += [f for f in op_name_branches(path.read_text(), rel) if (rel, f[2]) not in ALLOWED]
     assert not found, (
-        "ask the op (harness/ops) instead of matching its name, and take the list of ops from "
-        "harness.ops.NAMES:\n" + "\n".join(f"  {file}:{line} in {scope}: {name!r}" for file, line, scope, name in found)
+        "ask the op (ops/) instead of matching its name, and take the list of ops from "
+        "ops.NAMES:\n" + "\n".join(f"  {file}:{line} in {scope}: {name!r}" for file, line, scope, name in found)
     )
 
 
@@ -199,10 +199,10 @@ def test_the_op_list_comes_from_the_registry():
 
     assert tuple(OPS) == NAMES
     assert cli_common.OP_NAMES is NAMES and loop.ALL_OPS is NAMES
-    # every op module of harness/ops (a module defining OP) is registered, under its own name
+    # every op module of ops/ (a module defining OP) is registered, under its own name
     modules = {
         p.stem
-        for p in (ROOT / "harness" / "ops").glob("*.py")
+        for p in (ROOT / "ops").glob("*.py")
         if any(
             isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OP" for t in s.targets)
             for s in ast.parse(p.read_text()).body
@@ -213,7 +213,7 @@ def test_the_op_list_comes_from_the_registry():
 
 
 def test_the_registry_names_load_without_torch():
-    code = "import sys; from kernel_agent.harness.ops import NAMES; print(len(NAMES), 'torch' in sys.modules)"
+    code = "import sys; from kernel_agent.ops import NAMES; print(len(NAMES), 'torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.stdout.split() == [str(len(NAMES)), "False"], r.stdout + r.stderr
 
@@ -233,7 +233,7 @@ def test_the_search_can_ask_the_op_for_its_tuning_space(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_op_has_a_benchmark_anchor_that_computes_its_contract(name):
-    from kernel_agent.harness.bench import anchor_for
+    from kernel_agent.harness.bench.bench import anchor_for
 
     op = get_op(name)
     # equal sequence lengths: the gathered-cache anchor of the paged decodes times serving shapes

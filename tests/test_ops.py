@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from kernel_agent.harness.ops import OPS, get_op
-from kernel_agent.harness.ops.paged import gather_tokens, owned_from_args
+from kernel_agent.ops import OPS, get_op
+from kernel_agent.ops.paged import gather_tokens, owned_from_args
 
 
 def test_registry_has_the_five_ops_with_fixed_signatures():
@@ -165,7 +165,7 @@ def test_matmul_bounds_each_element_by_its_own_sum_so_one_bad_element_of_many_fa
     """512 x 512: one element off by a few percent of the output's rms is 1 in 262144, which a cap on the
     fraction of elements out of tolerance lets through; the per-element bound, sum_k |a_ik||b_kj|
     times the accumulation's rounding, does not. The exact product of the inputs always passes."""
-    from kernel_agent.harness.ops.common import compare_tensor
+    from kernel_agent.ops.common import compare_tensor
 
     op = get_op("matmul")
     c = op.make_case(op.parse_shape("512,512,512"), dtype, seed=11)
@@ -216,7 +216,7 @@ def test_attention_bound_admits_a_correct_kernels_rounding(dtype, dist):
 def test_attention_bounds_each_element_by_its_own_softmax_so_one_bad_element_of_many_fails(name, shape, dtype):
     """Over 10^4 output elements, one element off by 0.1 (values are standard normal) is under the cap on the
     fraction of elements out of the rms-based tolerance; the element's own softmax rounding bound catches it."""
-    from kernel_agent.harness.ops.common import compare_tensor
+    from kernel_agent.ops.common import compare_tensor
 
     op = get_op(name)
     c = op.make_case(op.parse_shape(shape), dtype, seed=5)
@@ -343,7 +343,7 @@ def test_broadcast_views_only_of_the_inputs_a_contract_admits():
 def test_sm_scale_is_drawn_log_uniformly_over_the_contract_range():
     from hypothesis import find
 
-    from kernel_agent.harness.ops.common import SM_SCALE_RANGE, sm_scale_strategy
+    from kernel_agent.ops.common import SM_SCALE_RANGE, sm_scale_strategy
 
     lo, hi = SM_SCALE_RANGE
     assert find(sm_scale_strategy(), lambda v: v < 0.01) >= lo
@@ -356,7 +356,7 @@ def test_the_far_pool_region_has_live_pages_on_both_sides_of_two_to_the_31_on_ev
     """The GPU region "a pool past 2^31 elements": the block just before element 2^31, the first past it and the
     pool's last block are live on every seed, however its pages are handed out (PAGINGS), so that an int32 page
     offset never survives a draw (the batch's few live pages scattered at random missed it on most draws)."""
-    from kernel_agent.harness.ops.paged import PAGINGS, make_paged_layout
+    from kernel_agent.ops.paged import PAGINGS, make_paged_layout
 
     op = OPS["decode_attention"]
     (region,) = [r for r in op.domain().on("gpu") if r.name == "a pool past 2^31 elements"]
@@ -374,7 +374,7 @@ def test_the_far_pool_region_has_live_pages_on_both_sides_of_two_to_the_31_on_ev
 def test_ragged_lengths_come_in_every_order_and_pages_shared_or_consecutive(order):
     """ORDERS: the longest first (the default), ascending, descending, the longest last, shuffled; PAGINGS: a
     shared prefix puts one page in several block tables, a fresh allocator hands out consecutive ids."""
-    from kernel_agent.harness.ops.paged import ORDERS
+    from kernel_agent.ops.paged import ORDERS
 
     op = OPS["decode_attention"]
     shape = op.parse_shape(f"B=6,Hq=2,Hkv=1,D=8,block_size=4,ctx=40,ragged,order={order or 1}")
@@ -402,7 +402,7 @@ def test_ragged_lengths_come_in_every_order_and_pages_shared_or_consecutive(orde
 
 def _needle_mass(args, precision=torch.float64):
     """Per (sequence, query head): the softmax mass on the needle positions' keys, and the positions."""
-    from kernel_agent.harness.ops.paged import gather_kv
+    from kernel_agent.ops.paged import gather_kv
 
     q = args["q"].to(precision)
     B, Hq, D = q.shape
@@ -422,7 +422,7 @@ def test_needles_carry_the_attention_of_every_sequence_and_head(name):
     """The long-context regions' distribution: in every sequence of two tokens or more, and for every query head
     of a GQA group, at most four keys hold all but a sliver of the softmax mass (so a kernel that drops or
     re-weights a key past some position returns another vector)."""
-    from kernel_agent.harness.ops.paged import DecodeShape
+    from kernel_agent.ops.paged import DecodeShape
 
     op = get_op(name)
     shape = DecodeShape(3, 4, 2, 16, 16, 700, True, order=4, pages=2)  # ragged, GQA 2, a shared prefix
@@ -441,7 +441,7 @@ def test_needles_carry_the_attention_of_every_sequence_and_head(name):
 def test_needles_land_in_the_rows_a_pool_past_2_31_elements_draws():
     """A pool past 2^31 elements draws only its live blocks (pool_rows): a needle of block id i is written to
     the row of i among the live ids, not to row i."""
-    from kernel_agent.harness.ops.paged import place_needles
+    from kernel_agent.ops.paged import place_needles
 
     owned = torch.zeros(10, 4, dtype=torch.bool)
     owned[[2, 7, 9]] = True

@@ -14,10 +14,10 @@ from committed_h200 import RUN, copied_ledger, table_rows
 from kernel_agent.agent.cli import ci as ci_templates
 from kernel_agent.agent.cli.pr import run_branch, write_pr
 from kernel_agent.agent.cli.report import write_report
-from kernel_agent.harness import figures as F
+from kernel_agent.harness.bench import figures as F
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
-from kernel_agent.harness.ledger import Ledger, RunNotesRecord, upgrade_ledger
-from kernel_agent.harness.serving import kernel_file_name
+from kernel_agent.harness.ledger.ledger import Ledger, RunNotesRecord, upgrade_ledger
+from kernel_agent.harness.serving.serving import kernel_file_name
 from kernel_agent.sanitizer.canonical import as_written, judge_text
 from tiers import exhaustive
 

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from kernel_agent.harness.promotion import Decision, Timing, decide, decide_over_shapes
+from kernel_agent.harness.bench.promotion import Decision, Timing, decide, decide_over_shapes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -104,8 +104,8 @@ def test_over_shapes_aggregate_within_noise_is_refused():
 
 
 def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
-    from kernel_agent.harness.bench_records import Measurement
-    from kernel_agent.harness.promotion import judged_pair
+    from kernel_agent.harness.bench.bench_records import Measurement
+    from kernel_agent.harness.bench.promotion import judged_pair
 
     ev = {"label": "k", "median_ms": 0.10, "spread_ms": 0.002, "n": 5}
     cand = dict(ev, graph_ms=0.040, graph_spread_ms=0.0002, graph_rounds=[0.04] * 5)
@@ -122,8 +122,8 @@ def test_small_kernels_are_judged_on_graph_replay_times_when_both_have_them():
 
 
 def test_bench_processes_merge_into_a_spread_that_covers_both():
-    from kernel_agent.harness.bench import REPRO_FLOOR, merge_processes
-    from kernel_agent.harness.bench_records import ShapeResult
+    from kernel_agent.harness.bench.bench import REPRO_FLOOR, merge_processes
+    from kernel_agent.harness.bench.bench_records import ShapeResult
 
     def merged(*docs):
         return merge_processes([ShapeResult.from_json(d) for d in docs]).measurements
@@ -181,7 +181,7 @@ def test_bench_processes_merge_into_a_spread_that_covers_both():
 def test_the_balanced_median_weighs_every_position_of_the_order_alike():
     """A kernel timed slower right after itself than after another one has rounds in two modes, one per
     position; the plain median of an odd count lands on whichever mode has one round more."""
-    from kernel_agent.harness.bench import _rotation, balanced_median
+    from kernel_agent.harness.bench.bench import _rotation, balanced_median
 
     rounds = [0.93, 1.03, 0.94, 1.04, 0.95, 1.05, 0.96]  # positions 1, 0, 1, 0, ...: four fast, three slow
     positions = [1, 0, 1, 0, 1, 0, 1]
@@ -199,7 +199,7 @@ def test_the_sessions_whose_plain_medians_disagreed_agree_position_balanced():
     """SDPA's causal prefill on the H200 in two sessions (results/h200/bench_run8.json, bench_run9.json,
     recorded before rounds carried their positions, which the rotation restores): the plain medians
     are 9% apart, more than the 5% run-to-run floor; the position-balanced ones are within it."""
-    from kernel_agent.harness.bench import RUN_TO_RUN_FLOOR, restore_positions
+    from kernel_agent.harness.bench.bench import RUN_TO_RUN_FLOOR, restore_positions
 
     plain, balanced = [], []
     for run in (8, 9):
@@ -220,8 +220,13 @@ def test_the_sessions_whose_plain_medians_disagreed_agree_position_balanced():
 def test_reported_time_carries_the_run_to_run_floor_and_the_judged_timing():
     """What bench reports for another run to check: the judged figure (graph replays for a small kernel,
     events otherwise), its spread never under the run-to-run floor of its bound, and larger when measured so."""
-    from kernel_agent.harness.bench import CHOSEN_BY_TIMING_FLOOR, RUN_TO_RUN_FLOOR, reported_time, with_reported_times
-    from kernel_agent.harness.bench_records import Measurement, ShapeResult
+    from kernel_agent.harness.bench.bench import (
+        CHOSEN_BY_TIMING_FLOOR,
+        RUN_TO_RUN_FLOOR,
+        reported_time,
+        with_reported_times,
+    )
+    from kernel_agent.harness.bench.bench_records import Measurement, ShapeResult
 
     def m(ms, spread, kind, graph=None, label="baseline"):
         return Measurement.from_json(
@@ -286,8 +291,8 @@ def test_foundation_table_agreement_judges_like_the_rule():
 
 def _judge(doc, shapes):
     """The rule over a benchmark child's document, read as the parent reads it."""
-    from kernel_agent.harness.bench_records import BenchOutcome
-    from kernel_agent.harness.promotion import judge_benchmark
+    from kernel_agent.harness.bench.bench_records import BenchOutcome
+    from kernel_agent.harness.bench.promotion import judge_benchmark
 
     return judge_benchmark(BenchOutcome.from_json(doc), shapes)
 
@@ -364,8 +369,8 @@ def test_a_benchmark_raced_out_at_a_refusing_shape_is_judged_on_what_was_timed()
     """Racing stops timing at the first shape the rule refuses on its own; the verdict is the one the
     full benchmark would have reached, and a partial document that the rule would not refuse is an
     error, not a promotion."""
-    from kernel_agent.harness.bench_records import ShapeResult
-    from kernel_agent.harness.bench_worker import refused_here as refused_at
+    from kernel_agent.harness.bench.bench_records import ShapeResult
+    from kernel_agent.harness.bench.bench_worker import refused_here as refused_at
 
     def refused_here(doc):  # (the child holds its ShapeResult; the test writes it as JSON)
         return refused_at(ShapeResult.from_json(doc))
@@ -407,7 +412,7 @@ def test_a_graph_capture_that_finds_unjoined_work_marks_the_kernel_implausible()
     """Work forked onto another stream and never joined back is what events on the caller's stream
     cannot time; graph capture names it, and that is a verdict, not a timing note (the GPU test
     tests/test_gpu.py::test_bench_is_not_fooled_by_work_on_another_stream runs the real thing)."""
-    from kernel_agent.harness.bench import Contender, Measurement, _graph_failed
+    from kernel_agent.harness.bench.bench import Contender, Measurement, _graph_failed
 
     unjoined = RuntimeError(
         "CUDA error: operation failed due to a previous error during capture\n"
@@ -458,7 +463,7 @@ def test_bench_table_prints_the_reported_figure(capsys):
 def test_the_ceiling_bound_holds_graph_replays_to_memory_only_beyond_l2():
     """A graph replay does not flush L2, so data that fits there may be read faster than DRAM copies; the
     compute bound holds for every timing."""
-    from kernel_agent.harness.bench import Ceilings, _beyond_ceilings
+    from kernel_agent.harness.bench.bench import Ceilings, _beyond_ceilings
 
     c = Ceilings("g", copy_tbps=4.0, bf16_tflops=700.0, measured_at="")
     fast_read = dict(ms=0.005, flops=0.0, nbytes=1e8)  # 20 TB/s: over twice the copy rate
@@ -474,7 +479,7 @@ def test_a_kernel_with_a_round_under_the_graph_line_is_graph_timed_whatever_its_
     0.22-0.25 ms and three of 0.147 ms, median 0.2108 ms, while its synchronized calls took 0.140 ms:
     host time lifted the median over 0.2 ms and the kernel was judged on those rounds, never replayed
     as a graph. Its fastest round says it is small."""
-    from kernel_agent.harness.bench import GRAPH_BELOW_MS, Measurement, is_small
+    from kernel_agent.harness.bench.bench import GRAPH_BELOW_MS, Measurement, is_small
 
     bimodal = [0.23206, 0.22384, 0.23917, 0.24512, 0.24504, 0.14832, 0.14733, 0.14731]
     assert sorted(bimodal)[len(bimodal) // 2] > GRAPH_BELOW_MS  # a median-based rule would skip the replays
@@ -489,8 +494,8 @@ def test_the_benchmark_child_times_the_canonical_text_of_a_kernel_file(tmp_path,
     import inspect
     import sys
 
-    from kernel_agent.harness.bench_records import BenchSpec
-    from kernel_agent.harness.bench_worker import _contenders
+    from kernel_agent.harness.bench.bench_records import BenchSpec
+    from kernel_agent.harness.bench.bench_worker import _contenders
     from kernel_agent.sanitizer.canonical import judge_text
 
     monkeypatch.setenv("KA_SANDBOX_SCRATCH", str(tmp_path / "scratch"))
@@ -518,8 +523,8 @@ def test_the_benchmark_times_no_file_that_is_not_the_judged_text(tmp_path, monke
     """A benchmark names each candidate file with the hash of the text that was judged: the parent copies
     into the child's scratch only a file that still holds it (nothing is started otherwise), and the child
     checks its copy again before it imports it."""
-    from kernel_agent.harness import bench_worker
-    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
+    from kernel_agent.harness.bench import bench_worker
+    from kernel_agent.harness.bench.bench_records import BenchKernel, BenchSpec
     from kernel_agent.sanitizer.canonical import judge_text
 
     src = judge_text((ROOT / "kernels" / "baseline" / "quantize_kv.py").read_text()).text

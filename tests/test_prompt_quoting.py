@@ -6,8 +6,8 @@ from kernel_agent.agent.cli.gate import _gate_markdown
 from kernel_agent.agent.cli.report import write_report
 from kernel_agent.agent.model import RULES, attempt_line, build_prompt
 from kernel_agent.agent.proposal import Attempt, ProposeContext
-from kernel_agent.harness.ledger import Ledger
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.ops import get_op
 from kernel_agent.sanitizer.canonical import as_written
 from kernel_agent.sanitizer.static_gate import language_summary
 from kernel_agent.sanitizer.verdict import CheckOutcome, CheckStatus, Verdict, fence_for, quote_untrusted

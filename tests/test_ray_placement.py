@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from kernel_agent.agent.placement import BenchTask, SanitizeTask, TaskLost
-from kernel_agent.harness.ledger import Ledger
+from kernel_agent.harness.ledger.ledger import Ledger
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kernel-agent[cluster]')")
 
@@ -106,7 +106,7 @@ def gpu_node(cluster):
 def _bench(tmp_path, sleep_s, text="# the candidate's text\n"):
     path = tmp_path / "cand.py"
     path.write_text(text)
-    from kernel_agent.harness.bench_records import BenchKernel, BenchSpec
+    from kernel_agent.harness.bench.bench_records import BenchKernel, BenchSpec
 
     spec = BenchSpec(
         "quantize_kv",

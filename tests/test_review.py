@@ -11,9 +11,9 @@ import pytest
 
 from kernel_agent.agent.cli import parser as cli
 from kernel_agent.agent.cli.report import write_report
-from kernel_agent.harness import serving
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
-from kernel_agent.harness.ledger import Ledger
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.harness.serving import serving
 from kernel_agent.sanitizer.canonical import as_written
 from tiers import exhaustive
 
@@ -516,7 +516,7 @@ def test_a_model_without_an_endpoint_or_a_key_is_refused_before_the_run(tmp_path
 
 def test_usage_errors_come_before_torch_is_imported():
     from kernel_agent.agent.cli.common import OP_NAMES
-    from kernel_agent.harness.ops import OPS
+    from kernel_agent.ops import OPS
 
     assert tuple(OPS) == OP_NAMES
     code = (

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel_agent.agent.rewrites import CATALOG, NotApplicable, RewriteTarget, applicable, apply_rewrite, target_for
-from kernel_agent.harness.ops import NAMES
+from kernel_agent.ops import NAMES
 from kernel_agent.sanitizer.runner import run_isolated
 from tiers import exhaustive, first_of_each
 

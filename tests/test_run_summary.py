@@ -17,7 +17,7 @@ from kernel_agent.agent.cli.history import history
 from kernel_agent.agent.cli.report import write_report
 from kernel_agent.agent.cli.run import _print_run_summary
 from kernel_agent.agent.cli.show import cmd_show
-from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary
+from kernel_agent.harness.ledger.ledger import CandidateStatus, Ledger, RunSession, RunStatus, RunSummary
 from kernel_agent.sanitizer.canonical import as_written
 
 SRC = "def quantize_kv(x):\n    return {}\n"

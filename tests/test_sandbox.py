@@ -1,4 +1,4 @@
-"""The sandbox around candidate code (sanitizer/sandbox.py), one layer at a time.
+"""The sandbox around candidate code (isolation/sandbox.py), one layer at a time.
 
 Each test enters the sandbox in a child process and tries what a hostile candidate would,
 with the layer under test the only thing in the way where that can be arranged (with the
@@ -21,7 +21,7 @@ import threading
 
 import pytest
 
-from kernel_agent.sanitizer import sandbox
+from kernel_agent.isolation import sandbox
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's kernel layers are Linux's")
 
@@ -35,7 +35,7 @@ def _in_sandbox(
     code = (
         textwrap.dedent(f"""
         import json, os, sys, ctypes
-        from kernel_agent.sanitizer import sandbox
+        from kernel_agent.isolation import sandbox
         prot = sandbox.enter({scratch!r}, gpu={gpu!r}, tool_ports={list(tool_ports)!r})
         if {hook!r}:
             sandbox.arm_audit_hook(fatal={fatal!r})
@@ -379,7 +379,7 @@ def test_the_gpu_read_list_is_data_read_from_the_environment_and_the_loader(tmp_
 @pytest.mark.xfail(
     strict=True,
     reason="a GPU run's reads are not confined yet: confined to GPU_READABLE, CUDA's "
-    "initialisation failed on the H200 (error 304); see sanitizer/sandbox.py _landlock",
+    "initialisation failed on the H200 (error 304); see isolation/sandbox.py _landlock",
 )
 def test_landlock_confines_reads_on_a_gpu_run(tmp_path):
     import torch
@@ -433,7 +433,7 @@ def test_landlock_confines_reads_on_a_gpu_run(tmp_path):
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="a GPU run's own /proc is writable below the hook: with only the thread names writable, "
-                "CUDA's initialisation failed on the H200 (error 304); see sanitizer/sandbox.py _landlock",
+                "CUDA's initialisation failed on the H200 (error 304); see isolation/sandbox.py _landlock",
             ),
         ),
     ],
@@ -573,7 +573,7 @@ def test_a_wrapping_tool_and_its_child_share_a_loopback_of_their_own(tmp_path):
     scratch = sandbox.make_scratch("ka-test-")
     child = textwrap.dedent(f"""
         import json, os, socket, sys
-        from kernel_agent.sanitizer import sandbox
+        from kernel_agent.isolation import sandbox
         prot = sandbox.enter({scratch!r}, gpu=True, tool_ports=[{port}, {out_port}])
         result = {{"prot": prot.active, "missing": prot.missing}}
         def connect(addr):

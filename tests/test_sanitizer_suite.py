@@ -33,7 +33,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import pytest
 
-from kernel_agent.harness.ops import OPS
+from kernel_agent.ops import OPS
 from kernel_agent.sanitizer.checks import CHECKS
 from kernel_agent.sanitizer.runner import run_many
 from kernel_agent.sanitizer.verdict import Verdict

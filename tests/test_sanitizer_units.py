@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_agent.sanitizer import isolation, runner
+from kernel_agent.isolation import isolation
+from kernel_agent.sanitizer import runner
 from kernel_agent.sanitizer.guard import GuardViolation, HostGuard
 from kernel_agent.sanitizer.interp import Instrumentation, Watched
 from kernel_agent.sanitizer.report import merge_gpu
@@ -40,7 +41,7 @@ def test_gate_accepts_the_baselines(op):
     [
         ("import os\ndef matmul(a, b):\n    return a\n", "import"),
         ("import ctypes\ndef matmul(a, b):\n    return a\n", "import"),
-        ("from kernel_agent.harness.ops import get_op\ndef matmul(a, b):\n    return a\n", "import"),
+        ("from kernel_agent.ops import get_op\ndef matmul(a, b):\n    return a\n", "import"),
         (
             "def matmul(a, b):\n    if a.shape[0] > 4096:\n        return torch.matmul(a, b)\n    return a\n",
             "torch-compute",
@@ -329,7 +330,7 @@ def test_cli_json_and_junit_and_exit_codes(tmp_path):
 
 
 def test_no_state_catches_a_cache_the_static_gate_could_miss():
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
     from kernel_agent.sanitizer.checks import FULL, CheckFailed, Subject, baseline_fn, check_no_state
 
     op = get_op("quantize_kv")
@@ -349,7 +350,7 @@ def test_no_state_catches_a_cache_the_static_gate_could_miss():
 
 
 def test_a_call_that_launches_no_kernel_is_rejected():
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
     from kernel_agent.sanitizer.checks import Subject, baseline_fn, run_case
 
     op = get_op("quantize_kv")
@@ -452,7 +453,7 @@ def test_the_gpu_stage_takes_the_device_only_sides_the_cpu_left_it(tmp_path, con
     text, as the CPU check does). A branch the device cases reached one way is refused when it reads only the
     dtype, and named; one that reads the device or its SM count takes one side per GPU. A branch the device
     never reached (host code of another path) asks nothing of it."""
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
     from kernel_agent.sanitizer.branches import DEVICE_ONLY, host_branches
     from kernel_agent.sanitizer.canonical import judge_text
     from kernel_agent.sanitizer.checks import Subject
@@ -495,7 +496,7 @@ def test_the_gpu_stage_takes_the_device_only_sides_the_cpu_left_it(tmp_path, con
 def test_the_gpu_differential_draws_every_distribution_in_bf16_and_fp16(op_name):
     """A path the device alone takes (`q.is_cuda`, a bf16 flag) meets every kind of value there: each input
     distribution of the op in bf16 and fp16, beside the tiny suite in every dtype and the serving shapes."""
-    from kernel_agent.harness.ops import get_op
+    from kernel_agent.ops import get_op
     from kernel_agent.sanitizer.gpu import _gpu_cases
 
     op = get_op(op_name)
@@ -506,7 +507,7 @@ def test_the_gpu_differential_draws_every_distribution_in_bf16_and_fp16(op_name)
 
 
 def test_the_integers_distribution_holds_whole_numbers_in_each_rows_own_range():
-    from kernel_agent.harness.ops.common import fill, generator
+    from kernel_agent.ops.common import fill, generator
 
     x = fill((64, 33), "integers", generator(7, "cpu"), "cpu", int_bits=6)
     assert torch.equal(x, torch.round(x)) and float(x.abs().max()) <= 63
@@ -518,7 +519,7 @@ def test_the_integers_distribution_holds_whole_numbers_in_each_rows_own_range():
 def test_an_output_step_on_the_gpu_allows_float32_subnormals_to_flush():
     """Triton's approximate exp2 and division flush float32 subnormals on the device: there a float32 or bf16
     output may be 0 where the reference is under 2^-126, and nowhere else; float16's own subnormals stay."""
-    from kernel_agent.harness.ops.common import output_step
+    from kernel_agent.ops.common import output_step
 
     tiny32 = torch.finfo(torch.float32).tiny
     assert output_step(torch.float32, on_gpu=True) == tiny32 == output_step(torch.bfloat16, on_gpu=True)

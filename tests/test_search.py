@@ -5,7 +5,7 @@ import torch
 
 from kernel_agent.agent.proposal import ProposeContext
 from kernel_agent.agent.search import SearchProposer, baseline_config, baseline_source, source_config, with_config
-from kernel_agent.harness.ops import get_op
+from kernel_agent.ops import get_op
 
 OP = get_op("quantize_kv")
 SHAPE = OP.shapes("serving")[0]
@@ -120,8 +120,8 @@ def test_the_climb_from_the_baseline_in_place_of_an_older_incumbent_is_kept(monk
 def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
     """read_config evaluates `_config` without importing the source: on every baseline and shape it agrees
     with the baseline's own `_config`, called as the op says."""
-    from kernel_agent.harness.config_reader import read_config
-    from kernel_agent.harness.ops import OPS
+    from kernel_agent.ops import OPS
+    from kernel_agent.sanitizer.config_reader import read_config
 
     cpu = torch.device("cpu")
     for name, op in OPS.items():
@@ -146,7 +146,7 @@ def test_a_configuration_is_read_from_the_tree_as_the_baselines_compute_it():
     ],
 )
 def test_a_configuration_that_does_more_is_refused_without_running(body, why, tmp_path):
-    from kernel_agent.harness.config_reader import ConfigUnreadable, read_config
+    from kernel_agent.sanitizer.config_reader import ConfigUnreadable, read_config
 
     source = baseline_source("quantize_kv").replace(
         "    block_d = triton.next_power_of_2(D)\n    return max(1, min(64, 4096 // block_d)), 4", body

@@ -1,4 +1,4 @@
-"""The sequential test that stops a slower candidate's benchmark early (harness/sequential.py), on simulated
+"""The sequential test that stops a slower candidate's benchmark early (harness/bench/sequential.py), on simulated
 timing streams, and its wiring into the benchmark's interleaved rounds (harness/bench.interleaved_rounds) with
 a fake timer, through the child's race (bench_worker.refused_here) to the rule's verdict (judge_benchmark)."""
 
@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from kernel_agent.harness.bench import MAX_ROUNDS, interleaved_rounds
-from kernel_agent.harness.bench_records import CANDIDATE, INCUMBENT, BenchOutcome, Measurement, ShapeResult
-from kernel_agent.harness.bench_worker import refused_here
-from kernel_agent.harness.promotion import judge_benchmark
-from kernel_agent.harness.sequential import ALPHA, EarlyStop, looks, sequential_stop, t_cdf, t_quantile
+from kernel_agent.harness.bench.bench import MAX_ROUNDS, interleaved_rounds
+from kernel_agent.harness.bench.bench_records import CANDIDATE, INCUMBENT, BenchOutcome, Measurement, ShapeResult
+from kernel_agent.harness.bench.bench_worker import refused_here
+from kernel_agent.harness.bench.promotion import judge_benchmark
+from kernel_agent.harness.bench.sequential import ALPHA, EarlyStop, looks, sequential_stop, t_cdf, t_quantile
 
 ROUNDS = MAX_ROUNDS  # the benchmark's round limit with three contenders (candidate, incumbent, torch)
 

@@ -17,15 +17,15 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernel_agent.harness import serving  # noqa: E402
-from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.harness.serving import serving  # noqa: E402
+from kernel_agent.ops import get_op  # noqa: E402
 from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
 
 OP = "quantize_kv"
 GPU = "NVIDIA H200"
 # the baseline computes 127/amax on masked-out rows too (then discards it); numpy says so
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
-BASELINE_SRC = (Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline" / "quantize_kv.py").read_text()
+BASELINE_SRC = (Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / "quantize_kv.py").read_text()
 # A distinguishable but equivalent kernel: the baseline with another rows-per-program choice.
 VARIANT_SRC = BASELINE_SRC.replace(
     "return max(1, min(64, 4096 // block_d)), 4", "return 2, 4  # serving variant: two rows per program"
@@ -319,7 +319,7 @@ def test_the_search_reads_a_configuration_without_running_the_text(trick, tmp_pa
     incumbent's `_config` from the syntax tree, so a trick in its text is refused or never reached, and
     nothing of it runs."""
     from kernel_agent.agent.search import baseline_config, source_config
-    from kernel_agent.harness.config_reader import ConfigUnreadable
+    from kernel_agent.sanitizer.config_reader import ConfigUnreadable
 
     canary = _Canary(tmp_path, monkeypatch)
     shape = get_op(OP).parse_shape("4,2,16")
@@ -341,7 +341,7 @@ def test_other_ops_bind_keyword_arguments(sdir):
     bucket_causal = op.bucket(op.shape_of({"q": q, "k": k, "causal": True}))
     bucket_full = op.bucket(op.shape_of({"q": q, "k": k}))
     assert bucket_causal != bucket_full
-    src = (Path(serving.__file__).resolve().parents[1] / "kernels" / "baseline" / "attention.py").read_text()
+    src = (Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / "attention.py").read_text()
     entry = serving.install("attention", bucket_causal, "float32", GPU, src, 1, 0.1, "test", {})
     assert str(fn.resolve(q, k, v, True)) == entry.file
     assert str(fn.resolve(q, k, v, causal=True)) == entry.file

@@ -1,4 +1,4 @@
-"""The serving guard (harness/serving_guard.py): a promoted kernel serves a shape class only after one call of
+"""The serving guard (harness/serving/serving_guard.py): a promoted kernel serves a shape class only after one call of
 that class was checked in a sandboxed child; a failure retires the class and reaches the sink.
 
 Kernels run in Triton's interpreter on the CPU; each check starts a sandboxed executor (the cost of these
@@ -15,14 +15,14 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernel_agent.harness import serving, serving_guard  # noqa: E402
 from kernel_agent.harness.field_failures import FailureKind  # noqa: E402
-from kernel_agent.harness.ops import get_op  # noqa: E402
+from kernel_agent.harness.serving import serving, serving_guard  # noqa: E402
+from kernel_agent.ops import get_op  # noqa: E402
 
 OP = "quantize_kv"
 # the baseline computes 127/amax on masked-out rows too (then discards it); numpy says so
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
-BASELINE_SRC = (Path(serving.__file__).resolve().parent.parent / "kernels" / "baseline" / "quantize_kv.py").read_text()
+BASELINE_SRC = (Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / "quantize_kv.py").read_text()
 LAUNCH = "        x, x_q, scale, R, H, D, x.stride(0), x.stride(1), x.stride(2),\n"
 BLOCKS = "    block_r, warps = _config(D)\n"
 STORE = "    tl.store(scale_ptr + rows, scale, mask=row_mask)\n"

@@ -33,7 +33,7 @@ def test_every_correct_file_is_in_the_language(path):
 
 def test_search_variants_of_the_baselines_stay_in_the_language():
     from kernel_agent.agent.search import baseline_source, with_config, with_evict_first
-    from kernel_agent.harness.ops import OPS
+    from kernel_agent.ops import OPS
 
     for op, space in ((name, o.tuning_space) for name, o in OPS.items()):
         src = baseline_source(op)

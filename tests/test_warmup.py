@@ -1,6 +1,6 @@
-"""`kernel-agent serving warmup` (agent/cli/serving.py, harness/warmup.py): the calls it plans from a model's decode
-step or a list of op shapes, the real inputs it builds for each, the one-line errors, and what it hands the serving
-guard and records of what the guard finds."""
+"""`kernel-agent serving warmup` (agent/cli/serving.py, harness/workload/warmup.py): the calls it plans from a
+model's decode step or a list of op shapes, the real inputs it builds for each, the one-line errors, and what it hands
+the serving guard and records of what the guard finds."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from kernel_agent.agent.cli import parser as cli
-from kernel_agent.harness import serving
-from kernel_agent.harness import warmup as W
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
-from kernel_agent.harness.ledger import Ledger
-from kernel_agent.harness.model_step import Point, load_model_config, step_op_calls
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.ledger.ledger import Ledger
+from kernel_agent.harness.serving import serving
+from kernel_agent.harness.workload import warmup as W
+from kernel_agent.harness.workload.model_step import Point, load_model_config, step_op_calls
+from kernel_agent.ops import get_op
 
 # A model small enough for the interpreter: its decode step calls every op a real one does.
 TINY_MODEL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 96, "page_size": 16}
@@ -126,9 +126,9 @@ def test_warmup_hands_each_op_its_calls_and_records_what_the_guard_finds(monkeyp
                 )
             )  # fmt: skip
 
-    guard = types.ModuleType("kernel_agent.harness.fake_guard")
+    guard = types.ModuleType(f"{W.__package__}.fake_guard")  # where warmup's relative `.fake_guard` looks
     guard.warmup = warmup  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kernel_agent.harness.fake_guard", guard)
+    monkeypatch.setitem(sys.modules, guard.__name__, guard)
     monkeypatch.setattr(W, "GUARD_MODULES", (".fake_guard",))
     db = tmp_path / "l.db"
     shapes = "matmul:1,16,16;quantize_kv:4,2,16;matmul:2,16,16"
@@ -152,8 +152,8 @@ def test_warmup_hands_each_op_its_calls_and_records_what_the_guard_finds(monkeyp
 def test_warmup_end_to_end_with_the_serving_guard(tmp_path, capsys):
     """With the guard present: tiny shapes over an empty serving set (the baselines serve) find nothing."""
     pytest.importorskip(
-        "kernel_agent.harness.serving_guard",
-        reason="this version has no serving guard (harness/serving_guard.py): nothing to warm up end to end",
+        "kernel_agent.harness.serving.serving_guard",
+        reason="this version has no serving guard (harness/serving/serving_guard.py): nothing to warm up end to end",
     )
     serving = tmp_path / "serving"
     serving.mkdir()

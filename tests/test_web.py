@@ -26,9 +26,9 @@ import pytest
 from committed_h200 import H200, ROOT
 from committed_h200 import RUN as H200_RUN
 from kernel_agent.agent.cli import main as cli_main
+from kernel_agent.harness.bench.figures import fmt_x
 from kernel_agent.harness.field_failures import FailureKind
-from kernel_agent.harness.figures import fmt_x
-from kernel_agent.harness.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
+from kernel_agent.harness.ledger.ledger import CandidateStatus, Ledger, RunStatus, upgrade_ledger
 from kernel_agent.sanitizer.canonical import as_written
 from test_review import _ledger_with_a_field_failure
 from tiers import exhaustive
@@ -758,7 +758,7 @@ def test_the_serving_page_of_a_ledger_without_runs_shows_what_the_serving_folder
     won); the page said nothing was promoted. It reads the page as served (no browser needed)."""
     import urllib.request
 
-    from kernel_agent.harness.serving import load_manifest
+    from kernel_agent.harness.serving.serving import load_manifest
 
     Ledger(str(tmp_path / "l.db")).close()
     srv = serve(str(tmp_path / "l.db"))

@@ -11,9 +11,10 @@ import torch
 
 from kernel_agent.agent.cli import main
 from kernel_agent.agent.loop import RunConfig, targets_for
-from kernel_agent.harness import kv_plan, serving
-from kernel_agent.harness.model_step import PRESETS, ModelConfig, step_op_calls
-from kernel_agent.harness.workload import (
+from kernel_agent.harness.serving import serving
+from kernel_agent.harness.workload import kv_plan
+from kernel_agent.harness.workload.model_step import PRESETS, ModelConfig, step_op_calls
+from kernel_agent.harness.workload.workload import (
     Schedule,
     StepModel,
     analyze,
@@ -23,7 +24,7 @@ from kernel_agent.harness.workload import (
     simulate,
     workload_points,
 )
-from kernel_agent.harness.workload_trace import (
+from kernel_agent.harness.workload.workload_trace import (
     EngineStep,
     Request,
     TraceError,
@@ -457,9 +458,9 @@ def test_buckets_a_ledger_measured_take_the_measured_time():
     candidates, anchors, older runs and implausible rows do not count, and the shares are recomputed."""
     from types import SimpleNamespace
 
-    from kernel_agent.harness.model_step import roofline_ms
-    from kernel_agent.harness.ops import get_op
-    from kernel_agent.harness.workload import apply_measured, measured_ratios
+    from kernel_agent.harness.workload.model_step import roofline_ms
+    from kernel_agent.harness.workload.workload import apply_measured, measured_ratios
+    from kernel_agent.ops import get_op
 
     op = get_op("matmul")
     shapes = ["M=8,N=28672,K=4096", "M=16,N=4096,K=14336", "M=12,N=6144,K=4096"]

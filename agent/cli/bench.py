@@ -9,9 +9,9 @@ import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from ...harness import env
-from ...harness.bench_records import BenchKernel, BenchOutcome, BenchSpec, Measurement
-from ...harness.ledger import RunStatus
-from ...harness.model_step import (
+from ...harness.bench.bench_records import BenchKernel, BenchOutcome, BenchSpec, Measurement
+from ...harness.ledger.ledger import RunStatus
+from ...harness.workload.model_step import (
     KV_MODES,
     STACKS,
     ModelConfigError,
@@ -23,7 +23,7 @@ from ...harness.model_step import (
     run_kv_budget,
     run_model_bench,
 )
-from ...harness.ops import get_op
+from ...ops import get_op
 from .. import ui
 from ..placement import ChildEvaluator, Devices, Evaluator, LocalDevices
 from .common import (
@@ -106,7 +106,7 @@ def cmd_bench(args, evaluator: Optional[Evaluator] = None, devices: Optional[Dev
         raise UsageError(f"{', '.join(model_flags)}: only with --model")
     if not args.op:
         raise UsageError("bench: give --op (an op, or all) or --model")
-    from ...harness.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
+    from ...harness.bench.bench import NO_GPU, load_ceilings, resolve_shapes  # here: torch, after the flags
 
     evaluator, devices = evaluator or ChildEvaluator(), devices or LocalDevices()
     ops = parse_ops(args.op)
@@ -147,7 +147,7 @@ def _bench_one_shape(
     args, evaluator: Evaluator, name: str, shape_key: str, kernels: List[BenchKernel], doc: Dict[str, Any]
 ) -> None:
     """Time one shape in `args.processes` children, add what they measured to `doc`, record it and write it out."""
-    from ...harness.bench import merge_processes, with_reported_times  # here: torch, after the flags
+    from ...harness.bench.bench import merge_processes, with_reported_times  # here: torch, after the flags
 
     # references: what serving engines run (FlashInfer's paged decode), shown beside the torch anchor
     spec = BenchSpec(name, (shape_key,), args.dtype, tuple(kernels), references=True)
@@ -170,7 +170,7 @@ def _bench_one_shape(
 
 
 def _record_bench_doc(args, doc, results) -> None:
-    from ...harness.bench import record_shape_result  # here: torch, after the flags
+    from ...harness.bench.bench import record_shape_result  # here: torch, after the flags
 
     led = open_ledger(args)
     if not doc.get("run_id"):
@@ -224,7 +224,7 @@ def print_bench(doc) -> None:
 
 def _bench_row(res: Dict[str, Any], m: Dict[str, Any], anchor: Optional[Dict], fi: Optional[Dict]) -> list:
     """The table's row of measurement m of shape result res, against the shape's torch anchor and FlashInfer."""
-    from ...harness.bench import reported_time  # here: torch, after the flags
+    from ...harness.bench.bench import reported_time  # here: torch, after the flags
 
     if m.get("error"):
         return [res["op"], res["shape"], res["dtype"], m["label"], "error", "", "", "", "", "", m["error"][:60]]
@@ -257,7 +257,7 @@ def _bench_row(res: Dict[str, Any], m: Dict[str, Any], anchor: Optional[Dict], f
 
 
 def _bench_model(args) -> int:
-    """`bench --model CONFIG`: one decode step of a model per stack and KV cache (harness/model_step.py)."""
+    """`bench --model CONFIG`: one decode step of a model per stack and KV cache (harness/workload/model_step.py)."""
     # the flags and the config are checked before torch is imported: a usage error comes at once
     if args.op:
         raise UsageError("bench: give --op or --model, not both")

@@ -9,7 +9,7 @@ It writes two files into a checkout of a repository that holds a kernel-agent se
   KERNEL_AGENT_GPU_RUNNER names (unset: the job is skipped).
 - `.pre-commit-config.yaml`: a local hook per op for the pre-commit framework, which sanitizes the
   changed kernel files of that op in quick mode. The op comes from the path: a serving kernel is
-  `kernels/serving/<op>__<bucket>__<dtype>__<gpu>.py` (harness/serving.py kernel_file_name), a
+  `kernels/serving/<op>__<bucket>__<dtype>__<gpu>.py` (harness/serving/serving.py kernel_file_name), a
   baseline `kernels/baseline/<op>.py`. Generated candidates (kernels/candidates/) are ignored by git,
   so no commit carries them.
 

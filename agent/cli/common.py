@@ -14,8 +14,8 @@ import shutil
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from ...harness.ledger import Ledger, server_url, sqlite_path
-from ...harness.ops import NAMES as OP_NAMES  # the registry's names load without torch
+from ...harness.ledger.ledger import Ledger, server_url, sqlite_path
+from ...ops import NAMES as OP_NAMES  # the registry's names load without torch
 from ..errors import UsageError
 
 OPS_HELP = ", ".join(OP_NAMES)

@@ -7,7 +7,7 @@ import shlex
 from typing import Optional
 
 from ...harness import env
-from ...harness.ledger import Ledger, RunNotesRecord, RunStatus
+from ...harness.ledger.ledger import Ledger, RunNotesRecord, RunStatus
 from ...harness.manifest import Manifest
 from .. import ui
 from ..placement import Devices, LocalDevices
@@ -41,7 +41,7 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     """Remove a bucket's promoted kernel from the serving set and mark its promotion demoted, written where a
     promotion goes (agent/publish.py): a commit on a branch of its own where git tracks the serving folder,
     else (or with --in-place) in place. The GPU is `--gpu`, else this machine's (`devices`)."""
-    from ...harness import serving  # here: torch, after the flags
+    from ...harness.serving import serving  # here: torch, after the flags
     from ..publish import plan_target  # here: publication imports the serving set, which imports torch
 
     check_op(args.op)
@@ -127,7 +127,7 @@ def _served_elsewhere(manifest: Manifest, args) -> str:
 def _active_promotion(led, op: str, bucket: str, dtype: str, gname: str):
     """The ledger's active promotion of a bucket on a GPU, whatever the spelling of the GPU's name (the manifest
     names GPUs by slug)."""
-    from ...harness import serving  # here: torch, after the flags
+    from ...harness.serving import serving  # here: torch, after the flags
 
     promo = led.active_promotion(op, bucket, dtype, gname)
     if promo is None:

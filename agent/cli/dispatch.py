@@ -35,8 +35,10 @@ def register(sub) -> None:
 def cmd_dispatch(args) -> int:
     if args.op:
         check_op(args.op)
-    from ...harness import serving  # here: the serving set imports torch, which comes after the flags are checked
-    from ...harness.dispatch import measured_choices, record_choices  # here: as the serving set
+    from ...harness.serving import (
+        serving,  # here: the serving set imports torch, which comes after the flags are checked
+    )
+    from ...harness.serving.dispatch import measured_choices, record_choices  # here: as the serving set
 
     led = open_ledger(args, read=True)
     if args.write:  # a demotion is recorded in the ledger: open it for writing, once it is known to exist
@@ -82,7 +84,7 @@ def _manifest_serves(manifest: "Manifest", c) -> str:
 
 def _choice_row(c, serves: str) -> list:
     """The table's row of one measured choice."""
-    from ...harness import serving  # here: as in cmd_dispatch
+    from ...harness.serving import serving  # here: as in cmd_dispatch
 
     return [
         c.op,

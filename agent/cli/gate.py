@@ -62,7 +62,9 @@ class GateItem:
 def serving_gate_item(d: str, e: ManifestEntry) -> GateItem:
     """The gate's item for a kernel entry: its file, or its configuration rebuilt and checked against the
     hash that was judged (serving.entry_path), which is a failure of its own when they disagree."""
-    from ...harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+    from ...harness.serving import (
+        serving,  # here: the serving set imports torch, which comes after the flags are checked
+    )
 
     label = f"{e.op}/{e.bucket}/{e.dtype}/{e.gpu}"
     shown = os.path.join(d, serving.entry_name(e))
@@ -75,7 +77,9 @@ def serving_gate_item(d: str, e: ManifestEntry) -> GateItem:
 
 
 def cmd_gate(args) -> int:
-    from ...harness import serving  # here: the serving set imports torch, which comes after the flags are checked
+    from ...harness.serving import (
+        serving,  # here: the serving set imports torch, which comes after the flags are checked
+    )
 
     field_failures = unresolved_field_failures(args)  # a missing --ledger is a usage error before any judging
     d = args.serving_dir or str(serving.serving_dir())

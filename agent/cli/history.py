@@ -7,14 +7,14 @@ import json
 import sys
 from typing import Any, Dict, List
 
-from ...harness.figures import (
+from ...harness.bench.figures import (
     CLOCK_WORDS,
     Leaderboard,
     TrendPoint,
     fmt_ms,
     fmt_x,
 )
-from ...harness.ledger import CandidateStatus
+from ...harness.ledger.ledger import CandidateStatus
 from .. import ui
 from .common import (
     UsageError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ...harness.ledger import SCHEMA_VERSION, server_url, sqlite_path, upgrade_ledger
+from ...harness.ledger.ledger import SCHEMA_VERSION, server_url, sqlite_path, upgrade_ledger
 from .. import ui
 from .common import UsageError, command, default_ledger
 

@@ -24,7 +24,7 @@ import sys
 from typing import List, Optional
 
 from ... import __version__
-from ...harness.ledger import LedgerError
+from ...harness.ledger.ledger import LedgerError
 from .. import ui
 from . import (
     bench,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Sequence, Tuple
 
-from ...harness.figures import (
+from ...harness.bench.figures import (
     CLOCK_WORDS,
     best_per_bucket,
     candidate_results,

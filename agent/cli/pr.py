@@ -22,10 +22,10 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ...harness.figures import CLOCK_PHRASES, candidate_results, fmt_x
-from ...harness.kv_plan import KvPlan, load_plan
+from ...harness.bench.figures import CLOCK_PHRASES, candidate_results, fmt_x
 from ...harness.manifest import gpu_slug
-from ...harness.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
+from ...harness.workload.kv_plan import KvPlan, load_plan
+from ...harness.workload.model_step import KV_MODES, PRESETS, ModelConfig, ModelConfigError, parse_points, step_op_calls
 from .. import ui
 from .common import UsageError, check_writable, command, default_ledger, open_ledger
 from .plots import _plots
@@ -196,7 +196,10 @@ def load_model_step(path: str) -> Dict[str, Any]:
 
 
 def step_measurement(doc: Dict[str, Any], pk: PromotedKernel) -> StepMeasurement:
-    from ...harness.serving import gpu_slug, kernel_file_name  # here: the serving set imports torch; flags come first
+    from ...harness.serving.serving import (  # here: the serving set imports torch; flags come first
+        gpu_slug,
+        kernel_file_name,
+    )
 
     pr = pk.promotion
     mine = kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
@@ -403,7 +406,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
         return False  # (a configuration is an entry of the manifest, rebuilt from its base: no file to name)
     if branch.has_branch:
         return True  # the branch's commit of this promotion wrote it, and nothing later in the run replaced it
-    from ...harness.serving import kernel_file_name, serving_dir  # here: as above
+    from ...harness.serving.serving import kernel_file_name, serving_dir  # here: as above
 
     pr = pk.promotion
     path = serving_dir() / kernel_file_name(pr.op, pr.bucket, pr.dtype, pr.gpu_name)
@@ -416,7 +419,7 @@ def _serving_file_holds(pk: PromotedKernel, later: bool, branch: RunBranch) -> b
 def reproduce_section(led, run, pk: PromotedKernel, later: bool, branch: RunBranch, ledger_flag: str) -> List[str]:
     """The exact commands behind the sections above: the sanitizer's verdict, the benchmark's timings
     (the shapes judged, in order) and the ledger's record."""
-    from ...harness.serving import kernel_file_name  # here: as above
+    from ...harness.serving.serving import kernel_file_name  # here: as above
 
     pr, c = pk.promotion, pk.candidate
     if c is None:

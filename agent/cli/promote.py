@@ -8,11 +8,11 @@ import shlex
 from typing import Dict, Optional
 
 from ...harness import env
-from ...harness.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec
-from ...harness.ledger import CandidateStatus, RunNotesRecord, RunStatus
+from ...harness.bench.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec
+from ...harness.bench.promotion import judge_benchmark
+from ...harness.ledger.ledger import CandidateStatus, RunNotesRecord, RunStatus
 from ...harness.manifest import ManifestEntry
-from ...harness.ops import get_op
-from ...harness.promotion import judge_benchmark
+from ...ops import get_op
 from ...sanitizer.canonical import JudgedText, judged_or_as_read
 from ...sanitizer.report import merge_gpu
 from ...sanitizer.verdict import SanitizerMode
@@ -61,7 +61,7 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
             "promote benchmarks the kernel against the incumbent on a CUDA GPU, and none is available here: "
             f"run `kernel-agent promote --op {args.op} {shlex.quote(args.file)}` on a GPU machine"
         )
-    from ...harness.bench import resolve_shapes  # here: torch, after the flags and the GPU
+    from ...harness.bench.bench import resolve_shapes  # here: torch, after the flags and the GPU
     from ..publish import plan_target  # here: publication imports the serving set, which imports torch
 
     op = get_op(args.op)
@@ -150,8 +150,8 @@ def _promote_bucket(
     args, led, evaluator: Evaluator, run_id: str, cid: int, judged: JudgedText, target, gname: str, bucket: str, bshapes
 ) -> bool:
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
-    from ...harness import serving  # here: torch, after the flags
-    from ...harness.bench import record_shape_result, with_drawn_shape  # here: torch, after the flags
+    from ...harness.bench.bench import record_shape_result, with_drawn_shape  # here: torch, after the flags
+    from ...harness.serving import serving  # here: torch, after the flags
     from ..publish import PromotionRequest, publish_promotion  # here: as the serving set
 
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
@@ -209,6 +209,6 @@ def _shown_entry(target, entry: ManifestEntry) -> str:
     """Where a reviewer finds a promoted kernel: its file, or the manifest entry of a configuration."""
     if entry.file:
         return target.shown(entry.file)
-    from ...harness import serving  # here: torch, after the flags
+    from ...harness.serving import serving  # here: torch, after the flags
 
     return f"{target.shown(serving.MANIFEST_NAME)} ({serving.describe_entry(entry)})"

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from ...harness.figures import (
+from ...harness.bench.figures import (
     CLOCK_PHRASES,
     CLOCK_WORDS,
     CandidateResult,
@@ -48,7 +48,7 @@ def portable_paths(text: str) -> str:
 @dataclass(frozen=True)
 class PromotedKernel:
     """A promotion of the run with what its sections show. candidate: the promoted candidate (None for a
-    promotion without one in the ledger); result: its benchmark in the run as judged (harness/figures.py;
+    promotion without one in the ledger); result: its benchmark in the run as judged (harness/bench/figures.py;
     None when the run did not time it, a promotion by hand say); replaced: what it replaces, as a label
     and source (the replaced candidate, else the op's baseline file) for the diff."""
 

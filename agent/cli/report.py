@@ -6,12 +6,12 @@ import os
 import shlex
 from typing import Any, Dict, List
 
-from ...harness.figures import (
+from ...harness.bench.figures import (
     candidate_results,
     fmt_ms,
     fmt_x,
 )
-from ...harness.ledger import CandidateStatus
+from ...harness.ledger.ledger import CandidateStatus
 from ...sanitizer.verdict import CheckStatus, quote_untrusted
 from .. import ui
 from .common import UsageError, check_writable, command, open_ledger
@@ -58,7 +58,7 @@ def cmd_report(args) -> int:
 def write_report(led, run, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     summary = led.run_summary(run.id)
-    # every figure below (tables, headlines, plots) is one of these: harness/figures.py
+    # every figure below (tables, headlines, plots) is one of these: harness/bench/figures.py
     results = candidate_results(led.figures(run_id=run.id))
     stack = versions_line(run.versions)
     lines = [

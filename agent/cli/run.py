@@ -13,16 +13,16 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional
 
-from ...harness.ledger import CandidateStatus, Ledger, RunStatus, RunSummary, server_url, sqlite_path
-from ...harness.model_step import (
+from ...harness.ledger.ledger import CandidateStatus, Ledger, RunStatus, RunSummary, server_url, sqlite_path
+from ...harness.ledger.run_hold import RunHold
+from ...harness.workload.model_step import (
     KV_MODES,
     ModelConfigError,
     load_model_config,
     parse_bytes,
     parse_points,
 )
-from ...harness.run_hold import RunHold
-from ...harness.workload import DEFAULT_KV_BUDGET, analyze, workload_points
+from ...harness.workload.workload import DEFAULT_KV_BUDGET, analyze, workload_points
 from .. import ui
 from ..model_config import ModelConfig
 from .common import (
@@ -234,7 +234,7 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
 
 
 def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
-    from ...harness.serving import ServingError, load_manifest  # here: torch, after the flags
+    from ...harness.serving.serving import ServingError, load_manifest  # here: torch, after the flags
     from ..loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
 
     if args.resume and args.in_place:

@@ -10,9 +10,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List
 
+from ...isolation.sandbox import host_protections
 from ...sanitizer.report import merge_gpu, verdicts_json, write_junit
 from ...sanitizer.runner import run_many
-from ...sanitizer.sandbox import host_protections
 from ...sanitizer.verdict import SanitizerMode, Verdict
 from .. import ui
 from .common import OPS_HELP, UsageError, check_files, check_op, command, cuda_available

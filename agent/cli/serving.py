@@ -1,12 +1,13 @@
-"""`kernel-agent serving warmup`: the serving guard's first-use checks made before traffic (harness/warmup.py)."""
+"""`kernel-agent serving warmup`: the serving guard's first-use checks made before traffic
+(harness/workload/warmup.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, List
 
 from ...harness.field_failures import FieldFailure
-from ...harness.model_step import KV_MODES, ModelConfigError, load_model_config, parse_names, parse_points
-from ...harness.warmup import PlannedCall, guard_warmup, op_calls, plan_model, plan_shapes
+from ...harness.workload.model_step import KV_MODES, ModelConfigError, load_model_config, parse_names, parse_points
+from ...harness.workload.warmup import PlannedCall, guard_warmup, op_calls, plan_model, plan_shapes
 from .. import ui
 from .common import UsageError, command, cuda_available, open_ledger
 from .views import field_failure_words

@@ -9,8 +9,8 @@ import re
 import sys
 from typing import Any, Dict, List
 
-from ...harness.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
-from ...harness.ledger import RunStatus
+from ...harness.bench.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
+from ...harness.ledger.ledger import RunStatus
 from ...sanitizer.verdict import SanitizerMode
 from .. import ui
 from ..throughput import session_lines
@@ -113,7 +113,7 @@ def _short_incumbent(label) -> str:
 
 
 def _timing_words(result) -> str:
-    """A candidate's judged speedup in a run (harness/figures.py), as the report and history show it."""
+    """A candidate's judged speedup in a run (harness/bench/figures.py), as the report and history show it."""
     if result is None or result.speedup is None:
         return ""
     return (

@@ -1,7 +1,7 @@
 """The documents the read commands print with `--json` (`history`, `show`) and the web view
 (`kernel-agent serve`, agent/web.py) serves: one reading of the ledger for both, so that a page and the
-command line never disagree. Nothing here has SQL of its own: it reads through harness/ledger.py, and
-every timing through harness/figures.py.
+command line never disagree. Nothing here has SQL of its own: it reads through harness/ledger/ledger.py, and
+every timing through harness/bench/figures.py.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ...harness.config_variant import split_stored, steps_over
-from ...harness.figures import Leaderboard, TrendPoint, best_result, candidate_results
-from ...harness.ledger import Ledger, Run, RunStatus, RunSummary
+from ...harness.bench.figures import Leaderboard, TrendPoint, best_result, candidate_results
+from ...harness.ledger.ledger import Ledger, Run, RunStatus, RunSummary
 from ...sanitizer.canonical import as_written, judged_or_as_read
+from ...sanitizer.config_variant import split_stored, steps_over
 from ...sanitizer.verdict import CheckStatus, SanitizerMode, quote_untrusted
 from ..throughput import session_lines
 
@@ -241,9 +241,9 @@ def promotion_doc(p) -> Dict[str, Any]:
 
 
 def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
-    """What bounded each incumbent the run diagnosed (harness/diagnosis.py), and the proposals it kept off the
+    """What bounded each incumbent the run diagnosed (harness/bench/diagnosis.py), and the proposals it kept off the
     GPU with why: for `show` (plain lines) and `report` (markdown)."""
-    from ...harness.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
+    from ...harness.bench.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
 
     out: List[str] = ["## Diagnoses", ""] if markdown else []
     latest = {}
@@ -416,7 +416,7 @@ def manifest_rows() -> Dict[str, Any]:
     """What the serving folder serves (`kernels/serving/manifest.json`, as `serving.get` reads it), whichever
     ledger recorded its promotions: on a fresh clone the committed kernels serve before any run is recorded.
     {"path": the file, "entries": one per key, "error": why it cannot be read, or None}."""
-    from ...harness import serving  # here: the serving set imports torch; flags are checked first
+    from ...harness.serving import serving  # here: the serving set imports torch; flags are checked first
 
     path = str(serving.serving_dir() / serving.MANIFEST_NAME)
     try:
@@ -449,8 +449,8 @@ def serving_doc(led: Ledger) -> Dict[str, Any]:
     chooses), its speedup over the baseline and against torch, the versions it was judged on; every field
     failure the serving guard recorded; every promotion and demotion, newest first; and per op each run's
     best candidate (`history --trend`)."""
-    from ...harness import serving  # here: the serving set imports torch; flags are checked first
-    from ...harness.dispatch import choices_from_rows  # here: as the serving set
+    from ...harness.serving import serving  # here: the serving set imports torch; flags are checked first
+    from ...harness.serving.dispatch import choices_from_rows  # here: as the serving set
 
     promos = led.promotions()
     active: Dict[tuple, Any] = {}

@@ -35,9 +35,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ...harness.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
-from ...harness.ledger import RUN_STATUSES, Ledger, LedgerError
-from ...harness.ops import NAMES as OP_NAMES
+from ...harness.bench.figures import CLOCK_WORDS, fmt_ms, fmt_spread, fmt_x
+from ...harness.ledger.ledger import RUN_STATUSES, Ledger, LedgerError
+from ...ops import NAMES as OP_NAMES
 from .. import publish  # noqa: F401 - what `show RUN` reads loads torch: once, before the first page asks
 from .plots import run_plots
 from .views import candidate_doc, history_data, run_doc, serving_doc

@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from ...harness.kv_plan import (
+from ...harness.workload.kv_plan import (
     CACHE_FORMATS,
     DEFAULT_MAX_ERROR,
     DEFAULT_PAGE_SIZES,
@@ -19,7 +19,7 @@ from ...harness.kv_plan import (
     make_plan,
     write_plan,
 )
-from ...harness.model_step import (
+from ...harness.workload.model_step import (
     KV_MODES,
     ModelConfigError,
     Point,
@@ -28,8 +28,8 @@ from ...harness.model_step import (
     parse_names,
     run_point,
 )
-from ...harness.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
-from ...harness.workload_trace import IMPORTERS, TraceError, import_trace, read_header
+from ...harness.workload.workload import DEFAULT_KV_BUDGET, DEFAULT_MAX_BATCH, Analysis, analyze, measured_ratios
+from ...harness.workload.workload_trace import IMPORTERS, TraceError, import_trace, read_header
 from .. import ui
 from .common import UsageError, check_writable, command, cuda_available, open_ledger
 
@@ -230,7 +230,7 @@ def analysis_doc(trace: str, model, budget: int, result: Dict[str, Analysis]) ->
         "trace": trace,
         "model": model.to_json(),
         "kv_budget_bytes": budget,
-        "timing": "roofline estimate (nominal H200 ceilings: harness.model_step.NOMINAL_TBPS, NOMINAL_TFLOPS)",
+        "timing": "roofline estimate (nominal H200 ceilings: harness.workload.model_step.NOMINAL_TBPS, NOMINAL_TFLOPS)",
         "kv": {kv: a.to_json() for kv, a in result.items()},
     }
 
@@ -350,7 +350,7 @@ def _plan(args, model, budget: int) -> int:
 
 def _gpu_measure(log):
     """(cfg, kv, batch, ctx) -> {step_ms, error}: the serving stack's step in that KV mode timed at that point
-    (harness.model_step.run_point); for int8 the error is its Int8Accuracy (against its own bf16 step)."""
+    (harness.workload.model_step.run_point); for int8 the error is its Int8Accuracy (against its own bf16 step)."""
 
     def measure(cfg, kv: str, batch: int, ctx: int) -> Dict[str, float]:
         res = run_point(cfg, Point(batch, ctx), ("serving",), (kv,), log=log)

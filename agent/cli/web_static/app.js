@@ -22,7 +22,7 @@ function el(tag, attrs, ...kids) {
 const runHref = (id) => "/runs/" + encodeURIComponent(id);
 const candHref = (id) => "/candidates/" + encodeURIComponent(String(Number(id)));
 
-// The numbers as harness/figures.py prints them: fmt_x, fmt_ms (4 significant figures).
+// The numbers as harness/bench/figures.py prints them: fmt_x, fmt_ms (4 significant figures).
 function fmtX(s) { return s === null || s === undefined ? "" : s.toFixed(3) + "x"; }
 function fmtMs(x) {
   if (x === null || x === undefined) return "";

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import triton.testing
 
-from kernel_agent.harness.serving_guard import GuardConfig
+from kernel_agent.harness.serving.serving_guard import GuardConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 

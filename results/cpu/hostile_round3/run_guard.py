@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from kernel_agent.harness import serving
-from kernel_agent.harness.ops import get_op
-from kernel_agent.harness.ops.paged import DecodeShape
+from kernel_agent.harness.serving import serving
+from kernel_agent.ops import get_op
+from kernel_agent.ops.paged import DecodeShape
 
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "cases"

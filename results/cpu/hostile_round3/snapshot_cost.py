@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from kernel_agent.harness import serving
-from kernel_agent.harness.ops import get_op
+from kernel_agent.harness.serving import serving
+from kernel_agent.ops import get_op
 
 CASE = Path(__file__).resolve().parent / "cases" / "decode_attention" / "alias_wrong.py"
 

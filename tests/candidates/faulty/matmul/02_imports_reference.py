@@ -6,7 +6,7 @@ back the checker's answer. Static gate: imports outside torch/triton/math/typing
 EXPECTED_CHECK = "static_gate"
 
 import torch
-from kernel_agent.harness.ops.matmul import OP as _REF
+from kernel_agent.ops.matmul import OP as _REF
 import triton
 import triton.language as tl
 

@@ -3,7 +3,7 @@
 The block id read from the block table stays int32, so `page * stride_kb` (and the value cache's) wraps once a
 page starts past element 2^31 of the cache: the kernel reads another page, or none (a wild address). Every
 CPU region's pool is under 2^31 elements; the GPU stage's region "a pool past 2^31 elements" puts live pages on
-both sides of element 2^31 on every draw (harness/ops/paged.py): gpu_domain. tests/test_far_offsets.py shows the
+both sides of element 2^31 on every draw (ops/paged.py): gpu_domain. tests/test_far_offsets.py shows the
 same case on the CPU, in a sparse pool, for ten seeds. Otherwise the baseline.
 """
 EXPECTED_CHECK = "gpu_domain"

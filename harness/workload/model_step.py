@@ -18,11 +18,11 @@ Stacks (what computes each op; norms, SiLU and residuals are the same torch ops 
     torch     cuBLAS (torch.matmul) and SDPA over a contiguous [B, Hkv, L, D] cache (enable_gqa). It is
               the reference: in the int8 mode it stays bf16.
     baseline  the project's baseline kernels (kernel_agent.kernels.baseline.<op>.<op>) for every op.
-    serving   harness.serving.get(op) for every op: whatever the serving set dispatches each call to (a
+    serving   harness.serving.serving.get(op) for every op: whatever the serving set dispatches each call to (a
               promoted kernel, the baseline or torch); `DecodeStep.served` says which.
     hybrid    cuBLAS matmuls with the baseline paged attention (and quantize_kv).
     flashinfer  cuBLAS matmuls with FlashInfer's paged decode over the same paged bf16 cache (the optional
-              `flashinfer` extra; harness/ops/flashinfer_paged.py): what a serving engine runs. FlashInfer has no
+              `flashinfer` extra; ops/flashinfer_paged.py): what a serving engine runs. FlashInfer has no
               int8 cache, so, like torch, it stays bf16 in the int8 mode. Without the extra the stack is left
               out with one line.
 
@@ -46,7 +46,7 @@ two) to 16. Unknown keys are refused (a typo would otherwise be a silent default
 
 Timing (a CUDA GPU): each stack's layer is captured as one CUDA graph, warmed up, and replayed many
 times between two CUDA events; the stacks are interleaved round by round (the order rotating, as
-harness.bench does for kernels) so that clock and thermal drift hit all alike; a layer's time is the
+harness.bench.bench does for kernels) so that clock and thermal drift hit all alike; a layer's time is the
 position-balanced median of its rounds. Each op call is timed alone the same way (its own graph, with
 the arguments it had in the step) and reported as a share of its stack's layer time.
 
@@ -65,12 +65,12 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .env import gpu_name, versions
+from ..env import gpu_name, versions
 
 if TYPE_CHECKING:
     import torch
 
-    from .ops.common import Shape
+    from ...ops.common import Shape
 
 
 class ModelConfigError(ValueError):
@@ -207,7 +207,7 @@ def load_model_config(spec: str) -> ModelConfig:
 
 STACKS = ("torch", "baseline", "serving", "hybrid", "flashinfer", "unguarded")
 # the serving dispatcher with its guard on, and the same dispatcher with the guard off: their ratio is the
-# guard's steady-state cost (harness/serving_guard.py)
+# guard's steady-state cost (harness/serving/serving_guard.py)
 SERVING_STACKS = ("serving", "unguarded")
 # stacks that compute attention over a bf16 cache whatever the KV mode (the reference, and FlashInfer)
 BF16_ONLY_STACKS = ("torch", "flashinfer")
@@ -295,10 +295,10 @@ def step_op_calls(
     dtype), with a roofline share of the step (NOMINAL_TBPS, NOMINAL_TFLOPS). Work that is no registry
     op (norms, SiLU, residuals, cache writes) is left out: it is the same in every stack and no kernel of
     this project can make it faster."""
-    from .ops import dtype_from_name, get_op  # keeps the CLI's startup light: commands imports this module (torch)
-    from .ops.matmul import MatmulShape  # keeps the CLI's startup light (torch)
-    from .ops.paged import DecodeShape  # keeps the CLI's startup light (torch)
-    from .ops.quantize_kv import QuantizeShape  # keeps the CLI's startup light (torch)
+    from ...ops import dtype_from_name, get_op  # keeps the CLI's startup light: commands imports this module (torch)
+    from ...ops.matmul import MatmulShape  # keeps the CLI's startup light (torch)
+    from ...ops.paged import DecodeShape  # keeps the CLI's startup light (torch)
+    from ...ops.quantize_kv import QuantizeShape  # keeps the CLI's startup light (torch)
 
     if kv not in KV_MODES:
         raise ModelConfigError(f"unknown KV mode {kv!r}; expected one of {', '.join(KV_MODES)}")
@@ -408,7 +408,7 @@ def make_kv_state(
     tokens, in the paged layout, and as asked the contiguous copy and the int8 copy (the quantize_kv rule)."""
     import torch  # keeps the CLI's startup light (torch)
 
-    from .ops.decode_attention_int8 import quantize_rows  # keeps the CLI's startup light (torch)
+    from ...ops.decode_attention_int8 import quantize_rows  # keeps the CLI's startup light (torch)
 
     g = torch.Generator(device=device)
     g.manual_seed(seed)
@@ -506,7 +506,7 @@ class DecodeStep:
         self.calls: List[RecordedCall] = []
         self._decoder = None
         if stack == "flashinfer":
-            from .ops.flashinfer_paged import PagedDecoder  # the optional extra, loaded only for its stack
+            from ...ops.flashinfer_paged import PagedDecoder  # the optional extra, loaded only for its stack
 
             self._decoder = PagedDecoder(
                 state.block_table,
@@ -518,7 +518,7 @@ class DecodeStep:
                 state.k_paged.dtype,
             )
         if stack in SERVING_STACKS:
-            from . import serving  # keeps the CLI's startup light (torch)
+            from ..serving import serving  # keeps the CLI's startup light (torch)
 
             # Checks run in the first call of each shape class (which gets the trusted output), so that a
             # promoted kernel's class is verified by the warm-up calls and the CUDA graph captures the kernel,
@@ -637,7 +637,7 @@ def reference_step(
     and cache: the cached tokens are the paged bf16 cache's (the new token's K and V in `precision`)."""
     import torch  # keeps the CLI's startup light (torch)
 
-    from .ops.paged import gather_tokens  # keeps the CLI's startup light (torch)
+    from ...ops.paged import gather_tokens  # keeps the CLI's startup light (torch)
 
     p = precision or torch.float64
     w = {f.name: getattr(weights, f.name).to(p) for f in dataclasses.fields(weights)}
@@ -723,7 +723,7 @@ class StackTiming:
     stack: str
     kv: str
     layer_ms: float  # one layer's step, CUDA-graph replay
-    spread_ms: float  # half the interquartile range of the rounds, at least harness.bench's REPRO_FLOOR
+    spread_ms: float  # half the interquartile range of the rounds, at least harness.bench.bench's REPRO_FLOOR
     step_ms: float  # layer_ms x layers
     tokens_per_s: float  # batch / step
     vs_torch: Optional[float]  # tokens/s over the torch stack's (None without torch)
@@ -819,10 +819,10 @@ def _replay_ms(graph, n: int) -> float:
 
 
 def _interleaved(graphs: Sequence[Tuple[Any, Any]], rounds: int) -> Dict[Any, Tuple[float, float, List[float]]]:
-    """(key, graph) pairs timed round by round, the order rotating every round (harness.bench's rotation):
+    """(key, graph) pairs timed round by round, the order rotating every round (harness.bench.bench's rotation):
     per key (time, spread, rounds). The time is the position-balanced median when every key was timed at
     every position, else the plain median."""
-    from .bench import _rotation, _spread, balanced_median  # keeps the CLI's startup light (torch)
+    from ..bench.bench import _rotation, _spread, balanced_median  # keeps the CLI's startup light (torch)
 
     reps = {key: max(10, min(500, int(ROUND_MS / max(_replay_ms(g, 3), 1e-3)))) for key, g in graphs}
     times: Dict[Any, List[float]] = {key: [] for key, _ in graphs}
@@ -850,7 +850,7 @@ def run_point(
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""
     import torch  # keeps the CLI's startup light (torch)
 
-    from .ops import get_op  # keeps the CLI's startup light (torch)
+    from ...ops import get_op  # keeps the CLI's startup light (torch)
 
     dt = torch.bfloat16
     B = point.batch
@@ -894,7 +894,7 @@ def run_point(
                 bucket = spec.bucket(spec.shape_of(dict(zip(spec.arg_names + spec.optional_args, call.args))))
                 served.append(Served(kv, label, op, bucket, impl))
     log(f"{cfg.name} B={B} ctx={point.context}: capturing and timing {len(timed)} layers")
-    from .bench import warm_gpu  # keeps the CLI's startup light (torch)
+    from ..bench.bench import warm_gpu  # keeps the CLI's startup light (torch)
 
     layer_graphs = [(k, _capture(steps[k])) for k in timed]
     warm_gpu()
@@ -945,8 +945,8 @@ def run_model_bench(
     seed: int = 0,
     log: Callable[[str], None] = lambda s: None,
 ) -> ModelBenchResult:
-    """Every point's PointResult, on this process's CUDA GPU (harness.bench.NoGPU without one)."""
-    from .bench import require_gpu  # keeps the CLI's startup light (torch)
+    """Every point's PointResult, on this process's CUDA GPU (harness.bench.bench.NoGPU without one)."""
+    from ..bench.bench import require_gpu  # keeps the CLI's startup light (torch)
 
     require_gpu()
     for s in stacks:
@@ -964,7 +964,7 @@ def available_stacks(stacks: Sequence[str], log: Callable[[str], None]) -> Tuple
     """`stacks` less the flashinfer stack when FlashInfer cannot run here, which is said in one line."""
     if "flashinfer" not in stacks:
         return tuple(stacks)
-    from .ops.flashinfer_paged import FlashInferUnavailable, require  # keeps the CLI's startup light (torch)
+    from ...ops.flashinfer_paged import FlashInferUnavailable, require  # keeps the CLI's startup light (torch)
 
     try:
         require()
@@ -1021,7 +1021,7 @@ def run_kv_budget(
 ) -> "ModelBenchResult":
     """Each KV mode at its budget point (kv_budget_points): the bf16 stacks (torch, flashinfer) at the bf16
     point, every other stack at each mode's own point. The result's points are in KV-mode order."""
-    from .bench import require_gpu  # keeps the CLI's startup light (torch)
+    from ..bench.bench import require_gpu  # keeps the CLI's startup light (torch)
 
     require_gpu()
     stacks = available_stacks(stacks, log)

@@ -5,7 +5,7 @@ handful of tables, and every step is a few statements that read best as plain SQ
 for them. The rules:
 
 - Each step goes from `from_version` to `from_version + 1`; the registry holds them in order, with no
-  gap, and the last one reaches the ledger's SCHEMA_VERSION (harness/ledger.py, which checks it).
+  gap, and the last one reaches the ledger's SCHEMA_VERSION (harness/ledger/ledger.py, which checks it).
 - Each step runs in one transaction with the new version written into `meta` in the same transaction,
   so a step is applied entirely or not at all. The transaction is the ledger's write transaction: on
   SQLite `BEGIN IMMEDIATE`, on PostgreSQL the ledger's advisory write lock, so two processes upgrading
@@ -16,7 +16,7 @@ for them. The rules:
   step that only adds indices leaves every table as the code reads it). The read commands (history,
   show, report) read an older ledger without changing it when every pending step says so; otherwise
   they ask for `kernel-agent ledger upgrade` as the writing commands do.
-- A new ledger is created at the current version directly from the models in harness/ledger.py; the
+- A new ledger is created at the current version directly from the models in harness/ledger/ledger.py; the
   models and the steps must end at the same schema (tests/test_ledger_migrations.py compares a
   migrated ledger with a new one).
 
@@ -53,7 +53,7 @@ class Migration:
 def _v1_indices_for_a_large_ledger(conn: Connection) -> None:
     """Version 1 -> 2: `bench_result` gets an index on (op, bucket, dtype) in place of the one on op.
 
-    Why: after every benchmark the loop decides what serves the bucket (harness/dispatch.py,
+    Why: after every benchmark the loop decides what serves the bucket (harness/serving/dispatch.py,
     `measured_choices`) from that bucket's benchmark rows, and `kernel-agent dispatch` does the same per
     op; on version 1 those queries could only select by op, so each read every benchmark row of the op
     (every shape, bucket and dtype ever timed) and filtered the rest in Python: on a shared ledger of a

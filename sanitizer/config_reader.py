@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 import torch
 import triton
 
-from ..sanitizer.canonical import TextRefused, judge_text, parse_module
+from .canonical import TextRefused, judge_text, parse_module
 
 MAX_STEPS = 20_000  # a step is a node evaluated, or a cell of a sequence built or read
 MAX_DEPTH = 16

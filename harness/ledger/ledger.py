@@ -16,7 +16,7 @@ people browse it with ordinary tools. So:
   it (not even the journal mode). An older ledger is read as it is where this version can
   read it (read-only), and is written only once `upgrade_ledger` (`kernel-agent ledger
   upgrade`) has migrated it: the steps and the rules they follow are in
-  harness/ledger_migrations.py.
+  harness/ledger/ledger_migrations.py.
 
 A ledger shared by several machines lives in PostgreSQL (`Ledger("postgresql://...")`, with the
 `postgres` extra's driver). The same rules hold there: the schema version is checked before anything
@@ -64,15 +64,15 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-from ..sanitizer.canonical import JudgedText
-from ..sanitizer.verdict import CheckStatus, SanitizerMode, Verdict
-from . import figures as _figures
+from ...sanitizer.canonical import JudgedText
+from ...sanitizer.verdict import CheckStatus, SanitizerMode, Verdict
+from ..bench import figures as _figures
+from ..field_failures import FailureKind, FieldFailure
+from ..manifest import gpu_slug
 from . import ledger_migrations as _migrations
-from .field_failures import FailureKind, FieldFailure
-from .manifest import gpu_slug
 
 # The version of the schema the models below create; an older ledger reaches it through the steps of
-# harness/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
+# harness/ledger/ledger_migrations.py (checked at import: one unbroken chain of steps ending here).
 SCHEMA_VERSION = 4
 _migrations.check_registry(SCHEMA_VERSION)
 BUSY_TIMEOUT_S = 30.0
@@ -506,7 +506,7 @@ class Promotion(Base):
 
 
 class DiagnosisRecord(Base):
-    """Where an incumbent stands on its bucket (harness/diagnosis.py): what bounds it and why."""
+    """Where an incumbent stands on its bucket (harness/bench/diagnosis.py): what bounds it and why."""
 
     __tablename__ = "diagnosis"
     __table_args__ = (Index("ix_diagnosis_op_bucket_dtype", "op", "bucket", "dtype"),)
@@ -863,7 +863,7 @@ class Upgrade:
 
 def upgrade_ledger(location: str | Path, backup: bool = True) -> Upgrade:
     """Migrate the ledger at `location` (a SQLite file or a PostgreSQL URL) to SCHEMA_VERSION, one step
-    per transaction under the ledger's write lock (harness/ledger_migrations.py). A SQLite file is first
+    per transaction under the ledger's write lock (harness/ledger/ledger_migrations.py). A SQLite file is first
     copied to `<file>.v<version>.bak` (unless `backup` is False); a server's database is backed up by
     whoever runs the server. A ledger already at the version is left as it is, a newer one refused."""
     url = server_url(location)
@@ -934,7 +934,7 @@ def _backup_file(path: Path, shown: str, version: int) -> Path:
 # the ledger
 
 
-# The one reading of recorded rows lives in harness/figures.py (the promotion rule's clock choice);
+# The one reading of recorded rows lives in harness/bench/figures.py (the promotion rule's clock choice);
 # these names stay importable from here for the loop.
 row_clock, row_ms, row_spread = _figures.row_clock, _figures.row_ms, _figures.row_spread
 
@@ -1633,7 +1633,7 @@ class Ledger:
         candidate_id: int | None = None,
         judged_only: bool = True,
     ) -> list[_figures.JudgedFigure]:
-        """The judged figures (harness/figures.py) of the candidates' benchmarks, in the order recorded:
+        """The judged figures (harness/bench/figures.py) of the candidates' benchmarks, in the order recorded:
         each candidate at each shape against the incumbent and the anchor timed beside it. judged_only:
         only candidates whose benchmark stands (status 'benchmarked' or 'promoted'; one rejected
         afterwards, say by a GPU check, is not a result)."""

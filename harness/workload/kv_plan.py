@@ -2,10 +2,10 @@
 KV memory budget per GPU, within an accuracy budget (`kernel-agent workload plan`; docs/WORKLOADS.md).
 
 Each option (format x page size) replays the trace with every request waiting from the start (the
-engine's throughput when it is never idle: `harness.workload.simulate`, arrivals=False) under the same
+engine's throughput when it is never idle: `harness.workload.workload.simulate`, arrivals=False) under the same
 budget: a format of fewer bytes per token holds more sequences, a larger page wastes more of each
 sequence's last page. Its tokens/s per GPU are the roofline's (no GPU), or the roofline's scaled by what
-`bench --model`'s machinery measured at the option's heaviest point (`harness.model_step.run_point`).
+`bench --model`'s machinery measured at the option's heaviest point (`harness.workload.model_step.run_point`).
 
 Formats: bf16 and int8 (codes and a float32 scale per token and head, the quantize_kv contract). FP8 is
 not offered: the serving set has no FP8 decode kernel, so no plan could be served by it.
@@ -125,7 +125,7 @@ def int8_error_estimate(model: ModelConfig, context: int, seed: int = 0, batch: 
     CPU, on seeded normal data at the model's head shape and up to 2048 tokens of context."""
     import torch  # keeps the CLI's startup light (torch)
 
-    from .ops.quantize_kv import quantize_eager  # the contract's own rule, not a copy
+    from ...ops.quantize_kv import quantize_eager  # the contract's own rule, not a copy
 
     g = torch.Generator().manual_seed(seed)
     L, Hkv, D = max(1, min(context, 2048)), model.shard_kv_heads, model.head_dim
@@ -261,7 +261,7 @@ SERVING_PLAN_FILE = "kv_plan.json"  # in the serving folder, beside its manifest
 
 
 def _serving_plan_path(dir: Optional[str]) -> str:
-    from .serving import serving_dir  # keeps the CLI's startup light (the serving set imports torch)
+    from ..serving.serving import serving_dir  # keeps the CLI's startup light (the serving set imports torch)
 
     return os.path.join(str(dir) if dir is not None else str(serving_dir()), SERVING_PLAN_FILE)
 

@@ -1,7 +1,7 @@
 """A diagnosis of an incumbent on its bucket: where it stands against its roofline and what bounds it.
 
 Two sources, neither needing a GPU at the time of the diagnosis:
-- the compiled kernel (harness/compile_probe.py, sm_90 compiled on the CPU): programs of the grid against
+- the compiled kernel (harness/bench/compile_probe.py, sm_90 compiled on the CPU): programs of the grid against
   the H200's SMs, registers and spills, shared memory, and the instruction mix of the inner loop;
 - the ledger's measurements: the incumbent's fraction of the copy or compute ceiling, from the bucket's
   latest benchmark rows under its label (none before the first GPU run: said so).
@@ -24,9 +24,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..sanitizer.canonical import as_written
+from ...ops import get_op
+from ...sanitizer.canonical import as_written
 from .compile_probe import INCUMBENT_TIMEOUT_S, CompileProfile, LaunchProfile, profile_source
-from .ops import get_op
 
 SM_COUNT = 132  # the H200
 SHARED_PER_SM = 233472  # 228 KB of shared memory an H200 SM holds

@@ -23,7 +23,7 @@ def _load() -> Dict[str, "Op"]:
     for name in NAMES:
         op = importlib.import_module(f".{name}", __name__).OP
         if op.name != name:  # the module's name is the op's: the baseline and the serving files use it
-            raise ImportError(f"harness/ops/{name}.py defines the op {op.name!r}")
+            raise ImportError(f"ops/{name}.py defines the op {op.name!r}")
         ops[name] = op
     return ops
 

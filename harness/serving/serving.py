@@ -3,7 +3,7 @@
 Layout: the folder `kernels/serving/` holds `manifest.json` and one kernel file per promoted code change
 for an (op, shape bucket, dtype, GPU), named `<op>__<bucket>__<dtype>__<gpu-slug>.py`. Each file is a
 complete candidate: it defines a function named after the op with the op's contract signature. A promoted
-launch configuration (the search's `_config` override, harness/config_variant.py) has no file: its entry
+launch configuration (the search's `_config` override, sanitizer/config_variant.py) has no file: its entry
 records what it tuned (the baseline, or the promoted file it replaced) with that source's hash, and the
 configuration, and the kernel is rebuilt from them and checked against the hash that was judged.
 
@@ -18,7 +18,7 @@ op's measured buckets on that GPU (else on any GPU; else the baseline): the comm
 the committed bench. Promotion writes the set (`install`, `remove`); CI re-verifies its kernels; a
 serving stack only reads it, through `get`:
 
-    from kernel_agent.harness import serving
+    from kernel_agent.harness.serving import serving
     quantize_kv = serving.get("quantize_kv")
     x_q, scale = quantize_kv(x)          # the fastest trusted implementation for x's bucket
     quantize_kv.resolve(x)               # which one, and why
@@ -49,13 +49,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import kernels as kernels_package
-from ..sanitizer.canonical import JudgedText, TextRefused, as_written, judge_text, parse_module, read_back
-from ..sanitizer.static_gate import check_source
-from . import serving_guard
-from .config_variant import ConfigStep, baseline_source, rebuild, split_config
-from .field_failures import FieldFailure
-from .manifest import (
+from ... import kernels as kernels_package
+from ...ops import DTYPE_NAMES, DTYPES, get_op
+from ...sanitizer.canonical import JudgedText, TextRefused, as_written, judge_text, parse_module, read_back
+from ...sanitizer.config_variant import ConfigStep, baseline_source, rebuild, split_config
+from ...sanitizer.static_gate import check_source
+from ..field_failures import FieldFailure
+from ..manifest import (
     BASE_BASELINE,
     BASELINE,
     KERNEL,
@@ -66,7 +66,7 @@ from .manifest import (
     Variant,
     gpu_slug,
 )
-from .ops import DTYPE_NAMES, DTYPES, get_op
+from . import serving_guard
 from .serving_guard import Guard, GuardConfig, WarmupResult, guard_wanted
 
 MANIFEST_NAME = "manifest.json"
@@ -475,7 +475,7 @@ def describe_entry(entry: ManifestEntry) -> str:
 
 def rebuild_variant(op: str, variant: Variant, dir: str | Path | None = None) -> str:
     """The source a variant record stands for: its base (checked against the recorded hash) with its
-    configurations applied by the function the search wrote them with (harness/config_variant.py)."""
+    configurations applied by the function the search wrote them with (sanitizer/config_variant.py)."""
     base = variant.base
     if base == BASE_BASELINE:
         where, text = f"the baseline of {op}", _baseline_text(op)
@@ -792,7 +792,7 @@ def get(
     bucket, dtype and GPU, the fastest trusted implementation (a promoted kernel, the baseline or
     torch; `resolve` says which and why).
     `gpu` pins the GPU name (default: the device of the call); `dir` the serving set.
-    `guard`: verify each shape class of a promoted kernel before it serves it (harness/serving_guard.py;
+    `guard`: verify each shape class of a promoted kernel before it serves it (harness/serving/serving_guard.py;
     default on unless KERNEL_AGENT_SERVING_GUARD=off); `guard_config` its limits; `sink` where its field
     failures go (default: set_field_failure_sink's, else the ledger)."""
     return Dispatcher(op, gpu=gpu, dir=dir, guard=guard, guard_config=guard_config, sink=sink)

@@ -7,7 +7,7 @@ decode step, `step_op_calls`, or shapes parsed by each op's registry entry), the
 op's own example inputs (`Op.make_case`: the contract's arguments, drawn from a seed, on the device), so
 that the guard sees what a serving stack would pass: the same shapes, dtypes and layouts.
 
-The guard itself lives in `harness/serving_guard.py` (`warmup(op, calls, dir=..., sink=...)`); `guard_warmup`
+The guard itself lives in `harness/serving/serving_guard.py` (`warmup(op, calls, dir=..., sink=...)`); `guard_warmup`
 is the one place that finds it, and says in one line when this kernel-agent has none.
 """
 
@@ -17,12 +17,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ...ops import NAMES as OP_NAMES
+from ...ops import get_op
 from .model_step import ModelConfig, Point, step_op_calls
-from .ops import NAMES as OP_NAMES
-from .ops import get_op
 
 # Where the guard's warm-up is looked up: the guard's own module, else the serving set's.
-GUARD_MODULES = (".serving_guard", ".serving")
+GUARD_MODULES = ("..serving.serving_guard", "..serving.serving")
 
 
 class WarmupError(ValueError):
@@ -79,7 +79,7 @@ def plan_shapes(text: str, dtype: str) -> List[PlannedCall]:
 
 def _checked(p: PlannedCall) -> PlannedCall:
     """`p`, once its op is known to take inputs of its dtype."""
-    from .ops import DTYPE_NAMES, dtype_from_name  # keeps the CLI's startup light: the registry's types import torch
+    from ...ops import DTYPE_NAMES, dtype_from_name  # keeps the CLI's startup light: the registry's types import torch
 
     op = get_op(p.op)
     if dtype_from_name(p.dtype) not in op.dtypes:
@@ -90,7 +90,7 @@ def _checked(p: PlannedCall) -> PlannedCall:
 def call_inputs(planned: PlannedCall, device: Any, seed: int = 0) -> Dict[str, Any]:
     """The keyword arguments of one real call of `planned.op` (its contract's names), on `device`: the op's own
     example inputs for the shape (`Op.make_case`, contiguous, from `seed`)."""
-    from .ops import dtype_from_name  # keeps the CLI's startup light: the op registry's types import torch
+    from ...ops import dtype_from_name  # keeps the CLI's startup light: the op registry's types import torch
 
     dtype = dtype_from_name(_checked(planned).dtype)
     args = dict(get_op(planned.op).make_case(planned.shape, dtype, seed=seed, device=device).args)
@@ -124,7 +124,9 @@ def guard_warmup() -> Callable[..., Any]:
         warmup = getattr(module, "warmup", None)
         if callable(warmup):
             return warmup
-    raise WarmupError("serving warmup: this kernel-agent has no serving guard (harness/serving_guard.py's warmup)")
+    raise WarmupError(
+        "serving warmup: this kernel-agent has no serving guard (harness/serving/serving_guard.py's warmup)"
+    )
 
 
 __all__ = [

@@ -171,7 +171,7 @@ def prebuild(head_dims=(128,), dtypes=(torch.bfloat16,), log=print, tensor_cores
 
 
 def main(argv=None) -> int:
-    """`python -m kernel_agent.harness.ops.flashinfer_paged [--head-dims 64,128]`: prebuild (see `prebuild`)."""
+    """`python -m kernel_agent.ops.flashinfer_paged [--head-dims 64,128]`: prebuild (see `prebuild`)."""
     ap = argparse.ArgumentParser(description="Build FlashInfer's paged decode modules once, for sandboxed benchmarks")
     ap.add_argument("--head-dims", default="128", help="comma list of head dims (default 128)")
     args = ap.parse_args(argv)

@@ -10,7 +10,7 @@ admission means no sequence is ever preempted and the cache never holds more tha
 that allocates page by page admits a little more and preempts when it guesses wrong). The prompt's
 prefill is not a decode step and is left out; the k-th output token is made at context prompt + k.
 
-The clock. A step takes its roofline time (StepModel: harness.model_step.step_op_calls at the step's batch
+The clock. A step takes its roofline time (StepModel: harness.workload.model_step.step_op_calls at the step's batch
 and mean context, over every layer), so that requests arrive between steps as they did. With
 `arrivals=False` every request is waiting from the start: the engine's throughput when it is never idle.
 
@@ -105,7 +105,7 @@ class StepModel:
 
     def calls_at(self, batch: int, pages: int) -> List[Tuple[str, str, Any]]:
         """(op, bucket, shape) of each call at a block table of `pages` pages."""
-        from .ops import get_op  # keeps the CLI's startup light (the registry imports torch)
+        from ...ops import get_op  # keeps the CLI's startup light (the registry imports torch)
 
         out = []
         for c in self.lines(batch):
@@ -419,10 +419,10 @@ def measured_ratios(
     rows: Iterable[Any], dtype: str = "bfloat16", gpu: Optional[str] = None
 ) -> Dict[Tuple[str, str], float]:
     """(op, bucket) -> what the bucket's incumbent took over its roofline time, from a ledger's benchmark rows
-    (harness.ledger.BenchResult): the incumbent rows (label 'baseline' or 'serving:<file>') of the bucket's
+    (harness.ledger.ledger.BenchResult): the incumbent rows (label 'baseline' or 'serving:<file>') of the bucket's
     latest benchmarked run, each at its graph-replay time where it has one (the clock the promotion rule
     prefers) and else its event time, the median of their ratios. Implausible rows are left out."""
-    from .ops import dtype_from_name, get_op  # keeps the CLI's startup light (the registry imports torch)
+    from ...ops import dtype_from_name, get_op  # keeps the CLI's startup light (the registry imports torch)
 
     dt = dtype_from_name(dtype)
     by_bucket: Dict[Tuple[str, str], List[Any]] = collections.defaultdict(list)

@@ -63,7 +63,7 @@ class EngineStep(NamedTuple):
 @dataclass
 class TraceHeader:
     source: str = ""
-    model: Optional[Dict[str, Any]] = None  # harness.model_step.ModelConfig fields, when the source knows them
+    model: Optional[Dict[str, Any]] = None  # harness.workload.model_step.ModelConfig fields, when the source knows them
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> Dict[str, Any]:

@@ -3,7 +3,7 @@
 The built-in search (agent/search.py) tunes a kernel without touching its kernels: `with_config`
 renames the source's `_config` and appends a new one that returns another tuple wherever the old one
 returned the tuple the bucket's shapes use. Such a variant is fully described by the source it tuned
-and the configuration (`ConfigStep`), so the serving set (harness/serving.py) stores it as those two and
+and the configuration (`ConfigStep`), so the serving set (harness/serving/serving.py) stores it as those two and
 rebuilds the text with the very function that wrote it; `split_config` recognises a variant in a
 candidate's text, exactly (the text regenerated from what it finds must equal the candidate byte for
 byte, else it is not a variant and is kept as a whole file). A variant is canonical text
@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..sanitizer.canonical import TextRefused, judge_text, parse_expression, parse_module
+from .canonical import TextRefused, judge_text, parse_expression, parse_module
 
 if TYPE_CHECKING:  # the op registry imports torch; reading and writing overrides needs neither
-    from .ops.tuning import Space
+    from ..ops.tuning import Space
 
 
 def baseline_source(op_name: str) -> str:
@@ -219,7 +219,7 @@ def _canonical_or_none(text: str) -> Optional[str]:
 
 def steps_over(old: str, new: str) -> Optional[List[ConfigStep]]:
     """The configurations that make `new` out of `old` (in the order they were stacked) when `new` is `old`
-    with overrides only, else None. Texts compare canonical, as their hashes are taken (harness/source_text.py);
+    with overrides only, else None. Texts compare canonical, as their hashes are taken (sanitizer/canonical.py);
     variants in the comment format of earlier versions are read too."""
     old_text = _canonical_or_none(old)
     if old_text is None:

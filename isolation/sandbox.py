@@ -134,7 +134,7 @@ READABLE_SYSTEM = (
     "/etc/python3",
     "/etc/python3.11",
 )
-PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels")
+PACKAGE_DIRS = ("kernel_agent", "agent", "sanitizer", "harness", "kernels", "ops", "isolation")
 # What a GPU run may read on top of what a CPU run may. Most of what CUDA, torch and Triton read is already
 # there: the interpreter's prefixes and site-packages (torch, triton with its ptxas and libdevice, the
 # nvidia-* wheels' CUDA libraries), /usr (the driver's libcuda and libnvidia-*, /usr/local/cuda, gcc and the
@@ -973,7 +973,7 @@ def host_protections(gpu: bool = False) -> Protections:
     scratch = make_scratch()
     try:
         code = (
-            "import json,sys; from kernel_agent.sanitizer import sandbox as s; p = s.enter(sys.argv[1], "
+            "import json,sys; from kernel_agent.isolation import sandbox as s; p = s.enter(sys.argv[1], "
             "sys.argv[2] == '1'); print(json.dumps([p.active, p.missing]))"
         )
         r = subprocess.run(
@@ -1014,7 +1014,7 @@ def prepare_gpu() -> None:
 def tool_namespace_command(cmd: Sequence[str]) -> List[str]:
     """`cmd` (a tool that wraps a sandboxed child and talks to it over loopback TCP) run by
     `tool_namespace_main`, in network, PID and mount namespaces made for it and its child alone."""
-    return [sys.executable, "-m", "kernel_agent.sanitizer.sandbox", "--tool-namespace", "--", *cmd]
+    return [sys.executable, "-m", "kernel_agent.isolation.sandbox", "--tool-namespace", "--", *cmd]
 
 
 def tool_namespace_main(cmd: Sequence[str]) -> int:
@@ -1068,5 +1068,5 @@ def _loopback_up() -> None:
 if __name__ == "__main__":
     if sys.argv[1:3] == ["--tool-namespace", "--"]:
         sys.exit(tool_namespace_main(sys.argv[3:]))
-    sys.stderr.write("usage: python -m kernel_agent.sanitizer.sandbox --tool-namespace -- COMMAND...\n")
+    sys.stderr.write("usage: python -m kernel_agent.isolation.sandbox --tool-namespace -- COMMAND...\n")
     sys.exit(2)

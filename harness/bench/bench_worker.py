@@ -1,14 +1,14 @@
-"""Benchmark in a child process: `python -m kernel_agent.harness.bench_worker --spec SPEC.json --out OUT.json`.
+"""Benchmark in a child process: `python -m kernel_agent.harness.bench.bench_worker --spec SPEC.json --out OUT.json`.
 
 A candidate can fault the GPU (an illegal address poisons the whole CUDA context) or
 hang; timing it in its own process with a time limit turns that into a result instead
-of an outage. Candidate code runs here, so the process is sandboxed (sanitizer/sandbox.py)
+of an outage. Candidate code runs here, so the process is sandboxed (isolation/sandbox.py)
 before it reads its spec, and kernel files are loaded through the static gate. SPEC: a BenchSpec
-(harness/bench_records.py) as JSON: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label", "file" | null
+(harness/bench/bench_records.py) as JSON: {"op", "shapes": [shape keys], "dtype", "kernels": [{"label", "file" | null
 (baseline), "source_hash"}], "seed", "race", ...}. OUT: {"results": [ShapeResult...],
 "ceilings": {...}, "error": str | null, "phases": {seconds per phase}, "raced_out": {"shape", "reason"} when "race"
 stopped at a shape on which the promotion rule refuses the candidate (slower beyond the noise, say, or stopped
-early by the sequential test, harness/sequential.py): the other shapes cannot change that verdict, so they are
+early by the sequential test, harness/bench/sequential.py): the other shapes cannot change that verdict, so they are
 not timed}.
 """
 
@@ -25,13 +25,13 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, Optional, Union
 
-from ..sanitizer import sandbox
-from ..sanitizer.canonical import judge_text, judged_or_as_read
-from ..sanitizer.isolation import run_tracked
-from ..sanitizer.lease import OnReady, run_gated, wait_for_grant
-from ..sanitizer.static_gate import check_source
+from ...isolation import sandbox
+from ...isolation.isolation import run_tracked
+from ...isolation.lease import OnReady, run_gated, wait_for_grant
+from ...sanitizer.canonical import judge_text, judged_or_as_read
+from ...sanitizer.static_gate import check_source
+from ..env import versions
 from .bench_records import BenchKernel, BenchSpec, ShapeResult
-from .env import versions
 from .promotion import reference_words, refused_at_shape, shape_pair
 
 
@@ -39,7 +39,7 @@ def _contenders(spec: BenchSpec):
     """The kernels to time: candidate files through the static gate, each imported from its canonical text
     written into this child's scratch directory (the text the gate judged, which must be the text the parent
     names by its hash); the baseline from the package."""
-    from ..sanitizer.execution import baseline_fn, load_module  # deferred: torch, loaded inside the child's sandbox
+    from ...sanitizer.execution import baseline_fn, load_module  # deferred: torch, loaded inside the child's sandbox
     from .bench import Contender  # deferred: torch, loaded inside the child's sandbox
 
     out = []
@@ -99,8 +99,8 @@ def main(argv=None) -> int:
             json.dump(doc, f)
         os.replace(tmp, args.out)
 
+    from ...ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
     from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape  # deferred: torch, inside the sandbox
-    from .ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
 
     op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     doc["phases"]["start_s"] = round(time.time() - t_start, 2)
     if gated:
         # Started and loaded without the GPU; compile beside other correctness work on it, then time
-        # only once the parent has given the GPU to this timing alone (sanitizer/lease.py).
+        # only once the parent has given the GPU to this timing alone (isolation/lease.py).
         _wait_for(("gpu", "wait_gpu_s"), phases=doc["phases"])
         t0 = time.time()
         for key in spec.shapes:
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
 def _prepare_references() -> None:
     """Import the reference libraries (FlashInfer) before the audit hook is armed: they are trusted, and their
     import loads ctypes (NVML bindings). One that is missing is the reference's own row, later."""
-    from .ops.flashinfer_paged import FlashInferUnavailable, require  # the optional extra, for bench --op only
+    from ...ops.flashinfer_paged import FlashInferUnavailable, require  # the optional extra, for bench --op only
 
     try:
         require()
@@ -202,7 +202,7 @@ def run_bench_isolated(
     directory and writes its results there; a file that is not the text its kernel names by hash is not
     copied (and the child checks its copy again). The ceilings are measured by the first child and cached.
 
-    With `on_ready`, the benchmark is gated (sanitizer/lease.py): the child starts and loads its kernels
+    With `on_ready`, the benchmark is gated (isolation/lease.py): the child starts and loads its kernels
     without the GPU, asks for phase "gpu" to compile them, and for phase "alone" to time them."""
     from .bench import Ceilings, ceilings_path  # deferred: torch, loaded inside the child's sandbox
 
@@ -239,7 +239,7 @@ def run_bench_isolated(
         # torch.compile (an anchor) compiles in this process: the sandbox refuses its worker processes
         child_env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         t0 = time.time()
-        cmd = [sys.executable, "-m", "kernel_agent.harness.bench_worker", "--spec", sp, "--out", out]
+        cmd = [sys.executable, "-m", "kernel_agent.harness.bench.bench_worker", "--spec", sp, "--out", out]
         if on_ready is None:
             rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=scratch)
         else:

@@ -212,7 +212,7 @@ def graph_timed(m: Measurement) -> bool:
 def clock_of(graph_timed_flags: Iterable[bool]) -> str:
     """The clock on which kernels compared with each other are read: 'graph' (CUDA-graph replays)
     where every one of them has graph times, else 'event'. The one choice the rule and every figure
-    shown of it (harness/figures.py) make."""
+    shown of it (harness/bench/figures.py) make."""
     flags = list(graph_timed_flags)
     return "graph" if flags and all(flags) else "event"
 

@@ -2,7 +2,7 @@
 
 The sanitizer samples a domain without end; a kernel that is wrong, slow, greedy or destructive only on
 shapes it never drew passes it. The guard is the last line of defence, at the point of use. For a
-"kernel" resolution (harness/serving.py's Dispatcher) the first call of each *shape class*:
+"kernel" resolution (harness/serving/serving.py's Dispatcher) the first call of each *shape class*:
 
   - is answered by the trusted implementation (the op's baseline kernel), in this process;
   - is checked in the background: the promoted kernel is imported, compiled and run once on a copy of that
@@ -45,10 +45,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from .field_failures import FailureKind, FieldFailure
-from .manifest import ManifestEntry
-from .ops import DTYPE_NAMES, get_op
-from .ops.common import Shape
+from ...ops import DTYPE_NAMES, get_op
+from ...ops.common import Shape
+from ..field_failures import FailureKind, FieldFailure
+from ..manifest import ManifestEntry
 
 ENV_GUARD = "KERNEL_AGENT_SERVING_GUARD"
 ENV_LEDGER = "KERNEL_AGENT_LEDGER"
@@ -163,7 +163,7 @@ def snapshot(bound: Mapping[str, Any]) -> dict[str, Any]:
     offset), so that the child sees exactly the layout the kernel would have seen; a storage several arguments
     share (vLLM's `kv[0]` and `kv[1]`, slices of one fused QKV) is copied once and shared by their copies, as
     the wire keeps it (sanitizer/wire.py). Other values as they are."""
-    from ..sanitizer.wire import storage_key  # deferred: the wire module is the sanitizer's
+    from ...sanitizer.wire import storage_key  # deferred: the wire module is the sanitizer's
 
     copies: dict[tuple, Any] = {}
     out = {}
@@ -186,7 +186,7 @@ def snapshot(bound: Mapping[str, Any]) -> dict[str, Any]:
 
 def storage_digest(t: torch.Tensor) -> str:
     """A hash of a tensor's whole storage: the bytes around a strided view count too."""
-    from ..sanitizer.wire import digest  # deferred: the wire module is the sanitizer's
+    from ...sanitizer.wire import digest  # deferred: the wire module is the sanitizer's
 
     return digest(t)
 
@@ -216,7 +216,7 @@ def default_sink(serving_dir: Path) -> Sink:
 def _record_in_ledger(location: str, ff: FieldFailure) -> bool:
     """Record `ff` in the ledger at `location`; False where that ledger cannot (it cannot be opened or written,
     or has no record_field_failure): the failure then goes to the JSON-lines file, never lost."""
-    from .ledger import Ledger  # deferred: serving imports no database code until a failure is recorded
+    from ..ledger.ledger import Ledger  # deferred: serving imports no database code until a failure is recorded
 
     try:
         ledger = Ledger(location)
@@ -287,7 +287,7 @@ def run_in_child(
 ) -> tuple[Optional[Any], Optional[CheckOutcome]]:
     """Run the kernel file once on `inputs` (CPU copies) in a sandboxed executor on `device` (on the CPU, in
     the interpreter). Returns (its RunResult, None), or (None, the failure) when it could not run."""
-    from ..sanitizer.executor import Executor, ExecutorError  # deferred: serving's read side stays light
+    from ...sanitizer.executor import Executor, ExecutorError  # deferred: serving's read side stays light
 
     on_gpu = device.type == "cuda"
     try:

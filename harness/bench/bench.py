@@ -61,9 +61,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ...ops.common import DTYPE_NAMES, Case, Op, Shape
+from ..env import slug, versions
 from .bench_records import CANDIDATE, INCUMBENT, BenchSpec, Measurement, ShapeResult
-from .env import slug, versions
-from .ops.common import DTYPE_NAMES, Case, Op, Shape
 from .promotion import graph_timing
 from .sequential import EarlyStop, sequential_stop
 
@@ -399,7 +399,7 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
 
 def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> List[Contender]:
     """The op's reference anchors as contenders; one that cannot run here is a row with its one-line reason."""
-    from .ops.common import ReferenceUnavailable  # the exception the hook raises
+    from ...ops.common import ReferenceUnavailable  # the exception the hook raises
 
     try:
         return [Contender(a.label, a.fn, is_anchor=True) for a in op.reference_anchors(probe)]
@@ -576,7 +576,7 @@ def interleaved_rounds(
     """Time the kernels named by `labels` in interleaved rounds (`time_round(label)`: one round of one kernel,
     in ms), appending each round's time and position to `rounds` and `positions`, until every kernel's spread
     is under REL_SPREAD_TARGET (and every kernel was timed at every position) or the round limit. With
-    `stop_early`, a sequential test after each round (harness/sequential.py) stops the timing as soon as the
+    `stop_early`, a sequential test after each round (harness/bench/sequential.py) stops the timing as soon as the
     candidate is slower than the incumbent beyond the noise, and its EarlyStop is returned (else None)."""
     n_rounds = max(MAX_ROUNDS, len(labels))
     for r in range(n_rounds):
@@ -820,7 +820,7 @@ def with_drawn_shape(spec: BenchSpec, seed: Optional[int] = None) -> BenchSpec:
     (Op.drawn_in_bucket) timed after them, and the seed it was drawn from (a fresh secret one unless given:
     a candidate cannot know the shape in advance; recorded in the spec and the ledger to reproduce it). The
     spec as it was where the bucket leaves no shape to draw."""
-    from .ops import dtype_from_name, get_op  # deferred: as in the module's other op readers
+    from ...ops import dtype_from_name, get_op  # deferred: as in the module's other op readers
 
     seed = secrets.randbelow(1 << 31) if seed is None else seed
     op = get_op(spec.op)
