@@ -641,11 +641,12 @@ def test_serve_without_a_ledger_says_so_before_the_web_view_loads_torch(tmp_path
 
 
 def test_without_the_web_extra_serve_says_how_to_install_it(monkeypatch, capsys):
-    import kernel_agent.agent as agent_package
+    import kernel_agent.agent.cli as cli_package
     from kernel_agent.agent.cli import main
 
     monkeypatch.setitem(sys.modules, "kernel_agent.agent.cli.web", None)  # as if starlette were missing
-    monkeypatch.delattr(agent_package, "web", raising=False)
+    # `from . import web` reads the package's attribute first: an earlier test's import would serve for real
+    monkeypatch.delattr(cli_package, "web", raising=False)
     assert main(["serve", "--ledger", PR_EXAMPLE, "--port", "0"]) == 2
     assert "pip install 'kernel-agent[web]'" in capsys.readouterr().err
 
