@@ -16,6 +16,11 @@
 #             SWEEP_FROM/false_positive_sweep_GROUP.jsonl where that exists and lands in DEST under that name
 #   alone:    one candidate (ALONE_OP's baseline, default decode_attention_int8) through `sanitize --gpu on`
 #             with nothing else on the GPU, timed: the verdict's latency
+#             (SWEEP_DETACH=1: in a process session of its own, which outlives the call on a warm machine; the
+#             step `sweepstop` of a later call ends it and collects its files)
+#   hostile:  HOSTILE's OP:FILE pairs through `sanitize --gpu on`, HOSTILE_JOBS (4) at a time, each verdict's first
+#             failed check in the summary
+#   guard:    the serving guard on compiled kernels (results/cpu/hostile_round3/run_guard.py --device cuda)
 #   guardcost: the serving guard's steady-state cost in `bench --model` (scripts/gpu_guard_cost.py)
 # STEPS picks them (default "sandbox baselines tests run"). Prints a summary table last.
 # Usage: [STEPS=...] [RUN_LIMIT=150s] bash scripts/gpu_trust.sh OUTDIR
@@ -39,6 +44,13 @@ if [[ " $STEPS " == *" sweep "* ]]; then
     file=$KA/false_positive_sweep_$group.jsonl
     [ -e "${SWEEP_FROM:-/nonexistent}/false_positive_sweep_$group.jsonl" ] && cp "$SWEEP_FROM/false_positive_sweep_$group.jsonl" "$file"
     touch "$file"
+    if [ -n "${SWEEP_DETACH:-}" ]; then  # a session of its own: it outlives this call while the machine stays warm
+      OMP_NUM_THREADS=1 setsid timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds "$seeds" \
+        --kernels "$group" --jobs "$jobs" --timeout 900 --out "$file" --commit "${SWEEP_COMMIT:-unknown}" \
+        > "$KA/sweep_$group.txt" 2>&1 < /dev/null &
+      echo $! > "$KA/sweep_$group.pid"
+      continue
+    fi
     OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds "$seeds" --kernels "$group" \
       --jobs "$jobs" --timeout 900 --out "$file" --commit "${SWEEP_COMMIT:-unknown}" > "$OUT/sweep_$group.txt" 2>&1 &
     sweep_pids+=($!)
@@ -112,6 +124,44 @@ if [[ " $STEPS " == *" run "* ]]; then
   rc=$?; summary+=("run, all five ops: exit $rc, $(( $(date +%s) - t0 )) s")
   tail -n 12 "$OUT/run.txt"
   cp "$KA/run/ledger.db" "$OUT/run_ledger.db" 2>/dev/null
+fi
+if [[ " $STEPS " == *" hostile "* ]]; then
+  # Hostile candidates through `sanitize --gpu on`, HOSTILE_JOBS at a time: HOSTILE lists OP:FILE pairs
+  t0=$(date +%s); i=0
+  for spec in ${HOSTILE:-}; do
+    IFS=: read -r op file <<< "$spec"; i=$((i + 1)); name=$(basename "$file" .py)
+    ( s0=$(date +%s)
+      timeout "${HOSTILE_TIMEOUT:-400}" $CLI sanitize --op "$op" "$file" --gpu on --json > "$OUT/hostile_$i.json" 2> "$OUT/hostile_$i.err"
+      rc=$?
+      verdict=$(python3 -c "
+import json, sys
+try:
+    f = json.load(open(sys.argv[1]))['files'][0]
+except Exception as e:
+    print('no verdict:', type(e).__name__); raise SystemExit
+bad = [c for c in f['checks'] if not c['passed']]
+print('PASS' if not bad else 'FAIL ' + bad[0]['name'] + ': ' + (bad[0].get('detail') or '')[:160].replace(chr(10), ' '))" "$OUT/hostile_$i.json")
+      echo "hostile $op $name: exit $rc, $(( $(date +%s) - s0 )) s, $verdict" > "$OUT/hostile_sum_$i.txt" ) &
+    if (( i % ${HOSTILE_JOBS:-4} == 0 )); then wait; fi
+  done
+  wait
+  for f in "$OUT"/hostile_sum_*.txt; do [ -e "$f" ] && summary+=("$(cat "$f")"); done
+  summary+=("hostile step: $(( $(date +%s) - t0 )) s")
+fi
+if [[ " $STEPS " == *" guard "* ]]; then
+  # The serving guard on compiled kernels: each round-3 case's first use, in a process of its own
+  t0=$(date +%s)
+  timeout "${GUARD_TIMEOUT:-300}" python3 results/cpu/hostile_round3/run_guard.py --device cuda --each-in-own-process \
+    ${GUARD_CASES:-} > "$OUT/guard.txt" 2>&1
+  rc=$?; summary+=("guard on the device: exit $rc, $(( $(date +%s) - t0 )) s"); tail -n 30 "$OUT/guard.txt"
+fi
+if [[ " $STEPS " == *" sweepstop "* ]]; then  # end a detached sweep; what it judged is already in its file
+  for f in "$KA"/sweep_*.pid; do [ -e "$f" ] && kill -- -"$(cat "$f")" 2>/dev/null; done
+  sleep 2
+  for f in "$KA"/false_positive_sweep_*.jsonl; do
+    cp "$f" "$DEST/"; summary+=("sweep $(basename "$f"): $(python3 scripts/false_positive_sweep.py --summary --out "$f" | tail -n 1)")
+  done
+  cp "$KA"/sweep_*.txt "$OUT/" 2>/dev/null
 fi
 if [[ ${#sweep_pids[@]} -gt 0 ]]; then
   wait "${sweep_pids[@]}"
