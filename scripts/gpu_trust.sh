@@ -111,10 +111,20 @@ print(d.get('log', '')[-1500:])
   head -c 2500 "$OUT/benchprobe.txt"; summary+=("bench probe: $(head -n 1 "$OUT/benchprobe.txt" | cut -c1-200)")
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
+  # TESTS_K2: a second selection run at the same time as TESTS_K (parts with no timing assertion only)
   t0=$(date +%s)
+  if [ -n "${TESTS_K2:-}" ]; then
+    ( timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -k "$TESTS_K2" --durations=0 \
+        -p no:cacheprovider --junitxml="$OUT/gpu_tests2.xml" > "$OUT/gpu_tests2.txt" 2>&1
+      echo "gpu tests (second part, beside the first): exit $?, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests2.txt")" \
+        > "$OUT/gpu_tests2_sum.txt" ) &
+  fi
   timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py ${TESTS_K:+-k "$TESTS_K"} --durations=0 \
     -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
   rc=$?; summary+=("gpu tests: exit $rc, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests.txt")")
+  wait
+  [ -e "$OUT/gpu_tests2_sum.txt" ] && summary+=("$(cat "$OUT/gpu_tests2_sum.txt")")
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_tests*.txt | cut -c1-300
 fi
 if [[ " $STEPS " == *" run "* ]]; then
   rm -rf "$KA/serving" "$KA/run"; mkdir -p "$KA/run"; cp -r kernels/serving "$KA/serving"
