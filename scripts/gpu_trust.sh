@@ -45,10 +45,11 @@ if [[ " $STEPS " == *" sweep "* ]]; then
     [ -e "${SWEEP_FROM:-/nonexistent}/false_positive_sweep_$group.jsonl" ] && cp "$SWEEP_FROM/false_positive_sweep_$group.jsonl" "$file"
     touch "$file"
     if [ -n "${SWEEP_DETACH:-}" ]; then  # a session of its own: it outlives this call while the machine stays warm
-      OMP_NUM_THREADS=1 setsid timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds "$seeds" \
-        --kernels "$group" --jobs "$jobs" --timeout 900 --out "$file" --commit "${SWEEP_COMMIT:-unknown}" \
-        > "$KA/sweep_$group.txt" 2>&1 < /dev/null &
-      echo $! > "$KA/sweep_$group.pid"
+      # started from a subshell, so that no `wait` of this script waits for it; its pid is its process group's
+      ( OMP_NUM_THREADS=1 setsid timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py \
+          --seeds "$seeds" --kernels "$group" --jobs "$jobs" --timeout 900 --out "$file" \
+          --commit "${SWEEP_COMMIT:-unknown}" > "$KA/sweep_$group.txt" 2>&1 < /dev/null &
+        echo $! > "$KA/sweep_$group.pid" )
       continue
     fi
     OMP_NUM_THREADS=1 timeout "${SWEEP_S:-540}" nice -n 19 python3 scripts/false_positive_sweep.py --seeds "$seeds" --kernels "$group" \
