@@ -67,24 +67,18 @@ from .placement import (
 )
 from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
 from .publish import NONE, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target, recorded_target
-from .recorder import HISTORY_ATTEMPTS, NOT_VERIFIED, TIMED, Recorder, rejected_for_time
+from .recorder import TIMED, Recorder, rejected_for_time
 from .run_config import (
-    ALL_OPS,
-    SHAPE_SUITES,
     Budget,
     RunConfig,
     Target,
-    model_targets,
-    run_shapes,
     targets_for,
-    time_limit_reached,
-    weighted_pick,
 )
 from .screen import Screen
 from .search import SearchProposer, baseline_source
-from .stream import DUPLICATE_STREAK_LIMIT, GPU_QUICK_CHECKS, PIPELINE_PER_GPU, TASK_LOST_RETRIES, Stream
+from .stream import Stream
 from .throughput import Throughput
-from .work import Incumbent, LiveStatus, RunEvents, Stage, Work
+from .work import Incumbent, RunEvents, Stage, Work
 
 # What a resumed run may spend finishing the candidates it finds in flight, past the original limit.
 FINISH_ALLOWANCE_S = 600.0
@@ -93,30 +87,10 @@ FINISH_ALLOWANCE_S = 600.0
 MODEL_FAILURES_LIMIT = 3
 
 __all__ = [
-    "ALL_OPS",
-    "SHAPE_SUITES",
-    "Budget",
-    "RunConfig",
-    "Target",
-    "model_targets",
-    "run_shapes",
-    "targets_for",
-    "time_limit_reached",
-    "weighted_pick",
-    "Incumbent",
-    "LiveStatus",
-    "RunEvents",
-    "Stage",
-    "Work",
-    "DUPLICATE_STREAK_LIMIT",
-    "GPU_QUICK_CHECKS",
-    "PIPELINE_PER_GPU",
-    "TASK_LOST_RETRIES",
-    "HISTORY_ATTEMPTS",
-    "NOT_VERIFIED",
     "FINISH_ALLOWANCE_S",
     "MODEL_FAILURES_LIMIT",
     "Loop",
+    "RunNotes",
     "run_loop",
     "placement_for",
     "devices_for",
@@ -228,8 +202,12 @@ class Loop:
             self.recorder.ceilings,
             list(attempts.get(key, [])),
             diagnosis=self._diagnosis(t, inc),
-            repeats=self.duplicate_streak.get(key, 0),
+            repeats=self.repeats(t),
         )
+
+    def repeats(self, t: Target) -> int:
+        """Proposals in a row for target `t` that repeated a source already proposed (see `admit`)."""
+        return self.duplicate_streak.get((t.op, t.bucket), 0)
 
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
         """What bounds the bucket's incumbent (harness/bench/diagnosis.py), once per incumbent source and run;

@@ -235,7 +235,8 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
 
 def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     from ...harness.serving.serving import ServingError, load_manifest  # here: torch, after the flags
-    from ..loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
+    from ..loop import run_loop  # here: the loop imports torch, which comes after the flags are checked
+    from ..run_config import RunConfig  # here: as the loop (the op registry imports torch)
 
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
@@ -264,7 +265,7 @@ def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
 def _run_config(args, file_run: Dict[str, Any]):
     """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
     here, before anything is recorded."""
-    from ..loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
+    from ..run_config import RunConfig, targets_for  # here: the op registry imports torch, after the flags are checked
 
     cfg = RunConfig()
     _apply_budget_and_flags(args, file_run, cfg)
@@ -444,7 +445,7 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes
 
 
 def _run_events(args):
-    from ..loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
+    from ..work import RunEvents  # here: a work's proposal imports the op registry (torch), after the flags
 
     def resume_command(run_id: str) -> str:
         return hint(f"run --resume {run_id}", args.ledger)
