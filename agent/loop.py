@@ -67,24 +67,18 @@ from .placement import (
 )
 from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
 from .publish import NONE, PublishError, ServingTarget, TargetInfo, TargetPlan, plan_target, recorded_target
-from .recorder import HISTORY_ATTEMPTS, NOT_VERIFIED, TIMED, Recorder, rejected_for_time
+from .recorder import TIMED, Recorder, rejected_for_time
 from .run_config import (
-    ALL_OPS,
-    SHAPE_SUITES,
     Budget,
     RunConfig,
     Target,
-    model_targets,
-    run_shapes,
     targets_for,
-    time_limit_reached,
-    weighted_pick,
 )
 from .screen import Screen
 from .search import SearchProposer, baseline_source
-from .stream import DUPLICATE_STREAK_LIMIT, GPU_QUICK_CHECKS, PIPELINE_PER_GPU, TASK_LOST_RETRIES, Stream
+from .stream import Stream
 from .throughput import Throughput
-from .work import Incumbent, LiveStatus, RunEvents, Stage, Work
+from .work import Incumbent, RunEvents, Stage, Work
 
 # What a resumed run may spend finishing the candidates it finds in flight, past the original limit.
 FINISH_ALLOWANCE_S = 600.0
@@ -93,30 +87,10 @@ FINISH_ALLOWANCE_S = 600.0
 MODEL_FAILURES_LIMIT = 3
 
 __all__ = [
-    "ALL_OPS",
-    "SHAPE_SUITES",
-    "Budget",
-    "RunConfig",
-    "Target",
-    "model_targets",
-    "run_shapes",
-    "targets_for",
-    "time_limit_reached",
-    "weighted_pick",
-    "Incumbent",
-    "LiveStatus",
-    "RunEvents",
-    "Stage",
-    "Work",
-    "DUPLICATE_STREAK_LIMIT",
-    "GPU_QUICK_CHECKS",
-    "PIPELINE_PER_GPU",
-    "TASK_LOST_RETRIES",
-    "HISTORY_ATTEMPTS",
-    "NOT_VERIFIED",
     "FINISH_ALLOWANCE_S",
     "MODEL_FAILURES_LIMIT",
     "Loop",
+    "RunNotes",
     "run_loop",
     "placement_for",
     "devices_for",
@@ -228,8 +202,12 @@ class Loop:
             self.recorder.ceilings,
             list(attempts.get(key, [])),
             diagnosis=self._diagnosis(t, inc),
-            repeats=self.duplicate_streak.get(key, 0),
+            repeats=self.repeats(t),
         )
+
+    def repeats(self, t: Target) -> int:
+        """Proposals in a row for target `t` that repeated a source already proposed (see `admit`)."""
+        return self.duplicate_streak.get((t.op, t.bucket), 0)
 
     def _diagnosis(self, t: Target, inc: Incumbent) -> Optional[Diagnosis]:
         """What bounds the bucket's incumbent (harness/bench/diagnosis.py), once per incumbent source and run;
@@ -481,7 +459,6 @@ class Loop:
         return th
 
 
-# long: a run's setup, streaming session and summary in order
 def run_loop(
     cfg: RunConfig,
     ledger_path: Optional[str] = None,
@@ -507,24 +484,58 @@ def run_loop(
         if ledger_path is None:
             raise TypeError("run_loop needs a ledger or the path of one")
         with Ledger(ledger_path) as own:  # opened here, so closed here however the run ends
-            return run_loop(
-                cfg,
-                None,
-                resume,
-                events,
-                proposer,
-                time_limit_s,
-                placement,
-                devices,
-                evaluator,
-                ledger=own,
-                serving_plan=serving_plan,
-            )
+            given = (cfg, None, resume, events, proposer, time_limit_s, placement, devices, evaluator)
+            return run_loop(*given, ledger=own, serving_plan=serving_plan)
     events = events or RunEvents()
     devices = devices or devices_for(placement)
     gpu = devices.available()
     gname = (devices.name() or "cpu") if gpu else "cpu"
-    previous: Optional[TargetInfo] = None
+    opened = _open_run(ledger, cfg, resume, time_limit_s, gpu, gname, serving_plan)
+    run_id = opened.run_id
+    events.started(run_id)
+    try:
+        target = opened.plan.open(run_id, opened.previous)
+    except PublishError:
+        if not resume:
+            ledger.set_run_status(run_id, RunStatus.FAILED)
+        raise
+    try:
+        placement = placement or placement_for(opened.cfg, devices, evaluator)
+        # the compile screen saves GPU time; without a GPU its compiles would only cost the sanitizer's cores
+        screen_compiler = compiler_of(placement) if gpu else None
+        proposer = proposer or make_proposer(opened.cfg, ledger, run_id, screen_compiler)
+        loop = Loop(opened.cfg, ledger, run_id, proposer, events, gpu, gname, placement, target)
+        return _run_session(loop, opened, resume, time_limit_s)
+    except BaseException as e:
+        _record_end(ledger, run_id, e)
+        raise
+    finally:
+        _end_target(target, events)  # (a finished or interrupted run has ended it already)
+
+
+@dataclass
+class OpenedRun:
+    """A run as this session found it (a resume) or recorded it (a new run), and where its promotions go."""
+
+    cfg: RunConfig
+    run_id: str
+    finished: bool  # a resumed run that had finished
+    elapsed_before: float  # what the earlier sessions took
+    progress: RunNotesRecord  # the notes the earlier sessions left
+    previous: Optional[TargetInfo]  # the serving target an earlier session recorded
+    plan: TargetPlan
+
+
+def _open_run(
+    ledger: Ledger,
+    cfg: RunConfig,
+    resume: Optional[str],
+    time_limit_s: Optional[float],
+    gpu: bool,
+    gname: str,
+    serving_plan: Optional[TargetPlan],
+) -> OpenedRun:
+    """The run to resume (its own configuration, with `time_limit_s` more from now), else a new one recorded."""
     run = ledger.get_run(resume) if resume else None
     if resume:
         if run is None:
@@ -538,121 +549,127 @@ def run_loop(
         elapsed_before = float(progress.elapsed_s or 0.0)
         if time_limit_s is not None:
             cfg.time_limit_s = elapsed_before + time_limit_s
-        run_id = run.id
-        previous = recorded_target(progress)
-    else:
-        run = ledger.start_run(
-            cfg.to_json(),
-            versions(),
-            cfg.proposer,
-            list(cfg.ops),
-            gname if gpu else None,
-            {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s, "token_budget": cfg.token_budget},
-        )
-        run_id = run.id
-        elapsed_before = 0.0
-        progress = RunNotesRecord()
-    events.started(run_id)
-    try:
-        target = plan.open(run_id, previous)
-    except PublishError:
-        if not resume:
-            ledger.set_run_status(run_id, RunStatus.FAILED)
-        raise
-    try:
-        placement = placement or placement_for(cfg, devices, evaluator)
-        # the compile screen saves GPU time; without a GPU its compiles would only cost the sanitizer's cores
-        screen_compiler = compiler_of(placement) if gpu else None
-        loop = Loop(
-            cfg,
-            ledger,
-            run_id,
-            proposer or make_proposer(cfg, ledger, run_id, screen_compiler),
-            events,
-            gpu,
-            gname,
-            placement,
-            target,
-        )
-        targets = targets_for(cfg)
-        pending = loop.pending_works(targets) if resume else []
-        if resume:
-            if run.status == RunStatus.FINISHED and not pending:
-                raise ValueError(f"run {resume} already finished; nothing to resume")
-            ledger.set_run_status(resume, RunStatus.RUNNING, finished=False)
-            events.note(
-                f"resuming run {run_id}: {len(ledger.candidates(run_id=run_id))} candidate(s) already "
-                f"recorded" + (f", {len(pending)} to finish" if pending else "")
-            )
-        else:
-            events.note(
-                f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
-                f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
-                f"{cfg.time_limit_s:.0f}s" + ("" if gpu else "; no GPU: candidates are verified, not benchmarked")
-            )
-        if target.info.mode != NONE:  # (without a GPU the line above already says that nothing is promoted)
-            events.note(target.info.describe())
-        if cfg.target_model and not resume:
-            where = f"the workload {cfg.target_workload.get('trace')}" if cfg.target_workload else cfg.target_points
-            events.note(
-                f"targets: the decode step of {cfg.target_model.get('name')} at {where}, by "
-                f"share: " + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets)
-            )
-        events.note(f"evaluating with {describe(loop.placement)}")
-        # the budget counts what this run proposed that no earlier run had judged (replays are free)
-        budget = Budget(cfg, sum(1 for p in ledger.proposals(run_id=run_id) if not p.duplicate), elapsed_before)
-        left = cfg.time_limit_s - elapsed_before
-        if resume and pending and time_limit_s is None:
-            left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
-        loop.deadline = time.time() + max(0.0, left)
+        finished = run.status == RunStatus.FINISHED
+        return OpenedRun(cfg, run.id, finished, elapsed_before, progress, recorded_target(progress), plan)
+    run = ledger.start_run(
+        cfg.to_json(),
+        versions(),
+        cfg.proposer,
+        list(cfg.ops),
+        gname if gpu else None,
+        {"max_candidates": cfg.max_candidates, "time_limit_s": cfg.time_limit_s, "token_budget": cfg.token_budget},
+    )
+    return OpenedRun(cfg, run.id, False, 0.0, RunNotesRecord(), None, plan)
 
-        notes = RunNotes(list(progress.sessions or []), budget, loop.proposer_thread, target, previous)
-        # recorded now, so that `show` names the branch while the run is going and after a kill
-        ledger.set_run_status(run_id, RunStatus.RUNNING, finished=False, notes=notes.record())
-        try:
-            stop_reason = loop.session_end(loop.stream(targets, budget, pending))
-        except KeyboardInterrupt:
-            _end_target(target, events)
-            ledger.set_run_status(run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.record())
-            events.note(f"interrupted: resume with `{events.resume_command(run_id)}`")
-            raise
-        finally:
-            loop.placement.close(wait=False)
-            loop.proposer_thread.shutdown()
-        _end_target(target, events)
-        if loop.recorder.unjudged:
-            stop_reason = (
-                f"{stop_reason}; " if stop_reason else ""
-            ) + f"{loop.recorder.unjudged} candidate(s) left unjudged at the time limit (kept in the ledger)"
-        th = loop.throughput()
-        session = dict(
-            asdict(th),
-            resumed=bool(resume),
-            n_gpus=len(loop.placement.gpus),
-            cpu_slots=loop.placement.cpu_slots,
-            time_limit_s=round(max(0.0, left), 1),
-            past_limit_s=round(time.time() - loop.deadline, 1),
-            unjudged=loop.recorder.unjudged,
-            stop=stop_reason,
+
+def _run_session(loop: Loop, opened: OpenedRun, resume: Optional[str], time_limit_s: Optional[float]) -> RunSummary:
+    """This session of the run: what it finishes and proposes, until it stops; its record in the ledger."""
+    cfg, ledger = loop.cfg, loop.ledger
+    targets = targets_for(cfg)
+    pending = loop.pending_works(targets) if resume else []
+    if resume:
+        if opened.finished and not pending:
+            raise ValueError(f"run {resume} already finished; nothing to resume")
+        ledger.set_run_status(resume, RunStatus.RUNNING, finished=False)
+    _announce(loop, targets, pending, resume)
+    # the budget counts what this run proposed that no earlier run had judged (replays are free)
+    used = sum(1 for p in ledger.proposals(run_id=loop.run_id) if not p.duplicate)
+    budget = Budget(cfg, used, opened.elapsed_before)
+    left = cfg.time_limit_s - opened.elapsed_before
+    if resume and pending and time_limit_s is None:
+        left = max(left, FINISH_ALLOWANCE_S)  # finishing what was in flight; nothing new past the budget
+    loop.deadline = deadline = time.time() + max(0.0, left)
+
+    notes = RunNotes(list(opened.progress.sessions or []), budget, loop.proposer_thread, loop.target, opened.previous)
+    # recorded now, so that `show` names the branch while the run is going and after a kill
+    ledger.set_run_status(loop.run_id, RunStatus.RUNNING, finished=False, notes=notes.record())
+    stop_reason = _stream_session(loop, targets, budget, pending, notes)
+    return _end_session(loop, notes, stop_reason, left, deadline, resume)
+
+
+def _announce(loop: Loop, targets: Sequence[Target], pending: Sequence[Work], resume: Optional[str]) -> None:
+    """The lines that open a session: the run (or what a resume finds), its serving target, its targets by
+    share, and where it evaluates."""
+    cfg, events, run_id = loop.cfg, loop.events, loop.run_id
+    if resume:
+        events.note(
+            f"resuming run {run_id}: {len(loop.ledger.candidates(run_id=run_id))} candidate(s) already "
+            f"recorded" + (f", {len(pending)} to finish" if pending else "")
         )
-        ended = RunStatus.FAILED if loop.failure is not None else RunStatus.FINISHED
-        ledger.set_run_status(run_id, ended, finished=True, notes=notes.record(session))
-        summary = ledger.run_summary(run_id)
-        summary.session = RunSession(
-            stop_reason,
-            gname if gpu else None,
-            gpu,
-            session,
-            th.describe(len(loop.placement.gpus)),
-            notes.serving().to_json(),
-            notes.serving().outcome(),
+    else:
+        events.note(
+            f"run {run_id}: ops {', '.join(cfg.ops)}, proposer {cfg.proposer}, dtype {cfg.dtype}, "
+            f"budget {cfg.max_candidates if cfg.max_candidates is not None else 'no cap on'} candidates / "
+            f"{cfg.time_limit_s:.0f}s" + ("" if loop.gpu else "; no GPU: candidates are verified, not benchmarked")
         )
-        return summary
-    except BaseException as e:
-        _record_end(ledger, run_id, e)
+    if loop.target.info.mode != NONE:  # (without a GPU the line above already says that nothing is promoted)
+        events.note(loop.target.info.describe())
+    if cfg.target_model and not resume:
+        where = f"the workload {cfg.target_workload.get('trace')}" if cfg.target_workload else cfg.target_points
+        events.note(
+            f"targets: the decode step of {cfg.target_model.get('name')} at {where}, by "
+            f"share: " + ", ".join(f"{t.op} {t.bucket} {t.weight:.0%}" for t in targets)
+        )
+    events.note(f"evaluating with {describe(loop.placement)}")
+
+
+def _stream_session(
+    loop: Loop, targets: Sequence[Target], budget: Budget, pending: Sequence[Work], notes: RunNotes
+) -> Optional[str]:
+    """Stream until the session stops; why it stopped. Ctrl-C records the run as interrupted (and raises on);
+    however it ends, the placement and the proposer's thread are shut down and the serving target closed."""
+    try:
+        stop_reason = loop.session_end(loop.stream(targets, budget, pending))
+    except KeyboardInterrupt:
+        _end_target(loop.target, loop.events)
+        loop.ledger.set_run_status(loop.run_id, RunStatus.INTERRUPTED, finished=False, notes=notes.record())
+        loop.events.note(f"interrupted: resume with `{loop.events.resume_command(loop.run_id)}`")
         raise
     finally:
-        _end_target(target, events)  # (a finished or interrupted run has ended it already)
+        loop.placement.close(wait=False)
+        loop.proposer_thread.shutdown()
+    _end_target(loop.target, loop.events)
+    if loop.recorder.unjudged:
+        stop_reason = (
+            f"{stop_reason}; " if stop_reason else ""
+        ) + f"{loop.recorder.unjudged} candidate(s) left unjudged at the time limit (kept in the ledger)"
+    return stop_reason
+
+
+def _end_session(
+    loop: Loop,
+    notes: RunNotes,
+    stop_reason: Optional[str],
+    left: float,
+    deadline: float,
+    resume: Optional[str],
+) -> RunSummary:
+    """Record how the session used the machine (`left`: the seconds it had, until `deadline`) and how the run
+    ended (failed, else finished); the run's summary with this session's figures."""
+    th = loop.throughput()
+    session = dict(
+        asdict(th),
+        resumed=bool(resume),
+        n_gpus=len(loop.placement.gpus),
+        cpu_slots=loop.placement.cpu_slots,
+        time_limit_s=round(max(0.0, left), 1),
+        past_limit_s=round(time.time() - deadline, 1),
+        unjudged=loop.recorder.unjudged,
+        stop=stop_reason,
+    )
+    ended = RunStatus.FAILED if loop.failure is not None else RunStatus.FINISHED
+    loop.ledger.set_run_status(loop.run_id, ended, finished=True, notes=notes.record(session))
+    summary = loop.ledger.run_summary(loop.run_id)
+    summary.session = RunSession(
+        stop_reason,
+        loop.gpu_name if loop.gpu else None,
+        loop.gpu,
+        session,
+        th.describe(len(loop.placement.gpus)),
+        notes.serving().to_json(),
+        notes.serving().outcome(),
+    )
+    return summary
 
 
 @dataclass

@@ -9,17 +9,14 @@ import collections
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Deque, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from ..harness.bench.bench_records import BenchOutcome
-from .placement import BenchTask, SanitizeTask, Task, TaskLost
-from .proposal import Proposal, ProposeContext, Proposer
-from .recorder import GPU_PROMOTION_CHECKS
-from .run_config import Budget, Target, time_limit_reached, weighted_pick
-from .work import LiveStatus, Stage, Work
-
-if TYPE_CHECKING:
-    from .loop import Loop
+from .placement import BenchTask, LocalPlacement, SanitizeTask, Task, TaskLost
+from .proposal import Proposal, ProposeContext, Proposer, ProposerThread
+from .recorder import GPU_PROMOTION_CHECKS, Recorder
+from .run_config import Budget, RunConfig, Target, time_limit_reached, weighted_pick
+from .work import LiveStatus, RunEvents, Stage, Work
 
 # Every benchmark already checks the result on the device at each shape it times; the
 # full device suite (odd shapes, both dtypes) and compute-sanitizer run before a promotion.
@@ -76,11 +73,63 @@ class Asked:
 GPU_STAGE_ORDER = {Stage.PROMOTE: 0, Stage.BENCH: 1, Stage.GPU: 2}
 
 
+class Session(Protocol):
+    """All a stream reaches of the run session that owns it (agent/loop.py's Loop provides it): the run's parts,
+    read only, the two stops the session sets (`deadline`, `failure`), and five calls."""
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def gpu(self) -> bool: ...
+
+    @property
+    def events(self) -> RunEvents: ...
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    @property
+    def placement(self) -> LocalPlacement: ...
+
+    @property
+    def proposer(self) -> Proposer: ...
+
+    @property
+    def proposer_thread(self) -> ProposerThread: ...
+
+    @property
+    def deadline(self) -> Optional[float]:
+        """When the stream stops hard (None: no time limit)."""
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the run cannot go on (set by `count_model_call`); the stream then stops."""
+
+    def context(self, t: Target) -> ProposeContext:
+        """What the proposer is told for target `t`."""
+
+    def count_model_call(self, p: Proposal) -> None:
+        """Count the model call behind a proposal (too many failed ones set `failure`)."""
+
+    def admit(self, t: Target, ctx: ProposeContext, p: Proposal, budget: Budget) -> Optional[Work]:
+        """Record a proposal; its work, or None when it needs no evaluation."""
+
+    def bench_task(self, w: Work) -> BenchTask:
+        """The benchmark of a work's candidate against its target's incumbent."""
+
+    def repeats(self, t: Target) -> int:
+        """Proposals in a row for target `t` that repeated a source already proposed."""
+
+
 class Stream:
     """One streaming evaluation: the scheduler's state (what waits for which resource, what runs). It asks
     the run's session for proposals and their works, and hands each result to the session's recorder."""
 
-    def __init__(self, session: "Loop", targets: Sequence[Target], budget: Budget):
+    def __init__(self, session: Session, targets: Sequence[Target], budget: Budget):
         self.session, self.targets, self.budget = session, list(targets), budget
         self.recorder = session.recorder
         self.placement = session.placement
@@ -232,7 +281,7 @@ class Stream:
             if w is not None:
                 self._enter(w)
         limit = getattr(lp.proposer, "repeat_limit", DUPLICATE_STREAK_LIMIT)
-        if lp.duplicate_streak.get((t.op, t.bucket), 0) >= limit:
+        if lp.repeats(t) >= limit:
             self._exhaust(i, f"the proposer repeated sources already tried {limit} times in a row")
 
     def _exhaust(self, i: int, why: str) -> None:

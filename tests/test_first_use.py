@@ -17,6 +17,8 @@ import time
 import pytest
 
 from kernel_agent.agent import loop as loop_mod
+from kernel_agent.agent.run_config import RunConfig
+from kernel_agent.agent.work import RunEvents
 from kernel_agent.harness.ledger.ledger import CandidateStatus, Ledger, RunStatus
 from kernel_agent.sanitizer.canonical import as_written, read_judged
 from kernel_agent.sanitizer.verdict import CheckOutcome, Verdict
@@ -42,7 +44,7 @@ def _cli(args, cwd=ROOT, env=None, code=None):
 def _cpu_run(tmp_path, ledger_path, sanitize, candidates=1, events=None, resume=None):
     """A run over one quantize_kv bucket on a machine without a GPU, its sanitizer children answered by
     `sanitize(path, op, mode)`."""
-    cfg = loop_mod.RunConfig(
+    cfg = RunConfig(
         ops=["quantize_kv"],
         per_round=1,
         max_candidates=candidates,
@@ -54,7 +56,7 @@ def _cpu_run(tmp_path, ledger_path, sanitize, candidates=1, events=None, resume=
     return loop_mod.run_loop(
         cfg,
         str(ledger_path),
-        events=events or loop_mod.RunEvents(),
+        events=events or RunEvents(),
         resume=resume,
         devices=FakeDevices([], None),
         evaluator=ev,
@@ -96,7 +98,7 @@ def test_a_candidate_stopped_by_the_time_limit_stays_open_and_a_later_run_judges
         tmp_path,
         db,
         _times_out_in_full,
-        events=loop_mod.RunEvents(candidate=lambda label, st, detail: lines.append((st, detail))),
+        events=RunEvents(candidate=lambda label, st, detail: lines.append((st, detail))),
     )
     led = Ledger(db)
     [c] = led.candidates(run_id=first.run_id)
@@ -192,7 +194,7 @@ def test_a_run_whose_model_fails_on_every_call_ends_early_as_failed(tmp_path, mo
     stub = Stub([{"status": 501}])
     port = stub.start()
     try:
-        cfg = loop_mod.RunConfig(
+        cfg = RunConfig(
             ops=["quantize_kv"],
             per_round=1,
             max_candidates=budget,
@@ -257,7 +259,7 @@ def _note_raising(exc):
 def test_a_run_that_ends_by_an_error_records_how(tmp_path, exc, status, why):
     db = tmp_path / "l.db"
     with pytest.raises(type(exc)):
-        _cpu_run(tmp_path, db, _passes, events=loop_mod.RunEvents(note=_note_raising(exc)))
+        _cpu_run(tmp_path, db, _passes, events=RunEvents(note=_note_raising(exc)))
     led = Ledger(db, read_only=True)
     [run] = led.runs()
     assert run.status == status and why in run.notes.stop
@@ -1000,7 +1002,7 @@ def test_a_model_runs_reproduce_line_names_the_model_and_endpoint_as_flags(tmp_p
 def test_a_replay_line_names_the_op_and_bucket(tmp_path):
     _cpu_run(tmp_path, tmp_path / "l.db", _passes)
     lines = []
-    events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    events = RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
     _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
     replays = [d for st, d in lines if st == "replayed"]
     assert replays and all(re.match(r"quantize_kv \S+: judged before as candidate #\d+", d) for d in replays), lines
@@ -1009,7 +1011,7 @@ def test_a_replay_line_names_the_op_and_bucket(tmp_path):
 def test_a_verified_line_names_the_op_and_bucket(tmp_path):
     """A source a code model proposed for two buckets printed `verified model-1: quantize_kv: ...` twice."""
     lines = []
-    events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    events = RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
     _cpu_run(tmp_path, tmp_path / "l.db", _passes, events=events)
     verified = [d for st, d in lines if st == CandidateStatus.VERIFIED]
     assert verified and all(re.match(r"quantize_kv \S+: passed the full sanitizer", d) for d in verified), lines

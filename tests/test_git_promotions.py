@@ -14,7 +14,9 @@ import pytest
 
 from kernel_agent.agent import loop as loop_mod
 from kernel_agent.agent import publish
+from kernel_agent.agent.run_config import Budget, RunConfig, targets_for
 from kernel_agent.agent.search import SearchProposer
+from kernel_agent.agent.work import RunEvents
 from kernel_agent.harness.ledger.ledger import Ledger
 from kernel_agent.harness.serving import serving
 from test_loop import GOOD, ROOT, FakeDevices, FakeEvaluator, _fake_gpu, _measured, _stream
@@ -74,7 +76,7 @@ def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5
     gpu = _fake_gpu(tmp_path, monkeypatch, ms)
     _serve_from(monkeypatch, serving_dir)  # (the fake names a scratch folder of its own)
     # one bucket (the first serving shape), so that each candidate is one promotion
-    cfg = loop_mod.RunConfig(
+    cfg = RunConfig(
         ops=["quantize_kv"],
         per_round=1,
         max_candidates=candidates,
@@ -85,9 +87,7 @@ def _run(tmp_path, monkeypatch, candidates, in_place=False, ms=lambda op, f: 0.5
     )
     notes = []
     path = str(tmp_path / "l.db")
-    summary = loop_mod.run_loop(
-        cfg, path, events=loop_mod.RunEvents(note=notes.append), devices=gpu.devices, evaluator=gpu
-    )
+    summary = loop_mod.run_loop(cfg, path, events=RunEvents(note=notes.append), devices=gpu.devices, evaluator=gpu)
     return summary, notes, path
 
 
@@ -141,7 +141,7 @@ def test_a_run_commits_each_promotion_on_its_branch_and_leaves_the_checkout_alon
 
 
 def _branch_loop(tmp_path, led, target, gpu, run_id=None):
-    cfg = loop_mod.RunConfig(
+    cfg = RunConfig(
         ops=["quantize_kv"],
         per_round=1,
         max_candidates=20,
@@ -154,13 +154,13 @@ def _branch_loop(tmp_path, led, target, gpu, run_id=None):
         led,
         run_id,
         SearchProposer(),
-        loop_mod.RunEvents(),
+        RunEvents(),
         True,
         "Fake GPU",
         loop_mod.placement_for(cfg, gpu.devices, gpu),
         target=target,
     )
-    return lp, run_id, loop_mod.targets_for(cfg)[:1], loop_mod.Budget(cfg, 0, 0.0)
+    return lp, run_id, targets_for(cfg)[:1], Budget(cfg, 0, 0.0)
 
 
 def test_each_promotion_adds_a_commit_and_a_resumed_run_continues_the_branch(tmp_path, monkeypatch, repo):
@@ -221,7 +221,7 @@ def test_dispatch_choices_go_to_the_branch_too(tmp_path, monkeypatch, repo):
     led = Ledger(str(tmp_path / "l.db"))
     run = led.start_run({}, {}, "search", ["matmul"], "Fake GPU", {})
     target = publish.plan_target().open(run.id)
-    cfg = loop_mod.RunConfig(
+    cfg = RunConfig(
         ops=["matmul"], per_round=1, max_candidates=20, candidates_dir=str(tmp_path / "cands"), bench_shapes="serving"
     )
     lp = loop_mod.Loop(
@@ -229,14 +229,14 @@ def test_dispatch_choices_go_to_the_branch_too(tmp_path, monkeypatch, repo):
         led,
         run.id,
         SearchProposer(),
-        loop_mod.RunEvents(),
+        RunEvents(),
         True,
         "Fake GPU",
         loop_mod.placement_for(cfg, gpu.devices, gpu),
         target=target,
     )
-    t = loop_mod.targets_for(cfg)[:1]
-    _stream(lp, t, loop_mod.Budget(cfg, 0, 0.0), 1)
+    t = targets_for(cfg)[:1]
+    _stream(lp, t, Budget(cfg, 0, 0.0), 1)
     assert len({b.candidate_id for b in led.bench_results(run_id=run.id)}) == 1
     assert not led.run_summary(run.id).promotions
     info = target.close()
@@ -280,7 +280,7 @@ def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path
     shutil.copytree(os.path.join(ROOT, "kernels", "serving"), handed)
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)
     _serve_from(monkeypatch, repo / "kernels" / "serving")  # (the fake names a scratch folder of its own)
-    cfg = loop_mod.RunConfig(
+    cfg = RunConfig(
         ops=["quantize_kv"],
         per_round=1,
         max_candidates=1,
@@ -292,7 +292,7 @@ def test_a_run_promotes_into_the_serving_target_and_ledger_it_is_handed(tmp_path
     led = Ledger(str(tmp_path / "l.db"))
     summary = loop_mod.run_loop(
         cfg,
-        events=loop_mod.RunEvents(note=notes.append),
+        events=RunEvents(note=notes.append),
         devices=gpu.devices,
         evaluator=gpu,
         ledger=led,

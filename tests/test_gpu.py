@@ -282,7 +282,8 @@ def test_compute_sanitizer_reaches_the_sandboxed_executor_and_sees_an_out_of_bou
 
 
 def test_a_short_run_benchmarks_its_candidates_on_the_gpu(tmp_path):
-    from kernel_agent.agent.loop import RunConfig, run_loop
+    from kernel_agent.agent.loop import run_loop
+    from kernel_agent.agent.run_config import RunConfig
     from kernel_agent.harness.ledger.ledger import Ledger
 
     os.environ["KERNEL_AGENT_SERVING_DIR"] = str(tmp_path / "serving")

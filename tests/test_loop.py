@@ -17,7 +17,10 @@ from typing import Callable, List, Optional
 import pytest
 
 from kernel_agent.agent.model import ReplyError, extract_source
+from kernel_agent.agent.run_config import Budget, RunConfig, targets_for
 from kernel_agent.agent.search import baseline_source, with_config
+from kernel_agent.agent.stream import DUPLICATE_STREAK_LIMIT, TASK_LOST_RETRIES
+from kernel_agent.agent.work import RunEvents
 from kernel_agent.harness.ledger.ledger import Ledger
 from kernel_agent.ops import OPS
 from kernel_agent.sanitizer.canonical import as_written, read_judged
@@ -721,7 +724,7 @@ def _fake_loop(tmp_path, led, ops, gpu, proposer=None, placement=None):
     from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.search import SearchProposer
 
-    cfg = loop_mod.RunConfig(
+    cfg = RunConfig(
         ops=ops, per_round=2, max_candidates=20, candidates_dir=str(tmp_path / "cands"), bench_shapes="near_serving"
     )
     run = led.start_run(cfg.to_json(), {}, "search", cfg.ops, "Fake GPU", {})
@@ -730,12 +733,12 @@ def _fake_loop(tmp_path, led, ops, gpu, proposer=None, placement=None):
         led,
         run.id,
         proposer or SearchProposer(),
-        loop_mod.RunEvents(),
+        RunEvents(),
         True,
         "Fake GPU",
         placement or loop_mod.placement_for(cfg, gpu.devices, gpu),
     )
-    return lp, run, loop_mod.targets_for(cfg), loop_mod.Budget(cfg, 0, 0.0)
+    return lp, run, targets_for(cfg), Budget(cfg, 0, 0.0)
 
 
 def _benchmarked(led, run_id):
@@ -792,7 +795,6 @@ def test_a_candidate_file_changed_after_it_was_judged_is_not_promoted(tmp_path, 
     """The loop holds each candidate's text and its hash; every verdict names the text it judged. A file
     changed between judgement and promotion (here: while it was benchmarked, a winner) is not what the
     promotion checks then judge: nothing is promoted, the run says why, and the serving set gets no text."""
-    from kernel_agent.agent import loop as loop_mod
     from kernel_agent.harness.serving import serving
 
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 0.5)  # every candidate twice as fast
@@ -808,7 +810,7 @@ def test_a_candidate_file_changed_after_it_was_judged_is_not_promoted(tmp_path, 
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu)
     lines = []
-    lp.events = loop_mod.RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
+    lp.events = RunEvents(candidate=lambda label, status, detail: lines.append((status, detail)))
     _stream(lp, targets[:1], budget, 1)
     (cand,) = led.candidates(run_id=run.id)
     assert cand.status == "benchmarked" and not led.run_summary(run.id).promotions
@@ -861,7 +863,6 @@ def test_a_new_run_replays_recorded_timings_and_climbs_on_from_them(tmp_path, mo
 def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkeypatch):
     """Replays cost no budget, so a proposer stuck on sources the ledger has judged must not spin: after
     a streak of them its target counts as exhausted, and the run says so."""
-    from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.proposal import Proposal, Proposer
 
     gpu = _fake_gpu(tmp_path, monkeypatch, lambda op, f: 1.3)
@@ -884,7 +885,7 @@ def test_a_proposer_that_only_repeats_judged_sources_is_stopped(tmp_path, monkey
     stop = _stream(lp2, targets[:1], budget2, 5)
     assert stop == "the proposer has nothing new to propose"
     summary2 = led.run_summary(run2.id)
-    assert Parrot.calls == loop_mod.DUPLICATE_STREAK_LIMIT + 1 and summary2.proposals - summary2.duplicates == 0
+    assert Parrot.calls == DUPLICATE_STREAK_LIMIT + 1 and summary2.proposals - summary2.duplicates == 0
     assert summary2.duplicates == 1 and any("repeated sources" in n for n in notes)
     led.close()
 
@@ -925,7 +926,7 @@ def test_the_deadline_stops_what_is_in_flight_and_a_later_run_finishes_it(tmp_pa
 
 
 def test_run_shapes_per_op():
-    from kernel_agent.agent.loop import RunConfig, run_shapes, targets_for
+    from kernel_agent.agent.run_config import RunConfig, run_shapes, targets_for
     from kernel_agent.ops import get_op
 
     ops = ["matmul", "quantize_kv"]
@@ -1004,7 +1005,7 @@ def test_a_source_proposed_for_two_buckets_is_sanitized_once_and_timed_for_each(
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"], gpu)
     lp.cfg.bench_shapes = "serving"
-    from kernel_agent.agent.loop import targets_for
+    from kernel_agent.agent.run_config import targets_for
 
     both = targets_for(lp.cfg)
     int8 = OPS["decode_attention_int8"]
@@ -1044,7 +1045,7 @@ def test_a_source_proposed_again_under_another_label_prints_the_name_the_ledger_
     led = Ledger(str(tmp_path / "l.db"))
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["decode_attention_int8"], gpu)
     lp.cfg.bench_shapes = "serving"
-    from kernel_agent.agent.loop import targets_for
+    from kernel_agent.agent.run_config import targets_for
 
     both = targets_for(lp.cfg)
     lp.cfg.per_round = 1
@@ -1115,7 +1116,6 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     from collections import Counter
     from concurrent.futures import Future
 
-    from kernel_agent.agent import loop as loop_mod
     from kernel_agent.agent.placement import LocalPlacement, TaskLost, default_jobs
 
     class LosingPlacement(LocalPlacement):
@@ -1136,7 +1136,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     placement = LosingPlacement(default_jobs(2), gpu.devices.gpus, evaluator=gpu)
     lp, run, targets, budget = _fake_loop(tmp_path, led, ["quantize_kv"], gpu, placement=placement)
     notes = []
-    lp.events = loop_mod.RunEvents(note=notes.append)
+    lp.events = RunEvents(note=notes.append)
     lost = Counter()
     always_lost = set()  # task kinds whose every task is lost
 
@@ -1162,7 +1162,7 @@ def test_a_stage_lost_with_its_machine_is_queued_again_and_judged_once(tmp_path,
     _stream(lp, targets[:1], budget, 1)
     third = [c for c in led.candidates(run_id=run.id) if c.id not in {c.id for c in cands}]
     assert len(third) == 1 and third[0].status == "proposed" and led.checks(third[0].id) == []
-    assert lost["quick"] == 2 + loop_mod.TASK_LOST_RETRIES and lp.recorder.unjudged == 1
+    assert lost["quick"] == 2 + TASK_LOST_RETRIES and lp.recorder.unjudged == 1
     assert any("left at that stage" in n and "--resume" in n for n in notes)
 
     always_lost.clear()  # a fourth whose benchmark loses the last GPU: the stream ends, it stays verified
@@ -1191,7 +1191,7 @@ def test_the_live_status_line(monkeypatch):
     from rich.console import Console
 
     from kernel_agent.agent import ui
-    from kernel_agent.agent.loop import LiveStatus
+    from kernel_agent.agent.work import LiveStatus
 
     st = LiveStatus(125, 600, 3, None, {"quick": 1, "gpu": 2, "bench": 1}, 4, 7, 0.031)
     assert st.describe() == "2:05/10:00 cand 3; quick 1 full 0 gpu 2 bench 1; queued 4; judged 7; best +3.1%"
@@ -1257,7 +1257,7 @@ def test_a_second_run_on_the_same_ledger_judges_only_new_candidates(tmp_path):
 
 
 def test_targets_are_picked_in_proportion_to_their_weight():
-    from kernel_agent.agent.loop import weighted_pick
+    from kernel_agent.agent.run_config import weighted_pick
 
     def picks(weights, n, exhausted=()):
         asked, start, out = [0] * len(weights), 0, []
@@ -1278,7 +1278,7 @@ def test_targets_are_picked_in_proportion_to_their_weight():
 
 
 def test_a_model_step_sets_the_targets_and_their_weights():
-    from kernel_agent.agent.loop import RunConfig, targets_for
+    from kernel_agent.agent.run_config import RunConfig, targets_for
     from kernel_agent.harness.workload.model_step import PRESETS
 
     cfg = RunConfig(target_model=PRESETS["llama-3-8b"].to_json(), target_points="32x8192")

@@ -194,11 +194,11 @@ def test_every_allowance_is_still_used():
 
 
 def test_the_op_list_comes_from_the_registry():
-    from kernel_agent.agent import loop
+    from kernel_agent.agent import run_config
     from kernel_agent.agent.cli import common as cli_common
 
     assert tuple(OPS) == NAMES
-    assert cli_common.OP_NAMES is NAMES and loop.ALL_OPS is NAMES
+    assert cli_common.OP_NAMES is NAMES and run_config.ALL_OPS is NAMES
     # every op module of ops/ (a module defining OP) is registered, under its own name
     modules = {
         p.stem

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernel_agent.agent.cli import main
-from kernel_agent.agent.loop import RunConfig, targets_for
+from kernel_agent.agent.run_config import RunConfig, targets_for
 from kernel_agent.harness.serving import serving
 from kernel_agent.harness.workload import kv_plan
 from kernel_agent.harness.workload.model_step import PRESETS, ModelConfig, step_op_calls

@@ -6,6 +6,7 @@ import os
 import shlex
 from typing import Optional
 
+from ... import agent  # the door to the modules that import torch: each is read when first used
 from ...harness import env
 from ...harness.ledger.ledger import Ledger, RunNotesRecord, RunStatus
 from ...harness.manifest import Manifest
@@ -42,12 +43,11 @@ def cmd_demote(args, devices: Optional[Devices] = None) -> int:
     promotion goes (agent/publish.py): a commit on a branch of its own where git tracks the serving folder,
     else (or with --in-place) in place. The GPU is `--gpu`, else this machine's (`devices`)."""
     from ...harness.serving import serving  # here: torch, after the flags
-    from ..publish import plan_target  # here: publication imports the serving set, which imports torch
 
     check_op(args.op)
     gname = args.gpu or (devices or LocalDevices()).name() or "cpu"
     led = _demote_ledger(args)
-    plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
+    plan = agent.plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     served = serving.lookup(args.op, args.bucket, args.dtype, gname, dir=plan.source_dir)
     promo = _active_promotion(led, args.op, args.bucket, args.dtype, gname) if led is not None else None
     if served is None and promo is None:

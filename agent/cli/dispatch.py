@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Dict
+from typing import Any, Dict
 
+from ...harness.manifest import Manifest
 from .. import ui
 from .common import check_op, command, open_ledger
-
-if TYPE_CHECKING:
-    from ...harness.manifest import Manifest
 
 
 def register(sub) -> None:

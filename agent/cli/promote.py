@@ -7,6 +7,7 @@ import os
 import shlex
 from typing import Dict, Optional
 
+from ... import agent  # the door to the modules that import torch: each is read when first used
 from ...harness import env
 from ...harness.bench.bench_records import CANDIDATE, INCUMBENT, BenchKernel, BenchOutcome, BenchSpec
 from ...harness.bench.promotion import judge_benchmark
@@ -62,10 +63,9 @@ def cmd_promote(args, evaluator: Optional[Evaluator] = None, devices: Optional[D
             f"run `kernel-agent promote --op {args.op} {shlex.quote(args.file)}` on a GPU machine"
         )
     from ...harness.bench.bench import resolve_shapes  # here: torch, after the flags and the GPU
-    from ..publish import plan_target  # here: publication imports the serving set, which imports torch
 
     op = get_op(args.op)
-    plan = plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
+    plan = agent.plan_target(in_place=args.in_place)  # git missing is an error before anything is recorded
     led = open_ledger(args)
     judged = _promoted_text(args.file)
     # a promotion by hand is a run of its own (proposer 'manual'), so `report` and `history` show it
@@ -152,7 +152,6 @@ def _promote_bucket(
     """Benchmark the file against the bucket's incumbent, apply the rule, and publish a winner; True if promoted."""
     from ...harness.bench.bench import record_shape_result, with_drawn_shape  # here: torch, after the flags
     from ...harness.serving import serving  # here: torch, after the flags
-    from ..publish import PromotionRequest, publish_promotion  # here: as the serving set
 
     entry = serving.promoted(args.op, bucket, args.dtype, gname, dir=target.dir)
     inc_file = str(serving.entry_path(entry, target.dir)) if entry is not None else None
@@ -182,10 +181,10 @@ def _promote_bucket(
     if not j.decision.promote:  # type: ignore[union-attr]  # a judgement without an error has a decision
         ui.line(f"{bucket}: not promoted: {j.decision.reason}", style="yellow")  # type: ignore[union-attr]
         return False
-    done = publish_promotion(
+    done = agent.publish_promotion(
         target,
         led,
-        PromotionRequest(
+        agent.PromotionRequest(
             run_id,
             args.op,
             bucket,

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from ... import agent  # the door to the modules that import torch: each is read when first used
 from ...harness.bench.figures import (
     CLOCK_PHRASES,
     CLOCK_WORDS,
@@ -67,8 +68,6 @@ class PromotedKernel:
 
 def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedKernel]:
     """The run's promotions in the order they were made, each with its judged result from `results`."""
-    from ..search import baseline_source  # here: the search imports torch; flags are checked first
-
     out = []
     for pr in sorted(led.promotions(run_id=run.id), key=lambda p: p.id):
         c = led.candidate(pr.candidate_id) if pr.candidate_id else None
@@ -88,7 +87,7 @@ def promoted_kernels(led, run, results: List[CandidateResult]) -> List[PromotedK
             base = (
                 JudgedBase(f"candidate #{old.id}", old.source)
                 if old is not None
-                else JudgedBase(f"kernels/baseline/{pr.op}.py", baseline_source(pr.op))
+                else JudgedBase(f"kernels/baseline/{pr.op}.py", agent.baseline_source(pr.op))
             )
         out.append(PromotedKernel(pr, c, res, base.label, base.source, base.note))
     return out

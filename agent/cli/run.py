@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional
 
+from ... import agent  # the door to the modules that import torch: each is read when first used
 from ...harness.ledger.ledger import CandidateStatus, Ledger, RunStatus, RunSummary, server_url, sqlite_path
 from ...harness.ledger.run_hold import RunHold
 from ...harness.workload.model_step import (
@@ -235,11 +236,10 @@ def _cluster_placement(args, section: Optional[Dict[str, Any]]):
 
 def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     from ...harness.serving.serving import ServingError, load_manifest  # here: torch, after the flags
-    from ..loop import RunConfig, run_loop  # here: the loop imports torch, which comes after the flags are checked
 
     if args.resume and args.in_place:
         raise UsageError("--in-place chooses where a new run writes; a resumed run keeps its own serving target")
-    cfg = RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
+    cfg = agent.RunConfig() if args.resume else _run_config(args, file_config.get("run", {}))
     limit = args.time_limit_s if args.resume else None
     try:  # the serving set the run builds on, read before the run is recorded: a broken one is bad input
         load_manifest()
@@ -250,7 +250,7 @@ def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
     # cluster is joined; held from before the run is recorded, so that a second run on it is refused
     with Ledger(ledger_path) as ledger, RunHold(ledger, events.resume_command) as hold:
         events.started = hold.name
-        summary = run_loop(
+        summary = agent.run_loop(
             cfg,
             resume=args.resume,
             events=events,
@@ -264,13 +264,11 @@ def _run(args, events, ledger_path: str, file_config: Dict[str, Any]) -> int:
 def _run_config(args, file_run: Dict[str, Any]):
     """The new run's configuration: the flags over the config file's [run] section. Every usage error is raised
     here, before anything is recorded."""
-    from ..loop import RunConfig, targets_for  # here: the loop imports torch, which comes after the flags are checked
-
-    cfg = RunConfig()
+    cfg = agent.RunConfig()
     _apply_budget_and_flags(args, file_run, cfg)
     _apply_target_model(args, file_run, cfg)
     try:
-        targets = targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
+        targets = agent.targets_for(cfg)  # a bad --shapes is a usage error before anything is recorded
     except ValueError as e:
         raise UsageError(f"--target-model: {e}" if cfg.target_model else f"--shapes: {e}")
     if cfg.target_model:  # the run's ops are those the step calls
@@ -444,13 +442,11 @@ OPENAI_DEFAULT_URL = "https://api.openai.com/v1"  # where the openai client goes
 
 
 def _run_events(args):
-    from ..loop import RunEvents  # here: the loop imports torch, which comes after the flags are checked
-
     def resume_command(run_id: str) -> str:
         return hint(f"run --resume {run_id}", args.ledger)
 
     if getattr(args, "json", False):
-        return RunEvents(resume_command=resume_command)
+        return agent.RunEvents(resume_command=resume_command)
     marks = {
         CandidateStatus.REJECTED: "reject",
         CandidateStatus.VERIFIED: "verified",
@@ -466,7 +462,7 @@ def _run_events(args):
 
     live = ui.StatusLine(plain_every_s=60.0)  # a live line on a terminal; a plain one a minute elsewhere
     args._status_line = live
-    return RunEvents(
+    return agent.RunEvents(
         note=lambda s: ui.line(s, style="bold"),
         candidate=cand,
         status=lambda st: live.update(f"status: {st.describe()}"),

@@ -9,6 +9,7 @@ import re
 import sys
 from typing import Any, Dict, List
 
+from ... import agent  # the door to the modules that import torch: each is read when first used
 from ...harness.bench.figures import CLOCK_WORDS, candidate_results, fmt_ms, fmt_spread, fmt_x
 from ...harness.ledger.ledger import RunStatus
 from ...sanitizer.verdict import SanitizerMode
@@ -55,14 +56,12 @@ def cmd_show(args) -> int:
 
 
 def _show_run(led, run, args) -> int:
-    from ..publish import recorded_target  # here: publication imports the serving set, which imports torch
-
     if args.json:
         sys.stdout.write(json.dumps(run_doc(led, run), indent=2, default=str) + "\n")
         return 0
     summary = led.run_summary(run.id)
     cands = led.candidates(run_id=run.id)
-    target = recorded_target(run.notes)  # where it promoted
+    target = agent.recorded_target(run.notes)  # where it promoted
     started = run.started_at.strftime("%Y-%m-%d %H:%M")
     ended = run_end_note(run)
     # wall: start to end; a run that has not ended (interrupted, killed) the time its sessions ran

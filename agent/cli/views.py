@@ -14,6 +14,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from ... import agent  # the door to the modules that import torch: each is read when first used
+from ...harness.bench.diagnosis import Diagnosis
 from ...harness.bench.figures import Leaderboard, TrendPoint, best_result, candidate_results
 from ...harness.ledger.ledger import Ledger, Run, RunStatus, RunSummary
 from ...sanitizer.canonical import as_written, judged_or_as_read
@@ -135,9 +137,7 @@ def run_doc(led: Ledger, run: Run) -> Dict[str, Any]:
     """`show RUN --json`: the run's summary, configuration, versions, where it promoted, why it ended, its
     candidates, the diagnosis of each incumbent and the proposals pruned before the GPU (also as the lines
     `show` prints, which the web view shows)."""
-    from ..publish import recorded_target  # here: publication imports the serving set, which imports torch
-
-    target = recorded_target(run.notes)
+    target = agent.recorded_target(run.notes)
     summary = led.run_summary(run.id)
     return {
         "run": summary.to_json(),
@@ -243,8 +243,6 @@ def promotion_doc(p) -> Dict[str, Any]:
 def diagnosis_lines(led, run_id: str, markdown: bool = False) -> List[str]:
     """What bounded each incumbent the run diagnosed (harness/bench/diagnosis.py), and the proposals it kept off the
     GPU with why: for `show` (plain lines) and `report` (markdown)."""
-    from ...harness.bench.diagnosis import Diagnosis  # here: the diagnosis reads the op registry, which imports torch
-
     out: List[str] = ["## Diagnoses", ""] if markdown else []
     latest = {}
     for row in led.diagnoses(run_id=run_id):
@@ -304,13 +302,11 @@ def judged_base(led, c, replaced_candidate_id: Optional[int] = None) -> JudgedBa
     configuration variant was made of (recovered exactly from the variant's own text), else the incumbent
     whose hash its benchmark recorded, found in the ledger; the baseline file as it is now only when nothing
     says otherwise (the note says when the hashes show it is not the one judged)."""
-    from ..search import baseline_source  # here: the search imports torch; flags are checked first
-
     for cid in (replaced_candidate_id, c.parent_id):
         p = led.candidate(cid) if cid else None
         if p is not None:
             return JudgedBase(f"candidate #{p.id}", p.source)
-    today, baseline_label = baseline_source(c.op), f"kernels/baseline/{c.op}.py"
+    today, baseline_label = agent.baseline_source(c.op), f"kernels/baseline/{c.op}.py"
     split = split_stored(c.source)
     recorded = _incumbent_hash(led, c.id)
     wanted = as_written(split[0]).hash if split is not None else recorded
