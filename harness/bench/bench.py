@@ -61,7 +61,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...ops.common import DTYPE_NAMES, Case, Op, Shape
+from ...ops import get_op
+from ...ops.common import DTYPE_NAMES, Case, Op, ReferenceUnavailable, Shape, dtype_from_name
 from ..env import slug, versions
 from .bench_records import CANDIDATE, INCUMBENT, BenchSpec, Measurement, ShapeResult
 from .promotion import graph_timing
@@ -399,8 +400,6 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
 
 def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> List[Contender]:
     """The op's reference anchors as contenders; one that cannot run here is a row with its one-line reason."""
-    from ...ops.common import ReferenceUnavailable  # the exception the hook raises
-
     try:
         return [Contender(a.label, a.fn, is_anchor=True) for a in op.reference_anchors(probe)]
     except ReferenceUnavailable as e:
@@ -882,8 +881,6 @@ def with_drawn_shape(spec: BenchSpec, seed: Optional[int] = None) -> BenchSpec:
     (Op.drawn_in_bucket) timed after them, and the seed it was drawn from (a fresh secret one unless given:
     a candidate cannot know the shape in advance; recorded in the spec and the ledger to reproduce it). The
     spec as it was where the bucket leaves no shape to draw."""
-    from ...ops import dtype_from_name, get_op  # deferred: as in the module's other op readers
-
     seed = secrets.randbelow(1 << 31) if seed is None else seed
     op = get_op(spec.op)
     points = spec.points  # a spec drawn for before is drawn for again, around its points

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, Optional, Union
 
+from ... import ops  # the package door: the op modules (torch) load on first use, inside the sandbox
 from ...isolation import sandbox
 from ...isolation.isolation import run_tracked
 from ...isolation.lease import OnReady, run_gated, wait_for_grant
@@ -99,10 +100,9 @@ def main(argv=None) -> int:
             json.dump(doc, f)
         os.replace(tmp, args.out)
 
-    from ...ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
     from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape  # deferred: torch, inside the sandbox
 
-    op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
+    op, dtype = ops.get_op(spec.op), ops.dtype_from_name(spec.dtype)
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
     doc["phases"] = {}
     gated = spec.gated
