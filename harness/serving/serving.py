@@ -694,6 +694,7 @@ def warmup(
 
 __all__ = [
     "ServingError",
+    "ENV_DIR",
     "Dispatcher",
     "Resolution",
     "get",
