@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from ..harness.bench.promotion import Judgement
 from ..harness.ledger.ledger import Ledger, RunNotesRecord
 from ..harness.manifest import ManifestEntry
-from ..harness.serving import serving
+from ..harness.serving import serving, serving_install
 from ..harness.serving.dispatch import Choice, record_choices
 from ..sanitizer.canonical import JudgedText
 
@@ -443,19 +443,18 @@ def publish_promotion(target: ServingTarget, ledger: Ledger, req: PromotionReque
     if j.decision is None or not j.decision.promote:
         raise ValueError(f"candidate #{req.candidate_id} was not chosen by the rule: nothing to promote")
     replaced = serving.promoted(req.op, req.bucket, req.dtype, req.gpu_name, dir=target.dir)
-    entry = serving.install(
+    entry = serving_install.install(
         req.op,
         req.bucket,
         req.dtype,
         req.gpu_name,
-        req.judged.text,
+        req.judged,
         req.candidate_id,
         j.decision.gain,
         req.reason,
         req.versions,
         dir=target.dir,
         shapes=list(j.shapes),
-        judged_hash=req.judged.hash,
     )
     if entry.file:
         path, config = target.dir / entry.file, None

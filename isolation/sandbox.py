@@ -61,7 +61,7 @@ import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 NOBODY = 65534
 # What a child may inherit: locale, paths to the interpreter and libraries, the GPU it may use,
@@ -549,8 +549,29 @@ def landlock_abi() -> int:
         return 0
 
 
-# long: the Landlock ruleset built syscall by syscall (ctypes); each rule beside the access it grants
+class _LandlockAttr(ctypes.Structure):
+    """struct landlock_ruleset_attr: the access kinds a ruleset handles (files, TCP, scopes)."""
+
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    """struct landlock_path_beneath_attr: the access granted beneath an open folder or on a file."""
+
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+
+class _NetPort(ctypes.Structure):
+    """struct landlock_net_port_attr: the TCP access granted on a port."""
+
+    _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
 def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[int] = ()) -> None:
+    """Confine this process with Landlock: writes only in `scratch` (and the device nodes a run needs), reads
+    confined on a CPU run, TCP denied but for connects to `tool_ports`. What is enforced, or missing, goes to
+    `prot`."""
     libc = _c()
     abi = landlock_abi()
     if abi < 1:
@@ -558,6 +579,39 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
             "Landlock (kernel without it): writes are limited only by file permissions and the audit hook"
         )
         return
+    write = _landlock_write_rights(abi)
+    # Reads are confined on a CPU run. On a GPU they are not yet: with reads confined to GPU_READABLE the CUDA
+    # driver's initialisation failed on the H200 (cudaGetDeviceCount: error 304, also with /proc writable),
+    # so a GPU run keeps the rules the H200 has run under (unconfined reads, its own /proc writable) until
+    # scripts/gpu_sandbox_probe.py finds the narrower set that CUDA accepts (docs/ARCHITECTURE.md, trust).
+    confine_reads = not gpu or GPU_CONFINED_READS
+    read = (LL_READ_FILE | LL_READ_DIR) if confine_reads else 0
+    attr = _LandlockAttr(
+        write | read,
+        (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
+        (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0,
+    )
+    size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    if ruleset < 0:
+        prot.missing.append(_err("Landlock ruleset"))
+        return
+    file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
+    _add_path_rules(libc, ruleset, _landlock_targets(scratch, gpu, confine_reads, write | read, read, file_rights))
+    if abi >= 4:
+        for port in tool_ports:  # connect only: the tool's front end listens, the sandbox never does
+            port_rule = _NetPort(LL_NET_CONNECT_TCP, port)
+            libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT, ctypes.byref(port_rule), 0)
+    if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+        prot.missing.append(_err("Landlock could not be enforced"))
+        os.close(ruleset)
+        return
+    os.close(ruleset)
+    prot.active.append(_landlock_description(abi, gpu, tool_ports))
+
+
+def _landlock_write_rights(abi: int) -> int:
+    """Every access that changes the file system, as far as this ABI names them."""
     write = (
         LL_WRITE_FILE
         | LL_REMOVE_DIR
@@ -574,35 +628,15 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         write |= LL_REFER
     if abi >= 3:
         write |= LL_TRUNCATE
+    return write
 
-    class Attr(ctypes.Structure):
-        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
 
-    class PathBeneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
-
-    class NetPort(ctypes.Structure):
-        _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
-
-    # Reads are confined on a CPU run. On a GPU they are not yet: with reads confined to GPU_READABLE the CUDA
-    # driver's initialisation failed on the H200 (cudaGetDeviceCount: error 304, also with /proc writable),
-    # so a GPU run keeps the rules the H200 has run under (unconfined reads, its own /proc writable) until
-    # scripts/gpu_sandbox_probe.py finds the narrower set that CUDA accepts (docs/ARCHITECTURE.md, trust).
-    confine_reads = not gpu or GPU_CONFINED_READS
-    read = (LL_READ_FILE | LL_READ_DIR) if confine_reads else 0
-    attr = Attr(
-        write | read,
-        (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0,
-        (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0,
-    )
-    size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
-    if ruleset < 0:
-        prot.missing.append(_err("Landlock ruleset"))
-        return
-    file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
-    targets = [(scratch, write | read)] + [(d, file_rights) for d in WRITABLE_DEVICES]
+def _landlock_targets(
+    scratch: str, gpu: bool, confine_reads: bool, scratch_rights: int, read: int, file_rights: int
+) -> List[Tuple[str, int]]:
+    """(path, rights) of every rule: the scratch folder, the writable devices, what a confined run reads, and on
+    a GPU the driver's device nodes and this process's /proc."""
+    targets = [(scratch, scratch_rights)] + [(d, file_rights) for d in WRITABLE_DEVICES]
     if confine_reads:
         targets += [(p, read) for p in readable_paths(gpu)]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -617,6 +651,11 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
             targets += [(os.path.join("/proc", str(os.getpid()), n), file_rights) for n in GPU_PROC_WRITABLE]
         else:
             targets += [("/proc", file_rights)]
+    return targets
+
+
+def _add_path_rules(libc: Any, ruleset: int, targets: Sequence[Tuple[str, int]]) -> None:
+    """A path-beneath rule per target that exists (a file takes file rights only)."""
     for path, rights in targets:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -625,7 +664,7 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         try:
             if not stat.S_ISDIR(os.fstat(fd).st_mode):
                 rights &= LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE  # a file takes file rights only
-            rule = PathBeneath(rights, fd)
+            rule = _PathBeneath(rights, fd)
             libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
         finally:
             if path.startswith("/proc/"):
@@ -635,15 +674,10 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
                 _pinned.append(fd)
             else:
                 os.close(fd)
-    if abi >= 4:
-        for port in tool_ports:  # connect only: the tool's front end listens, the sandbox never does
-            port_rule = NetPort(LL_NET_CONNECT_TCP, port)
-            libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT, ctypes.byref(port_rule), 0)
-    if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
-        prot.missing.append(_err("Landlock could not be enforced"))
-        os.close(ruleset)
-        return
-    os.close(ruleset)
+
+
+def _landlock_description(abi: int, gpu: bool, tool_ports: Sequence[int]) -> str:
+    """What the enforced ruleset allows, in a line of the sandbox's report."""
     what = [f"Landlock ABI {abi}: writes only in scratch"]
     what.append(
         "reads only of the interpreter, the package and system libraries"
@@ -659,7 +693,7 @@ def _landlock(scratch: str, gpu: bool, prot: Protections, tool_ports: Sequence[i
         what.append("TCP bind/connect denied")
     if abi >= 6:
         what.append("signals and abstract sockets scoped to the sandbox")
-    prot.active.append(", ".join(what))
+    return ", ".join(what)
 
 
 # seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h): a classic BPF program over the syscall's number

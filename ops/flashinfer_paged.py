@@ -184,7 +184,15 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__: List[Any] = ["FlashInferUnavailable", "PagedDecoder", "decode_anchor", "prebuild", "version", "INSTALL_HINT"]
+__all__: List[Any] = [
+    "FlashInferUnavailable",
+    "PagedDecoder",
+    "decode_anchor",
+    "prebuild",
+    "require",
+    "version",
+    "INSTALL_HINT",
+]
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ if "--cpu" in sys.argv:
 import torch  # noqa: E402
 
 from kernel_agent.harness.field_failures import FailureKind  # noqa: E402
-from kernel_agent.harness.serving import serving  # noqa: E402
+from kernel_agent.harness.serving import serving, serving_install  # noqa: E402
 from kernel_agent.ops import get_op  # noqa: E402
+from kernel_agent.sanitizer.canonical import judge_text  # noqa: E402
 
 OP = "decode_attention_int8"
 KERNEL_FILE = Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / f"{OP}.py"
@@ -102,7 +103,7 @@ def install(folder: Path, text: str, shape, cpu: bool, gpu: str) -> serving.Mani
     bucket = get_op(OP).bucket(shape)
     dtype = "float32" if cpu else "bfloat16"
     why = "installed by force for the guard check"
-    return serving.install(OP, bucket, dtype, gpu, text, None, 0.0, why, {}, dir=folder)
+    return serving_install.install(OP, bucket, dtype, gpu, judge_text(text), None, 0.0, why, {}, dir=folder)
 
 
 def equal_outputs(a, b) -> bool:

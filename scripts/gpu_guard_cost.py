@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from kernel_agent.harness.serving import serving
+from kernel_agent.harness.serving import serving, serving_install
 from kernel_agent.harness.workload.model_step import load_model_config, parse_points, step_op_calls
+from kernel_agent.sanitizer.canonical import judge_text
 
 
 def install_promoted(folder: Path, model: str, points: str, kv_modes: list[str], gpu: str) -> list[str]:
@@ -38,8 +39,9 @@ def install_promoted(folder: Path, model: str, points: str, kv_modes: list[str],
             for call in step_op_calls(cfg, point.batch, point.context, kv):
                 keys.add((call.op, call.bucket))
     for op, bucket in sorted(keys):
-        text = (baseline_dir / f"{op}.py").read_text()
-        serving.install(op, bucket, "bfloat16", gpu, text, None, 0.0, "installed by force: guard cost", {}, dir=folder)
+        text = judge_text((baseline_dir / f"{op}.py").read_text())
+        why = "installed by force: guard cost"
+        serving_install.install(op, bucket, "bfloat16", gpu, text, None, 0.0, why, {}, dir=folder)
     return [f"{op} {bucket}" for op, bucket in sorted(keys)]
 
 

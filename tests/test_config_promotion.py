@@ -25,7 +25,7 @@ from kernel_agent.agent.cli.gate import serving_gate_item  # noqa: E402
 from kernel_agent.agent.cli.pr import RunBranch, _serving_file_holds  # noqa: E402
 from kernel_agent.agent.cli.promotion_sections import PromotedKernel, diff_section  # noqa: E402
 from kernel_agent.agent.search import baseline_config  # noqa: E402
-from kernel_agent.harness.serving import serving  # noqa: E402
+from kernel_agent.harness.serving import serving, serving_install  # noqa: E402
 from kernel_agent.ops import get_op  # noqa: E402
 from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
 from kernel_agent.sanitizer.config_variant import baseline_source, split_config, with_config  # noqa: E402
@@ -47,12 +47,12 @@ assert CODE_CHANGE != BASELINE
 
 
 def _install(d, source, candidate_id=7):
-    return serving.install(
+    return serving_install.install(
         OP,
         BUCKET,
         DTYPE,
         GPU,
-        source,
+        judge_text(source),
         candidate_id=candidate_id,
         gain=0.1,
         reason="10.0% faster than the incumbent",
@@ -82,7 +82,7 @@ def test_a_configuration_of_the_baseline_is_stored_without_a_copy(tmp_path):
     assert entry.source_hash == as_written(CONFIG).hash
     doc = json.loads((tmp_path / serving.MANIFEST_NAME).read_text())
     assert doc["version"] == serving.MANIFEST_VERSION == 3
-    assert serving.entry_source(serving.promoted(OP, BUCKET, DTYPE, GPU, dir=tmp_path), tmp_path) == CONFIG
+    assert serving.entry_source(serving.promoted(OP, BUCKET, DTYPE, GPU, dir=tmp_path), tmp_path).text == CONFIG
 
 
 def test_the_serving_set_runs_the_rebuilt_configuration_as_the_whole_file(tmp_path):
@@ -117,7 +117,7 @@ def test_a_code_change_is_still_a_file_and_a_configuration_of_it_keeps_that_file
     again = with_config(tuned, (4, 4), (8, 4), BUCKET, SPACE)
     entry = _install(tmp_path, again, candidate_id=3)
     assert entry.variant is not None and entry.variant.base == name and len(entry.variant.configs) == 2
-    assert serving.entry_source(entry, tmp_path) == again and _kernel_files(tmp_path) == [name]
+    assert serving.entry_source(entry, tmp_path).text == again and _kernel_files(tmp_path) == [name]
     # a code change replacing it does not write over the base the manifest still names until it is replaced
     other = _install(tmp_path, CODE_CHANGE.replace("return 2, 4", "return 2, 4 + 0"), candidate_id=4)
     assert other.file != name and _kernel_files(tmp_path) == [other.file]

@@ -10,11 +10,11 @@ from kernel_agent.harness.bench.bench_records import BenchOutcome, ShapeResult
 from kernel_agent.harness.bench.bench_worker import refused_here
 from kernel_agent.harness.bench.promotion import judge_benchmark as judge_outcome
 from kernel_agent.harness.ledger.ledger import Ledger
-from kernel_agent.harness.serving import serving
+from kernel_agent.harness.serving import serving, serving_install
 from kernel_agent.harness.serving.dispatch import choices_from_rows, measured_choices, record_choices
 from kernel_agent.ops import get_op
 from kernel_agent.ops.matmul import torch_matmul
-from kernel_agent.sanitizer.canonical import as_written
+from kernel_agent.sanitizer.canonical import as_written, judge_text
 
 GPU = "NVIDIA H200"
 MATMUL = get_op("matmul")
@@ -112,8 +112,8 @@ def test_a_promoted_kernel_that_torch_beats_is_demoted_and_one_that_beats_torch_
     slow, _ = led.add_candidate("matmul", as_written(src + "\n# slow\n"), "search", run)
     fast, _ = led.add_candidate("matmul", as_written(src + "\n# fast\n"), "search", run)
     for cand, bucket, _shape in ((slow, "m256-klarge", "256,8192,8192"), (fast, "m64-klarge", "64,8192,8192")):
-        serving.install(
-            "matmul", bucket, "bfloat16", GPU, src + f"\n# {cand.id}\n", cand.id, 0.05, "test", {}, dir=sdir
+        serving_install.install(
+            "matmul", bucket, "bfloat16", GPU, judge_text(src + f"\n# {cand.id}\n"), cand.id, 0.05, "test", {}, dir=sdir
         )
         led.record_promotion(
             run_id=run,
@@ -161,7 +161,9 @@ def test_ops_without_a_servable_torch_implementation_keep_the_triton_side(tmp_pa
 
 def test_a_version_1_manifest_is_still_served(tmp_path):
     src = open(KERNEL_SRC).read()
-    entry = serving.install("matmul", "m16-klarge", "bfloat16", GPU, src, 3, 0.05, "old", {}, dir=tmp_path)
+    entry = serving_install.install(
+        "matmul", "m16-klarge", "bfloat16", GPU, judge_text(src), 3, 0.05, "old", {}, dir=tmp_path
+    )
     doc = json.loads((tmp_path / "manifest.json").read_text())
     doc["version"] = 1
     for e in doc["entries"]:

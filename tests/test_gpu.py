@@ -18,9 +18,10 @@ from kernel_agent.harness.bench.bench import Contender, balanced_median, benchma
 from kernel_agent.harness.bench.bench_records import BenchOutcome
 from kernel_agent.harness.bench.bench_worker import run_bench_isolated
 from kernel_agent.harness.bench.promotion import decide_over_shapes, judged_pair
-from kernel_agent.harness.serving import serving
+from kernel_agent.harness.serving import serving, serving_install
 from kernel_agent.isolation import sandbox
 from kernel_agent.ops import get_op
+from kernel_agent.sanitizer.canonical import judge_text
 
 pytestmark = [
     pytest.mark.gpu,
@@ -146,8 +147,17 @@ def test_the_rule_promotes_a_faster_kernel_and_refuses_one_within_noise(tmp_path
 def test_serving_dispatches_to_an_installed_kernel_and_its_results_pass(tmp_path):
     gpu = torch.cuda.get_device_name()
     src = open(_variant_file(tmp_path, "v", (16, 4))).read()
-    entry = serving.install(
-        "quantize_kv", QUANT.bucket(QSHAPE), "bfloat16", gpu, src, None, 0.05, "test", {}, dir=tmp_path / "serving"
+    entry = serving_install.install(
+        "quantize_kv",
+        QUANT.bucket(QSHAPE),
+        "bfloat16",
+        gpu,
+        judge_text(src),
+        None,
+        0.05,
+        "test",
+        {},
+        dir=tmp_path / "serving",
     )
     # the guard off: the kernel's own output is what this test judges (with it on, a first call is the trusted one)
     fn = serving.get("quantize_kv", dir=tmp_path / "serving", guard=False)
@@ -180,9 +190,8 @@ def test_serving_get_passes_the_differential_check_for_each_choice(tmp_path, op_
     for impl in ("kernel", "baseline", "torch"):
         d = tmp_path / impl
         if impl == "kernel":  # a promoted kernel: the baseline's source under another name
-            serving.install(
-                op_name, bucket, "bfloat16", gpu, baseline_source(op_name) + "\n# promoted\n", 1, 0.1, "test", {}, dir=d
-            )
+            promoted = judge_text(baseline_source(op_name) + "\n# promoted\n")
+            serving_install.install(op_name, bucket, "bfloat16", gpu, promoted, 1, 0.1, "test", {}, dir=d)
         else:
             serving.set_choice(op_name, bucket, "bfloat16", gpu, impl, "test", {}, dir=d)
         fn = serving.get(op_name, dir=d, guard=False)  # what each implementation itself returns

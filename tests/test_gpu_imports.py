@@ -1,6 +1,6 @@
 """The GPU tests cannot rot unseen: CI has no GPU, so tests/test_gpu.py never runs there, but a CPU can check
 what the file takes from the project. Every project name it imports (at the top and inside its test
-functions) must exist; so must every attribute it reads off an imported project module (`serving.install`),
+functions) must exist; so must every attribute it reads off an imported project module (`serving.get`),
 every module it names in a string (`-m kernel_agent.agent.cli`, `import_module(f"kernel_agent...{op}")`) and
 every repository file it joins onto ROOT (`scripts/gpu_sandbox_probe.py`); and every call of a project
 function or class must fit its signature (a removed parameter, a keyword renamed)."""
@@ -96,7 +96,7 @@ def _assigned(node):
 
 
 def _project_object(expr, bindings):
-    """The project object `expr` names (`serving`, `serving.install`, `run_loop`), or None."""
+    """The project object `expr` names (`serving`, `serving.get`, `run_loop`), or None."""
     if isinstance(expr, ast.Name) and expr.id in bindings:
         return _resolved_or_none(bindings[expr.id])
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in bindings:

@@ -782,7 +782,7 @@ def test_the_gpu_stage_promotes_on_two_gpus_and_the_climb_follows(tmp_path, monk
     new = [c for c in led.candidates(run_id=run.id) if c.id not in before]
     # a configuration the search promoted has no file: the serving set rebuilds it from its base
     assert any(e.variant is not None and e.file is None for e in serving.load_manifest().entries)
-    served = {e.op: serving.entry_source(e) for e in serving.load_manifest().entries}
+    served = {e.op: serving.entry_source(e).text for e in serving.load_manifest().entries}
     assert {c.op for c in new} == {"quantize_kv", "matmul"}
     for c in (c for c in new if c.label.startswith("cfg-")):  # a variant of the promoted kernel: all of it is
         # there, bar the renamed `_config` (a rewrite of it, the catalog's, changes the lines it rewrites)

@@ -13,8 +13,8 @@ from kernel_agent.agent.cli import parser as cli
 from kernel_agent.agent.cli.report import write_report
 from kernel_agent.harness.field_failures import FailureKind, FieldFailure
 from kernel_agent.harness.ledger.ledger import Ledger
-from kernel_agent.harness.serving import serving
-from kernel_agent.sanitizer.canonical import as_written
+from kernel_agent.harness.serving import serving_install
+from kernel_agent.sanitizer.canonical import as_written, judge_text
 from tiers import exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,10 +34,13 @@ def _serving_set(tmp_path, extra_source=None):
     d.mkdir()
     (d / "manifest.json").write_text('{"version": 1, "entries": []}')
     with open(GOOD) as f:
-        serving.install("quantize_kv", "tlarge-d128", "bfloat16", "NVIDIA H200", f.read(), 1, 0.1, "test", {}, dir=d)
+        serving_install.install(
+            "quantize_kv", "tlarge-d128", "bfloat16", "NVIDIA H200", judge_text(f.read()), 1, 0.1, "test", {}, dir=d
+        )
     if extra_source is not None:
-        serving.install(
-            "quantize_kv", "tsmall-d128", "bfloat16", "NVIDIA H200", extra_source, 2, 0.2, "slipped in", {}, dir=d
+        extra = judge_text(extra_source)
+        serving_install.install(
+            "quantize_kv", "tsmall-d128", "bfloat16", "NVIDIA H200", extra, 2, 0.2, "slipped in", {}, dir=d
         )
     return d
 

@@ -17,7 +17,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernel_agent.harness.serving import serving  # noqa: E402
+from kernel_agent.harness.serving import serving, serving_install  # noqa: E402
 from kernel_agent.ops import get_op  # noqa: E402
 from kernel_agent.sanitizer.canonical import as_written, judge_text  # noqa: E402
 
@@ -46,12 +46,12 @@ def _case(shape="4,2,16", dtype=torch.float32, seed=0):
 
 
 def _install(bucket="tsmall-d16", dtype="float32", gpu=GPU, source=VARIANT_SRC, **kw):
-    return serving.install(
+    return serving_install.install(
         OP,
         bucket,
         dtype,
         gpu,
-        source,
+        judge_text(source) if isinstance(source, str) else source,
         candidate_id=kw.pop("candidate_id", 7),
         gain=0.12,
         reason="12.0% faster than the incumbent",
@@ -105,7 +105,7 @@ def test_manifest_round_trip(sdir):
 
 def test_install_validates(sdir):
     with pytest.raises(ValueError, match="unknown op"):
-        serving.install("conv9d", "b", "float32", GPU, "def conv9d(x): pass\n", 1, 0.1, "", {})
+        serving_install.install("conv9d", "b", "float32", GPU, judge_text("def conv9d(x): pass\n"), 1, 0.1, "", {})
     with pytest.raises(ValueError, match="unknown dtype"):
         _install(dtype="int4")
     with pytest.raises(serving.ServingError, match="no top-level function"):
@@ -113,16 +113,17 @@ def test_install_validates(sdir):
     assert serving.load_manifest().entries == ()
 
 
-def test_install_refuses_a_source_that_is_not_the_judged_text(sdir):
-    """`install` is told the hash of the text the sanitizer and the benchmark judged: another text is refused
-    in one line and nothing is written; the judged text goes in under that hash."""
+def test_install_refuses_a_record_whose_canonical_text_is_not_the_judged_text(sdir):
+    """`install` takes the record of the text the sanitizer and the benchmark judged, and stores its canonical
+    text: a record whose canonical text is another text (one kept as written, its comment hashed with it) is
+    refused in one line and nothing is written; the judged text goes in under its hash."""
 
-    judged = judge_text(VARIANT_SRC).hash
     with pytest.raises(serving.ServingError) as e:
-        _install(source=VARIANT_SRC + "\nSWAPPED = 1\n", judged_hash=judged)
+        _install(source=as_written(VARIANT_SRC + "\n# a comment that the canonical text drops\n"))
     assert "is not the judged text" in str(e.value) and "\n" not in str(e.value)
     assert serving.load_manifest().entries == () and not list(sdir.glob("*.py"))
-    assert _install(judged_hash=judged).source_hash == judged
+    judged = judge_text(VARIANT_SRC)
+    assert _install(source=judged).source_hash == judged.hash
 
 
 def test_bad_manifest_is_an_error(sdir):
@@ -342,7 +343,7 @@ def test_other_ops_bind_keyword_arguments(sdir):
     bucket_full = op.bucket(op.shape_of({"q": q, "k": k}))
     assert bucket_causal != bucket_full
     src = (Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / "attention.py").read_text()
-    entry = serving.install("attention", bucket_causal, "float32", GPU, src, 1, 0.1, "test", {})
+    entry = serving_install.install("attention", bucket_causal, "float32", GPU, judge_text(src), 1, 0.1, "test", {})
     assert str(fn.resolve(q, k, v, True)) == entry.file
     assert str(fn.resolve(q, k, v, causal=True)) == entry.file
     assert str(fn.resolve(q, k, v)) == "baseline"
@@ -361,6 +362,8 @@ def test_dispatch_finds_a_promoted_decode_kernel_from_the_block_table_capacity(t
 
     with open(os.path.join(os.path.dirname(kb.__file__), "decode_attention_int8.py")) as f:
         src = f.read()
-    serving.install("decode_attention_int8", op.bucket(shape), "float32", "cpu", src, 1, 0.1, "test", {})
+    serving_install.install(
+        "decode_attention_int8", op.bucket(shape), "float32", "cpu", judge_text(src), 1, 0.1, "test", {}
+    )
     fn = serving.get("decode_attention_int8", gpu="cpu")
     assert str(fn.resolve(**case.args)) != "baseline"

@@ -16,8 +16,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernel_agent.harness.field_failures import FailureKind  # noqa: E402
-from kernel_agent.harness.serving import serving, serving_guard  # noqa: E402
+from kernel_agent.harness.serving import serving, serving_guard, serving_install  # noqa: E402
 from kernel_agent.ops import get_op  # noqa: E402
+from kernel_agent.sanitizer.canonical import judge_text  # noqa: E402
 
 OP = "quantize_kv"
 # the baseline computes 127/amax on masked-out rows too (then discards it); numpy says so
@@ -63,7 +64,9 @@ def sdir(tmp_path) -> Path:
 
 
 def _install(sdir: Path, source: str, bucket: str = "tsmall-d16") -> serving.ManifestEntry:
-    return serving.install(OP, bucket, "float32", "cpu", source, 7, 0.1, "promoted for the test", {}, dir=sdir)
+    return serving_install.install(
+        OP, bucket, "float32", "cpu", judge_text(source), 7, 0.1, "promoted for the test", {}, dir=sdir
+    )
 
 
 def _x(T: int, H: int = 2, D: int = 16, seed: int = 0) -> torch.Tensor:

@@ -61,7 +61,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...ops.common import DTYPE_NAMES, Case, Op, Shape
+from ...ops import get_op
+from ...ops.common import DTYPE_NAMES, Case, Op, ReferenceUnavailable, Shape, dtype_from_name
 from ..env import slug, versions
 from .bench_records import CANDIDATE, INCUMBENT, BenchSpec, Measurement, ShapeResult
 from .promotion import graph_timing
@@ -399,8 +400,6 @@ def prepare_shape(op: Op, shape: Shape, dtype: torch.dtype, contenders: Sequence
 
 def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> List[Contender]:
     """The op's reference anchors as contenders; one that cannot run here is a row with its one-line reason."""
-    from ...ops.common import ReferenceUnavailable  # the exception the hook raises
-
     try:
         return [Contender(a.label, a.fn, is_anchor=True) for a in op.reference_anchors(probe)]
     except ReferenceUnavailable as e:
@@ -409,7 +408,6 @@ def _reference_contenders(op: Op, probe, results: Dict[str, Measurement]) -> Lis
         return []
 
 
-# long: the benchmark protocol for one shape (warm-up, interleaved rounds, graph replays, checks) read top to bottom
 def benchmark_shape(
     op: Op,
     shape: Shape,
@@ -426,7 +424,11 @@ def benchmark_shape(
     """Time every contender on one shape (see the module docstring for the protocol). references: also time
     the op's reference anchors (Op.reference_anchors: what serving engines run), after the torch anchor.
     stop_early: stop timing as soon as the contender labelled 'candidate' is slower than the one labelled
-    'incumbent' beyond the noise (interleaved_rounds); the result then carries its `stopped_early`."""
+    'incumbent' beyond the noise (interleaved_rounds); the result then carries its `stopped_early`.
+
+    In order: input sets, a first checked call of each contender (`_first_calls`), interleaved event-timed
+    rounds (`_timed_rounds`), each survivor's figures and synchronized wall time (`_measurement`), CUDA-graph
+    replays of the small ones (`_graph_rounds`)."""
     require_gpu()
     log = log or (lambda s: None)
     probe = op.make_case(shape, dtype, seed=seed, device="cuda")
@@ -434,6 +436,39 @@ def benchmark_shape(
     n_sets = n_sets or (2 if nbytes > (1 << 30) else 3)
     cases = [probe] + [op.make_case(shape, dtype, seed=seed + i, device="cuda") for i in range(1, n_sets)]
     results: Dict[str, Measurement] = {}
+    all_c = _all_contenders(op, probe, contenders, references, results)
+    live, notes = _first_calls(op, probe, all_c, check, results, log)
+    timed = _timed_rounds(op, cases, live, seed, check, stop_early)
+    if timed.stop is not None:
+        log(f"  {CANDIDATE}: {timed.stop.verdict()}")
+    flops = op.flops(shape)
+    nbytes_min = op.bytes(shape, dtype)
+    for c in live:
+        results[c.label] = _measurement(op, shape, c, timed, cases, flops, nbytes_min, ceilings, notes.get(c.label))
+    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
+    _graph_rounds(  # none for a candidate stopped early: the rule refuses it on its event rounds
+        [c for c in live if is_small(results[c.label])] if timed.stop is None else [],
+        cases[0].args,
+        results,
+        lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
+        refresh=timed.refreshers[0],
+        check=(lambda out, where: checked_output(op, cases[0], out, where)) if check else None,
+    )
+    ordered = [results[c.label] for c in all_c if c.label in results] + (
+        [results["anchor"]] if "anchor" in results else []
+    )
+    del cases, probe
+    torch.cuda.empty_cache()
+    return ShapeResult(
+        op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered, stopped_early=timed.stop
+    )
+
+
+def _all_contenders(
+    op: Op, probe: Case, contenders: Sequence[Contender], references: bool, results: Dict[str, Measurement]
+) -> List[Contender]:
+    """The contenders, the op's torch anchor after them and, with `references`, its reference anchors; an anchor
+    that cannot be built for these inputs is a measurement with its error in `results`."""
     try:
         all_c = list(contenders) + [anchor_for(op, probe)]
     except ValueError as e:  # e.g. ragged sequence lengths: SDPA over a gathered cache needs one length
@@ -441,6 +476,20 @@ def benchmark_shape(
         results["anchor"] = Measurement("anchor", math.nan, math.nan, 0, [], error=f"no anchor: {e}")
     if references:
         all_c += _reference_contenders(op, probe, results)
+    return all_c
+
+
+def _first_calls(
+    op: Op,
+    probe: Case,
+    all_c: Sequence[Contender],
+    check: bool,
+    results: Dict[str, Measurement],
+    log: Callable[[str], None],
+) -> Tuple[List[Contender], Dict[str, str]]:
+    """(the contenders that are timed, a note per label): each is called once on the probe and, with `check`,
+    compared with the reference; its Triton kernels must be what ran. A contender that fails is a measurement
+    with its error in `results` and is not timed."""
     ref = op.reference(probe.args, torch.float32) if check else None
     live: List[Contender] = []
     notes: Dict[str, str] = {}
@@ -464,7 +513,26 @@ def benchmark_shape(
         except Exception as e:  # noqa: BLE001 - a contender that fails is reported, the others are timed
             results[c.label] = Measurement(c.label, math.nan, math.nan, 0, [], error=str(e).splitlines()[0][:300])
             log(f"  {c.label}: {results[c.label].error}")
-    del ref
+    return live, notes
+
+
+@dataclass
+class _Timed:
+    """What the interleaved rounds left, per label: the round times, their positions in each round, the checked
+    calls; the input sets' refreshers (the graph replays use the first) and the early stop, if any."""
+
+    rounds: Dict[str, List[float]]
+    positions: Dict[str, List[int]]
+    checks: Dict[str, List[Dict[str, Any]]]
+    refreshers: List[Callable[..., None]]
+    stop: Optional[EarlyStop]
+
+
+def _timed_rounds(
+    op: Op, cases: Sequence[Case], live: Sequence[Contender], seed: int, check: bool, stop_early: bool
+) -> _Timed:
+    """The event-timed rounds of the live contenders, interleaved (interleaved_rounds), each call on the next
+    input set, refreshed between calls."""
     rounds: Dict[str, List[float]] = {c.label: [] for c in live}
     positions: Dict[str, List[int]] = {c.label: [] for c in live}
     counters = {c.label: 0 for c in live}
@@ -501,69 +569,62 @@ def benchmark_shape(
 
     warm_gpu()
     stop = interleaved_rounds(list(by_label), time_round, rounds, positions, stop_early=stop_early)
-    if stop is not None:
-        log(f"  {CANDIDATE}: {stop.verdict()}")
-    flops = op.flops(shape)
-    nbytes_min = op.bytes(shape, dtype)
+    return _Timed(rounds, positions, checks, refreshers, stop)
+
+
+def _measurement(
+    op: Op,
+    shape: Shape,
+    c: Contender,
+    timed: _Timed,
+    cases: Sequence[Case],
+    flops: float,
+    nbytes_min: float,
+    ceilings: Ceilings,
+    note: Optional[str],
+) -> Measurement:
+    """A timed contender's figures: the balanced median of its rounds and their spread, its fraction of the
+    measured ceilings, and its synchronized wall time per call against the event time (work hidden outside the
+    timed stream)."""
+    xs = timed.rounds[c.label]
+    med = balanced_median(xs, timed.positions[c.label])
     bound = op.bound(shape)
-    for c in live:
-        xs = rounds[c.label]
-        med = balanced_median(xs, positions[c.label])
-        m = Measurement(
-            c.label,
-            med,
-            _spread(xs, med),
-            len(xs),
-            xs,
-            positions=positions[c.label],
-            within_spread_ms=_iqr_half(xs),
-            serves=c.serves,
-            timed_checks=checks[c.label],
+    m = Measurement(
+        c.label,
+        med,
+        _spread(xs, med),
+        len(xs),
+        xs,
+        positions=timed.positions[c.label],
+        within_spread_ms=_iqr_half(xs),
+        serves=c.serves,
+        timed_checks=timed.checks[c.label],
+    )
+    m.tflops = flops / med / 1e9
+    m.tbps = nbytes_min / med / 1e9
+    m.ceiling_kind = bound
+    m.fraction_of_ceiling = (m.tflops / ceilings.bf16_tflops) if bound == "compute" else (m.tbps / ceilings.copy_tbps)
+    if _beyond_ceilings(med, flops, nbytes_min, ceilings):
+        m.implausible = True
+        m.add_note("faster than the measured ceilings allow")
+    # hidden work: wall time of a synchronized batch against the event time
+    torch.cuda.synchronize()
+    reps = max(3, min(50, int(20.0 / max(med, 1e-3))))
+    t0 = time.perf_counter()
+    for i in range(reps):
+        c.fn(**cases[i % len(cases)].args)
+    torch.cuda.synchronize()
+    m.device_ms = (time.perf_counter() - t0) * 1e3 / reps
+    if m.device_ms > 2.0 * med + 0.1:
+        m.add_note(
+            f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work "
+            f"outside the timed stream or host-bound"
         )
-        m.tflops = flops / med / 1e9
-        m.tbps = nbytes_min / med / 1e9
-        m.ceiling_kind = bound
-        m.fraction_of_ceiling = (
-            (m.tflops / ceilings.bf16_tflops) if bound == "compute" else (m.tbps / ceilings.copy_tbps)
-        )
-        if _beyond_ceilings(med, flops, nbytes_min, ceilings):
+        if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
             m.implausible = True
-            m.add_note("faster than the measured ceilings allow")
-        # hidden work: wall time of a synchronized batch against the event time
-        torch.cuda.synchronize()
-        reps = max(3, min(50, int(20.0 / max(med, 1e-3))))
-        t0 = time.perf_counter()
-        for i in range(reps):
-            c.fn(**cases[i % len(cases)].args)
-        torch.cuda.synchronize()
-        m.device_ms = (time.perf_counter() - t0) * 1e3 / reps
-        if m.device_ms > 2.0 * med + 0.1:
-            m.add_note(
-                f"synchronized wall time {m.device_ms:.3f} ms per call is far above the event time: work "
-                f"outside the timed stream or host-bound"
-            )
-            if not c.is_anchor and m.device_ms > 5.0 * med + 0.2:
-                m.implausible = True
-        if c.label in notes:
-            m.add_note(notes[c.label])
-        results[c.label] = m
-    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0
-    _graph_rounds(  # none for a candidate stopped early: the rule refuses it on its event rounds
-        [c for c in live if is_small(results[c.label])] if stop is None else [],
-        cases[0].args,
-        results,
-        lambda ms: _beyond_ceilings(ms, flops, nbytes_min, ceilings, l2_flushed=False, l2_bytes=l2_bytes),
-        refresh=refreshers[0],
-        check=(lambda out, where: checked_output(op, cases[0], out, where)) if check else None,
-    )
-    ordered = [results[c.label] for c in all_c if c.label in results] + (
-        [results["anchor"]] if "anchor" in results else []
-    )
-    del cases, probe
-    torch.cuda.empty_cache()
-    return ShapeResult(
-        op.name, shape.key(), op.bucket(shape), DTYPE_NAMES[dtype], ceilings.gpu, ordered, stopped_early=stop
-    )
+    if note is not None:
+        m.add_note(note)
+    return m
 
 
 def interleaved_rounds(
@@ -820,8 +881,6 @@ def with_drawn_shape(spec: BenchSpec, seed: Optional[int] = None) -> BenchSpec:
     (Op.drawn_in_bucket) timed after them, and the seed it was drawn from (a fresh secret one unless given:
     a candidate cannot know the shape in advance; recorded in the spec and the ledger to reproduce it). The
     spec as it was where the bucket leaves no shape to draw."""
-    from ...ops import dtype_from_name, get_op  # deferred: as in the module's other op readers
-
     seed = secrets.randbelow(1 << 31) if seed is None else seed
     op = get_op(spec.op)
     points = spec.points  # a spec drawn for before is drawn for again, around its points

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, Optional, Union
 
+from ... import ops  # the package door: the op modules (torch) load on first use, inside the sandbox
 from ...isolation import sandbox
 from ...isolation.isolation import run_tracked
 from ...isolation.lease import OnReady, run_gated, wait_for_grant
@@ -99,10 +100,9 @@ def main(argv=None) -> int:
             json.dump(doc, f)
         os.replace(tmp, args.out)
 
-    from ...ops import dtype_from_name, get_op  # deferred: as above (the op registry loads torch)
     from .bench import Ceilings, benchmark_shape, measure_ceilings, prepare_shape  # deferred: torch, inside the sandbox
 
-    op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
+    op, dtype = ops.get_op(spec.op), ops.dtype_from_name(spec.dtype)
     versions()  # the driver is read by a tool the sandbox refuses once candidates are loaded
     doc["phases"] = {}
     gated = spec.gated
@@ -189,7 +189,6 @@ def refused_here(res: ShapeResult) -> str:
     return d.reason if d else ""
 
 
-# long: one child's life in order: copy the files into scratch, write the spec, run it, read its results
 def run_bench_isolated(
     spec: Union[BenchSpec, Dict[str, Any]],
     timeout_s: float = 900.0,
@@ -209,18 +208,9 @@ def run_bench_isolated(
     spec = spec if isinstance(spec, BenchSpec) else BenchSpec.from_json(spec)
     scratch = sandbox.make_scratch("ka-bench-")
     try:
-        copies: Dict[str, str] = {}
-        for i, k in enumerate(spec.kernels):
-            if k.file:
-                with open(k.file, "rb") as f:  # read once: what is checked is what the child gets
-                    raw = f.read()
-                wrong = hash_mismatch(k, raw)
-                if wrong:
-                    return {"results": [], "error": wrong}
-                copies[k.file] = os.path.join(scratch, f"kernel{i}.py")
-                with open(copies[k.file], "wb") as f:
-                    f.write(raw)
-                os.chmod(copies[k.file], 0o644)  # readable by the sandbox identity whatever this process's umask
+        copies = _copy_kernels(spec, scratch)
+        if isinstance(copies, str):
+            return {"results": [], "error": copies}
         spec = dataclasses.replace(spec.with_files(copies), gated=on_ready is not None)
         cache = None
         try:
@@ -244,20 +234,7 @@ def run_bench_isolated(
             rc, log = run_tracked(cmd, timeout_s, env=child_env, cwd=scratch)
         else:
             rc, log = run_gated(cmd, timeout_s, child_env, scratch, on_ready)
-        doc: Dict = {"results": [], "error": None}
-        if os.path.exists(out):
-            try:
-                with open(out) as f:
-                    got = json.load(f)
-                if isinstance(got, dict) and isinstance(got.get("results", []), list):
-                    doc = got
-            except (OSError, ValueError):
-                pass
-        if rc is None:
-            doc["error"] = f"benchmark timed out after {timeout_s:.0f}s"
-        elif rc != 0:
-            lines = [ln for ln in log.strip().splitlines() if ln.strip()]
-            doc["error"] = f"benchmark process failed (exit {rc}): {lines[-1][:300] if lines else ''}"
+        doc = _child_doc(out, rc, log, timeout_s)
         if cache and not spec.ceilings and isinstance(doc.get("ceilings"), dict) and not doc.get("error"):
             try:
                 Ceilings(**doc["ceilings"])
@@ -272,6 +249,44 @@ def run_bench_isolated(
         return doc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _copy_kernels(spec: BenchSpec, scratch: str) -> Union[Dict[str, str], str]:
+    """Each kernel file's copy in `scratch` (file -> copy), read once so that what is checked is what the child
+    gets; or the one-line error of the first file that is not the text its kernel names by hash."""
+    copies: Dict[str, str] = {}
+    for i, k in enumerate(spec.kernels):
+        if k.file:
+            with open(k.file, "rb") as f:  # read once: what is checked is what the child gets
+                raw = f.read()
+            wrong = hash_mismatch(k, raw)
+            if wrong:
+                return wrong
+            copies[k.file] = os.path.join(scratch, f"kernel{i}.py")
+            with open(copies[k.file], "wb") as f:
+                f.write(raw)
+            os.chmod(copies[k.file], 0o644)  # readable by the sandbox identity whatever this process's umask
+    return copies
+
+
+def _child_doc(out: str, rc: Optional[int], log: str, timeout_s: float) -> Dict:
+    """What the child wrote to `out` (its results, where it wrote a document of them), with the error its exit
+    says: a time-out (`rc` None) or a failure, with the last line of its log."""
+    doc: Dict = {"results": [], "error": None}
+    if os.path.exists(out):
+        try:
+            with open(out) as f:
+                got = json.load(f)
+            if isinstance(got, dict) and isinstance(got.get("results", []), list):
+                doc = got
+        except (OSError, ValueError):
+            pass
+    if rc is None:
+        doc["error"] = f"benchmark timed out after {timeout_s:.0f}s"
+    elif rc != 0:
+        lines = [ln for ln in log.strip().splitlines() if ln.strip()]
+        doc["error"] = f"benchmark process failed (exit {rc}): {lines[-1][:300] if lines else ''}"
+    return doc
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ... import ops  # the package door: the op modules (torch) load on first use, inside the sandbox
 from ...isolation import sandbox
 from ...isolation.isolation import run_tracked
 from ...sanitizer.canonical import as_written, judge_text
@@ -243,7 +244,6 @@ class ProbeSpec:
 def _profile_in_child(spec: ProbeSpec) -> CompileProfile:
     import triton  # deferred: inside the child's sandbox
 
-    from ...ops import dtype_from_name, get_op  # deferred: as above
     from ...sanitizer.execution import load_module  # deferred: torch, inside the child's sandbox
 
     with open(spec.file, "rb") as f:
@@ -251,7 +251,7 @@ def _profile_in_child(spec: ProbeSpec) -> CompileProfile:
     gate = check_source(raw, spec.op)
     if not gate.passed:
         return CompileProfile(error=f"the static gate rejects the file: {gate.describe()}")
-    op, dtype = get_op(spec.op), dtype_from_name(spec.dtype)
+    op, dtype = ops.get_op(spec.op), ops.dtype_from_name(spec.dtype)
     # compiled from its canonical text, as the executor and the benchmark child run it (sanitizer/canonical.py)
     canonical = os.path.join(os.environ.get("KA_SANDBOX_SCRATCH", os.getcwd()), "kernel_profiled.py")
     with open(canonical, "w", encoding="utf-8") as f:

@@ -384,6 +384,10 @@ def judge_benchmark(
 
 __all__ = [
     "Timing",
+    "refused_at_shape",
+    "graph_timing",
+    "graph_timed",
+    "timed_call_mismatch",
     "Decision",
     "decide",
     "decide_over_shapes",

@@ -1793,6 +1793,8 @@ def _promotion_summary(p: Promotion) -> PromotionSummary:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "WRITE_LOCK_KEY",
+    "row_time",
     "LedgerError",
     "RunStatus",
     "CandidateStatus",

@@ -1,6 +1,8 @@
 """Layer 8, serving: what a serving stack calls.
 
-- `serving.py`: the serving set (`get`, `install`, `resolve`, the manifest's kernels);
+- `serving.py`: the serving set's read side (`get`, `resolve`, the manifest's kernels, the choices), all a
+  serving stack imports: torch, Triton and the manifest, not the static gate;
+- `serving_install.py`: the write side that judges text (`install` of a promotion's `JudgedText`);
 - `serving_guard.py`: the guarded rollout of a promoted kernel's new shape classes;
 - `dispatch.py`: which implementation serves a bucket, from the ledger.
 

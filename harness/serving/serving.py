@@ -15,8 +15,8 @@ Each (op, bucket, dtype, GPU) is served by the fastest trusted implementation of
 A manifest entry records the choice for its key with the measurements behind it (`set_choice`,
 from the benchmarks in the ledger). A key without an entry takes the choice that won most of the
 op's measured buckets on that GPU (else on any GPU; else the baseline): the committed manifest is
-the committed bench. Promotion writes the set (`install`, `remove`); CI re-verifies its kernels; a
-serving stack only reads it, through `get`:
+the committed bench. Promotion writes the set (`serving_install.install`, `remove`); CI re-verifies its
+kernels; a serving stack only reads it, through `get`:
 
     from kernel_agent.harness.serving import serving
     quantize_kv = serving.get("quantize_kv")
@@ -25,13 +25,13 @@ serving stack only reads it, through `get`:
 
 Writes are atomic (a temporary file, then os.replace), so a reader never sees half a
 kernel or half a manifest. The manifest is sorted, so promotions diff cleanly in pull
-requests. This module imports no database code: serving needs torch, triton and the
-op registry only.
+requests. This module imports no database code and not the static gate: serving needs torch, triton, the
+op registry and the manifest. The gate comes in with the first promoted kernel loaded (it is re-gated as it is
+imported); the write side that judges a promotion's text is `serving_install.py`.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
 import importlib.util
@@ -45,15 +45,14 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
 from ... import kernels as kernels_package
 from ...ops import DTYPE_NAMES, DTYPES, get_op
-from ...sanitizer.canonical import JudgedText, TextRefused, as_written, judge_text, parse_module, read_back
-from ...sanitizer.config_variant import ConfigStep, baseline_source, rebuild, split_config
-from ...sanitizer.static_gate import check_source
+from ...sanitizer.canonical import TextRefused, as_written, judge_text, read_back
+from ...sanitizer.config_variant import ConfigStep, baseline_source, rebuild
 from ..field_failures import FieldFailure
 from ..manifest import (
     BASE_BASELINE,
@@ -68,6 +67,9 @@ from ..manifest import (
 )
 from . import serving_guard
 from .serving_guard import Guard, GuardConfig, WarmupResult, guard_wanted
+
+if TYPE_CHECKING:
+    from ...sanitizer.canonical import JudgedText
 
 MANIFEST_NAME = "manifest.json"
 ENV_DIR = "KERNEL_AGENT_SERVING_DIR"
@@ -154,139 +156,6 @@ def promoted(op: str, bucket: str, dtype: str, gpu: str, dir: str | Path | None 
     """The promoted kernel's entry for this key, or None (the key is served by the baseline or torch)."""
     e = lookup(op, bucket, dtype, gpu, dir)
     return e if e is not None and e.is_kernel else None
-
-
-def _defines_function(source: str, name: str) -> bool:
-    try:
-        tree = parse_module(source)
-    except SyntaxError as e:
-        raise ServingError(f"kernel source does not parse: {e.msg} (line {e.lineno})") from None
-    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
-
-
-def _installable_text(op: str, bucket: str, dtype: str, source: str, judged_hash: Optional[str]) -> JudgedText:
-    """The canonical text of `source` (what the set holds and hashes: the text that runs,
-    sanitizer/canonical.py), once it is known to be a kernel of `op` that the static gate admits and, where
-    `judged_hash` is given, the text that was judged."""
-    get_op(op)  # ValueError for an unknown op
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    if not _defines_function(source, op):
-        raise ServingError(f"kernel source for {op} defines no top-level function named {op!r}")
-    gate = check_source(source, op)
-    if not gate.passed:
-        raise ServingError(f"kernel source for {op} is refused by the static gate: {gate.describe()}")
-    judged = judge_text(source)
-    if judged_hash is not None and judged.hash != judged_hash:
-        raise ServingError(
-            f"kernel source for {op} {bucket} is not the judged text (sha256 {judged.hash[:12]}, "
-            f"judged {judged_hash[:12]}): not installed"
-        )
-    return judged
-
-
-def install(
-    op: str,
-    bucket: str,
-    dtype: str,
-    gpu: str,
-    source: str,
-    candidate_id: int | None,
-    gain: float,
-    reason: str,
-    versions: dict,
-    dir: str | Path | None = None,
-    shapes: Sequence[str] = (),
-    judged_hash: Optional[str] = None,
-) -> ManifestEntry:
-    """Put `source` in the serving set for (op, bucket, dtype, gpu), replacing any entry
-    for that key, and return the manifest entry. `shapes`: the shape keys it was judged on (a
-    reviewer, and a check of the serving set, find them there). `judged_hash`: the hash of the text the
-    sanitizer and the benchmark judged; a source that is not that text is refused (ServingError, one line)
-    before anything is written. A launch-configuration variant of the
-    baseline or of the kernel it replaces is recorded as that base and its configuration (`as_variant`);
-    anything else is written as a file, before the manifest names it, so a reader never finds an entry
-    without its file."""
-    judged = _installable_text(op, bucket, dtype, source, judged_hash)
-    text = judged.text
-    d = _dir(dir)
-    manifest = load_manifest(d)
-    old = [e for e in manifest.entries if e.matches(op, bucket, dtype, gpu)]
-    entry = ManifestEntry(
-        op,
-        bucket,
-        dtype,
-        gpu,
-        KERNEL,
-        source_hash=judged.hash,
-        candidate_id=candidate_id,
-        promoted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        gain=float(gain),
-        reason=reason,
-        versions=dict(versions or {}),
-        shapes=tuple(shapes),
-    )
-    variant = as_variant(op, text, [e for e in old if e.is_kernel], d)
-    if variant is not None:
-        entry = dataclasses.replace(entry, variant=variant)
-    else:
-        name = _free_file_name(manifest, kernel_file_name(op, bucket, dtype, gpu))
-        entry = dataclasses.replace(entry, file=name)
-        _atomic_write(d / name, text)
-    written = _write_manifest(d, [*manifest.without(op, bucket, dtype, gpu), entry])
-    _delete_orphans(d, written, old)
-    return entry
-
-
-def as_variant(op: str, text: str, replaced: Sequence[ManifestEntry], d: Path) -> Optional[Variant]:
-    """The `variant` record of `text` when it is the search's configuration override (stacked any number of
-    times) of the op's baseline or of a kernel entry it replaces; else None (a code change: a whole file).
-    The text rebuilt from the record must equal `text`, so the record holds exactly what was judged."""
-    steps: list[ConfigStep] = []
-    current = text
-    while (found := split_config(current)) is not None:
-        current, step = found
-        steps.insert(0, step)
-        stored = _stored_base(op, as_written(current).hash, replaced, d)
-        if stored is None:
-            continue
-        base, base_hash, earlier = stored
-        variant = Variant(base, base_hash, (*earlier, *steps))
-        try:
-            if rebuild_variant(op, variant, d) == text:
-                return variant
-        except ServingError:
-            pass
-    return None
-
-
-def _stored_base(
-    op: str, h: str, replaced: Sequence[ManifestEntry], d: Path
-) -> Optional[tuple[str, str, tuple[ConfigStep, ...]]]:
-    """(base, its hash, configurations stacked on it before) when the set can rebuild a source of hash `h`:
-    the baseline, the file of the entry being replaced, or the variant being replaced (its own base)."""
-    if judge_text(baseline_source(op)).hash == h:
-        return BASE_BASELINE, h, ()
-    for e in replaced:
-        if e.source_hash != h:
-            continue
-        if e.variant is not None:
-            return e.variant.base, e.variant.base_hash, e.variant.configs
-        if e.file and (d / e.file).is_file():
-            return e.file, h, ()
-    return None
-
-
-def _free_file_name(manifest: Manifest, name: str) -> str:
-    """`name`, unless a variant of the set rebuilds from a file of that name (the entry being replaced
-    tuned it): then a name of its own, so that readers of the old manifest still find the base they hash."""
-    if name not in _base_files(manifest.entries):
-        return name
-    stem = name[:-3] if name.endswith(".py") else name
-    n = 2
-    while f"{stem}__{n}.py" in _files(manifest.entries):
-        n += 1
-    return f"{stem}__{n}.py"
 
 
 def _base_files(entries: Sequence[ManifestEntry]) -> set[str]:
@@ -430,6 +299,8 @@ def load_kernel_file(path: str | Path, op: str) -> Callable:
         text = judge_text(path.read_bytes()).text
     except TextRefused as e:
         raise ServingError(f"kernel file {path} is refused by the static gate: {e}") from None
+    from ...sanitizer.static_gate import check_source  # deferred: only a stack serving a promoted kernel loads the gate
+
     gate = check_source(text, op)
     if not gate.passed:
         raise ServingError(f"kernel file {path} is refused by the static gate: {gate.describe()}")
@@ -498,18 +369,20 @@ def rebuild_variant(op: str, variant: Variant, dir: str | Path | None = None) ->
         raise ServingError(f"the promoted configuration of {op} cannot be applied to {where}: {e}") from None
 
 
-def entry_source(entry: ManifestEntry, dir: str | Path | None = None) -> str:
-    """The source a kernel entry serves, checked against the `source_hash` the sanitizer and benchmark
-    judged: the file's text, or the variant rebuilt from its base. ServingError (one line) otherwise."""
+def entry_source(entry: ManifestEntry, dir: str | Path | None = None) -> JudgedText:
+    """The text a kernel entry serves, as `read_back` gives it: held to the `source_hash` the sanitizer and
+    benchmark judged (the file's text, or the variant rebuilt from its base). ServingError (one line)
+    otherwise. An entry that records no hash (written before hashes were) is its text as read."""
     name = entry_name(entry)
     if entry.variant is not None:
         text = rebuild_variant(entry.op, entry.variant, dir)
-        if entry.source_hash is None or read_back(text, entry.source_hash) is None:
+        held = read_back(text, entry.source_hash) if entry.source_hash is not None else None
+        if held is None:
             raise ServingError(
                 f"serving kernel {name} rebuilt from its base and configuration does not match its "
                 f"manifest hash (configuration edited after promotion?); re-verify and reinstall it"
             )
-        return text
+        return held
     path = _dir(dir) / name
     try:
         text = path.read_bytes().decode("utf-8")
@@ -517,19 +390,20 @@ def entry_source(entry: ManifestEntry, dir: str | Path | None = None) -> str:
         raise ServingError(f"serving kernel {path} named in the manifest is missing") from None
     except UnicodeDecodeError:
         raise ServingError(f"serving kernel {path} is not UTF-8 text (edited after promotion?)") from None
-    if entry.source_hash and read_back(text, entry.source_hash) is None:
+    held = read_back(text, entry.source_hash or as_written(text).hash)
+    if held is None:
         raise ServingError(
             f"serving kernel {path} does not match its manifest hash "
             f"(edited after promotion?); re-verify and reinstall it"
         )
-    return text
+    return held
 
 
 def entry_path(entry: ManifestEntry, dir: str | Path | None = None) -> Path:
     """A file holding the entry's checked source, for what imports or judges kernels by path (Triton reads
     a kernel's source from its file): the serving file itself, or the rebuilt variant written once per
     process into a private temporary folder under the name the entry is known by."""
-    text = entry_source(entry, dir)
+    text = entry_source(entry, dir).text
     if entry.variant is None:
         return _dir(dir) / entry_name(entry)
     global _rebuilt_dir
@@ -820,6 +694,7 @@ def warmup(
 
 __all__ = [
     "ServingError",
+    "ENV_DIR",
     "Dispatcher",
     "Resolution",
     "get",
@@ -834,8 +709,6 @@ __all__ = [
     "Manifest",
     "ManifestEntry",
     "Variant",
-    "install",
-    "as_variant",
     "set_choice",
     "default_choice",
     "remove",

@@ -65,6 +65,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ... import ops  # the package door: its torch-bound names (dtype_from_name) load on first use
+from ...ops import get_op
 from ..env import gpu_name, versions
 
 if TYPE_CHECKING:
@@ -295,7 +297,6 @@ def step_op_calls(
     dtype), with a roofline share of the step (NOMINAL_TBPS, NOMINAL_TFLOPS). Work that is no registry
     op (norms, SiLU, residuals, cache writes) is left out: it is the same in every stack and no kernel of
     this project can make it faster."""
-    from ...ops import dtype_from_name, get_op  # keeps the CLI's startup light: commands imports this module (torch)
     from ...ops.matmul import MatmulShape  # keeps the CLI's startup light (torch)
     from ...ops.paged import DecodeShape  # keeps the CLI's startup light (torch)
     from ...ops.quantize_kv import QuantizeShape  # keeps the CLI's startup light (torch)
@@ -304,7 +305,7 @@ def step_op_calls(
         raise ModelConfigError(f"unknown KV mode {kv!r}; expected one of {', '.join(KV_MODES)}")
     if batch < 1 or context < 1:
         raise ModelConfigError(f"batch and context must be at least 1, got {batch} and {context}")
-    dt = dtype_from_name(dtype)
+    dt = ops.dtype_from_name(dtype)
     Hq, Hkv, D, I, H = cfg.shard_heads, cfg.shard_kv_heads, cfg.head_dim, cfg.shard_intermediate, cfg.hidden
     # ctx: the block table's capacity, the figure the dispatcher buckets by (PagedDecodeOp.shape_of)
     decode = DecodeShape(batch, Hq, Hkv, D, cfg.page_size, paged_blocks(cfg, context) * cfg.page_size)
@@ -849,8 +850,6 @@ def run_point(
 ) -> PointResult:
     """Build, check, time and measure the accuracy of every (stack, KV mode) at one point, on the GPU."""
     import torch  # keeps the CLI's startup light (torch)
-
-    from ...ops import get_op  # keeps the CLI's startup light (torch)
 
     dt = torch.bfloat16
     B = point.batch

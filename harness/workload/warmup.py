@@ -17,6 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ... import ops  # the package door: its torch-bound names (dtype_from_name) load on first use
 from ...ops import NAMES as OP_NAMES
 from ...ops import get_op
 from .model_step import ModelConfig, Point, step_op_calls
@@ -79,20 +80,17 @@ def plan_shapes(text: str, dtype: str) -> List[PlannedCall]:
 
 def _checked(p: PlannedCall) -> PlannedCall:
     """`p`, once its op is known to take inputs of its dtype."""
-    from ...ops import DTYPE_NAMES, dtype_from_name  # keeps the CLI's startup light: the registry's types import torch
-
     op = get_op(p.op)
-    if dtype_from_name(p.dtype) not in op.dtypes:
-        raise WarmupError(f"{p.op} takes no {p.dtype} inputs (it takes {', '.join(DTYPE_NAMES[d] for d in op.dtypes)})")
+    if ops.dtype_from_name(p.dtype) not in op.dtypes:
+        names = ", ".join(ops.DTYPE_NAMES[d] for d in op.dtypes)
+        raise WarmupError(f"{p.op} takes no {p.dtype} inputs (it takes {names})")
     return p
 
 
 def call_inputs(planned: PlannedCall, device: Any, seed: int = 0) -> Dict[str, Any]:
     """The keyword arguments of one real call of `planned.op` (its contract's names), on `device`: the op's own
     example inputs for the shape (`Op.make_case`, contiguous, from `seed`)."""
-    from ...ops import dtype_from_name  # keeps the CLI's startup light: the op registry's types import torch
-
-    dtype = dtype_from_name(_checked(planned).dtype)
+    dtype = ops.dtype_from_name(_checked(planned).dtype)
     args = dict(get_op(planned.op).make_case(planned.shape, dtype, seed=seed, device=device).args)
     table = args.get("block_table")
     if table is not None and table.shape[1] == -(-planned.shape.ctx // planned.shape.block_size) + 1:

@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ... import ops  # the package door: its torch-bound names (dtype_from_name) load on first use
+from ...ops import get_op
 from .model_step import ModelConfig, ModelConfigError, cache_bytes_per_token, roofline_ms, step_op_calls
 from .workload_trace import EngineStep, Request, TraceReader
 
@@ -105,8 +107,6 @@ class StepModel:
 
     def calls_at(self, batch: int, pages: int) -> List[Tuple[str, str, Any]]:
         """(op, bucket, shape) of each call at a block table of `pages` pages."""
-        from ...ops import get_op  # keeps the CLI's startup light (the registry imports torch)
-
         out = []
         for c in self.lines(batch):
             if c.grows:
@@ -422,9 +422,7 @@ def measured_ratios(
     (harness.ledger.ledger.BenchResult): the incumbent rows (label 'baseline' or 'serving:<file>') of the bucket's
     latest benchmarked run, each at its graph-replay time where it has one (the clock the promotion rule
     prefers) and else its event time, the median of their ratios. Implausible rows are left out."""
-    from ...ops import dtype_from_name, get_op  # keeps the CLI's startup light (the registry imports torch)
-
-    dt = dtype_from_name(dtype)
+    dt = ops.dtype_from_name(dtype)
     by_bucket: Dict[Tuple[str, str], List[Any]] = collections.defaultdict(list)
     for r in rows:
         if (

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
-from kernel_agent.harness.serving import serving
+from kernel_agent.harness.serving import serving, serving_install
 from kernel_agent.ops import get_op
 from kernel_agent.ops.paged import DecodeShape
+from kernel_agent.sanitizer.canonical import judge_text
 
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "cases"
@@ -203,8 +204,8 @@ def guard(op: str, path: Path, args: dict, time_limit: float, first: dict | None
     spec = get_op(op)
     bucket = spec.bucket(spec.shape_of(args))
     dtype = next(v.dtype for v in args.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
-    serving.install(op, bucket, {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype],
-                    gpu, path.read_text(), 7, 0.1, "forced for the round-3 case", {}, dir=sdir)
+    serving_install.install(op, bucket, {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype],
+                    gpu, judge_text(path.read_text()), 7, 0.1, "forced for the round-3 case", {}, dir=sdir)
     failures: list = []
     cfg = serving.GuardConfig(asynchronous=False, time_limit_s=time_limit)
     fn = serving.get(op, gpu=gpu, dir=sdir, guard=True, guard_config=cfg, sink=failures.append)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from kernel_agent.harness.serving import serving
+from kernel_agent.harness.serving import serving, serving_install
 from kernel_agent.ops import get_op
+from kernel_agent.sanitizer.canonical import judge_text
 
 CASE = Path(__file__).resolve().parent / "cases" / "decode_attention" / "alias_wrong.py"
 
@@ -31,7 +32,7 @@ def main() -> None:
             "seq_lens": torch.tensor([7, 5], dtype=torch.int32)}
     op = get_op("decode_attention")
     sdir = Path(tempfile.mkdtemp(prefix="rt3_snap_")) / "serving"
-    serving.install("decode_attention", op.bucket(op.shape_of(args)), "float32", "cpu", CASE.read_text(), 7, 0.1,
+    serving_install.install("decode_attention", op.bucket(op.shape_of(args)), "float32", "cpu", judge_text(CASE.read_text()), 7, 0.1,
                     "forced", {}, dir=sdir)
     failures: list = []
     fn = serving.get("decode_attention", gpu="cpu", dir=sdir, guard=True,
