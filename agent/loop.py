@@ -173,14 +173,14 @@ class Loop:
         entry = serving.promoted(t.op, t.bucket, self.cfg.dtype, self.gpu_name, dir=self.target.dir)
         if entry:
             try:
+                # canonical text of what was checked against the manifest's hash, not of a second unchecked read
+                held = judged_or_as_read(serving.entry_source(entry, self.target.dir).text)
                 path = serving.entry_path(entry, self.target.dir)
             except serving.ServingError as e:
                 # what cannot be served is no incumbent: the climb starts from the baseline, and says why
                 self.events.note(f"{t.op} {t.bucket}: {e}")
             else:
-                return Incumbent(
-                    f"serving:{serving.entry_name(entry)}", str(path), judged_or_as_read(path.read_bytes())
-                )
+                return Incumbent(f"serving:{serving.entry_name(entry)}", str(path), held)
         return Incumbent("baseline", None, as_written(baseline_source(t.op)))
 
     def context(self, t: Target) -> ProposeContext:
