@@ -20,6 +20,7 @@
 #             step `sweepstop` of a later call ends it and collects its files)
 #   hostile:  HOSTILE's OP:FILE pairs through `sanitize --gpu on`, HOSTILE_JOBS (4) at a time, each verdict's first
 #             failed check in the summary
+#             (HOSTILE_BESIDE_TESTS=1: at the same time as the tests step instead)
 #   guard:    the serving guard on compiled kernels (results/cpu/hostile_round3/run_guard.py --device cuda)
 #   guardcost: the serving guard's steady-state cost in `bench --model` (scripts/gpu_guard_cost.py)
 # STEPS picks them (default "sandbox baselines tests run"). Prints a summary table last.
@@ -111,32 +112,7 @@ print(d.get('log', '')[-1500:])
 " > "$OUT/benchprobe.txt" 2>&1
   head -c 2500 "$OUT/benchprobe.txt"; summary+=("bench probe: $(head -n 1 "$OUT/benchprobe.txt" | cut -c1-200)")
 fi
-if [[ " $STEPS " == *" tests "* ]]; then
-  # TESTS_K2: a second selection run at the same time as TESTS_K (parts with no timing assertion only)
-  t0=$(date +%s)
-  if [ -n "${TESTS_K2:-}" ]; then
-    ( timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -k "$TESTS_K2" --durations=0 \
-        -p no:cacheprovider --junitxml="$OUT/gpu_tests2.xml" > "$OUT/gpu_tests2.txt" 2>&1
-      echo "gpu tests (second part, beside the first): exit $?, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests2.txt")" \
-        > "$OUT/gpu_tests2_sum.txt" ) &
-  fi
-  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py ${TESTS_K:+-k "$TESTS_K"} --durations=0 \
-    -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
-  rc=$?; summary+=("gpu tests: exit $rc, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests.txt")")
-  wait
-  [ -e "$OUT/gpu_tests2_sum.txt" ] && summary+=("$(cat "$OUT/gpu_tests2_sum.txt")")
-  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_tests*.txt | cut -c1-300
-fi
-if [[ " $STEPS " == *" run "* ]]; then
-  rm -rf "$KA/serving" "$KA/run"; mkdir -p "$KA/run"; cp -r kernels/serving "$KA/serving"
-  t0=$(date +%s)
-  KERNEL_AGENT_SERVING_DIR=$KA/serving timeout -s INT 400 $CLI run --proposer search --candidates 12 \
-    --time-limit "${RUN_LIMIT:-150s}" --ledger "$KA/run/ledger.db" --candidates-dir "$KA/run/candidates" > "$OUT/run.txt" 2>&1
-  rc=$?; summary+=("run, all five ops: exit $rc, $(( $(date +%s) - t0 )) s")
-  tail -n 12 "$OUT/run.txt"
-  cp "$KA/run/ledger.db" "$OUT/run_ledger.db" 2>/dev/null
-fi
-if [[ " $STEPS " == *" hostile "* ]]; then
+hostile_step() {
   # Hostile candidates through `sanitize --gpu on`, HOSTILE_JOBS at a time: HOSTILE lists OP:FILE pairs
   t0=$(date +%s); i=0
   for spec in ${HOSTILE:-}; do
@@ -158,6 +134,38 @@ print('PASS' if not bad else 'FAIL ' + bad[0]['name'] + ': ' + (bad[0].get('deta
   wait
   for f in "$OUT"/hostile_sum_*.txt; do [ -e "$f" ] && summary+=("$(cat "$f")"); done
   summary+=("hostile step: $(( $(date +%s) - t0 )) s")
+}
+if [[ " $STEPS " == *" tests "* ]]; then
+  # TESTS_K2: a second selection run at the same time as TESTS_K (parts with no timing assertion only)
+  t0=$(date +%s)
+  if [[ " $STEPS " == *" hostile "* ]] && [ -n "${HOSTILE_BESIDE_TESTS:-}" ]; then
+    ( hostile_step; printf '%s\n' "${summary[@]}" > "$OUT/hostile_beside.txt" ) &
+  fi
+  if [ -n "${TESTS_K2:-}" ]; then
+    ( timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -k "$TESTS_K2" --durations=0 \
+        -p no:cacheprovider --junitxml="$OUT/gpu_tests2.xml" > "$OUT/gpu_tests2.txt" 2>&1
+      echo "gpu tests (second part, beside the first): exit $?, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests2.txt")" \
+        > "$OUT/gpu_tests2_sum.txt" ) &
+  fi
+  timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py ${TESTS_K:+-k "$TESTS_K"} --durations=0 \
+    -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.txt" 2>&1
+  rc=$?; summary+=("gpu tests: exit $rc, $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/gpu_tests.txt")")
+  wait
+  [ -e "$OUT/gpu_tests2_sum.txt" ] && summary+=("$(cat "$OUT/gpu_tests2_sum.txt")")
+  [ -e "$OUT/hostile_beside.txt" ] && summary=("$(grep -E '^(hostile)' "$OUT/hostile_beside.txt")" "${summary[@]}")
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_tests*.txt | cut -c1-300
+fi
+if [[ " $STEPS " == *" run "* ]]; then
+  rm -rf "$KA/serving" "$KA/run"; mkdir -p "$KA/run"; cp -r kernels/serving "$KA/serving"
+  t0=$(date +%s)
+  KERNEL_AGENT_SERVING_DIR=$KA/serving timeout -s INT 400 $CLI run --proposer search --candidates 12 \
+    --time-limit "${RUN_LIMIT:-150s}" --ledger "$KA/run/ledger.db" --candidates-dir "$KA/run/candidates" > "$OUT/run.txt" 2>&1
+  rc=$?; summary+=("run, all five ops: exit $rc, $(( $(date +%s) - t0 )) s")
+  tail -n 12 "$OUT/run.txt"
+  cp "$KA/run/ledger.db" "$OUT/run_ledger.db" 2>/dev/null
+fi
+if [[ " $STEPS " == *" hostile "* ]] && [ -z "${HOSTILE_BESIDE_TESTS:-}" ]; then
+  hostile_step
 fi
 if [[ " $STEPS " == *" guard "* ]]; then
   # The serving guard on compiled kernels: each round-3 case's first use, in a process of its own
