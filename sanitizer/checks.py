@@ -178,16 +178,17 @@ def _scalar(v: torch.Tensor):
 
 class SeedStream(Enum):
     """Where each check draws its inputs: every case's seed is the run's secret seed base plus a stream's base
-    plus the number of the draw in that stream (Subject.seed). A stream is (generator, base, count): the torch
-    generator its seeds feed ("cpu" for the checks in the interpreter, "cuda" for the GPU stage's, which draw
-    on the device's generator, so the two never share a sequence), the base, and the most draws it takes
+    plus the number of the draw in that stream (Subject.seed). A stream is (generator, base, count): the
+    generator its seeds feed ("cpu": torch's, for the checks in the interpreter; "cuda": the device's, for the
+    GPU stage, so the two never share a sequence; "numpy": the interpreter's shuffled program order), the
+    base, and the most draws it takes
     (tests/test_seed_streams.py holds every op within it). Two streams of one generator share seeds when their
     ranges [base, base + count) meet; KNOWN_OVERLAPS lists the pairs that do and the test refuses a new one.
     A base is part of what a verdict reproduces (`--seed N`, the suites' seed base 0): changing one changes
     the inputs of its check."""
 
     RUNS = ("cpu", 5, 1)
-    ORDER_PERMUTATION = ("cpu", 7, 1)  # order_independence's shuffle: numpy's generator, plus the grid's size
+    ORDER_PERMUTATION = ("numpy", 7, 1)  # order_independence's shuffle (the interpreter adds the grid's size)
     HOST_CODE = ("cpu", 21, 2)
     BOUNDS = ("cpu", 31, 10)  # one per tiny shape
     COVERAGE = ("cpu", 41, 10)  # one per tiny shape
@@ -203,10 +204,10 @@ class SeedStream(Enum):
     DOMAIN = ("cpu", 141, 32)  # one per CPU region of the op's domain
     HOST_BRANCHES = ("cpu", 151, 96)  # one per case of the op's branch pool
     COMPARED_VALUES = ("cpu", 161, 512)  # a size in each dimension that admits it, then the sm_scales
-    ERROR_BUDGET = ("cpu", 1001, 4)  # moved from 101, inside the differential's range
+    ERROR_BUDGET = ("cpu", 1001, 4)  # 101 until the differential's draws (from 95) were seen to reach it
     GPU_DIFFERENTIAL = ("cuda", 200, 100)
     GPU_DETERMINISM = ("cuda", 300, 1)
-    GPU_PROBES = ("cuda", 400, 100)  # compute-sanitizer's and the profiler's cases: one per tiny shape
+    GPU_PROBES = ("cuda", 400, 100)  # native FpSan's and compute-sanitizer's cases: one per tiny shape
     GPU_DOMAIN = ("cuda", 500, 512)  # the domain's GPU regions, then the compared sizes past the interpreter
 
     def __init__(self, generator: str, base: int, count: int) -> None:
@@ -220,8 +221,9 @@ class SeedStream(Enum):
 
 
 # Streams whose seeds meet, kept so that every check's inputs stay the ones the suites were judged on (which
-# check first rejects a faulty candidate can depend on them): a domain region, a branch-pool case and a
-# compared size drawn with the same seed get different shapes, distributions or views all the same.
+# check first rejects a faulty candidate can depend on them). Two cases drawn with one seed still differ where
+# their shapes, dtypes, distributions or views do: the differential's tiny cases and a near-serving shape; a
+# domain region, a branch-pool case and a compared size.
 KNOWN_OVERLAPS: FrozenSet[FrozenSet[SeedStream]] = frozenset(
     {
         frozenset({SeedStream.DIFFERENTIAL, SeedStream.NEAR_SERVING}),

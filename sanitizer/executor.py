@@ -517,7 +517,7 @@ class Executor:
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU). With
         `return_inputs`, the executor also sends its copies of the tensor inputs back as the call left them
         (RunResult.returned_inputs), for a caller that checksums them itself."""
-        import torch  # deferred: as wire
+        import torch  # deferred: the judge starts its executor before it loads torch (worker.py)
 
         if not hasattr(case, "_executor_id"):
             self._case_ids += 1
