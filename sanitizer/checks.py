@@ -14,7 +14,8 @@ import inspect
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from enum import Enum
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import hypothesis
 import torch
@@ -172,6 +173,67 @@ def _scalar(v: torch.Tensor):
     return x
 
 
+# -- the seed streams ---------------------------------------------------------------------
+
+
+class SeedStream(Enum):
+    """Where each check draws its inputs: every case's seed is the run's secret seed base plus a stream's base
+    plus the number of the draw in that stream (Subject.seed). A stream is (generator, base, count): the
+    generator its seeds feed ("cpu": torch's, for the checks in the interpreter; "cuda": the device's, for the
+    GPU stage, so the two never share a sequence; "numpy": the interpreter's shuffled program order), the
+    base, and the most draws it takes
+    (tests/test_seed_streams.py holds every op within it). Two streams of one generator share seeds when their
+    ranges [base, base + count) meet; KNOWN_OVERLAPS lists the pairs that do and the test refuses a new one.
+    A base is part of what a verdict reproduces (`--seed N`, the suites' seed base 0): changing one changes
+    the inputs of its check."""
+
+    RUNS = ("cpu", 5, 1)
+    ORDER_PERMUTATION = ("numpy", 7, 1)  # order_independence's shuffle (the interpreter adds the grid's size)
+    HOST_CODE = ("cpu", 21, 2)
+    BOUNDS = ("cpu", 31, 10)  # one per tiny shape
+    COVERAGE = ("cpu", 41, 10)  # one per tiny shape
+    INPUTS_UNCHANGED = ("cpu", 51, 2)
+    NO_STATE = ("cpu", 61, 3)
+    ORDER = ("cpu", 71, 10)  # one per tiny shape
+    SENSITIVITY = ("cpu", 81, 1)  # one case, drawn again for each change, and the positions' generator
+    DIFFERENTIAL_PROPERTY = ("cpu", 91, 1)  # the property test's hypothesis seed
+    DIFFERENTIAL = ("cpu", 95, 24)  # every distribution (at most 8) in three dtypes
+    NEAR_SERVING = ("cpu", 111, 10)  # one per near-serving shape
+    FPSAN = ("cpu", 121, 10)
+    EXTENDED = ("cpu", 131, 1)  # the extended suite's hypothesis seed
+    DOMAIN = ("cpu", 141, 32)  # one per CPU region of the op's domain
+    HOST_BRANCHES = ("cpu", 151, 96)  # one per case of the op's branch pool
+    COMPARED_VALUES = ("cpu", 161, 512)  # a size in each dimension that admits it, then the sm_scales
+    ERROR_BUDGET = ("cpu", 1001, 4)  # 101 until the differential's draws (from 95) were seen to reach it
+    GPU_DIFFERENTIAL = ("cuda", 200, 100)
+    GPU_DETERMINISM = ("cuda", 300, 1)
+    GPU_PROBES = ("cuda", 400, 100)  # native FpSan's and compute-sanitizer's cases: one per tiny shape
+    GPU_DOMAIN = ("cuda", 500, 512)  # the domain's GPU regions, then the compared sizes past the interpreter
+
+    def __init__(self, generator: str, base: int, count: int) -> None:
+        self.generator = generator
+        self.base = base
+        self.count = count
+
+    def seeds(self) -> range:
+        """The offsets the stream may take, from its base."""
+        return range(self.base, self.base + self.count)
+
+
+# Streams whose seeds meet, kept so that every check's inputs stay the ones the suites were judged on (which
+# check first rejects a faulty candidate can depend on them). Two cases drawn with one seed still differ where
+# their shapes, dtypes, distributions or views do: the differential's tiny cases and a near-serving shape; a
+# domain region, a branch-pool case and a compared size.
+KNOWN_OVERLAPS: FrozenSet[FrozenSet[SeedStream]] = frozenset(
+    {
+        frozenset({SeedStream.DIFFERENTIAL, SeedStream.NEAR_SERVING}),
+        frozenset({SeedStream.DOMAIN, SeedStream.HOST_BRANCHES}),
+        frozenset({SeedStream.DOMAIN, SeedStream.COMPARED_VALUES}),
+        frozenset({SeedStream.HOST_BRANCHES, SeedStream.COMPARED_VALUES}),
+    }
+)
+
+
 # -- the subject ------------------------------------------------------------------------
 
 
@@ -199,8 +261,9 @@ class Subject:
             self._judged = judge_text(self.source)
         return self._judged
 
-    def seed(self, n: int) -> int:
-        return self.seed_base + n
+    def seed(self, stream: SeedStream, i: int = 0) -> int:
+        """The seed of draw `i` of `stream` in this run."""
+        return self.seed_base + stream.base + i
 
     def ref64(self, case: Case):
         key = id(case)
@@ -304,7 +367,7 @@ def check_load(subject: Subject, s: Optional[Settings]) -> str:
 
 def check_runs(subject: Subject, s: Settings) -> str:
     op = subject.op
-    case = op.make_case(op.one_tiny_shape(), torch.float32, seed=subject.seed(5))
+    case = op.make_case(op.one_tiny_shape(), torch.float32, seed=subject.seed(SeedStream.RUNS))
     # bounds on from the first call: in the interpreter a wild pointer is dereferenced, not reported
     r = run_case(subject, subject.fn, case)
     if r.bounds:
@@ -330,7 +393,7 @@ def check_runs(subject: Subject, s: Settings) -> str:
 def check_host_code(subject: Subject, s: Settings) -> str:
     op = subject.op
     n = 0
-    for case in tiny_cases(op, 2, ("strided",), seed=subject.seed(21)):
+    for case in tiny_cases(op, 2, ("strided",), seed=subject.seed(SeedStream.HOST_CODE)):
         r = run_case(subject, subject.fn, case)
         n += 1
         if r.guard:
@@ -343,7 +406,7 @@ def check_host_code(subject: Subject, s: Settings) -> str:
 
 
 def check_bounds(subject: Subject, s: Settings) -> str:
-    cases = tiny_cases(subject.op, s.bounds_shapes, s.bounds_layouts, seed=subject.seed(31))
+    cases = tiny_cases(subject.op, s.bounds_shapes, s.bounds_layouts, seed=subject.seed(SeedStream.BOUNDS))
     for case in cases:
         _run_or_fail(subject, case)
     return (
@@ -353,7 +416,9 @@ def check_bounds(subject: Subject, s: Settings) -> str:
 
 
 def check_coverage(subject: Subject, s: Settings) -> str:
-    cases = tiny_cases(subject.op, s.coverage_shapes, ("contiguous",), seed=subject.seed(41), largest_first=True)
+    cases = tiny_cases(
+        subject.op, s.coverage_shapes, ("contiguous",), seed=subject.seed(SeedStream.COVERAGE), largest_first=True
+    )
     for case in cases:
         a = _run_or_fail(subject, case, sentinel=0).out
         b = _run_or_fail(subject, case, sentinel=1).out
@@ -376,7 +441,7 @@ def check_coverage(subject: Subject, s: Settings) -> str:
 
 
 def check_inputs_unchanged(subject: Subject, s: Settings) -> str:
-    cases = tiny_cases(subject.op, 2, ("strided", "contiguous"), seed=subject.seed(51))
+    cases = tiny_cases(subject.op, 2, ("strided", "contiguous"), seed=subject.seed(SeedStream.INPUTS_UNCHANGED))
     for case in cases:
         r = run_case(subject, subject.fn, case)
         if r.mutated:
@@ -398,8 +463,8 @@ def check_no_state(subject: Subject, s: Settings) -> str:
     op = subject.op
     shapes = [sh for sh in op.shapes("tiny") if not getattr(sh, "ragged", False)]
     shape, other = shapes[-1], shapes[0]
-    x = op.make_case(shape, torch.float32, seed=subject.seed(61))
-    y = op.make_case(shape, torch.float32, seed=subject.seed(62))
+    x = op.make_case(shape, torch.float32, seed=subject.seed(SeedStream.NO_STATE, 0))
+    y = op.make_case(shape, torch.float32, seed=subject.seed(SeedStream.NO_STATE, 1))
     if not _same_shapes(x, y):
         raise CheckFailed("internal: state cases differ in shape")
     r1 = _run_or_fail(subject, x, keep=True)
@@ -407,7 +472,7 @@ def check_no_state(subject: Subject, s: Settings) -> str:
     if not subject.op.compare(out1, x.args, subject.ref64(x)).ok:
         # already wrong on a fresh call: a numeric bug, not state; the numeric checks name it
         raise CheckSkipped("not judged: the first call already differs from the reference (left to the numeric checks)")
-    z = op.make_case(other, torch.float32, seed=subject.seed(63))  # a different shape in between
+    z = op.make_case(other, torch.float32, seed=subject.seed(SeedStream.NO_STATE, 2))  # a different shape in between
     _compare_or_fail(subject, z, _run_or_fail(subject, z).out, "call on another shape: ")
     # fresh values in the same (recycled) buffers: a cache keyed on pointers or shapes answers stale
     for k, v in x.args.items():
@@ -431,11 +496,13 @@ def check_no_state(subject: Subject, s: Settings) -> str:
 
 
 def check_order(subject: Subject, s: Settings) -> str:
-    cases = tiny_cases(subject.op, s.order_shapes, ("contiguous",), seed=subject.seed(71), largest_first=True)
+    cases = tiny_cases(
+        subject.op, s.order_shapes, ("contiguous",), seed=subject.seed(SeedStream.ORDER), largest_first=True
+    )
     for case in cases:
         base = _run_or_fail(subject, case).out
         for order in s.orders:
-            other = _run_or_fail(subject, case, order=order, seed=subject.seed(7)).out
+            other = _run_or_fail(subject, case, order=order, seed=subject.seed(SeedStream.ORDER_PERMUTATION)).out
             d = first_difference(base, other)
             if d:
                 i, idx, va, vb = d
@@ -464,15 +531,15 @@ def _perturb_positions(t: torch.Tensor, readable: Optional[torch.Tensor], n: int
 def check_sensitivity(subject: Subject, s: Settings) -> str:
     op = subject.op
     shape = op.shapes("tiny")[2]
-    gen = torch.Generator().manual_seed(subject.seed(81))
-    base_case = op.make_case(shape, torch.float32, seed=subject.seed(81))
+    gen = torch.Generator().manual_seed(subject.seed(SeedStream.SENSITIVITY))
+    base_case = op.make_case(shape, torch.float32, seed=subject.seed(SeedStream.SENSITIVITY))
     readable = op.readable(base_case.args)
     done = 0
     for name, v in base_case.args.items():
         if not (isinstance(v, torch.Tensor) and v.is_floating_point()):
             continue
         for pos in _perturb_positions(v, readable.get(name), s.sensitivity_positions, gen):
-            case = op.make_case(shape, torch.float32, seed=subject.seed(81))
+            case = op.make_case(shape, torch.float32, seed=subject.seed(SeedStream.SENSITIVITY))
             t = case.args[name]
             t[pos] = t[pos] + (4.0 * float(t.abs().nan_to_num().max()) + 1.0)
             out = _run_or_fail(subject, case).out
@@ -481,7 +548,7 @@ def check_sensitivity(subject: Subject, s: Settings) -> str:
     # the integer inputs the contract makes the output depend on (a block table, the lengths): Op.integer_changes
     changes = op.integer_changes(base_case.args, gen)
     for change in changes:
-        case = op.make_case(shape, torch.float32, seed=subject.seed(81))
+        case = op.make_case(shape, torch.float32, seed=subject.seed(SeedStream.SENSITIVITY))
         change.apply(case.args)
         out = _run_or_fail(subject, case).out
         _compare_or_fail(subject, case, out, f"after changing {change.what}: ")
@@ -577,7 +644,9 @@ def _each_distribution(subject: Subject) -> int:
     modes = [(torch.float32, False), (torch.float16, False), (torch.float32, True)]  # True: bfloat16 values
     draws = [(dist, dtype, bf16) for dist in dists for dtype, bf16 in modes]
     for i, (dist, dtype, bf16) in enumerate(draws):
-        case = op.make_case(shape, dtype, seed=subject.seed(95 + i), dist=dist, layout=LAYOUTS[i % len(LAYOUTS)])
+        case = op.make_case(
+            shape, dtype, seed=subject.seed(SeedStream.DIFFERENTIAL, i), dist=dist, layout=LAYOUTS[i % len(LAYOUTS)]
+        )
         if bf16:
             _bfloat16_values(case)
         _compare_or_fail(subject, case, _run_or_fail(subject, case).out)
@@ -587,7 +656,7 @@ def _each_distribution(subject: Subject) -> int:
 
 def check_differential(subject: Subject, s: Settings) -> str:
     fixed = _each_distribution(subject)
-    n = _hypothesis_differential(subject, s.differential_examples, seed=subject.seed(91))
+    n = _hypothesis_differential(subject, s.differential_examples, seed=subject.seed(SeedStream.DIFFERENTIAL_PROPERTY))
     return (
         f"{fixed} cases, every input distribution in every dtype, and {n} property-based examples match the "
         f"float64 reference (odd shapes, head dims and page sizes, strided and fused-slice views, fp16/fp32/bf16 "
@@ -610,7 +679,9 @@ def check_error_budget(subject: Subject, s: Settings) -> str:
     ][: s.budget_cases]
     shapes = op.shapes("tiny")
     for i, (dtype, dist) in enumerate(combos):
-        case = op.make_case(shapes[(2 + i) % len(shapes)], dtype, seed=subject.seed(101 + i), dist=dist)
+        case = op.make_case(
+            shapes[(2 + i) % len(shapes)], dtype, seed=subject.seed(SeedStream.ERROR_BUDGET, i), dist=dist
+        )
         ref = subject.ref64(case)
         out_c = _run_or_fail(subject, case).out
         rb = run_case(subject, subject.baseline, case, bounds=False)
@@ -632,7 +703,7 @@ def check_near_serving(subject: Subject, s: Settings) -> str:
     shapes = op.shapes("near_serving")[: s.near_serving_shapes]
     for i, shape in enumerate(shapes):
         # 16-bit, as served: kernels take other paths for float32 (cheats gated on size hide there too)
-        case = op.make_case(shape, torch.float16, seed=subject.seed(111 + i))
+        case = op.make_case(shape, torch.float16, seed=subject.seed(SeedStream.NEAR_SERVING, i))
         out = _run_or_fail(subject, case).out
         _compare_or_fail(subject, case, out)
         subject.refs.pop(id(case), None)
@@ -645,12 +716,12 @@ class CheckSkipped(Exception):
     pass
 
 
-def _region_case(subject: Subject, region: Region, i: int, seed: int) -> Case:
+def _region_case(subject: Subject, region: Region, i: int, stream: SeedStream) -> Case:
     """A case of one region of the op's domain; float16 and float32 alternate (a float32 path is taken too)."""
     return subject.op.make_case(
         region.shape,
         (torch.float16, torch.float32)[i % 2],
-        seed=subject.seed(seed + i),
+        seed=subject.seed(stream, i),
         dist=region.dist,
         layout=region.layout,
     )
@@ -662,7 +733,7 @@ def check_domain(subject: Subject, s: Settings) -> str:
     past 8192, the views a K/V cache is sliced as). The GPU stage draws the regions only it can afford."""
     regions = subject.op.domain().on("cpu")
     for i, region in enumerate(regions):
-        case = _region_case(subject, region, i, 141)
+        case = _region_case(subject, region, i, SeedStream.DOMAIN)
         r = run_case(subject, subject.fn, case)
         if not r.ok:
             raise CheckFailed(f"{region.name}: {r.problem()}; reproduce: {case.describe()}")
@@ -707,7 +778,7 @@ def compared_scale_values(subject: Subject) -> List[float]:
 
 
 def _check_compared_case(subject: Subject, region: Region, i: int, sm_scale: Optional[float] = None) -> None:
-    case = _region_case(subject, region, i, 161)
+    case = _region_case(subject, region, i, SeedStream.COMPARED_VALUES)
     what = region.name if sm_scale is None else f"sm_scale={sm_scale:.6g}"
     if sm_scale is not None:
         case.args["sm_scale"] = sm_scale
@@ -784,7 +855,7 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
     for i, region in enumerate(subject.op.branch_pool()):
         if not missing or time.time() - t0 > s.branch_search_s:
             break
-        case = _region_case(subject, region, i, 151)
+        case = _region_case(subject, region, i, SeedStream.HOST_BRANCHES)
         r = run_case(subject, subject.fn, case)
         if not r.ok:
             raise CheckFailed(
@@ -839,7 +910,7 @@ def check_fpsan(subject: Subject, s: Settings) -> str:
     order = sorted(range(len(shapes)), key=lambda j: -_volume(shapes[j]))
     for i in range(s.fpsan_cases):
         dtype = (torch.float16, torch.float32)[i % 2]
-        case = op.make_case(shapes[order[i % len(order)]], dtype, seed=subject.seed(121 + i))
+        case = op.make_case(shapes[order[i % len(order)]], dtype, seed=subject.seed(SeedStream.FPSAN, i))
         rc = run_case(subject, subject.fn, case, bounds=False, fpsan=True)
         rb = run_case(subject, subject.baseline, case, bounds=False, fpsan=True)
         unsupported = rc.fpsan_unsupported + rb.fpsan_unsupported
@@ -884,7 +955,7 @@ def check_extended(subject: Subject, s: Settings) -> str:
     found as `floor(x) == x`) may never be taken under it."""
     proved = getattr(subject, "fpsan_equivalent", None) is True
     examples = max(1, s.extended_examples // 4) if proved else s.extended_examples
-    n = _hypothesis_differential(subject, examples, seed=subject.seed(131), big=True)
+    n = _hypothesis_differential(subject, examples, seed=subject.seed(SeedStream.EXTENDED), big=True)
     return f"{n} extra examples with harsh values match the reference" + (
         " (a quarter of the suite: FpSan proved the candidate equivalent)" if proved else ""
     )

@@ -23,8 +23,9 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
+from .. import sanitizer  # the package door: sanitizer.wire loads wire (and torch) on first use, as the judge needs
 from ..isolation import sandbox
 from ..isolation.sandbox import REFUSED_EXIT
 from .canonical import TextRefused, judge_text
@@ -35,19 +36,11 @@ PROTOCOL = 1
 # -- the sandboxed side -----------------------------------------------------------------------
 
 
-# long: the sandboxed child in order: enter the sandbox, import, arm the audit hook, serve calls
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--op", required=True)
-    ap.add_argument("--file", required=True)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--cpu-seconds", type=int, default=0)
-    ap.add_argument("--memory-gib", type=float, default=8.0)
-    ap.add_argument("--gpu-memory-gib", type=float, default=0.0, help="a cap on the caching allocator (0: none)")
-    ap.add_argument("--skip-gate", action="store_true")
-    ap.add_argument("--tool-ports", default="", help="FIRST-LAST: TCP ports of a wrapping tool's front end")
-    args = ap.parse_args(argv)
+    """The sandboxed child, in order: enter the sandbox, import the trusted code (torch, the sanitizer's own
+    modules, Triton's interpreter or the GPU's libraries), arm the audit hook, gate and import the candidate,
+    then serve the judge's calls until it says exit or hangs up."""
+    args = _arguments(argv)
     limits = sandbox.Limits(memory_bytes=int(args.memory_gib * (1 << 30)) or None, cpu_seconds=args.cpu_seconds or None)
     first, _, last = args.tool_ports.partition("-")
     tool_ports = range(int(first), int(last or first) + 1) if first else range(0)
@@ -58,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tool_ports=tool_ports,
     )
     sock = socket.socket(fileno=args.fd)
-    import torch  # noqa: F401 - the trusted imports happen before the hook is armed
+    import torch  # deferred: the trusted imports happen inside the sandbox, before the hook is armed
 
     from . import wire  # deferred: inside the sandbox
     from .branches import BranchRecorder  # deferred: inside the sandbox
@@ -67,99 +60,162 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .kernel_branches import KernelRecorder  # deferred: inside the sandbox
     from .static_gate import check_source  # deferred: inside the sandbox
 
+    trusted = _Trusted(torch, wire, BranchRecorder, KernelRecorder, check_source, load_module, execute_call)
     if args.device == "cpu":
         import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
     else:
         sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
         if args.gpu_memory_gib > 0:  # RLIMIT_AS cannot bound device memory; torch's allocator can
-            _cap_gpu_memory(args.gpu_memory_gib)
+            _cap_gpu_memory(torch, args.gpu_memory_gib)
     sandbox.arm_audit_hook()  # fatal: the first refused action ends this process (exit 86)
-
-    def evidence() -> List[str]:
-        procs = sandbox.foreign_processes()
-        return [f"the candidate started processes (pids {procs[:5]} in its namespace)"] if procs else []
 
     hello: Dict[str, Any] = {"protocol": PROTOCOL, "sandbox": prot.active, "missing": prot.missing}
     try:
-        with open(args.file) as f:
-            source = f.read()
-        if not args.skip_gate:
-            gate = check_source(source, args.op)
-            if not gate.passed:
-                raise ImportError(f"the static gate rejects the file: {gate.describe()}")
-        # the branch recorder is the executor's own, installed before the candidate's code first runs
-        recorder = BranchRecorder(os.path.abspath(args.file))
-        indicators = KernelRecorder(os.path.abspath(args.file))
-        if args.device == "cpu":
-            indicators.install_interpreter()  # kernel bodies run as Python only in the interpreter
-        recorder.install()
-        try:
-            fn = load_module(args.file, args.op, prepare=indicators.prepare_module)
-        finally:
-            sys.settrace(None)
-        hello["signature"] = _signature(fn)
+        loaded = _load_candidate(args, trusted)
+        hello["signature"] = _signature(loaded.fn)
     except BaseException as e:  # noqa: BLE001 - whatever the import did is evidence
         hello["load_error"] = describe_exception(e, args.file)
-        hello["violations"] = evidence()
+        hello["violations"] = _started_processes()
         wire.send(sock, hello)
         return 0
-    hello["violations"] = evidence()
+    hello["violations"] = _started_processes()
     wire.send(sock, hello)
-    cases: Dict[str, Dict[str, Any]] = {}
-    kept: Dict[int, List[Any]] = {}
-    specs: Dict[str, None] = {}  # every specialisation launched, in order
-    calls = 0
-    while True:
-        try:
-            req, tensors = wire.recv(sock, device=args.device)
-        except wire.WireError:
-            return 0
-        cmd = req.get("cmd")
-        if cmd == "exit":
-            return 0
+    return _Served(args, sock, trusted, loaded).serve()
+
+
+def _arguments(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--op", required=True)
+    ap.add_argument("--file", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--cpu-seconds", type=int, default=0)
+    ap.add_argument("--memory-gib", type=float, default=8.0)
+    ap.add_argument("--gpu-memory-gib", type=float, default=0.0, help="a cap on the caching allocator (0: none)")
+    ap.add_argument("--skip-gate", action="store_true")
+    ap.add_argument("--tool-ports", default="", help="FIRST-LAST: TCP ports of a wrapping tool's front end")
+    return ap.parse_args(argv)
+
+
+def _started_processes() -> List[str]:
+    """What the sandbox saw of the candidate between calls: processes it started in its namespace."""
+    procs = sandbox.foreign_processes()
+    return [f"the candidate started processes (pids {procs[:5]} in its namespace)"] if procs else []
+
+
+class _Trusted(NamedTuple):
+    """The trusted code the child uses once the audit hook is armed, bound by main before it and before the
+    candidate's code first runs."""
+
+    torch: Any
+    wire: Any
+    BranchRecorder: Any
+    KernelRecorder: Any
+    check_source: Callable
+    load_module: Callable
+    execute_call: Callable
+
+
+class _Loaded(NamedTuple):
+    fn: Any  # the candidate's entry point
+    recorder: Any  # its host-code branches (branches.BranchRecorder)
+    indicators: Any  # its kernel-body branches and min/max indicators (kernel_branches.KernelRecorder)
+
+
+def _load_candidate(args: argparse.Namespace, t: _Trusted) -> _Loaded:
+    """The candidate gated again and imported, with the executor's own branch recorders installed before its code
+    first runs."""
+    with open(args.file) as f:
+        source = f.read()
+    if not args.skip_gate:
+        gate = t.check_source(source, args.op)
+        if not gate.passed:
+            raise ImportError(f"the static gate rejects the file: {gate.describe()}")
+    # the branch recorder is the executor's own, installed before the candidate's code first runs
+    recorder = t.BranchRecorder(os.path.abspath(args.file))
+    indicators = t.KernelRecorder(os.path.abspath(args.file))
+    if args.device == "cpu":
+        indicators.install_interpreter()  # kernel bodies run as Python only in the interpreter
+    recorder.install()
+    try:
+        fn = t.load_module(args.file, args.op, prepare=indicators.prepare_module)
+    finally:
+        sys.settrace(None)
+    return _Loaded(fn, recorder, indicators)
+
+
+class _Served:
+    """The judge's requests to the loaded candidate, answered one at a time (sanitizer/wire.py): calls, the
+    digests of a kept call's outputs, the coverage so far, a reset between checks."""
+
+    def __init__(self, args: argparse.Namespace, sock: socket.socket, trusted: _Trusted, loaded: _Loaded) -> None:
+        self.args = args
+        self.sock = sock
+        self.t = trusted
+        self.loaded = loaded
+        self.cases: Dict[str, Dict[str, Any]] = {}
+        self.kept: Dict[int, List[Any]] = {}
+        self.specs: Dict[str, None] = {}  # every specialisation launched, in order
+        self.calls = 0
+
+    def serve(self) -> int:
+        wire = self.t.wire
+        while True:
+            try:
+                req, tensors = wire.recv(self.sock, device=self.args.device)
+            except wire.WireError:
+                return 0
+            cmd = req.get("cmd")
+            if cmd == "exit":
+                return 0
+            if cmd == "call":
+                self.call(req, tensors)
+            else:
+                wire.send(self.sock, self.answer(cmd, req))
+
+    def answer(self, cmd: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+        """The answer to a request other than a call."""
+        torch, wire = self.t.torch, self.t.wire
         if cmd == "reset":
-            cases.clear()
-            kept.clear()
-            wire.send(sock, {"ok": True})
-            continue
+            self.cases.clear()
+            self.kept.clear()
+            return {"ok": True}
         if cmd == "digests":
-            outs = kept.get(wire.as_int(req.get("call"), -1))
-            wire.send(
-                sock,
-                {
-                    "digests": None
-                    if outs is None
-                    else [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]
-                },
-            )
-            continue
+            outs = self.kept.get(wire.as_int(req.get("call"), -1))
+            return {
+                "digests": None
+                if outs is None
+                else [wire.digest(t) if isinstance(t, torch.Tensor) else None for t in outs]
+            }
         if cmd == "coverage":  # the host-code branches taken and the specialisations launched, over all calls
-            wire.send(sock, {"arcs": recorder.evidence()[:20000], "specs": list(specs)[:2000]})
-            continue
+            return {"arcs": self.loaded.recorder.evidence()[:20000], "specs": list(self.specs)[:2000]}
         if cmd == "indicators":  # the kernel-body branches and host min/max indicators taken, over all calls
-            wire.send(sock, {"hits": indicators.evidence()[:20000]})
-            continue
-        if cmd != "call":
-            wire.send(sock, {"error": "unknown command"})
-            continue
-        calls += 1
-        call_args = _bind_tensors(req, tensors, cases, args.device)
+            return {"hits": self.loaded.indicators.evidence()[:20000]}
+        return {"error": "unknown command"}
+
+    def call(self, req: Dict[str, Any], tensors: List[Any]) -> None:
+        """One call of the candidate on the judge's tensors, instrumented as asked; the evidence goes back."""
+        torch, wire, args = self.t.torch, self.t.wire, self.args
+        self.calls += 1
+        call_args = _bind_tensors(torch, req, tensors, self.cases)
         readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]) :]))
         opts = req.get("opts", {})
-        res = execute_call(fn, call_args, readable, args.file, device=args.device, recorder=recorder, **opts)
-        specs.update(dict.fromkeys(res.specs))
+        res = self.t.execute_call(
+            self.loaded.fn, call_args, readable, args.file, device=args.device, recorder=self.loaded.recorder, **opts
+        )
+        self.specs.update(dict.fromkeys(res.specs))
         outs = list(res.out) if isinstance(res.out, (tuple, list)) else [res.out]
         if req.get("keep"):
-            kept[calls] = outs
+            self.kept[self.calls] = outs
         out_tensors = [
             t.detach().cpu() if t.device.type != "cpu" else t.detach() for t in outs if isinstance(t, torch.Tensor)
         ]
         # the inputs as the call left them, for a parent that checksums them itself (the serving guard)
         returned = [call_args[n].detach().cpu() for n in req["tensor_names"]] if req.get("return_inputs") else []
         wire.send(
-            sock,
+            self.sock,
             {
-                "call": calls,
+                "call": self.calls,
                 "error": res.error,
                 "bounds": res.bounds[:5],
                 "guard": res.guard[:5],
@@ -173,17 +229,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "mutated": res.mutated[:10],
                 "elapsed_s": res.elapsed_s,
                 "returned_inputs": len(returned),
-                "violations": evidence(),
+                "violations": _started_processes(),
             },
             out_tensors + returned,
         )
 
 
-def _cap_gpu_memory(gib: float) -> None:
+def _cap_gpu_memory(torch: Any, gib: float) -> None:
     """Bound what this process's caching allocator may hold on its GPU to `gib` (an allocation past it raises
-    torch's out-of-memory error), so that a candidate's allocation cannot starve the GPU's other processes."""
-    import torch  # deferred: the sandboxed side loads torch inside its sandbox (main)
-
+    torch's out-of-memory error), so that a candidate's allocation cannot starve the GPU's other processes.
+    `torch`: the module, which the sandboxed side loads inside its sandbox (main)."""
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total))
 
@@ -195,11 +250,10 @@ def _signature(fn) -> List[List[Any]]:
     ]
 
 
-def _bind_tensors(req, tensors, cases, device):
+def _bind_tensors(torch: Any, req, tensors, cases):
     """The call's arguments: a new case, or the same buffers again with the judge's new contents
-    (the judge reuses a case's tensors exactly where it did in one process: recycled buffers)."""
-    import torch  # deferred: the sandboxed side loads torch inside its sandbox (main)
-
+    (the judge reuses a case's tensors exactly where it did in one process: recycled buffers). `torch`: the
+    module, which the sandboxed side loads inside its sandbox (main)."""
     names = req["tensor_names"]
     case_id = str(req.get("case"))
     fresh = dict(zip(names, tensors[: len(names)]))  # already on the device, in the judge's exact layout
@@ -350,21 +404,17 @@ class Executor:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Dict[str, Any]:
         """Wait for the executor to import the candidate; its hello names the sandbox and the signature."""
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
         self.hello, _ = self._recv()
-        self.violations = wire.strings(self.hello.get("violations"))
+        self.violations = sanitizer.wire.strings(self.hello.get("violations"))
         return self.hello
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
                 self.sock.settimeout(1.0)
-                wire.send(self.sock, {"cmd": "exit"})
+                sanitizer.wire.send(self.sock, {"cmd": "exit"})
                 self.proc.wait(timeout=2)
-            except (OSError, wire.WireError, subprocess.TimeoutExpired):
+            except (OSError, sanitizer.wire.WireError, subprocess.TimeoutExpired):
                 pass
         self.kill()
         try:
@@ -378,12 +428,10 @@ class Executor:
     def finish(self, timeout_s: float = 60.0):
         """Ask the executor to exit and wait for it; (exit code or None, the tail of its output). For the
         tools that wrap it (compute-sanitizer reports when the process ends)."""
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
         try:
             self.sock.settimeout(5.0)
-            wire.send(self.sock, {"cmd": "exit"})
-        except (OSError, wire.WireError):
+            sanitizer.wire.send(self.sock, {"cmd": "exit"})
+        except (OSError, sanitizer.wire.WireError):
             pass
         try:
             rc: Optional[int] = self.proc.wait(timeout=timeout_s)
@@ -425,14 +473,12 @@ class Executor:
     # -- calls -----------------------------------------------------------------------------
     def _recv(self, max_payload: int = 1 << 20):
         """The executor's next message; `max_payload` bounds what the judge will allocate for it."""
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
         left = self.deadline - time.time()
         if left > 0:
             self.sock.settimeout(left)
             try:
-                return wire.recv(self.sock, device="cpu", max_payload=max_payload)
-            except wire.WireError as e:
+                return sanitizer.wire.recv(self.sock, device="cpu", max_payload=max_payload)
+            except sanitizer.wire.WireError as e:
                 if time.time() < self.deadline:
                     raise ExecutorError(f"{self.death()} ({e})") from None
         self.kill()
@@ -445,12 +491,10 @@ class Executor:
             pass
 
     def _send(self, header, tensors=()):
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
         self.sock.settimeout(max(1.0, self.deadline - time.time()))
         try:
-            wire.send(self.sock, header, tensors)
-        except (OSError, wire.WireError) as e:
+            sanitizer.wire.send(self.sock, header, tensors)
+        except (OSError, sanitizer.wire.WireError) as e:
             raise ExecutorError(f"{self.death()} ({e})") from None
 
     def reset(self) -> None:
@@ -473,9 +517,7 @@ class Executor:
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU). With
         `return_inputs`, the executor also sends its copies of the tensor inputs back as the call left them
         (RunResult.returned_inputs), for a caller that checksums them itself."""
-        import torch  # deferred: as wire
-
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
+        import torch  # deferred: the judge starts its executor before it loads torch (worker.py)
 
         if not hasattr(case, "_executor_id"):
             self._case_ids += 1
@@ -501,7 +543,7 @@ class Executor:
         # outputs are never larger than a few times the inputs: a bigger answer is refused unread
         reply, outs = self._recv(max_payload=4 * sum(t.untyped_storage().nbytes() for t in payload) + (64 << 20))
         self.calls += 1
-        self.violations = wire.strings(reply.get("violations"))
+        self.violations = sanitizer.wire.strings(reply.get("violations"))
         res = _evidence(reply, outs, list(tensors), return_inputs)
         if self.violations and not res.error:
             res.error = f"the sandbox refused: {self.violations[0]}"
@@ -510,56 +552,51 @@ class Executor:
     def coverage(self):
         """(arcs, specialisations): the host-code branches the candidate's calls took (branches.Arc lists) and
         the specialisations they launched, over every call so far. Evidence: the judge decides."""
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
         self._send({"cmd": "coverage"})
         reply, _ = self._recv()
-        arcs = [a for a in (wire.optional_list(reply.get("arcs")) or []) if isinstance(a, list) and len(a) == 4]
-        return arcs, wire.strings(reply.get("specs"), 2000)
+        arcs = [
+            a for a in (sanitizer.wire.optional_list(reply.get("arcs")) or []) if isinstance(a, list) and len(a) == 4
+        ]
+        return arcs, sanitizer.wire.strings(reply.get("specs"), 2000)
 
     def indicator_coverage(self) -> List[list]:
         """The kernel-body branches and host min/max indicators the candidate's calls took
         (sanitizer/kernel_branches.py: Hit lists), over every call so far. Evidence: the judge decides."""
-        from . import wire  # deferred: as in coverage
-
         self._send({"cmd": "indicators"})
         reply, _ = self._recv()
-        return [h for h in (wire.optional_list(reply.get("hits")) or []) if isinstance(h, list) and len(h) == 4]
+        return [
+            h for h in (sanitizer.wire.optional_list(reply.get("hits")) or []) if isinstance(h, list) and len(h) == 4
+        ]
 
     def output_digests(self, handle: int) -> Optional[List[Optional[str]]]:
-        from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-
         self._send({"cmd": "digests", "call": handle})
         reply, _ = self._recv()
-        return wire.optional_list(reply.get("digests"))
+        return sanitizer.wire.optional_list(reply.get("digests"))
 
 
 def _evidence(reply: Dict[str, Any], outs: List[Any], tensor_names: List[str], return_inputs: bool):
     """The executor's answer to a call as a RunResult: its outputs, what it saw, and (with `return_inputs`)
     its copies of the inputs, sent after the outputs."""
-    from . import wire  # deferred: wire loads torch; the judge starts its executor before it loads torch
-    from .execution import RunResult  # deferred: execution loads torch, as wire
-
-    res = RunResult()
-    res.handle = wire.as_int(reply.get("call"))
-    res.error = wire.text(reply.get("error"), 400)
-    res.bounds = wire.strings(reply.get("bounds"))
-    res.guard = wire.strings(reply.get("guard"))
-    res.launches = wire.as_int(reply.get("launches"))
-    res.fpsan_unsupported = wire.strings(reply.get("fpsan_unsupported"))
-    res.specs = wire.strings(reply.get("specs"))
-    res.mutated = [k for k in wire.strings(reply.get("mutated")) if k in tensor_names]
+    res = sanitizer.execution.RunResult()
+    res.handle = sanitizer.wire.as_int(reply.get("call"))
+    res.error = sanitizer.wire.text(reply.get("error"), 400)
+    res.bounds = sanitizer.wire.strings(reply.get("bounds"))
+    res.guard = sanitizer.wire.strings(reply.get("guard"))
+    res.launches = sanitizer.wire.as_int(reply.get("launches"))
+    res.fpsan_unsupported = sanitizer.wire.strings(reply.get("fpsan_unsupported"))
+    res.specs = sanitizer.wire.strings(reply.get("specs"))
+    res.mutated = [k for k in sanitizer.wire.strings(reply.get("mutated")) if k in tensor_names]
     elapsed = reply.get("elapsed_s")
     # a time that is not a finite number of seconds counts as too long (the serving guard holds it to a limit)
     res.elapsed_s = float(elapsed) if isinstance(elapsed, (int, float)) and 0 <= elapsed < math.inf else math.inf
-    n_back = min(len(outs), wire.as_int(reply.get("returned_inputs"))) if return_inputs else 0
+    n_back = min(len(outs), sanitizer.wire.as_int(reply.get("returned_inputs"))) if return_inputs else 0
     if n_back:
         outs, back = outs[: len(outs) - n_back], outs[len(outs) - n_back :]
         res.returned_inputs = dict(zip(tensor_names, back))
-    kinds = wire.optional_list(reply.get("outputs"))
+    kinds = sanitizer.wire.optional_list(reply.get("outputs"))
     if kinds is not None:
         it = iter(outs)
-        vals = [next(it, None) if k == "tensor" else f"<{wire.text(k, 40)}>" for k in kinds]
+        vals = [next(it, None) if k == "tensor" else f"<{sanitizer.wire.text(k, 40)}>" for k in kinds]
         res.out = tuple(vals) if reply.get("tuple") else (vals[0] if vals else None)
     return res
 

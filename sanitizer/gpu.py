@@ -35,6 +35,7 @@ from .branches import DEVICE_ONLY, host_branches, taken
 from .canonical import TextRefused
 from .checks import (
     CheckSkipped,
+    SeedStream,
     Subject,
     cases_n,
     check_load,
@@ -100,7 +101,7 @@ def check_gpu_differential(subject: Subject, device: str = "cuda") -> str:
         case = op.make_case(
             shape,
             dtype,
-            seed=subject.seed(200 + i),
+            seed=subject.seed(SeedStream.GPU_DIFFERENTIAL, i),
             dist=dist,
             device=device,
             layout="strided" if i % 2 and shape in op.shapes("tiny") else "contiguous",
@@ -183,7 +184,7 @@ def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
         case = op.make_case(
             region.shape,
             torch.bfloat16,
-            seed=subject.seed(500 + i),
+            seed=subject.seed(SeedStream.GPU_DOMAIN, i),
             dist=region.dist,
             device=device,
             layout=region.layout,
@@ -206,7 +207,7 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
     op = subject.op
     shapes = [op.shapes("tiny")[-1], op.shapes("serving")[0]]
     for shape in shapes:
-        case = op.make_case(shape, torch.bfloat16, seed=subject.seed(300), device=device)
+        case = op.make_case(shape, torch.bfloat16, seed=subject.seed(SeedStream.GPU_DETERMINISM), device=device)
         first = _call(subject, subject.fn, case)
         for r in range(repeats - 1):
             again = _call(subject, subject.fn, case)  # the same buffers in the executor, every time
@@ -237,7 +238,7 @@ def _probe_cases(subject: Subject, limit: int = 0):
         op.make_case(
             shape,
             GPU_DTYPES[i % 3],
-            seed=subject.seed(400 + i),
+            seed=subject.seed(SeedStream.GPU_PROBES, i),
             device="cuda",
             layout="strided" if i % 2 else "contiguous",
         )

@@ -304,18 +304,32 @@ class Instrumentation:
         raise BoundsViolation(msg)
 
     # -- patching ----------------------------------------------------------------------
-    # long: installs every interpreter hook and restores each on exit; one place, so none is left behind
     @contextlib.contextmanager
     def active(self):
+        """Every interpreter hook installed for the calls inside, and each restored on exit (_Patches)."""
         interp = _interpreter()
         builder = interp.interpreter_builder
-        saved: List[Tuple[Any, str, Any, bool]] = []
+        patches = _Patches()
+        self._patch_launches(interp, patches)
+        self._patch_memory(interp, builder, patches)
+        if self.order != "natural":
+            self._patch_order(builder, patches)
+        if self.fpsan:
+            for name, impl in _fpsan_builder_ops(builder, self).items():
+                patches.set(builder, name, impl)
+            for owner, name, impl in _fpsan_reduce_ops(interp):
+                patches.set(owner, name, impl)
+        try:
+            with np.errstate(all="ignore"):
+                yield self
+        finally:
+            patches.restore()
+            self._regions = []
+            self._starts = None
 
-        def patch(obj, name, value):
-            had = name in vars(obj) if not isinstance(obj, type) else name in obj.__dict__
-            saved.append((obj, name, getattr(obj, name, None), had))
-            setattr(obj, name, value)
-
+    def _patch_launches(self, interp, patches: "_Patches") -> None:
+        """Each launch: recorded (its specialisation, its tensors' regions) with the guard and the branch
+        recorder paused, and the language patched once per launch rather than once per device-function call."""
         inst = self
         orig_call = interp.GridExecutor.__call__
         launch: Dict[str, Any] = {"langs": None}  # the language modules patched for the launch in progress
@@ -341,7 +355,7 @@ class Instrumentation:
                 launch["langs"] = None
                 GuardPause.depth -= 1
 
-        patch(interp.GridExecutor, "__call__", grid_call)
+        patches.set(interp.GridExecutor, "__call__", grid_call)
 
         # The interpreter patches triton.language again on every call of a device function (tl.cdiv, the
         # combine functions of tl.sum and tl.max, a kernel's own helpers): the same patches the launch
@@ -363,8 +377,12 @@ class Instrumentation:
                 done.update(langs)
             return scope
 
-        patch(interp, "_patch_lang", patch_lang)
+        patches.set(interp, "_patch_lang", patch_lang)
 
+    def _patch_memory(self, interp, builder, patches: "_Patches") -> None:
+        """Every load, store and atomic checked against the launch's regions; a pointer turned into an integer
+        refused; and a scalar index read the way numpy >= 2.5 allows."""
+        inst = self
         cls = type(builder)
         orig_masked_load = cls.create_masked_load
         orig_masked_store = cls.create_masked_store
@@ -399,7 +417,7 @@ class Instrumentation:
             orig_patch_tensor(tensor, scope)
             scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
-        patch(interp, "_patch_lang_tensor", patch_lang_tensor)
+        patches.set(interp, "_patch_lang_tensor", patch_lang_tensor)
 
         def ptr_to_int(src, dst_type):  # `p.to(tl.int64)`, `tl.cast(p, tl.int64, bitcast=True)`, a pointer's truth
             inst._fail(
@@ -409,51 +427,57 @@ class Instrumentation:
                 title="refused",
             )
 
-        patch(builder, "create_ptr_to_int", ptr_to_int)
-        patch(builder, "create_masked_load", masked_load)
-        patch(builder, "create_masked_store", masked_store)
-        patch(builder, "create_atomic_rmw", atomic_rmw)
-        patch(builder, "create_atomic_cas", atomic_cas)
+        patches.set(builder, "create_ptr_to_int", ptr_to_int)
+        patches.set(builder, "create_masked_load", masked_load)
+        patches.set(builder, "create_masked_store", masked_store)
+        patches.set(builder, "create_atomic_rmw", atomic_rmw)
+        patches.set(builder, "create_atomic_cas", atomic_cas)
 
-        if self.order != "natural":
-            orig_dim = cls.set_grid_dim
-            orig_idx = cls.set_grid_idx
+    def _patch_order(self, builder, patches: "_Patches") -> None:
+        """The grid's programs run in reverse, or shuffled with the seed (plus the grid's size)."""
+        inst = self
+        cls = type(builder)
+        orig_dim = cls.set_grid_dim
+        orig_idx = cls.set_grid_idx
 
-            def set_grid_dim(nx, ny, nz):
-                orig_dim(builder, nx, ny, nz)
-                n = nx * ny * nz
-                if inst.order == "reverse":
-                    inst._perm = np.arange(n)[::-1].copy()
-                else:
-                    inst._perm = np.random.default_rng(inst.seed + n).permutation(n)
+        def set_grid_dim(nx, ny, nz):
+            orig_dim(builder, nx, ny, nz)
+            n = nx * ny * nz
+            if inst.order == "reverse":
+                inst._perm = np.arange(n)[::-1].copy()
+            else:
+                inst._perm = np.random.default_rng(inst.seed + n).permutation(n)
 
-            def set_grid_idx(x, y, z):
-                nx, ny, nz = builder.grid_dim
-                lin = int(inst._perm[(x * ny + y) * nz + z])  # type: ignore[index]  # set_grid_dim came first
-                orig_idx(builder, lin // (ny * nz), (lin // nz) % ny, lin % nz)
+        def set_grid_idx(x, y, z):
+            nx, ny, nz = builder.grid_dim
+            lin = int(inst._perm[(x * ny + y) * nz + z])  # type: ignore[index]  # set_grid_dim came first
+            orig_idx(builder, lin // (ny * nz), (lin // nz) % ny, lin % nz)
 
-            patch(builder, "set_grid_dim", set_grid_dim)
-            patch(builder, "set_grid_idx", set_grid_idx)
+        patches.set(builder, "set_grid_dim", set_grid_dim)
+        patches.set(builder, "set_grid_idx", set_grid_idx)
 
-        if self.fpsan:
-            for name, impl in _fpsan_builder_ops(builder, self).items():
-                patch(builder, name, impl)
-            for owner, name, impl in _fpsan_reduce_ops(interp):
-                patch(owner, name, impl)
-        try:
-            with np.errstate(all="ignore"):
-                yield self
-        finally:
-            for obj, name, value, had in reversed(saved):
-                if had:
-                    setattr(obj, name, value)
-                else:
-                    try:
-                        delattr(obj, name)
-                    except AttributeError:
-                        pass
-            self._regions = []
-            self._starts = None
+
+class _Patches:
+    """Attributes set on the interpreter for one activation, each put back (or removed, where it was inherited)
+    on restore, the last first."""
+
+    def __init__(self) -> None:
+        self._saved: List[Tuple[Any, str, Any, bool]] = []
+
+    def set(self, obj, name: str, value) -> None:
+        had = name in vars(obj) if not isinstance(obj, type) else name in obj.__dict__
+        self._saved.append((obj, name, getattr(obj, name, None), had))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        for obj, name, value, had in reversed(self._saved):
+            if had:
+                setattr(obj, name, value)
+            else:
+                try:
+                    delattr(obj, name)
+                except AttributeError:
+                    pass
 
 
 def _esize(ptrs) -> int:
@@ -481,8 +505,7 @@ def _tensors_in(values: Iterable[Any]) -> List[torch.Tensor]:
 
 
 def _fmt_of(tt) -> Optional[F.Format]:
-    import triton.language as tl  # deferred: as in _interpreter
-
+    tl = _interpreter().tl  # triton.language, loaded with the interpreter
     s = tt.scalar if hasattr(tt, "scalar") else tt
     if s == tl.float16:
         return F.fmt("fp16")
@@ -511,153 +534,175 @@ def _payload(h, f: F.Format) -> np.ndarray:
     return F.embed(_bits(h.data, f), f)
 
 
-# long: a table of the interpreter's builder ops with their FpSan payload rules, one entry each
-def _fpsan_builder_ops(builder, inst: Instrumentation):
-    interp = _interpreter()
-    TH = interp.TensorHandle
-    import triton.language as tl  # deferred: as in _interpreter
+# The interpreter's builder ops of float arithmetic and their FpSan payload rules (ops a Triton version lacks
+# are left out): a binary op on two payloads of width w, a unary one on a payload and its format, and the ops
+# FpSan models as an opaque tag of their argument.
+_FPSAN_BINARY = {
+    "create_fadd": F.add,
+    "create_fsub": F.sub,
+    "create_fmul": F.mul,
+    "create_fdiv": F.div,
+    "create_precise_divf": F.div,
+    "create_approx_divf": F.div,
+    "create_minimumf": F.smin,
+    "create_minnumf": F.smin,
+    "create_maximumf": F.smax,
+    "create_maxnumf": F.smax,
+}
+_FPSAN_UNSUPPORTED = {"create_frem": "frem (floating-point remainder)"}
+_FPSAN_UNARY = {
+    "create_fneg": lambda p, f: F.neg(p, f.w),
+    "create_fabs": lambda p, f: F.sabs(p, f.w),
+    "create_exp": lambda p, f: F.exp(p, f),
+    "create_exp2": lambda p, f: F.exp2(p, f.w),
+}
+_FPSAN_TAGGED = {
+    "create_log": "log",
+    "create_log2": "log2",
+    "create_sqrt": "sqrt",
+    "create_precise_sqrt": "sqrt",
+    "create_rsqrt": "rsqrt",
+    "create_erf": "erf",
+    "create_floor": "floor",
+    "create_ceil": "ceil",
+    "create_sin": "sin",
+    "create_cos": "cos",
+}
+# the float comparisons, ordered (O) and unordered (U) alike: on payloads, signed
+_FPSAN_COMPARES = {
+    "OLT": np.less,
+    "OGT": np.greater,
+    "OLE": np.less_equal,
+    "OGE": np.greater_equal,
+    "OEQ": np.equal,
+    "ONE": np.not_equal,
+}
 
-    cls = type(builder)
 
-    def wrap(payload, f, tt):
-        return TH(F.unembed(payload, f).view(_NP_FLOAT[f.name]), tt.scalar if hasattr(tt, "scalar") else tt)
+def _fpsan_builder_ops(builder, inst: Instrumentation) -> Dict[str, Any]:
+    """The builder's float ops under FpSan, by name (_FpSanOps: one rule each)."""
+    return _FpSanOps(builder, inst).ops()
 
-    def binary(op, original):
+
+class _FpSanOps:
+    """The FpSan rules of one interpreter builder's float ops: each computes on payloads (sanitizer/fpsan.py)
+    where its operands are floats, and calls the builder's own op otherwise."""
+
+    def __init__(self, builder, inst: Instrumentation) -> None:
+        self.interp = _interpreter()
+        self.builder = builder
+        self.inst = inst
+        self.cls = type(builder)
+
+    def ops(self) -> Dict[str, Any]:
+        m = lambda name: getattr(self.cls, name, None)  # noqa: E731 - methods differ between Triton versions
+        ops: Dict[str, Any] = {name: self.binary(op, m(name)) for name, op in _FPSAN_BINARY.items()}
+        ops.update({name: self.unsupported(what) for name, what in _FPSAN_UNSUPPORTED.items()})
+        ops.update({name: self.unary(op, m(name)) for name, op in _FPSAN_UNARY.items()})
+        for name, tagname in _FPSAN_TAGGED.items():
+            ops[name] = self.unary(lambda p, f, t=tagname: F.tag(p, t, f.w), m(name))
+        for suffix, op in _FPSAN_COMPARES.items():
+            ops[f"create_fcmp{suffix}"] = self.compare(op)
+            ops[f"create_fcmpU{suffix[1:]}"] = self.compare(op)
+        ops.update(
+            {
+                "create_fma": self.fma,
+                "create_clampf": self.clampf,
+                "create_fp_to_fp": self.cast_float,
+                "create_fp_ext": self.cast_float,
+                "create_fp_trunc": self.cast_float,
+                "create_si_to_fp": self.int_to_float(True),
+                "create_ui_to_fp": self.int_to_float(False),
+                "create_fp_to_si": self.float_to_int,
+                "create_fp_to_ui": self.float_to_int,
+                "create_dot": self.dot,
+            }
+        )
+        return {k: v for k, v in ops.items() if v is not None}
+
+    def wrap(self, payload, f: F.Format, tt):
+        """A tensor handle of the payload's float bits, of type `tt`'s scalar."""
+        return self.interp.TensorHandle(
+            F.unembed(payload, f).view(_NP_FLOAT[f.name]), tt.scalar if hasattr(tt, "scalar") else tt
+        )
+
+    def binary(self, op, original):
         if original is None:  # not in this Triton version
             return None
 
         def impl(lhs, rhs):
             f = _fmt_of(lhs.dtype)
             if f is None:
-                return original(builder, lhs, rhs)
-            return wrap(op(_payload(lhs, f), _payload(rhs, f), f.w), f, lhs.dtype)
+                return original(self.builder, lhs, rhs)
+            return self.wrap(op(_payload(lhs, f), _payload(rhs, f), f.w), f, lhs.dtype)
 
         return impl
 
-    def unary(op, original):
+    def unary(self, op, original):
         if original is None:
             return None
 
         def impl(arg):
             f = _fmt_of(arg.dtype)
             if f is None:
-                return original(builder, arg)
-            return wrap(op(_payload(arg, f), f), f, arg.dtype)
+                return original(self.builder, arg)
+            return self.wrap(op(_payload(arg, f), f), f, arg.dtype)
 
         return impl
 
-    def compare(op):
+    def compare(self, op):
         def impl(lhs, rhs):
             f = _float_fmt(lhs.dtype)
             a = F.signed(_payload(lhs, f), f.w)
             b = F.signed(_payload(rhs, f), f.w)
-            return TH(op(a, b), tl.int1)
+            return self.interp.TensorHandle(op(a, b), self.interp.tl.int1)
 
         return impl
 
-    def unsupported(name):
+    def unsupported(self, name: str):
         def impl(*args, **kwargs):
-            inst.fpsan_unsupported.append(name)
+            self.inst.fpsan_unsupported.append(name)
             raise F.FpSanUnsupported(f"FpSan has no model for {name}")
 
         return impl
 
-    m = lambda name: getattr(cls, name, None)  # noqa: E731 - methods differ between Triton versions
-    ops: Dict[str, Any] = {
-        "create_fadd": binary(F.add, m("create_fadd")),
-        "create_fsub": binary(F.sub, m("create_fsub")),
-        "create_fmul": binary(F.mul, m("create_fmul")),
-        "create_fdiv": binary(F.div, m("create_fdiv")),
-        "create_precise_divf": binary(F.div, m("create_precise_divf")),
-        "create_approx_divf": binary(F.div, m("create_approx_divf")),
-        "create_minimumf": binary(F.smin, m("create_minimumf")),
-        "create_minnumf": binary(F.smin, m("create_minnumf")),
-        "create_maximumf": binary(F.smax, m("create_maximumf")),
-        "create_maxnumf": binary(F.smax, m("create_maxnumf")),
-        "create_frem": unsupported("frem (floating-point remainder)"),
-        "create_fneg": unary(lambda p, f: F.neg(p, f.w), m("create_fneg")),
-        "create_fabs": unary(lambda p, f: F.sabs(p, f.w), m("create_fabs")),
-        "create_exp": unary(lambda p, f: F.exp(p, f), m("create_exp")),
-        "create_exp2": unary(lambda p, f: F.exp2(p, f.w), m("create_exp2")),
-    }
-    for name, tagname in (
-        ("create_log", "log"),
-        ("create_log2", "log2"),
-        ("create_sqrt", "sqrt"),
-        ("create_precise_sqrt", "sqrt"),
-        ("create_rsqrt", "rsqrt"),
-        ("create_erf", "erf"),
-        ("create_floor", "floor"),
-        ("create_ceil", "ceil"),
-        ("create_sin", "sin"),
-        ("create_cos", "cos"),
-    ):
-        ops[name] = unary(lambda p, f, t=tagname: F.tag(p, t, f.w), m(name))
-    cmp_ops = {
-        "OLT": np.less,
-        "OGT": np.greater,
-        "OLE": np.less_equal,
-        "OGE": np.greater_equal,
-        "OEQ": np.equal,
-        "ONE": np.not_equal,
-    }
-    for suffix, op in cmp_ops.items():
-        ops[f"create_fcmp{suffix}"] = compare(op)
-        ops[f"create_fcmpU{suffix[1:]}"] = compare(op)
-
-    def fma(x, y, z):
+    def fma(self, x, y, z):
         f = _fmt_of(z.dtype)
         if f is None:
-            return cls.create_fma(builder, x, y, z)
-        return wrap(F.add(F.mul(_payload(x, f), _payload(y, f), f.w), _payload(z, f), f.w), f, z.dtype)
+            return self.cls.create_fma(self.builder, x, y, z)
+        return self.wrap(F.add(F.mul(_payload(x, f), _payload(y, f), f.w), _payload(z, f), f.w), f, z.dtype)
 
-    def clampf(arg, lo, hi, propagate_nans):
+    def clampf(self, arg, lo, hi, propagate_nans):
         f = _float_fmt(arg.dtype)
         p = F.smin(F.smax(_payload(arg, f), _payload(lo, f), f.w), _payload(hi, f), f.w)
-        return wrap(p, f, arg.dtype)
+        return self.wrap(p, f, arg.dtype)
 
-    def cast_float(src, dst_type, *rest):
+    def cast_float(self, src, dst_type, *rest):
         fs, fd = _float_fmt(src.dtype), _float_fmt(dst_type)
-        return wrap(F.sext(_payload(src, fs), fs.w, fd.w), fd, dst_type)
+        return self.wrap(F.sext(_payload(src, fs), fs.w, fd.w), fd, dst_type)
 
-    def int_to_float(signed_src):
+    def int_to_float(self, signed_src: bool):
         # homomorphic: integer i becomes the payload i modulo 2^w (sign- or zero-extended)
         def impl(src, dst_type):
             fd = _float_fmt(dst_type)
             data = np.asarray(src.data)
             wide = data.astype(np.int64).astype(np.uint64) if signed_src else data.astype(np.uint64)
-            return wrap(wide.astype(F._UINT[fd.w]), fd, dst_type)
+            return self.wrap(wide.astype(F._UINT[fd.w]), fd, dst_type)
 
         return impl
 
-    def float_to_int(src, dst_type):
+    def float_to_int(self, src, dst_type):
         fs = _float_fmt(src.dtype)
-        np_dst = interp._get_np_dtype(dst_type)
+        np_dst = self.interp._get_np_dtype(dst_type)
         p = F.signed(_payload(src, fs), fs.w)
-        return TH(p.astype(np_dst), dst_type.scalar)
+        return self.interp.TensorHandle(p.astype(np_dst), dst_type.scalar)
 
-    def dot(a, b, d, input_precision, max_num_imprecise_acc):
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         fa, fb, fd = _fmt_of(a.dtype), _fmt_of(b.dtype), _fmt_of(d.dtype)
         if fa is None or fb is None or fd is None:
-            return cls.create_dot(builder, a, b, d, input_precision, max_num_imprecise_acc)
+            return self.cls.create_dot(self.builder, a, b, d, input_precision, max_num_imprecise_acc)
         res = F.dot(_payload(a, fa), _payload(b, fb), _payload(d, fd), fa.w, fb.w, fd.w)
-        return wrap(res, fd, d.dtype)
-
-    ops.update(
-        {
-            "create_fma": fma,
-            "create_clampf": clampf,
-            "create_fp_to_fp": cast_float,
-            "create_fp_ext": cast_float,
-            "create_fp_trunc": cast_float,
-            "create_si_to_fp": int_to_float(True),
-            "create_ui_to_fp": int_to_float(False),
-            "create_fp_to_si": float_to_int,
-            "create_fp_to_ui": float_to_int,
-            "create_dot": dot,
-        }
-    )
-    return {k: v for k, v in ops.items() if v is not None}
+        return self.wrap(res, fd, d.dtype)
 
 
 def _fpsan_atomic(builder, rmwOp, ptr, val, mask):
@@ -709,10 +754,8 @@ def _fpsan_reduce_ops(interp):
             v = (np.max if is_max else np.min)(s, axis=self.axis, keepdims=self.keep_dims)
             val = self.to_tensor(F.unembed(np.asarray(v).view(F._UINT[f.w]), f).view(_NP_FLOAT[f.name]), inp.dtype)
         if idx_reduce_op is not None:
-            import triton.language as tl  # deferred: as in _interpreter
-
             i = (np.argmax if is_max else np.argmin)(s, axis=self.axis, keepdims=self.keep_dims)
-            idx = self.to_tensor(i, tl.int32)
+            idx = self.to_tensor(i, interp.tl.int32)
         if val is not None and idx is not None:
             return val, idx
         return val if val is not None else idx

@@ -16,6 +16,7 @@ import tempfile
 import time
 from typing import Callable, List, Optional, Sequence
 
+from .. import sanitizer  # the package door: sanitizer.checks loads the checks (and torch) on first use
 from ..isolation import sandbox
 from ..isolation.isolation import map_tracked, run_tracked, signal_name
 from ..isolation.lease import OnReady, run_gated
@@ -26,14 +27,11 @@ DEFAULT_TIMEOUT = {SanitizerMode.QUICK: 120.0, SanitizerMode.FULL: 600.0, Saniti
 
 def expected_checks(mode: SanitizerMode, only: Optional[Sequence[str]] = None) -> List[str]:
     """The checks a complete verdict of this mode holds (a verdict missing one fails)."""
+    # through the package door: the checks load torch, which the command line's startup does without
     if mode == SanitizerMode.GPU:
-        from .gpu import GPU_CHECK_NAMES  # keeps the CLI's startup light: the GPU checks load torch
-
-        names = ["static_gate", "load"] + [n for n in GPU_CHECK_NAMES if not only or n in only]
+        names = ["static_gate", "load"] + [n for n in sanitizer.gpu.GPU_CHECK_NAMES if not only or n in only]
     else:
-        from .checks import CHECK_NAMES  # keeps the CLI's startup light: the checks load torch
-
-        names = [n for n in CHECK_NAMES if not only or n in only or n in ("static_gate", "load")]
+        names = [n for n in sanitizer.checks.CHECK_NAMES if not only or n in only or n in ("static_gate", "load")]
     return names
 
 

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Callable, List, Optional
 
+from .. import sanitizer  # the package door: sanitizer.checks and sanitizer.gpu load torch and triton on first use
 from ..isolation.lease import wait_for_grant
 from .canonical import judged_or_as_read
 from .executor import Executor
@@ -121,10 +122,10 @@ def _judge(
     on_start: Callable[[str], None],
 ) -> Verdict:
     """Run the checks of args.mode on the candidate: on the GPU, or through its executor in the interpreter."""
+    # the checks through the package door: torch and triton load after the executor has started (and the
+    # interpreter's checks after TRITON_INTERPRET is set)
     if args.mode == SanitizerMode.GPU:
-        from .gpu import sanitize_gpu  # deferred: torch and triton load after the executor has started
-
-        return sanitize_gpu(
+        return sanitizer.gpu.sanitize_gpu(
             args.file,
             args.op,
             on_check=on_check,
@@ -135,9 +136,7 @@ def _judge(
             skip_gate=args.skip_gate,
             before_gpu=(lambda: wait_for_grant("gpu")) if args.gpu_lease else None,
         )
-    from .checks import sanitize_file  # deferred: after TRITON_INTERPRET is set, and the executor started
-
-    return sanitize_file(
+    return sanitizer.checks.sanitize_file(
         args.file,
         args.op,
         args.mode,
