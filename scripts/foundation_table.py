@@ -81,7 +81,6 @@ def load(path, rebalance=False):
     return doc
 
 
-# long: a one-off report script that prints its tables in the order of the issue it answers
 def main(out, run2_path=None, *more_paths, rebalance=False):
     out_path = os.path.join(out, "bench.json") if os.path.isdir(out) else out
     doc = load(out_path, rebalance)
@@ -92,6 +91,17 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
         f"bf16 matmul {c.get('bf16_tflops')} TFLOP/s; torch {c.get('versions', {}).get('torch')}, "
         f"triton {c.get('versions', {}).get('triton')}, driver {c.get('versions', {}).get('driver')}\n"
     )
+    misses = _baseline_table(doc, c)
+    for op, what in FLOORS.items():
+        print(f"- floor {op}: {what}")
+    if misses:
+        print("\nMissed floors: " + "; ".join(misses))
+    _run_agreement(doc, out_path, run2_path, more_paths, rebalance)
+    _sanitizer_table(out)
+
+
+def _baseline_table(doc, c):
+    """The baselines against their anchors, one row per (op, shape, dtype), and the floors each missed."""
     from kernel_agent.harness.bench.bench import reported_time
     from kernel_agent.harness.bench.bench_records import Measurement
     from kernel_agent.harness.bench.promotion import graph_timed
@@ -129,10 +139,12 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
             f"{ratio:.2f}x | {rate} | {b['fraction_of_ceiling']:.0%} | {fl}{mark} |"
         )
     print()
-    for op, what in FLOORS.items():
-        print(f"- floor {op}: {what}")
-    if misses:
-        print("\nMissed floors: " + "; ".join(misses))
+    return misses
+
+
+def _run_agreement(doc, out_path, run2_path, more_paths, rebalance):
+    """How far the judged medians of the runs named after the first agree."""
+    run2 = None
     if run2_path:
         run2 = load(run2_path, rebalance)
         rows = agreement(doc, run2)
@@ -163,6 +175,10 @@ def main(out, run2_path=None, *more_paths, rebalance=False):
                     f"{sum(r[4] for r in rows)} of {len(rows)} agree"
                     + (f"; apart: {'; '.join(apart)}" if apart else "")
                 )
+
+
+def _sanitizer_table(out):
+    """The GPU sanitizer's verdict on each baseline, from the sanitize_*.json files beside the runs."""
     print("\nGPU sanitizer on the baselines:\n")
     print("| op | passed | checks (failed / skipped) |")
     print("|---|---|---|")
