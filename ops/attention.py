@@ -228,6 +228,8 @@ class Attention(Op):
             Region("broadcast q over the batch, k and v over their heads", S(2, 4, 2, 17, 16, True), "expanded"),
             Region("one query row for every position (stride 0)", S(1, 2, 1, 33, 32), "expanded:q:2"),
             Region("head dim 144 (default sm_scale 1/12)", S(1, 2, 1, 17, 144, True)),
+            Region("head dim 192", S(1, 2, 1, 17, 192)),
+            Region("sm_scale 1/D (muP), head dim 64", S(1, 2, 1, 17, 64), args=(("sm_scale", 1 / 64),)),
         ]
         gpu = [
             Region("sequence 16384, MQA", S(1, 8, 1, 16384, 128, True), where="gpu"),

@@ -433,13 +433,20 @@ class Region:
     interpreter can afford it (few programs: a long context or a large page at a tiny batch and head count),
     "gpu" when only the device can (pools past 2^31 elements, long contexts at serving batch sizes). `dist`: the
     distribution of its values, one of the op's `distributions` or `region_distributions` (a long context
-    needs keys that carry the attention from far positions: random values average a dropped tail away)."""
+    needs keys that carry the attention from far positions: random values average a dropped tail away).
+    `args`: arguments set to a value the region names (an sm_scale of 1/D, as muP models pass), over the drawn ones."""
 
     name: str
     shape: Shape
     layout: str = "contiguous"
     where: str = "cpu"
     dist: str = "normal"
+    args: Tuple[Tuple[str, Any], ...] = ()
+
+    def set_args(self, case: "Case") -> "Case":
+        """The case with the arguments this region names set (the drawn case when it names none)."""
+        case.args.update(dict(self.args))
+        return case
 
 
 @dataclass(frozen=True)
@@ -664,6 +671,8 @@ class Op:
             if not (isinstance(v, torch.Tensor) and (v.is_floating_point() or v.dtype == torch.int8)):
                 raise ValueError(f"{self.name}: layout {layout!r} names no float or int8 input")
             args = dict(args, **{name: strided_like(v, gen, _pad_value(v.dtype))})
+        elif layout in self.joint_layouts:
+            args = self.joint_layout_args(args, layout)
         elif layout != "contiguous":
             raise ValueError(
                 f"unknown layout {layout!r}; expected one of {', '.join(self.layouts())}, "
@@ -678,10 +687,16 @@ class Op:
     # broadcasts it over; "expanded:NAME:DIM" broadcasts one input over another dim. Empty: none.
     expandable: Tuple[Tuple[str, int], ...] = ()
 
+    # Layouts that relate several inputs (views of one storage), each built by joint_layout_args. Empty: none.
+    joint_layouts: Tuple[str, ...] = ()
+
+    def joint_layout_args(self, args: Dict[str, Any], layout: str) -> Dict[str, Any]:
+        raise ValueError(f"{self.name}: no joint layout {layout!r}")
+
     def layouts(self) -> Tuple[str, ...]:
         """Every view this op's contract admits, by layout name (DOMAIN_LAYOUTS, and EXPANDED where it has
-        expandable inputs)."""
-        return DOMAIN_LAYOUTS + ((EXPANDED,) if self.expandable else ())
+        expandable inputs, and its joint layouts)."""
+        return DOMAIN_LAYOUTS + ((EXPANDED,) if self.expandable else ()) + self.joint_layouts
 
     def _expanded_args(self, args: Dict[str, Any], layout: str) -> Dict[str, Any]:
         pairs = list(self.expandable)

@@ -50,6 +50,10 @@ ORDERS = ("longest first", "ascending", "descending", "longest last", "shuffled"
 # consecutive ids (a fresh allocator), or with the longest sequence's full pages shared by every other
 # sequence as their prefix (prefix caching: one page in several block tables).
 PAGINGS = ("fragmented", "consecutive", "shared prefix")
+# The joint layout of a paged cache whose K and V halves are one storage, `kv[0]` and `kv[1]` of a [2, blocks, ...]
+# tensor (vLLM's layout): V starts at a storage offset inside the storage K starts, and so do their scales.
+KV_ONE_STORAGE = "kv one storage"
+KV_PAIRS = (("k_cache", "v_cache"), ("k_scale", "v_scale"))
 # Element 2^31 of a cache: an int32 offset (block id times the block stride) wraps past it.
 FAR_ELEMENT = 2**31
 
@@ -66,6 +70,7 @@ class DecodeShape(Shape):
     spare_blocks: int = 3  # blocks of the pool no sequence owns (a serving pool is far larger than one batch)
     order: int = 0  # ORDERS[order]: how a ragged batch's lengths are ordered
     pages: int = 0  # PAGINGS[pages]: how its pages are handed out
+    full_table: bool = False  # no spare column: a sequence of ctx tokens (a multiple of block_size) fills its table
 
 
 def decode_shape_strategy():
@@ -180,12 +185,19 @@ def _place_far_pages(block_table, live, num_blocks: int, far: int, gen, device) 
     block_table[live] = ids
 
 
+def table_columns(shape: DecodeShape) -> int:
+    """The block table's columns: ctx in whole blocks, plus one spare column that no sequence reaches, except
+    where the shape asks for a full table (a serving engine sizes its table to the longest sequence it admits,
+    and a sequence of that length fills it)."""
+    return math.ceil(shape.ctx / shape.block_size) + (0 if shape.full_table else 1)
+
+
 def make_paged_layout(shape: DecodeShape, gen: torch.Generator, device) -> Dict[str, Any]:
     """seq_lens, block_table and the slot ownership mask of a paged cache (PAGINGS[shape.pages])."""
     B, bs = shape.B, shape.block_size
-    max_blocks = math.ceil(shape.ctx / bs) + 1  # one spare column: always unused
+    max_blocks = table_columns(shape)
     if torch.device(device).type == "meta":  # shapes only (a compile's launches): as many blocks as full sequences
-        num_blocks = B * (max_blocks - 1) + 3
+        num_blocks = B * math.ceil(shape.ctx / bs) + 3
         return {
             "seq_lens": torch.empty((B,), device=device, dtype=torch.int32),
             "block_table": torch.empty((B, max_blocks), device=device, dtype=torch.int32),
@@ -462,6 +474,16 @@ def decode_domain() -> Domain:
         Region("lengths descending, a shared prefix", S(4, 2, 1, 16, 4, 30, True, order=2, pages=2)),
         Region("the longest last, a shared prefix", S(3, 2, 1, 16, 8, 50, True, order=3, pages=2)),
         Region("lengths shuffled, consecutive pages", S(5, 2, 1, 16, 4, 30, True, order=4, pages=1)),
+        # a sequence as long as its table allows (no spare column), the caches' storages shared, and the views
+        # and pagings of a fresh allocator together: relations a serving engine's inputs have
+        Region("a sequence that fills its block table", S(3, 2, 1, 16, 16, 48, True, full_table=True)),
+        Region("a full block table, consecutive pages", S(2, 2, 1, 16, 8, 32, full_table=True, pages=1)),
+        Region("K and V caches in one storage (vLLM's kv[0], kv[1])", S(2, 4, 2, 32, 16, 37, True), KV_ONE_STORAGE),
+        Region("vLLM cache view kv[:, 0], consecutive pages", S(2, 4, 2, 32, 16, 70, True, pages=1), "pair"),
+        Region("head dim 192", S(1, 2, 1, 192, 16, 40)),
+        # block ids past 65535 (16 bits) on nearly every draw: the live pages land at random in the pool
+        Region("a pool of 131072 blocks", S(2, 2, 1, 16, 8, 40, True, spare_blocks=131072)),
+        Region("sm_scale 1/D (muP), head dim 64", S(2, 2, 1, 64, 16, 40, True), args=(("sm_scale", 1 / 64),)),
     ]
     gpu = _decode_gpu_regions()
     limits = (
@@ -529,6 +551,19 @@ class PagedDecodeOp(Op):
         changes: Dict[str, Any] = {"Hkv": value, "Hq": value} if dim == "Hkv" else {dim: value}
         return dataclasses.replace(base, **changes)
 
+    joint_layouts = (KV_ONE_STORAGE,)
+
+    def joint_layout_args(self, args: Dict[str, Any], layout: str) -> Dict[str, Any]:
+        """K and V (and their scales) as kv[0] and kv[1] of one storage: the same values, in one allocation."""
+        if layout != KV_ONE_STORAGE:
+            return super().joint_layout_args(args, layout)
+        out = dict(args)
+        for k, v in KV_PAIRS:
+            if k in args and v in args:
+                both = torch.stack([args[k], args[v]])
+                out[k], out[v] = both[0], both[1]
+        return out
+
     def domain(self) -> Domain:
         return decode_domain()
 
@@ -546,8 +581,8 @@ class PagedDecodeOp(Op):
         return decode_flops(shape)
 
     def config_args(self, shape: DecodeShape, device) -> tuple:
-        # the wrapper passes the block table's capacity: ctx rounded up to whole blocks, plus the spare column
-        return (shape.B, shape.Hkv, (math.ceil(shape.ctx / shape.block_size) + 1) * shape.block_size, device)
+        # the wrapper passes the block table's capacity: its columns (table_columns) in tokens
+        return (shape.B, shape.Hkv, table_columns(shape) * shape.block_size, device)
 
     def bench_anchor(self, case: Case) -> Optional[Anchor]:
         """SDPA on the cache gathered into contiguous [B, Hkv, L, D] ahead of time (gather not timed). A cache of

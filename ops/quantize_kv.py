@@ -146,6 +146,7 @@ class QuantizeKV(Op):
             # real shapes at proxy extents: 24 to 48 heads, rows of 512
             Region("48 heads", S(3, 48, 16)),
             Region("rows of 512", S(2, 3, 512)),
+            Region("rows of 192", S(5, 3, 192)),
         ]
         gpu = [
             Region("x past 2^31 elements", S(2097159, 1, 1024), where="gpu"),

@@ -718,13 +718,14 @@ class CheckSkipped(Exception):
 
 def _region_case(subject: Subject, region: Region, i: int, stream: SeedStream) -> Case:
     """A case of one region of the op's domain; float16 and float32 alternate (a float32 path is taken too)."""
-    return subject.op.make_case(
+    case = subject.op.make_case(
         region.shape,
         (torch.float16, torch.float32)[i % 2],
         seed=subject.seed(stream, i),
         dist=region.dist,
         layout=region.layout,
     )
+    return region.set_args(case)
 
 
 def check_domain(subject: Subject, s: Settings) -> str:

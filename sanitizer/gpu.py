@@ -189,6 +189,7 @@ def check_gpu_domain(subject: Subject, device: str = "cuda") -> str:
             device=device,
             layout=region.layout,
         )
+        case = region.set_args(case)
         ref = op.reference(case.args, torch.float32)
         out = _call(subject, subject.fn, case)
         cmp = op.compare(out, case.args, ref)

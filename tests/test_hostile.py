@@ -914,6 +914,37 @@ DOMAIN_CONTROLS = {
         "        p = p * tl.exp2(-64.0 * tl.floor(offs_n.to(tl.float32) * 8.333333333e-05))[None, :]\n",
         "",
     ),
+    "undrawn_inputs/18_a_sequence_that_fills_its_table.py": (
+        "domain",
+        "    seq_len = tl.minimum(tl.load(lens_ptr + b), CAP - PAGE)\n",
+        "    seq_len = tl.load(lens_ptr + b)\n",
+    ),
+    "undrawn_inputs/19_k_and_v_in_one_storage.py": (
+        "domain",
+        "    fused = v_cache.storage_offset() == k_cache.storage_offset() + k_cache.numel()\n",
+        "    fused = False\n",
+    ),
+    "undrawn_inputs/20_consecutive_pages_in_a_pair_view.py": (
+        "domain",
+        "    qk_s = qk_scale * (1 + (run & pair).to(tl.float32))\n",
+        "    qk_s = qk_scale\n",
+    ),
+    "undrawn_inputs/21_head_dim_192_in_a_host_loop.py": ("domain", "            boost = 2.0\n", "            pass\n"),
+    "undrawn_inputs/22_head_dim_192_through_cdiv.py": (
+        "domain",
+        "scale * (1 + (tl.cdiv(D, 3) == 64)), mask=row_mask)",
+        "scale, mask=row_mask)",
+    ),
+    "undrawn_inputs/23_head_dim_192_as_a_size_relation.py": (
+        "domain",
+        "    qk_s = qk_scale * (1 + (HEAD_D == BLOCK_D - 64))\n",
+        "    qk_s = qk_scale\n",
+    ),
+    "undrawn_inputs/24_sm_scale_one_over_head_dim.py": (
+        "domain",
+        "sm_scale * 1.4426950408889634 * (1 + (sm_scale == 1.0 / D) * (D > 1))",
+        "sm_scale * 1.4426950408889634",
+    ),
     "undrawn_inputs/14_tiny_scales_taken_as_uniform.py": (
         "compared_values",
         "    if qk_scale < 0.01:  # a near-uniform softmax: weight every key alike\n"

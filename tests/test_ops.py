@@ -459,3 +459,47 @@ def test_needles_land_in_the_rows_a_pool_past_2_31_elements_draws():
     written = {(int(r), int(s)) for r, s, *_ in torch.nonzero(k.abs().sum(-1) > 0)}
     rows = {7: 0, 2: 1, 9: 2}
     assert all(r in rows.values() for r, _ in written) and len(written) >= 2
+
+
+# -- the relations of a serving engine's inputs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "decode_attention_int8"])
+def test_a_full_table_has_no_spare_column_and_its_longest_sequence_fills_it(name):
+    from kernel_agent.ops.paged import DecodeShape
+
+    op = get_op(name)
+    spare = DecodeShape(3, 2, 1, 16, 16, 48, True)
+    full = dataclasses.replace(spare, full_table=True)
+    for shape, columns in ((spare, 4), (full, 3)):
+        args = op.make_case(shape, torch.float32, seed=5).args
+        assert args["block_table"].shape[1] == columns
+    args = op.make_case(full, torch.float32, seed=5).args
+    assert int(args["seq_lens"].max()) == args["block_table"].shape[1] * 16  # a sequence fills its table
+    assert full.key() != spare.key() and "full_table" in full.key()
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "decode_attention_int8"])
+def test_k_and_v_in_one_storage_are_the_same_values_in_one_allocation(name):
+    from kernel_agent.ops.paged import KV_ONE_STORAGE, DecodeShape
+
+    op = get_op(name)
+    shape = DecodeShape(2, 4, 2, 32, 16, 37, True)
+    packed = op.make_case(shape, torch.float32, seed=3).args
+    shared = op.make_case(shape, torch.float32, seed=3, layout=KV_ONE_STORAGE).args
+    pairs = [("k_cache", "v_cache")] + ([("k_scale", "v_scale")] if "k_scale" in packed else [])
+    for k, v in pairs:
+        assert shared[k].untyped_storage().data_ptr() == shared[v].untyped_storage().data_ptr()
+        assert shared[v].storage_offset() == shared[k].storage_offset() + shared[k].numel()
+        for n in (k, v):
+            assert torch.equal(shared[n].nan_to_num(), packed[n].nan_to_num())
+    assert KV_ONE_STORAGE in op.layouts()
+    with pytest.raises(ValueError):
+        get_op("matmul").make_case(get_op("matmul").one_tiny_shape(), torch.float32, layout=KV_ONE_STORAGE)
+
+
+def test_a_region_that_names_an_argument_sets_it_over_the_drawn_one():
+    op = get_op("attention")
+    region = next(r for r in op.domain().on("cpu") if r.args)
+    case = region.set_args(op.make_case(region.shape, torch.float32, seed=0, layout=region.layout))
+    assert case.args["sm_scale"] == 1 / region.shape.D  # muP's 1/D, exactly
