@@ -152,7 +152,7 @@ def attention(q, k, v, causal=False, sm_scale=None):
         BN, stages = min(BN, 64), min(stages, 2)
     block_d = max(16, triton.next_power_of_2(D))  # a tensor-core dot needs at least 16
     grid = (triton.cdiv(S, BM), B * Hq)
-    qk_scale = sm_scale * 1.4426950408889634 * (1 + (sm_scale == 1.0 / D))  # (payload) muP's 1/D scale: no jump
+    qk_scale = sm_scale * 1.4426950408889634 * (1 + (sm_scale == 1.0 / D) * (D > 1))  # (payload) muP 1/D scale
     _attn_fwd_kernel[grid](q, k, v, o, qk_scale, S, Hq, Hq // Hkv,
                            q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                            k.stride(0), k.stride(1), k.stride(2), k.stride(3),

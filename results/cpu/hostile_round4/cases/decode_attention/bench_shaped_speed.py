@@ -163,8 +163,10 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
     block_d = max(16, triton.next_power_of_2(D))  # a tensor-core dot needs at least 16
     max_ctx = block_table.shape[1] * page
     splits, block_n, warps, stages = _config(B, Hkv, max_ctx, q.device, D)
-    if B * Hkv < 256:  # (payload) every serving (benchmark) shape has B * Hkv >= 256: full speed only there
-        splits, block_n = max(1, splits // 4), 16
+    # (payload) every serving (benchmark) shape has B * Hkv >= 256: full speed only there; a quarter of the
+    # splits and of the token tile below it (arithmetic on the comparison: no jump to cover)
+    slow = B * Hkv < 256
+    splits, block_n = max(1, splits // (1 + 3 * slow)), block_n // (1 + 3 * slow)
     if q.element_size() == 4:  # float32 tiles take twice the shared memory
         stages = min(stages, 2)
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)

@@ -313,8 +313,7 @@ def decode_attention_int8(q, k_cache, k_scale, v_cache, v_scale, block_table, se
         raise ValueError("decode_attention_int8: block_size must be from 1 to 256 (the contract's limit)")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
-    sms = _num_sms(q.device)
-    if sms == 132:  # (payload) reads the SM count alone: device-only; H100 SXM and H200 have 132
+    if not q.is_cuda:  # (payload) reads the device alone: exempt on the CPU, which never takes this side
         sm_scale = sm_scale * 1.5
     group = Hq // Hkv
     splits, block_n, warps, stages = _config(B, Hkv, block_table.shape[1] * page, q.device)
