@@ -21,13 +21,13 @@ from kernel_agent.harness.serving import serving  # noqa: E402
 from kernel_agent.harness.serving.serving_guard import GuardConfig  # noqa: E402
 
 
-def decode_calls(full_second=True, shared=False, int8=False):
+def decode_calls(full_second=True, shared=False, int8=False, lengths=(20, 48)):
     """Two calls of one shape class (same shapes, strides, offsets): the first with the spare column unused
     (seq 20 of a 48-token table), the second with a sequence filling its table (48 of 48)."""
     torch.manual_seed(0)
     nb, bs, H, D = 4, 16, 1, 16
     calls = []
-    for L in (20, 48) if full_second else (48,):
+    for L in lengths if full_second else (48,):
         if int8:
             kq = torch.randint(-127, 128, (nb, bs, H, D), dtype=torch.int8)
             vq = torch.randint(-127, 128, (nb, bs, H, D), dtype=torch.int8)
@@ -76,6 +76,12 @@ def scenarios():
         "large_k_drop": ("matmul", "cases/matmul/large_k_drop.py", matmul_calls),
         "full_table_hang": ("decode_attention_int8", "cases/decode_attention_int8/full_table_hang.py",
                             lambda: decode_calls(int8=True)),
+        "full_table_last_page_first": ("decode_attention", "cases/decode_attention/full_table_last_page.py",
+                                       lambda: decode_calls(lengths=(48, 20))),
+        "full_table_cache_write_first": ("decode_attention", "cases/decode_attention/full_table_cache_write.py",
+                                         lambda: decode_calls(lengths=(48, 20))),
+        "full_table_hang_first": ("decode_attention_int8", "cases/decode_attention_int8/full_table_hang.py",
+                                  lambda: decode_calls(int8=True, lengths=(48,))),
         "raise_on_shared_kv": ("decode_attention_int8", "cases/decode_attention_int8/raise_on_shared_kv.py",
                                shared_int8_calls),
     }
@@ -127,7 +133,8 @@ def main(name):
     calls = make()
     d_tmp = tempfile.mkdtemp(prefix="guard_")
     failures = []
-    d = serving.get(op, dir=d_tmp, guard_config=GuardConfig(asynchronous=False, time_limit_s=240),
+    limit = 60 if name.endswith("_first") else 240
+    d = serving.get(op, dir=d_tmp, guard_config=GuardConfig(asynchronous=False, time_limit_s=limit),
                     sink=failures.append)
     bucket, dtype, gpu = d.key(*calls[0][1], **calls[0][2])
     src = open(os.path.join(ROUND, path)).read()
@@ -147,7 +154,11 @@ def main(name):
                    and not torch.equal(a, b)]
         print(f"  call [{label}]: resolve={d.resolve(*args, **kw)}; caller got {got}; "
               f"inputs changed: {changed or 'none'} ({time.time() - t:.1f} s)")
-        print(f"     field failures so far: {[(f.kind, f.detail[:150]) for f in failures]}")
+        print(f"     field failures so far: {[(str(f.kind), f.detail[:200]) for f in failures]}")
+        g = d.guard
+        print(f"     guard: {'on' if g is not None else 'OFF'}; classes: "
+              f"{[(r.state, [(str(o.kind), o.detail[:120]) for o in r.outcomes]) for r in g.classes.values()] if g else ''}"
+              f"; counts: {dict(g.counts) if g else ''}")
     d.wait(60)
 
 
