@@ -82,6 +82,7 @@ def scenarios():
                                          lambda: decode_calls(lengths=(48, 20))),
         "full_table_hang_first": ("decode_attention_int8", "cases/decode_attention_int8/full_table_hang.py",
                                   lambda: decode_calls(int8=True, lengths=(48,))),
+        "pair_view_consecutive": ("decode_attention", "cases/decode_attention/pair_view_consecutive.py", pair_calls),
         "raise_on_shared_kv": ("decode_attention_int8", "cases/decode_attention_int8/raise_on_shared_kv.py",
                                shared_int8_calls),
     }
@@ -95,6 +96,21 @@ def decode_d192():
     bt = torch.tensor([[3, 0, 1]], dtype=torch.int32)
     lens = torch.tensor([20], dtype=torch.int32)
     return [("seq_len 20", (q, k, v, bt, lens), {}, paged_ref(q, k, v, bt, lens))]
+
+
+def pair_calls():
+    """Two calls of one class: kv[:, 0], kv[:, 1] of one [num_blocks, 2, 16, 1, 16] cache, a 40-token sequence
+    in fragmented pages, then in consecutive pages (a fresh allocator)."""
+    torch.manual_seed(0)
+    kv = torch.randn(6, 2, 16, 1, 16)
+    k, v = kv[:, 0], kv[:, 1]
+    q = torch.randn(1, 2, 16)
+    lens = torch.tensor([40], dtype=torch.int32)
+    calls = []
+    for table in ([4, 1, 3, 0], [2, 3, 4, 0]):
+        bt = torch.tensor([table], dtype=torch.int32)
+        calls.append((f"pages {table[:3]}", (q, k, v, bt, lens), {}, paged_ref(q, k, v, bt, lens)))
+    return calls
 
 
 def shared_int8_calls():
