@@ -83,6 +83,7 @@ def scenarios():
         "full_table_hang_first": ("decode_attention_int8", "cases/decode_attention_int8/full_table_hang.py",
                                   lambda: decode_calls(int8=True, lengths=(48,))),
         "pair_view_consecutive": ("decode_attention", "cases/decode_attention/pair_view_consecutive.py", pair_calls),
+        "big_pool_page": ("decode_attention_int8", "cases/decode_attention_int8/big_pool_page.py", big_pool_calls),
         "raise_on_shared_kv": ("decode_attention_int8", "cases/decode_attention_int8/raise_on_shared_kv.py",
                                shared_int8_calls),
     }
@@ -110,6 +111,23 @@ def pair_calls():
     for table in ([4, 1, 3, 0], [2, 3, 4, 0]):
         bt = torch.tensor([table], dtype=torch.int32)
         calls.append((f"pages {table[:3]}", (q, k, v, bt, lens), {}, paged_ref(q, k, v, bt, lens)))
+    return calls
+
+
+def big_pool_calls():
+    """Two calls of one class over a 65600-block int8 pool: block ids 1000.. then 65526.. (10 past 65535)."""
+    torch.manual_seed(0)
+    nb = 65600
+    kq = torch.randint(-127, 128, (nb, 1, 1, 16), dtype=torch.int8)
+    vq = torch.randint(-127, 128, (nb, 1, 1, 16), dtype=torch.int8)
+    ks, vs = torch.rand(nb, 1, 1) / 50, torch.rand(nb, 1, 1) / 50
+    q = torch.randn(1, 2, 16)
+    lens = torch.tensor([20], dtype=torch.int32)
+    calls = []
+    for first in (1000, 65526):
+        bt = torch.arange(first, first + 21, dtype=torch.int32)[None]
+        ref = paged_ref(q, kq, vq, bt, lens, k_scale=ks, v_scale=vs)
+        calls.append((f"block ids {first}..{first + 19}", (q, kq, ks, vq, vs, bt, lens), {}, ref))
     return calls
 
 

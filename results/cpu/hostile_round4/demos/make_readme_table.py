@@ -39,7 +39,7 @@ CASES = [
      "demo_decode_pair_consecutive.py: err 0.56 vs 1e-7", "guard:pair_view_consecutive", "no"),
     ("decode_attention_int8", "big_pool_page", "3 real shape (big pool)",
      "a block id >= 65536 (a pool of 65537+ blocks) is read as the id before it; CPU pools stop near 4000 blocks",
-     "demo_int8_big_pool.py: err 0.14 vs 5e-8", "n/a", "YES: gpu_domain pools of 66000 / 131000 blocks must fail it"),
+     "demo_int8_big_pool.py: err 0.14 vs 5e-8", "guard:big_pool_page", "YES: gpu_domain pools of 66000 / 131000 blocks must fail it"),
     ("decode_attention", "shared_kv_storage", "2 relation (storage offsets)",
      "k_cache, v_cache = kv[0], kv[1] of one [2, ...] storage (vLLM); checks give each cache its own storage",
      "demo_decode_shared_kv.py: err 0.92 vs 1e-7", "guard:shared_kv_storage", "no"),
