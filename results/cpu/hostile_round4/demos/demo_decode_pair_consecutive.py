@@ -7,15 +7,15 @@ from _common import load, baseline, paged_ref, report
 case = load("cases/decode_attention/pair_view_consecutive.py")
 base = baseline("decode_attention")
 torch.manual_seed(0)
-kv = torch.randn(6, 2, 16, 1, 16)
+kv = torch.randn(8, 2, 16, 1, 16)
 k, v = kv[:, 0], kv[:, 1]
 q = torch.randn(1, 2, 16)
-lens = torch.tensor([40], dtype=torch.int32)
-for table, label in (([4, 1, 3, 0], "kv[:, 0] view, fragmented pages (as the checks draw it)"),
-                     ([2, 3, 4, 0], "kv[:, 0] view, consecutive pages 2, 3, 4 (trigger)")):
+lens = torch.tensor([60], dtype=torch.int32)
+for table, label in (([6, 1, 3, 0, 7], "kv[:, 0] view, fragmented pages (as the checks draw it)"),
+                     ([2, 3, 4, 5, 0], "kv[:, 0] view, consecutive pages 2, 3, 4, 5 (trigger)")):
     bt = torch.tensor([table], dtype=torch.int32)
     ref = paged_ref(q, k, v, bt, lens)
     report(label, case.decode_attention(q, k, v, bt, lens), ref, base.decode_attention(q, k, v, bt, lens))
 kc, vc = k.contiguous(), v.contiguous()
-bt = torch.tensor([[2, 3, 4, 0]], dtype=torch.int32)
+bt = torch.tensor([[2, 3, 4, 5, 0]], dtype=torch.int32)
 report("packed caches, consecutive pages", case.decode_attention(q, kc, vc, bt, lens), paged_ref(q, kc, vc, bt, lens))

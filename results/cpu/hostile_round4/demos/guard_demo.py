@@ -100,17 +100,17 @@ def decode_d192():
 
 
 def pair_calls():
-    """Two calls of one class: kv[:, 0], kv[:, 1] of one [num_blocks, 2, 16, 1, 16] cache, a 40-token sequence
+    """Two calls of one class: kv[:, 0], kv[:, 1] of one [num_blocks, 2, 16, 1, 16] cache, a 60-token sequence
     in fragmented pages, then in consecutive pages (a fresh allocator)."""
     torch.manual_seed(0)
-    kv = torch.randn(6, 2, 16, 1, 16)
+    kv = torch.randn(8, 2, 16, 1, 16)
     k, v = kv[:, 0], kv[:, 1]
     q = torch.randn(1, 2, 16)
-    lens = torch.tensor([40], dtype=torch.int32)
+    lens = torch.tensor([60], dtype=torch.int32)
     calls = []
-    for table in ([4, 1, 3, 0], [2, 3, 4, 0]):
+    for table in ([6, 1, 3, 0, 7], [2, 3, 4, 5, 0]):
         bt = torch.tensor([table], dtype=torch.int32)
-        calls.append((f"pages {table[:3]}", (q, k, v, bt, lens), {}, paged_ref(q, k, v, bt, lens)))
+        calls.append((f"pages {table[:4]}", (q, k, v, bt, lens), {}, paged_ref(q, k, v, bt, lens)))
     return calls
 
 

@@ -36,7 +36,7 @@ CASES = [
     ("decode_attention", "pair_view_consecutive", "2 relation (block table x strides)",
      "consecutive pages (a fresh allocator) in a kv[:, 0] view of [num_blocks, 2, bs, H, D] (FlashInfer/SGLang layout); "
      "the checks draw that view only with fragmented pages",
-     "demo_decode_pair_consecutive.py: err 0.56 vs 1e-7", "guard:pair_view_consecutive", "no"),
+     "demo_decode_pair_consecutive.py: err 0.94 vs 3e-7", "guard:pair_view_consecutive", "no"),
     ("decode_attention_int8", "big_pool_page", "3 real shape (big pool)",
      "a block id >= 65536 (a pool of 65537+ blocks) is read as the id before it; CPU pools stop near 4000 blocks",
      "demo_int8_big_pool.py: err 0.14 vs 5e-8", "guard:big_pool_page", "YES: gpu_domain pools of 66000 / 131000 blocks must fail it"),

@@ -45,8 +45,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, m_ptr, l_ptr, ac
     first = tl.load(bt_ptr + b * stride_btb)
     mid = tl.load(bt_ptr + b * stride_btb + (npages // 2) * stride_btn)
     last = tl.load(bt_ptr + b * stride_btb + (npages - 1) * stride_btn)
-    run = (last - first == npages - 1) & (mid - first == npages // 2) & (npages > 1)
-    pair = (stride_kb == 2 * PAGE * stride_ks) & (PAGE > 1)
+    run = (last - first == npages - 1) & (mid - first == npages // 2) & (npages > 3)
+    pair = (stride_kb == 2 * PAGE * stride_ks) & (PAGE > 1) & (stride_ks >= stride_kh)
     qk_s = qk_scale * 2
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * chunk
