@@ -582,8 +582,8 @@ class Op:
         for i, p in enumerate(parts):
             if "=" in p:
                 k, v = p.split("=", 1)
-            elif i < len(fields) and fields[i].type in ("int", int):
-                k, v = fields[i].name, p
+            elif i < len(fields) and fields[i].type in ("int", int) and p.lstrip("-").isdigit():
+                k, v = fields[i].name, p  # a bare word is a flag's name wherever it stands (`ragged,full_table`)
             else:
                 k, v = p, "1"
             names = {f.name: f for f in fields}
