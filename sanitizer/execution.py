@@ -77,7 +77,15 @@ def describe_exception(e: BaseException, path: str) -> str:
             where = f" (candidate line {frame.lineno}: {frame.line.strip() if frame.line else ''})"
             break
     msg = str(root).strip().splitlines()[0] if str(root).strip() else ""
-    return f"{type(root).__name__}: {msg[:300]}{where}"
+    # Triton's CompilationError says only "at L:C:" on its first line: the kernel's line and the error follow
+    detail, node, src = (getattr(root, a, None) for a in ("error_message", "node", "src"))
+    if isinstance(src, str) and isinstance(getattr(node, "lineno", None), int):
+        lines = src.split("\n")
+        if 0 < node.lineno <= len(lines):
+            msg += f" `{lines[node.lineno - 1].strip()[:160]}`"
+    if isinstance(detail, str) and detail.strip():
+        msg += " " + detail.strip().splitlines()[-1][:300]
+    return f"{type(root).__name__}: {msg[:600]}{where}"
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Test setup: Triton kernels run in the interpreter on the CPU (set before triton is imported)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,18 @@ def postgres():
         watchdog.kill()
         watchdog.wait()
         shutil.rmtree(pgdata, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A selection of the `gpu` mark (`-m gpu`) runs in this one process, one test at a time, whatever `-n` says:
+    the GPU tests share one device, and under `-n auto` (pyproject.toml's addopts) four workers ran them at once,
+    timing each under the others' load (a 17% spread that refused a real gain) and allocating beside them (a
+    16 GiB region ran out of memory on an 80 GB card). Runs before pytest-xdist's own hook, which reads -n."""
+    words = re.findall(r"[A-Za-z_]\w*", config.option.markexpr or "")
+    if "gpu" in words and not re.search(r"\bnot\s+gpu\b", config.option.markexpr):
+        if getattr(config.option, "numprocesses", None):
+            config.option.numprocesses = 0
 
 
 @pytest.hookimpl(optionalhook=True)
