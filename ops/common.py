@@ -434,7 +434,11 @@ class Region:
     "gpu" when only the device can (pools past 2^31 elements, long contexts at serving batch sizes). `dist`: the
     distribution of its values, one of the op's `distributions` or `region_distributions` (a long context
     needs keys that carry the attention from far positions: random values average a dropped tail away).
-    `args`: arguments set to a value the region names (an sm_scale of 1/D, as muP models pass), over the drawn ones."""
+    `args`: arguments set to a value the region names (an sm_scale of 1/D, as muP models pass), over the drawn ones.
+    `budget`: the CPU check also holds the output to the error budget (twice the baseline's error on the same
+    inputs), where the contract's per-element bound is too loose to see a fault alone (a matmul's bound grows
+    with K: at K = 32768 an output 6% off in norm, the last K tile dropped, is inside it). The GPU's regions
+    always are."""
 
     name: str
     shape: Shape
@@ -442,6 +446,7 @@ class Region:
     where: str = "cpu"
     dist: str = "normal"
     args: Tuple[Tuple[str, Any], ...] = ()
+    budget: bool = False
 
     def set_args(self, case: "Case") -> "Case":
         """The case with the arguments this region names set (the drawn case when it names none)."""

@@ -945,6 +945,11 @@ DOMAIN_CONTROLS = {
         "sm_scale * 1.4426950408889634 * (1 + (sm_scale == 1.0 / D) * (D > 1))",
         "sm_scale * 1.4426950408889634",
     ),
+    "undrawn_inputs/25_the_last_k_tile_dropped_past_256_tiles.py": (
+        "domain",
+        "K - (K // (BLOCK_K * 256)) * BLOCK_K)",
+        "K)",
+    ),
     "undrawn_inputs/14_tiny_scales_taken_as_uniform.py": (
         "compared_values",
         "    if qk_scale < 0.01:  # a near-uniform softmax: weight every key alike\n"
