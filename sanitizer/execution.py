@@ -78,11 +78,12 @@ def describe_exception(e: BaseException, path: str) -> str:
             break
     msg = str(root).strip().splitlines()[0] if str(root).strip() else ""
     # Triton's CompilationError says only "at L:C:" on its first line: the kernel's line and the error follow
-    detail, node, src = (getattr(root, a, None) for a in ("error_message", "node", "src"))
-    if isinstance(src, str) and isinstance(getattr(node, "lineno", None), int):
+    detail, src = getattr(root, "error_message", None), getattr(root, "src", None)
+    lineno = getattr(getattr(root, "node", None), "lineno", None)
+    if isinstance(src, str) and isinstance(lineno, int):
         lines = src.split("\n")
-        if 0 < node.lineno <= len(lines):
-            msg += f" `{lines[node.lineno - 1].strip()[:160]}`"
+        if 0 < lineno <= len(lines):
+            msg += f" `{lines[lineno - 1].strip()[:160]}`"
     if isinstance(detail, str) and detail.strip():
         msg += " " + detail.strip().splitlines()[-1][:300]
     return f"{type(root).__name__}: {msg[:600]}{where}"

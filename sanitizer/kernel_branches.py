@@ -8,7 +8,9 @@ call. So:
 * the executor's `KernelRecorder` hooks the interpreter's rewriter (FunctionRewriter._transform_ast) for the
   candidate's file alone: each `if`, `while` and conditional expression of a kernel (or of a device function of
   the file) has its test wrapped in a call that records which way it went, each `tl.where` records its condition
-  when that is a scalar (a block condition selects per lane: no branch), and each function records that it ran;
+  when that is a scalar (a block condition selects per lane: no branch), so does each comparison whose result is
+  used as a value (`qk_scale * (1 + (HEAD_D == BLOCK_D - 64))`: a branch with no jump), and each function records
+  that it ran;
 * the same recorder binds `min` and `max` in the candidate's module to the builtins with a record of which
   argument was the result at each call site of host code (numbers only; a tie counts for each tied argument),
   and whether its arguments ever varied: a `min` of the same numbers on every call (`min(block_n, 64)` with a
@@ -19,7 +21,8 @@ call. So:
 
 A site is keyed by its line and its rank among the sites that start on that line (by column): the rewriter
 dedents a nested kernel, which moves columns but not their order. A kernel that never ran is not judged (a host
-branch, or the kernel branch that guards its launch, is); a `tl.where` that only ever saw a block is no branch.
+branch, or the kernel branch that guards its launch, is); a `tl.where` or a comparison that only ever saw a block
+is no branch.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from .canonical import parse_module
 # line of its def, value its name), "minmax" (column of the call, value the index of the deciding argument)
 Hit = Tuple[str, int, int, str]
 RECORD_NAME = "__kernel_branch__"  # the candidate cannot name it: the static gate refuses dunder names
-_KINDS = {"if", "where", "enter", "minmax"}
+_KINDS = {"if", "where", "cmp", "enter", "minmax"}
 
 
 def _is_where(node: ast.AST) -> bool:
@@ -51,10 +54,37 @@ def _is_where(node: ast.AST) -> bool:
     )
 
 
+# calls whose comparisons hold by contract or select lanes, not a value: an assertion, a load's or store's mask
+_NOT_A_VALUE_CALLS = {"static_assert", "device_assert", "assume"}
+_NOT_A_VALUE_KEYWORDS = {"mask", "other"}
+
+
+def _compares_as_values(fn: ast.AST) -> List[ast.Compare]:
+    """The comparisons of a kernel whose result is used as a number or kept (`1 + (HEAD_D == BLOCK_D - 64)`,
+    `F16: tl.constexpr = x.dtype != tl.float32`): a branch with no jump. Not those a site already tests (an `if`,
+    `while` or conditional expression's test, a `tl.where` condition), nor a mask, an assertion or a nested one."""
+    inside: Set[int] = set()
+    for n in ast.walk(fn):
+        if isinstance(n, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+            inside |= {id(x) for x in ast.walk(n.test)}
+        elif isinstance(n, ast.Call):
+            if _is_where(n):
+                inside |= {id(x) for x in ast.walk(n.args[0])}
+            if _tl_call(n) in _NOT_A_VALUE_CALLS:
+                inside |= {id(x) for x in ast.walk(n)}
+            for k in n.keywords:
+                if k.arg in _NOT_A_VALUE_KEYWORDS:
+                    inside |= {id(x) for x in ast.walk(k.value)}
+        elif isinstance(n, ast.Compare):
+            inside |= {id(x) for x in ast.walk(n) if x is not n and isinstance(x, ast.Compare)}
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Compare) and id(n) not in inside]
+
+
 def _sites(fn: ast.AST) -> List[Tuple[int, int, ast.AST]]:
     """(line, rank on its line, node) of every branch site of a kernel: `if`, `while`, conditional expression,
-    `tl.where` (ranked together, by column within a line)."""
+    `tl.where`, a comparison used as a value (ranked together, by column within a line)."""
     nodes: List[Any] = [n for n in ast.walk(fn) if isinstance(n, (ast.If, ast.While, ast.IfExp)) or _is_where(n)]
+    nodes += _compares_as_values(fn)
     nodes.sort(key=lambda n: (n.lineno, n.col_offset))
     out: List[Tuple[int, int, ast.AST]] = []
     for n in nodes:
@@ -87,9 +117,16 @@ class _Instrument(ast.NodeTransformer):
             line, rank, kind = site
             if kind == "where":
                 node.args[0] = self._record("where", line, rank, node.args[0])
+            elif kind == "cmp":
+                return self._record("cmp", line, rank, node)  # the comparison's value, recorded on its way
             else:
                 node.test = self._record("if", line, rank, node.test)
         return node
+
+
+def _kind(node: ast.AST) -> str:
+    """A site's kind in the hits: "where" (a `tl.where`), "cmp" (a comparison used as a value), else "if"."""
+    return "where" if _is_where(node) else "cmp" if isinstance(node, ast.Compare) else "if"
 
 
 def _scalar(value: Any) -> bool:
@@ -117,8 +154,8 @@ class KernelRecorder:
         if kind == "enter":
             self.hits.add(("enter", line, 0, str(value)))
             return value
-        if kind == "where" and not _scalar(value):
-            self.hits.add(("where", line, rank, "block"))
+        if kind in ("where", "cmp") and not _scalar(value):
+            self.hits.add((kind, line, rank, "block"))
             return value
         try:
             truth = bool(value)
@@ -158,7 +195,7 @@ class KernelRecorder:
             return
         fn.__globals__[RECORD_NAME] = self.record
         fdef = defs[0]
-        sites = {id(node): (line, rank, "where" if _is_where(node) else "if") for line, rank, node in _sites(fdef)}
+        sites = {id(node): (line, rank, _kind(node)) for line, rank, node in _sites(fdef)}
         _Instrument(sites).visit(fdef)
         enter = ast.Expr(
             ast.Call(
@@ -230,10 +267,11 @@ def kernel_sides(source: str) -> List[Side]:
             continue
         local = {**device_locals(fdef), **params.get(fdef.name, {})}
         for line, rank, node in _sites(fdef):
-            test = node.args[0] if _is_where(node) else node.test  # type: ignore[attr-defined]
+            kind = _kind(node)
+            test = node.args[0] if kind == "where" else node if kind == "cmp" else node.test  # type: ignore[attr-defined]
             text = _text(source, test)
             exempt = condition_exemption(text, local) or (LOADED if _reads_loaded(test, loaded[fdef.name]) else "")
-            scalar = " (as a scalar)" if _is_where(node) else ""
+            scalar = _SCALAR_SUFFIX.get(kind, "")
             for dest, value in ((1, "true"), (0, "false")):
                 sides.append(
                     Side(f"kernel:{fdef.name}", line, rank, dest, bool(dest), line, text, value + scalar, exempt)
@@ -241,6 +279,8 @@ def kernel_sides(source: str) -> List[Side]:
     return sides
 
 
+# how a site that selects lanes when its condition is a block is named; only its scalar evaluations are branches
+_SCALAR_SUFFIX = {"where": " (as a scalar)", "cmp": " (as a value)"}
 LOADED = "reads values the kernel loaded: the numeric checks draw those (their sizes are compared values)"
 _LOADS = ("load", "atomic_add", "atomic_max", "atomic_min", "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or")
 
@@ -500,7 +540,7 @@ def kernel_taken(hits: Iterable[Sequence], sides: List[Side]) -> Set[Tuple[str, 
         if kind in _KINDS:
             seen.add((kind, line, rank, value))
     ran = {value for kind, _, _, value in seen if kind == "enter"}
-    scalar_where = {(line, rank) for kind, line, rank, value in seen if kind == "where" and value != "block"}
+    scalar = {(kind, line, rank) for kind, line, rank, value in seen if kind in ("where", "cmp") and value != "block"}
     out: Set[Tuple[str, int, int, int]] = set()
     reached = {(line, col) for kind, line, col, _ in seen if kind == "minmax"}
     varied = {(line, col) for kind, line, col, value in seen if kind == "minmax" and value == "varied"}
@@ -519,10 +559,10 @@ def kernel_taken(hits: Iterable[Sequence], sides: List[Side]) -> Set[Tuple[str, 
             continue  # a host jump: branches.taken decides it
         fn = s.qualname.split(":", 1)[1]
         value = "true" if s.dest else "false"
-        is_where = s.value.endswith("(as a scalar)")
-        if fn not in ran or is_where and (s.firstlineno, s.jump) not in scalar_where:
-            out.add(s.key())
-        elif ("where" if is_where else "if", s.firstlineno, s.jump, value) in seen:
+        kind = next((k for k, suffix in _SCALAR_SUFFIX.items() if s.value.endswith(suffix)), "if")
+        if fn not in ran or kind != "if" and (kind, s.firstlineno, s.jump) not in scalar:
+            out.add(s.key())  # never ran, or a `tl.where` or comparison that only ever saw a block: no branch
+        elif (kind, s.firstlineno, s.jump, value) in seen:
             out.add(s.key())
     return out
 

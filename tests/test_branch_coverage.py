@@ -94,6 +94,39 @@ def test_a_kernel_that_never_ran_is_not_judged(tmp_path):
     assert missing == [] and any(s.qualname == "kernel:_unused" for s in sides)
 
 
+COMPARE_AS_VALUE_FILE = """import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _k(x_ptr, n, D: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.static_assert(BLOCK >= 16)
+    x = x * (1 + (D == BLOCK - 64))
+    x = x + (n > 100) * (offs < 3)
+    tl.store(x_ptr + offs, x, mask=offs < n)
+
+
+def f(x, d):
+    _k[(1,)](x, x.numel(), d, 256)
+    return x
+"""
+
+
+def test_a_comparison_used_as_a_value_is_a_branch_to_take_both_ways(tmp_path):
+    """`1 + (D == BLOCK - 64)` jumps nowhere, yet it is a branch: each side must be taken. A comparison of a block
+    (`offs < 3`), a mask and an assertion are none."""
+    missing, _ = _run(tmp_path, COMPARE_AS_VALUE_FILE, [(torch.zeros(20), 64), (torch.zeros(40), 128)])
+    assert "cand.py:11: `D == BLOCK - 64` was never true (as a value)" in missing, missing
+    assert "cand.py:12: `n > 100` was never true (as a value)" in missing, missing
+    assert not any("offs" in m or "BLOCK >= 16" in m for m in missing), missing
+    calls = [(torch.zeros(n), d) for n in (20, 120) for d in (64, 192)]
+    missing, _ = _run(tmp_path, COMPARE_AS_VALUE_FILE, calls)
+    assert missing == [], missing
+
+
 @pytest.mark.parametrize(
     "text, exempt",
     [
