@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
 
@@ -206,9 +207,17 @@ class QuantizeKV(Op):
                 return Comparison(
                     False, math.inf, 1.0, reason=f"{name} is {t.dtype} {tuple(t.shape)}, expected {dt} {shp}"
                 )
-        xf = x.detach().to(torch.float64)
-        s = scale.detach()
-        return _compare_scale(s, xf) or _compare_codes(x_q.detach().to(torch.int64), s, xf)
+        # in slabs of rows: the comparison works in float64, eight bytes an element, and the device regions' inputs
+        # (2^31 elements) would need 17 GB for x alone, several times over
+        rows = max(1, COMPARE_SLAB_ELEMENTS // max(1, H * D))
+        slabs = []
+        for t0 in range(0, T, rows):
+            xf = x[t0 : t0 + rows].detach().to(torch.float64)
+            s = scale[t0 : t0 + rows].detach()
+            c = _compare_scale(s, xf) or _compare_codes(x_q[t0 : t0 + rows].detach().to(torch.int64), s, xf)
+            slabs.append((t0, xf.numel(), float(xf.norm()), c))
+            del xf
+        return _joined(slabs)
 
     def output_error(self, out, ref64) -> float:
         # quantization error is fixed by the contract; the budget applies to the codes
@@ -221,6 +230,32 @@ class QuantizeKV(Op):
         e = torch.empty((), dtype=dtype).element_size()
         n = shape.T * shape.H * shape.D
         return float(n * e + n + shape.T * shape.H * 4)
+
+
+COMPARE_SLAB_ELEMENTS = 1 << 26  # elements of x compared at once (512 MiB of float64 for each temporary)
+
+
+def _joined(slabs: List[Tuple[int, int, float, Comparison]]) -> Comparison:
+    """One Comparison of the whole tensor from those of its slabs of rows, each (first row, elements, ||x||,
+    comparison): the first failure with its index in the whole tensor, the failed fraction of every element, and
+    the norm-wise error over all of them."""
+    if len(slabs) == 1:
+        return slabs[0][3]
+    total = sum(n for _, n, _, _ in slabs)
+    failed = [(t0, c) for t0, _, _, c in slabs if not c.ok]
+    if failed:
+        t0, first = failed[0]
+        index = (
+            None
+            if first.first_bad_index is None
+            else (first.first_bad_index[0] + t0,) + tuple(first.first_bad_index[1:])
+        )
+        fraction = sum(c.bad_fraction * n for _, n, _, c in slabs) / total
+        error = max(c.rel_error for _, c in failed)
+        return dataclasses.replace(first, rel_error=error, bad_fraction=fraction, first_bad_index=index)
+    x2 = sum(xn * xn for _, _, xn, _ in slabs)
+    err2 = sum((c.rel_error * xn) ** 2 for _, _, xn, c in slabs)
+    return Comparison(True, math.sqrt(err2 / x2) if x2 > 0 else max(c.rel_error for *_, c in slabs), 0.0)
 
 
 def _compare_scale(s: torch.Tensor, xf: torch.Tensor):

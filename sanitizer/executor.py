@@ -134,11 +134,15 @@ def _load_candidate(args: argparse.Namespace, t: _Trusted) -> _Loaded:
     # the branch recorder is the executor's own, installed before the candidate's code first runs
     recorder = t.BranchRecorder(os.path.abspath(args.file))
     indicators = t.KernelRecorder(os.path.abspath(args.file))
-    if args.device == "cpu":
+    cpu = args.device == "cpu"
+    if cpu:
         indicators.install_interpreter()  # kernel bodies run as Python only in the interpreter
     recorder.install()
     try:
-        fn = t.load_module(args.file, args.op, prepare=indicators.prepare_module)
+        # the recording `min`/`max` only where kernels run as Python: Triton's compiler resolves a kernel's `min`
+        # in the module's globals before its builtins, and a Python function there breaks every native compile
+        # of a kernel that calls `min` (the GPU stage judges host jumps alone: sanitizer/gpu.py)
+        fn = t.load_module(args.file, args.op, prepare=indicators.prepare_module if cpu else None)
     finally:
         sys.settrace(None)
     return _Loaded(fn, recorder, indicators)
