@@ -211,7 +211,7 @@ class QuantizeKV(Op):
         # (2^31 elements) would need 17 GB for x alone, several times over
         rows = max(1, COMPARE_SLAB_ELEMENTS // max(1, H * D))
         slabs = []
-        for t0 in range(0, T, rows):
+        for t0 in range(0, max(T, 1), rows):  # one slab, an empty one, where T is 0
             xf = x[t0 : t0 + rows].detach().to(torch.float64)
             s = scale[t0 : t0 + rows].detach()
             c = _compare_scale(s, xf) or _compare_codes(x_q[t0 : t0 + rows].detach().to(torch.int64), s, xf)
