@@ -19,11 +19,7 @@ import time
 import torch
 
 from kernel_agent.ops import get_op
-from kernel_agent.sanitizer import executor as executor_mod
-from kernel_agent.sanitizer import gpu
-from kernel_agent.sanitizer.checks import Subject, check_load
-from kernel_agent.sanitizer.execution import baseline_fn
-from kernel_agent.sanitizer.executor import Executor
+from kernel_agent.sanitizer import execution, executor, gpu
 
 PHASES = ("make_case", "reference", "candidate_transfer", "candidate_kernel", "compare", "baseline", "other")
 
@@ -70,7 +66,7 @@ def instrument(profile: Profile, op) -> None:
     for name, phase in (("make_case", "make_case"), ("reference", "reference"), ("compare", "compare")):
         object.__setattr__(op, name, _timed(profile, phase, getattr(op, name)))
     plain_call = gpu._call
-    plain_evidence = executor_mod._evidence
+    plain_evidence = executor._evidence
 
     def evidence(reply, *a, **k):
         res = plain_evidence(reply, *a, **k)
@@ -86,7 +82,7 @@ def instrument(profile: Profile, op) -> None:
         finally:
             _sync()
             dt = time.perf_counter() - t0
-            if isinstance(fn, Executor):
+            if isinstance(fn, executor.Executor):
                 kernel = min(dt, profile.kernel_s)
                 profile.add("candidate_kernel", kernel)
                 profile.add("candidate_transfer", dt - kernel)
@@ -94,7 +90,7 @@ def instrument(profile: Profile, op) -> None:
                 profile.add("baseline", dt)
 
     gpu._call = call
-    executor_mod._evidence = evidence
+    executor._evidence = evidence
 
 
 def main() -> int:
@@ -109,12 +105,12 @@ def main() -> int:
     profile = Profile()
     instrument(profile, op)
     with open(path, "rb") as f:
-        subject = Subject(op, path, f.read(), baseline=baseline_fn(args.op), seed_base=0)
+        subject = gpu.Subject(op, path, f.read(), baseline=execution.baseline_fn(args.op), seed_base=0)
     subject.deadline = time.time() + 900
-    subject.executor = Executor(path, args.op, args.device, deadline=subject.deadline)
+    subject.executor = executor.Executor(path, args.op, args.device, deadline=subject.deadline)
     wall = {}
     try:
-        check_load(subject, None)
+        gpu.check_load(subject, None)
         for name, check in (
             ("gpu_differential", gpu.check_gpu_differential),
             ("gpu_domain", gpu.check_gpu_domain),
