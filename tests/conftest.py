@@ -99,16 +99,3 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml's addopts): a worker per core, at most four. The tests judge candidates in child
     processes of their own, so more workers than cores only queue, and each worker holds torch (about 0.5 GB)."""
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (`-n 2`) with its default distribution, the tests of a module whose costly fixture
-    they share (marked `xdist_group`: a module-scoped judging of candidates, a browser, a cluster) go to one
-    worker, so that the fixture runs once and not once per worker; other tests go wherever a worker is free.
-    Another --dist keeps its own scheduler."""
-    if config.getoption("dist") != "load":
-        return None
-    from xdist.scheduler import LoadGroupScheduling  # only under pytest-xdist, which may not be installed
-
-    return LoadGroupScheduling(config, log)

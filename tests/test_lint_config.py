@@ -5,6 +5,7 @@ import importlib.util
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,34 @@ def test_ci_tier_passes_an_empty_selection_and_stops_at_a_failure():
         "went-on",
         "tests failed (pytest exit 1): bash -c exit 1",
     ]
+
+
+def test_tests_of_one_xdist_group_run_on_one_worker(tmp_path):
+    """Under the project's pytest options with two workers, the tests marked with one xdist_group run on one
+    worker (so a module-scoped judging of candidates runs once), and the others still spread. Under xdist's
+    default distribution the mark is ignored, and every worker built the shared fixture again."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, pytest\n"
+        "def _record(name):\n"
+        "    with open(os.path.join(os.environ['WHERE'], name), 'w') as f:\n"
+        "        f.write(os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n"
+        "@pytest.mark.xdist_group('shared')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_grouped(i):\n"
+        "    _record(f'grouped{i}')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_free(i):\n"
+        "    _record(f'free{i}')\n"
+    )
+    where = tmp_path / "where"
+    where.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
+         "--rootdir", str(tmp_path), "-n", "2", str(tmp_path / "test_grouped.py")],
+        cwd=tmp_path, env={**os.environ, "WHERE": str(where)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    workers = {p.name: p.read_text() for p in where.iterdir()}
+    assert len(workers) == 12, workers
+    assert len({w for n, w in workers.items() if n.startswith("grouped")}) == 1, workers
+    assert set(workers.values()) == {"gw0", "gw1"}, workers
