@@ -23,7 +23,8 @@ prompts sent to the model). Anything a hostile
 candidate left behind is cleaned up (processes killed, probe files deleted, the baseline
 file restored) and fails the test.
 
-Three tests: every hostile file is rejected by `kernel-agent sanitize` (all layers);
+Three tests: every hostile file is rejected by `kernel-agent sanitize` (all layers; the CLI
+itself takes every file only the whole stack stops and one of each other family);
 with the static gate bypassed (`run_isolated(..., skip_gate=True)`), the families that the
 sandbox and the judge must stop on their own are still rejected, without side effects and
 within the time limit; and an agent run whose model replies with hostile rewrites verifies
@@ -56,8 +57,9 @@ import pytest
 from kernel_agent.ops import OPS
 from tiers import exhaustive, first_of_each
 
-# one worker judges the candidates under pytest-xdist (the module-scoped `behind_gate`; tests/conftest.py)
-pytestmark = pytest.mark.xdist_group("hostile")
+# The tests that read the module-scoped `behind_gate` go to one worker under pytest-xdist, so that it judges the
+# candidates once (pyproject.toml's `--dist loadgroup`); the module's other tests go wherever a worker is free.
+ON_THE_JUDGING_WORKER = pytest.mark.xdist_group("hostile-behind-gate")
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "candidates" / "hostile"
@@ -618,15 +620,22 @@ def _tiers(quick: List[Hostile], cases: List[Hostile]) -> list:
     return [pytest.param(quick, id="quick-tier"), pytest.param(others, id="the-others", marks=exhaustive)]
 
 
-# The quick tier's CLI run takes one file of each family that neither the gate-families test nor the test with
-# the gate bypassed (test_rejected_with_the_gate_bypassed) has a quick-tier case of; the exhaustive tier, the rest.
+# The CLI judges every file of the families that only the whole stack stops (the gate among its layers). A file
+# of the families the sandbox and the judge stop on their own is judged without the gate by
+# test_rejected_with_the_gate_bypassed, through the runner the CLI calls (a file rejected with the gate off is
+# rejected with it on: the gate refuses it or passes the same text on), so the CLI takes one of each of those.
+# The gate's own families have test_the_gate_families_are_refused_by_their_rule_with_no_side_effect.
+# The quick tier's CLI run takes one file of each family the other two tests have no quick-tier case of.
+WHOLE_STACK = [h for h in HOSTILES if h.family not in BEHIND_GATE + GATE_FAMILIES]
+
+
 @pytest.mark.parametrize(
-    "cases",
-    _tiers(_first_of_each_family([h for h in HOSTILES if h.family not in BEHIND_GATE + GATE_FAMILIES]), HOSTILES),
+    "cases", _tiers(_first_of_each_family(WHOLE_STACK), WHOLE_STACK + _first_of_each_family(BEHIND))
 )
 def test_cli_rejects_every_hostile_candidate(observation, cases: List[Hostile]):
-    """`kernel-agent sanitize --op OP --json --quick --jobs 2` on every hostile file: exit 1, every
-    file `passed: false`, the canary in no output, and no side effect anywhere."""
+    """`kernel-agent sanitize --op OP --json --quick --jobs 2` on the hostile files (every one that only the
+    whole stack stops, one of each other family): exit 1, every file `passed: false`, the canary in no output,
+    and no side effect anywhere."""
     problems = []
     groups: Dict[tuple, List[Probe]] = defaultdict(list)  # (op, heavy): heavy ones one at a time
     for h in cases:
@@ -814,6 +823,7 @@ def _behind_gate_params():
     )
 
 
+@ON_THE_JUDGING_WORKER
 @pytest.mark.parametrize("h", _behind_gate_params())
 def test_rejected_with_the_gate_bypassed(h: Hostile, behind_gate):
     """With the static gate off, the sandbox and the judge still reject the candidate, within its
@@ -832,6 +842,7 @@ def test_rejected_with_the_gate_bypassed(h: Hostile, behind_gate):
     assert not problems, f"{h.rel}:\n  " + "\n  ".join(problems)
 
 
+@ON_THE_JUDGING_WORKER
 def test_no_unattributed_side_effects_with_the_gate_bypassed(behind_gate):
     """No process carries the canary, no file under /tmp or in the repository holds it, and the
     repository's serving set and baselines are as they were."""
