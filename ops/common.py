@@ -840,6 +840,16 @@ class Op:
         output on each against the reference of the changed inputs). None where the op has no such input."""
         return []
 
+    def class_corners(self, args: Mapping[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
+        """(what, inputs) of the same shape class as `args` (every tensor's shape, stride and dtype as they are:
+        the serving guard's key) whose integer values reach the corners that class admits, for the serving guard
+        to verify a class on besides its first call: a kernel wrong only on values the first call never held (a
+        sequence that fills its table, a page id past what the drawn pools hold) is then wrong there too. Each
+        is a new dict; the tensors it changes are new, the others `args`'s own, which it may write only where the
+        call `args` reads nothing (the guard passes its private copies). None where the op's output reads no
+        integer input."""
+        return []
+
     def readable(self, args: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
         """Bool masks (same shape as the input) of the elements a kernel may read.
         Inputs not named here may be read anywhere inside their extent."""

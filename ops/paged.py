@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -516,6 +516,12 @@ def int8_underflow_floor(codes: torch.Tensor, v_scale: torch.Tensor) -> torch.Te
     return codes.abs() * v_scale.amax(0).clamp(min=1.0)[None, :, None]
 
 
+def _same_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with its size and strides (the serving guard's class key holds both)."""
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 class PagedDecodeOp(Op):
     """What decode_attention and decode_attention_int8 share: shapes, buckets, the cost model's tokens, the
     baselines' `_config` arguments and the benchmark's anchor."""
@@ -651,6 +657,37 @@ class PagedDecodeOp(Op):
                     )
                 )
         return out
+
+    def class_corners(self, args: Mapping[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
+        """Sequence 0 fills its whole block table (seq_lens[0] = columns x page size, no spare column), over the
+        pool's last pages in order (the highest ids: past 2^31 elements in a pool that large, past any bit mask
+        a drawn pool leaves whole), the other sequences as they were (sharing a page is allowed). A real pool's
+        unused pages hold anything (NaN in the drawn ones): each of those last pages that no sequence of `args`
+        reads gets a copy of one of sequence 0's own pages, written into `args`'s caches in place (the call's
+        output cannot change: it reads none of them)."""
+        table, k = args["block_table"], args["k_cache"]
+        columns, pool, page = int(table.shape[1]), int(k.shape[0]), int(k.shape[1])
+        if columns == 0 or pool == 0:
+            return []
+        last = [(pool - columns + i) % pool for i in range(columns)]
+        lens = [int(x) for x in args["seq_lens"].tolist()]
+        read = {int(p) for b, n in enumerate(lens) for p in table[b, : -(-n // page)].tolist()}
+        own = [int(p) for p in table[0, : -(-lens[0] // page)].tolist()]
+        for i, p in enumerate(last):
+            if p not in read:
+                for name in ("k_cache", "v_cache", "k_scale", "v_scale"):
+                    if isinstance(args.get(name), torch.Tensor):
+                        args[name][p] = args[name][own[i % len(own)]]
+        corner_table = _same_layout(table)
+        corner_table[0] = torch.tensor(last, dtype=table.dtype)
+        corner_lens = _same_layout(args["seq_lens"])
+        corner_lens[0] = columns * page
+        return [
+            (
+                f"sequence 0 fills its {columns}-page table with the pool's last pages (ids up to {last[-1]})",
+                {**args, "block_table": corner_table, "seq_lens": corner_lens},
+            )
+        ]
 
     def element_bounds(self, args):
         """Each output element against its own softmax's rounding over the sequence's gathered cache

@@ -48,6 +48,7 @@ class RunResult:
     handle: int = 0  # the executor's number for this call (its outputs can be re-read while it keeps them)
     elapsed_s: float = 0.0  # the wall time of the candidate's call (on a GPU, to its last kernel's end)
     returned_inputs: Dict[str, torch.Tensor] = field(default_factory=dict)  # the inputs as the call left them
+    corners: List["RunResult"] = field(default_factory=list)  # the serving guard's runs at the class's corners
 
     @property
     def ok(self) -> bool:

@@ -301,3 +301,46 @@ def test_an_output_inside_the_contracts_tolerance_but_past_the_error_budget_is_a
     assert serving_guard._judge_output("matmul", trusted * 1.02, args, trusted).startswith("error 0.02 exceeds")
     assert serving_guard._judge_output("matmul", trusted.clone(), args, trusted) == ""
     assert serving_guard._judge_output("matmul", trusted * 1.02, args, None) == ""  # no trusted output: no budget
+
+
+DECODE_SRC = (Path(serving.__file__).resolve().parents[2] / "kernels" / "baseline" / "decode_attention.py").read_text()
+PAGE_LOAD = (
+    "        page = tl.load(bt_ptr + b * stride_btb + (offs_n // PAGE) * stride_btn, mask=live, other=0).to(tl.int64)\n"
+)
+# Page ids past 31 read page id & 31: the identity on every id a small pool's first calls hold, wrong on the rest
+# of the pool (the shape of a kernel that wraps ids past 2^18 in a serving pool of 300000 one-token pages)
+PAGE_IDS_WRAPPED = DECODE_SRC.replace(PAGE_LOAD, PAGE_LOAD + "        page = page & 31\n")
+assert PAGE_LOAD in DECODE_SRC
+
+
+@pytest.mark.parametrize("source, caught", [(DECODE_SRC, False), (PAGE_IDS_WRAPPED, True)], ids=["correct", "wraps"])
+def test_a_class_is_verified_at_its_corner_where_its_first_call_never_went(sdir, source, caught):
+    """A paged decode's class is also checked with sequence 0 filling its table over the pool's last pages: a
+    kernel wrong only on page ids the first call never held is retired at its first call, with the trusted
+    output; the correct kernel passes there (the pool's unused pages, NaN as drawn, get real data first)."""
+    from kernel_agent.ops.paged import DecodeShape
+
+    op = get_op("decode_attention")
+    args = op.make_case(DecodeShape(2, 2, 1, 16, 1, 24, True, spare_blocks=40), torch.float32, seed=3).args
+    k, v, table = args["k_cache"].clone(), args["v_cache"].clone(), args["block_table"]
+    for i, (b, j) in enumerate((b, j) for b, n in enumerate(args["seq_lens"].tolist()) for j in range(n)):
+        k[i], v[i] = args["k_cache"][table[b, j]], args["v_cache"][table[b, j]]  # the live pages moved to ids < 32
+        table[b, j] = i
+    args["k_cache"], args["v_cache"] = k, v
+    assert int(args["k_cache"].shape[0]) > 40 and i < 31  # the pool holds ids past 31, the call reads none
+    entry = serving_install.install(
+        "decode_attention", op.bucket(op.shape_of(args)), "float32", "cpu", judge_text(source), 7, 0.1, "test", {},
+        dir=sdir,
+    )  # fmt: skip
+    failures: list = []
+    fn = serving.get("decode_attention", gpu="cpu", dir=sdir, guard=True, guard_config=SYNC, sink=failures.append)
+    trusted = serving.baseline("decode_attention")(**args)
+    assert torch.equal(fn(**args), trusted)  # the first call: the trusted output, while the check runs
+    assert op.compare(fn.kernel_for(**args)(**args), args).ok  # the kernel is right on the call itself
+    (record,) = fn.guard.classes.values()
+    if caught:
+        assert record.state == serving_guard.RETIRED, record.outcomes[-1].detail
+        assert [f.kind for f in failures] == [FailureKind.MISMATCH] and "corner" in failures[0].detail
+        assert failures[0].source_hash == entry.source_hash
+    else:
+        assert record.state == serving_guard.VERIFIED and not failures, record.outcomes[-1].detail

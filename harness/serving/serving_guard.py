@@ -283,10 +283,16 @@ def _gpu_cap(config: GuardConfig, inputs: Mapping[str, Any]) -> Optional[float]:
 
 
 def run_in_child(
-    path: Path, op: str, inputs: dict[str, Any], device: torch.device, config: GuardConfig
+    path: Path,
+    op: str,
+    inputs: dict[str, Any],
+    device: torch.device,
+    config: GuardConfig,
+    corners: Sequence[dict[str, Any]] = (),
 ) -> tuple[Optional[Any], Optional[CheckOutcome]]:
     """Run the kernel file once on `inputs` (CPU copies) in a sandboxed executor on `device` (on the CPU, in
-    the interpreter). Returns (its RunResult, None), or (None, the failure) when it could not run."""
+    the interpreter). Returns (its RunResult, None), or (None, the failure) when it could not run. Each of
+    `corners` (inputs of the same class) runs after, in the same child, its RunResult in `res.corners`."""
     from ...sanitizer.executor import Executor, ExecutorError  # deferred: serving's read side stays light
 
     on_gpu = device.type == "cuda"
@@ -311,6 +317,7 @@ def run_in_child(
         if not res.error:  # the first call compiled (or was first interpreted): time a warm one, on fresh copies
             warm = ex.call(_GuardCase(snapshot(inputs)), bounds=False)
             res.elapsed_s = warm.elapsed_s if not warm.error else res.elapsed_s
+        res.corners = [] if res.error else [ex.call(_GuardCase(c), bounds=False, return_inputs=True) for c in corners]
         return res, None
     except ExecutorError as e:
         if e.timed_out:
@@ -407,10 +414,18 @@ def check_call(
     """One check of a kernel file on one call's inputs (CPU copies in `sent`): run it in the child, then judge
     its evidence here. `trusted_s`, `trusted_out`: the trusted implementation's time and output on the same call."""
     t0 = time.perf_counter()
+    corners = get_op(op).class_corners(sent)  # first: it may write where the call reads nothing
     digests = {k: storage_digest(v) for k, v in sent.items() if isinstance(v, torch.Tensor)}
-    res, failed = run_in_child(path, op, sent, device, config)
+    res, failed = run_in_child(path, op, sent, device, config, [c for _, c in corners])
     if failed is None:
         failed = judge_run(op, res, sent, digests, device, trusted_out)
+    for (what, corner), corner_res in zip(corners, res.corners if failed is None and res is not None else []):
+        # the class's corner, against the reference alone (no trusted output was computed on it)
+        corner_digests = {k: d if corner[k] is sent[k] else storage_digest(corner[k]) for k, d in digests.items()}
+        failed = judge_run(op, corner_res, corner, corner_digests, device)
+        if failed is not None:
+            failed.detail = f"at the class's corner ({what}): {failed.detail}"[:300]
+            break
     kernel_s = res.elapsed_s if res is not None else 0.0
     if failed is None and device.type == "cuda":
         failed = too_slow(kernel_s, trusted_s, config)
