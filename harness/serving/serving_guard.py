@@ -26,8 +26,10 @@ specialises a launch on the same things (argument values, 16-byte alignment, con
 host code from them), so every branch the host code takes, every grid, every constexpr and every compiled
 variant is a function of the class key: one verified call stands for every call of its class as far as
 the host code decides. What the key does not fix is what the kernel body does with tensor *values* (a
-sequence length, a page id): the sanitizer's checks own that, and the sampled re-checks (`recheck_rate`)
-are the guard's net for it.
+sequence length, a page id): the sanitizer's checks own that; the check of a class also runs the kernel at
+the class's corners (`Op.class_corners`: a paged decode's sequence filling its whole table over the pool's
+last pages), in the same child, so that a kernel wrong only on values the first call never held is retired
+at that call; and the sampled re-checks (`recheck_rate`) are the guard's net for the rest.
 """
 
 from __future__ import annotations
