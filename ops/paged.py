@@ -516,6 +516,26 @@ def int8_underflow_floor(codes: torch.Tensor, v_scale: torch.Tensor) -> torch.Te
     return codes.abs() * v_scale.amax(0).clamp(min=1.0)[None, :, None]
 
 
+def _needle_at(args: Dict[str, Any], page: int, slot: int) -> None:
+    """The key at (page, slot) of every KV head set to its query group's mean query, scaled so that sequence 0's
+    logit there is about 30: the attention of sequence 0 rests on that token (its last at the class's corner),
+    and a kernel that drops or re-weights the tail of a long sequence is far off (with the pages copied from
+    the sequence's own, the tail weighs no more than any other token). A cache of codes gets the needle's codes
+    and scales."""
+    q, k = args["q"][0].to(torch.float64), args["k_cache"]
+    hkv, d = int(k.shape[2]), int(q.shape[-1])
+    sm_scale = args.get("sm_scale")
+    mean_q = q.view(hkv, -1, d).mean(1)
+    gain = 30.0 / ((sm_scale if sm_scale is not None else d**-0.5) * (mean_q * mean_q).sum(-1)).clamp_min(1e-3)
+    needle = (mean_q * gain[:, None]).clamp(-1e4, 1e4)
+    if isinstance(args.get("k_scale"), torch.Tensor):
+        amax = needle.abs().amax(-1).clamp_min(1e-6)
+        k[page, slot] = (needle / amax[:, None] * 127).round().clamp(-127, 127).to(k.dtype)
+        args["k_scale"][page, slot] = (amax / 127).to(args["k_scale"].dtype)
+    else:
+        k[page, slot] = needle.to(k.dtype)
+
+
 def _same_layout(t: torch.Tensor) -> torch.Tensor:
     """A copy of `t` with its size and strides (the serving guard's class key holds both)."""
     out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
@@ -664,7 +684,8 @@ class PagedDecodeOp(Op):
         a drawn pool leaves whole), the other sequences as they were (sharing a page is allowed). A real pool's
         unused pages hold anything (NaN in the drawn ones): each of those last pages that no sequence of `args`
         reads gets a copy of one of sequence 0's own pages, written into `args`'s caches in place (the call's
-        output cannot change: it reads none of them)."""
+        output cannot change: it reads none of them), and the corner's last token a key its query attends to
+        (`_needle_at`), so that the tail of the long sequence carries the output."""
         table, k = args["block_table"], args["k_cache"]
         columns, pool, page = int(table.shape[1]), int(k.shape[0]), int(k.shape[1])
         if columns == 0 or pool == 0:
@@ -678,6 +699,8 @@ class PagedDecodeOp(Op):
                 for name in ("k_cache", "v_cache", "k_scale", "v_scale"):
                     if isinstance(args.get(name), torch.Tensor):
                         args[name][p] = args[name][own[i % len(own)]]
+        if last[-1] not in read:
+            _needle_at(args, last[-1], (columns * page - 1) % page)
         corner_table = _same_layout(table)
         corner_table[0] = torch.tensor(last, dtype=table.dtype)
         corner_lens = _same_layout(args["seq_lens"])

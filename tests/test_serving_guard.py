@@ -310,7 +310,11 @@ PAGE_LOAD = (
 # Page ids past 31 read page id & 31: the identity on every id a small pool's first calls hold, wrong on the rest
 # of the pool (the shape of a kernel that wraps ids past 2^18 in a serving pool of 300000 one-token pages)
 PAGE_IDS_WRAPPED = DECODE_SRC.replace(PAGE_LOAD, PAGE_LOAD + "        page = page & 31\n")
-assert PAGE_LOAD in DECODE_SRC
+LEN_LOAD = "    seq_len = tl.load(lens_ptr + b)\n"
+# Tokens past the 40th are dropped: right on every call whose sequences are shorter (the shape of a kernel that drops
+# the tail past 40960 tokens in a table of 131072)
+TAIL_DROPPED = DECODE_SRC.replace(LEN_LOAD, LEN_LOAD + "    seq_len = tl.minimum(seq_len, 40)\n")
+assert PAGE_LOAD in DECODE_SRC and LEN_LOAD in DECODE_SRC
 
 
 @pytest.mark.parametrize("source, caught", [(DECODE_SRC, False), (PAGE_IDS_WRAPPED, True)], ids=["correct", "wraps"])
@@ -344,3 +348,25 @@ def test_a_class_is_verified_at_its_corner_where_its_first_call_never_went(sdir,
         assert failures[0].source_hash == entry.source_hash
     else:
         assert record.state == serving_guard.VERIFIED and not failures, record.outcomes[-1].detail
+
+
+@pytest.mark.parametrize("source, caught", [(DECODE_SRC, False), (TAIL_DROPPED, True)], ids=["correct", "drops"])
+def test_a_class_is_verified_with_a_sequence_that_fills_its_table(sdir, source, caught):
+    """The corner's sequence fills its table and attends to its last token: a kernel that drops the tail past a
+    length the class's first call never reached is retired at that call."""
+    from kernel_agent.ops.paged import DecodeShape
+
+    op = get_op("decode_attention")
+    args = op.make_case(DecodeShape(2, 2, 1, 16, 4, 64), torch.float32, seed=5).args
+    args["seq_lens"] = torch.tensor([20, 5], dtype=torch.int32)
+    serving_install.install(
+        "decode_attention", op.bucket(op.shape_of(args)), "float32", "cpu", judge_text(source), 7, 0.1, "test", {},
+        dir=sdir,
+    )  # fmt: skip
+    failures: list = []
+    fn = serving.get("decode_attention", gpu="cpu", dir=sdir, guard=True, guard_config=SYNC, sink=failures.append)
+    assert torch.equal(fn(**args), serving.baseline("decode_attention")(**args))
+    assert op.compare(fn.kernel_for(**args)(**args), args).ok  # right on the call itself
+    (record,) = fn.guard.classes.values()
+    expected = serving_guard.RETIRED if caught else serving_guard.VERIFIED
+    assert record.state == expected and len(failures) == int(caught), record.outcomes[-1].detail

@@ -1,0 +1,9 @@
+import os, sys, torch
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, "results/cpu/hostile_round5/demos")
+from _common import *
+from kernel_agent.ops.paged import DecodeShape
+from kernel_agent.ops.attention import AttentionShape
+from kernel_agent.ops.matmul import MatmulShape
+from kernel_agent.ops.quantize_kv import QuantizeShape
+compare_case("attention", "long_prompt_tail", AttentionShape(1, 1, 1, 2600, 64))

@@ -1,0 +1,9 @@
+import os, sys, torch
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, "results/cpu/hostile_round5/demos")
+from _common import *
+from kernel_agent.ops.paged import DecodeShape
+from kernel_agent.ops.attention import AttentionShape
+from kernel_agent.ops.matmul import MatmulShape
+from kernel_agent.ops.quantize_kv import QuantizeShape
+compare_case("decode_attention", "page_id_wrap", DecodeShape(2, 2, 1, 16, 1, 64, True, spare_blocks=300000))

@@ -1,0 +1,14 @@
+import os, sys, torch
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, "results/cpu/hostile_round5/demos")
+from _common import *
+from kernel_agent.ops.paged import DecodeShape
+from kernel_agent.ops.attention import AttentionShape
+from kernel_agent.ops.matmul import MatmulShape
+from kernel_agent.ops.quantize_kv import QuantizeShape
+print("on this CPU (_num_sms 132, also H100 SXM / H200):")
+compare_case("decode_attention_int8", "sm_count_skew", DecodeShape(2, 8, 2, 128, 16, 1000, True))
+def a100(m):
+    m._num_sms = lambda device: 108
+print("emulating an A100 (108 SMs: the value torch.cuda.get_device_properties gives there):")
+compare_case("decode_attention_int8", "sm_count_skew", DecodeShape(2, 8, 2, 128, 16, 1000, True), patch=a100)
