@@ -516,7 +516,7 @@ def int8_underflow_floor(codes: torch.Tensor, v_scale: torch.Tensor) -> torch.Te
     return codes.abs() * v_scale.amax(0).clamp(min=1.0)[None, :, None]
 
 
-def _needle_at(args: Dict[str, Any], page: int, slot: int) -> None:
+def _needle_at(args: Mapping[str, Any], page: int, slot: int) -> None:
     """The key at (page, slot) of every KV head set to its query group's mean query, scaled so that sequence 0's
     logit there is about 30: the attention of sequence 0 rests on that token (its last at the class's corner),
     and a kernel that drops or re-weights the tail of a long sequence is far off (with the pages copied from
