@@ -537,9 +537,11 @@ def _needle_at(args: Mapping[str, Any], page: int, slot: int) -> None:
 
 
 def _same_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` with its size and strides (the serving guard's class key holds both)."""
-    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-    return out.copy_(t)
+    """A copy of `t` in a copy of its storage, at its offset, with its size and strides (the serving guard's class
+    key holds all three)."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage().clone(), t.storage_offset(), tuple(t.shape), tuple(t.stride())
+    )
 
 
 class PagedDecodeOp(Op):
