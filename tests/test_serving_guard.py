@@ -63,9 +63,9 @@ def sdir(tmp_path) -> Path:
     return tmp_path / "serving"
 
 
-def _install(sdir: Path, source: str, bucket: str = "tsmall-d16") -> serving.ManifestEntry:
+def _install(sdir: Path, source: str, bucket: str = "tsmall-d16", op: str = OP) -> serving.ManifestEntry:
     return serving_install.install(
-        OP, bucket, "float32", "cpu", judge_text(source), 7, 0.1, "promoted for the test", {}, dir=sdir
+        op, bucket, "float32", "cpu", judge_text(source), 7, 0.1, "promoted for the test", {}, dir=sdir
     )
 
 
@@ -78,9 +78,9 @@ def _same(a, b) -> bool:
     return all(torch.equal(p, q) for p, q in zip(a, b))
 
 
-def _dispatcher(sdir: Path, config=SYNC, **kw):
+def _dispatcher(sdir: Path, config=SYNC, op: str = OP, **kw):
     failures: list = []
-    fn = serving.get(OP, gpu="cpu", dir=sdir, guard=True, guard_config=config, sink=failures.append, **kw)
+    fn = serving.get(op, gpu="cpu", dir=sdir, guard=True, guard_config=config, sink=failures.append, **kw)
     return fn, failures
 
 
@@ -332,12 +332,8 @@ def test_a_class_is_verified_at_its_corner_where_its_first_call_never_went(sdir,
         table[b, j] = i
     args["k_cache"], args["v_cache"] = k, v
     assert int(args["k_cache"].shape[0]) > 40 and i < 31  # the pool holds ids past 31, the call reads none
-    entry = serving_install.install(
-        "decode_attention", op.bucket(op.shape_of(args)), "float32", "cpu", judge_text(source), 7, 0.1, "test", {},
-        dir=sdir,
-    )  # fmt: skip
-    failures: list = []
-    fn = serving.get("decode_attention", gpu="cpu", dir=sdir, guard=True, guard_config=SYNC, sink=failures.append)
+    entry = _install(sdir, source, op.bucket(op.shape_of(args)), op=op.name)
+    fn, failures = _dispatcher(sdir, op=op.name)
     trusted = serving.baseline("decode_attention")(**args)
     assert torch.equal(fn(**args), trusted)  # the first call: the trusted output, while the check runs
     assert op.compare(fn.kernel_for(**args)(**args), args).ok  # the kernel is right on the call itself
@@ -359,12 +355,8 @@ def test_a_class_is_verified_with_a_sequence_that_fills_its_table(sdir, source, 
     op = get_op("decode_attention")
     args = op.make_case(DecodeShape(2, 2, 1, 16, 4, 64), torch.float32, seed=5).args
     args["seq_lens"] = torch.tensor([20, 5], dtype=torch.int32)
-    serving_install.install(
-        "decode_attention", op.bucket(op.shape_of(args)), "float32", "cpu", judge_text(source), 7, 0.1, "test", {},
-        dir=sdir,
-    )  # fmt: skip
-    failures: list = []
-    fn = serving.get("decode_attention", gpu="cpu", dir=sdir, guard=True, guard_config=SYNC, sink=failures.append)
+    _install(sdir, source, op.bucket(op.shape_of(args)), op=op.name)
+    fn, failures = _dispatcher(sdir, op=op.name)
     assert torch.equal(fn(**args), serving.baseline("decode_attention")(**args))
     assert op.compare(fn.kernel_for(**args)(**args), args).ok  # right on the call itself
     (record,) = fn.guard.classes.values()
