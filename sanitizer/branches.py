@@ -8,7 +8,8 @@ trace function installed by the executor's trusted code before the candidate is 
 while Triton runs a kernel), and the judge, which never imports the candidate, compiles the same source
 itself, lists the branches of its host functions (host_branches) and decides which sides were never
 taken (uncovered), by decision: the operands of an `and`/`or` chain that jump to the same place count as
-one. Exempt: a side that only raises (a guard on the contract's limits), and a condition that reads the
+one. Exempt: a side that only raises (a guard on the contract's limits; the serving_sizes check runs the
+host code at the contract's serving sizes, where taking it is a refusal), and a condition that reads the
 device or bfloat16, which the interpreter cannot take (the GPU stage runs both).
 
 Comparisons inside `min`/`max` are not branches (they compile to calls), nor is a `for` loop.

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from ..ops import get_op
 from ..ops.common import DTYPE_NAMES, LAYOUTS, SM_SCALE_RANGE, Case, Op, Region, round_to, sm_scale_strategy
-from . import static_gate, wire
+from . import host_probe, static_gate, wire
 from .branches import DEVICE_ONLY, Side, config_overrides, configs_launched, host_branches, taken, uncovered
 from .canonical import JudgedText, TextRefused, judge_text
 from .compared import TooManyCompared, compared_joints, compared_scales, compared_values
@@ -887,6 +887,53 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
     return _branches_summary(subject, sides, device, tried, len(specs))
 
 
+def _probe_answer(reply: Dict[str, Any]) -> Dict[str, Any]:
+    """The executor's answer for one serving-size point, read as evidence of the expected types."""
+    elapsed = reply.get("elapsed_s")
+    return {
+        "error": wire.text(reply.get("error"), 600),
+        "bytes": max(0, wire.as_int(reply.get("bytes"))),
+        "launches": max(0, wire.as_int(reply.get("launches"))),
+        "elapsed_s": float(elapsed) if isinstance(elapsed, (int, float)) and elapsed == elapsed else 0.0,
+    }
+
+
+def check_serving_sizes(subject: Subject, s: Settings) -> str:
+    """The candidate's host code at every serving size of the op (sanitizer/host_probe.py: the domain's regions,
+    the GPU's too, the shape suites, each with one dimension at the contract's largest, in every dtype), run on
+    fake tensors with its launches counted: where the kernels cannot run on the CPU, what serving sees of the
+    host code (a raise, an allocation, a launch per sequence, a stall) is the same as here, and is held to the
+    baseline's at the same point."""
+    ex = subject.fn
+    if not isinstance(ex, Executor) or ex.device != "cpu":
+        raise CheckSkipped("not judged: the candidate runs outside a CPU executor")
+    pts = host_probe.points(subject.op)
+    base = host_probe.baseline_runs(
+        subject.op.name, pts, baseline_fn(subject.op.name), inspect.getsourcefile(baseline_fn(subject.op.name)) or ""
+    )
+    judged, most_bytes, most_launches = 0, 0, 0
+    for p, b in zip(pts, base):
+        if not host_probe.served_by_baseline(p, b):
+            continue
+        try:
+            got = _probe_answer(ex.probe(p.wire()["args"], host_probe.POINT_TIMEOUT_S))
+        except ExecutorError as e:
+            why = "did not return" if e.timed_out else f"ended ({e})"
+            raise CheckFailed(
+                f"its host code {why} within {host_probe.POINT_TIMEOUT_S:.0f} s at a size the contract admits "
+                f"({p.label}): a stall in serving"
+            )
+        failure = host_probe.judge(p.label, got, b)
+        if failure:
+            raise CheckFailed(failure)
+        judged += 1
+        most_bytes, most_launches = max(most_bytes, got["bytes"]), max(most_launches, got["launches"])
+    return (
+        f"host code run at {judged} serving sizes on fake tensors: no raise; at most {most_bytes / (1 << 30):.3f} "
+        f"GiB allocated and {most_launches} launches per call, within the baseline's bounds"
+    )
+
+
 def _configs_or_fail(subject: Subject, specs: List[str]) -> None:
     """A launch-configuration override of the search is exempt from branch coverage (it selects a configuration):
     the configuration it selects must have been launched by the checks instead."""
@@ -1007,6 +1054,7 @@ CHECKS: List[Tuple[str, Callable[[Subject, Settings], str]]] = [
     ("near_serving", check_near_serving),
     ("domain", check_domain),
     ("compared_values", check_compared_values),
+    ("serving_sizes", check_serving_sizes),
     ("fpsan", check_fpsan),
     ("extended_numeric", check_extended),
     ("host_branches", check_host_branches),

@@ -57,12 +57,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .branches import BranchRecorder  # deferred: inside the sandbox
     from .execution import describe_exception, execute_call, load_module  # deferred: inside the sandbox
     from .guard import HostGuard  # noqa: F401 - deferred: inside the sandbox
+    from .host_probe import run_at, warm  # deferred: inside the sandbox
     from .kernel_branches import KernelRecorder  # deferred: inside the sandbox
     from .static_gate import check_source  # deferred: inside the sandbox
 
-    trusted = _Trusted(torch, wire, BranchRecorder, KernelRecorder, check_source, load_module, execute_call)
+    trusted = _Trusted(torch, wire, BranchRecorder, KernelRecorder, check_source, load_module, execute_call, run_at)
     if args.device == "cpu":
         import triton.runtime.interpreter  # noqa: F401 - deferred: inside the sandbox, TRITON_INTERPRET set
+
+        warm()  # the modules a fake tensor imports on first use, imported before the hook refuses an import
     else:
         sandbox.prepare_gpu()  # what torch and Triton do through ctypes, done before the hook refuses it
         if args.gpu_memory_gib > 0:  # RLIMIT_AS cannot bound device memory; torch's allocator can
@@ -114,6 +117,7 @@ class _Trusted(NamedTuple):
     check_source: Callable
     load_module: Callable
     execute_call: Callable
+    run_at: Callable  # host_probe.run_at: the host code at a serving size, on fake tensors
 
 
 class _Loaded(NamedTuple):
@@ -195,6 +199,12 @@ class _Served:
             return {"arcs": self.loaded.recorder.evidence()[:20000], "specs": list(self.specs)[:2000]}
         if cmd == "indicators":  # the kernel-body branches and host min/max indicators taken, over all calls
             return {"hits": self.loaded.indicators.evidence()[:20000]}
+        if cmd == "probe" and self.args.device == "cpu":  # the host code at a serving size (host_probe.py)
+            hits = set(self.loaded.indicators.hits)  # no verified call: what it takes is not coverage
+            try:
+                return self.t.run_at(self.loaded.fn, wire.optional_list(req.get("args")) or [], self.args.file)
+            finally:
+                self.loaded.indicators.hits = hits
         return {"error": "unknown command"}
 
     def call(self, req: Dict[str, Any], tensors: List[Any]) -> None:
@@ -552,6 +562,18 @@ class Executor:
         if self.violations and not res.error:
             res.error = f"the sandbox refused: {self.violations[0]}"
         return res
+
+    def probe(self, args: List[List[Any]], timeout_s: float) -> Dict[str, Any]:
+        """The candidate's host code on one serving-size point's fake tensors (host_probe.run_at; CPU executors
+        only): what it raised, allocated and launched. No answer within `timeout_s` ends the executor."""
+        self._send({"cmd": "probe", "args": args})
+        deadline = self.deadline
+        self.deadline = min(deadline, time.time() + timeout_s)
+        try:
+            reply, _ = self._recv()
+        finally:
+            self.deadline = deadline
+        return reply
 
     def coverage(self):
         """(arcs, specialisations): the host-code branches the candidate's calls took (branches.Arc lists) and

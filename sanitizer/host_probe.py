@@ -1,0 +1,231 @@
+"""Serving sizes: a candidate's host code run at the sizes serving sends it, with nothing allocated.
+
+The checks run kernels at the sizes Triton's interpreter affords; serving sends batches of 254, pools of 66000
+pages, 131072-token contexts, bfloat16. What the host code does there (raise, allocate 64 GiB of scratch, launch
+a kernel per sequence, loop for seconds) is decided by metadata alone: the candidate language lets host code
+read shapes, strides, dtypes and the device and allocate with torch.empty*, never read a tensor's values or
+catch an exception (sanitizer/guard.py, sanitizer/static_gate.py). So the host code is run at those sizes
+exactly, on fake tensors (torch's FakeTensorMode: a shape, strides, a dtype and a CPU device, and no memory),
+with every Triton launch counted and not run, and compared with the baseline's host code at the same point:
+
+* it raises, or does what host code may not, at a size the contract admits (the baseline does not raise there);
+* it allocates more than ALLOC_FACTOR times the baseline's bytes plus ALLOC_SLACK;
+* it launches more than LAUNCH_FACTOR times the baseline's kernels plus LAUNCH_SLACK;
+* its host code takes longer than HOST_S.
+
+The points (points()): every region of the op's domain (the GPU's too), every shape of its shape suites, and
+each of those suite shapes with one contract dimension at its largest value (Op.value_dims), in every dtype the
+op admits, up to MAX_POINT_BYTES of inputs and the baseline's allocations (served_by_baseline). What it cannot
+see: a kernel's own behaviour (no kernel runs here), and host code that tells fake tensors apart from real
+ones, which the candidate language leaves no way to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+ALLOC_FACTOR = 64  # a candidate may allocate this many times the baseline's bytes (32 split-K partials in float32)
+ALLOC_SLACK = 1 << 30  # ... plus this much
+LAUNCH_FACTOR = 16  # launches per call: this many times the baseline's ...
+LAUNCH_SLACK = 16  # ... plus this many
+HOST_S = 5.0  # one call's host code at one point (fake tensors cost about 0.1 ms an operation)
+POINT_TIMEOUT_S = 30.0  # the executor's answer for one point; past it the call is a stall
+MAX_POINT_BYTES = 1 << 37  # a point's inputs plus the baseline's allocations: past it, no GPU of today holds it
+
+
+@dataclass(frozen=True)
+class Point:
+    """One call's arguments as metadata: `args` is a list of (name, value), where a tensor is a dict of its
+    shape, strides, storage offset, dtype, storage size in elements and a storage key shared by views of one
+    storage (a K and a V cache in one buffer)."""
+
+    label: str
+    args: Tuple[Tuple[str, Any], ...]
+    input_bytes: int
+
+    def wire(self) -> Dict[str, Any]:
+        return {"label": self.label, "args": [[k, v] for k, v in self.args]}
+
+
+def _spec(t: torch.Tensor, storages: Dict[int, int]) -> Dict[str, Any]:
+    key = storages.setdefault(t.untyped_storage()._cdata, len(storages))
+    return {
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "offset": t.storage_offset(),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "numel": t.untyped_storage().nbytes() // t.element_size(),
+        "storage": key,
+    }
+
+
+def _point(label: str, args: Dict[str, Any]) -> Optional[Point]:
+    storages: Dict[int, int] = {}
+    out: List[Tuple[str, Any]] = []
+    total = 0
+    for k, v in args.items():
+        if isinstance(v, torch.Tensor):
+            out.append((k, _spec(v, storages)))
+            total += v.untyped_storage().nbytes()
+        elif v is None or isinstance(v, (bool, int, float)):
+            out.append((k, v))
+        else:
+            return None
+    return Point(label, tuple(out), total) if total <= MAX_POINT_BYTES else None
+
+
+_POINTS: Dict[str, List[Point]] = {}
+
+
+def points(op) -> List[Point]:
+    """The serving sizes of `op` to run the host code at (see the module's docstring), each once; made once per
+    op and process."""
+    if op.name not in _POINTS:
+        _POINTS[op.name] = _make_points(op)
+    return _POINTS[op.name]
+
+
+def _make_points(op) -> List[Point]:
+    shapes: List[Tuple[str, Any, str, Tuple]] = [(r.name, r.shape, r.layout, r.args) for r in op.domain().regions]
+    suites = [sh for _, suite in sorted(op.shape_suites().items()) for sh in suite]
+    shapes += [(str(sh), sh, "contiguous", ()) for sh in suites]
+    for sh in suites:
+        for dim in op.value_dims:
+            try:
+                pushed = op.with_value(sh, dim.name, dim.hi)
+            except (ValueError, TypeError):
+                continue
+            shapes.append((f"{sh} with {dim.name}={dim.hi}", pushed, "contiguous", ()))
+    out: List[Point] = []
+    seen = set()
+    for label, shape, layout, extra in shapes:
+        for dtype in op.dtypes:
+            try:
+                case = op.make_case(shape, dtype, seed=0, dist="normal", layout=layout, device="meta")
+            except (ValueError, RuntimeError, NotImplementedError, TypeError):
+                continue  # a region the op cannot lay out at this dtype
+            case.args.update(dict(extra))
+            p = _point(f"{label}, {str(dtype).replace('torch.', '')}", case.args)
+            if p is None or repr(p.args) in seen:
+                continue
+            seen.add(repr(p.args))
+            out.append(p)
+    return out
+
+
+def build(args: List[List[Any]]) -> Dict[str, Any]:
+    """The call's arguments from a point's wire form: fake tensors, made inside the caller's FakeTensorMode."""
+    storages: Dict[Any, torch.Tensor] = {}
+    out: Dict[str, Any] = {}
+    for name, v in args:
+        if not isinstance(v, dict):
+            out[str(name)] = v
+            continue
+        dtype = getattr(torch, str(v["dtype"]))
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"not a dtype: {v['dtype']!r}")
+        base = storages.get(v["storage"])
+        if base is None or base.numel() < int(v["numel"]) or base.dtype != dtype:
+            base = storages[v["storage"]] = torch.empty(int(v["numel"]), dtype=dtype, device="cpu")
+        out[str(name)] = base.as_strided([int(x) for x in v["shape"]], [int(x) for x in v["stride"]], int(v["offset"]))
+    return out
+
+
+@contextlib.contextmanager
+def _launches_counted(count: List[int]):
+    """Every Triton launch counted and not run (the interpreter's, or the compiled launcher's on a GPU)."""
+    import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported
+    from triton.runtime.jit import JITFunction
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+
+    saved = (interp.GridExecutor.__call__, JITFunction.run)
+    interp.GridExecutor.__call__, JITFunction.run = counted, counted
+    try:
+        yield
+    finally:
+        interp.GridExecutor.__call__, JITFunction.run = saved
+
+
+def run_at(fn: Callable, point_args: List[List[Any]], path: str) -> Dict[str, Any]:
+    """One call of `fn`'s host code on a point's fake tensors: what it raised (or the guard refused), the bytes
+    it allocated, its launches and its time. `path`: the file whose line an error names."""
+    from .execution import describe_exception  # deferred: execution imports triton
+    from .guard import HostGuard  # deferred: guard imports the interpreter's hooks
+
+    mode = FakeTensorMode()
+    with mode:
+        args = build(point_args)
+    guard = HostGuard(sentinel=-1)
+    count = [0]
+    error = ""
+    t0 = time.perf_counter()
+    try:
+        # the guard compares storages by address to tell a view from a copy; a fake one has none (and says so)
+        with warnings.catch_warnings(), _launches_counted(count), mode, guard:
+            warnings.simplefilter("ignore")
+            fn(**args)
+    except BaseException as e:  # noqa: BLE001 - the candidate's failure is evidence, whatever it is
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        error = guard.violations[0] if guard.violations else describe_exception(e, path)
+    elapsed = time.perf_counter() - t0
+    allocated = sum(t.untyped_storage().nbytes() for t in guard.fresh if isinstance(t, torch.Tensor))
+    return {"error": error, "bytes": int(allocated), "launches": count[0], "elapsed_s": elapsed}
+
+
+def judge(label: str, got: Dict[str, Any], baseline: Dict[str, Any]) -> str:
+    """Why the candidate's host code at one point is a fault ('' when it is none); `baseline`: the baseline's
+    run_at at the same point, which did not raise."""
+    if got.get("error"):
+        return f"its host code fails at a size the contract admits ({label}): {got['error']}"
+    gib = 1 << 30
+    if got["bytes"] > ALLOC_FACTOR * baseline["bytes"] + ALLOC_SLACK:
+        return (
+            f"its host code allocates {got['bytes'] / gib:.2f} GiB per call at {label}, the baseline "
+            f"{baseline['bytes'] / gib:.3f} GiB (at most {ALLOC_FACTOR}x plus {ALLOC_SLACK / gib:.0f} GiB)"
+        )
+    if got["launches"] > LAUNCH_FACTOR * baseline["launches"] + LAUNCH_SLACK:
+        return (
+            f"its host code launches {got['launches']} kernels per call at {label}, the baseline "
+            f"{baseline['launches']} (at most {LAUNCH_FACTOR}x plus {LAUNCH_SLACK})"
+        )
+    if got["elapsed_s"] > HOST_S:
+        return f"its host code took {got['elapsed_s']:.1f} s of one call at {label} (at most {HOST_S:.0f} s)"
+    return ""
+
+
+def warm() -> None:
+    """Everything run_at uses, run once: the executor calls it before its audit hook is armed, since the first
+    fake tensor imports modules of torch's (an import inside the sandbox is refused)."""
+
+    def fn(x):
+        return torch.empty_like(x[:1])
+
+    x = {"shape": [2, 3], "stride": [3, 1], "offset": 0, "dtype": "float16", "numel": 6, "storage": 0}
+    run_at(fn, [["x", x]], "")
+
+
+_BASELINES: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+
+
+def served_by_baseline(p: Point, baseline: Dict[str, Any]) -> bool:
+    """Whether `p` is a serving size: the baseline's host code runs there (a point it refuses is outside the
+    contract) and its inputs and the baseline's allocations fit MAX_POINT_BYTES."""
+    return not baseline["error"] and p.input_bytes + baseline["bytes"] <= MAX_POINT_BYTES
+
+
+def baseline_runs(op_name: str, pts: List[Point], fn: Callable, path: str) -> List[Dict[str, Any]]:
+    """The baseline's run_at at every point (trusted code, run in this process), kept per op and point set."""
+    key = (op_name, repr([p.args for p in pts]))
+    if key not in _BASELINES:
+        _BASELINES[key] = [run_at(fn, p.wire()["args"], path) for p in pts]
+    return _BASELINES[key]

@@ -1,0 +1,115 @@
+"""The serving_sizes check (sanitizer/host_probe.py): the host code at the sizes serving sends, on fake tensors.
+
+Each case edits one line into a baseline, as a hostile author did: the edit is inert at every size the
+interpreter runs and harmful at a serving size (a raise at batch 129 x 32 heads, 3 GiB of scratch, a launch per
+sequence, a host loop of seconds). The unedited baseline is the control: it passes the same check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kernel_agent.ops import get_op
+from kernel_agent.sanitizer import host_probe
+from kernel_agent.sanitizer.execution import baseline_fn
+from kernel_agent.sanitizer.runner import run_isolated
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPS = ("matmul", "attention", "decode_attention", "quantize_kv", "decode_attention_int8")
+
+
+@pytest.mark.parametrize("op_name", OPS)
+def test_every_baseline_runs_at_every_serving_size(op_name):
+    """The points reach past what the interpreter runs (the GPU's regions, a dimension at the contract's largest,
+    bfloat16) and the baseline's host code runs at every one: a point it refused would be no serving size."""
+    op = get_op(op_name)
+    pts = host_probe.points(op)
+    runs = host_probe.baseline_runs(op_name, pts, baseline_fn(op_name), "")
+    assert len(pts) >= 100
+    assert [p.label for p, r in zip(pts, runs) if r["error"]] == []
+    assert all(r["launches"] >= 1 for r in runs)
+    gpu_regions = {r.name for r in op.domain().on("gpu")}
+    assert any(p.label.rsplit(", ", 1)[0] in gpu_regions for p in pts)
+    assert any(p.label.endswith("bfloat16") for p in pts)
+    largest = max(p.input_bytes for p in pts)
+    assert largest > 1 << 31, largest  # past what the CPU checks allocate by three orders of magnitude
+
+
+def test_a_point_is_built_as_its_case_is_laid_out():
+    """Views of one storage stay views of one storage (vLLM's K and V caches in one buffer), at their offsets."""
+    op = get_op("decode_attention")
+    [region] = [r for r in op.domain().regions if r.layout == "kv one storage"]
+    case = op.make_case(region.shape, torch.float16, device="meta", layout=region.layout)
+    p = host_probe._point("x", case.args)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        args = host_probe.build(p.wire()["args"])
+    k, v = args["k_cache"], args["v_cache"]
+    assert k.untyped_storage()._cdata == v.untyped_storage()._cdata
+    assert (k.shape, k.stride(), k.storage_offset()) == (
+        case.args["k_cache"].shape,
+        case.args["k_cache"].stride(),
+        case.args["k_cache"].storage_offset(),
+    )
+    assert v.storage_offset() == case.args["v_cache"].storage_offset() != 0
+
+
+def _edited(tmp_path, op_name: str, anchor: str, payload: str) -> str:
+    """The op's baseline with `payload` (indented like `anchor`) inserted before the first line holding it."""
+    with open(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py")) as f:
+        lines = f.read().splitlines(keepends=True)
+    i = next(i for i, ln in enumerate(lines) if anchor in ln)
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines[i:i] = [indent + ln + "\n" for ln in payload.splitlines()]
+    path = tmp_path / f"{op_name}.py"
+    path.write_text("".join(lines))
+    return str(path)
+
+
+def _serving_sizes(path: str, op_name: str):
+    v = run_isolated(path, op_name, "quick", checks=("serving_sizes",), seed=0, timeout_s=300)
+    [c] = [c for c in v.checks if c.name == "serving_sizes"]
+    return c
+
+
+EDITS = {
+    # (op, the line the payload goes before, the payload, what the failure names)
+    "raises past 4096 query rows": (
+        "decode_attention",
+        "block_d = ",
+        "if B * Hq > 4096:\n    raise ValueError('decode_attention: batch too large')",
+        "ValueError: decode_attention: batch too large",
+    ),
+    "scratch keyed on a serving size": (
+        "matmul",
+        "grid = (triton.cdiv(M, BM)",
+        "scratch = torch.empty((M * N * K // 8589934592, 1073741824), device=a.device, dtype=torch.int8)",
+        "GiB per call",
+    ),
+    "a launch per row past 4096 rows": (
+        "quantize_kv",
+        "_quantize_kernel[(triton.cdiv(R, block_r),)](",
+        "for _ in range(R // 4096):  # a launch that writes nothing: no row is below 0\n"
+        "    _quantize_kernel[(1,)](x, x_q, scale, 0, H, D, x.stride(0), x.stride(1), x.stride(2),\n"
+        "                           BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D), num_warps=warps)",
+        "kernels per call",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDITS))
+def test_host_code_harmful_only_at_serving_sizes_is_refused(name, tmp_path):
+    op_name, anchor, payload, named = EDITS[name]
+    c = _serving_sizes(_edited(tmp_path, op_name, anchor, payload), op_name)
+    assert c.status == "failed" and named in c.detail, c.detail
+    assert "at " in c.detail  # the point is named
+
+
+@pytest.mark.parametrize("op_name", ["matmul", "decode_attention"])
+def test_the_baseline_passes_serving_sizes(op_name):
+    c = _serving_sizes(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name)
+    assert c.status == "passed" and "serving sizes" in c.detail, c.detail
