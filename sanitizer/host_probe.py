@@ -142,7 +142,7 @@ def build(args: List[List[Any]]) -> Dict[str, Any]:
 def _launches_counted(count: List[int]):
     """Every Triton launch counted and not run (the interpreter's, or the compiled launcher's on a GPU)."""
     import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported
 
     def counted(self, *args, **kwargs):
         count[0] += 1
