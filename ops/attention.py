@@ -112,6 +112,8 @@ def softmax_rounding_bound(q, k, v, scale: float, keep, dtype: torch.dtype, v_fl
     )
 
 
+BOUND_BLOCK = 1 << 27  # elements of one float64 score block in Attention.element_bounds (1 GiB)
+
 # The factor on softmax_rounding_bound that an element may use: room for the products of small errors that
 # its sum of terms leaves out.
 SOFTMAX_BOUND_TOL = 2.0
@@ -281,11 +283,21 @@ class Attention(Op):
         scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
         keep = torch.ones(S, S, dtype=torch.bool, device=q.device).tril() if args.get("causal") else None
         cond = torch.empty_like(q)
+        # query rows per call: each row's bound is its own softmax's, so rows are taken a block at a time, with a
+        # [g, rows, S] float64 score matrix of at most BOUND_BLOCK elements (a 16384-token MQA prompt's whole one
+        # is 17 GB, and the bound holds about seven of its size)
+        rows = max(1, BOUND_BLOCK // (g * S))
         for b in range(B):
             for h in range(Hkv):
-                cond[b, h * g : (h + 1) * g] = softmax_rounding_bound(
-                    q[b, h * g : (h + 1) * g], k[b, h], v[b, h], scale, keep, args["q"].dtype
-                )
+                for r in range(0, S, rows):
+                    cond[b, h * g : (h + 1) * g, r : r + rows] = softmax_rounding_bound(
+                        q[b, h * g : (h + 1) * g, r : r + rows],
+                        k[b, h],
+                        v[b, h],
+                        scale,
+                        None if keep is None else keep[r : r + rows],
+                        args["q"].dtype,
+                    )
         return ElementBound(cond, SOFTMAX_BOUND_TOL, "softmax rounding bound", with_rms=True)
 
     def flops(self, shape: AttentionShape) -> float:
