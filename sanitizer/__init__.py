@@ -32,6 +32,7 @@ _MODULES = frozenset(
         "compared",
         "fpsan",
         "guard",
+        "host_probe",
         "interp",
         "kernel_branches",
         "worker",
