@@ -106,6 +106,8 @@ def run_case(
     fpsan: bool = False,
     sentinel: int = 0,
     keep: bool = False,
+    keep_inputs: bool = False,
+    again: bool = False,
 ) -> RunResult:
     """Call fn (the candidate's executor, or the trusted baseline in this process) on the case's inputs,
     instrumented; the judge reads the evidence: outputs, bounds and host-code violations, launches, and
@@ -123,6 +125,8 @@ def run_case(
                 sentinel=sentinel,
                 readable=readable,
                 keep=keep,
+                keep_inputs=keep_inputs,
+                again=again,
             )
         except ExecutorError as e:
             if e.timed_out:

@@ -162,6 +162,7 @@ class _Served:
         self.t = trusted
         self.loaded = loaded
         self.cases: Dict[str, Dict[str, Any]] = {}
+        self.pristine: Dict[str, Dict[str, Any]] = {}  # a case's inputs as they arrived, where the judge asked
         self.kept: Dict[int, List[Any]] = {}
         self.specs: Dict[str, None] = {}  # every specialisation launched, in order
         self.calls = 0
@@ -186,6 +187,7 @@ class _Served:
         torch, wire = self.t.torch, self.t.wire
         if cmd == "reset":
             self.cases.clear()
+            self.pristine.clear()
             self.kept.clear()
             return {"ok": True}
         if cmd == "digests":
@@ -211,7 +213,20 @@ class _Served:
         """One call of the candidate on the judge's tensors, instrumented as asked; the evidence goes back."""
         torch, wire, args = self.t.torch, self.t.wire, self.args
         self.calls += 1
-        call_args = _bind_tensors(torch, req, tensors, self.cases)
+        case_id = str(req.get("case"))
+        if req.get("again"):  # the case's inputs once more, from the copy kept as they arrived: nothing was sent
+            kept = self.pristine.get(case_id)
+            if kept is None or case_id not in self.cases:
+                missing = "internal: `again` for a case whose inputs were not kept"
+                wire.send(self.sock, {"call": self.calls, "error": missing, "outputs": None})
+                return
+            for n, t in kept.items():
+                self.cases[case_id][n].copy_(t)
+            call_args = {k: self.cases[case_id][k] for k in req["order"]}
+        else:
+            call_args = _bind_tensors(torch, req, tensors, self.cases)
+            if req.get("keep_inputs"):
+                self.pristine[case_id] = {n: call_args[n].clone() for n in req["tensor_names"]}
         readable = dict(zip(req.get("readable", []), tensors[len(req["tensor_names"]) :]))
         opts = req.get("opts", {})
         res = self.t.execute_call(
@@ -527,10 +542,14 @@ class Executor:
         readable: Optional[Dict[str, Any]] = None,
         keep: bool = False,
         return_inputs: bool = False,
+        keep_inputs: bool = False,
+        again: bool = False,
     ):
         """Run the candidate on a case; returns the evidence as a RunResult (outputs on the CPU). With
         `return_inputs`, the executor also sends its copies of the tensor inputs back as the call left them
-        (RunResult.returned_inputs), for a caller that checksums them itself."""
+        (RunResult.returned_inputs), for a caller that checksums them itself. `keep_inputs`: the executor keeps a
+        copy of the inputs as they arrived, on their device; `again`: the case is run once more on that copy,
+        and nothing is sent (gigabytes for a serving shape, a call after call of the determinism check)."""
         import torch  # deferred: the judge starts its executor before it loads torch (worker.py)
 
         if not hasattr(case, "_executor_id"):
@@ -539,7 +558,9 @@ class Executor:
         tensors = {k: v for k, v in case.args.items() if isinstance(v, torch.Tensor)}
         values = {k: v for k, v in case.args.items() if not isinstance(v, torch.Tensor)}
         readable = readable or {}
-        payload = [v.cpu() for v in tensors.values()] + [m.cpu() for m in readable.values()]
+        if again and readable:
+            raise ValueError("`again` sends nothing: a call with readable masks must send its case")
+        payload = [] if again else [v.cpu() for v in tensors.values()] + [m.cpu() for m in readable.values()]
         self._send(
             {
                 "cmd": "call",
@@ -550,12 +571,17 @@ class Executor:
                 "readable": list(readable),
                 "keep": keep,
                 "return_inputs": return_inputs,
+                "keep_inputs": keep_inputs,
+                "again": again,
                 "opts": {"bounds": bounds, "order": order, "seed": seed, "fpsan": fpsan, "sentinel": sentinel},
             },
             payload,
         )
         # outputs are never larger than a few times the inputs: a bigger answer is refused unread
-        reply, outs = self._recv(max_payload=4 * sum(t.untyped_storage().nbytes() for t in payload) + (64 << 20))
+        sent = sum(v.untyped_storage().nbytes() for v in tensors.values()) + sum(
+            m.untyped_storage().nbytes() for m in readable.values()
+        )
+        reply, outs = self._recv(max_payload=4 * sent + (64 << 20))
         self.calls += 1
         self.violations = sanitizer.wire.strings(reply.get("violations"))
         res = _evidence(reply, outs, list(tensors), return_inputs)

@@ -56,11 +56,11 @@ GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GPU_SERVING_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _call(subject: Subject, fn, case):
+def _call(subject: Subject, fn, case, **executor_opts):
     """The outputs of fn on the case, on the case's device: the baseline runs here (trusted), the
-    candidate in its sandboxed executor."""
+    candidate in its sandboxed executor (`executor_opts`: Executor.call's keep_inputs and again)."""
     if isinstance(fn, Executor):
-        r = run_case(subject, fn, case, bounds=False)
+        r = run_case(subject, fn, case, bounds=False, **executor_opts)
         if not r.ok:
             raise CheckFailed(f"{r.problem()}; reproduce: {case.describe()} (cuda)")
         subject.specs.update(dict.fromkeys(r.specs))
@@ -209,9 +209,10 @@ def check_determinism(subject: Subject, device: str = "cuda", repeats: int = 5) 
     shapes = [op.shapes("tiny")[-1], op.shapes("serving")[0]]
     for shape in shapes:
         case = op.make_case(shape, torch.bfloat16, seed=subject.seed(SeedStream.GPU_DETERMINISM), device=device)
-        first = _call(subject, subject.fn, case)
+        first = _call(subject, subject.fn, case, keep_inputs=True)
         for r in range(repeats - 1):
-            again = _call(subject, subject.fn, case)  # the same buffers in the executor, every time
+            # the same buffers in the executor, refilled there from the inputs as they arrived: nothing is sent
+            again = _call(subject, subject.fn, case, again=True)
             d = first_difference(first, again)
             if d:
                 i, idx, a, b = d
