@@ -5,7 +5,7 @@ copies to and from it), the comparison and the baseline's call for the error bud
 the slowest cases; writes the same as JSON.
 
 Usage, on a GPU machine from the repository root:
-PYTHONPATH=. TRITON_INTERPRET=0 python3 scripts/gpu_check_profile.py [--op OP] [--file F] [--json OUT]
+PYTHONPATH=$PWD TRITON_INTERPRET=0 python3 scripts/gpu_check_profile.py [--op OP] [--file F] [--json OUT]
 """
 
 from __future__ import annotations
