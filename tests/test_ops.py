@@ -503,3 +503,51 @@ def test_a_region_that_names_an_argument_sets_it_over_the_drawn_one():
     region = next(r for r in op.domain().on("cpu") if r.args)
     case = region.set_args(op.make_case(region.shape, torch.float32, seed=0, layout=region.layout))
     assert case.args["sm_scale"] == 1 / region.shape.D  # muP's 1/D, exactly
+
+
+@pytest.mark.parametrize("op_name", ["decode_attention", "decode_attention_int8"])
+def test_paged_reference_and_bound_by_blocks_of_sequences_equal_one_sequence_at_a_time(op_name, monkeypatch):
+    """The paged reference and element bound take same-length sequences a block at a time (ops/paged.py
+    same_length_blocks); the same, one sequence at a time, gives the same reference exactly and the same bound to
+    float64 rounding, on a ragged batch with repeated lengths, shared pages and blocks of three."""
+    from kernel_agent.ops import paged
+    from kernel_agent.ops.attention import attention_reference, softmax_rounding_bound
+
+    op = get_op(op_name)
+    case = op.make_case(paged.DecodeShape(9, 4, 2, 16, 4, 12, True, order=2, pages=2), torch.float16, seed=3)
+    args = case.args
+    args["seq_lens"][:4] = 7  # four of one length: more than one block of three
+    monkeypatch.setattr(paged, "SEQUENCE_BLOCK", 3 * 7 * 2 * 16)
+    assert len([s for n, s in paged.same_length_blocks(args) if n == 7]) == 2
+    ref = paged.paged_reference(args, torch.float64)
+    bound = op.element_bounds(args)
+    B, Hq, D = args["q"].shape
+    g = Hq // 2
+    for b in range(B):
+        n = int(args["seq_lens"][b])
+        k, v, v_s = paged.gather_kv(args, b, n, torch.float64)
+        one = attention_reference(
+            args["q"][b][None, :, None, :],
+            k.permute(1, 0, 2)[None],
+            v.permute(1, 0, 2)[None],
+            False,
+            None,
+            torch.float64,
+        )[0, :, 0, :]
+        assert torch.equal(ref[b], one)
+        for h in range(2):
+            floor = None
+            if v_s is not None:
+                codes = paged.gather_tokens(args["v_cache"], args["block_table"], b, n).to(torch.float64)
+                floor = paged.int8_underflow_floor(codes, v_s)[:, h]
+            want = softmax_rounding_bound(
+                args["q"][b, h * g : (h + 1) * g, None, :].to(torch.float64),
+                k[:, h],
+                v[:, h],
+                1.0 / math.sqrt(D),
+                None,
+                torch.float16,
+                floor,
+            )[:, 0, :]
+            got = bound.conditioning[b, h * g : (h + 1) * g]
+            assert torch.allclose(got, want, rtol=1e-12, atol=0), (b, h)
