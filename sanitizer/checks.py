@@ -898,6 +898,7 @@ def _probe_answer(reply: Dict[str, Any]) -> Dict[str, Any]:
         "error": wire.text(reply.get("error"), 600),
         "bytes": max(0, wire.as_int(reply.get("bytes"))),
         "launches": max(0, wire.as_int(reply.get("launches"))),
+        "oversized": wire.text(reply.get("oversized"), 300),
         "elapsed_s": float(elapsed) if isinstance(elapsed, (int, float)) and elapsed == elapsed else 0.0,
     }
 

@@ -11,13 +11,16 @@ with every Triton launch counted and not run, and compared with the baseline's h
 * it raises, or does what host code may not, at a size the contract admits (the baseline does not raise there);
 * it allocates more than ALLOC_FACTOR times the baseline's bytes plus ALLOC_SLACK;
 * it launches more than LAUNCH_FACTOR times the baseline's kernels plus LAUNCH_SLACK;
-* its host code takes longer than HOST_S.
+* its host code takes longer than HOST_S;
+* it launches a grid past CUDA's limits (GRID_LIMITS: 65535 programs on y and z), which fails on the device
+  while the interpreter runs it.
 
 The points (points()): every region of the op's domain (the GPU's too), every shape of its shape suites, and
-each of those suite shapes with one contract dimension at its largest value (Op.value_dims), in every dtype the
-op admits, up to MAX_POINT_BYTES of inputs and the baseline's allocations (served_by_baseline). What it cannot
-see: a kernel's own behaviour (no kernel runs here), and host code that tells fake tensors apart from real
-ones, which the candidate language leaves no way to do.
+each of those suite shapes with one contract dimension at its largest value (Op.value_dims), or the largest
+power-of-two fraction of it whose inputs fit, in every dtype the op admits, up to MAX_POINT_BYTES of inputs
+and the baseline's allocations (served_by_baseline). What it cannot see: a kernel's own behaviour (no kernel
+runs here), and host code that tells fake tensors apart from real ones, which the candidate language leaves no
+way to do.
 """
 
 from __future__ import annotations
@@ -98,11 +101,9 @@ def _make_points(op) -> List[Point]:
     shapes += [(str(sh), sh, "contiguous", ()) for sh in suites]
     for sh in suites:
         for dim in op.value_dims:
-            try:
-                pushed = op.with_value(sh, dim.name, dim.hi)
-            except (ValueError, TypeError):
-                continue
-            shapes.append((f"{sh} with {dim.name}={dim.hi}", pushed, "contiguous", ()))
+            pushed = _largest_that_fits(op, sh, dim)
+            if pushed is not None:
+                shapes.append((f"{sh} with {dim.name}={pushed[0]}", pushed[1], "contiguous", ()))
     out: List[Point] = []
     seen = set()
     for label, shape, layout, extra in shapes:
@@ -118,6 +119,24 @@ def _make_points(op) -> List[Point]:
             seen.add(repr(p.args))
             out.append(p)
     return out
+
+
+def _largest_that_fits(op, shape, dim) -> Optional[Tuple[int, Any]]:
+    """(value, shape): `shape` with dimension `dim` at the contract's largest value whose inputs fit half of
+    MAX_POINT_BYTES, or within a factor of 2 of it (a batch of 2048 prompts of 4096 tokens at 32 heads where 4096
+    would not fit), or None where even the shape's own size at that dimension does not."""
+    value = dim.hi
+    while value >= 1:
+        try:
+            pushed = op.with_value(shape, dim.name, value)
+            case = op.make_case(pushed, op.dtypes[0], seed=0, dist="normal", device="meta")
+        except (ValueError, TypeError, RuntimeError, NotImplementedError):
+            return None
+        inputs = sum(v.untyped_storage().nbytes() for v in case.args.values() if isinstance(v, torch.Tensor))
+        if inputs <= MAX_POINT_BYTES // 2:  # half of it: the outputs and the baseline's scratch come on top
+            return value, pushed
+        value //= 2
+    return None
 
 
 def build(args: List[List[Any]]) -> Dict[str, Any]:
@@ -138,14 +157,37 @@ def build(args: List[List[Any]]) -> Dict[str, Any]:
     return out
 
 
+# CUDA's largest grid: x up to 2^31 - 1 programs, y and z up to 65535 (a launch past them fails on the device,
+# while Triton's interpreter runs it)
+GRID_LIMITS = ((1 << 31) - 1, 65535, 65535)
+
+
+def _grid(grid: Any, names: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[int, ...]:
+    """A launch's grid as numbers ((), where it cannot be told): a callable one is given the launch's arguments by
+    name, as Triton gives them (its meta-parameters among them)."""
+    try:
+        if callable(grid):
+            grid = grid({**dict(zip(names or (), args)), **kwargs})
+        if not isinstance(grid, (tuple, list)):
+            grid = (grid,)
+        return tuple(int(g) for g in grid)
+    except Exception:  # noqa: BLE001 - a grid this cannot evaluate is left to the device's own launch
+        return ()
+
+
 @contextlib.contextmanager
-def _launches_counted(count: List[int]):
-    """Every Triton launch counted and not run (the interpreter's, or the compiled launcher's on a GPU)."""
+def _launches_counted(count: List[int], oversized: List[str]):
+    """Every Triton launch counted and not run (the interpreter's, or the compiled launcher's on a GPU); a launch
+    whose grid is past GRID_LIMITS is named in `oversized`."""
     import triton.runtime.interpreter as interp  # deferred: triton reads TRITON_INTERPRET when first imported
     from triton.runtime.jit import JITFunction  # deferred: triton reads TRITON_INTERPRET when first imported
 
     def counted(self, *args, **kwargs):
         count[0] += 1
+        grid = _grid(kwargs.pop("grid", getattr(self, "grid", (1,))), getattr(self, "arg_names", None), args, kwargs)
+        if any(g > limit for g, limit in zip(grid, GRID_LIMITS)) and not oversized:
+            name = getattr(getattr(self, "fn", None), "__name__", None) or getattr(self, "__name__", "a kernel")
+            oversized.append(f"{name} with grid {grid}")
 
     saved = (interp.GridExecutor.__call__, JITFunction.run)
     interp.GridExecutor.__call__, JITFunction.run = counted, counted
@@ -166,11 +208,12 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str) -> Dict[str, An
         args = build(point_args)
     guard = HostGuard(sentinel=-1)
     count = [0]
+    oversized: List[str] = []
     error = ""
     t0 = time.perf_counter()
     try:
         # the guard compares storages by address to tell a view from a copy; a fake one has none (and says so)
-        with warnings.catch_warnings(), _launches_counted(count), mode, guard:
+        with warnings.catch_warnings(), _launches_counted(count, oversized), mode, guard:
             warnings.simplefilter("ignore")
             fn(**args)
     except BaseException as e:  # noqa: BLE001 - the candidate's failure is evidence, whatever it is
@@ -179,7 +222,13 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str) -> Dict[str, An
         error = guard.violations[0] if guard.violations else describe_exception(e, path)
     elapsed = time.perf_counter() - t0
     allocated = sum(t.untyped_storage().nbytes() for t in guard.fresh if isinstance(t, torch.Tensor))
-    return {"error": error, "bytes": int(allocated), "launches": count[0], "elapsed_s": elapsed}
+    return {
+        "error": error,
+        "bytes": int(allocated),
+        "launches": count[0],
+        "oversized": oversized[0] if oversized else "",
+        "elapsed_s": elapsed,
+    }
 
 
 def judge(label: str, got: Dict[str, Any], baseline: Dict[str, Any]) -> str:
@@ -187,6 +236,11 @@ def judge(label: str, got: Dict[str, Any], baseline: Dict[str, Any]) -> str:
     run_at at the same point, which did not raise."""
     if got.get("error"):
         return f"its host code fails at a size the contract admits ({label}): {got['error']}"
+    if got.get("oversized"):
+        return (
+            f"it launches {got['oversized']} at {label}: past CUDA's grid of 2^31-1 x 65535 x 65535 programs, "
+            f"a launch that fails on the device"
+        )
     gib = 1 << 30
     if got["bytes"] > ALLOC_FACTOR * baseline["bytes"] + ALLOC_SLACK:
         return (

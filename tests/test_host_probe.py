@@ -109,6 +109,23 @@ def test_host_code_harmful_only_at_serving_sizes_is_refused(name, tmp_path):
     assert "at " in c.detail  # the point is named
 
 
+def test_a_grid_past_cudas_limits_at_a_serving_size_is_refused(tmp_path):
+    """Batch and heads folded onto the grid's y axis (as the attention baseline once had them) pass every check
+    the interpreter runs, which takes any grid, and fail to launch on CUDA at 2048 prompts of 32 heads (65536
+    programs on y): serving_sizes names the launch and the point."""
+    with open(os.path.join(ROOT, "kernels", "baseline", "attention.py")) as f:
+        text = f.read()
+    folded = text.replace(
+        "    off_h = tl.program_id(1)\n    off_b = tl.program_id(2)\n",
+        "    off_b = tl.program_id(1) // Hq\n    off_h = tl.program_id(1) % Hq\n",
+    ).replace("grid = (triton.cdiv(S, BM), Hq, B)", "grid = (triton.cdiv(S, BM), B * Hq)")
+    assert folded.count("grid = (triton.cdiv(S, BM), B * Hq)") == 1 and "tl.program_id(2)" not in folded
+    path = tmp_path / "attention.py"
+    path.write_text(folded)
+    c = _serving_sizes(str(path), "attention")
+    assert c.status == "failed" and "past CUDA's grid" in c.detail and "65536" in c.detail, c.detail
+
+
 @pytest.mark.parametrize("op_name", ["matmul", "decode_attention"])
 def test_the_baseline_passes_serving_sizes(op_name):
     c = _serving_sizes(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name)
