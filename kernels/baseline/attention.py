@@ -81,9 +81,8 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                      EVEN_D: tl.constexpr, CAUSAL: tl.constexpr):
     start_m = tl.program_id(0)
-    off_bh = tl.program_id(1)
-    off_b = off_bh // Hq
-    off_h = off_bh % Hq
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
     off_kvh = off_h // GROUP
     q_base = q_ptr + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
     k_base = k_ptr + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
@@ -151,7 +150,9 @@ def attention(q, k, v, causal=False, sm_scale=None):
     if q.element_size() == 4:  # float32 tiles take twice the shared memory
         BN, stages = min(BN, 64), min(stages, 2)
     block_d = max(16, triton.next_power_of_2(D))  # a tensor-core dot needs at least 16
-    grid = (triton.cdiv(S, BM), B * Hq)
+    # batch on the grid's z and heads on its y, each at most 65535 (B * Hq on one axis reaches 524288); the
+    # programs run in the same order as with (M blocks, B * Hq)
+    grid = (triton.cdiv(S, BM), Hq, B)
     _attn_fwd_kernel[grid](q, k, v, o, sm_scale * 1.4426950408889634, S, Hq, Hq // Hkv,
                            q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                            k.stride(0), k.stride(1), k.stride(2), k.stride(3),

@@ -22,9 +22,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, S, Hq, GROUP,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                  CAUSAL: tl.constexpr):
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
+    h = tl.program_id(1)
+    b = tl.program_id(2)
     kvh = h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -71,7 +70,7 @@ def attention(q, k, v, causal=False, sm_scale=None):
         sm_scale = 1.0 / math.sqrt(D)
     o = torch.empty((B, Hq, S, D), device=q.device, dtype=q.dtype)
     BM, BN = 64, 32
-    grid = (triton.cdiv(S, BM), B * Hq)
+    grid = (triton.cdiv(S, BM), Hq, B)  # y and z: at most 65535 each
     _attn_kernel[grid](q, k, v, o, sm_scale * 1.4426950408889634, S, Hq, Hq // Hkv,
                        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                        k.stride(0), k.stride(1), k.stride(2), k.stride(3),
