@@ -917,22 +917,27 @@ def check_serving_sizes(subject: Subject, s: Settings) -> str:
         subject.op.name, pts, baseline_fn(subject.op.name), inspect.getsourcefile(baseline_fn(subject.op.name)) or ""
     )
     judged, most_bytes, most_launches = 0, 0, 0
-    for p, b in zip(pts, base):
-        if not host_probe.served_by_baseline(p, b):
-            continue
+    served = [(p, b) for p, b in zip(pts, base) if host_probe.served_by_baseline(p, b)]
+    step = host_probe.POINTS_PER_REQUEST
+    for at in range(0, len(served), step):
+        batch = served[at : at + step]
         try:
-            got = _probe_answer(ex.probe(p.wire()["args"], host_probe.POINT_TIMEOUT_S))
+            answers = ex.probe([p.wire() for p, _ in batch], host_probe.POINT_TIMEOUT_S)
         except ExecutorError as e:
             why = "did not return" if e.timed_out else f"ended ({e})"
             raise CheckFailed(
-                f"its host code {why} within {host_probe.POINT_TIMEOUT_S:.0f} s at a size the contract admits "
-                f"({p.label}): a stall in serving"
+                f"its host code {why} within {host_probe.POINT_TIMEOUT_S:.0f} s at one of {len(batch)} sizes the "
+                f"contract admits, from {batch[0][0].label} to {batch[-1][0].label}: a stall in serving"
             )
-        failure = host_probe.judge(p.label, got, b)
-        if failure:
-            raise CheckFailed(failure)
-        judged += 1
-        most_bytes, most_launches = max(most_bytes, got["bytes"]), max(most_launches, got["launches"])
+        if len(answers) != len(batch):
+            raise CheckFailed(f"internal: {len(answers)} answers for {len(batch)} serving sizes")
+        for (p, b), answer in zip(batch, answers):
+            got = _probe_answer(answer if isinstance(answer, dict) else {"error": "no answer"})
+            failure = host_probe.judge(p.label, got, b)
+            if failure:
+                raise CheckFailed(failure)
+            judged += 1
+            most_bytes, most_launches = max(most_bytes, got["bytes"]), max(most_launches, got["launches"])
     return (
         f"host code run at {judged} serving sizes on fake tensors: no raise; at most {most_bytes / (1 << 30):.3f} "
         f"GiB allocated and {most_launches} launches per call, within the baseline's bounds"

@@ -204,7 +204,19 @@ class _Served:
         if cmd == "probe" and self.args.device == "cpu":  # the host code at a serving size (host_probe.py)
             hits = set(self.loaded.indicators.hits)  # no verified call: what it takes is not coverage
             try:
-                return self.t.run_at(self.loaded.fn, wire.optional_list(req.get("args")) or [], self.args.file)
+                return {
+                    "results": [
+                        self.t.run_at(
+                            self.loaded.fn,
+                            wire.optional_list(p.get("args")) or [],
+                            self.args.file,
+                            "cuda" if p.get("device") == "cuda" else "cpu",
+                            wire.as_int(p.get("sms")),
+                        )
+                        for p in wire.optional_list(req.get("points")) or []
+                        if isinstance(p, dict)
+                    ]
+                }
             finally:
                 self.loaded.indicators.hits = hits
         return {"error": "unknown command"}
@@ -589,17 +601,18 @@ class Executor:
             res.error = f"the sandbox refused: {self.violations[0]}"
         return res
 
-    def probe(self, args: List[List[Any]], timeout_s: float) -> Dict[str, Any]:
-        """The candidate's host code on one serving-size point's fake tensors (host_probe.run_at; CPU executors
-        only): what it raised, allocated and launched. No answer within `timeout_s` ends the executor."""
-        self._send({"cmd": "probe", "args": args})
+    def probe(self, points: List[Dict[str, Any]], timeout_s: float) -> List[Any]:
+        """The candidate's host code on serving-size points' fake tensors (host_probe.Point.wire; CPU executors
+        only), one answer each: what it raised, allocated and launched. No answer within `timeout_s` ends the
+        executor."""
+        self._send({"cmd": "probe", "points": points})
         deadline = self.deadline
         self.deadline = min(deadline, time.time() + timeout_s)
         try:
             reply, _ = self._recv()
         finally:
             self.deadline = deadline
-        return reply
+        return sanitizer.wire.optional_list(reply.get("results")) or []
 
     def coverage(self):
         """(arcs, specialisations): the host-code branches the candidate's calls took (branches.Arc lists) and

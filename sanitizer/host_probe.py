@@ -17,16 +17,19 @@ with every Triton launch counted and not run, and compared with the baseline's h
 
 The points (points()): every region of the op's domain (the GPU's too), every shape of its shape suites, and
 each of those suite shapes with one contract dimension at its largest value (Op.value_dims), or the largest
-power-of-two fraction of it whose inputs fit, in every dtype the op admits, up to MAX_POINT_BYTES of inputs
-and the baseline's allocations (served_by_baseline). What it cannot see: a kernel's own behaviour (no kernel
-runs here), and host code that tells fake tensors apart from real ones, which the candidate language leaves no
-way to do.
+power-of-two fraction of it whose inputs fit, in every dtype the op admits, each on fake CPU tensors and on
+fake CUDA tensors of a 132-SM GPU, every third point also of another SM count (host code may read the device),
+up to MAX_POINT_BYTES of inputs and the baseline's allocations (served_by_baseline). What it cannot see: a kernel's
+own behaviour (no kernel runs here), and host code that tells fake tensors apart from real ones, which the
+candidate language leaves no way to do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -39,7 +42,8 @@ ALLOC_SLACK = 1 << 30  # ... plus this much
 LAUNCH_FACTOR = 16  # launches per call: this many times the baseline's ...
 LAUNCH_SLACK = 16  # ... plus this many
 HOST_S = 5.0  # one call's host code at one point (fake tensors cost about 0.1 ms an operation)
-POINT_TIMEOUT_S = 30.0  # the executor's answer for one point; past it the call is a stall
+POINT_TIMEOUT_S = 30.0  # the executor's answer for one request of points; past it a call stalled
+POINTS_PER_REQUEST = 48  # points sent to the executor at once (each is milliseconds; a round trip costs as much)
 MAX_POINT_BYTES = 1 << 37  # a point's inputs plus the baseline's allocations: past it, no GPU of today holds it
 
 
@@ -52,9 +56,11 @@ class Point:
     label: str
     args: Tuple[Tuple[str, Any], ...]
     input_bytes: int
+    device: str = "cpu"  # where the fake tensors say they live: "cpu", or "cuda" with `sms` multiprocessors
+    sms: int = 0
 
     def wire(self) -> Dict[str, Any]:
-        return {"label": self.label, "args": [[k, v] for k, v in self.args]}
+        return {"label": self.label, "args": [[k, v] for k, v in self.args], "device": self.device, "sms": self.sms}
 
 
 def _spec(t: torch.Tensor, storages: Dict[int, int]) -> Dict[str, Any]:
@@ -91,8 +97,20 @@ def points(op) -> List[Point]:
     """The serving sizes of `op` to run the host code at (see the module's docstring), each once; made once per
     op and process."""
     if op.name not in _POINTS:
-        _POINTS[op.name] = _make_points(op)
+        _POINTS[op.name] = [v for i, p in enumerate(_make_points(op)) for v in _on_devices(p, i)]
     return _POINTS[op.name]
+
+
+# SM counts a point is also run at on a CUDA device besides the H100's and H200's 132, one a point in turn: an
+# A100's, a B200's, an H100 PCIe's
+OTHER_SMS = (108, 148, 114)
+
+
+def _on_devices(p: Point, i: int) -> List[Point]:
+    """The point on fake CPU tensors and on fake CUDA tensors of a 132-SM GPU, and every third point on one of
+    another SM count: host code may read the device (`q.is_cuda`, the SM count), and serving calls it on CUDA."""
+    sms = [132] + ([OTHER_SMS[(i // 3) % len(OTHER_SMS)]] if i % 3 == 0 else [])
+    return [p] + [dataclasses.replace(p, label=f"{p.label}, on CUDA with {n} SMs", device="cuda", sms=n) for n in sms]
 
 
 def _make_points(op) -> List[Point]:
@@ -139,8 +157,9 @@ def _largest_that_fits(op, shape, dim) -> Optional[Tuple[int, Any]]:
     return None
 
 
-def build(args: List[List[Any]]) -> Dict[str, Any]:
-    """The call's arguments from a point's wire form: fake tensors, made inside the caller's FakeTensorMode."""
+def build(args: List[List[Any]], device: str = "cpu") -> Dict[str, Any]:
+    """The call's arguments from a point's wire form: fake tensors on `device`, made inside the caller's
+    FakeTensorMode."""
     storages: Dict[Any, torch.Tensor] = {}
     out: Dict[str, Any] = {}
     for name, v in args:
@@ -152,7 +171,7 @@ def build(args: List[List[Any]]) -> Dict[str, Any]:
             raise ValueError(f"not a dtype: {v['dtype']!r}")
         base = storages.get(v["storage"])
         if base is None or base.numel() < int(v["numel"]) or base.dtype != dtype:
-            base = storages[v["storage"]] = torch.empty(int(v["numel"]), dtype=dtype, device="cpu")
+            base = storages[v["storage"]] = torch.empty(int(v["numel"]), dtype=dtype, device=device)
         out[str(name)] = base.as_strided([int(x) for x in v["shape"]], [int(x) for x in v["stride"]], int(v["offset"]))
     return out
 
@@ -197,15 +216,34 @@ def _launches_counted(count: List[int], oversized: List[str]):
         interp.GridExecutor.__call__, JITFunction.run = saved
 
 
-def run_at(fn: Callable, point_args: List[List[Any]], path: str) -> Dict[str, Any]:
-    """One call of `fn`'s host code on a point's fake tensors: what it raised (or the guard refused), the bytes
-    it allocated, its launches and its time. `path`: the file whose line an error names."""
+@contextlib.contextmanager
+def _gpu_of(device: str, sms: int):
+    """On a fake CUDA device, torch.cuda.get_device_properties answers for a GPU of `sms` multiprocessors (the one
+    property the candidate language reads); nothing changes on the CPU."""
+    if device != "cuda":
+        yield
+        return
+    props = types.SimpleNamespace(multi_processor_count=sms, name=f"a GPU of {sms} SMs", major=9, minor=0)
+    saved = torch.cuda.get_device_properties
+    torch.cuda.get_device_properties = lambda *a, **k: props  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_properties = saved
+
+
+def run_at(fn: Callable, point_args: List[List[Any]], path: str, device: str = "cpu", sms: int = 0) -> Dict[str, Any]:
+    """One call of `fn`'s host code on a point's fake tensors (on `device`, a GPU of `sms` multiprocessors for
+    "cuda"): what it raised (or the guard refused), the bytes it allocated, its launches and its time. `path`:
+    the file whose line an error names."""
     from .execution import describe_exception  # deferred: execution imports triton
     from .guard import HostGuard  # deferred: guard imports the interpreter's hooks
 
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"no fake device {device!r}")
     mode = FakeTensorMode()
     with mode:
-        args = build(point_args)
+        args = build(point_args, device)
     guard = HostGuard(sentinel=-1)
     count = [0]
     oversized: List[str] = []
@@ -213,7 +251,7 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str) -> Dict[str, An
     t0 = time.perf_counter()
     try:
         # the guard compares storages by address to tell a view from a copy; a fake one has none (and says so)
-        with warnings.catch_warnings(), _launches_counted(count, oversized), mode, guard:
+        with warnings.catch_warnings(), _gpu_of(device, sms), _launches_counted(count, oversized), mode, guard:
             warnings.simplefilter("ignore")
             fn(**args)
     except BaseException as e:  # noqa: BLE001 - the candidate's failure is evidence, whatever it is
@@ -266,6 +304,7 @@ def warm() -> None:
 
     x = {"shape": [2, 3], "stride": [3, 1], "offset": 0, "dtype": "float16", "numel": 6, "storage": 0}
     run_at(fn, [["x", x]], "")
+    run_at(fn, [["x", x]], "", "cuda", 132)
 
 
 _BASELINES: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
@@ -279,7 +318,7 @@ def served_by_baseline(p: Point, baseline: Dict[str, Any]) -> bool:
 
 def baseline_runs(op_name: str, pts: List[Point], fn: Callable, path: str) -> List[Dict[str, Any]]:
     """The baseline's run_at at every point (trusted code, run in this process), kept per op and point set."""
-    key = (op_name, repr([p.args for p in pts]))
+    key = (op_name, repr([(p.args, p.device, p.sms) for p in pts]))
     if key not in _BASELINES:
-        _BASELINES[key] = [run_at(fn, p.wire()["args"], path) for p in pts]
+        _BASELINES[key] = [run_at(fn, p.wire()["args"], path, p.device, p.sms) for p in pts]
     return _BASELINES[key]

@@ -90,6 +90,13 @@ EDITS = {
         "scratch = torch.empty((M * N * K // 8589934592, 1073741824), device=a.device, dtype=torch.int8)",
         "GiB per call",
     ),
+    "scratch only on CUDA, sized by the batch": (
+        "decode_attention",
+        "block_d = ",
+        "if q.is_cuda:  # a device-only branch: the CPU checks never take it\n"
+        "    scratch = torch.empty((B * Hq * 1048576,), device=q.device, dtype=torch.int8)",
+        "on CUDA with 132 SMs",
+    ),
     "a launch per row past 4096 rows": (
         "quantize_kv",
         "_quantize_kernel[(triton.cdiv(R, block_r),)](",

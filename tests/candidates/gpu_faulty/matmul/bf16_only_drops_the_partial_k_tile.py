@@ -16,8 +16,9 @@ import triton.language as tl
 @triton.jit
 def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, K_END, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    tiles_n = tl.cdiv(N, BLOCK_N)  # tiles numbered on one axis: y holds at most 65535
+    pid_m = tl.program_id(0) // tiles_n
+    pid_n = tl.program_id(0) % tiles_n
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -40,7 +41,7 @@ def matmul(a, b):
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     BM, BN, BK = 64, 64, 32
-    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
     k_end = K // BK * BK if a.dtype == torch.bfloat16 else K
     _mm_kernel[grid](a, b, c, M, N, K, k_end, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                      BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=4, num_stages=3)
