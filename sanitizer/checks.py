@@ -918,6 +918,8 @@ def check_serving_sizes(subject: Subject, s: Settings) -> str:
     )
     judged, most_bytes, most_launches = 0, 0, 0
     served = [(p, b) for p, b in zip(pts, base) if host_probe.served_by_baseline(p, b)]
+    # the points this host cannot fake (CUDA tensors where torch cannot make fake ones): said in the verdict
+    not_here = sorted({host_probe.unavailable(b) for b in base if host_probe.unavailable(b)})
     step = host_probe.POINTS_PER_REQUEST
     for at in range(0, len(served), step):
         batch = served[at : at + step]
@@ -932,6 +934,10 @@ def check_serving_sizes(subject: Subject, s: Settings) -> str:
         if len(answers) != len(batch):
             raise CheckFailed(f"internal: {len(answers)} answers for {len(batch)} serving sizes")
         for (p, b), answer in zip(batch, answers):
+            if isinstance(answer, dict) and answer.get("unavailable"):
+                # the baseline's ran in the judge; the executor's process cannot fake this device
+                not_here = not_here or [f"in the candidate's process: {wire.text(answer.get('unavailable'), 200)}"]
+                continue
             got = _probe_answer(answer if isinstance(answer, dict) else {"error": "no answer"})
             failure = host_probe.judge(p.label, got, b)
             if failure:
@@ -941,7 +947,7 @@ def check_serving_sizes(subject: Subject, s: Settings) -> str:
     return (
         f"host code run at {judged} serving sizes on fake tensors: no raise; at most {most_bytes / (1 << 30):.3f} "
         f"GiB allocated and {most_launches} launches per call, within the baseline's bounds"
-    )
+    ) + (f"; not run here: {not_here[0]}" if not_here else "")
 
 
 def _configs_or_fail(subject: Subject, specs: List[str]) -> None:

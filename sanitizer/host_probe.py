@@ -242,8 +242,11 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str, device: str = "
     if device not in ("cpu", "cuda"):
         raise ValueError(f"no fake device {device!r}")
     mode = FakeTensorMode()
-    with mode:
-        args = build(point_args, device)
+    try:
+        with mode:
+            args = build(point_args, device)
+    except Exception as e:  # noqa: BLE001 - trusted code before the candidate's: this host cannot fake the device
+        return {"unavailable": f"fake {device} tensors cannot be made here: {type(e).__name__}: {e}"[:300]}
     guard = HostGuard(sentinel=-1)
     count = [0]
     oversized: List[str] = []
@@ -267,6 +270,11 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str, device: str = "
         "oversized": oversized[0] if oversized else "",
         "elapsed_s": elapsed,
     }
+
+
+def unavailable(result: Dict[str, Any]) -> str:
+    """Why run_at could not run a point at all ('' when it ran): the host cannot fake the point's device."""
+    return str(result.get("unavailable") or "")
 
 
 def judge(label: str, got: Dict[str, Any], baseline: Dict[str, Any]) -> str:
@@ -304,7 +312,7 @@ def warm() -> None:
 
     x = {"shape": [2, 3], "stride": [3, 1], "offset": 0, "dtype": "float16", "numel": 6, "storage": 0}
     run_at(fn, [["x", x]], "")
-    run_at(fn, [["x", x]], "", "cuda", 132)
+    run_at(fn, [["x", x]], "", "cuda", 132)  # where fake CUDA tensors cannot be made, it says so, and nothing more
 
 
 _BASELINES: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
@@ -312,7 +320,10 @@ _BASELINES: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
 
 def served_by_baseline(p: Point, baseline: Dict[str, Any]) -> bool:
     """Whether `p` is a serving size: the baseline's host code runs there (a point it refuses is outside the
-    contract) and its inputs and the baseline's allocations fit MAX_POINT_BYTES."""
+    contract) and its inputs and the baseline's allocations fit MAX_POINT_BYTES. False where this host could not
+    make the point's fake tensors (unavailable)."""
+    if unavailable(baseline):
+        return False
     return not baseline["error"] and p.input_bytes + baseline["bytes"] <= MAX_POINT_BYTES
 
 

@@ -137,3 +137,24 @@ def test_a_grid_past_cudas_limits_at_a_serving_size_is_refused(tmp_path):
 def test_the_baseline_passes_serving_sizes(op_name):
     c = _serving_sizes(os.path.join(ROOT, "kernels", "baseline", f"{op_name}.py"), op_name)
     assert c.status == "passed" and "serving sizes" in c.detail, c.detail
+
+
+def test_a_host_that_cannot_fake_a_device_says_so_and_judges_nothing_there(monkeypatch):
+    """Where torch cannot make fake CUDA tensors (trusted code, before any of the candidate's runs), the point
+    comes back unavailable with the reason, and is no serving size to judge: no verdict rests on it."""
+    op = get_op("quantize_kv")
+    p = next(p for p in host_probe.points(op) if p.device == "cuda")
+    real_build = host_probe.build
+
+    def build(args, device="cpu"):
+        if device == "cuda":
+            raise RuntimeError("No CUDA GPUs are available")
+        return real_build(args, device)
+
+    monkeypatch.setattr(host_probe, "build", build)
+    got = host_probe.run_at(baseline_fn("quantize_kv"), p.wire()["args"], "", p.device, p.sms)
+    assert "No CUDA GPUs are available" in host_probe.unavailable(got)
+    assert not host_probe.served_by_baseline(p, got)
+    cpu = next(p for p in host_probe.points(op) if p.device == "cpu")
+    ran = host_probe.run_at(baseline_fn("quantize_kv"), cpu.wire()["args"], "", cpu.device, cpu.sms)
+    assert not host_probe.unavailable(ran) and ran["launches"] == 1
