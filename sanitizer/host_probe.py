@@ -219,17 +219,35 @@ def _launches_counted(count: List[int], oversized: List[str]):
 @contextlib.contextmanager
 def _gpu_of(device: str, sms: int):
     """On a fake CUDA device, torch.cuda.get_device_properties answers for a GPU of `sms` multiprocessors (the one
-    property the candidate language reads); nothing changes on the CPU."""
+    property the candidate language reads), and FakeTensorMode does not make the one real CUDA tensor it makes
+    on a GPU machine the first time it fakes one (for autograd, which nothing here uses): a judge on the CPU stage
+    must not open a CUDA context. Nothing changes on the CPU."""
     if device != "cuda":
         yield
         return
+    from torch._subclasses import fake_tensor
+
     props = types.SimpleNamespace(multi_processor_count=sms, name=f"a GPU of {sms} SMs", major=9, minor=0)
-    saved = torch.cuda.get_device_properties
+    saved = torch.cuda.get_device_properties, getattr(fake_tensor, "init_gpu_context", None)
     torch.cuda.get_device_properties = lambda *a, **k: props  # type: ignore[assignment]
+    if saved[1] is not None:
+        fake_tensor.init_gpu_context = lambda device: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        torch.cuda.get_device_properties = saved
+        torch.cuda.get_device_properties = saved[0]
+        if saved[1] is not None:
+            fake_tensor.init_gpu_context = saved[1]
+
+
+def _fakes_without_a_gpu(device: str) -> str:
+    """Why fake `device` tensors cannot be made here without touching a real GPU ('' when they can): on a torch
+    whose FakeTensorMode initialises CUDA by another way than init_gpu_context, a visible GPU is left alone."""
+    from torch._subclasses import fake_tensor
+
+    if device == "cuda" and not hasattr(fake_tensor, "init_gpu_context") and torch.cuda.is_available():
+        return "fake CUDA tensors would initialise the visible GPU on this torch"
+    return ""
 
 
 def run_at(fn: Callable, point_args: List[List[Any]], path: str, device: str = "cpu", sms: int = 0) -> Dict[str, Any]:
@@ -241,9 +259,11 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str, device: str = "
 
     if device not in ("cpu", "cuda"):
         raise ValueError(f"no fake device {device!r}")
+    if _fakes_without_a_gpu(device):
+        return {"unavailable": _fakes_without_a_gpu(device)}
     mode = FakeTensorMode()
     try:
-        with mode:
+        with _gpu_of(device, sms), mode:
             args = build(point_args, device)
     except Exception as e:  # noqa: BLE001 - trusted code before the candidate's: this host cannot fake the device
         return {"unavailable": f"fake {device} tensors cannot be made here: {type(e).__name__}: {e}"[:300]}

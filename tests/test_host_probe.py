@@ -158,3 +158,19 @@ def test_a_host_that_cannot_fake_a_device_says_so_and_judges_nothing_there(monke
     cpu = next(p for p in host_probe.points(op) if p.device == "cpu")
     ran = host_probe.run_at(baseline_fn("quantize_kv"), cpu.wire()["args"], "", cpu.device, cpu.sms)
     assert not host_probe.unavailable(ran) and ran["launches"] == 1
+
+
+def test_fake_cuda_tensors_open_no_cuda_context(monkeypatch):
+    """On a GPU machine FakeTensorMode makes one real CUDA tensor the first time it fakes one (init_gpu_context);
+    the judge of the CPU stage must not open a CUDA context, so the probe runs without it (here it would raise)."""
+    from torch._subclasses import fake_tensor
+
+    def real_gpu(device):
+        raise AssertionError("a real CUDA tensor was made")
+
+    monkeypatch.setattr(fake_tensor, "init_gpu_context", real_gpu)
+    op = get_op("quantize_kv")
+    p = next(p for p in host_probe.points(op) if p.device == "cuda")
+    got = host_probe.run_at(baseline_fn("quantize_kv"), p.wire()["args"], "", p.device, p.sms)
+    assert not host_probe.unavailable(got) and not got["error"] and got["launches"] == 1, got
+    assert fake_tensor.init_gpu_context is real_gpu  # put back
