@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 ALLOC_FACTOR = 64  # a candidate may allocate this many times the baseline's bytes (32 split-K partials in float32)
@@ -225,8 +226,6 @@ def _gpu_of(device: str, sms: int):
     if device != "cuda":
         yield
         return
-    from torch._subclasses import fake_tensor
-
     props = types.SimpleNamespace(multi_processor_count=sms, name=f"a GPU of {sms} SMs", major=9, minor=0)
     saved = torch.cuda.get_device_properties, getattr(fake_tensor, "init_gpu_context", None)
     torch.cuda.get_device_properties = lambda *a, **k: props  # type: ignore[assignment]
@@ -243,8 +242,6 @@ def _gpu_of(device: str, sms: int):
 def _fakes_without_a_gpu(device: str) -> str:
     """Why fake `device` tensors cannot be made here without touching a real GPU ('' when they can): on a torch
     whose FakeTensorMode initialises CUDA by another way than init_gpu_context, a visible GPU is left alone."""
-    from torch._subclasses import fake_tensor
-
     if device == "cuda" and not hasattr(fake_tensor, "init_gpu_context") and torch.cuda.is_available():
         return "fake CUDA tensors would initialise the visible GPU on this torch"
     return ""
