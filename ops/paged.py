@@ -320,15 +320,11 @@ def garbage_fill(cache: torch.Tensor, owned: torch.Tensor, garbage) -> torch.Ten
 
 def gather_tokens(cache: torch.Tensor, block_table: torch.Tensor, b: int, length: int) -> torch.Tensor:
     """[length, ...] slots of sequence b, in token order."""
-    bs = cache.shape[1]
-    t = torch.arange(length, device=cache.device)
-    blocks = block_table[b].to(torch.int64)[t // bs]
-    return cache[blocks, t % bs]
+    return gather_tokens_of(cache, block_table, torch.tensor([b]), length)[0]
 
 
 def gather_tokens_of(cache: torch.Tensor, block_table: torch.Tensor, seqs: torch.Tensor, length: int) -> torch.Tensor:
-    """[len(seqs), length, ...] slots of the sequences `seqs` (all `length` tokens long), in token order: what
-    gather_tokens gives for each, at once."""
+    """[len(seqs), length, ...] slots of the sequences `seqs` (all `length` tokens long), in token order."""
     bs = cache.shape[1]
     t = torch.arange(length, device=cache.device)
     blocks = block_table[seqs.to(block_table.device)].to(torch.int64)[:, t // bs]
@@ -336,8 +332,9 @@ def gather_tokens_of(cache: torch.Tensor, block_table: torch.Tensor, seqs: torch
 
 
 def gather_kv_of(args: Mapping[str, Any], seqs: torch.Tensor, length: int, precision):
-    """gather_kv for several sequences of one length at once: [len(seqs), length, Hkv, D] each, and the value
-    scales [len(seqs), length, Hkv] (None for a plain cache)."""
+    """The keys and values of the sequences `seqs` (all `length` tokens long), [len(seqs), length, Hkv, D] each in
+    `precision`, from a paged op's arguments. A cache of codes (with k_scale and v_scale) gives the values used,
+    codes times scales; its value scales [len(seqs), length, Hkv] come third (None for a plain cache)."""
     k = gather_tokens_of(args["k_cache"], args["block_table"], seqs, length).to(precision)
     v = gather_tokens_of(args["v_cache"], args["block_table"], seqs, length).to(precision)
     if args.get("k_scale") is None:
@@ -369,16 +366,9 @@ def same_length_blocks(args: Mapping[str, Any]):
 
 
 def gather_kv(args: Mapping[str, Any], b: int, length: int, precision):
-    """Sequence b's keys and values, [length, Hkv, D] in `precision`, from a paged op's arguments. A cache of
-    codes (with k_scale and v_scale) gives the values used, codes times scales; its value scales [length, Hkv]
-    come third (None for a plain cache)."""
-    k = gather_tokens(args["k_cache"], args["block_table"], b, length).to(precision)
-    v = gather_tokens(args["v_cache"], args["block_table"], b, length).to(precision)
-    if args.get("k_scale") is None:
-        return k, v, None
-    k_s = gather_tokens(args["k_scale"], args["block_table"], b, length).to(precision)
-    v_s = gather_tokens(args["v_scale"], args["block_table"], b, length).to(precision)
-    return k * k_s[..., None], v * v_s[..., None], v_s
+    """gather_kv_of for sequence b alone: [length, Hkv, D] keys and values, [length, Hkv] value scales or None."""
+    k, v, v_s = gather_kv_of(args, torch.tensor([b]), length, precision)
+    return k[0], v[0], None if v_s is None else v_s[0]
 
 
 def paged_reference(args: Mapping[str, Any], precision):
