@@ -893,13 +893,12 @@ def check_host_branches(subject: Subject, s: Settings) -> str:
 
 def _probe_answer(reply: Dict[str, Any]) -> Dict[str, Any]:
     """The executor's answer for one serving-size point, read as evidence of the expected types."""
-    elapsed = reply.get("elapsed_s")
     return {
         "error": wire.text(reply.get("error"), 600),
         "bytes": max(0, wire.as_int(reply.get("bytes"))),
         "launches": max(0, wire.as_int(reply.get("launches"))),
         "oversized": wire.text(reply.get("oversized"), 300),
-        "elapsed_s": float(elapsed) if isinstance(elapsed, (int, float)) and elapsed == elapsed else 0.0,
+        "elapsed_s": wire.seconds(reply.get("elapsed_s")),
     }
 
 
@@ -913,9 +912,8 @@ def check_serving_sizes(subject: Subject, s: Settings) -> str:
     if not isinstance(ex, Executor) or ex.device != "cpu":
         raise CheckSkipped("not judged: the candidate runs outside a CPU executor")
     pts = host_probe.points(subject.op)
-    base = host_probe.baseline_runs(
-        subject.op.name, pts, baseline_fn(subject.op.name), inspect.getsourcefile(baseline_fn(subject.op.name)) or ""
-    )
+    baseline = subject.baseline or baseline_fn(subject.op.name)
+    base = host_probe.baseline_runs(subject.op, baseline, inspect.getsourcefile(baseline) or "")
     judged, most_bytes, most_launches = 0, 0, 0
     served = [(p, b) for p, b in zip(pts, base) if host_probe.served_by_baseline(p, b)]
     # the points this host cannot fake (CUDA tensors where torch cannot make fake ones): said in the verdict

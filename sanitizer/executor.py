@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 import os
 import shutil
 import signal
@@ -651,9 +650,7 @@ def _evidence(reply: Dict[str, Any], outs: List[Any], tensor_names: List[str], r
     res.fpsan_unsupported = sanitizer.wire.strings(reply.get("fpsan_unsupported"))
     res.specs = sanitizer.wire.strings(reply.get("specs"))
     res.mutated = [k for k in sanitizer.wire.strings(reply.get("mutated")) if k in tensor_names]
-    elapsed = reply.get("elapsed_s")
-    # a time that is not a finite number of seconds counts as too long (the serving guard holds it to a limit)
-    res.elapsed_s = float(elapsed) if isinstance(elapsed, (int, float)) and 0 <= elapsed < math.inf else math.inf
+    res.elapsed_s = sanitizer.wire.seconds(reply.get("elapsed_s"))  # the serving guard holds it to a limit
     n_back = min(len(outs), sanitizer.wire.as_int(reply.get("returned_inputs"))) if return_inputs else 0
     if n_back:
         outs, back = outs[: len(outs) - n_back], outs[len(outs) - n_back :]

@@ -256,8 +256,9 @@ def run_at(fn: Callable, point_args: List[List[Any]], path: str, device: str = "
 
     if device not in ("cpu", "cuda"):
         raise ValueError(f"no fake device {device!r}")
-    if _fakes_without_a_gpu(device):
-        return {"unavailable": _fakes_without_a_gpu(device)}
+    why_not = _fakes_without_a_gpu(device)
+    if why_not:
+        return {"unavailable": why_not}
     mode = FakeTensorMode()
     try:
         with _gpu_of(device, sms), mode:
@@ -332,7 +333,7 @@ def warm() -> None:
     run_at(fn, [["x", x]], "", "cuda", 132)  # where fake CUDA tensors cannot be made, it says so, and nothing more
 
 
-_BASELINES: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+_BASELINES: Dict[str, List[Dict[str, Any]]] = {}
 
 
 def served_by_baseline(p: Point, baseline: Dict[str, Any]) -> bool:
@@ -344,9 +345,9 @@ def served_by_baseline(p: Point, baseline: Dict[str, Any]) -> bool:
     return not baseline["error"] and p.input_bytes + baseline["bytes"] <= MAX_POINT_BYTES
 
 
-def baseline_runs(op_name: str, pts: List[Point], fn: Callable, path: str) -> List[Dict[str, Any]]:
-    """The baseline's run_at at every point (trusted code, run in this process), kept per op and point set."""
-    key = (op_name, repr([(p.args, p.device, p.sms) for p in pts]))
-    if key not in _BASELINES:
-        _BASELINES[key] = [run_at(fn, p.wire()["args"], path, p.device, p.sms) for p in pts]
-    return _BASELINES[key]
+def baseline_runs(op, fn: Callable, path: str) -> List[Dict[str, Any]]:
+    """The baseline `fn`'s run_at at every one of points(op), in order (trusted code, run in this process), kept
+    per op like the points."""
+    if op.name not in _BASELINES:
+        _BASELINES[op.name] = [run_at(fn, p.wire()["args"], path, p.device, p.sms) for p in points(op)]
+    return _BASELINES[op.name]

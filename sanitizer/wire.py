@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import socket
 import struct
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -182,6 +183,13 @@ def strings(value: Any, limit: int = 20) -> List[str]:
 
 def as_int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def seconds(value: Any) -> float:
+    """A duration from the untrusted side: a finite number of seconds, at least 0; anything else counts as too
+    long (math.inf), so that a time limit holds it."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+    return float(value) if ok else math.inf
 
 
 def optional_list(value: Any) -> Optional[list]:

@@ -27,7 +27,7 @@ def test_every_baseline_runs_at_every_serving_size(op_name):
     bfloat16) and the baseline's host code runs at every one: a point it refused would be no serving size."""
     op = get_op(op_name)
     pts = host_probe.points(op)
-    runs = host_probe.baseline_runs(op_name, pts, baseline_fn(op_name), "")
+    runs = host_probe.baseline_runs(op, baseline_fn(op_name), "")
     assert len(pts) >= 100
     assert [p.label for p, r in zip(pts, runs) if r["error"]] == []
     assert all(r["launches"] >= 1 for r in runs)

@@ -97,3 +97,13 @@ def test_a_closed_or_silent_peer_is_an_error_not_a_hang():
     a.close()
     with pytest.raises(wire.WireError, match="closed"):
         wire.recv(b)
+
+
+def test_a_duration_from_the_untrusted_side_that_is_not_a_finite_number_counts_as_too_long():
+    import math
+
+    from kernel_agent.sanitizer import wire
+
+    assert wire.seconds(2.5) == 2.5 and wire.seconds(0) == 0.0
+    for bad in (float("nan"), float("inf"), -1.0, True, "3", None, [1]):
+        assert wire.seconds(bad) == math.inf, bad
